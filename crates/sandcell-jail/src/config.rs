@@ -1,0 +1,85 @@
+//! The launch configuration the host hands the `sandcell __jail` helper.
+
+use serde::{Deserialize, Serialize};
+
+/// Network policy.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NetworkMode {
+    /// A private network namespace with only `lo` (up): nothing outside the sandbox is
+    /// reachable, but programs may use TCP/UDP on loopback among themselves.
+    #[default]
+    Loopback,
+    /// No network at all: as `Loopback`, and seccomp also refuses inet, inet6, netlink and
+    /// packet sockets (only Unix sockets work).
+    Off,
+}
+
+/// Resource limits. `None` means not limited.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Limits {
+    /// Memory for the whole sandbox in bytes, swap excluded (cgroup), or per process
+    /// (`RLIMIT_DATA`) when cgroups are not available.
+    pub memory_bytes: Option<u64>,
+    /// Processes and threads in the whole sandbox (cgroup `pids.max`), or `RLIMIT_NPROC` for
+    /// the sandbox user when cgroups are not available.
+    pub pids: Option<u64>,
+    /// CPU quota in thousandths of a CPU (1500 = 1.5 CPUs).
+    pub cpu_millis: Option<u64>,
+    /// Open files per process (`RLIMIT_NOFILE`).
+    pub nofile: u64,
+    /// Largest file a process may write (`RLIMIT_FSIZE`).
+    pub fsize_bytes: Option<u64>,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            memory_bytes: Some(512 * 1024 * 1024),
+            pids: Some(256),
+            cpu_millis: None,
+            nofile: 1024,
+            fsize_bytes: None,
+        }
+    }
+}
+
+/// A size-limited writable tmpfs inside the sandbox, owned by the sandbox user.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TmpfsMount {
+    /// Absolute path inside the sandbox.
+    pub path: String,
+    /// Size limit in bytes.
+    pub size_bytes: u64,
+    /// Permission bits of its root, e.g. `0o755` (`0o1777` for /tmp).
+    pub mode: u32,
+}
+
+/// Everything the launcher needs to build one sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JailConfig {
+    /// The sandbox id (names its cgroups).
+    pub sandbox_id: String,
+    /// Hostname inside the sandbox.
+    pub hostname: String,
+    /// Host paths bound read-only at the same path inside (files or directories). Paths
+    /// missing on the host are skipped; host symlinks among them are recreated as symlinks.
+    pub ro_binds: Vec<String>,
+    /// Files synthesized under `/etc` inside: (name relative to /etc, contents).
+    pub etc_files: Vec<(String, String)>,
+    /// Writable tmpfs mounts.
+    pub tmpfs: Vec<TmpfsMount>,
+    /// Network policy.
+    pub network: NetworkMode,
+    /// Resource limits.
+    pub limits: Limits,
+    /// Host uid that the sandbox user maps to, when the launcher runs as root; ignored (the
+    /// launcher's own uid is used) when it does not.
+    pub outside_uid: u32,
+    /// Host gid that the sandbox group maps to, as `outside_uid`.
+    pub outside_gid: u32,
+    /// Parent cgroup path relative to each hierarchy's root (e.g. `sandcell`).
+    pub cgroup_parent: String,
+    /// Apply Landlock when the kernel has it.
+    pub landlock: bool,
+}

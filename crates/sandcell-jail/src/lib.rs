@@ -1,0 +1,20 @@
+//! Linux isolation primitives for Sandcell's `process` backend.
+//!
+//! This crate is the one place in the workspace with `unsafe` and raw syscalls; every
+//! `unsafe` block carries a `// SAFETY:` note. The launcher ([`launch`]) runs in a
+//! single-threaded helper process (`sandcell __jail`), never inside the multithreaded host.
+
+pub mod caps;
+pub mod cgroup;
+pub mod config;
+pub mod error;
+pub mod landlock_policy;
+pub mod launch;
+pub mod net;
+pub mod probe;
+pub mod rlimits;
+pub mod rootfs;
+pub mod seccomp;
+
+pub use config::{JailConfig, Limits, NetworkMode, TmpfsMount};
+pub use error::JailError;

@@ -1,0 +1,148 @@
+//! Control messages. Each is the JSON payload of one message frame.
+
+use serde::{Deserialize, Serialize};
+
+use crate::exec::{ExecExit, ExecRequest, ProcessInfo};
+use crate::fs::FileEntry;
+use crate::isolation::IsolationReport;
+
+/// Host → guest. Each request has its own id; replies carry the same id.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum HostMessage {
+    /// Must be the first request: proposes a protocol version.
+    Hello { protocol: u32, client: String },
+    /// Liveness check; answered by [`GuestMessage::Pong`].
+    Ping,
+    /// Starts a process. Replies: `ExecStarted`, stdout/stderr chunks, then `ExecExited`.
+    Exec(ExecRequest),
+    /// Ends the stdin stream of the exec with this request id.
+    StdinClose,
+    /// Sends a signal to an exec's process (by its request id) or to a pid, optionally to the
+    /// whole tree (its process group, its descendants and their sessions).
+    Signal { exec_id: Option<u32>, pid: Option<i32>, signal: i32, tree: bool },
+    /// Lists the sandbox's processes. Reply: `Processes`.
+    ListProcesses,
+    /// Writes a file: followed by `File` chunks and `EndOfData`. Reply: `Entry`.
+    WriteFile { path: String, mode: Option<u32>, append: bool },
+    /// Ends the data of a `WriteFile`.
+    EndOfData,
+    /// Reads a file. Replies: `File` chunks then `ReadDone`.
+    ReadFile { path: String },
+    /// Lists a directory. Reply: `Listing`.
+    ListDir { path: String },
+    /// Describes one path without following a final symlink. Reply: `Entry`.
+    Stat { path: String },
+    /// Creates a directory and its missing parents. Reply: `Entry`.
+    MakeDir { path: String },
+    /// Removes a file, symlink or (with `recursive`, or when empty) a directory. Reply: `Ok`.
+    Remove { path: String, recursive: bool },
+    /// Renames within the sandbox. Reply: `Entry` for the new path.
+    Rename { from: String, to: String },
+    /// Kills every process and ends the agent.
+    Shutdown,
+}
+
+/// Guest → host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum GuestMessage {
+    /// Sent by the launcher on id 0 before the agent speaks: the agent's pid on the host and
+    /// the isolation the launcher set up outside the sandbox (cgroups, id maps).
+    Launched { host_pid: i32, report: IsolationReport, cgroups: Vec<String> },
+    /// Sent on id 0 when setting up the sandbox failed; the connection then closes.
+    LaunchFailed { stage: String, message: String },
+    /// Accepts `Hello`.
+    HelloOk { protocol: u32, agent_version: String, isolation: IsolationReport },
+    /// Answers `Ping`.
+    Pong,
+    /// The exec's process is running.
+    ExecStarted { pid: i32 },
+    /// The exec's process ended; all of its output was sent before this.
+    ExecExited(ExecExit),
+    /// A request without another reply succeeded.
+    Ok,
+    /// Answers `ReadFile` after the last chunk.
+    ReadDone { size: u64 },
+    /// Answers `ListDir`.
+    Listing { entries: Vec<FileEntry> },
+    /// Answers `Stat`, `MakeDir`, `WriteFile` and `Rename`.
+    Entry { entry: FileEntry },
+    /// Answers `ListProcesses`.
+    Processes { processes: Vec<ProcessInfo> },
+    /// The request failed; id 0 means the connection-level failure (bad frame, …).
+    Error(WireError),
+}
+
+/// A structured error on the wire.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{code:?}: {message}")]
+pub struct WireError {
+    /// Machine-readable class.
+    pub code: ErrorCode,
+    /// Lowercase, specific, human-readable.
+    pub message: String,
+}
+
+impl WireError {
+    /// Builds an error.
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self { code, message: message.into() }
+    }
+}
+
+/// Error classes shared by every front end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ErrorCode {
+    /// A frame could not be decoded.
+    BadFrame,
+    /// A frame was over the size limit.
+    FrameTooLarge,
+    /// The proposed protocol version is not served.
+    UnsupportedVersion,
+    /// A request came before a successful `Hello`.
+    HandshakeRequired,
+    /// The request's fields are invalid.
+    InvalidArgument,
+    /// The request is not valid in the current state (e.g. two requests with one id).
+    InvalidState,
+    /// The path leaves the sandbox's file roots (`..`, absolute elsewhere, escaping symlink).
+    PathOutsideSandbox,
+    /// The path does not exist.
+    NotFound,
+    /// The path already exists.
+    AlreadyExists,
+    /// A directory was expected.
+    NotADirectory,
+    /// A file was expected.
+    IsADirectory,
+    /// A directory to remove is not empty.
+    DirectoryNotEmpty,
+    /// The sandbox's storage is full.
+    NoSpace,
+    /// Permission denied.
+    PermissionDenied,
+    /// The process could not be started.
+    SpawnFailed,
+    /// No such exec or process.
+    NoSuchProcess,
+    /// Another I/O error.
+    Io,
+    /// A bug or unexpected condition in the agent.
+    Internal,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn messages_are_tagged_snake_case() {
+        let json = serde_json::to_string(&HostMessage::Stat { path: "a".into() }).unwrap();
+        assert_eq!(json, r#"{"type":"stat","path":"a"}"#);
+        let err = GuestMessage::Error(WireError::new(ErrorCode::NotFound, "no such file: a"));
+        let json = serde_json::to_string(&err).unwrap();
+        assert_eq!(json, r#"{"type":"error","code":"not_found","message":"no such file: a"}"#);
+    }
+}

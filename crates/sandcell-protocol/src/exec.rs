@@ -55,7 +55,9 @@ fn default_stderr_limit() -> u64 {
 impl ExecRequest {
     /// A request for an argument vector with default settings.
     pub fn argv<S: Into<String>>(argv: impl IntoIterator<Item = S>) -> Self {
-        Self::new(ExecCommand::Argv(argv.into_iter().map(Into::into).collect()))
+        Self::new(ExecCommand::Argv(
+            argv.into_iter().map(Into::into).collect(),
+        ))
     }
 
     /// A request for a `sh -c` command line with default settings.
@@ -102,6 +104,153 @@ pub struct ExecExit {
     pub stderr_truncated: bool,
     /// Microseconds from spawn to exit.
     pub duration_us: u64,
+}
+
+/// Why an exec ended, from most to least specific.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ExitCause {
+    /// The process exited on its own with `exit_code`.
+    Exited,
+    /// A signal killed it (not one of the causes below).
+    Signaled,
+    /// The kernel's OOM killer killed it: the sandbox hit its memory limit.
+    OomKilled,
+    /// It ran past its timeout and its whole process tree was killed.
+    Timeout,
+    /// It failed after the sandbox hit its process limit (fork/clone refused).
+    PidsLimit,
+    /// It was killed on request.
+    Killed,
+}
+
+/// How an exec ended, classified with the sandbox's resource counters. This is what every
+/// front end shows; `message` is the human-readable cause.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExecResult {
+    /// The most specific cause.
+    pub cause: ExitCause,
+    /// Exit code when the process exited.
+    pub exit_code: Option<i32>,
+    /// Signal number when a signal ended it.
+    pub signal: Option<i32>,
+    /// Signal name (`SIGKILL`) when a signal ended it.
+    pub signal_name: Option<String>,
+    /// The memory cgroup's OOM-kill counter rose during the exec.
+    pub oom_killed: bool,
+    /// The timeout passed.
+    pub timed_out: bool,
+    /// The pids cgroup refused a fork during the exec.
+    pub pids_limit_hit: bool,
+    /// Lowercase sentence naming the cause, e.g. "killed by SIGKILL (9): out of memory".
+    pub message: String,
+    /// Bytes of stdout the process wrote.
+    pub stdout_bytes: u64,
+    /// Bytes of stderr the process wrote.
+    pub stderr_bytes: u64,
+    /// Stdout was cut at its limit.
+    pub stdout_truncated: bool,
+    /// Stderr was cut at its limit.
+    pub stderr_truncated: bool,
+    /// Milliseconds from spawn to exit.
+    pub duration_ms: f64,
+}
+
+impl ExecResult {
+    /// Classifies an exit given how much the sandbox's OOM-kill and pids-limit counters
+    /// rose while it ran. `timeout_ms` is only used in the message.
+    pub fn classify(
+        exit: &ExecExit,
+        oom_kills: u64,
+        pids_limit_hits: u64,
+        timeout_ms: Option<u64>,
+    ) -> Self {
+        let name = exit.signal.map(signal_name);
+        let sig_text = |s: i32| format!("killed by {} ({s})", signal_name(s));
+        let oom_killed = oom_kills > 0 && exit.signal == Some(9);
+        let pids_limit_hit = pids_limit_hits > 0;
+        let (cause, mut message) = if exit.timed_out {
+            let after = timeout_ms
+                .map(|t| format!(" of {} ms", t))
+                .unwrap_or_default();
+            (
+                ExitCause::Timeout,
+                format!("timed out: passed its timeout{after}; the whole process tree was killed"),
+            )
+        } else if oom_killed {
+            (
+                ExitCause::OomKilled,
+                format!(
+                    "{}: out of memory (the sandbox hit its memory limit and the kernel's oom killer ended the process)",
+                    sig_text(9)
+                ),
+            )
+        } else if exit.killed {
+            (
+                ExitCause::Killed,
+                match exit.signal {
+                    Some(s) => format!("{} on request", sig_text(s)),
+                    None => "killed on request".to_string(),
+                },
+            )
+        } else if pids_limit_hit && exit.exit_code != Some(0) {
+            let how = match (exit.exit_code, exit.signal) {
+                (Some(c), _) => format!("exited with code {c}"),
+                (None, Some(s)) => sig_text(s),
+                _ => "ended".to_string(),
+            };
+            (
+                ExitCause::PidsLimit,
+                format!("{how} after hitting the sandbox's process limit (fork refused)"),
+            )
+        } else if let Some(s) = exit.signal {
+            let core = if exit.core_dumped {
+                " (core dumped)"
+            } else {
+                ""
+            };
+            (ExitCause::Signaled, format!("{}{core}", sig_text(s)))
+        } else {
+            let code = exit.exit_code.unwrap_or(-1);
+            (ExitCause::Exited, format!("exited with code {code}"))
+        };
+        if pids_limit_hit && cause != ExitCause::PidsLimit {
+            message.push_str("; the process limit was hit while it ran");
+        }
+        if exit.stdout_truncated || exit.stderr_truncated {
+            message.push_str("; output truncated");
+        }
+        Self {
+            cause,
+            exit_code: exit.exit_code,
+            signal: exit.signal,
+            signal_name: name,
+            oom_killed,
+            timed_out: exit.timed_out,
+            pids_limit_hit,
+            message,
+            stdout_bytes: exit.stdout_bytes,
+            stderr_bytes: exit.stderr_bytes,
+            stdout_truncated: exit.stdout_truncated,
+            stderr_truncated: exit.stderr_truncated,
+            duration_ms: exit.duration_us as f64 / 1000.0,
+        }
+    }
+
+    /// True when the process exited with code 0.
+    pub fn success(&self) -> bool {
+        self.cause == ExitCause::Exited && self.exit_code == Some(0)
+    }
+
+    /// The status a shell would report: the exit code, 124 for a timeout, 128+N for signal N.
+    pub fn shell_status(&self) -> i32 {
+        match (self.cause, self.exit_code, self.signal) {
+            (ExitCause::Timeout, _, _) => 124,
+            (_, Some(code), _) => code,
+            (_, None, Some(sig)) => 128 + sig,
+            _ => 1,
+        }
+    }
 }
 
 /// One process in the sandbox.
@@ -165,6 +314,48 @@ pub fn signal_name(signal: i32) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn exit(code: Option<i32>, signal: Option<i32>) -> ExecExit {
+        ExecExit {
+            exit_code: code,
+            signal,
+            core_dumped: false,
+            timed_out: false,
+            killed: false,
+            stdout_bytes: 0,
+            stderr_bytes: 0,
+            stdout_truncated: false,
+            stderr_truncated: false,
+            duration_us: 1500,
+        }
+    }
+
+    #[test]
+    fn classification_picks_the_most_specific_cause() {
+        let ok = ExecResult::classify(&exit(Some(0), None), 0, 0, None);
+        assert!(ok.success());
+        assert_eq!(ok.duration_ms, 1.5);
+        let oom = ExecResult::classify(&exit(None, Some(9)), 1, 0, None);
+        assert_eq!(oom.cause, ExitCause::OomKilled);
+        assert!(oom.message.contains("out of memory"));
+        assert_eq!(oom.shell_status(), 137);
+        let segv = ExecResult::classify(&exit(None, Some(11)), 0, 0, None);
+        assert_eq!(segv.cause, ExitCause::Signaled);
+        assert_eq!(segv.message, "killed by SIGSEGV (11)");
+        let mut t = exit(None, Some(9));
+        t.timed_out = true;
+        let timeout = ExecResult::classify(&t, 0, 3, Some(1000));
+        assert_eq!(timeout.cause, ExitCause::Timeout);
+        assert!(timeout.pids_limit_hit && timeout.message.contains("process limit"));
+        assert_eq!(timeout.shell_status(), 124);
+        let bomb = ExecResult::classify(&exit(Some(2), None), 0, 5, None);
+        assert_eq!(bomb.cause, ExitCause::PidsLimit);
+        // A SIGKILL without an OOM count is a plain signal, not an OOM.
+        assert_eq!(
+            ExecResult::classify(&exit(None, Some(9)), 0, 0, None).cause,
+            ExitCause::Signaled
+        );
+    }
 
     #[test]
     fn exec_request_defaults_fill_in() {

@@ -160,14 +160,21 @@ impl Default for FrameDecoder {
 impl FrameDecoder {
     /// A decoder that rejects frames whose `len` field exceeds `max_len`.
     pub fn new(max_len: u32) -> Self {
-        Self { buf: Vec::new(), start: 0, skip: 0, max_len }
+        Self {
+            buf: Vec::new(),
+            start: 0,
+            skip: 0,
+            max_len,
+        }
     }
 
     /// Appends bytes read from the stream.
     pub fn feed(&mut self, bytes: &[u8]) {
         let mut bytes = bytes;
         if self.skip > 0 {
-            let n = usize::try_from(self.skip).unwrap_or(usize::MAX).min(bytes.len());
+            let n = usize::try_from(self.skip)
+                .unwrap_or(usize::MAX)
+                .min(bytes.len());
             self.skip -= n as u64;
             bytes = &bytes[n..];
         }
@@ -207,7 +214,11 @@ impl FrameDecoder {
                 self.start = self.buf.len();
             }
             self.compact();
-            return Some(Err(FrameError::TooLarge { id, len, max: self.max_len }));
+            return Some(Err(FrameError::TooLarge {
+                id,
+                len,
+                max: self.max_len,
+            }));
         }
         let total = 4 + len as usize;
         if avail.len() < total {
@@ -217,7 +228,10 @@ impl FrameDecoder {
         let result = match kind {
             KIND_MESSAGE => serde_json::from_slice::<M>(payload)
                 .map(|msg| Frame::Message { id, msg })
-                .map_err(|e| FrameError::BadMessage { id, reason: e.to_string() }),
+                .map_err(|e| FrameError::BadMessage {
+                    id,
+                    reason: e.to_string(),
+                }),
             KIND_DATA => decode_data(id, payload),
             other => Err(FrameError::UnknownKind { id, kind: other }),
         };
@@ -236,7 +250,10 @@ impl FrameDecoder {
 
 fn decode_data<M>(id: u32, payload: &[u8]) -> Result<Frame<M>, FrameError> {
     if payload.len() < DATA_PREFIX {
-        return Err(FrameError::BadData { id, reason: "shorter than its 9-byte prefix".into() });
+        return Err(FrameError::BadData {
+            id,
+            reason: "shorter than its 9-byte prefix".into(),
+        });
     }
     let channel = Channel::from_u8(payload[0]).ok_or_else(|| FrameError::BadData {
         id,
@@ -246,7 +263,11 @@ fn decode_data<M>(id: u32, payload: &[u8]) -> Result<Frame<M>, FrameError> {
     seq.copy_from_slice(&payload[1..9]);
     Ok(Frame::Data {
         id,
-        chunk: DataChunk { channel, seq: u64::from_be_bytes(seq), bytes: payload[9..].to_vec() },
+        chunk: DataChunk {
+            channel,
+            seq: u64::from_be_bytes(seq),
+            bytes: payload[9..].to_vec(),
+        },
     })
 }
 
@@ -269,7 +290,13 @@ mod tests {
             if i + 1 < bytes.len() {
                 assert!(got.is_none());
             } else {
-                assert_eq!(got, Some(Ok(Frame::Message { id: 7, msg: HostMessage::Ping })));
+                assert_eq!(
+                    got,
+                    Some(Ok(Frame::Message {
+                        id: 7,
+                        msg: HostMessage::Ping
+                    }))
+                );
             }
         }
     }
@@ -283,7 +310,11 @@ mod tests {
             frame,
             Some(Ok(Frame::Data {
                 id: 3,
-                chunk: DataChunk { channel: Channel::Stderr, seq: 42, bytes: b"oops".to_vec() }
+                chunk: DataChunk {
+                    channel: Channel::Stderr,
+                    seq: 42,
+                    bytes: b"oops".to_vec()
+                }
             }))
         );
     }
@@ -295,11 +326,24 @@ mod tests {
         // Deliver the big frame in two halves, then a good frame.
         dec.feed(&big[..500]);
         let err = dec.next_frame::<HostMessage>();
-        assert_eq!(err, Some(Err(FrameError::TooLarge { id: 9, len: 1014, max: 64 })));
+        assert_eq!(
+            err,
+            Some(Err(FrameError::TooLarge {
+                id: 9,
+                len: 1014,
+                max: 64
+            }))
+        );
         dec.feed(&big[500..]);
         assert!(dec.next_frame::<HostMessage>().is_none());
         dec.feed(&encode_message(10, &HostMessage::Ping));
-        assert_eq!(decode_all(&mut dec), vec![Ok(Frame::Message { id: 10, msg: HostMessage::Ping })]);
+        assert_eq!(
+            decode_all(&mut dec),
+            vec![Ok(Frame::Message {
+                id: 10,
+                msg: HostMessage::Ping
+            })]
+        );
     }
 
     #[test]
@@ -316,7 +360,13 @@ mod tests {
         let got = decode_all(&mut dec);
         assert!(matches!(got[0], Err(FrameError::BadMessage { id: 4, .. })));
         assert_eq!(got[1], Err(FrameError::UnknownKind { id: 5, kind: 77 }));
-        assert_eq!(got[2], Ok(Frame::Message { id: 6, msg: HostMessage::Ping }));
+        assert_eq!(
+            got[2],
+            Ok(Frame::Message {
+                id: 6,
+                msg: HostMessage::Ping
+            })
+        );
     }
 
     #[test]
@@ -325,7 +375,10 @@ mod tests {
         bytes[HEADER_LEN] = 9;
         let mut dec = FrameDecoder::default();
         dec.feed(&bytes);
-        assert!(matches!(dec.next_frame::<HostMessage>(), Some(Err(FrameError::BadData { id: 2, .. }))));
+        assert!(matches!(
+            dec.next_frame::<HostMessage>(),
+            Some(Err(FrameError::BadData { id: 2, .. }))
+        ));
     }
 
     #[test]

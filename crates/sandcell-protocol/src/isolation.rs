@@ -42,7 +42,11 @@ impl IsolationReport {
             f.state = state;
             f.detail = detail;
         } else {
-            self.features.push(Feature { name: name.to_string(), state, detail });
+            self.features.push(Feature {
+                name: name.to_string(),
+                state,
+                detail,
+            });
         }
     }
 
@@ -53,7 +57,8 @@ impl IsolationReport {
 
     /// Whether the named feature is active.
     pub fn is_active(&self, name: &str) -> bool {
-        self.get(name).is_some_and(|f| f.state == FeatureState::Active)
+        self.get(name)
+            .is_some_and(|f| f.state == FeatureState::Active)
     }
 
     /// Appends every line of `other`, replacing lines of the same name.

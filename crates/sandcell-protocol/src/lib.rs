@@ -11,7 +11,9 @@ pub mod fs;
 pub mod isolation;
 pub mod message;
 
-pub use exec::{ExecCommand, ExecExit, ExecRequest, ProcessInfo, signal_name};
+pub use exec::{
+    ExecCommand, ExecExit, ExecRequest, ExecResult, ExitCause, ProcessInfo, signal_name,
+};
 pub use frame::{
     Channel, DataChunk, Frame, FrameDecoder, FrameError, HEADER_LEN, MAX_FRAME_LEN, encode_data,
     encode_message,

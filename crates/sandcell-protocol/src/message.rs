@@ -20,11 +20,20 @@ pub enum HostMessage {
     StdinClose,
     /// Sends a signal to an exec's process (by its request id) or to a pid, optionally to the
     /// whole tree (its process group, its descendants and their sessions).
-    Signal { exec_id: Option<u32>, pid: Option<i32>, signal: i32, tree: bool },
+    Signal {
+        exec_id: Option<u32>,
+        pid: Option<i32>,
+        signal: i32,
+        tree: bool,
+    },
     /// Lists the sandbox's processes. Reply: `Processes`.
     ListProcesses,
     /// Writes a file: followed by `File` chunks and `EndOfData`. Reply: `Entry`.
-    WriteFile { path: String, mode: Option<u32>, append: bool },
+    WriteFile {
+        path: String,
+        mode: Option<u32>,
+        append: bool,
+    },
     /// Ends the data of a `WriteFile`.
     EndOfData,
     /// Reads a file. Replies: `File` chunks then `ReadDone`.
@@ -49,11 +58,19 @@ pub enum HostMessage {
 pub enum GuestMessage {
     /// Sent by the launcher on id 0 before the agent speaks: the agent's pid on the host and
     /// the isolation the launcher set up outside the sandbox (cgroups, id maps).
-    Launched { host_pid: i32, report: IsolationReport, cgroups: Vec<String> },
+    Launched {
+        host_pid: i32,
+        report: IsolationReport,
+        cgroups: Vec<String>,
+    },
     /// Sent on id 0 when setting up the sandbox failed; the connection then closes.
     LaunchFailed { stage: String, message: String },
     /// Accepts `Hello`.
-    HelloOk { protocol: u32, agent_version: String, isolation: IsolationReport },
+    HelloOk {
+        protocol: u32,
+        agent_version: String,
+        isolation: IsolationReport,
+    },
     /// Answers `Ping`.
     Pong,
     /// The exec's process is running.
@@ -87,7 +104,10 @@ pub struct WireError {
 impl WireError {
     /// Builds an error.
     pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
-        Self { code, message: message.into() }
+        Self {
+            code,
+            message: message.into(),
+        }
     }
 }
 
@@ -143,6 +163,9 @@ mod tests {
         assert_eq!(json, r#"{"type":"stat","path":"a"}"#);
         let err = GuestMessage::Error(WireError::new(ErrorCode::NotFound, "no such file: a"));
         let json = serde_json::to_string(&err).unwrap();
-        assert_eq!(json, r#"{"type":"error","code":"not_found","message":"no such file: a"}"#);
+        assert_eq!(
+            json,
+            r#"{"type":"error","code":"not_found","message":"no such file: a"}"#
+        );
     }
 }

@@ -1,1 +1,341 @@
-//! placeholder
+//! The `process` backend: the guest agent inside Linux namespaces, a read-only root built
+//! from the host's system directories, seccomp, Landlock, dropped capabilities and cgroups.
+//!
+//! The host never forks itself: it spawns `sandcell __jail` (a single-threaded re-exec of
+//! the Sandcell binary), hands it the [`JailConfig`] over a socketpair, and after the
+//! launcher's `Launched` report the same socket carries the guest protocol.
+
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open, pidfd_send_signal};
+use sandcell_engine::{
+    Backend, BackendCapabilities, BackendInstance, BackendKind, EngineError, LaunchedSandbox,
+    NetworkPolicy, ResourceCounters, SandboxSpec,
+};
+use sandcell_jail::cgroup::SandboxCgroup;
+use sandcell_jail::{JailConfig, Limits, NetworkMode, TmpfsMount};
+use sandcell_protocol::{Frame, FrameDecoder, GuestMessage, HEADER_LEN, SANDBOX_UID, encode_message};
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
+
+/// Host paths bound read-only into every sandbox when present: the system, plus the few
+/// `/etc` entries programs need that hold no secrets.
+pub const DEFAULT_SYSTEM_PATHS: &[&str] = &[
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/etc/alternatives",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/ssl",
+    "/etc/ca-certificates",
+    "/etc/localtime",
+    "/etc/timezone",
+    "/etc/mime.types",
+    "/etc/os-release",
+    "/etc/debian_version",
+    "/etc/bash.bashrc",
+    "/etc/profile",
+    "/etc/inputrc",
+    "/etc/python3",
+    "/etc/python3.11",
+    "/etc/matplotlibrc",
+    "/etc/fonts",
+    "/etc/R",
+];
+
+/// How long the launcher may take to report.
+const LAUNCH_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// Settings of the process backend.
+#[derive(Debug, Clone)]
+pub struct ProcessBackendConfig {
+    /// The Sandcell binary, re-executed as `sandcell __jail`.
+    pub launcher: PathBuf,
+    /// Parent cgroup (relative to each hierarchy's root) for sandbox cgroups.
+    pub cgroup_parent: String,
+    /// Host paths bound read-only into the sandbox.
+    pub system_paths: Vec<String>,
+    /// Apply Landlock where the kernel has it.
+    pub landlock: bool,
+    /// Let the launcher and agent write diagnostics to this process's stderr.
+    pub debug: bool,
+}
+
+impl ProcessBackendConfig {
+    /// Defaults, with `launcher` as the Sandcell binary.
+    pub fn new(launcher: impl Into<PathBuf>) -> Self {
+        Self {
+            launcher: launcher.into(),
+            cgroup_parent: std::env::var("SANDCELL_CGROUP_PARENT").unwrap_or_else(|_| "sandcell".into()),
+            system_paths: DEFAULT_SYSTEM_PATHS.iter().map(|s| s.to_string()).collect(),
+            landlock: true,
+            debug: std::env::var_os("SANDCELL_DEBUG").is_some(),
+        }
+    }
+}
+
+/// The `process` backend.
+#[derive(Debug, Clone)]
+pub struct ProcessBackend {
+    config: ProcessBackendConfig,
+}
+
+impl ProcessBackend {
+    /// A backend with these settings.
+    pub fn new(config: ProcessBackendConfig) -> Self {
+        Self { config }
+    }
+
+    /// The launcher configuration for one sandbox.
+    pub fn jail_config(&self, id: &str, spec: &SandboxSpec) -> JailConfig {
+        let l = &spec.limits;
+        let (outside_uid, outside_gid) = outside_ids();
+        JailConfig {
+            sandbox_id: id.to_string(),
+            hostname: "sandcell".into(),
+            ro_binds: self.config.system_paths.clone(),
+            etc_files: etc_files("sandcell"),
+            tmpfs: vec![
+                TmpfsMount { path: "/workspace".into(), size_bytes: l.disk_bytes, mode: 0o755 },
+                TmpfsMount { path: "/home/sandbox".into(), size_bytes: l.home_bytes, mode: 0o755 },
+                TmpfsMount { path: "/tmp".into(), size_bytes: l.tmp_bytes, mode: 0o1777 },
+            ],
+            network: match spec.network {
+                NetworkPolicy::Loopback => NetworkMode::Loopback,
+                NetworkPolicy::Off => NetworkMode::Off,
+            },
+            limits: Limits {
+                memory_bytes: l.memory_bytes,
+                pids: l.pids,
+                cpu_millis: l.cpus.map(|c| (c * 1000.0).round() as u64),
+                nofile: l.open_files,
+                fsize_bytes: None,
+            },
+            outside_uid,
+            outside_gid,
+            cgroup_parent: self.config.cgroup_parent.clone(),
+            landlock: self.config.landlock,
+        }
+    }
+}
+
+/// Host ids for the sandbox user when running as root: an unprivileged id of its own per
+/// sandbox (2^30 + random), so sandboxes share no id with each other or the host.
+fn outside_ids() -> (u32, u32) {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    let id = (1u32 << 30) + (h.finish() as u32 & 0xf_ffff);
+    (id, id)
+}
+
+fn etc_files(hostname: &str) -> Vec<(String, String)> {
+    let u = SANDBOX_UID;
+    vec![
+        (
+            "passwd".into(),
+            format!(
+                "root:x:0:0:root:/root:/usr/sbin/nologin\nsandbox:x:{u}:{u}:sandbox:/home/sandbox:/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+            ),
+        ),
+        ("group".into(), format!("root:x:0:\nsandbox:x:{u}:\nnogroup:x:65534:\n")),
+        ("hostname".into(), format!("{hostname}\n")),
+        (
+            "hosts".into(),
+            format!("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{hostname}\n"),
+        ),
+        // No network: point resolvers at loopback so lookups fail fast instead of hanging.
+        ("resolv.conf".into(), "# sandcell: no outside network\nnameserver 127.0.0.1\n".into()),
+        (
+            "nsswitch.conf".into(),
+            "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\nnetworks: files\nprotocols: files\nservices: files\n".into(),
+        ),
+    ]
+}
+
+#[async_trait]
+impl Backend for ProcessBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Process
+    }
+
+    fn capabilities(&self) -> BackendCapabilities {
+        let host = sandcell_jail::probe::host_report(Path::new("/sys/fs/cgroup"), &self.config.cgroup_parent);
+        let available = self.config.launcher.exists() && host.is_active("user_ns");
+        BackendCapabilities {
+            kind: BackendKind::Process,
+            available,
+            isolation_level: "container".into(),
+            supports_pause: false,
+            checkpoint_fidelity: "none".into(),
+            host,
+        }
+    }
+
+    async fn launch(&self, id: &str, spec: &SandboxSpec) -> Result<LaunchedSandbox, EngineError> {
+        let jail = self.jail_config(id, spec);
+        let (host, child) = std::os::unix::net::UnixStream::pair()
+            .map_err(|e| EngineError::io("create the sandbox socketpair", e))?;
+        let stderr = if self.config.debug { Stdio::inherit() } else { Stdio::null() };
+        let mut cmd = tokio::process::Command::new(&self.config.launcher);
+        cmd.arg("__jail")
+            .env_clear()
+            .stdin(Stdio::from(OwnedFd::from(child)))
+            .stdout(Stdio::null())
+            .stderr(stderr)
+            .kill_on_drop(false);
+        if self.config.debug {
+            cmd.env("SANDCELL_DEBUG", "1");
+        }
+        let mut launcher = cmd.spawn().map_err(|e| {
+            EngineError::io(format!("start the launcher {}", self.config.launcher.display()), e)
+        })?;
+        host.set_nonblocking(true).map_err(|e| EngineError::io("set the socket non-blocking", e))?;
+        let mut stream = UnixStream::from_std(host).map_err(|e| EngineError::io("register the socket", e))?;
+        stream
+            .write_all(&encode_message(0, &jail))
+            .await
+            .map_err(|e| EngineError::io("send the jail config", e))?;
+
+        let report = match tokio::time::timeout(LAUNCH_TIMEOUT, read_one_message(&mut stream)).await {
+            Ok(Ok(Some(msg))) => msg,
+            Ok(Ok(None)) | Ok(Err(_)) => {
+                let status = launcher.wait().await.map(|s| s.to_string()).unwrap_or_default();
+                return Err(EngineError::Launch {
+                    stage: "launcher".into(),
+                    message: format!("the launcher exited before reporting ({status})"),
+                });
+            }
+            Err(_) => {
+                let _ = launcher.start_kill();
+                return Err(EngineError::Launch {
+                    stage: "launcher".into(),
+                    message: format!("no report within {LAUNCH_TIMEOUT:?}"),
+                });
+            }
+        };
+        let (host_pid, isolation, cgroups) = match report {
+            GuestMessage::Launched { host_pid, report, cgroups } => (host_pid, report, cgroups),
+            GuestMessage::LaunchFailed { stage, message } => {
+                let _ = launcher.wait().await;
+                return Err(EngineError::Launch { stage, message });
+            }
+            other => {
+                return Err(EngineError::Launch {
+                    stage: "launcher".into(),
+                    message: format!("unexpected first message {other:?}"),
+                });
+            }
+        };
+        // The launcher stays as the sandbox's parent until it ends; reap it then.
+        tokio::spawn(async move {
+            let _ = launcher.wait().await;
+        });
+        let pid = Pid::from_raw(host_pid).ok_or_else(|| EngineError::Launch {
+            stage: "launcher".into(),
+            message: format!("invalid pid {host_pid}"),
+        })?;
+        let pidfd = pidfd_open(pid, PidfdFlags::empty())
+            .map_err(|e| EngineError::io(format!("open a pidfd for the sandbox (pid {host_pid})"), e.into()))?;
+        let cgroup = if cgroups.is_empty() {
+            None
+        } else {
+            let paths: Vec<PathBuf> = cgroups.iter().map(PathBuf::from).collect();
+            SandboxCgroup::open(&paths).ok()
+        };
+        let instance = ProcessInstance { host_pid, pidfd, cgroup, destroyed: AtomicBool::new(false) };
+        Ok(LaunchedSandbox { stream, instance: Box::new(instance), isolation })
+    }
+}
+
+/// Reads exactly one message frame (never more bytes than it holds, so everything after
+/// it stays in the socket for the guest client). `None` on EOF.
+async fn read_one_message(stream: &mut UnixStream) -> std::io::Result<Option<GuestMessage>> {
+    let mut header = [0u8; HEADER_LEN];
+    if let Err(e) = stream.read_exact(&mut header).await {
+        return if e.kind() == std::io::ErrorKind::UnexpectedEof { Ok(None) } else { Err(e) };
+    }
+    let len = u32::from_be_bytes([header[0], header[1], header[2], header[3]]);
+    if !(5..=sandcell_protocol::MAX_FRAME_LEN).contains(&len) {
+        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "bad launcher frame length"));
+    }
+    let mut frame = header.to_vec();
+    frame.resize(4 + len as usize, 0);
+    stream.read_exact(&mut frame[HEADER_LEN..]).await?;
+    let mut decoder = FrameDecoder::default();
+    decoder.feed(&frame);
+    match decoder.next_frame::<GuestMessage>() {
+        Some(Ok(Frame::Message { msg, .. })) => Ok(Some(msg)),
+        _ => Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "bad launcher frame")),
+    }
+}
+
+/// One running process-backend sandbox.
+struct ProcessInstance {
+    host_pid: i32,
+    pidfd: OwnedFd,
+    cgroup: Option<SandboxCgroup>,
+    destroyed: AtomicBool,
+}
+
+impl ProcessInstance {
+    fn kill(&self) {
+        // ESRCH: already gone, which is what we want.
+        let _ = pidfd_send_signal(&self.pidfd, Signal::KILL);
+    }
+}
+
+impl Drop for ProcessInstance {
+    fn drop(&mut self) {
+        if !self.destroyed.load(Ordering::SeqCst) {
+            self.kill();
+        }
+    }
+}
+
+#[async_trait]
+impl BackendInstance for ProcessInstance {
+    fn counters(&self) -> ResourceCounters {
+        let Some(cg) = &self.cgroup else {
+            return ResourceCounters::default();
+        };
+        let c = cg.counters();
+        ResourceCounters {
+            oom_kills: Some(c.oom_kills),
+            pids_limit_hits: Some(c.pids_limit_hits),
+            memory_bytes: c.memory_bytes,
+        }
+    }
+
+    fn host_pid(&self) -> Option<i32> {
+        Some(self.host_pid)
+    }
+
+    async fn destroy(&self) -> Result<(), EngineError> {
+        self.destroyed.store(true, Ordering::SeqCst);
+        // Killing PID 1 of the pid namespace makes the kernel kill every process in it.
+        self.kill();
+        let fd = self.pidfd.try_clone().map_err(|e| EngineError::io("duplicate the pidfd", e))?;
+        let exited = AsyncFd::new(fd).map_err(|e| EngineError::io("watch the pidfd", e))?;
+        match tokio::time::timeout(Duration::from_secs(10), exited.readable()).await {
+            Ok(Ok(_)) => Ok(()),
+            Ok(Err(e)) => Err(EngineError::io("wait for the sandbox to exit", e)),
+            Err(_) => Err(EngineError::Unresponsive(format!(
+                "sandbox pid {} still alive 10 s after SIGKILL",
+                self.host_pid
+            ))),
+        }
+    }
+}

@@ -1,1 +1,18 @@
-//! placeholder
+//! The Sandcell engine: the one API every front end (CLI, REST, MCP, SDKs) calls.
+//!
+//! An [`Engine`] is built with the backends it may use ([`Backend`] implementations such as
+//! the `process` backend) and creates [`Sandbox`]es from a [`SandboxSpec`]. A sandbox runs
+//! the guest agent, which the engine reaches through a [`client::GuestClient`].
+
+pub mod backend;
+pub mod client;
+mod engine;
+pub mod error;
+mod sandbox;
+pub mod spec;
+
+pub use backend::{Backend, BackendCapabilities, BackendInstance, LaunchedSandbox, ResourceCounters};
+pub use engine::{Engine, EngineBuilder};
+pub use error::EngineError;
+pub use sandbox::{ExecEvent, ExecOutput, ExecStream, Sandbox, Timings};
+pub use spec::{BackendKind, NetworkPolicy, SandboxLimits, SandboxSpec};

@@ -10,6 +10,7 @@ pub mod config;
 pub mod error;
 pub mod landlock_policy;
 pub mod launch;
+mod mount_attr;
 pub mod net;
 pub mod probe;
 pub mod rlimits;

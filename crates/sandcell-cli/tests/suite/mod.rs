@@ -1,1 +1,6 @@
-
+mod attacks;
+mod cli;
+mod common;
+mod exec;
+mod files;
+mod limits;

@@ -1,0 +1,177 @@
+//! `sandcell bench startup`: Sandcell's sandbox start-up next to plain exec and bubblewrap,
+//! measured interleaved in one run so the figures are comparable.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use clap::{Args, Subcommand};
+use sandcell_engine::{Engine, SandboxSpec};
+use sandcell_protocol::ExecRequest;
+use serde_json::json;
+
+/// Arguments of `sandcell bench`.
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    #[command(subcommand)]
+    what: BenchWhat,
+}
+
+#[derive(Debug, Subcommand)]
+enum BenchWhat {
+    /// Create a sandbox and run `true` / `python3 -c pass`, against plain exec and bubblewrap.
+    Startup {
+        /// Runs per scenario (at least 50 for the published figures).
+        #[arg(long, default_value_t = 50)]
+        runs: usize,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+const PYTHON: &str = "/usr/bin/python3";
+
+/// One thing being timed.
+enum Scenario {
+    Plain(Vec<String>),
+    Engine(Vec<String>),
+    Cli(Vec<String>),
+    Bwrap(Vec<String>),
+}
+
+struct Row {
+    name: String,
+    program: &'static str,
+    scenario: Scenario,
+    samples: Vec<Duration>,
+}
+
+/// Runs `sandcell bench`.
+pub async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
+    let BenchWhat::Startup { runs, json: as_json } = args.what;
+    if runs < 3 {
+        bail!("--runs must be at least 3");
+    }
+    let engine = crate::cli::engine()?;
+    let exe = std::env::current_exe().context("find the sandcell binary")?;
+    let bwrap = find_on_path("bwrap");
+    let programs: [(&'static str, Vec<String>); 2] = [
+        ("true", vec!["/bin/true".into()]),
+        ("python3 -c pass", vec![PYTHON.into(), "-c".into(), "pass".into()]),
+    ];
+    let mut rows = Vec::new();
+    for (program, argv) in &programs {
+        rows.push(row("plain exec", program, Scenario::Plain(argv.clone())));
+        rows.push(row("sandcell (engine: create+exec+destroy)", program, Scenario::Engine(argv.clone())));
+        rows.push(row("sandcell run (CLI)", program, Scenario::Cli(argv.clone())));
+        if bwrap.is_some() {
+            rows.push(row("bwrap --unshare-all", program, Scenario::Bwrap(argv.clone())));
+        }
+    }
+    // Warm-up: page cache, dynamic loader, first-use costs.
+    for r in &mut rows {
+        measure(&engine, &exe, bwrap.as_deref(), &r.scenario).await?;
+    }
+    for _ in 0..runs {
+        for r in &mut rows {
+            let d = measure(&engine, &exe, bwrap.as_deref(), &r.scenario).await?;
+            r.samples.push(d);
+        }
+    }
+    report(&rows, runs, bwrap.is_some(), as_json);
+    Ok(ExitCode::SUCCESS)
+}
+
+fn row(name: &str, program: &'static str, scenario: Scenario) -> Row {
+    Row { name: name.to_string(), program, scenario, samples: Vec::new() }
+}
+
+async fn measure(engine: &Engine, exe: &Path, bwrap: Option<&Path>, s: &Scenario) -> anyhow::Result<Duration> {
+    let start = Instant::now();
+    match s {
+        Scenario::Plain(argv) => check(Command::new(&argv[0]).args(&argv[1..]), "plain exec")?,
+        Scenario::Engine(argv) => {
+            let sb = engine.create(SandboxSpec::default()).await?;
+            let out = sb.exec(ExecRequest::argv(argv.clone())).await?;
+            sb.destroy().await?;
+            if !out.result.success() {
+                bail!("sandboxed {} failed: {}", argv.join(" "), out.result.message);
+            }
+        }
+        Scenario::Cli(argv) => check(Command::new(exe).args(["run", "-q", "--"]).args(argv), "sandcell run")?,
+        Scenario::Bwrap(argv) => {
+            let mut cmd = Command::new(bwrap.unwrap_or(Path::new("bwrap")));
+            cmd.args([
+                "--unshare-all", "--die-with-parent", "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib",
+                "/lib", "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/bin", "/bin", "--proc",
+                "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+            ]);
+            check(cmd.args(argv), "bwrap")?
+        }
+    }
+    Ok(start.elapsed())
+}
+
+fn check(cmd: &mut Command, what: &str) -> anyhow::Result<()> {
+    let status = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).status()?;
+    if !status.success() {
+        bail!("{what} failed: {status}");
+    }
+    Ok(())
+}
+
+fn find_on_path(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH")?
+        .to_str()?
+        .split(':')
+        .map(|d| Path::new(d).join(name))
+        .find(|p| p.is_file())
+}
+
+fn quantile(samples: &[Duration], q: f64) -> f64 {
+    let mut ms: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
+    ms.sort_by(f64::total_cmp);
+    if ms.is_empty() {
+        return 0.0;
+    }
+    let idx = ((ms.len() - 1) as f64 * q).round() as usize;
+    ms[idx.min(ms.len() - 1)]
+}
+
+fn report(rows: &[Row], runs: usize, have_bwrap: bool, as_json: bool) {
+    let median_of = |program: &str, prefix: &str| {
+        rows.iter()
+            .find(|r| r.program == program && r.name.starts_with(prefix))
+            .map(|r| quantile(&r.samples, 0.5))
+    };
+    if as_json {
+        let out: Vec<_> = rows
+            .iter()
+            .map(|r| {
+                json!({
+                    "scenario": r.name, "program": r.program, "runs": r.samples.len(),
+                    "median_ms": quantile(&r.samples, 0.5), "p90_ms": quantile(&r.samples, 0.9),
+                })
+            })
+            .collect();
+        println!("{}", serde_json::to_string_pretty(&json!({"startup": out}))).ok();
+        return;
+    }
+    println!("startup benchmark: {runs} runs per scenario, interleaved; milliseconds");
+    println!("{:<42} {:<16} {:>8} {:>8} {:>12} {:>10}", "scenario", "program", "median", "p90", "vs plain", "vs bwrap");
+    for r in rows {
+        let med = quantile(&r.samples, 0.5);
+        let plain = median_of(r.program, "plain exec").unwrap_or(med);
+        let vs_plain = format!("+{:.2} ms", med - plain);
+        let vs_bwrap = median_of(r.program, "bwrap").map_or("-".to_string(), |b| format!("{:.2}x", med / b));
+        println!(
+            "{:<42} {:<16} {:>8.2} {:>8.2} {:>12} {:>10}",
+            r.name, r.program, med, quantile(&r.samples, 0.9), vs_plain, vs_bwrap
+        );
+    }
+    if !have_bwrap {
+        println!("(bwrap not found: install bubblewrap to compare; benches/startup.sh does)");
+    }
+}

@@ -1,0 +1,126 @@
+//! Exec semantics through the engine.
+
+use sandcell_engine::{ExecEvent, SandboxSpec};
+use sandcell_protocol::{ErrorCode, ExecRequest, ExitCause};
+
+use super::common::*;
+
+#[tokio::test]
+async fn exit_codes_and_signals_are_exact() {
+    let sb = sandbox().await;
+    let out = sh(&sb, "exit 7").await;
+    assert_eq!((out.result.cause, out.result.exit_code), (ExitCause::Exited, Some(7)));
+    let out = sh(&sb, "kill -SEGV $$").await;
+    assert_eq!(out.result.cause, ExitCause::Signaled);
+    assert_eq!(out.result.signal_name.as_deref(), Some("SIGSEGV"));
+    assert_eq!(out.result.shell_status(), 139);
+    sb.destroy().await.unwrap();
+}
+
+#[tokio::test]
+async fn languages_run() {
+    let sb = sandbox().await;
+    let py = sb.exec(ExecRequest::argv(["/usr/bin/python3", "-c", "print(6*7)"])).await.unwrap();
+    assert_eq!(text(&py.stdout), "42\n", "{}", text(&py.stderr));
+    let node = sb.exec(ExecRequest::argv(["node", "-e", "console.log(6*7)"])).await.unwrap();
+    assert_eq!(text(&node.stdout), "42\n", "{}", text(&node.stderr));
+    let bash = sb.exec(ExecRequest::argv(["bash", "-c", "echo $((6*7)) $HOME $PWD"])).await.unwrap();
+    assert_eq!(text(&bash.stdout), "42 /home/sandbox /workspace\n");
+    sb.destroy().await.unwrap();
+}
+
+#[tokio::test]
+async fn output_streams_in_order() {
+    let sb = sandbox().await;
+    let mut stream = sb
+        .exec_stream(ExecRequest::shell("for i in 1 2 3; do echo out$i; sleep 0.05; echo err$i >&2; sleep 0.05; done"))
+        .await
+        .unwrap();
+    let mut seen = Vec::new();
+    while let Some(ev) = stream.next().await {
+        match ev.unwrap() {
+            ExecEvent::Stdout(b) | ExecEvent::Stderr(b) => seen.push(text(&b).trim().to_string()),
+            ExecEvent::Exit(r) => assert!(r.success()),
+        }
+    }
+    assert_eq!(seen, ["out1", "err1", "out2", "err2", "out3", "err3"]);
+    sb.destroy().await.unwrap();
+}
+
+#[tokio::test]
+async fn env_cwd_and_stdin() {
+    let mut spec = SandboxSpec::default();
+    spec.env.insert("FROM_SPEC".into(), "spec".into());
+    spec.env.insert("OVERRIDDEN".into(), "spec".into());
+    let sb = sandbox_with(spec).await;
+    sb.make_dir("/workspace/sub").await.unwrap();
+    let mut req = ExecRequest::shell("echo $FROM_SPEC $OVERRIDDEN $PWD; cat");
+    req.env.insert("OVERRIDDEN".into(), "exec".into());
+    req.cwd = Some("/workspace/sub".into());
+    let out = sb.exec_with_stdin(req, b"piped in\n").await.unwrap();
+    assert_eq!(text(&out.stdout), "spec exec /workspace/sub\npiped in\n");
+    // The host's environment does not leak in.
+    let out = sh(&sb, "env").await;
+    assert!(!text(&out.stdout).contains("CARGO"), "{}", text(&out.stdout));
+    sb.destroy().await.unwrap();
+}
+
+#[tokio::test]
+async fn kill_and_process_list() {
+    let sb = sandbox().await;
+    let mut stream = sb.exec_stream(ExecRequest::shell("sleep 100 & sleep 200")).await.unwrap();
+    let procs = sb.processes().await.unwrap();
+    assert!(procs.iter().any(|p| p.cmdline == "sleep 200" && p.exec_id == Some(stream.exec_id())), "{procs:?}");
+    sb.signal_exec(stream.exec_id(), 9, true).await.unwrap();
+    let mut result = None;
+    while let Some(ev) = stream.next().await {
+        if let ExecEvent::Exit(r) = ev.unwrap() {
+            result = Some(r);
+        }
+    }
+    let result = result.unwrap();
+    assert_eq!(result.cause, ExitCause::Killed, "{result:?}");
+    let procs = sb.processes().await.unwrap();
+    assert!(procs.iter().all(|p| !p.cmdline.starts_with("sleep")), "{procs:?}");
+    sb.destroy().await.unwrap();
+}
+
+#[tokio::test]
+async fn bad_requests_get_clear_errors_and_lose_nothing() {
+    let sb = sandbox().await;
+    let err = sb.exec(ExecRequest::argv(Vec::<String>::new())).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::InvalidArgument);
+    let err = sb.exec(ExecRequest::argv(["/no/such/program"])).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::SpawnFailed, "{err}");
+    assert!(err.to_string().contains("/no/such/program"));
+    let mut req = ExecRequest::shell("true");
+    req.cwd = Some("/workspace/missing".into());
+    assert!(sb.exec(req).await.is_err());
+    // The sandbox still serves.
+    assert_eq!(text(&sh(&sb, "echo still here").await.stdout), "still here\n");
+    sb.destroy().await.unwrap();
+    let err = sb.exec(ExecRequest::shell("true")).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::InvalidState);
+}
+
+#[tokio::test]
+async fn invalid_specs_are_refused() {
+    let mut spec = SandboxSpec::default();
+    spec.limits.memory_bytes = Some(10);
+    let err = engine().create(spec).await.err().unwrap();
+    assert_eq!(err.code(), ErrorCode::InvalidArgument);
+    assert!(err.to_string().contains("memory"));
+}
+
+#[tokio::test]
+async fn destroy_leaves_nothing_behind() {
+    let sb = sandbox().await;
+    let pid = sb.host_pid().unwrap();
+    sh(&sb, "sleep 1000 &").await;
+    sb.destroy().await.unwrap();
+    assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists() || is_zombie(pid), "agent {pid} alive");
+}
+
+fn is_zombie(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).map(|s| s.contains(") Z")).unwrap_or(true)
+}

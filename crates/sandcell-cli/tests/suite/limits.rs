@@ -1,0 +1,114 @@
+//! Misbehaving sandboxes are contained and reported with their cause.
+
+use std::time::{Duration, Instant};
+
+use sandcell_engine::SandboxSpec;
+use sandcell_protocol::{ErrorCode, ExecRequest, ExitCause};
+
+use super::common::*;
+
+const MIB: u64 = 1024 * 1024;
+
+#[tokio::test]
+async fn memory_bomb_is_reported_as_oom_killed() {
+    let mut spec = SandboxSpec::default();
+    spec.limits.memory_bytes = Some(64 * MIB);
+    let sb = sandbox_with(spec).await;
+    let out = sb
+        .exec(ExecRequest::argv(["/usr/bin/python3", "-c", "a = bytearray(400 * 2**20)"]))
+        .await
+        .unwrap();
+    if cgroups_active(&sb) {
+        assert_eq!(out.result.cause, ExitCause::OomKilled, "{:?}", out.result);
+        assert!(out.result.message.contains("out of memory"));
+    } else {
+        // Rootless: RLIMIT_DATA makes the allocation fail inside Python instead.
+        assert!(!out.result.success());
+        assert!(text(&out.stderr).contains("MemoryError"), "{}", text(&out.stderr));
+    }
+    // The sandbox survives its bomb.
+    assert_eq!(text(&sh(&sb, "echo alive").await.stdout), "alive\n");
+    sb.destroy().await.unwrap();
+}
+
+#[tokio::test]
+async fn fork_bomb_is_contained_and_reported() {
+    let mut spec = SandboxSpec::default();
+    spec.limits.pids = Some(64);
+    let sb = sandbox_with(spec).await;
+    let mut req = ExecRequest::argv(["bash", "-c", "bomb() { bomb | bomb & }; bomb; sleep 3"]);
+    req.timeout_ms = Some(4000);
+    let bomb = sb.exec(req);
+    // The host stays responsive while the bomb runs.
+    let host_check = async {
+        tokio::time::sleep(Duration::from_millis(1500)).await;
+        let t = Instant::now();
+        let ok = std::process::Command::new("/bin/true").status().unwrap().success();
+        (ok, t.elapsed())
+    };
+    let (out, (host_ok, host_latency)) = tokio::join!(bomb, host_check);
+    let out = out.unwrap();
+    assert!(host_ok && host_latency < Duration::from_secs(2), "host stalled {host_latency:?}");
+    assert!(out.result.pids_limit_hit || !cgroups_active(&sb), "{:?}", out.result);
+    assert!(out.result.message.contains("process limit") || !cgroups_active(&sb), "{}", out.result.message);
+    // Everything the bomb started is gone; the sandbox still works.
+    let procs = sb.processes().await.unwrap();
+    assert!(procs.len() < 5, "{} processes left: {procs:?}", procs.len());
+    assert_eq!(text(&sh(&sb, "echo alive").await.stdout), "alive\n");
+    sb.destroy().await.unwrap();
+}
+
+#[tokio::test]
+async fn infinite_loop_times_out_in_about_a_second_and_the_tree_dies() {
+    let sb = sandbox().await;
+    let mut req = ExecRequest::shell("sleep 300 & (setsid sleep 301 &); while :; do :; done");
+    req.timeout_ms = Some(1000);
+    let start = Instant::now();
+    let out = sb.exec(req).await.unwrap();
+    let took = start.elapsed();
+    assert_eq!(out.result.cause, ExitCause::Timeout, "{:?}", out.result);
+    assert!(out.result.timed_out);
+    assert!(took >= Duration::from_millis(950) && took < Duration::from_millis(2500), "{took:?}");
+    let procs = sb.processes().await.unwrap();
+    assert!(procs.iter().all(|p| !p.cmdline.contains("sleep")), "survivors: {procs:?}");
+    sb.destroy().await.unwrap();
+}
+
+#[tokio::test]
+async fn workspace_size_limit_gives_enospc() {
+    let mut spec = SandboxSpec::default();
+    spec.limits.disk_bytes = 8 * MIB;
+    let sb = sandbox_with(spec).await;
+    let out = sh(&sb, "dd if=/dev/zero of=/workspace/big bs=1M count=20 2>&1").await;
+    assert!(!out.result.success());
+    assert!(text(&out.stdout).contains("No space left on device"), "{}", text(&out.stdout));
+    let err = sb.write_file("/workspace/big2", &vec![0u8; 20 * MIB as usize], None).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::NoSpace, "{err}");
+    // Freeing space makes it writable again.
+    sb.remove("/workspace/big", false).await.unwrap();
+    sb.write_file("/workspace/small", b"ok", None).await.unwrap();
+    sb.destroy().await.unwrap();
+}
+
+#[tokio::test]
+async fn output_beyond_the_limit_is_truncated_and_marked() {
+    let sb = sandbox().await;
+    let mut req = ExecRequest::shell("head -c 3000000 /dev/zero; echo done >&2");
+    req.stdout_limit = 4096;
+    let out = sb.exec(req).await.unwrap();
+    assert_eq!(out.stdout.len(), 4096);
+    assert!(out.result.stdout_truncated && !out.result.stderr_truncated);
+    assert_eq!(out.result.stdout_bytes, 3_000_000);
+    assert_eq!(text(&out.stderr), "done\n");
+    assert!(out.result.message.contains("truncated"));
+    sb.destroy().await.unwrap();
+}
+
+#[tokio::test]
+async fn open_files_limit_applies() {
+    let mut spec = SandboxSpec::default();
+    spec.limits.open_files = 64;
+    let sb = sandbox_with(spec).await;
+    assert_eq!(text(&sh(&sb, "ulimit -n").await.stdout), "64\n");
+    sb.destroy().await.unwrap();
+}

@@ -1,0 +1,70 @@
+//! The `Backend` trait: how a sandbox's world is started and torn down.
+
+use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
+use tokio::net::UnixStream;
+
+use sandcell_protocol::IsolationReport;
+
+use crate::error::EngineError;
+use crate::spec::{BackendKind, SandboxSpec};
+
+/// What a backend can do on this host.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackendCapabilities {
+    /// Which backend.
+    pub kind: BackendKind,
+    /// Whether it can run at all here.
+    pub available: bool,
+    /// Strength of the boundary: `container`, `user-space kernel`, `hardware vm`.
+    pub isolation_level: String,
+    /// Whether `pause`/`resume` keep memory.
+    pub supports_pause: bool,
+    /// Best snapshot fidelity: `none`, `files`, `language`, `process`.
+    pub checkpoint_fidelity: String,
+    /// Feature-by-feature: what a sandbox would get on this host, and why not.
+    pub host: IsolationReport,
+}
+
+/// Resource counters of a running sandbox, for telling why an exec died.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ResourceCounters {
+    /// OOM kills so far (None when the backend cannot tell).
+    pub oom_kills: Option<u64>,
+    /// Forks refused by the process limit so far (None when the backend cannot tell).
+    pub pids_limit_hits: Option<u64>,
+    /// Memory in use.
+    pub memory_bytes: Option<u64>,
+}
+
+/// A freshly started sandbox: the stream its guest agent speaks on, plus its handle.
+pub struct LaunchedSandbox {
+    /// The guest agent's connection, before the handshake.
+    pub stream: UnixStream,
+    /// Backend-specific handle.
+    pub instance: Box<dyn BackendInstance>,
+    /// Isolation set up outside the guest (namespaces, cgroups, id maps).
+    pub isolation: IsolationReport,
+}
+
+/// An isolation backend.
+#[async_trait]
+pub trait Backend: Send + Sync {
+    /// Which backend this is.
+    fn kind(&self) -> BackendKind;
+    /// What it offers on this host.
+    fn capabilities(&self) -> BackendCapabilities;
+    /// Starts a sandbox running the guest agent.
+    async fn launch(&self, id: &str, spec: &SandboxSpec) -> Result<LaunchedSandbox, EngineError>;
+}
+
+/// One running sandbox, as its backend sees it.
+#[async_trait]
+pub trait BackendInstance: Send + Sync {
+    /// Current resource counters.
+    fn counters(&self) -> ResourceCounters;
+    /// The pid of the sandbox's first process on the host, if it has one.
+    fn host_pid(&self) -> Option<i32>;
+    /// Kills everything in the sandbox and waits until it is gone.
+    async fn destroy(&self) -> Result<(), EngineError>;
+}

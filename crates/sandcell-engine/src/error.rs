@@ -1,0 +1,71 @@
+//! Engine errors. Front ends map them to their wire formats through [`EngineError::code`].
+
+use sandcell_protocol::{ErrorCode, WireError};
+
+/// Why an engine call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    /// The sandbox spec is invalid.
+    #[error("invalid sandbox spec: {0}")]
+    InvalidSpec(String),
+    /// A request's arguments are invalid.
+    #[error("invalid request: {0}")]
+    InvalidRequest(String),
+    /// No backend of this kind was given to the engine.
+    #[error("backend '{0}' is not available in this engine")]
+    BackendUnavailable(String),
+    /// The sandbox could not be started.
+    #[error("sandbox failed to start at stage '{stage}': {message}")]
+    Launch {
+        /// The setup step that failed.
+        stage: String,
+        /// What went wrong.
+        message: String,
+    },
+    /// The guest agent answered with an error.
+    #[error("{0}")]
+    Guest(WireError),
+    /// The connection to the guest agent broke or misbehaved.
+    #[error("guest connection: {0}")]
+    Connection(String),
+    /// The sandbox is gone (destroyed, or its agent died).
+    #[error("sandbox {id} is gone: {reason}")]
+    SandboxGone {
+        /// The sandbox id.
+        id: String,
+        /// Why it is gone.
+        reason: String,
+    },
+    /// The agent did not answer in time.
+    #[error("guest agent did not answer: {0}")]
+    Unresponsive(String),
+    /// A host-side I/O error.
+    #[error("{op}: {source}")]
+    Io {
+        /// What was being done.
+        op: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl EngineError {
+    /// The shared error class, for front ends.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            Self::InvalidSpec(_) | Self::InvalidRequest(_) => ErrorCode::InvalidArgument,
+            Self::BackendUnavailable(_) => ErrorCode::InvalidArgument,
+            Self::Guest(e) => e.code,
+            Self::SandboxGone { .. } => ErrorCode::InvalidState,
+            Self::Launch { .. } | Self::Connection(_) | Self::Unresponsive(_) | Self::Io { .. } => {
+                ErrorCode::Internal
+            }
+        }
+    }
+
+    /// Wraps a host-side I/O error.
+    pub fn io(op: impl Into<String>, source: std::io::Error) -> Self {
+        Self::Io { op: op.into(), source }
+    }
+}

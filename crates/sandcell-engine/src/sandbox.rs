@@ -1,0 +1,472 @@
+//! A running sandbox: exec, processes, files, destroy.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use serde::Serialize;
+use sandcell_protocol::{
+    Channel, ExecCommand, ExecRequest, ExecResult, FileEntry, GuestMessage, HostMessage,
+    IsolationReport, ProcessInfo,
+};
+
+use crate::backend::{BackendInstance, ResourceCounters};
+use crate::client::{Call, GuestClient, Reply};
+use crate::error::EngineError;
+use crate::spec::{SandboxSpec, validate_env};
+
+/// How long the host waits past an exec's own timeout before it stops trusting the agent.
+const WATCHDOG_GRACE: Duration = Duration::from_secs(5);
+/// Longest a file or process request may take.
+const CALL_TIMEOUT: Duration = Duration::from_secs(120);
+
+/// How long creation took, in milliseconds.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Timings {
+    /// The backend's launch (namespaces, mounts, cgroups).
+    pub launch_ms: f64,
+    /// The agent's handshake.
+    pub handshake_ms: f64,
+    /// The whole `create`.
+    pub create_ms: f64,
+}
+
+struct Inner {
+    id: String,
+    spec: SandboxSpec,
+    client: GuestClient,
+    instance: Box<dyn BackendInstance>,
+    isolation: IsolationReport,
+    agent_version: String,
+    timings: Timings,
+    destroyed: AtomicBool,
+}
+
+/// A running sandbox. Cheap to clone; every clone is the same sandbox.
+#[derive(Clone)]
+pub struct Sandbox {
+    inner: Arc<Inner>,
+}
+
+/// Everything an exec produced.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ExecOutput {
+    /// Captured stdout (up to the exec's limit).
+    pub stdout: Vec<u8>,
+    /// Captured stderr (up to the exec's limit).
+    pub stderr: Vec<u8>,
+    /// How it ended.
+    pub result: ExecResult,
+}
+
+/// One event of a streamed exec.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ExecEvent {
+    /// Bytes on stdout.
+    Stdout(Vec<u8>),
+    /// Bytes on stderr.
+    Stderr(Vec<u8>),
+    /// The process ended; no events follow.
+    Exit(ExecResult),
+}
+
+/// A running exec.
+pub struct ExecStream {
+    sandbox: Sandbox,
+    call: Call,
+    pid: i32,
+    before: ResourceCounters,
+    timeout_ms: Option<u64>,
+    stdin_seq: u64,
+    done: bool,
+}
+
+impl ExecStream {
+    /// The process's pid inside the sandbox.
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+
+    /// The request id, usable with [`Sandbox::signal_exec`].
+    pub fn exec_id(&self) -> u32 {
+        self.call.id
+    }
+
+    /// Sends bytes to the process's stdin (the request must have set `stdin`).
+    pub async fn write_stdin(&mut self, bytes: &[u8]) -> Result<(), EngineError> {
+        let client = &self.sandbox.inner.client;
+        self.stdin_seq = client.send_data(self.call.id, Channel::Stdin, self.stdin_seq, bytes).await?;
+        Ok(())
+    }
+
+    /// Closes the process's stdin.
+    pub async fn close_stdin(&mut self) -> Result<(), EngineError> {
+        self.sandbox.inner.client.send(self.call.id, &HostMessage::StdinClose).await
+    }
+
+    /// The next event; `None` after `Exit`.
+    pub async fn next(&mut self) -> Option<Result<ExecEvent, EngineError>> {
+        if self.done {
+            return None;
+        }
+        let reply = match self.timeout_ms {
+            Some(t) => {
+                let limit = Duration::from_millis(t) + WATCHDOG_GRACE;
+                match tokio::time::timeout(limit, self.call.next()).await {
+                    Ok(r) => r,
+                    Err(_) => return Some(Err(self.agent_overdue(t).await)),
+                }
+            }
+            None => self.call.next().await,
+        };
+        let event = match reply {
+            Reply::Data(chunk) if chunk.channel == Channel::Stdout => Ok(ExecEvent::Stdout(chunk.bytes)),
+            Reply::Data(chunk) if chunk.channel == Channel::Stderr => Ok(ExecEvent::Stderr(chunk.bytes)),
+            Reply::Data(chunk) => Err(EngineError::Connection(format!(
+                "unexpected {:?} chunk in an exec",
+                chunk.channel
+            ))),
+            Reply::Message(GuestMessage::ExecExited(exit)) => {
+                self.done = true;
+                let after = self.sandbox.inner.instance.counters();
+                let delta = |a: Option<u64>, b: Option<u64>| a.unwrap_or(0).saturating_sub(b.unwrap_or(0));
+                Ok(ExecEvent::Exit(ExecResult::classify(
+                    &exit,
+                    delta(after.oom_kills, self.before.oom_kills),
+                    delta(after.pids_limit_hits, self.before.pids_limit_hits),
+                    self.timeout_ms,
+                )))
+            }
+            Reply::Message(GuestMessage::Error(e)) => {
+                self.done = true;
+                Err(EngineError::Guest(e))
+            }
+            Reply::Message(other) => Err(EngineError::Connection(format!("unexpected reply {other:?}"))),
+            Reply::Closed(reason) => {
+                self.done = true;
+                Err(self.sandbox.gone(reason))
+            }
+        };
+        Some(event)
+    }
+
+    /// Collects everything until the process ends.
+    pub async fn collect(mut self) -> Result<ExecOutput, EngineError> {
+        let (mut stdout, mut stderr) = (Vec::new(), Vec::new());
+        while let Some(event) = self.next().await {
+            match event? {
+                ExecEvent::Stdout(b) => stdout.extend_from_slice(&b),
+                ExecEvent::Stderr(b) => stderr.extend_from_slice(&b),
+                ExecEvent::Exit(result) => return Ok(ExecOutput { stdout, stderr, result }),
+            }
+        }
+        Err(EngineError::Connection("exec ended without an exit status".into()))
+    }
+
+    /// The agent missed the exec's deadline by the whole grace period: kill the tree from
+    /// here and report the agent as unresponsive.
+    async fn agent_overdue(&mut self, timeout_ms: u64) -> EngineError {
+        self.done = true;
+        let _ = tokio::time::timeout(
+            Duration::from_secs(2),
+            self.sandbox.signal_exec(self.call.id, 9, true),
+        )
+        .await;
+        EngineError::Unresponsive(format!(
+            "no exit status {} s after the exec's {timeout_ms} ms timeout; its tree was sent SIGKILL",
+            WATCHDOG_GRACE.as_secs()
+        ))
+    }
+}
+
+impl Sandbox {
+    pub(crate) fn new(
+        id: String,
+        spec: SandboxSpec,
+        client: GuestClient,
+        instance: Box<dyn BackendInstance>,
+        isolation: IsolationReport,
+        agent_version: String,
+        timings: Timings,
+    ) -> Self {
+        let inner = Inner {
+            id,
+            spec,
+            client,
+            instance,
+            isolation,
+            agent_version,
+            timings,
+            destroyed: AtomicBool::new(false),
+        };
+        Self { inner: Arc::new(inner) }
+    }
+
+    /// The sandbox id.
+    pub fn id(&self) -> &str {
+        &self.inner.id
+    }
+
+    /// The spec it was created from.
+    pub fn spec(&self) -> &SandboxSpec {
+        &self.inner.spec
+    }
+
+    /// The isolation it actually got, feature by feature.
+    pub fn isolation(&self) -> &IsolationReport {
+        &self.inner.isolation
+    }
+
+    /// The guest agent's version.
+    pub fn agent_version(&self) -> &str {
+        &self.inner.agent_version
+    }
+
+    /// How long creation took.
+    pub fn timings(&self) -> Timings {
+        self.inner.timings
+    }
+
+    /// The pid of the sandbox's first process on the host.
+    pub fn host_pid(&self) -> Option<i32> {
+        self.inner.instance.host_pid()
+    }
+
+    /// Current resource counters.
+    pub fn counters(&self) -> ResourceCounters {
+        self.inner.instance.counters()
+    }
+
+    /// Starts a process and streams its output.
+    pub async fn exec_stream(&self, mut req: ExecRequest) -> Result<ExecStream, EngineError> {
+        self.check_alive()?;
+        validate_exec(&req)?;
+        for (k, v) in &self.inner.spec.env {
+            req.env.entry(k.clone()).or_insert_with(|| v.clone());
+        }
+        if req.timeout_ms.is_none() {
+            req.timeout_ms = self.inner.spec.limits.exec_timeout_ms;
+        }
+        let before = self.inner.instance.counters();
+        let mut call = self.inner.client.request(&HostMessage::Exec(req.clone())).await
+            .map_err(|e| self.map_closed(e))?;
+        let pid = match call.message().await.map_err(|e| self.map_closed(e))? {
+            GuestMessage::ExecStarted { pid } => pid,
+            other => return Err(EngineError::Connection(format!("unexpected exec reply {other:?}"))),
+        };
+        Ok(ExecStream {
+            sandbox: self.clone(),
+            call,
+            pid,
+            before,
+            timeout_ms: req.timeout_ms,
+            stdin_seq: 0,
+            done: false,
+        })
+    }
+
+    /// Runs a process to completion and returns its output and how it ended.
+    pub async fn exec(&self, req: ExecRequest) -> Result<ExecOutput, EngineError> {
+        self.exec_stream(req).await?.collect().await
+    }
+
+    /// Runs a process with `stdin` as its standard input.
+    pub async fn exec_with_stdin(&self, mut req: ExecRequest, stdin: &[u8]) -> Result<ExecOutput, EngineError> {
+        req.stdin = true;
+        let mut stream = self.exec_stream(req).await?;
+        stream.write_stdin(stdin).await?;
+        stream.close_stdin().await?;
+        stream.collect().await
+    }
+
+    /// Sends a signal to an exec's process, or with `tree` to its whole process tree.
+    pub async fn signal_exec(&self, exec_id: u32, signal: i32, tree: bool) -> Result<(), EngineError> {
+        self.expect_ok(HostMessage::Signal { exec_id: Some(exec_id), pid: None, signal, tree }).await
+    }
+
+    /// Sends a signal to a process by its pid inside the sandbox.
+    pub async fn kill_process(&self, pid: i32, signal: i32, tree: bool) -> Result<(), EngineError> {
+        self.expect_ok(HostMessage::Signal { exec_id: None, pid: Some(pid), signal, tree }).await
+    }
+
+    /// The sandbox's processes.
+    pub async fn processes(&self) -> Result<Vec<ProcessInfo>, EngineError> {
+        match self.simple_call(HostMessage::ListProcesses).await? {
+            GuestMessage::Processes { processes } => Ok(processes),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Writes a file (creating parent directories), replacing it atomically.
+    pub async fn write_file(&self, path: &str, bytes: &[u8], mode: Option<u32>) -> Result<FileEntry, EngineError> {
+        self.upload(path, bytes, mode, false).await
+    }
+
+    /// Appends to a file, creating it when missing.
+    pub async fn append_file(&self, path: &str, bytes: &[u8]) -> Result<FileEntry, EngineError> {
+        self.upload(path, bytes, None, true).await
+    }
+
+    async fn upload(&self, path: &str, bytes: &[u8], mode: Option<u32>, append: bool) -> Result<FileEntry, EngineError> {
+        self.check_alive()?;
+        let client = &self.inner.client;
+        let msg = HostMessage::WriteFile { path: path.to_string(), mode, append };
+        let mut call = client.request(&msg).await.map_err(|e| self.map_closed(e))?;
+        client.send_data(call.id, Channel::File, 0, bytes).await.map_err(|e| self.map_closed(e))?;
+        client.send(call.id, &HostMessage::EndOfData).await.map_err(|e| self.map_closed(e))?;
+        match self.with_timeout(call.message()).await? {
+            GuestMessage::Entry { entry } => Ok(entry),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Reads a whole file.
+    pub async fn read_file(&self, path: &str) -> Result<Vec<u8>, EngineError> {
+        self.check_alive()?;
+        let mut call = self
+            .inner
+            .client
+            .request(&HostMessage::ReadFile { path: path.to_string() })
+            .await
+            .map_err(|e| self.map_closed(e))?;
+        let mut out = Vec::new();
+        loop {
+            let reply = tokio::time::timeout(CALL_TIMEOUT, call.next())
+                .await
+                .map_err(|_| EngineError::Unresponsive(format!("reading {path}")))?;
+            match reply {
+                Reply::Data(chunk) => out.extend_from_slice(&chunk.bytes),
+                Reply::Message(GuestMessage::ReadDone { .. }) => return Ok(out),
+                Reply::Message(GuestMessage::Error(e)) => return Err(EngineError::Guest(e)),
+                Reply::Message(other) => return Err(unexpected(other)),
+                Reply::Closed(reason) => return Err(self.gone(reason)),
+            }
+        }
+    }
+
+    /// Lists a directory.
+    pub async fn list_dir(&self, path: &str) -> Result<Vec<FileEntry>, EngineError> {
+        match self.simple_call(HostMessage::ListDir { path: path.to_string() }).await? {
+            GuestMessage::Listing { entries } => Ok(entries),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Describes one path (a final symlink is not followed).
+    pub async fn stat(&self, path: &str) -> Result<FileEntry, EngineError> {
+        self.entry_call(HostMessage::Stat { path: path.to_string() }).await
+    }
+
+    /// Creates a directory and its missing parents.
+    pub async fn make_dir(&self, path: &str) -> Result<FileEntry, EngineError> {
+        self.entry_call(HostMessage::MakeDir { path: path.to_string() }).await
+    }
+
+    /// Removes a file, a symlink or a directory (non-empty only with `recursive`).
+    pub async fn remove(&self, path: &str, recursive: bool) -> Result<(), EngineError> {
+        self.expect_ok(HostMessage::Remove { path: path.to_string(), recursive }).await
+    }
+
+    /// Renames a path.
+    pub async fn rename(&self, from: &str, to: &str) -> Result<FileEntry, EngineError> {
+        self.entry_call(HostMessage::Rename { from: from.to_string(), to: to.to_string() }).await
+    }
+
+    /// Kills everything in the sandbox and waits until it is gone. Idempotent.
+    pub async fn destroy(&self) -> Result<(), EngineError> {
+        if self.inner.destroyed.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        self.inner.instance.destroy().await
+    }
+
+    /// Whether `destroy` was called.
+    pub fn is_destroyed(&self) -> bool {
+        self.inner.destroyed.load(Ordering::SeqCst)
+    }
+
+    async fn entry_call(&self, msg: HostMessage) -> Result<FileEntry, EngineError> {
+        match self.simple_call(msg).await? {
+            GuestMessage::Entry { entry } => Ok(entry),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn expect_ok(&self, msg: HostMessage) -> Result<(), EngineError> {
+        match self.simple_call(msg).await? {
+            GuestMessage::Ok => Ok(()),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    async fn simple_call(&self, msg: HostMessage) -> Result<GuestMessage, EngineError> {
+        self.check_alive()?;
+        let mut call = self.inner.client.request(&msg).await.map_err(|e| self.map_closed(e))?;
+        self.with_timeout(call.message()).await
+    }
+
+    async fn with_timeout(
+        &self,
+        fut: impl std::future::Future<Output = Result<GuestMessage, EngineError>>,
+    ) -> Result<GuestMessage, EngineError> {
+        match tokio::time::timeout(CALL_TIMEOUT, fut).await {
+            Ok(r) => r.map_err(|e| self.map_closed(e)),
+            Err(_) => Err(EngineError::Unresponsive(format!("no reply within {CALL_TIMEOUT:?}"))),
+        }
+    }
+
+    fn check_alive(&self) -> Result<(), EngineError> {
+        if self.is_destroyed() {
+            return Err(self.gone("it was destroyed".into()));
+        }
+        if let Some(reason) = self.inner.client.closed_reason() {
+            return Err(self.gone(reason));
+        }
+        Ok(())
+    }
+
+    fn map_closed(&self, e: EngineError) -> EngineError {
+        match e {
+            EngineError::Connection(reason) if self.inner.client.closed_reason().is_some() => self.gone(reason),
+            other => other,
+        }
+    }
+
+    fn gone(&self, reason: String) -> EngineError {
+        let reason = if self.is_destroyed() { "it was destroyed".to_string() } else { reason };
+        let counters = self.inner.instance.counters();
+        let hint = if counters.oom_kills.unwrap_or(0) > 0 {
+            " (the memory limit was hit: the oom killer ended the agent)"
+        } else {
+            ""
+        };
+        EngineError::SandboxGone { id: self.inner.id.clone(), reason: format!("{reason}{hint}") }
+    }
+}
+
+fn unexpected(msg: GuestMessage) -> EngineError {
+    EngineError::Connection(format!("unexpected reply {msg:?}"))
+}
+
+fn validate_exec(req: &ExecRequest) -> Result<(), EngineError> {
+    let bad = |m: &str| Err(EngineError::InvalidRequest(m.to_string()));
+    match &req.command {
+        ExecCommand::Argv(argv) if argv.is_empty() => return bad("argv is empty"),
+        ExecCommand::Argv(argv) if argv.iter().any(|a| a.contains('\0')) => {
+            return bad("an argument contains a NUL byte");
+        }
+        ExecCommand::Argv(argv) if argv[0].is_empty() => return bad("the program name is empty"),
+        ExecCommand::Shell(line) if line.contains('\0') => return bad("the command contains a NUL byte"),
+        _ => {}
+    }
+    for (k, v) in &req.env {
+        validate_env(k, v).map_err(EngineError::InvalidRequest)?;
+    }
+    if req.cwd.as_deref().is_some_and(|c| c.contains('\0') || c.is_empty()) {
+        return bad("cwd is empty or contains a NUL byte");
+    }
+    if req.timeout_ms == Some(0) {
+        return bad("timeout must be positive");
+    }
+    Ok(())
+}

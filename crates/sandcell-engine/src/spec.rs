@@ -1,0 +1,198 @@
+//! `SandboxSpec`: what a sandbox should be, as plain data every backend translates.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::EngineError;
+
+const MIB: u64 = 1024 * 1024;
+
+/// Which isolation backend runs a sandbox.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum BackendKind {
+    /// Linux namespaces, seccomp, Landlock and cgroups around the guest agent.
+    #[default]
+    Process,
+}
+
+impl BackendKind {
+    /// The name used in specs and reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Process => "process",
+        }
+    }
+}
+
+/// Network policy.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum NetworkPolicy {
+    /// Only the sandbox's own loopback: nothing outside the sandbox is reachable.
+    #[default]
+    Loopback,
+    /// No sockets but Unix sockets at all.
+    Off,
+}
+
+/// Resource limits. `None` means unlimited.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SandboxLimits {
+    /// Memory for the whole sandbox, swap excluded.
+    pub memory_bytes: Option<u64>,
+    /// CPUs (fractions allowed, e.g. 0.5).
+    pub cpus: Option<f64>,
+    /// Processes and threads in the whole sandbox.
+    pub pids: Option<u64>,
+    /// Size of the writable `/workspace`.
+    pub disk_bytes: u64,
+    /// Size of the writable `/tmp`.
+    pub tmp_bytes: u64,
+    /// Size of the writable `/home/sandbox`.
+    pub home_bytes: u64,
+    /// Open files per process.
+    pub open_files: u64,
+    /// Default timeout of an exec that sets none, in milliseconds.
+    pub exec_timeout_ms: Option<u64>,
+}
+
+impl Default for SandboxLimits {
+    fn default() -> Self {
+        Self {
+            memory_bytes: Some(512 * MIB),
+            cpus: None,
+            pids: Some(256),
+            disk_bytes: 1024 * MIB,
+            tmp_bytes: 256 * MIB,
+            home_bytes: 64 * MIB,
+            open_files: 1024,
+            exec_timeout_ms: Some(300_000),
+        }
+    }
+}
+
+/// What a sandbox should be.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SandboxSpec {
+    /// The isolation backend.
+    pub backend: BackendKind,
+    /// Resource limits.
+    pub limits: SandboxLimits,
+    /// Network policy.
+    pub network: NetworkPolicy,
+    /// Environment variables set for every exec (an exec's own variables win).
+    pub env: BTreeMap<String, String>,
+    /// Free-form labels.
+    pub labels: BTreeMap<String, String>,
+}
+
+impl SandboxSpec {
+    /// Checks every field; the error names the first bad one.
+    pub fn validate(&self) -> Result<(), EngineError> {
+        let l = &self.limits;
+        let bad = |m: String| Err(EngineError::InvalidSpec(m));
+        if let Some(m) = l.memory_bytes {
+            if m < 16 * MIB {
+                return bad(format!("memory limit {m} bytes is below the 16 MiB minimum"));
+            }
+        }
+        if let Some(c) = l.cpus {
+            if !(c.is_finite() && c >= 0.01 && c <= 1024.0) {
+                return bad(format!("cpus {c} must be between 0.01 and 1024"));
+            }
+        }
+        if let Some(p) = l.pids {
+            if p < 8 {
+                return bad(format!("pids limit {p} is below the minimum of 8"));
+            }
+        }
+        for (name, v) in [("disk", l.disk_bytes), ("tmp", l.tmp_bytes), ("home", l.home_bytes)] {
+            if v < MIB {
+                return bad(format!("{name} size {v} bytes is below the 1 MiB minimum"));
+            }
+        }
+        if !(16..=1 << 20).contains(&l.open_files) {
+            return bad(format!("open files {} must be between 16 and 1048576", l.open_files));
+        }
+        if l.exec_timeout_ms == Some(0) {
+            return bad("exec timeout must be positive".into());
+        }
+        for (k, v) in &self.env {
+            validate_env(k, v).map_err(EngineError::InvalidSpec)?;
+        }
+        Ok(())
+    }
+}
+
+/// Checks an environment variable's name and value.
+pub fn validate_env(name: &str, value: &str) -> Result<(), String> {
+    if name.is_empty() || name.contains('=') || name.contains('\0') {
+        return Err(format!("environment variable name '{name}' is empty or contains '=' or NUL"));
+    }
+    if value.contains('\0') {
+        return Err(format!("environment variable {name} contains a NUL byte"));
+    }
+    Ok(())
+}
+
+/// Parses a size such as `512m`, `1g`, `64MiB`, `1000` (bytes).
+pub fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim().to_ascii_lowercase();
+    let digits_end = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let (num, unit) = t.split_at(digits_end);
+    let value: f64 = num.parse().map_err(|_| format!("'{text}' is not a size (try 512m or 2g)"))?;
+    let mult: u64 = match unit.trim() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1024,
+        "m" | "mb" | "mib" => MIB,
+        "g" | "gb" | "gib" => 1024 * MIB,
+        "t" | "tb" | "tib" => 1024 * 1024 * MIB,
+        other => return Err(format!("unknown size unit '{other}' in '{text}'")),
+    };
+    let bytes = value * mult as f64;
+    if !(bytes.is_finite() && bytes >= 0.0 && bytes < u64::MAX as f64) {
+        return Err(format!("size '{text}' is out of range"));
+    }
+    Ok(bytes as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn default_spec_is_valid() {
+        SandboxSpec::default().validate().unwrap();
+    }
+
+    #[test]
+    fn bad_limits_are_named() {
+        let mut spec = SandboxSpec::default();
+        spec.limits.memory_bytes = Some(1024);
+        let err = spec.validate().unwrap_err().to_string();
+        assert!(err.contains("memory limit"), "{err}");
+        let mut spec = SandboxSpec::default();
+        spec.env.insert("A=B".into(), "x".into());
+        assert!(spec.validate().unwrap_err().to_string().contains("A=B"));
+    }
+
+    #[test]
+    fn sizes_parse() {
+        assert_eq!(parse_size("64m").unwrap(), 64 * MIB);
+        assert_eq!(parse_size("1.5GiB").unwrap(), 1536 * MIB);
+        assert_eq!(parse_size("100").unwrap(), 100);
+        assert!(parse_size("12 parsecs").is_err());
+        assert!(parse_size("").is_err());
+    }
+
+    #[test]
+    fn spec_json_fills_defaults() {
+        let spec: SandboxSpec = serde_json::from_str(r#"{"limits":{"pids":64}}"#).unwrap();
+        assert_eq!(spec.limits.pids, Some(64));
+        assert_eq!(spec.limits.memory_bytes, Some(512 * MIB));
+    }
+}

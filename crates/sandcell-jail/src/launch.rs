@@ -1,0 +1,404 @@
+//! The launcher: `sandcell __jail`, a single-threaded helper the host spawns per sandbox.
+//!
+//! Protocol with the host, over the one socket it receives as stdin:
+//! 1. the host sends a [`JailConfig`] as a message frame on id 0;
+//! 2. the launcher sets up cgroups, clones the sandbox's first process into new user, pid,
+//!    mount, net, ipc, uts (and cgroup) namespaces, writes its id maps, and sends
+//!    `Launched { host_pid, report, cgroups }` on id 0;
+//! 3. it releases the child, closes its copy of the socket and waits: when the sandbox's
+//!    PID 1 exits (the whole pid namespace dies with it) it removes the cgroups and exits.
+//!
+//! The child finishes the setup from inside (rootfs, loopback, rlimits, Landlock,
+//! capabilities, seccomp) and returns [`Outcome::Sandbox`] so the caller can run the guest
+//! agent in it. Any failure is sent as `LaunchFailed { stage, message }` before exiting.
+
+use std::fs::File;
+use std::io::{self, Read, Write};
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::path::Path;
+
+use nix::sys::wait::{WaitStatus, waitpid};
+use nix::unistd::Pid;
+use sandcell_protocol::{
+    FeatureState, Frame, FrameDecoder, GuestMessage, IsolationReport, SANDBOX_UID, encode_message,
+};
+
+use crate::cgroup::SandboxCgroup;
+use crate::config::{JailConfig, NetworkMode};
+use crate::error::JailError;
+use crate::{caps, landlock_policy, net, rlimits, rootfs, seccomp};
+
+/// The fd the socket to the host is moved to in the launcher and the sandbox.
+pub const SOCKET_FD: RawFd = 3;
+
+/// What the caller should do after [`run`] returns.
+pub enum Outcome {
+    /// This process is the sandbox's PID 1, fully confined: serve the guest agent on
+    /// `socket`. `isolation` lists what the inside setup achieved.
+    Sandbox { socket: UnixStream, isolation: IsolationReport, config: Box<JailConfig> },
+    /// This process is the launcher and its sandbox is gone: exit with this code.
+    Exit(i32),
+}
+
+/// Runs the launcher. Must be called first thing in `main`, while the process has one thread.
+pub fn run() -> Outcome {
+    let mut socket = match take_socket() {
+        Ok(s) => s,
+        // Without the socket nobody can hear us; stderr is all we have.
+        Err(e) => {
+            eprintln!("sandcell jail: {e}");
+            return Outcome::Exit(1);
+        }
+    };
+    match launch(&mut socket) {
+        Ok(Side::Sandbox { isolation, config }) => Outcome::Sandbox { socket, isolation, config },
+        Ok(Side::Launcher { pid, report, cgroup, go }) => {
+            let cgroups = cgroup
+                .as_ref()
+                .map(|cg| cg.paths().iter().map(|p| p.display().to_string()).collect())
+                .unwrap_or_default();
+            send(&mut socket, &GuestMessage::Launched { host_pid: pid.as_raw(), report, cgroups });
+            // Release the child, then close our copy of the socket: it is the agent's alone,
+            // and the host must see EOF as soon as the agent is gone.
+            let mut go = File::from(go);
+            let _ = go.write_all(b"g");
+            drop(go);
+            drop(socket);
+            let code = wait_for(pid);
+            if let Some(cg) = &cgroup {
+                // Normally empty already: the pid namespace died with its PID 1.
+                let _ = cg.kill_all();
+                let _ = cg.remove();
+            }
+            Outcome::Exit(code)
+        }
+        Err((stage, e)) => {
+            send(&mut socket, &GuestMessage::LaunchFailed { stage, message: e.to_string() });
+            Outcome::Exit(1)
+        }
+    }
+}
+
+/// Which side of the clone this process is on.
+enum Side {
+    Sandbox { isolation: IsolationReport, config: Box<JailConfig> },
+    Launcher { pid: Pid, report: IsolationReport, cgroup: Option<SandboxCgroup>, go: OwnedFd },
+}
+
+type StageResult<T> = Result<T, (String, JailError)>;
+
+fn at<T>(stage: &str, r: Result<T, JailError>) -> StageResult<T> {
+    r.map_err(|e| (stage.to_string(), e))
+}
+
+/// Moves the socket from stdin to [`SOCKET_FD`], points 0..2 at /dev/null (keeping stderr
+/// when debugging) and closes every other inherited descriptor.
+fn take_socket() -> Result<UnixStream, JailError> {
+    // Move the socket first: /dev/null opened before it could land on SOCKET_FD itself.
+    dup_onto(0, SOCKET_FD)?;
+    let devnull = File::options()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+        .map_err(|e| JailError::io("open /dev/null", e))?;
+    dup_onto(devnull.as_raw_fd(), 0)?;
+    dup_onto(devnull.as_raw_fd(), 1)?;
+    if std::env::var_os("SANDCELL_DEBUG").is_none() {
+        dup_onto(devnull.as_raw_fd(), 2)?;
+    }
+    drop(devnull);
+    close_fds_from(SOCKET_FD + 1);
+    set_cloexec(SOCKET_FD)?;
+    // SAFETY: SOCKET_FD was just made a duplicate of the socket we inherited as stdin; nothing
+    // else owns it, so this becomes its single owner.
+    Ok(unsafe { UnixStream::from_raw_fd(SOCKET_FD) })
+}
+
+fn dup_onto(from: RawFd, to: RawFd) -> Result<(), JailError> {
+    // SAFETY: dup2 only manipulates the descriptor table; `to` is one of our fixed slots
+    // (0..=3), which no Rust object owns at this point of start-up.
+    if unsafe { libc::dup2(from, to) } < 0 {
+        return Err(JailError::last_os(format!("dup2 {from} -> {to}")));
+    }
+    Ok(())
+}
+
+fn set_cloexec(fd: RawFd) -> Result<(), JailError> {
+    // SAFETY: fcntl F_SETFD on a descriptor we own; no memory is passed.
+    if unsafe { libc::fcntl(fd, libc::F_SETFD, libc::FD_CLOEXEC) } < 0 {
+        return Err(JailError::last_os("set close-on-exec on the host socket"));
+    }
+    Ok(())
+}
+
+/// Closes every descriptor numbered `first` or above (leaked ones from the host's shell too).
+pub fn close_fds_from(first: RawFd) {
+    // SAFETY: close_range only closes descriptors. Callers own no Rust objects wrapping fds
+    // at or above `first` (start-up code, before any are created).
+    let r = unsafe { libc::syscall(libc::SYS_close_range, first as libc::c_uint, libc::c_uint::MAX, 0) };
+    if r < 0 {
+        // Kernels before 5.9: close them one by one.
+        for fd in first..4096 {
+            // SAFETY: as above; EBADF for unused slots is harmless.
+            unsafe { libc::close(fd) };
+        }
+    }
+}
+
+fn read_config(socket: &mut UnixStream) -> Result<JailConfig, JailError> {
+    let mut decoder = FrameDecoder::default();
+    let mut buf = [0u8; 16 * 1024];
+    loop {
+        if let Some(frame) = decoder.next_frame::<JailConfig>() {
+            return match frame {
+                Ok(Frame::Message { msg, .. }) => Ok(msg),
+                Ok(Frame::Data { .. }) => Err(JailError::Config("expected a config message".into())),
+                Err(e) => Err(JailError::Config(e.to_string())),
+            };
+        }
+        let n = socket.read(&mut buf).map_err(|e| JailError::io("read the jail config", e))?;
+        if n == 0 {
+            return Err(JailError::Config("the host closed the socket before sending a config".into()));
+        }
+        decoder.feed(&buf[..n]);
+    }
+}
+
+fn send(socket: &mut UnixStream, msg: &GuestMessage) {
+    // If the host is gone there is nobody to tell; the exit code says the rest.
+    let _ = socket.write_all(&encode_message(0, msg));
+}
+
+fn launch(socket: &mut UnixStream) -> StageResult<Side> {
+    at("threads", ensure_single_threaded())?;
+    let config = at("config", read_config(socket))?;
+    // A new session: no controlling terminal, and the host's terminal signals don't reach us.
+    let _ = nix::unistd::setsid();
+
+    let mut report = IsolationReport::default();
+    let root = nix::unistd::geteuid().is_root();
+    let (outside_uid, outside_gid) = if root {
+        // Host root's supplementary groups (gid 0, …) would still grant group access to host
+        // files from inside; drop them before the child inherits them.
+        at("setgroups", nix::unistd::setgroups(&[]).map_err(JailError::from))?;
+        (config.outside_uid, config.outside_gid)
+    } else {
+        (nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw())
+    };
+    report.set(
+        "uid_map",
+        FeatureState::Active,
+        format!("uid/gid {SANDBOX_UID} inside -> {outside_uid}/{outside_gid} outside (no other ids mapped)"),
+    );
+
+    let cgroup = match SandboxCgroup::create(
+        Path::new("/sys/fs/cgroup"),
+        &config.cgroup_parent,
+        &config.sandbox_id,
+        &config.limits,
+    ) {
+        Ok((cg, features)) => {
+            for f in features {
+                report.set(&f.name, f.state, f.detail);
+            }
+            at("cgroup join", cg.join(std::process::id()))?;
+            Some(cg)
+        }
+        Err(e) => {
+            report.set("cgroups", FeatureState::Unavailable, format!("{e}; falling back to rlimits"));
+            None
+        }
+    };
+    let memory_by_cgroup = report.is_active("memory_limit");
+    let pids_by_cgroup = report.is_active("pids_limit");
+
+    let (go_read, go_write) = at("pipe", nix::unistd::pipe().map_err(JailError::from))?;
+    let (child, ns_lines) = at("clone", clone_sandbox())?;
+    for (name, detail) in ns_lines {
+        report.set(name, FeatureState::Active, detail);
+    }
+    let Some(pid) = child else {
+        drop(go_write);
+        let isolation = sandbox_side(go_read, &config, memory_by_cgroup, pids_by_cgroup)?;
+        report.merge(&isolation);
+        return Ok(Side::Sandbox { isolation: report, config: Box::new(config) });
+    };
+    drop(go_read);
+    if let Err(e) = write_id_maps(pid, outside_uid, outside_gid) {
+        let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+        let _ = waitpid(pid, None);
+        if let Some(cg) = &cgroup {
+            let _ = cg.remove();
+        }
+        return Err(("id maps".into(), e));
+    }
+    Ok(Side::Launcher { pid, report, cgroup, go: go_write })
+}
+
+fn ensure_single_threaded() -> Result<(), JailError> {
+    let status = std::fs::read_to_string("/proc/self/status")
+        .map_err(|e| JailError::io("read /proc/self/status", e))?;
+    let threads = status.lines().find_map(|l| l.strip_prefix("Threads:")).map(str::trim);
+    if threads != Some("1") {
+        return Err(JailError::Config(format!(
+            "the launcher must be single-threaded to clone safely, it has {} threads",
+            threads.unwrap_or("?")
+        )));
+    }
+    Ok(())
+}
+
+type NsLines = Vec<(&'static str, String)>;
+
+/// Clones the sandbox's first process into fresh namespaces. Returns `None` in the child.
+fn clone_sandbox() -> Result<(Option<Pid>, NsLines), JailError> {
+    let base = libc::CLONE_NEWUSER
+        | libc::CLONE_NEWPID
+        | libc::CLONE_NEWNS
+        | libc::CLONE_NEWNET
+        | libc::CLONE_NEWIPC
+        | libc::CLONE_NEWUTS;
+    let mut lines: NsLines = vec![
+        ("user_ns", "own user namespace".into()),
+        ("pid_ns", "own pid namespace; the agent is PID 1".into()),
+        ("mount_ns", "own mount namespace".into()),
+        ("net_ns", "own network namespace".into()),
+        ("ipc_ns", "own ipc namespace".into()),
+        ("uts_ns", "own uts namespace".into()),
+    ];
+    let pid = match raw_clone(base | libc::CLONE_NEWCGROUP) {
+        Ok(pid) => {
+            lines.push(("cgroup_ns", "own cgroup namespace".into()));
+            pid
+        }
+        // Kernels without cgroup namespaces refuse the flag with EINVAL.
+        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+            raw_clone(base).map_err(|e| JailError::io("clone into new namespaces", e))?
+        }
+        Err(e) => return Err(JailError::io("clone into new namespaces", e)),
+    };
+    Ok((pid, lines))
+}
+
+fn raw_clone(flags: libc::c_int) -> io::Result<Option<Pid>> {
+    // SAFETY: the launcher is single-threaded (checked by ensure_single_threaded), so a
+    // fork-style clone — no CLONE_VM, a NULL stack meaning "continue on a copy-on-write copy
+    // of the current stack", SIGCHLD on exit — duplicates the process exactly like fork(2).
+    // No locks can be held by another thread. The pointer arguments are NULL and unused.
+    let ret = unsafe {
+        libc::syscall(
+            libc::SYS_clone,
+            (flags | libc::SIGCHLD) as libc::c_ulong,
+            0usize,
+            0usize,
+            0usize,
+            0usize,
+        )
+    };
+    match ret {
+        -1 => Err(io::Error::last_os_error()),
+        0 => Ok(None),
+        pid => Ok(Some(Pid::from_raw(pid as i32))),
+    }
+}
+
+fn write_id_maps(pid: Pid, uid: u32, gid: u32) -> Result<(), JailError> {
+    let proc = format!("/proc/{pid}");
+    let write = |file: &str, contents: String| {
+        std::fs::write(format!("{proc}/{file}"), contents)
+            .map_err(|e| JailError::io(format!("write {file} of the sandbox"), e))
+    };
+    write("setgroups", "deny".into())?;
+    write("uid_map", format!("{SANDBOX_UID} {uid} 1\n"))?;
+    write("gid_map", format!("{SANDBOX_UID} {gid} 1\n"))?;
+    Ok(())
+}
+
+fn wait_for(pid: Pid) -> i32 {
+    loop {
+        match waitpid(pid, None) {
+            Ok(WaitStatus::Exited(_, code)) => return code,
+            Ok(WaitStatus::Signaled(_, sig, _)) => return 128 + sig as i32,
+            Ok(_) => continue,
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(_) => return 1,
+        }
+    }
+}
+
+fn switch_ids(uid: u32, gid: u32) -> Result<(), JailError> {
+    // SAFETY: raw setresgid/setresuid take plain integers. Raw syscalls (not glibc's
+    // wrappers) because only this one thread exists and no broadcast is wanted.
+    if unsafe { libc::syscall(libc::SYS_setresgid, gid, gid, gid) } < 0 {
+        return Err(JailError::last_os("setresgid"));
+    }
+    // SAFETY: as above.
+    if unsafe { libc::syscall(libc::SYS_setresuid, uid, uid, uid) } < 0 {
+        return Err(JailError::last_os("setresuid"));
+    }
+    Ok(())
+}
+
+/// Inside the new namespaces: wait for the id maps, then confine this process.
+fn sandbox_side(
+    go_read: OwnedFd,
+    config: &JailConfig,
+    memory_by_cgroup: bool,
+    pids_by_cgroup: bool,
+) -> StageResult<IsolationReport> {
+    let mut go = File::from(go_read);
+    let mut byte = [0u8; 1];
+    match go.read(&mut byte) {
+        Ok(1) => {}
+        // The launcher died or failed to map us: there is nothing to serve.
+        _ => return Err(("wait for id maps".into(), JailError::Config("the launcher went away".into()))),
+    }
+    drop(go);
+    // Files we create must be owned by a mapped id (else EOVERFLOW). Uid 0 is not mapped
+    // in this namespace, so the kernel keeps our capabilities across this switch.
+    at("become the sandbox user", switch_ids(SANDBOX_UID, SANDBOX_UID))?;
+
+    let mut report = IsolationReport::default();
+    for f in at("rootfs", rootfs::setup(config))? {
+        report.set(&f.name, f.state, f.detail);
+    }
+    at(
+        "hostname",
+        nix::unistd::sethostname(&config.hostname).map_err(JailError::from),
+    )?;
+    match config.network {
+        NetworkMode::Loopback => {
+            at("loopback", net::loopback_up())?;
+            report.set("network", FeatureState::Active, "loopback only: private network namespace with lo up");
+        }
+        NetworkMode::Off => {
+            report.set("network", FeatureState::Active, "off: private network namespace, inet/inet6/netlink/packet sockets refused");
+        }
+    }
+    for f in at("rlimits", rlimits::apply(&config.limits, memory_by_cgroup, pids_by_cgroup))? {
+        report.set(&f.name, f.state, f.detail);
+    }
+    at("no_new_privs", caps::set_no_new_privs())?;
+    let nnp = caps::no_new_privs_feature();
+    report.set(&nnp.name, nnp.state, nnp.detail);
+    if config.landlock {
+        let writable: Vec<&str> = config
+            .tmpfs
+            .iter()
+            .map(|t| t.path.as_str())
+            .chain(rootfs::WRITABLE_DEVICES.iter().copied())
+            .collect();
+        let f = at("landlock", landlock_policy::restrict(rootfs::READABLE_TREES, &writable))?;
+        report.set(&f.name, f.state, f.detail);
+    } else {
+        report.set("landlock", FeatureState::Disabled, "turned off by the sandbox's policy");
+    }
+    let f = at("capabilities", caps::drop_privileges(SANDBOX_UID, SANDBOX_UID))?;
+    report.set(&f.name, f.state, f.detail);
+    // Sandbox processes share our uid: without this they could open /proc/1/mem of the agent.
+    let _ = nix::sys::prctl::set_dumpable(false);
+    let f = at("seccomp", seccomp::install(config.network))?;
+    report.set(&f.name, f.state, f.detail);
+    Ok(report)
+}

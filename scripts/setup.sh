@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Installs what building, running and testing Sandcell needs on Debian/Ubuntu. Idempotent:
+# installs only what is missing, so it is cheap to run before every build or test.
+set -euo pipefail
+
+need=()
+have() { command -v "$1" >/dev/null 2>&1; }
+[ -x /usr/bin/python3 ] || need+=(python3)
+[ -x /usr/bin/node ] || need+=(nodejs)
+have bwrap || need+=(bubblewrap)      # benchmarks and acceptance compare against it
+have gcc || need+=(gcc)               # linker for cargo
+have ps || need+=(procps)
+
+if [ ${#need[@]} -gt 0 ]; then
+  SUDO=""
+  [ "$(id -u)" = 0 ] || SUDO="sudo"
+  echo "setup: installing ${need[*]}" >&2
+  $SUDO apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+fi
+
+if ! have cargo; then
+  echo "setup: cargo not found; install a Rust toolchain (1.95 or newer) first" >&2
+  exit 1
+fi

@@ -19,8 +19,10 @@ use sandcell_engine::{
 };
 use sandcell_jail::cgroup::SandboxCgroup;
 use sandcell_jail::{JailConfig, Limits, NetworkMode, TmpfsMount};
-use sandcell_protocol::{Frame, FrameDecoder, GuestMessage, HEADER_LEN, SANDBOX_UID, encode_message};
-use tokio::io::unix::AsyncFd;
+use sandcell_protocol::{
+    Frame, FrameDecoder, GuestMessage, HEADER_LEN, SANDBOX_UID, encode_message,
+};
+use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
@@ -78,7 +80,8 @@ impl ProcessBackendConfig {
     pub fn new(launcher: impl Into<PathBuf>) -> Self {
         Self {
             launcher: launcher.into(),
-            cgroup_parent: std::env::var("SANDCELL_CGROUP_PARENT").unwrap_or_else(|_| "sandcell".into()),
+            cgroup_parent: std::env::var("SANDCELL_CGROUP_PARENT")
+                .unwrap_or_else(|_| "sandcell".into()),
             system_paths: DEFAULT_SYSTEM_PATHS.iter().map(|s| s.to_string()).collect(),
             landlock: true,
             debug: std::env::var_os("SANDCELL_DEBUG").is_some(),
@@ -108,9 +111,21 @@ impl ProcessBackend {
             ro_binds: self.config.system_paths.clone(),
             etc_files: etc_files("sandcell"),
             tmpfs: vec![
-                TmpfsMount { path: "/workspace".into(), size_bytes: l.disk_bytes, mode: 0o755 },
-                TmpfsMount { path: "/home/sandbox".into(), size_bytes: l.home_bytes, mode: 0o755 },
-                TmpfsMount { path: "/tmp".into(), size_bytes: l.tmp_bytes, mode: 0o1777 },
+                TmpfsMount {
+                    path: "/workspace".into(),
+                    size_bytes: l.disk_bytes,
+                    mode: 0o755,
+                },
+                TmpfsMount {
+                    path: "/home/sandbox".into(),
+                    size_bytes: l.home_bytes,
+                    mode: 0o755,
+                },
+                TmpfsMount {
+                    path: "/tmp".into(),
+                    size_bytes: l.tmp_bytes,
+                    mode: 0o1777,
+                },
             ],
             network: match spec.network {
                 NetworkPolicy::Loopback => NetworkMode::Loopback,
@@ -172,7 +187,10 @@ impl Backend for ProcessBackend {
     }
 
     fn capabilities(&self) -> BackendCapabilities {
-        let host = sandcell_jail::probe::host_report(Path::new("/sys/fs/cgroup"), &self.config.cgroup_parent);
+        let host = sandcell_jail::probe::host_report(
+            Path::new("/sys/fs/cgroup"),
+            &self.config.cgroup_parent,
+        );
         let available = self.config.launcher.exists() && host.is_active("user_ns");
         BackendCapabilities {
             kind: BackendKind::Process,
@@ -188,7 +206,11 @@ impl Backend for ProcessBackend {
         let jail = self.jail_config(id, spec);
         let (host, child) = std::os::unix::net::UnixStream::pair()
             .map_err(|e| EngineError::io("create the sandbox socketpair", e))?;
-        let stderr = if self.config.debug { Stdio::inherit() } else { Stdio::null() };
+        let stderr = if self.config.debug {
+            Stdio::inherit()
+        } else {
+            Stdio::null()
+        };
         let mut cmd = tokio::process::Command::new(&self.config.launcher);
         cmd.arg("__jail")
             .env_clear()
@@ -200,19 +222,29 @@ impl Backend for ProcessBackend {
             cmd.env("SANDCELL_DEBUG", "1");
         }
         let mut launcher = cmd.spawn().map_err(|e| {
-            EngineError::io(format!("start the launcher {}", self.config.launcher.display()), e)
+            EngineError::io(
+                format!("start the launcher {}", self.config.launcher.display()),
+                e,
+            )
         })?;
-        host.set_nonblocking(true).map_err(|e| EngineError::io("set the socket non-blocking", e))?;
-        let mut stream = UnixStream::from_std(host).map_err(|e| EngineError::io("register the socket", e))?;
+        host.set_nonblocking(true)
+            .map_err(|e| EngineError::io("set the socket non-blocking", e))?;
+        let mut stream =
+            UnixStream::from_std(host).map_err(|e| EngineError::io("register the socket", e))?;
         stream
             .write_all(&encode_message(0, &jail))
             .await
             .map_err(|e| EngineError::io("send the jail config", e))?;
 
-        let report = match tokio::time::timeout(LAUNCH_TIMEOUT, read_one_message(&mut stream)).await {
+        let report = match tokio::time::timeout(LAUNCH_TIMEOUT, read_one_message(&mut stream)).await
+        {
             Ok(Ok(Some(msg))) => msg,
             Ok(Ok(None)) | Ok(Err(_)) => {
-                let status = launcher.wait().await.map(|s| s.to_string()).unwrap_or_default();
+                let status = launcher
+                    .wait()
+                    .await
+                    .map(|s| s.to_string())
+                    .unwrap_or_default();
                 return Err(EngineError::Launch {
                     stage: "launcher".into(),
                     message: format!("the launcher exited before reporting ({status})"),
@@ -227,7 +259,11 @@ impl Backend for ProcessBackend {
             }
         };
         let (host_pid, isolation, cgroups) = match report {
-            GuestMessage::Launched { host_pid, report, cgroups } => (host_pid, report, cgroups),
+            GuestMessage::Launched {
+                host_pid,
+                report,
+                cgroups,
+            } => (host_pid, report, cgroups),
             GuestMessage::LaunchFailed { stage, message } => {
                 let _ = launcher.wait().await;
                 return Err(EngineError::Launch { stage, message });
@@ -247,16 +283,29 @@ impl Backend for ProcessBackend {
             stage: "launcher".into(),
             message: format!("invalid pid {host_pid}"),
         })?;
-        let pidfd = pidfd_open(pid, PidfdFlags::empty())
-            .map_err(|e| EngineError::io(format!("open a pidfd for the sandbox (pid {host_pid})"), e.into()))?;
+        let pidfd = pidfd_open(pid, PidfdFlags::empty()).map_err(|e| {
+            EngineError::io(
+                format!("open a pidfd for the sandbox (pid {host_pid})"),
+                e.into(),
+            )
+        })?;
         let cgroup = if cgroups.is_empty() {
             None
         } else {
             let paths: Vec<PathBuf> = cgroups.iter().map(PathBuf::from).collect();
             SandboxCgroup::open(&paths).ok()
         };
-        let instance = ProcessInstance { host_pid, pidfd, cgroup, destroyed: AtomicBool::new(false) };
-        Ok(LaunchedSandbox { stream, instance: Box::new(instance), isolation })
+        let instance = ProcessInstance {
+            host_pid,
+            pidfd,
+            cgroup,
+            destroyed: AtomicBool::new(false),
+        };
+        Ok(LaunchedSandbox {
+            stream,
+            instance: Box::new(instance),
+            isolation,
+        })
     }
 }
 
@@ -265,11 +314,18 @@ impl Backend for ProcessBackend {
 async fn read_one_message(stream: &mut UnixStream) -> std::io::Result<Option<GuestMessage>> {
     let mut header = [0u8; HEADER_LEN];
     if let Err(e) = stream.read_exact(&mut header).await {
-        return if e.kind() == std::io::ErrorKind::UnexpectedEof { Ok(None) } else { Err(e) };
+        return if e.kind() == std::io::ErrorKind::UnexpectedEof {
+            Ok(None)
+        } else {
+            Err(e)
+        };
     }
     let len = u32::from_be_bytes([header[0], header[1], header[2], header[3]]);
     if !(5..=sandcell_protocol::MAX_FRAME_LEN).contains(&len) {
-        return Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "bad launcher frame length"));
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "bad launcher frame length",
+        ));
     }
     let mut frame = header.to_vec();
     frame.resize(4 + len as usize, 0);
@@ -278,7 +334,10 @@ async fn read_one_message(stream: &mut UnixStream) -> std::io::Result<Option<Gue
     decoder.feed(&frame);
     match decoder.next_frame::<GuestMessage>() {
         Some(Ok(Frame::Message { msg, .. })) => Ok(Some(msg)),
-        _ => Err(std::io::Error::new(std::io::ErrorKind::InvalidData, "bad launcher frame")),
+        _ => Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            "bad launcher frame",
+        )),
     }
 }
 
@@ -327,15 +386,24 @@ impl BackendInstance for ProcessInstance {
         self.destroyed.store(true, Ordering::SeqCst);
         // Killing PID 1 of the pid namespace makes the kernel kill every process in it.
         self.kill();
-        let fd = self.pidfd.try_clone().map_err(|e| EngineError::io("duplicate the pidfd", e))?;
-        let exited = AsyncFd::new(fd).map_err(|e| EngineError::io("watch the pidfd", e))?;
-        match tokio::time::timeout(Duration::from_secs(10), exited.readable()).await {
-            Ok(Ok(_)) => Ok(()),
-            Ok(Err(e)) => Err(EngineError::io("wait for the sandbox to exit", e)),
-            Err(_) => Err(EngineError::Unresponsive(format!(
+        let fd = self
+            .pidfd
+            .try_clone()
+            .map_err(|e| EngineError::io("duplicate the pidfd", e))?;
+        // A pidfd turns readable when the process exits.
+        let waited = tokio::task::spawn_blocking(move || {
+            let mut fds = [PollFd::new(&fd, PollFlags::IN)];
+            poll(&mut fds, Some(&Timespec { tv_sec: 10, tv_nsec: 0 }))
+        })
+        .await
+        .map_err(|e| EngineError::io("wait for the sandbox to exit", std::io::Error::other(e)))?;
+        match waited {
+            Ok(n) if n > 0 => Ok(()),
+            Ok(_) => Err(EngineError::Unresponsive(format!(
                 "sandbox pid {} still alive 10 s after SIGKILL",
                 self.host_pid
             ))),
+            Err(e) => Err(EngineError::io("wait for the sandbox to exit", e.into())),
         }
     }
 }

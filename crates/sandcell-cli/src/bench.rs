@@ -50,7 +50,10 @@ struct Row {
 
 /// Runs `sandcell bench`.
 pub async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
-    let BenchWhat::Startup { runs, json: as_json } = args.what;
+    let BenchWhat::Startup {
+        runs,
+        json: as_json,
+    } = args.what;
     if runs < 3 {
         bail!("--runs must be at least 3");
     }
@@ -59,15 +62,30 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
     let bwrap = find_on_path("bwrap");
     let programs: [(&'static str, Vec<String>); 2] = [
         ("true", vec!["/bin/true".into()]),
-        ("python3 -c pass", vec![PYTHON.into(), "-c".into(), "pass".into()]),
+        (
+            "python3 -c pass",
+            vec![PYTHON.into(), "-c".into(), "pass".into()],
+        ),
     ];
     let mut rows = Vec::new();
     for (program, argv) in &programs {
         rows.push(row("plain exec", program, Scenario::Plain(argv.clone())));
-        rows.push(row("sandcell (engine: create+exec+destroy)", program, Scenario::Engine(argv.clone())));
-        rows.push(row("sandcell run (CLI)", program, Scenario::Cli(argv.clone())));
+        rows.push(row(
+            "sandcell (engine: create+exec+destroy)",
+            program,
+            Scenario::Engine(argv.clone()),
+        ));
+        rows.push(row(
+            "sandcell run (CLI)",
+            program,
+            Scenario::Cli(argv.clone()),
+        ));
         if bwrap.is_some() {
-            rows.push(row("bwrap --unshare-all", program, Scenario::Bwrap(argv.clone())));
+            rows.push(row(
+                "bwrap --unshare-all",
+                program,
+                Scenario::Bwrap(argv.clone()),
+            ));
         }
     }
     // Warm-up: page cache, dynamic loader, first-use costs.
@@ -85,10 +103,20 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
 }
 
 fn row(name: &str, program: &'static str, scenario: Scenario) -> Row {
-    Row { name: name.to_string(), program, scenario, samples: Vec::new() }
+    Row {
+        name: name.to_string(),
+        program,
+        scenario,
+        samples: Vec::new(),
+    }
 }
 
-async fn measure(engine: &Engine, exe: &Path, bwrap: Option<&Path>, s: &Scenario) -> anyhow::Result<Duration> {
+async fn measure(
+    engine: &Engine,
+    exe: &Path,
+    bwrap: Option<&Path>,
+    s: &Scenario,
+) -> anyhow::Result<Duration> {
     let start = Instant::now();
     match s {
         Scenario::Plain(argv) => check(Command::new(&argv[0]).args(&argv[1..]), "plain exec")?,
@@ -97,16 +125,40 @@ async fn measure(engine: &Engine, exe: &Path, bwrap: Option<&Path>, s: &Scenario
             let out = sb.exec(ExecRequest::argv(argv.clone())).await?;
             sb.destroy().await?;
             if !out.result.success() {
-                bail!("sandboxed {} failed: {}", argv.join(" "), out.result.message);
+                bail!(
+                    "sandboxed {} failed: {}",
+                    argv.join(" "),
+                    out.result.message
+                );
             }
         }
-        Scenario::Cli(argv) => check(Command::new(exe).args(["run", "-q", "--"]).args(argv), "sandcell run")?,
+        Scenario::Cli(argv) => check(
+            Command::new(exe).args(["run", "-q", "--"]).args(argv),
+            "sandcell run",
+        )?,
         Scenario::Bwrap(argv) => {
             let mut cmd = Command::new(bwrap.unwrap_or(Path::new("bwrap")));
             cmd.args([
-                "--unshare-all", "--die-with-parent", "--ro-bind", "/usr", "/usr", "--symlink", "usr/lib",
-                "/lib", "--symlink", "usr/lib64", "/lib64", "--symlink", "usr/bin", "/bin", "--proc",
-                "/proc", "--dev", "/dev", "--tmpfs", "/tmp",
+                "--unshare-all",
+                "--die-with-parent",
+                "--ro-bind",
+                "/usr",
+                "/usr",
+                "--symlink",
+                "usr/lib",
+                "/lib",
+                "--symlink",
+                "usr/lib64",
+                "/lib64",
+                "--symlink",
+                "usr/bin",
+                "/bin",
+                "--proc",
+                "/proc",
+                "--dev",
+                "/dev",
+                "--tmpfs",
+                "/tmp",
             ]);
             check(cmd.args(argv), "bwrap")?
         }
@@ -115,7 +167,11 @@ async fn measure(engine: &Engine, exe: &Path, bwrap: Option<&Path>, s: &Scenario
 }
 
 fn check(cmd: &mut Command, what: &str) -> anyhow::Result<()> {
-    let status = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).status()?;
+    let status = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()?;
     if !status.success() {
         bail!("{what} failed: {status}");
     }
@@ -160,15 +216,24 @@ fn report(rows: &[Row], runs: usize, have_bwrap: bool, as_json: bool) {
         return;
     }
     println!("startup benchmark: {runs} runs per scenario, interleaved; milliseconds");
-    println!("{:<42} {:<16} {:>8} {:>8} {:>12} {:>10}", "scenario", "program", "median", "p90", "vs plain", "vs bwrap");
+    println!(
+        "{:<42} {:<16} {:>8} {:>8} {:>12} {:>10}",
+        "scenario", "program", "median", "p90", "vs plain", "vs bwrap"
+    );
     for r in rows {
         let med = quantile(&r.samples, 0.5);
         let plain = median_of(r.program, "plain exec").unwrap_or(med);
         let vs_plain = format!("+{:.2} ms", med - plain);
-        let vs_bwrap = median_of(r.program, "bwrap").map_or("-".to_string(), |b| format!("{:.2}x", med / b));
+        let vs_bwrap =
+            median_of(r.program, "bwrap").map_or("-".to_string(), |b| format!("{:.2}x", med / b));
         println!(
             "{:<42} {:<16} {:>8.2} {:>8.2} {:>12} {:>10}",
-            r.name, r.program, med, quantile(&r.samples, 0.9), vs_plain, vs_bwrap
+            r.name,
+            r.program,
+            med,
+            quantile(&r.samples, 0.9),
+            vs_plain,
+            vs_bwrap
         );
     }
     if !have_bwrap {

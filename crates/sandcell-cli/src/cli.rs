@@ -55,5 +55,7 @@ pub fn main() -> ExitCode {
 /// The engine with the backends this binary offers.
 pub fn engine() -> anyhow::Result<Engine> {
     let exe = std::env::current_exe().context("find the sandcell binary")?;
-    Ok(Engine::builder().backend(ProcessBackend::new(ProcessBackendConfig::new(exe))).build())
+    Ok(Engine::builder()
+        .backend(ProcessBackend::new(ProcessBackendConfig::new(exe)))
+        .build())
 }

@@ -24,7 +24,11 @@ pub async fn doctor(args: DoctorArgs) -> anyhow::Result<ExitCode> {
             let id = sb.exec(ExecRequest::argv(["id", "-u"])).await;
             let _ = sb.destroy().await;
             match id {
-                Ok(out) => Ok((sb.isolation().clone(), String::from_utf8_lossy(&out.stdout).trim().to_string(), sb.timings())),
+                Ok(out) => Ok((
+                    sb.isolation().clone(),
+                    String::from_utf8_lossy(&out.stdout).trim().to_string(),
+                    sb.timings(),
+                )),
                 Err(e) => Err(format!("sandbox started but exec failed: {e}")),
             }
         }
@@ -45,7 +49,11 @@ pub async fn doctor(args: DoctorArgs) -> anyhow::Result<ExitCode> {
             println!(
                 "backend {}: {} · isolation {} · pause {} · snapshots {}",
                 c.kind.as_str(),
-                if c.available { "available" } else { "NOT available" },
+                if c.available {
+                    "available"
+                } else {
+                    "NOT available"
+                },
                 c.isolation_level,
                 if c.supports_pause { "yes" } else { "no" },
                 c.checkpoint_fidelity
@@ -55,14 +63,24 @@ pub async fn doctor(args: DoctorArgs) -> anyhow::Result<ExitCode> {
         }
         match &live {
             Ok((iso, uid, t)) => {
-                println!("test sandbox: started in {:.1} ms, runs as uid {uid}; isolation in force:", t.create_ms);
+                println!(
+                    "test sandbox: started in {:.1} ms, runs as uid {uid}; isolation in force:",
+                    t.create_ms
+                );
                 print_report(iso);
             }
             Err(e) => println!("test sandbox: FAILED: {e}"),
         }
-        println!("seccomp denies: {}", sandcell_jail::seccomp::denied_syscalls().join(" "));
+        println!(
+            "seccomp denies: {}",
+            sandcell_jail::seccomp::denied_syscalls().join(" ")
+        );
     }
-    Ok(if live.is_ok() { ExitCode::SUCCESS } else { ExitCode::FAILURE })
+    Ok(if live.is_ok() {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    })
 }
 
 fn print_report(report: &IsolationReport) {

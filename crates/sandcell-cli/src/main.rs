@@ -20,8 +20,16 @@ fn jail() -> ExitCode {
     use sandcell_jail::launch::Outcome;
     match sandcell_jail::launch::run() {
         Outcome::Exit(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
-        Outcome::Sandbox { socket, isolation, config: _ } => {
-            let config = sandcell_guest::GuestConfig { isolation, pid1: true, ..Default::default() };
+        Outcome::Sandbox {
+            socket,
+            isolation,
+            config: _,
+        } => {
+            let config = sandcell_guest::GuestConfig {
+                isolation,
+                pid1: true,
+                ..Default::default()
+            };
             match sandcell_guest::serve(socket, config) {
                 Ok(()) => ExitCode::SUCCESS,
                 Err(_) => ExitCode::FAILURE,

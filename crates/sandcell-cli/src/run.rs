@@ -24,7 +24,9 @@ pub enum Lang {
 
 /// Arguments of `sandcell run`.
 #[derive(Debug, Args)]
-#[command(after_help = "Examples:\n  sandcell run 'print(6*7)'\n  sandcell run --lang node 'console.log(process.version)'\n  sandcell run --memory 64m --timeout 5 -- python3 -c 'print(1)'")]
+#[command(
+    after_help = "Examples:\n  sandcell run 'print(6*7)'\n  sandcell run --lang node 'console.log(process.version)'\n  sandcell run --memory 64m --timeout 5 -- python3 -c 'print(1)'"
+)]
 pub struct RunArgs {
     /// Language of CODE.
     #[arg(long, value_enum, default_value = "python")]
@@ -92,7 +94,9 @@ impl RunArgs {
             (Some(_), false) => bail!("give either CODE or `-- COMMAND`, not both"),
         };
         for kv in &self.env {
-            let (k, v) = kv.split_once('=').with_context(|| format!("--env '{kv}' is not KEY=VALUE"))?;
+            let (k, v) = kv
+                .split_once('=')
+                .with_context(|| format!("--env '{kv}' is not KEY=VALUE"))?;
             req.env.insert(k.to_string(), v.to_string());
         }
         req.cwd = self.cwd.clone();
@@ -158,7 +162,11 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else if !args.quiet {
-        let status = if result.success() { "ok".to_string() } else { result.message.clone() };
+        let status = if result.success() {
+            "ok".to_string()
+        } else {
+            result.message.clone()
+        };
         eprintln!(
             "sandcell: {status} · exit status {} · create {:.1} ms · run {:.1} ms · total {:.1} ms",
             result.shell_status(),
@@ -167,13 +175,22 @@ pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
             ms(total)
         );
     }
-    Ok(ExitCode::from(u8::try_from(result.shell_status()).unwrap_or(1)))
+    Ok(ExitCode::from(
+        u8::try_from(result.shell_status()).unwrap_or(1),
+    ))
 }
 
 type Outcome = (Vec<u8>, Vec<u8>, sandcell_protocol::ExecResult);
 
-async fn execute(sandbox: &sandcell_engine::Sandbox, req: ExecRequest, args: &RunArgs) -> anyhow::Result<Outcome> {
-    let mut stream = sandbox.exec_stream(req).await.context("start the command")?;
+async fn execute(
+    sandbox: &sandcell_engine::Sandbox,
+    req: ExecRequest,
+    args: &RunArgs,
+) -> anyhow::Result<Outcome> {
+    let mut stream = sandbox
+        .exec_stream(req)
+        .await
+        .context("start the command")?;
     if args.stdin {
         // Forward stdin from a thread: reading a terminal or pipe blocks.
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(8);

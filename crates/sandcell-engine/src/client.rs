@@ -80,7 +80,10 @@ impl Drop for Call {
 impl Call {
     /// The next reply, or `Closed` once the connection is gone.
     pub async fn next(&mut self) -> Reply {
-        self.rx.recv().await.unwrap_or_else(|| Reply::Closed("connection closed".into()))
+        self.rx
+            .recv()
+            .await
+            .unwrap_or_else(|| Reply::Closed("connection closed".into()))
     }
 
     /// The next control message, skipping nothing: data chunks are an error here.
@@ -96,18 +99,35 @@ impl Call {
 
 impl GuestClient {
     /// Starts reading from `stream` and performs the handshake within `timeout`.
-    pub async fn connect(stream: UnixStream, timeout: Duration) -> Result<(Self, Hello), EngineError> {
+    pub async fn connect(
+        stream: UnixStream,
+        timeout: Duration,
+    ) -> Result<(Self, Hello), EngineError> {
         let client = Self::start(stream);
-        let hello = HostMessage::Hello { protocol: PROTOCOL_VERSION, client: "sandcell-engine".into() };
+        let hello = HostMessage::Hello {
+            protocol: PROTOCOL_VERSION,
+            client: "sandcell-engine".into(),
+        };
         let mut call = client.request(&hello).await?;
         let reply = tokio::time::timeout(timeout, call.message())
             .await
             .map_err(|_| EngineError::Unresponsive(format!("no handshake within {timeout:?}")))??;
         match reply {
-            GuestMessage::HelloOk { protocol, agent_version, isolation } => {
-                Ok((client, Hello { protocol, agent_version, isolation }))
-            }
-            other => Err(EngineError::Connection(format!("unexpected handshake reply {other:?}"))),
+            GuestMessage::HelloOk {
+                protocol,
+                agent_version,
+                isolation,
+            } => Ok((
+                client,
+                Hello {
+                    protocol,
+                    agent_version,
+                    isolation,
+                },
+            )),
+            other => Err(EngineError::Connection(format!(
+                "unexpected handshake reply {other:?}"
+            ))),
         }
     }
 
@@ -116,7 +136,12 @@ impl GuestClient {
         let (read, write) = stream.into_split();
         let pending: Pending = Arc::default();
         let reader = tokio::spawn(read_loop(read, pending.clone()));
-        Self { writer: Mutex::new(write), pending, next_id: AtomicU32::new(1), reader }
+        Self {
+            writer: Mutex::new(write),
+            pending,
+            next_id: AtomicU32::new(1),
+            reader,
+        }
     }
 
     /// Whether the connection is gone, and why.
@@ -129,13 +154,20 @@ impl GuestClient {
         let id = self.next_id.fetch_add(1, Ordering::Relaxed).max(1);
         let (tx, rx) = mpsc::unbounded_channel();
         {
-            let mut p = self.pending.lock().map_err(|_| EngineError::Connection("state poisoned".into()))?;
+            let mut p = self
+                .pending
+                .lock()
+                .map_err(|_| EngineError::Connection("state poisoned".into()))?;
             if let Some(reason) = &p.closed {
                 return Err(EngineError::Connection(reason.clone()));
             }
             p.routes.insert(id, tx);
         }
-        let call = Call { id, rx, pending: self.pending.clone() };
+        let call = Call {
+            id,
+            rx,
+            pending: self.pending.clone(),
+        };
         self.send(id, msg).await?;
         Ok(call)
     }
@@ -146,7 +178,13 @@ impl GuestClient {
     }
 
     /// Sends bytes on an existing request id, split into chunks; returns the next seq.
-    pub async fn send_data(&self, id: u32, channel: Channel, mut seq: u64, bytes: &[u8]) -> Result<u64, EngineError> {
+    pub async fn send_data(
+        &self,
+        id: u32,
+        channel: Channel,
+        mut seq: u64,
+        bytes: &[u8],
+    ) -> Result<u64, EngineError> {
         for chunk in bytes.chunks(MAX_CHUNK) {
             self.write(&encode_data(id, channel, seq, chunk)).await?;
             seq += 1;
@@ -163,7 +201,10 @@ impl GuestClient {
     async fn write(&self, bytes: &[u8]) -> Result<(), EngineError> {
         let mut w = self.writer.lock().await;
         w.write_all(bytes).await.map_err(|e| {
-            EngineError::Connection(self.closed_reason().unwrap_or_else(|| format!("write to the agent: {e}")))
+            EngineError::Connection(
+                self.closed_reason()
+                    .unwrap_or_else(|| format!("write to the agent: {e}")),
+            )
         })
     }
 }
@@ -205,9 +246,8 @@ async fn read_loop(mut read: tokio::net::unix::OwnedReadHalf, pending: Pending) 
 }
 
 fn route(pending: &Pending, id: u32, reply: Reply) {
-    if let Ok(p) = pending.lock() {
-        if let Some(tx) = p.routes.get(&id) {
+    if let Ok(p) = pending.lock()
+        && let Some(tx) = p.routes.get(&id) {
             let _ = tx.send(reply);
         }
-    }
 }

@@ -76,7 +76,15 @@ impl Engine {
             handshake_ms: ms(start.elapsed() - launched_at),
             create_ms: ms(start.elapsed()),
         };
-        Ok(Sandbox::new(id, spec, client, launched.instance, isolation, hello.agent_version, timings))
+        Ok(Sandbox::new(
+            id,
+            spec,
+            client,
+            launched.instance,
+            isolation,
+            hello.agent_version,
+            timings,
+        ))
     }
 }
 
@@ -90,7 +98,12 @@ fn new_id() -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u128(SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
+    h.write_u128(
+        SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0),
+    );
     h.write_u32(std::process::id());
     h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
     format!("sb-{:012x}", h.finish() & 0xffff_ffff_ffff)

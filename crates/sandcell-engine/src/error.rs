@@ -66,6 +66,9 @@ impl EngineError {
 
     /// Wraps a host-side I/O error.
     pub fn io(op: impl Into<String>, source: std::io::Error) -> Self {
-        Self::Io { op: op.into(), source }
+        Self::Io {
+            op: op.into(),
+            source,
+        }
     }
 }

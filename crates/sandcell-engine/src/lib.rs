@@ -11,7 +11,9 @@ pub mod error;
 mod sandbox;
 pub mod spec;
 
-pub use backend::{Backend, BackendCapabilities, BackendInstance, LaunchedSandbox, ResourceCounters};
+pub use backend::{
+    Backend, BackendCapabilities, BackendInstance, LaunchedSandbox, ResourceCounters,
+};
 pub use engine::{Engine, EngineBuilder};
 pub use error::EngineError;
 pub use sandbox::{ExecEvent, ExecOutput, ExecStream, Sandbox, Timings};

@@ -4,11 +4,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use serde::Serialize;
 use sandcell_protocol::{
     Channel, ExecCommand, ExecRequest, ExecResult, FileEntry, GuestMessage, HostMessage,
     IsolationReport, ProcessInfo,
 };
+use serde::Serialize;
 
 use crate::backend::{BackendInstance, ResourceCounters};
 use crate::client::{Call, GuestClient, Reply};
@@ -95,13 +95,19 @@ impl ExecStream {
     /// Sends bytes to the process's stdin (the request must have set `stdin`).
     pub async fn write_stdin(&mut self, bytes: &[u8]) -> Result<(), EngineError> {
         let client = &self.sandbox.inner.client;
-        self.stdin_seq = client.send_data(self.call.id, Channel::Stdin, self.stdin_seq, bytes).await?;
+        self.stdin_seq = client
+            .send_data(self.call.id, Channel::Stdin, self.stdin_seq, bytes)
+            .await?;
         Ok(())
     }
 
     /// Closes the process's stdin.
     pub async fn close_stdin(&mut self) -> Result<(), EngineError> {
-        self.sandbox.inner.client.send(self.call.id, &HostMessage::StdinClose).await
+        self.sandbox
+            .inner
+            .client
+            .send(self.call.id, &HostMessage::StdinClose)
+            .await
     }
 
     /// The next event; `None` after `Exit`.
@@ -120,8 +126,12 @@ impl ExecStream {
             None => self.call.next().await,
         };
         let event = match reply {
-            Reply::Data(chunk) if chunk.channel == Channel::Stdout => Ok(ExecEvent::Stdout(chunk.bytes)),
-            Reply::Data(chunk) if chunk.channel == Channel::Stderr => Ok(ExecEvent::Stderr(chunk.bytes)),
+            Reply::Data(chunk) if chunk.channel == Channel::Stdout => {
+                Ok(ExecEvent::Stdout(chunk.bytes))
+            }
+            Reply::Data(chunk) if chunk.channel == Channel::Stderr => {
+                Ok(ExecEvent::Stderr(chunk.bytes))
+            }
             Reply::Data(chunk) => Err(EngineError::Connection(format!(
                 "unexpected {:?} chunk in an exec",
                 chunk.channel
@@ -129,7 +139,8 @@ impl ExecStream {
             Reply::Message(GuestMessage::ExecExited(exit)) => {
                 self.done = true;
                 let after = self.sandbox.inner.instance.counters();
-                let delta = |a: Option<u64>, b: Option<u64>| a.unwrap_or(0).saturating_sub(b.unwrap_or(0));
+                let delta =
+                    |a: Option<u64>, b: Option<u64>| a.unwrap_or(0).saturating_sub(b.unwrap_or(0));
                 Ok(ExecEvent::Exit(ExecResult::classify(
                     &exit,
                     delta(after.oom_kills, self.before.oom_kills),
@@ -141,7 +152,9 @@ impl ExecStream {
                 self.done = true;
                 Err(EngineError::Guest(e))
             }
-            Reply::Message(other) => Err(EngineError::Connection(format!("unexpected reply {other:?}"))),
+            Reply::Message(other) => Err(EngineError::Connection(format!(
+                "unexpected reply {other:?}"
+            ))),
             Reply::Closed(reason) => {
                 self.done = true;
                 Err(self.sandbox.gone(reason))
@@ -157,10 +170,18 @@ impl ExecStream {
             match event? {
                 ExecEvent::Stdout(b) => stdout.extend_from_slice(&b),
                 ExecEvent::Stderr(b) => stderr.extend_from_slice(&b),
-                ExecEvent::Exit(result) => return Ok(ExecOutput { stdout, stderr, result }),
+                ExecEvent::Exit(result) => {
+                    return Ok(ExecOutput {
+                        stdout,
+                        stderr,
+                        result,
+                    });
+                }
             }
         }
-        Err(EngineError::Connection("exec ended without an exit status".into()))
+        Err(EngineError::Connection(
+            "exec ended without an exit status".into(),
+        ))
     }
 
     /// The agent missed the exec's deadline by the whole grace period: kill the tree from
@@ -199,7 +220,9 @@ impl Sandbox {
             timings,
             destroyed: AtomicBool::new(false),
         };
-        Self { inner: Arc::new(inner) }
+        Self {
+            inner: Arc::new(inner),
+        }
     }
 
     /// The sandbox id.
@@ -248,11 +271,19 @@ impl Sandbox {
             req.timeout_ms = self.inner.spec.limits.exec_timeout_ms;
         }
         let before = self.inner.instance.counters();
-        let mut call = self.inner.client.request(&HostMessage::Exec(req.clone())).await
+        let mut call = self
+            .inner
+            .client
+            .request(&HostMessage::Exec(req.clone()))
+            .await
             .map_err(|e| self.map_closed(e))?;
         let pid = match call.message().await.map_err(|e| self.map_closed(e))? {
             GuestMessage::ExecStarted { pid } => pid,
-            other => return Err(EngineError::Connection(format!("unexpected exec reply {other:?}"))),
+            other => {
+                return Err(EngineError::Connection(format!(
+                    "unexpected exec reply {other:?}"
+                )));
+            }
         };
         Ok(ExecStream {
             sandbox: self.clone(),
@@ -271,7 +302,11 @@ impl Sandbox {
     }
 
     /// Runs a process with `stdin` as its standard input.
-    pub async fn exec_with_stdin(&self, mut req: ExecRequest, stdin: &[u8]) -> Result<ExecOutput, EngineError> {
+    pub async fn exec_with_stdin(
+        &self,
+        mut req: ExecRequest,
+        stdin: &[u8],
+    ) -> Result<ExecOutput, EngineError> {
         req.stdin = true;
         let mut stream = self.exec_stream(req).await?;
         stream.write_stdin(stdin).await?;
@@ -280,13 +315,30 @@ impl Sandbox {
     }
 
     /// Sends a signal to an exec's process, or with `tree` to its whole process tree.
-    pub async fn signal_exec(&self, exec_id: u32, signal: i32, tree: bool) -> Result<(), EngineError> {
-        self.expect_ok(HostMessage::Signal { exec_id: Some(exec_id), pid: None, signal, tree }).await
+    pub async fn signal_exec(
+        &self,
+        exec_id: u32,
+        signal: i32,
+        tree: bool,
+    ) -> Result<(), EngineError> {
+        self.expect_ok(HostMessage::Signal {
+            exec_id: Some(exec_id),
+            pid: None,
+            signal,
+            tree,
+        })
+        .await
     }
 
     /// Sends a signal to a process by its pid inside the sandbox.
     pub async fn kill_process(&self, pid: i32, signal: i32, tree: bool) -> Result<(), EngineError> {
-        self.expect_ok(HostMessage::Signal { exec_id: None, pid: Some(pid), signal, tree }).await
+        self.expect_ok(HostMessage::Signal {
+            exec_id: None,
+            pid: Some(pid),
+            signal,
+            tree,
+        })
+        .await
     }
 
     /// The sandbox's processes.
@@ -298,7 +350,12 @@ impl Sandbox {
     }
 
     /// Writes a file (creating parent directories), replacing it atomically.
-    pub async fn write_file(&self, path: &str, bytes: &[u8], mode: Option<u32>) -> Result<FileEntry, EngineError> {
+    pub async fn write_file(
+        &self,
+        path: &str,
+        bytes: &[u8],
+        mode: Option<u32>,
+    ) -> Result<FileEntry, EngineError> {
         self.upload(path, bytes, mode, false).await
     }
 
@@ -307,13 +364,29 @@ impl Sandbox {
         self.upload(path, bytes, None, true).await
     }
 
-    async fn upload(&self, path: &str, bytes: &[u8], mode: Option<u32>, append: bool) -> Result<FileEntry, EngineError> {
+    async fn upload(
+        &self,
+        path: &str,
+        bytes: &[u8],
+        mode: Option<u32>,
+        append: bool,
+    ) -> Result<FileEntry, EngineError> {
         self.check_alive()?;
         let client = &self.inner.client;
-        let msg = HostMessage::WriteFile { path: path.to_string(), mode, append };
+        let msg = HostMessage::WriteFile {
+            path: path.to_string(),
+            mode,
+            append,
+        };
         let mut call = client.request(&msg).await.map_err(|e| self.map_closed(e))?;
-        client.send_data(call.id, Channel::File, 0, bytes).await.map_err(|e| self.map_closed(e))?;
-        client.send(call.id, &HostMessage::EndOfData).await.map_err(|e| self.map_closed(e))?;
+        client
+            .send_data(call.id, Channel::File, 0, bytes)
+            .await
+            .map_err(|e| self.map_closed(e))?;
+        client
+            .send(call.id, &HostMessage::EndOfData)
+            .await
+            .map_err(|e| self.map_closed(e))?;
         match self.with_timeout(call.message()).await? {
             GuestMessage::Entry { entry } => Ok(entry),
             other => Err(unexpected(other)),
@@ -326,7 +399,9 @@ impl Sandbox {
         let mut call = self
             .inner
             .client
-            .request(&HostMessage::ReadFile { path: path.to_string() })
+            .request(&HostMessage::ReadFile {
+                path: path.to_string(),
+            })
             .await
             .map_err(|e| self.map_closed(e))?;
         let mut out = Vec::new();
@@ -346,7 +421,12 @@ impl Sandbox {
 
     /// Lists a directory.
     pub async fn list_dir(&self, path: &str) -> Result<Vec<FileEntry>, EngineError> {
-        match self.simple_call(HostMessage::ListDir { path: path.to_string() }).await? {
+        match self
+            .simple_call(HostMessage::ListDir {
+                path: path.to_string(),
+            })
+            .await?
+        {
             GuestMessage::Listing { entries } => Ok(entries),
             other => Err(unexpected(other)),
         }
@@ -354,22 +434,36 @@ impl Sandbox {
 
     /// Describes one path (a final symlink is not followed).
     pub async fn stat(&self, path: &str) -> Result<FileEntry, EngineError> {
-        self.entry_call(HostMessage::Stat { path: path.to_string() }).await
+        self.entry_call(HostMessage::Stat {
+            path: path.to_string(),
+        })
+        .await
     }
 
     /// Creates a directory and its missing parents.
     pub async fn make_dir(&self, path: &str) -> Result<FileEntry, EngineError> {
-        self.entry_call(HostMessage::MakeDir { path: path.to_string() }).await
+        self.entry_call(HostMessage::MakeDir {
+            path: path.to_string(),
+        })
+        .await
     }
 
     /// Removes a file, a symlink or a directory (non-empty only with `recursive`).
     pub async fn remove(&self, path: &str, recursive: bool) -> Result<(), EngineError> {
-        self.expect_ok(HostMessage::Remove { path: path.to_string(), recursive }).await
+        self.expect_ok(HostMessage::Remove {
+            path: path.to_string(),
+            recursive,
+        })
+        .await
     }
 
     /// Renames a path.
     pub async fn rename(&self, from: &str, to: &str) -> Result<FileEntry, EngineError> {
-        self.entry_call(HostMessage::Rename { from: from.to_string(), to: to.to_string() }).await
+        self.entry_call(HostMessage::Rename {
+            from: from.to_string(),
+            to: to.to_string(),
+        })
+        .await
     }
 
     /// Kills everything in the sandbox and waits until it is gone. Idempotent.
@@ -401,7 +495,12 @@ impl Sandbox {
 
     async fn simple_call(&self, msg: HostMessage) -> Result<GuestMessage, EngineError> {
         self.check_alive()?;
-        let mut call = self.inner.client.request(&msg).await.map_err(|e| self.map_closed(e))?;
+        let mut call = self
+            .inner
+            .client
+            .request(&msg)
+            .await
+            .map_err(|e| self.map_closed(e))?;
         self.with_timeout(call.message()).await
     }
 
@@ -411,7 +510,9 @@ impl Sandbox {
     ) -> Result<GuestMessage, EngineError> {
         match tokio::time::timeout(CALL_TIMEOUT, fut).await {
             Ok(r) => r.map_err(|e| self.map_closed(e)),
-            Err(_) => Err(EngineError::Unresponsive(format!("no reply within {CALL_TIMEOUT:?}"))),
+            Err(_) => Err(EngineError::Unresponsive(format!(
+                "no reply within {CALL_TIMEOUT:?}"
+            ))),
         }
     }
 
@@ -427,20 +528,29 @@ impl Sandbox {
 
     fn map_closed(&self, e: EngineError) -> EngineError {
         match e {
-            EngineError::Connection(reason) if self.inner.client.closed_reason().is_some() => self.gone(reason),
+            EngineError::Connection(reason) if self.inner.client.closed_reason().is_some() => {
+                self.gone(reason)
+            }
             other => other,
         }
     }
 
     fn gone(&self, reason: String) -> EngineError {
-        let reason = if self.is_destroyed() { "it was destroyed".to_string() } else { reason };
+        let reason = if self.is_destroyed() {
+            "it was destroyed".to_string()
+        } else {
+            reason
+        };
         let counters = self.inner.instance.counters();
         let hint = if counters.oom_kills.unwrap_or(0) > 0 {
             " (the memory limit was hit: the oom killer ended the agent)"
         } else {
             ""
         };
-        EngineError::SandboxGone { id: self.inner.id.clone(), reason: format!("{reason}{hint}") }
+        EngineError::SandboxGone {
+            id: self.inner.id.clone(),
+            reason: format!("{reason}{hint}"),
+        }
     }
 }
 
@@ -456,13 +566,19 @@ fn validate_exec(req: &ExecRequest) -> Result<(), EngineError> {
             return bad("an argument contains a NUL byte");
         }
         ExecCommand::Argv(argv) if argv[0].is_empty() => return bad("the program name is empty"),
-        ExecCommand::Shell(line) if line.contains('\0') => return bad("the command contains a NUL byte"),
+        ExecCommand::Shell(line) if line.contains('\0') => {
+            return bad("the command contains a NUL byte");
+        }
         _ => {}
     }
     for (k, v) in &req.env {
         validate_env(k, v).map_err(EngineError::InvalidRequest)?;
     }
-    if req.cwd.as_deref().is_some_and(|c| c.contains('\0') || c.is_empty()) {
+    if req
+        .cwd
+        .as_deref()
+        .is_some_and(|c| c.contains('\0') || c.is_empty())
+    {
         return bad("cwd is empty or contains a NUL byte");
     }
     if req.timeout_ms == Some(0) {

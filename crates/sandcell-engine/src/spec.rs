@@ -95,28 +95,34 @@ impl SandboxSpec {
     pub fn validate(&self) -> Result<(), EngineError> {
         let l = &self.limits;
         let bad = |m: String| Err(EngineError::InvalidSpec(m));
-        if let Some(m) = l.memory_bytes {
-            if m < 16 * MIB {
-                return bad(format!("memory limit {m} bytes is below the 16 MiB minimum"));
+        if let Some(m) = l.memory_bytes
+            && m < 16 * MIB {
+                return bad(format!(
+                    "memory limit {m} bytes is below the 16 MiB minimum"
+                ));
             }
-        }
-        if let Some(c) = l.cpus {
-            if !(c.is_finite() && c >= 0.01 && c <= 1024.0) {
+        if let Some(c) = l.cpus
+            && !(c.is_finite() && (0.01..=1024.0).contains(&c)) {
                 return bad(format!("cpus {c} must be between 0.01 and 1024"));
             }
-        }
-        if let Some(p) = l.pids {
-            if p < 8 {
+        if let Some(p) = l.pids
+            && p < 8 {
                 return bad(format!("pids limit {p} is below the minimum of 8"));
             }
-        }
-        for (name, v) in [("disk", l.disk_bytes), ("tmp", l.tmp_bytes), ("home", l.home_bytes)] {
+        for (name, v) in [
+            ("disk", l.disk_bytes),
+            ("tmp", l.tmp_bytes),
+            ("home", l.home_bytes),
+        ] {
             if v < MIB {
                 return bad(format!("{name} size {v} bytes is below the 1 MiB minimum"));
             }
         }
         if !(16..=1 << 20).contains(&l.open_files) {
-            return bad(format!("open files {} must be between 16 and 1048576", l.open_files));
+            return bad(format!(
+                "open files {} must be between 16 and 1048576",
+                l.open_files
+            ));
         }
         if l.exec_timeout_ms == Some(0) {
             return bad("exec timeout must be positive".into());
@@ -131,7 +137,9 @@ impl SandboxSpec {
 /// Checks an environment variable's name and value.
 pub fn validate_env(name: &str, value: &str) -> Result<(), String> {
     if name.is_empty() || name.contains('=') || name.contains('\0') {
-        return Err(format!("environment variable name '{name}' is empty or contains '=' or NUL"));
+        return Err(format!(
+            "environment variable name '{name}' is empty or contains '=' or NUL"
+        ));
     }
     if value.contains('\0') {
         return Err(format!("environment variable {name} contains a NUL byte"));
@@ -142,9 +150,13 @@ pub fn validate_env(name: &str, value: &str) -> Result<(), String> {
 /// Parses a size such as `512m`, `1g`, `64MiB`, `1000` (bytes).
 pub fn parse_size(text: &str) -> Result<u64, String> {
     let t = text.trim().to_ascii_lowercase();
-    let digits_end = t.find(|c: char| !(c.is_ascii_digit() || c == '.')).unwrap_or(t.len());
+    let digits_end = t
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(t.len());
     let (num, unit) = t.split_at(digits_end);
-    let value: f64 = num.parse().map_err(|_| format!("'{text}' is not a size (try 512m or 2g)"))?;
+    let value: f64 = num
+        .parse()
+        .map_err(|_| format!("'{text}' is not a size (try 512m or 2g)"))?;
     let mult: u64 = match unit.trim() {
         "" | "b" => 1,
         "k" | "kb" | "kib" => 1024,

@@ -37,17 +37,26 @@ pub enum JailError {
 impl JailError {
     /// Wraps the last OS error for `op`.
     pub fn last_os(op: impl Into<String>) -> Self {
-        Self::Syscall { op: op.into(), source: io::Error::last_os_error() }
+        Self::Syscall {
+            op: op.into(),
+            source: io::Error::last_os_error(),
+        }
     }
 
     /// Wraps an `io::Error` for `op`.
     pub fn io(op: impl Into<String>, source: io::Error) -> Self {
-        Self::Syscall { op: op.into(), source }
+        Self::Syscall {
+            op: op.into(),
+            source,
+        }
     }
 }
 
 impl From<nix::Error> for JailError {
     fn from(e: nix::Error) -> Self {
-        Self::Syscall { op: "syscall".into(), source: io::Error::from(e) }
+        Self::Syscall {
+            op: "syscall".into(),
+            source: io::Error::from(e),
+        }
     }
 }

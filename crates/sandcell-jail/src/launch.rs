@@ -36,7 +36,11 @@ pub const SOCKET_FD: RawFd = 3;
 pub enum Outcome {
     /// This process is the sandbox's PID 1, fully confined: serve the guest agent on
     /// `socket`. `isolation` lists what the inside setup achieved.
-    Sandbox { socket: UnixStream, isolation: IsolationReport, config: Box<JailConfig> },
+    Sandbox {
+        socket: UnixStream,
+        isolation: IsolationReport,
+        config: Box<JailConfig>,
+    },
     /// This process is the launcher and its sandbox is gone: exit with this code.
     Exit(i32),
 }
@@ -52,13 +56,29 @@ pub fn run() -> Outcome {
         }
     };
     match launch(&mut socket) {
-        Ok(Side::Sandbox { isolation, config }) => Outcome::Sandbox { socket, isolation, config },
-        Ok(Side::Launcher { pid, report, cgroup, go }) => {
+        Ok(Side::Sandbox { isolation, config }) => Outcome::Sandbox {
+            socket,
+            isolation,
+            config,
+        },
+        Ok(Side::Launcher {
+            pid,
+            report,
+            cgroup,
+            go,
+        }) => {
             let cgroups = cgroup
                 .as_ref()
                 .map(|cg| cg.paths().iter().map(|p| p.display().to_string()).collect())
                 .unwrap_or_default();
-            send(&mut socket, &GuestMessage::Launched { host_pid: pid.as_raw(), report, cgroups });
+            send(
+                &mut socket,
+                &GuestMessage::Launched {
+                    host_pid: pid.as_raw(),
+                    report,
+                    cgroups,
+                },
+            );
             // Release the child, then close our copy of the socket: it is the agent's alone,
             // and the host must see EOF as soon as the agent is gone.
             let mut go = File::from(go);
@@ -74,7 +94,13 @@ pub fn run() -> Outcome {
             Outcome::Exit(code)
         }
         Err((stage, e)) => {
-            send(&mut socket, &GuestMessage::LaunchFailed { stage, message: e.to_string() });
+            send(
+                &mut socket,
+                &GuestMessage::LaunchFailed {
+                    stage,
+                    message: e.to_string(),
+                },
+            );
             Outcome::Exit(1)
         }
     }
@@ -82,8 +108,16 @@ pub fn run() -> Outcome {
 
 /// Which side of the clone this process is on.
 enum Side {
-    Sandbox { isolation: IsolationReport, config: Box<JailConfig> },
-    Launcher { pid: Pid, report: IsolationReport, cgroup: Option<SandboxCgroup>, go: OwnedFd },
+    Sandbox {
+        isolation: IsolationReport,
+        config: Box<JailConfig>,
+    },
+    Launcher {
+        pid: Pid,
+        report: IsolationReport,
+        cgroup: Option<SandboxCgroup>,
+        go: OwnedFd,
+    },
 }
 
 type StageResult<T> = Result<T, (String, JailError)>;
@@ -136,7 +170,14 @@ fn set_cloexec(fd: RawFd) -> Result<(), JailError> {
 pub fn close_fds_from(first: RawFd) {
     // SAFETY: close_range only closes descriptors. Callers own no Rust objects wrapping fds
     // at or above `first` (start-up code, before any are created).
-    let r = unsafe { libc::syscall(libc::SYS_close_range, first as libc::c_uint, libc::c_uint::MAX, 0) };
+    let r = unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            first as libc::c_uint,
+            libc::c_uint::MAX,
+            0,
+        )
+    };
     if r < 0 {
         // Kernels before 5.9: close them one by one.
         for fd in first..4096 {
@@ -153,13 +194,19 @@ fn read_config(socket: &mut UnixStream) -> Result<JailConfig, JailError> {
         if let Some(frame) = decoder.next_frame::<JailConfig>() {
             return match frame {
                 Ok(Frame::Message { msg, .. }) => Ok(msg),
-                Ok(Frame::Data { .. }) => Err(JailError::Config("expected a config message".into())),
+                Ok(Frame::Data { .. }) => {
+                    Err(JailError::Config("expected a config message".into()))
+                }
                 Err(e) => Err(JailError::Config(e.to_string())),
             };
         }
-        let n = socket.read(&mut buf).map_err(|e| JailError::io("read the jail config", e))?;
+        let n = socket
+            .read(&mut buf)
+            .map_err(|e| JailError::io("read the jail config", e))?;
         if n == 0 {
-            return Err(JailError::Config("the host closed the socket before sending a config".into()));
+            return Err(JailError::Config(
+                "the host closed the socket before sending a config".into(),
+            ));
         }
         decoder.feed(&buf[..n]);
     }
@@ -181,10 +228,16 @@ fn launch(socket: &mut UnixStream) -> StageResult<Side> {
     let (outside_uid, outside_gid) = if root {
         // Host root's supplementary groups (gid 0, …) would still grant group access to host
         // files from inside; drop them before the child inherits them.
-        at("setgroups", nix::unistd::setgroups(&[]).map_err(JailError::from))?;
+        at(
+            "setgroups",
+            nix::unistd::setgroups(&[]).map_err(JailError::from),
+        )?;
         (config.outside_uid, config.outside_gid)
     } else {
-        (nix::unistd::geteuid().as_raw(), nix::unistd::getegid().as_raw())
+        (
+            nix::unistd::geteuid().as_raw(),
+            nix::unistd::getegid().as_raw(),
+        )
     };
     report.set(
         "uid_map",
@@ -206,7 +259,11 @@ fn launch(socket: &mut UnixStream) -> StageResult<Side> {
             Some(cg)
         }
         Err(e) => {
-            report.set("cgroups", FeatureState::Unavailable, format!("{e}; falling back to rlimits"));
+            report.set(
+                "cgroups",
+                FeatureState::Unavailable,
+                format!("{e}; falling back to rlimits"),
+            );
             None
         }
     };
@@ -222,9 +279,16 @@ fn launch(socket: &mut UnixStream) -> StageResult<Side> {
         drop(go_write);
         let isolation = sandbox_side(go_read, &config, memory_by_cgroup, pids_by_cgroup)?;
         report.merge(&isolation);
-        return Ok(Side::Sandbox { isolation: report, config: Box::new(config) });
+        return Ok(Side::Sandbox {
+            isolation: report,
+            config: Box::new(config),
+        });
     };
     drop(go_read);
+    if let Some(cg) = &cgroup {
+        // The child inherited the cgroup; the launcher must not count against its limits.
+        let _ = cg.leave(std::process::id());
+    }
     if let Err(e) = write_id_maps(pid, outside_uid, outside_gid) {
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
         let _ = waitpid(pid, None);
@@ -233,13 +297,21 @@ fn launch(socket: &mut UnixStream) -> StageResult<Side> {
         }
         return Err(("id maps".into(), e));
     }
-    Ok(Side::Launcher { pid, report, cgroup, go: go_write })
+    Ok(Side::Launcher {
+        pid,
+        report,
+        cgroup,
+        go: go_write,
+    })
 }
 
 fn ensure_single_threaded() -> Result<(), JailError> {
     let status = std::fs::read_to_string("/proc/self/status")
         .map_err(|e| JailError::io("read /proc/self/status", e))?;
-    let threads = status.lines().find_map(|l| l.strip_prefix("Threads:")).map(str::trim);
+    let threads = status
+        .lines()
+        .find_map(|l| l.strip_prefix("Threads:"))
+        .map(str::trim);
     if threads != Some("1") {
         return Err(JailError::Config(format!(
             "the launcher must be single-threaded to clone safely, it has {} threads",
@@ -352,12 +424,20 @@ fn sandbox_side(
     match go.read(&mut byte) {
         Ok(1) => {}
         // The launcher died or failed to map us: there is nothing to serve.
-        _ => return Err(("wait for id maps".into(), JailError::Config("the launcher went away".into()))),
+        _ => {
+            return Err((
+                "wait for id maps".into(),
+                JailError::Config("the launcher went away".into()),
+            ));
+        }
     }
     drop(go);
     // Files we create must be owned by a mapped id (else EOVERFLOW). Uid 0 is not mapped
     // in this namespace, so the kernel keeps our capabilities across this switch.
-    at("become the sandbox user", switch_ids(SANDBOX_UID, SANDBOX_UID))?;
+    at(
+        "become the sandbox user",
+        switch_ids(SANDBOX_UID, SANDBOX_UID),
+    )?;
 
     let mut report = IsolationReport::default();
     for f in at("rootfs", rootfs::setup(config))? {
@@ -370,13 +450,24 @@ fn sandbox_side(
     match config.network {
         NetworkMode::Loopback => {
             at("loopback", net::loopback_up())?;
-            report.set("network", FeatureState::Active, "loopback only: private network namespace with lo up");
+            report.set(
+                "network",
+                FeatureState::Active,
+                "loopback only: private network namespace with lo up",
+            );
         }
         NetworkMode::Off => {
-            report.set("network", FeatureState::Active, "off: private network namespace, inet/inet6/netlink/packet sockets refused");
+            report.set(
+                "network",
+                FeatureState::Active,
+                "off: private network namespace, inet/inet6/netlink/packet sockets refused",
+            );
         }
     }
-    for f in at("rlimits", rlimits::apply(&config.limits, memory_by_cgroup, pids_by_cgroup))? {
+    for f in at(
+        "rlimits",
+        rlimits::apply(&config.limits, memory_by_cgroup, pids_by_cgroup),
+    )? {
         report.set(&f.name, f.state, f.detail);
     }
     at("no_new_privs", caps::set_no_new_privs())?;
@@ -389,12 +480,22 @@ fn sandbox_side(
             .map(|t| t.path.as_str())
             .chain(rootfs::WRITABLE_DEVICES.iter().copied())
             .collect();
-        let f = at("landlock", landlock_policy::restrict(rootfs::READABLE_TREES, &writable))?;
+        let f = at(
+            "landlock",
+            landlock_policy::restrict(rootfs::READABLE_TREES, &writable),
+        )?;
         report.set(&f.name, f.state, f.detail);
     } else {
-        report.set("landlock", FeatureState::Disabled, "turned off by the sandbox's policy");
+        report.set(
+            "landlock",
+            FeatureState::Disabled,
+            "turned off by the sandbox's policy",
+        );
     }
-    let f = at("capabilities", caps::drop_privileges(SANDBOX_UID, SANDBOX_UID))?;
+    let f = at(
+        "capabilities",
+        caps::drop_privileges(SANDBOX_UID, SANDBOX_UID),
+    )?;
     report.set(&f.name, f.state, f.detail);
     // Sandbox processes share our uid: without this they could open /proc/1/mem of the agent.
     let _ = nix::sys::prctl::set_dumpable(false);

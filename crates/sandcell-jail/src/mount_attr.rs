@@ -19,7 +19,12 @@ struct MountAttr {
 /// before). Unlike a remount it leaves the other, possibly locked, flags alone.
 pub fn set_recursive_read_only(path: &str) -> io::Result<()> {
     let c = c_path(path).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
-    let attr = MountAttr { attr_set: MOUNT_ATTR_RDONLY, attr_clr: 0, propagation: 0, userns_fd: 0 };
+    let attr = MountAttr {
+        attr_set: MOUNT_ATTR_RDONLY,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
     // SAFETY: `c` is a valid NUL-terminated path and `attr` a correctly laid out struct
     // mount_attr whose size we pass; both outlive the call, which only reads them.
     let r = unsafe {
@@ -32,5 +37,9 @@ pub fn set_recursive_read_only(path: &str) -> io::Result<()> {
             std::mem::size_of::<MountAttr>(),
         )
     };
-    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
+    }
 }

@@ -17,21 +17,45 @@ pub fn host_report(cgroup_root: &Path, cgroup_parent: &str) -> IsolationReport {
     let unpriv_clone = read_u64("/proc/sys/kernel/unprivileged_userns_clone");
     let apparmor_restrict = read_u64("/proc/sys/kernel/apparmor_restrict_unprivileged_userns");
     let (state, detail) = if max_userns == Some(0) {
-        (FeatureState::Unavailable, "user.max_user_namespaces is 0".to_string())
+        (
+            FeatureState::Unavailable,
+            "user.max_user_namespaces is 0".to_string(),
+        )
     } else if !root && unpriv_clone == Some(0) {
-        (FeatureState::Unavailable, "kernel.unprivileged_userns_clone is 0: run as root or set it to 1".into())
+        (
+            FeatureState::Unavailable,
+            "kernel.unprivileged_userns_clone is 0: run as root or set it to 1".into(),
+        )
     } else if !root && apparmor_restrict == Some(1) {
         (FeatureState::Unavailable, "AppArmor restricts unprivileged user namespaces (kernel.apparmor_restrict_unprivileged_userns=1)".into())
     } else {
-        (FeatureState::Active, format!("user namespaces allowed (max {})", max_userns.map_or("?".into(), |m| m.to_string())))
+        (
+            FeatureState::Active,
+            format!(
+                "user namespaces allowed (max {})",
+                max_userns.map_or("?".into(), |m| m.to_string())
+            ),
+        )
     };
     r.set("user_ns", state, detail);
     for ns in ["pid", "mnt", "net", "ipc", "uts", "cgroup"] {
-        let name = if ns == "mnt" { "mount_ns".to_string() } else { format!("{ns}_ns") };
-        if Path::new(&format!("/proc/self/ns/{ns}")).exists() {
-            r.set(&name, FeatureState::Active, format!("{ns} namespaces supported"));
+        let name = if ns == "mnt" {
+            "mount_ns".to_string()
         } else {
-            r.set(&name, FeatureState::Unavailable, format!("kernel has no {ns} namespaces"));
+            format!("{ns}_ns")
+        };
+        if Path::new(&format!("/proc/self/ns/{ns}")).exists() {
+            r.set(
+                &name,
+                FeatureState::Active,
+                format!("{ns} namespaces supported"),
+            );
+        } else {
+            r.set(
+                &name,
+                FeatureState::Unavailable,
+                format!("kernel has no {ns} namespaces"),
+            );
         }
     }
 
@@ -41,12 +65,24 @@ pub fn host_report(cgroup_root: &Path, cgroup_parent: &str) -> IsolationReport {
     if seccomp {
         r.set("seccomp", FeatureState::Active, "seccomp filters supported");
     } else {
-        r.set("seccomp", FeatureState::Unavailable, "kernel built without seccomp");
+        r.set(
+            "seccomp",
+            FeatureState::Unavailable,
+            "kernel built without seccomp",
+        );
     }
 
     match landlock_policy::abi_version() {
-        Some(v) => r.set("landlock", FeatureState::Active, format!("Landlock ABI v{v}")),
-        None => r.set("landlock", FeatureState::Unavailable, "kernel has no Landlock (or it is not enabled in the lsm= list)"),
+        Some(v) => r.set(
+            "landlock",
+            FeatureState::Active,
+            format!("Landlock ABI v{v}"),
+        ),
+        None => r.set(
+            "landlock",
+            FeatureState::Unavailable,
+            "kernel has no Landlock (or it is not enabled in the lsm= list)",
+        ),
     }
 
     let support = cgroup::detect(cgroup_root);
@@ -59,22 +95,51 @@ pub fn host_report(cgroup_root: &Path, cgroup_parent: &str) -> IsolationReport {
             r.set(
                 "cgroups",
                 FeatureState::Active,
-                format!("cgroup {name}, controllers {}, sandboxes under {cgroup_parent}", support.controllers.join(",")),
+                format!(
+                    "cgroup {name}, controllers {}, sandboxes under {cgroup_parent}",
+                    support.controllers.join(",")
+                ),
             );
-            for (feature, controller) in [("memory_limit", "memory"), ("pids_limit", "pids"), ("cpu_limit", "cpu")] {
+            for (feature, controller) in [
+                ("memory_limit", "memory"),
+                ("pids_limit", "pids"),
+                ("cpu_limit", "cpu"),
+            ] {
                 if support.controllers.iter().any(|c| c == controller) {
-                    r.set(feature, FeatureState::Active, format!("{controller} cgroup controller"));
+                    r.set(
+                        feature,
+                        FeatureState::Active,
+                        format!("{controller} cgroup controller"),
+                    );
                 } else {
-                    r.set(feature, FeatureState::Unavailable, format!("no {controller} controller"));
+                    r.set(
+                        feature,
+                        FeatureState::Unavailable,
+                        format!("no {controller} controller"),
+                    );
                 }
             }
         }
         _ => {
-            let why = support.reason.unwrap_or_else(|| "no usable cgroup hierarchy".into());
+            let why = support
+                .reason
+                .unwrap_or_else(|| "no usable cgroup hierarchy".into());
             r.set("cgroups", FeatureState::Unavailable, why);
-            r.set("memory_limit", FeatureState::Degraded, "per-process RLIMIT_DATA instead of a whole-sandbox limit; no OOM detection");
-            r.set("pids_limit", FeatureState::Degraded, "RLIMIT_NPROC for the sandbox user instead of a pids cgroup");
-            r.set("cpu_limit", FeatureState::Unavailable, "needs the cpu cgroup controller");
+            r.set(
+                "memory_limit",
+                FeatureState::Degraded,
+                "per-process RLIMIT_DATA instead of a whole-sandbox limit; no OOM detection",
+            );
+            r.set(
+                "pids_limit",
+                FeatureState::Degraded,
+                "RLIMIT_NPROC for the sandbox user instead of a pids cgroup",
+            );
+            r.set(
+                "cpu_limit",
+                FeatureState::Unavailable,
+                "needs the cpu cgroup controller",
+            );
         }
     }
     r

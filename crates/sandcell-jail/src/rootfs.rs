@@ -21,12 +21,20 @@ use crate::config::JailConfig;
 use crate::error::JailError;
 
 /// Trees the sandbox may read and execute (Landlock); everything else is invisible anyway.
-pub const READABLE_TREES: &[&str] =
-    &["/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/proc", "/dev"];
+pub const READABLE_TREES: &[&str] = &[
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/proc", "/dev",
+];
 
 /// Device paths the sandbox may write besides its tmpfs mounts.
-pub const WRITABLE_DEVICES: &[&str] =
-    &["/dev/null", "/dev/zero", "/dev/full", "/dev/tty", "/dev/pts", "/dev/shm", "/dev/ptmx"];
+pub const WRITABLE_DEVICES: &[&str] = &[
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/tty",
+    "/dev/pts",
+    "/dev/shm",
+    "/dev/ptmx",
+];
 
 const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 
@@ -40,7 +48,14 @@ const SHM_BYTES: u64 = 64 * 1024 * 1024;
 /// Builds the root filesystem and pivots into it. The caller is in fresh user and mount
 /// namespaces with full capabilities there.
 pub fn setup(config: &JailConfig) -> Result<Vec<Feature>, JailError> {
-    do_mount(None, "/", None, MsFlags::MS_REC | MsFlags::MS_PRIVATE, None, "make / private")?;
+    do_mount(
+        None,
+        "/",
+        None,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None,
+        "make / private",
+    )?;
     do_mount(
         Some("tmpfs"),
         STAGING,
@@ -102,14 +117,18 @@ pub fn setup(config: &JailConfig) -> Result<Vec<Feature>, JailError> {
     std::env::set_current_dir(NEWROOT).map_err(|e| JailError::io("chdir into the new root", e))?;
     pivot_root(".", ".")?;
     // The old root (staging tmpfs with the host's root under it) is now stacked on "/".
-    umount2(".", MntFlags::MNT_DETACH).map_err(|e| JailError::io("detach the old root", e.into()))?;
+    umount2(".", MntFlags::MNT_DETACH)
+        .map_err(|e| JailError::io("detach the old root", e.into()))?;
     std::env::set_current_dir("/").map_err(|e| JailError::io("chdir /", e))?;
     if let Some(first) = config.tmpfs.first() {
         let _ = std::env::set_current_dir(&first.path);
     }
 
-    let writable: Vec<String> =
-        config.tmpfs.iter().map(|t| format!("{} ({} bytes)", t.path, t.size_bytes)).collect();
+    let writable: Vec<String> = config
+        .tmpfs
+        .iter()
+        .map(|t| format!("{} ({} bytes)", t.path, t.size_bytes))
+        .collect();
     Ok(vec![Feature {
         name: "rootfs".into(),
         state: FeatureState::Active,
@@ -138,14 +157,16 @@ fn bind_system_path(path: &str) -> Result<bool, JailError> {
         mkdir_all(&parent.to_string_lossy())?;
     }
     if meta.file_type().is_symlink() {
-        let link = fs::read_link(&source).map_err(|e| JailError::io(format!("readlink {path}"), e))?;
+        let link =
+            fs::read_link(&source).map_err(|e| JailError::io(format!("readlink {path}"), e))?;
         symlink(&link, &target).map_err(|e| JailError::io(format!("symlink {path}"), e))?;
         return Ok(true);
     }
     if meta.is_dir() {
         mkdir(&target, 0o755)?;
     } else {
-        fs::write(&target, b"").map_err(|e| JailError::io(format!("create mount point {path}"), e))?;
+        fs::write(&target, b"")
+            .map_err(|e| JailError::io(format!("create mount point {path}"), e))?;
     }
     do_mount(
         Some(&source),
@@ -207,7 +228,9 @@ fn write_etc(files: &[(String, String)]) -> Result<(), JailError> {
     mkdir_all(&etc)?;
     for (name, contents) in files {
         if name.contains("..") || name.starts_with('/') {
-            return Err(JailError::Config(format!("etc file name '{name}' must be relative")));
+            return Err(JailError::Config(format!(
+                "etc file name '{name}' must be relative"
+            )));
         }
         let path = PathBuf::from(&etc).join(name);
         if let Some(parent) = path.parent() {
@@ -234,7 +257,14 @@ fn mount_proc() -> Result<(), JailError> {
     )?;
     // Kernel tunables stay read-only even where the namespace would allow writes.
     let sys = format!("{target}/sys");
-    do_mount(Some(&sys), &sys, None, MsFlags::MS_BIND | MsFlags::MS_REC, None, "bind /proc/sys")?;
+    do_mount(
+        Some(&sys),
+        &sys,
+        None,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None,
+        "bind /proc/sys",
+    )?;
     make_read_only(&sys, "/proc/sys")
 }
 
@@ -256,7 +286,14 @@ fn mount_dev() -> Result<(), JailError> {
         }
         let target = format!("{dev}/{name}");
         fs::write(&target, b"").map_err(|e| JailError::io(format!("create /dev/{name}"), e))?;
-        do_mount(Some(&source), &target, None, MsFlags::MS_BIND, None, &format!("bind /dev/{name}"))?;
+        do_mount(
+            Some(&source),
+            &target,
+            None,
+            MsFlags::MS_BIND,
+            None,
+            &format!("bind /dev/{name}"),
+        )?;
     }
     let pts = format!("{dev}/pts");
     mkdir(&pts, 0o755)?;

@@ -26,13 +26,24 @@ async fn host_files_outside_system_dirs_are_invisible() {
     let sb = sandbox().await;
     for m in [&marker_root, &marker_tmp] {
         let out = sh(&sb, &format!("cat {m}")).await;
-        assert!(!out.result.success(), "{m} readable inside: {}", text(&out.stdout));
+        assert!(
+            !out.result.success(),
+            "{m} readable inside: {}",
+            text(&out.stdout)
+        );
         assert!(!text(&out.stdout).contains("secret"));
     }
-    let out = sh(&sb, "ls -a /root 2>&1; ls /home; cat /etc/shadow 2>&1; cat /etc/passwd").await;
+    let out = sh(
+        &sb,
+        "ls -a /root 2>&1; ls /home; cat /etc/shadow 2>&1; cat /etc/passwd",
+    )
+    .await;
     let s = text(&out.stdout);
     assert!(!s.contains(".sandcell-test-marker"), "{s}");
-    assert!(s.contains("sandbox:x:65532"), "synthesized passwd missing: {s}");
+    assert!(
+        s.contains("sandbox:x:65532"),
+        "synthesized passwd missing: {s}"
+    );
     assert!(!s.contains("root:$"), "shadow leaked: {s}");
     sb.destroy().await.unwrap();
     let _ = std::fs::remove_file(&marker_root);
@@ -42,7 +53,12 @@ async fn host_files_outside_system_dirs_are_invisible() {
 #[tokio::test]
 async fn system_dirs_are_read_only() {
     let sb = sandbox().await;
-    for target in ["/usr/sandcell-probe", "/usr/bin/python3", "/etc/passwd", "/sandcell-probe"] {
+    for target in [
+        "/usr/sandcell-probe",
+        "/usr/bin/python3",
+        "/etc/passwd",
+        "/sandcell-probe",
+    ] {
         let out = sh(&sb, &format!("echo x > {target}")).await;
         assert!(!out.result.success(), "writing {target} succeeded");
     }
@@ -59,8 +75,15 @@ async fn no_network_to_the_host() {
     let code = format!(
         "import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n    print('connected')\nexcept OSError as e:\n    print('refused', e.errno)"
     );
-    let out = sb.exec(ExecRequest::argv(["/usr/bin/python3", "-c", &code])).await.unwrap();
-    assert!(text(&out.stdout).starts_with("refused"), "{}", text(&out.stdout));
+    let out = sb
+        .exec(ExecRequest::argv(["/usr/bin/python3", "-c", &code]))
+        .await
+        .unwrap();
+    assert!(
+        text(&out.stdout).starts_with("refused"),
+        "{}",
+        text(&out.stdout)
+    );
     // Loopback inside the sandbox is its own and works.
     let out = sb
         .exec(ExecRequest::argv([
@@ -70,14 +93,22 @@ async fn no_network_to_the_host() {
         ]))
         .await
         .unwrap();
-    assert_eq!(text(&out.stdout), "own loopback ok\n", "{}", text(&out.stderr));
+    assert_eq!(
+        text(&out.stdout),
+        "own loopback ok\n",
+        "{}",
+        text(&out.stderr)
+    );
     sb.destroy().await.unwrap();
     drop(listener);
 }
 
 #[tokio::test]
 async fn network_off_refuses_inet_sockets() {
-    let spec = SandboxSpec { network: NetworkPolicy::Off, ..Default::default() };
+    let spec = SandboxSpec {
+        network: NetworkPolicy::Off,
+        ..Default::default()
+    };
     let sb = sandbox_with(spec).await;
     let out = sb
         .exec(ExecRequest::argv([
@@ -103,12 +134,33 @@ fn ctypes(call: &str) -> String {
 #[tokio::test]
 async fn ptrace_is_denied() {
     let sb = sandbox().await;
-    let bg = sb.exec_stream(ExecRequest::argv(["sleep", "30"])).await.unwrap();
+    let bg = sb
+        .exec_stream(ExecRequest::argv(["sleep", "30"]))
+        .await
+        .unwrap();
     let code = ctypes(&format!("libc.ptrace(16, {}, 0, 0)", bg.pid())); // PTRACE_ATTACH
-    let out = sb.exec(ExecRequest::argv(["/usr/bin/python3", "-c", &code])).await.unwrap();
-    assert!(text(&out.stdout).starts_with("-1 Operation not permitted"), "{}", text(&out.stdout));
-    let out = sb.exec(ExecRequest::argv(["/usr/bin/python3", "-c", &ctypes("libc.ptrace(0, 0, 0, 0)")])).await.unwrap();
-    assert!(text(&out.stdout).starts_with("-1 Operation not permitted"), "{}", text(&out.stdout));
+    let out = sb
+        .exec(ExecRequest::argv(["/usr/bin/python3", "-c", &code]))
+        .await
+        .unwrap();
+    assert!(
+        text(&out.stdout).starts_with("-1 Operation not permitted"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = sb
+        .exec(ExecRequest::argv([
+            "/usr/bin/python3",
+            "-c",
+            &ctypes("libc.ptrace(0, 0, 0, 0)"),
+        ]))
+        .await
+        .unwrap();
+    assert!(
+        text(&out.stdout).starts_with("-1 Operation not permitted"),
+        "{}",
+        text(&out.stdout)
+    );
     sb.destroy().await.unwrap();
 }
 
@@ -116,9 +168,20 @@ async fn ptrace_is_denied() {
 async fn mount_is_denied() {
     let sb = sandbox().await;
     let code = ctypes("libc.mount(b'tmpfs', b'/workspace', b'tmpfs', 0, None)");
-    let out = sb.exec(ExecRequest::argv(["/usr/bin/python3", "-c", &code])).await.unwrap();
-    assert!(text(&out.stdout).starts_with("-1 Operation not permitted"), "{}", text(&out.stdout));
-    let out = sh(&sb, "mount -t tmpfs none /tmp 2>&1; umount /proc 2>&1; echo done").await;
+    let out = sb
+        .exec(ExecRequest::argv(["/usr/bin/python3", "-c", &code]))
+        .await
+        .unwrap();
+    assert!(
+        text(&out.stdout).starts_with("-1 Operation not permitted"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = sh(
+        &sb,
+        "mount -t tmpfs none /tmp 2>&1; umount /proc 2>&1; echo done",
+    )
+    .await;
     assert!(text(&out.stdout).ends_with("done\n"));
     let out = sh(&sb, "grep -c ' /tmp ' /proc/self/mounts").await;
     assert_eq!(text(&out.stdout), "1\n", "a second /tmp mount appeared");
@@ -129,20 +192,38 @@ async fn mount_is_denied() {
 async fn new_user_namespaces_are_denied() {
     let sb = sandbox().await;
     let code = ctypes("libc.unshare(0x10000000)"); // CLONE_NEWUSER
-    let out = sb.exec(ExecRequest::argv(["/usr/bin/python3", "-c", &code])).await.unwrap();
-    assert!(text(&out.stdout).starts_with("-1 Operation not permitted"), "{}", text(&out.stdout));
+    let out = sb
+        .exec(ExecRequest::argv(["/usr/bin/python3", "-c", &code]))
+        .await
+        .unwrap();
+    assert!(
+        text(&out.stdout).starts_with("-1 Operation not permitted"),
+        "{}",
+        text(&out.stdout)
+    );
     let out = sh(&sb, "unshare -U true && echo escaped || echo denied").await;
-    assert!(text(&out.stdout).contains("denied"), "{}", text(&out.stdout));
+    assert!(
+        text(&out.stdout).contains("denied"),
+        "{}",
+        text(&out.stdout)
+    );
     sb.destroy().await.unwrap();
 }
 
 #[tokio::test]
 async fn capabilities_are_all_dropped() {
     let sb = sandbox().await;
-    let out = sh(&sb, "grep -E '^(CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp):' /proc/self/status").await;
+    let out = sh(
+        &sb,
+        "grep -E '^(CapInh|CapPrm|CapEff|CapBnd|CapAmb|NoNewPrivs|Seccomp):' /proc/self/status",
+    )
+    .await;
     let s = text(&out.stdout);
     for line in s.lines().filter(|l| l.starts_with("Cap")) {
-        assert!(line.ends_with("0000000000000000"), "capability left: {line}");
+        assert!(
+            line.ends_with("0000000000000000"),
+            "capability left: {line}"
+        );
     }
     assert!(s.contains("NoNewPrivs:\t1"), "{s}");
     assert!(s.contains("Seccomp:\t2"), "{s}");
@@ -151,13 +232,23 @@ async fn capabilities_are_all_dropped() {
 
 #[tokio::test]
 async fn signals_cannot_reach_host_processes() {
-    let mut host = std::process::Command::new("sleep").arg("60").spawn().unwrap();
+    let mut host = std::process::Command::new("sleep")
+        .arg("60")
+        .spawn()
+        .unwrap();
     let pid = host.id();
     let sb = sandbox().await;
-    let out = sh(&sb, &format!("kill -9 {pid} 2>&1; kill -9 -1 2>&1; echo tried")).await;
+    let out = sh(
+        &sb,
+        &format!("kill -9 {pid} 2>&1; kill -9 -1 2>&1; echo tried"),
+    )
+    .await;
     assert!(text(&out.stdout).contains("tried"));
     std::thread::sleep(Duration::from_millis(100));
-    assert!(host.try_wait().unwrap().is_none(), "host process was killed from inside a sandbox");
+    assert!(
+        host.try_wait().unwrap().is_none(),
+        "host process was killed from inside a sandbox"
+    );
     host.kill().unwrap();
     let _ = host.wait();
     let _ = sb.destroy().await;
@@ -167,15 +258,29 @@ async fn signals_cannot_reach_host_processes() {
 async fn two_sandboxes_cannot_see_each_other() {
     let a = sandbox().await;
     let b = sandbox().await;
-    sh(&a, "echo mine > /workspace/secret-a; echo tmp > /tmp/secret-a").await;
-    let _bg = a.exec_stream(ExecRequest::argv(["sleep", "4242"])).await.unwrap();
-    let out = sh(&b, "ls /workspace /tmp; cat /proc/*/cmdline 2>/dev/null | tr '\\0' ' '").await;
+    sh(
+        &a,
+        "echo mine > /workspace/secret-a; echo tmp > /tmp/secret-a",
+    )
+    .await;
+    let _bg = a
+        .exec_stream(ExecRequest::argv(["sleep", "4242"]))
+        .await
+        .unwrap();
+    let out = sh(
+        &b,
+        "ls /workspace /tmp; cat /proc/*/cmdline 2>/dev/null | tr '\\0' ' '",
+    )
+    .await;
     let s = text(&out.stdout);
     assert!(!s.contains("secret-a"), "{s}");
     assert!(!s.contains("4242"), "b sees a's process: {s}");
     assert!(b.read_file("/workspace/secret-a").await.is_err());
     let procs = b.processes().await.unwrap();
-    assert!(procs.iter().all(|p| !p.cmdline.contains("4242")), "{procs:?}");
+    assert!(
+        procs.iter().all(|p| !p.cmdline.contains("4242")),
+        "{procs:?}"
+    );
     a.destroy().await.unwrap();
     b.destroy().await.unwrap();
 }
@@ -193,11 +298,20 @@ async fn only_the_sandbox_processes_are_visible() {
 #[tokio::test]
 async fn file_api_refuses_escapes() {
     let sb = sandbox().await;
-    for path in ["../../etc/passwd", "/workspace/../etc/passwd", "/etc/passwd", "/root"] {
+    for path in [
+        "../../etc/passwd",
+        "/workspace/../etc/passwd",
+        "/etc/passwd",
+        "/root",
+    ] {
         let err = sb.read_file(path).await.unwrap_err();
         assert_eq!(err.code(), ErrorCode::PathOutsideSandbox, "{path}: {err}");
     }
-    sh(&sb, "ln -s / /workspace/escape; ln -s ../../etc /workspace/up").await;
+    sh(
+        &sb,
+        "ln -s / /workspace/escape; ln -s ../../etc /workspace/up",
+    )
+    .await;
     for path in ["escape/etc/passwd", "/workspace/escape", "up/passwd"] {
         let err = sb.read_file(path).await.unwrap_err();
         assert_eq!(err.code(), ErrorCode::PathOutsideSandbox, "{path}: {err}");
@@ -206,7 +320,11 @@ async fn file_api_refuses_escapes() {
     assert_eq!(err.code(), ErrorCode::PathOutsideSandbox);
     // The link itself is listed, not followed.
     let entries = sb.list_dir("/workspace").await.unwrap();
-    assert!(entries.iter().any(|e| e.name == "escape" && e.link_target.as_deref() == Some("/")));
+    assert!(
+        entries
+            .iter()
+            .any(|e| e.name == "escape" && e.link_target.as_deref() == Some("/"))
+    );
     sb.destroy().await.unwrap();
 }
 
@@ -215,10 +333,27 @@ async fn isolation_report_names_every_layer() {
     let sb = sandbox().await;
     let iso = sb.isolation();
     for name in [
-        "user_ns", "pid_ns", "mount_ns", "net_ns", "ipc_ns", "uts_ns", "uid_map", "rootfs", "network",
-        "seccomp", "capabilities", "no_new_privs", "rlimits", "landlock", "memory_limit", "pids_limit",
+        "user_ns",
+        "pid_ns",
+        "mount_ns",
+        "net_ns",
+        "ipc_ns",
+        "uts_ns",
+        "uid_map",
+        "rootfs",
+        "network",
+        "seccomp",
+        "capabilities",
+        "no_new_privs",
+        "rlimits",
+        "landlock",
+        "memory_limit",
+        "pids_limit",
     ] {
-        assert!(iso.get(name).is_some(), "isolation report lacks {name}: {iso:?}");
+        assert!(
+            iso.get(name).is_some(),
+            "isolation report lacks {name}: {iso:?}"
+        );
     }
     assert!(iso.is_active("seccomp") && iso.is_active("capabilities") && iso.is_active("user_ns"));
     sb.destroy().await.unwrap();

@@ -17,13 +17,22 @@ fn sandcell(args: &[&str]) -> (i32, String, String) {
 fn run_python_code_prints_output_status_and_timings() {
     let (code, out, err) = sandcell(&["run", "--lang", "python", "print(6*7)"]);
     assert_eq!((code, out.as_str()), (0, "42\n"), "{err}");
-    assert!(err.contains("exit status 0") && err.contains("create") && err.contains("ms"), "{err}");
+    assert!(
+        err.contains("exit status 0") && err.contains("create") && err.contains("ms"),
+        "{err}"
+    );
 }
 
 #[test]
 fn run_node_and_bash() {
-    assert_eq!(sandcell(&["run", "-q", "--lang", "node", "console.log(1+1)"]).1, "2\n");
-    assert_eq!(sandcell(&["run", "-q", "--lang", "bash", "echo $((2+3))"]).1, "5\n");
+    assert_eq!(
+        sandcell(&["run", "-q", "--lang", "node", "console.log(1+1)"]).1,
+        "2\n"
+    );
+    assert_eq!(
+        sandcell(&["run", "-q", "--lang", "bash", "echo $((2+3))"]).1,
+        "5\n"
+    );
 }
 
 #[test]
@@ -31,15 +40,32 @@ fn run_command_propagates_exit_status() {
     let (code, out, _) = sandcell(&["run", "-q", "--", "id", "-u"]);
     assert_eq!((code, out.as_str()), (0, "65532\n"));
     assert_eq!(sandcell(&["run", "-q", "--", "sh", "-c", "exit 3"]).0, 3);
-    assert_eq!(sandcell(&["run", "-q", "--timeout", "0.5", "--", "sleep", "10"]).0, 124);
+    assert_eq!(
+        sandcell(&["run", "-q", "--timeout", "0.5", "--", "sleep", "10"]).0,
+        124
+    );
 }
 
 #[test]
 fn run_json_reports_the_cause() {
-    let (code, out, err) = sandcell(&["run", "--json", "--memory", "64m", "--", "/usr/bin/python3", "-c", "a=bytearray(400*2**20)"]);
-    let v: serde_json::Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out} {err}"));
+    let (code, out, err) = sandcell(&[
+        "run",
+        "--json",
+        "--memory",
+        "64m",
+        "--",
+        "/usr/bin/python3",
+        "-c",
+        "a=bytearray(400*2**20)",
+    ]);
+    let v: serde_json::Value =
+        serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out} {err}"));
     let cause = v["result"]["cause"].as_str().unwrap();
-    let rootless = v["isolation"]["features"].as_array().unwrap().iter().any(|f| f["name"] == "memory_limit" && f["state"] == "degraded");
+    let rootless = v["isolation"]["features"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|f| f["name"] == "memory_limit" && f["state"] == "degraded");
     assert!(cause == "oom_killed" || rootless, "{v}");
     assert_ne!(code, 0);
     assert!(v["timings"]["create_ms"].as_f64().unwrap() > 0.0);
@@ -80,11 +106,24 @@ fn bad_input_gets_a_clear_error() {
 fn doctor_reports_features() {
     let (code, out, err) = sandcell(&["doctor"]);
     assert_eq!(code, 0, "{out}{err}");
-    for word in ["backend process: available", "user_ns", "seccomp", "landlock", "cgroups", "runs as uid 65532"] {
+    for word in [
+        "backend process: available",
+        "user_ns",
+        "seccomp",
+        "landlock",
+        "cgroups",
+        "runs as uid 65532",
+    ] {
         assert!(out.contains(word), "doctor output lacks {word}: {out}");
     }
     let (_, out, _) = sandcell(&["doctor", "--json"]);
     let v: serde_json::Value = serde_json::from_str(&out).unwrap();
     assert_eq!(v["sandbox"]["ok"], true);
-    assert!(v["seccomp_denied"].as_array().unwrap().iter().any(|s| s == "ptrace"));
+    assert!(
+        v["seccomp_denied"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s == "ptrace")
+    );
 }

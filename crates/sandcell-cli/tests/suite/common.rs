@@ -7,7 +7,9 @@ use sandcell_protocol::ExecRequest;
 pub const BIN: &str = env!("CARGO_BIN_EXE_sandcell");
 
 pub fn engine() -> Engine {
-    Engine::builder().backend(ProcessBackend::new(ProcessBackendConfig::new(BIN))).build()
+    Engine::builder()
+        .backend(ProcessBackend::new(ProcessBackendConfig::new(BIN)))
+        .build()
 }
 
 pub async fn sandbox() -> Sandbox {

@@ -9,7 +9,10 @@ use super::common::*;
 async fn exit_codes_and_signals_are_exact() {
     let sb = sandbox().await;
     let out = sh(&sb, "exit 7").await;
-    assert_eq!((out.result.cause, out.result.exit_code), (ExitCause::Exited, Some(7)));
+    assert_eq!(
+        (out.result.cause, out.result.exit_code),
+        (ExitCause::Exited, Some(7))
+    );
     let out = sh(&sb, "kill -SEGV $$").await;
     assert_eq!(out.result.cause, ExitCause::Signaled);
     assert_eq!(out.result.signal_name.as_deref(), Some("SIGSEGV"));
@@ -20,11 +23,24 @@ async fn exit_codes_and_signals_are_exact() {
 #[tokio::test]
 async fn languages_run() {
     let sb = sandbox().await;
-    let py = sb.exec(ExecRequest::argv(["/usr/bin/python3", "-c", "print(6*7)"])).await.unwrap();
+    let py = sb
+        .exec(ExecRequest::argv(["/usr/bin/python3", "-c", "print(6*7)"]))
+        .await
+        .unwrap();
     assert_eq!(text(&py.stdout), "42\n", "{}", text(&py.stderr));
-    let node = sb.exec(ExecRequest::argv(["node", "-e", "console.log(6*7)"])).await.unwrap();
+    let node = sb
+        .exec(ExecRequest::argv(["node", "-e", "console.log(6*7)"]))
+        .await
+        .unwrap();
     assert_eq!(text(&node.stdout), "42\n", "{}", text(&node.stderr));
-    let bash = sb.exec(ExecRequest::argv(["bash", "-c", "echo $((6*7)) $HOME $PWD"])).await.unwrap();
+    let bash = sb
+        .exec(ExecRequest::argv([
+            "bash",
+            "-c",
+            "echo $((6*7)) $HOME $PWD",
+        ]))
+        .await
+        .unwrap();
     assert_eq!(text(&bash.stdout), "42 /home/sandbox /workspace\n");
     sb.destroy().await.unwrap();
 }
@@ -33,7 +49,9 @@ async fn languages_run() {
 async fn output_streams_in_order() {
     let sb = sandbox().await;
     let mut stream = sb
-        .exec_stream(ExecRequest::shell("for i in 1 2 3; do echo out$i; sleep 0.05; echo err$i >&2; sleep 0.05; done"))
+        .exec_stream(ExecRequest::shell(
+            "for i in 1 2 3; do echo out$i; sleep 0.05; echo err$i >&2; sleep 0.05; done",
+        ))
         .await
         .unwrap();
     let mut seen = Vec::new();
@@ -61,16 +79,28 @@ async fn env_cwd_and_stdin() {
     assert_eq!(text(&out.stdout), "spec exec /workspace/sub\npiped in\n");
     // The host's environment does not leak in.
     let out = sh(&sb, "env").await;
-    assert!(!text(&out.stdout).contains("CARGO"), "{}", text(&out.stdout));
+    assert!(
+        !text(&out.stdout).contains("CARGO"),
+        "{}",
+        text(&out.stdout)
+    );
     sb.destroy().await.unwrap();
 }
 
 #[tokio::test]
 async fn kill_and_process_list() {
     let sb = sandbox().await;
-    let mut stream = sb.exec_stream(ExecRequest::shell("sleep 100 & sleep 200")).await.unwrap();
+    let mut stream = sb
+        .exec_stream(ExecRequest::shell("sleep 100 & sleep 200"))
+        .await
+        .unwrap();
     let procs = sb.processes().await.unwrap();
-    assert!(procs.iter().any(|p| p.cmdline == "sleep 200" && p.exec_id == Some(stream.exec_id())), "{procs:?}");
+    assert!(
+        procs
+            .iter()
+            .any(|p| p.cmdline == "sleep 200" && p.exec_id == Some(stream.exec_id())),
+        "{procs:?}"
+    );
     sb.signal_exec(stream.exec_id(), 9, true).await.unwrap();
     let mut result = None;
     while let Some(ev) = stream.next().await {
@@ -81,23 +111,35 @@ async fn kill_and_process_list() {
     let result = result.unwrap();
     assert_eq!(result.cause, ExitCause::Killed, "{result:?}");
     let procs = sb.processes().await.unwrap();
-    assert!(procs.iter().all(|p| !p.cmdline.starts_with("sleep")), "{procs:?}");
+    assert!(
+        procs.iter().all(|p| !p.cmdline.starts_with("sleep")),
+        "{procs:?}"
+    );
     sb.destroy().await.unwrap();
 }
 
 #[tokio::test]
 async fn bad_requests_get_clear_errors_and_lose_nothing() {
     let sb = sandbox().await;
-    let err = sb.exec(ExecRequest::argv(Vec::<String>::new())).await.unwrap_err();
+    let err = sb
+        .exec(ExecRequest::argv(Vec::<String>::new()))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), ErrorCode::InvalidArgument);
-    let err = sb.exec(ExecRequest::argv(["/no/such/program"])).await.unwrap_err();
+    let err = sb
+        .exec(ExecRequest::argv(["/no/such/program"]))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), ErrorCode::SpawnFailed, "{err}");
     assert!(err.to_string().contains("/no/such/program"));
     let mut req = ExecRequest::shell("true");
     req.cwd = Some("/workspace/missing".into());
     assert!(sb.exec(req).await.is_err());
     // The sandbox still serves.
-    assert_eq!(text(&sh(&sb, "echo still here").await.stdout), "still here\n");
+    assert_eq!(
+        text(&sh(&sb, "echo still here").await.stdout),
+        "still here\n"
+    );
     sb.destroy().await.unwrap();
     let err = sb.exec(ExecRequest::shell("true")).await.unwrap_err();
     assert_eq!(err.code(), ErrorCode::InvalidState);
@@ -118,9 +160,14 @@ async fn destroy_leaves_nothing_behind() {
     let pid = sb.host_pid().unwrap();
     sh(&sb, "sleep 1000 &").await;
     sb.destroy().await.unwrap();
-    assert!(!std::path::Path::new(&format!("/proc/{pid}")).exists() || is_zombie(pid), "agent {pid} alive");
+    assert!(
+        !std::path::Path::new(&format!("/proc/{pid}")).exists() || is_zombie(pid),
+        "agent {pid} alive"
+    );
 }
 
 fn is_zombie(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).map(|s| s.contains(") Z")).unwrap_or(true)
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .map(|s| s.contains(") Z"))
+        .unwrap_or(true)
 }

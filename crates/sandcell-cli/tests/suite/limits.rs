@@ -15,7 +15,11 @@ async fn memory_bomb_is_reported_as_oom_killed() {
     spec.limits.memory_bytes = Some(64 * MIB);
     let sb = sandbox_with(spec).await;
     let out = sb
-        .exec(ExecRequest::argv(["/usr/bin/python3", "-c", "a = bytearray(400 * 2**20)"]))
+        .exec(ExecRequest::argv([
+            "/usr/bin/python3",
+            "-c",
+            "a = bytearray(400 * 2**20)",
+        ]))
         .await
         .unwrap();
     if cgroups_active(&sb) {
@@ -24,7 +28,11 @@ async fn memory_bomb_is_reported_as_oom_killed() {
     } else {
         // Rootless: RLIMIT_DATA makes the allocation fail inside Python instead.
         assert!(!out.result.success());
-        assert!(text(&out.stderr).contains("MemoryError"), "{}", text(&out.stderr));
+        assert!(
+            text(&out.stderr).contains("MemoryError"),
+            "{}",
+            text(&out.stderr)
+        );
     }
     // The sandbox survives its bomb.
     assert_eq!(text(&sh(&sb, "echo alive").await.stdout), "alive\n");
@@ -43,14 +51,28 @@ async fn fork_bomb_is_contained_and_reported() {
     let host_check = async {
         tokio::time::sleep(Duration::from_millis(1500)).await;
         let t = Instant::now();
-        let ok = std::process::Command::new("/bin/true").status().unwrap().success();
+        let ok = std::process::Command::new("/bin/true")
+            .status()
+            .unwrap()
+            .success();
         (ok, t.elapsed())
     };
     let (out, (host_ok, host_latency)) = tokio::join!(bomb, host_check);
     let out = out.unwrap();
-    assert!(host_ok && host_latency < Duration::from_secs(2), "host stalled {host_latency:?}");
-    assert!(out.result.pids_limit_hit || !cgroups_active(&sb), "{:?}", out.result);
-    assert!(out.result.message.contains("process limit") || !cgroups_active(&sb), "{}", out.result.message);
+    assert!(
+        host_ok && host_latency < Duration::from_secs(2),
+        "host stalled {host_latency:?}"
+    );
+    assert!(
+        out.result.pids_limit_hit || !cgroups_active(&sb),
+        "{:?}",
+        out.result
+    );
+    assert!(
+        out.result.message.contains("process limit") || !cgroups_active(&sb),
+        "{}",
+        out.result.message
+    );
     // Everything the bomb started is gone; the sandbox still works.
     let procs = sb.processes().await.unwrap();
     assert!(procs.len() < 5, "{} processes left: {procs:?}", procs.len());
@@ -68,9 +90,15 @@ async fn infinite_loop_times_out_in_about_a_second_and_the_tree_dies() {
     let took = start.elapsed();
     assert_eq!(out.result.cause, ExitCause::Timeout, "{:?}", out.result);
     assert!(out.result.timed_out);
-    assert!(took >= Duration::from_millis(950) && took < Duration::from_millis(2500), "{took:?}");
+    assert!(
+        took >= Duration::from_millis(950) && took < Duration::from_millis(2500),
+        "{took:?}"
+    );
     let procs = sb.processes().await.unwrap();
-    assert!(procs.iter().all(|p| !p.cmdline.contains("sleep")), "survivors: {procs:?}");
+    assert!(
+        procs.iter().all(|p| !p.cmdline.contains("sleep")),
+        "survivors: {procs:?}"
+    );
     sb.destroy().await.unwrap();
 }
 
@@ -81,12 +109,21 @@ async fn workspace_size_limit_gives_enospc() {
     let sb = sandbox_with(spec).await;
     let out = sh(&sb, "dd if=/dev/zero of=/workspace/big bs=1M count=20 2>&1").await;
     assert!(!out.result.success());
-    assert!(text(&out.stdout).contains("No space left on device"), "{}", text(&out.stdout));
-    let err = sb.write_file("/workspace/big2", &vec![0u8; 20 * MIB as usize], None).await.unwrap_err();
+    assert!(
+        text(&out.stdout).contains("No space left on device"),
+        "{}",
+        text(&out.stdout)
+    );
+    let err = sb
+        .write_file("/workspace/big2", &vec![0u8; 20 * MIB as usize], None)
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), ErrorCode::NoSpace, "{err}");
     // Freeing space makes it writable again.
     sb.remove("/workspace/big", false).await.unwrap();
-    sb.write_file("/workspace/small", b"ok", None).await.unwrap();
+    sb.write_file("/workspace/small", b"ok", None)
+        .await
+        .unwrap();
     sb.destroy().await.unwrap();
 }
 

@@ -1,1 +1,104 @@
-//! placeholder
+//! The Sandcell guest agent: runs as PID 1 inside a sandbox and serves the host over one
+//! inherited Unix stream socket (handshake, exec with streaming and tree kill, reaping,
+//! process listing and file operations confined to the sandbox's file roots).
+//!
+//! Everything runs on one single-threaded tokio runtime; blocking file and `/proc` work goes
+//! to a few worker threads started up front. Children are spawned with
+//! `std::process::Command` and reaped by one reaper task, never by tokio's process driver,
+//! because as PID 1 we also inherit orphans.
+
+// Policy: unsafe code lives only in sandcell-jail.
+#![forbid(unsafe_code)]
+
+use std::os::fd::AsFd;
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+
+use sandcell_protocol::{FILE_ROOTS, FrameError, IsolationReport};
+
+mod exec;
+mod files;
+mod procs;
+mod reaper;
+mod server;
+mod workers;
+
+/// How the agent behaves: where files may be touched, how processes start, what to report.
+#[derive(Debug, Clone)]
+pub struct GuestConfig {
+    /// Directories the file API may touch; relative request paths resolve against the first.
+    pub file_roots: Vec<PathBuf>,
+    /// Working directory of execs that do not name one; relative `cwd`s resolve against it.
+    pub default_cwd: PathBuf,
+    /// Environment every exec starts from, before the request's own variables.
+    pub base_env: Vec<(String, String)>,
+    /// The isolation report returned in `HelloOk`.
+    pub isolation: IsolationReport,
+    /// True only when the agent really is PID 1 of a pid namespace: it then reaps every
+    /// orphan and, on exit, kills every process in the namespace.
+    pub pid1: bool,
+}
+
+impl Default for GuestConfig {
+    fn default() -> Self {
+        let env = [
+            ("PATH", "/usr/local/bin:/usr/bin:/bin"),
+            ("HOME", "/home/sandbox"),
+            ("USER", "sandbox"),
+            ("LOGNAME", "sandbox"),
+            ("SHELL", "/bin/bash"),
+            ("LANG", "C.UTF-8"),
+            ("TERM", "xterm-256color"),
+            ("TMPDIR", "/tmp"),
+        ];
+        Self {
+            file_roots: FILE_ROOTS.iter().map(PathBuf::from).collect(),
+            default_cwd: PathBuf::from("/workspace"),
+            base_env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
+            isolation: IsolationReport::default(),
+            pid1: false,
+        }
+    }
+}
+
+/// Why the agent stopped serving.
+#[derive(Debug, thiserror::Error)]
+pub enum GuestError {
+    /// The tokio runtime could not be built.
+    #[error("cannot start the agent's runtime: {0}")]
+    Runtime(#[source] std::io::Error),
+    /// The host socket could not be set up.
+    #[error("cannot use the host socket: {0}")]
+    Socket(#[source] std::io::Error),
+    /// SIGCHLD could not be watched, so children could not be reaped.
+    #[error("cannot watch for exited children: {0}")]
+    Reaper(#[source] std::io::Error),
+    /// The agent's worker threads could not be started.
+    #[error("cannot start the agent's worker threads: {0}")]
+    Workers(#[source] std::io::Error),
+    /// Reading from the host failed (other than a clean end of stream).
+    #[error("reading from the host failed: {0}")]
+    Read(#[source] std::io::Error),
+    /// The host sent a frame after which the stream cannot be trusted.
+    #[error("the host sent a frame that breaks the stream: {0}")]
+    Frame(#[source] FrameError),
+}
+
+/// Serves the host on `stream` until it closes the stream or sends `Shutdown`, then kills
+/// every process the agent started (whole trees) and returns.
+pub fn serve(stream: UnixStream, config: GuestConfig) -> Result<(), GuestError> {
+    // The socket was inherited without close-on-exec; children must never get it.
+    let flags =
+        rustix::io::fcntl_getfd(stream.as_fd()).map_err(|e| GuestError::Socket(e.into()))?;
+    rustix::io::fcntl_setfd(stream.as_fd(), flags | rustix::io::FdFlags::CLOEXEC)
+        .map_err(|e| GuestError::Socket(e.into()))?;
+    stream.set_nonblocking(true).map_err(GuestError::Socket)?;
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(GuestError::Runtime)?;
+    runtime.block_on(server::run(stream, config))
+}

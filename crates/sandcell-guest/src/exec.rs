@@ -1,0 +1,493 @@
+//! Exec: validate, spawn, stream output, feed stdin, enforce the timeout, report the exit.
+
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sandcell_protocol::{
+    Channel, ErrorCode, ExecCommand, ExecExit, ExecRequest, GuestMessage, WireError, encode_data,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::pipe;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+use crate::files::io_text;
+use crate::procs::{EXEC_ID_VAR, SESSION_VAR};
+use crate::reaper::Reaped;
+use crate::server::{ExecSlot, Shared, lock};
+
+/// Largest stdout/stderr chunk forwarded in one frame.
+const OUTPUT_CHUNK: usize = 64 * 1024;
+/// After the process exits, output still arriving is forwarded until this much silence.
+const DRAIN_IDLE: Duration = Duration::from_millis(100);
+/// After the process exits, output is forwarded for at most this long (a background
+/// process may hold the pipe open and keep writing).
+const DRAIN_MAX: Duration = Duration::from_secs(1);
+
+/// What the host sends to a process's stdin.
+#[derive(Debug)]
+pub(crate) enum StdinMsg {
+    /// Bytes to write.
+    Data(Vec<u8>),
+    /// End of input.
+    Close,
+}
+
+/// A freshly spawned process and its pipes.
+struct Spawned {
+    pid: i32,
+    started: Instant,
+    stdin: Option<OwnedFd>,
+    stdout: Option<OwnedFd>,
+    stderr: Option<OwnedFd>,
+}
+
+fn invalid(message: String) -> WireError {
+    WireError::new(ErrorCode::InvalidArgument, message)
+}
+
+/// Checks the request's fields before anything is spawned.
+fn validate(req: &ExecRequest) -> Result<(), WireError> {
+    match &req.command {
+        ExecCommand::Argv(argv) => {
+            let Some(first) = argv.first() else {
+                return Err(invalid("argv is empty".into()));
+            };
+            if first.is_empty() {
+                return Err(invalid("argv[0] is empty".into()));
+            }
+            if let Some(i) = argv.iter().position(|a| a.contains('\0')) {
+                return Err(invalid(format!("argv[{i}] contains a nul byte")));
+            }
+        }
+        ExecCommand::Shell(line) => {
+            if line.contains('\0') {
+                return Err(invalid("the shell command contains a nul byte".into()));
+            }
+        }
+    }
+    for (k, v) in &req.env {
+        if k.is_empty() || k.contains('=') || k.contains('\0') {
+            return Err(invalid(format!(
+                "environment variable name {k:?} is invalid"
+            )));
+        }
+        if v.contains('\0') {
+            return Err(invalid(format!(
+                "environment variable {k} contains a nul byte"
+            )));
+        }
+    }
+    if let Some(cwd) = &req.cwd
+        && cwd.contains('\0')
+    {
+        return Err(invalid("cwd contains a nul byte".into()));
+    }
+    Ok(())
+}
+
+fn spawn(shared: &Shared, id: u32, req: &ExecRequest) -> Result<Spawned, WireError> {
+    validate(req)?;
+    let (program, args): (&str, Vec<&str>) = match &req.command {
+        ExecCommand::Argv(argv) => (
+            argv[0].as_str(),
+            argv[1..].iter().map(String::as_str).collect(),
+        ),
+        ExecCommand::Shell(line) => ("/bin/sh", vec!["-c", line.as_str()]),
+    };
+    let default_cwd = &shared.config.default_cwd;
+    let cwd: PathBuf = match &req.cwd {
+        None => default_cwd.clone(),
+        Some(c) if Path::new(c).is_absolute() => PathBuf::from(c),
+        Some(c) => default_cwd.join(c),
+    };
+    // Resolving a bare name here (on the PATH the process will get) lets std use the
+    // cheaper posix_spawn path, which it cannot when the child's PATH differs from ours.
+    let resolved = if program.contains('/') {
+        None
+    } else {
+        let path = req
+            .env
+            .get("PATH")
+            .map(String::as_str)
+            .or_else(|| {
+                shared
+                    .config
+                    .base_env
+                    .iter()
+                    .find(|(k, _)| k == "PATH")
+                    .map(|(_, v)| v.as_str())
+            })
+            .unwrap_or("");
+        Some(find_on_path(program, path, &cwd).ok_or_else(|| {
+            WireError::new(
+                ErrorCode::SpawnFailed,
+                format!("cannot run '{program}': no such file or directory"),
+            )
+        })?)
+    };
+    let mut cmd = match &resolved {
+        Some(p) => {
+            let mut c = Command::new(p);
+            c.arg0(program);
+            c
+        }
+        None => Command::new(program),
+    };
+    cmd.args(&args)
+        .env_clear()
+        .envs(shared.config.base_env.iter().map(|(k, v)| (k, v)))
+        .envs(&req.env)
+        // Set last so a request cannot disguise its processes as another exec's.
+        .env(EXEC_ID_VAR, id.to_string())
+        .env(SESSION_VAR, &shared.session)
+        .current_dir(&cwd)
+        .stdin(if req.stdin {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        // Its own process group, so the whole tree can be found and killed.
+        .process_group(0);
+    let started = Instant::now();
+    let mut child = cmd.spawn().map_err(|e| spawn_error(program, &cwd, &e))?;
+    let pid = i32::try_from(child.id())
+        .map_err(|_| WireError::new(ErrorCode::Internal, "spawned process has an invalid pid"))?;
+    let spawned = Spawned {
+        pid,
+        started,
+        stdin: child.stdin.take().map(OwnedFd::from),
+        stdout: child.stdout.take().map(OwnedFd::from),
+        stderr: child.stderr.take().map(OwnedFd::from),
+    };
+    // Dropping a std Child neither waits nor kills: the reaper collects it.
+    drop(child);
+    Ok(spawned)
+}
+
+/// The first executable regular file named `name` in the `:`-separated `path` (an empty
+/// entry means the working directory, as for `execvp`).
+fn find_on_path(name: &str, path: &str, cwd: &Path) -> Option<PathBuf> {
+    path.split(':').find_map(|dir| {
+        let dir = if dir.is_empty() {
+            Path::new(".")
+        } else {
+            Path::new(dir)
+        };
+        let candidate = cwd.join(dir).join(name);
+        let meta = std::fs::metadata(&candidate).ok()?;
+        let executable = meta.is_file() && meta.permissions().mode() & 0o111 != 0;
+        executable.then_some(candidate)
+    })
+}
+
+fn spawn_error(program: &str, cwd: &Path, e: &std::io::Error) -> WireError {
+    let reason = if !cwd.is_dir() {
+        format!("working directory '{}' does not exist", cwd.display())
+    } else {
+        io_text(e)
+    };
+    WireError::new(
+        ErrorCode::SpawnFailed,
+        format!("cannot run '{program}': {reason}"),
+    )
+}
+
+/// Starts an exec: spawns it, registers it and runs its task. Errors are replied on `id`.
+pub(crate) async fn start(shared: &Arc<Shared>, id: u32, req: ExecRequest) {
+    let spawned = match spawn(shared, id, &req) {
+        Ok(s) => s,
+        Err(e) => return shared.out.error(id, e).await,
+    };
+    // Registered before the next await, so the reaper cannot miss the status.
+    let exit_rx = shared.reaper.watch(spawned.pid);
+    let pid = spawned.pid;
+    let pipes = (|| -> std::io::Result<_> {
+        let stdin = spawned.stdin.map(pipe::Sender::from_owned_fd).transpose()?;
+        let stdout = spawned
+            .stdout
+            .map(pipe::Receiver::from_owned_fd)
+            .transpose()?;
+        let stderr = spawned
+            .stderr
+            .map(pipe::Receiver::from_owned_fd)
+            .transpose()?;
+        Ok((stdin, stdout, stderr))
+    })();
+    let (stdin, stdout, stderr) = match pipes {
+        Ok(p) => p,
+        Err(e) => {
+            let _ = crate::procs::send(pid, libc::SIGKILL);
+            tokio::spawn(async move {
+                let _ = exit_rx.await;
+            });
+            let msg = format!("cannot watch the pipes of pid {pid}: {}", io_text(&e));
+            return shared
+                .out
+                .error(id, WireError::new(ErrorCode::Internal, msg))
+                .await;
+        }
+    };
+    let (stdin_tx, stdin_task) = match stdin {
+        Some(pipe) => {
+            let (tx, rx) = mpsc::unbounded_channel();
+            (Some(tx), Some(tokio::spawn(feed_stdin(pipe, rx))))
+        }
+        None => (None, None),
+    };
+    lock(&shared.tables).execs.insert(
+        id,
+        ExecSlot {
+            pid,
+            stdin: stdin_tx,
+            exited: false,
+            killed: false,
+        },
+    );
+    let task = ExecTask {
+        shared: shared.clone(),
+        id,
+        pid,
+        started: spawned.started,
+        stdout_limit: req.stdout_limit,
+        stderr_limit: req.stderr_limit,
+        timeout: req.timeout_ms.map(Duration::from_millis),
+    };
+    tokio::spawn(task.run(stdout, stderr, exit_rx, stdin_task));
+}
+
+async fn feed_stdin(pipe: pipe::Sender, mut rx: mpsc::UnboundedReceiver<StdinMsg>) {
+    let mut pipe = Some(pipe);
+    while let Some(msg) = rx.recv().await {
+        match msg {
+            StdinMsg::Data(bytes) => {
+                if let Some(p) = pipe.as_mut()
+                    && p.write_all(&bytes).await.is_err()
+                {
+                    // The process closed its stdin (EPIPE): drop the rest.
+                    pipe = None;
+                }
+            }
+            StdinMsg::Close => return,
+        }
+    }
+}
+
+/// Byte accounting for one output stream.
+struct Stream {
+    limit: u64,
+    total: u64,
+    forwarded: u64,
+    truncated: bool,
+}
+
+impl Stream {
+    fn new(limit: u64) -> Self {
+        Self {
+            limit,
+            total: 0,
+            forwarded: 0,
+            truncated: false,
+        }
+    }
+
+    /// Counts `n` read bytes; returns how many of them may be forwarded.
+    fn admit(&mut self, n: usize) -> usize {
+        let n64 = n as u64;
+        self.total += n64;
+        let take = n64.min(self.limit.saturating_sub(self.forwarded));
+        if take < n64 {
+            self.truncated = true;
+        }
+        self.forwarded += take;
+        // take <= n, which is a usize.
+        usize::try_from(take).unwrap_or(n)
+    }
+}
+
+struct ExecTask {
+    shared: Arc<Shared>,
+    id: u32,
+    pid: i32,
+    started: Instant,
+    stdout_limit: u64,
+    stderr_limit: u64,
+    timeout: Option<Duration>,
+}
+
+async fn read_opt(pipe: &mut Option<pipe::Receiver>, buf: &mut [u8]) -> usize {
+    match pipe {
+        // A read error ends the stream like EOF does.
+        Some(p) => p.read(buf).await.unwrap_or(0),
+        None => std::future::pending().await,
+    }
+}
+
+async fn sleep_opt(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
+impl ExecTask {
+    async fn run(
+        self,
+        mut stdout: Option<pipe::Receiver>,
+        mut stderr: Option<pipe::Receiver>,
+        mut exit_rx: oneshot::Receiver<Reaped>,
+        stdin_task: Option<JoinHandle<()>>,
+    ) {
+        let out = &self.shared.out;
+        out.msg(self.id, &GuestMessage::ExecStarted { pid: self.pid })
+            .await;
+        let pipe_inodes: Vec<u64> = [stdout.as_ref(), stderr.as_ref()]
+            .into_iter()
+            .flatten()
+            .filter_map(|p| rustix::fs::fstat(p).ok().map(|st| st.st_ino))
+            .collect();
+        let mut seq = 0u64;
+        let mut streams = [
+            Stream::new(self.stdout_limit),
+            Stream::new(self.stderr_limit),
+        ];
+        let mut out_buf = vec![0u8; OUTPUT_CHUNK];
+        let mut err_buf = vec![0u8; OUTPUT_CHUNK];
+        let started = tokio::time::Instant::from_std(self.started);
+        let mut deadline = self.timeout.map(|t| started + t);
+        let mut timed_out = false;
+        let mut reaped: Option<Reaped> = None;
+        let mut drain_cap = None;
+        let mut drain_at = None;
+        loop {
+            if reaped.is_some() && stdout.is_none() && stderr.is_none() {
+                break;
+            }
+            let (channel, n) = tokio::select! {
+                biased;
+                n = read_opt(&mut stdout, &mut out_buf) => {
+                    if n == 0 {
+                        stdout = None;
+                    }
+                    (Channel::Stdout, n)
+                }
+                n = read_opt(&mut stderr, &mut err_buf) => {
+                    if n == 0 {
+                        stderr = None;
+                    }
+                    (Channel::Stderr, n)
+                }
+                r = &mut exit_rx, if reaped.is_none() => {
+                    let r = r.unwrap_or(Reaped {
+                        exit_code: None,
+                        signal: None,
+                        core_dumped: false,
+                        at: Instant::now(),
+                    });
+                    reaped = Some(r);
+                    deadline = None;
+                    if let Some(slot) = lock(&self.shared.tables).execs.get_mut(&self.id) {
+                        slot.exited = true;
+                    }
+                    let now = tokio::time::Instant::now();
+                    drain_cap = Some(now + DRAIN_MAX);
+                    drain_at = Some(now + DRAIN_IDLE);
+                    continue;
+                }
+                _ = sleep_opt(deadline) => {
+                    deadline = None;
+                    timed_out = true;
+                    let tree = self.shared.exec_tree(self.id, self.pid, false);
+                    let _ = self.shared.workers.kill(move || tree.signal(libc::SIGKILL)).await;
+                    continue;
+                }
+                _ = sleep_opt(drain_at) => break,
+            };
+            if n > 0 {
+                let idx = if channel == Channel::Stdout { 0 } else { 1 };
+                let buf = if idx == 0 { &out_buf } else { &err_buf };
+                let take = streams[idx].admit(n);
+                if take > 0 {
+                    out.frame(encode_data(self.id, channel, seq, &buf[..take]))
+                        .await;
+                    seq += 1;
+                }
+            }
+            if let (Some(_), Some(cap)) = (reaped, drain_cap) {
+                drain_at = Some((tokio::time::Instant::now() + DRAIN_IDLE).min(cap));
+            }
+        }
+        if let Some(task) = stdin_task {
+            task.abort();
+        }
+        if stdout.is_some() || stderr.is_some() {
+            // Processes of the exec still hold its output pipes after it ended. Their output
+            // has nowhere to go any more (they would die of SIGPIPE on their next write), so
+            // end them now, before the exit is reported; background processes that
+            // redirected their output are not touched.
+            let (id, pgid, session) = (self.id, self.pid, self.shared.session.clone());
+            let _ = self
+                .shared
+                .workers
+                .kill(move || crate::procs::kill_pipe_holders(&pipe_inodes, id, pgid, &session))
+                .await;
+        }
+        drop((stdout, stderr));
+        let killed = lock(&self.shared.tables)
+            .execs
+            .remove(&self.id)
+            .is_some_and(|s| s.killed);
+        let r = reaped.unwrap_or(Reaped {
+            exit_code: None,
+            signal: None,
+            core_dumped: false,
+            at: Instant::now(),
+        });
+        let [o, e] = streams;
+        let exit = ExecExit {
+            exit_code: r.exit_code,
+            signal: r.signal,
+            core_dumped: r.core_dumped,
+            timed_out,
+            killed,
+            stdout_bytes: o.total,
+            stderr_bytes: e.total,
+            stdout_truncated: o.truncated,
+            stderr_truncated: e.truncated,
+            duration_us: u64::try_from(r.at.saturating_duration_since(self.started).as_micros())
+                .unwrap_or(u64::MAX),
+        };
+        out.msg(self.id, &GuestMessage::ExecExited(exit)).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stream_admits_up_to_its_limit_and_counts_everything() {
+        let mut s = Stream::new(1000);
+        assert_eq!(s.admit(600), 600);
+        assert_eq!(s.admit(600), 400);
+        assert_eq!(s.admit(600), 0);
+        assert_eq!((s.total, s.forwarded, s.truncated), (1800, 1000, true));
+    }
+
+    #[test]
+    fn validation_rejects_bad_requests() {
+        assert!(validate(&ExecRequest::argv(Vec::<String>::new())).is_err());
+        assert!(validate(&ExecRequest::argv(["echo", "a\0b"])).is_err());
+        let mut r = ExecRequest::argv(["true"]);
+        r.env.insert("A=B".into(), "x".into());
+        assert_eq!(validate(&r).unwrap_err().code, ErrorCode::InvalidArgument);
+        assert!(validate(&ExecRequest::shell("true")).is_ok());
+    }
+}

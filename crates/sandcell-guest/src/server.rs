@@ -1,0 +1,780 @@
+//! The connection: reads frames, enforces the handshake and request ids, dispatches, and
+//! writes every reply through one writer task so frames never interleave.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use sandcell_protocol::frame::MAX_CHUNK;
+use sandcell_protocol::{
+    Channel, ErrorCode, Frame, FrameDecoder, FrameError, GuestMessage, HostMessage,
+    SUPPORTED_VERSIONS, WireError, encode_data, encode_message,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::signal::unix::{SignalKind, signal};
+use tokio::sync::{mpsc, oneshot};
+
+use crate::exec::{self, StdinMsg};
+use crate::files::{Roots, WriteSession, read_chunk};
+use crate::procs::{self, Tree};
+use crate::reaper::Reaper;
+use crate::workers::Workers;
+use crate::{GuestConfig, GuestError};
+
+/// Frames queued for the writer before senders wait (backpressure on output and reads).
+const OUT_QUEUE: usize = 64;
+/// Bytes the writer gathers into one write.
+const WRITE_BATCH: usize = 1024 * 1024;
+/// Bytes read from the socket at a time.
+const READ_BUF: usize = 256 * 1024;
+/// How long to wait for the last replies to be written when the connection ends.
+const FLUSH_LIMIT: Duration = Duration::from_secs(2);
+/// Worker threads for file operations and process listings (kills have their own).
+const GENERAL_WORKERS: usize = 2;
+/// How long to wait for killed children to be collected at the end.
+const REAP_LIMIT: Duration = Duration::from_secs(1);
+
+/// Locks a mutex, recovering the data if a panicking holder poisoned it.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+enum Outgoing {
+    Frame(Vec<u8>),
+    Flush(oneshot::Sender<()>),
+}
+
+/// The sending side of the writer task.
+#[derive(Clone)]
+pub(crate) struct Out(mpsc::Sender<Outgoing>);
+
+impl Out {
+    /// Queues an encoded frame (waits while the queue is full).
+    pub async fn frame(&self, bytes: Vec<u8>) {
+        // A closed queue means the host is gone; the frame has nowhere to go.
+        let _ = self.0.send(Outgoing::Frame(bytes)).await;
+    }
+
+    /// Queues a control message.
+    pub async fn msg(&self, id: u32, msg: &GuestMessage) {
+        self.frame(encode_message(id, msg)).await;
+    }
+
+    /// Queues an error reply.
+    pub async fn error(&self, id: u32, e: WireError) {
+        self.msg(id, &GuestMessage::Error(e)).await;
+    }
+
+    /// Queues an encoded frame from a blocking thread; false once the writer is gone.
+    pub fn blocking_frame(&self, bytes: Vec<u8>) -> bool {
+        self.0.blocking_send(Outgoing::Frame(bytes)).is_ok()
+    }
+
+    /// Waits until everything queued so far has been written (or the host is gone).
+    pub async fn flush(&self) {
+        let (tx, rx) = oneshot::channel();
+        if self.0.send(Outgoing::Flush(tx)).await.is_ok() {
+            let _ = rx.await;
+        }
+    }
+}
+
+async fn writer(mut sock: OwnedWriteHalf, mut rx: mpsc::Receiver<Outgoing>) {
+    let mut broken = false;
+    let mut batch: Vec<u8> = Vec::new();
+    let mut flushes = Vec::new();
+    while let Some(first) = rx.recv().await {
+        let mut next = Some(first);
+        while let Some(item) = next.take() {
+            match item {
+                Outgoing::Frame(bytes) if batch.is_empty() => batch = bytes,
+                Outgoing::Frame(bytes) => batch.extend_from_slice(&bytes),
+                Outgoing::Flush(tx) => flushes.push(tx),
+            }
+            if batch.len() < WRITE_BATCH {
+                next = rx.try_recv().ok();
+            }
+        }
+        // Once the host stops reading for good, keep draining so senders never block.
+        if !broken && !batch.is_empty() && sock.write_all(&batch).await.is_err() {
+            broken = true;
+        }
+        batch.clear();
+        for tx in flushes.drain(..) {
+            let _ = tx.send(());
+        }
+    }
+}
+
+/// One running exec, as the dispatcher and signal handling see it.
+#[derive(Debug)]
+pub(crate) struct ExecSlot {
+    /// The main process (also its process group id).
+    pub pid: i32,
+    /// Feeds the stdin task, until the host closes stdin.
+    pub stdin: Option<mpsc::UnboundedSender<StdinMsg>>,
+    /// The main process has been collected; its pid may be reused.
+    pub exited: bool,
+    /// The host killed the tree (reported as `killed` in the exit).
+    pub killed: bool,
+}
+
+/// Requests in flight that tasks other than the dispatcher finish.
+#[derive(Debug, Default)]
+pub(crate) struct Tables {
+    /// Running execs by request id.
+    pub execs: HashMap<u32, ExecSlot>,
+    /// Ids of other requests still being answered on a worker thread.
+    pub busy: HashSet<u32>,
+}
+
+/// State shared by the dispatcher and every task of one connection.
+pub(crate) struct Shared {
+    /// Threads for blocking work.
+    pub workers: Workers,
+    /// The agent's configuration.
+    pub config: GuestConfig,
+    /// Really PID 1 of a pid namespace (config asked for it and getpid() agrees).
+    pub pid1: bool,
+    /// The file roots.
+    pub roots: Roots,
+    /// Token in every exec's environment (`SANDCELL_SESSION`).
+    pub session: String,
+    /// The agent's pid.
+    pub me: i32,
+    /// The agent's process group (0 when it lies outside our pid namespace).
+    pub my_pgid: i32,
+    /// The writer queue.
+    pub out: Out,
+    /// The reaper.
+    pub reaper: Arc<Reaper>,
+    /// Requests in flight.
+    pub tables: Mutex<Tables>,
+}
+
+impl Shared {
+    /// The process tree of exec `id` whose main process is `pid`.
+    pub fn exec_tree(&self, id: u32, pid: i32, exited: bool) -> Tree {
+        // Once the main process is collected its pid may be reused: only the environment
+        // tag still identifies the tree then.
+        let live = if exited { Vec::new() } else { vec![pid] };
+        Tree {
+            roots: live.clone(),
+            groups: live,
+            session: self.session.clone(),
+            exec_id: Some(id),
+            any_exec: false,
+            me: self.me,
+            my_pgid: self.my_pgid,
+        }
+    }
+
+    /// Every process this session started, for the final kill.
+    fn everything(&self) -> Tree {
+        let live: Vec<i32> = lock(&self.tables)
+            .execs
+            .values()
+            .filter(|s| !s.exited)
+            .map(|s| s.pid)
+            .collect();
+        Tree {
+            roots: live.clone(),
+            groups: live,
+            session: self.session.clone(),
+            exec_id: None,
+            any_exec: true,
+            me: self.me,
+            my_pgid: self.my_pgid,
+        }
+    }
+
+    /// Whether `pid` was started by this session (directly or as a descendant).
+    fn owns(&self, pid: i32) -> bool {
+        let mains: HashSet<i32> = lock(&self.tables)
+            .execs
+            .values()
+            .filter(|s| !s.exited)
+            .map(|s| s.pid)
+            .collect();
+        if procs::environ_exec_id(pid, &self.session).is_some() {
+            return true;
+        }
+        let mut cur = pid;
+        // Bounded walk up the parent chain.
+        for _ in 0..256 {
+            if mains.contains(&cur) {
+                return true;
+            }
+            match procs::read_stat(cur) {
+                Some(p) if p.ppid > 1 && p.ppid != self.me => cur = p.ppid,
+                _ => return false,
+            }
+        }
+        false
+    }
+}
+
+fn session_token(me: i32) -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    format!("{me}-{n}-{nanos}")
+}
+
+/// Serves one connection to its end and cleans up.
+pub(crate) async fn run(
+    stream: std::os::unix::net::UnixStream,
+    config: GuestConfig,
+) -> Result<(), GuestError> {
+    let stream = tokio::net::UnixStream::from_std(stream).map_err(GuestError::Socket)?;
+    let me = i32::try_from(std::process::id()).unwrap_or(i32::MAX);
+    // Reaping every child and killing everything at the end are only safe as the real PID 1.
+    let pid1 = config.pid1 && me == 1;
+    let sigchld = signal(SignalKind::child()).map_err(GuestError::Reaper)?;
+    let reaper = Arc::new(Reaper::new(pid1));
+    tokio::spawn(reaper.clone().run(sigchld));
+    let (read, write) = stream.into_split();
+    let (tx, rx) = mpsc::channel(OUT_QUEUE);
+    tokio::spawn(writer(write, rx));
+    // From /proc rather than getpgid(): as PID 1 our group usually lies outside the pid
+    // namespace, which getpgid reports as 0 (and rustix asserts against).
+    let my_pgid = procs::read_stat(me).map(|p| p.pgid).unwrap_or(0);
+    let workers = Workers::start(GENERAL_WORKERS).map_err(GuestError::Workers)?;
+    let shared = Arc::new(Shared {
+        workers,
+        roots: Roots::new(&config.file_roots),
+        config,
+        pid1,
+        session: session_token(me),
+        me,
+        my_pgid,
+        out: Out(tx),
+        reaper,
+        tables: Mutex::new(Tables::default()),
+    });
+    let mut conn = Conn {
+        shared: shared.clone(),
+        hello: false,
+        writes: HashMap::new(),
+    };
+    let result = conn.serve(read).await;
+    // Abandon unfinished writes (their temporary files are removed on drop).
+    conn.writes.clear();
+    let tree = shared.everything();
+    let reaper = shared.reaper.clone();
+    let kill_all = shared.pid1;
+    let _ = shared
+        .workers
+        .kill(move || {
+            tree.signal(libc::SIGKILL);
+            if kill_all && std::process::id() == 1 {
+                // Whatever else lives in our pid namespace goes too (kill(-1) spares the caller).
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(-1),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
+            }
+            reaper.reap_all_blocking(REAP_LIMIT);
+        })
+        .await;
+    let result = match result {
+        Ok(End::Shutdown(id)) => {
+            shared.out.msg(id, &GuestMessage::Ok).await;
+            Ok(())
+        }
+        Ok(End::Eof) => Ok(()),
+        Err(e) => Err(e),
+    };
+    let _ = tokio::time::timeout(FLUSH_LIMIT, shared.out.flush()).await;
+    result
+}
+
+enum End {
+    Eof,
+    Shutdown(u32),
+}
+
+enum WriteState {
+    Active(WriteSession),
+    /// Failed already (and replied): its remaining chunks and `EndOfData` are swallowed.
+    Failed,
+}
+
+struct Conn {
+    shared: Arc<Shared>,
+    hello: bool,
+    writes: HashMap<u32, WriteState>,
+}
+
+impl Conn {
+    async fn serve(&mut self, mut read: OwnedReadHalf) -> Result<End, GuestError> {
+        let mut decoder = FrameDecoder::default();
+        let mut buf = vec![0u8; READ_BUF];
+        loop {
+            let n = match read.read(&mut buf).await {
+                Ok(0) => return Ok(End::Eof),
+                Ok(n) => n,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(GuestError::Read(e)),
+            };
+            decoder.feed(&buf[..n]);
+            while let Some(frame) = decoder.next_frame::<HostMessage>() {
+                match frame {
+                    Ok(Frame::Message { id, msg }) => {
+                        if let Some(end) = self.message(id, msg).await {
+                            return Ok(end);
+                        }
+                    }
+                    Ok(Frame::Data { id, chunk }) => {
+                        self.data(id, chunk.channel, chunk.bytes).await;
+                    }
+                    Err(e) => self.bad_frame(e).await?,
+                }
+            }
+        }
+    }
+
+    async fn reply(&self, id: u32, msg: GuestMessage) {
+        self.shared.out.msg(id, &msg).await;
+    }
+
+    async fn error(&self, id: u32, code: ErrorCode, message: impl Into<String>) {
+        self.shared
+            .out
+            .error(id, WireError::new(code, message))
+            .await;
+    }
+
+    async fn bad_frame(&mut self, e: FrameError) -> Result<(), GuestError> {
+        if e.is_fatal() {
+            self.error(0, ErrorCode::BadFrame, e.to_string()).await;
+            return Err(GuestError::Frame(e));
+        }
+        let id = e.request_id().unwrap_or(0);
+        let code = match e {
+            FrameError::TooLarge { .. } => ErrorCode::FrameTooLarge,
+            _ => ErrorCode::BadFrame,
+        };
+        // A lost frame of a file upload would leave a hole in the file: fail the write.
+        if let Some(WriteState::Active(_)) = self.writes.get(&id) {
+            self.writes.insert(id, WriteState::Failed);
+        }
+        self.error(id, code, e.to_string()).await;
+        Ok(())
+    }
+
+    fn in_flight(&self, id: u32) -> bool {
+        if matches!(self.writes.get(&id), Some(WriteState::Active(_))) {
+            return true;
+        }
+        let t = lock(&self.shared.tables);
+        t.execs.contains_key(&id) || t.busy.contains(&id)
+    }
+
+    fn hello_reply(&mut self, protocol: u32) -> GuestMessage {
+        if SUPPORTED_VERSIONS.contains(&protocol) {
+            self.hello = true;
+            GuestMessage::HelloOk {
+                protocol,
+                agent_version: env!("CARGO_PKG_VERSION").to_string(),
+                isolation: self.shared.config.isolation.clone(),
+            }
+        } else {
+            let speaks: Vec<String> = SUPPORTED_VERSIONS.iter().map(u32::to_string).collect();
+            GuestMessage::Error(WireError::new(
+                ErrorCode::UnsupportedVersion,
+                format!(
+                    "protocol version {protocol} is not supported; this agent speaks {}",
+                    speaks.join(", ")
+                ),
+            ))
+        }
+    }
+
+    /// Handles one control message; `Some` ends the connection.
+    async fn message(&mut self, id: u32, msg: HostMessage) -> Option<End> {
+        if id == 0 {
+            self.error(
+                id,
+                ErrorCode::InvalidArgument,
+                "request id 0 is reserved for the connection",
+            )
+            .await;
+            return None;
+        }
+        if !self.hello {
+            let reply = match msg {
+                HostMessage::Hello { protocol, .. } => self.hello_reply(protocol),
+                _ => GuestMessage::Error(WireError::new(
+                    ErrorCode::HandshakeRequired,
+                    "send hello first",
+                )),
+            };
+            self.reply(id, reply).await;
+            return None;
+        }
+        match msg {
+            HostMessage::StdinClose => {
+                self.stdin(id, StdinMsg::Close);
+                return None;
+            }
+            HostMessage::EndOfData => {
+                self.end_of_data(id).await;
+                return None;
+            }
+            _ => {}
+        }
+        // A failed write holds its id only to swallow its leftovers; a new request frees it.
+        if matches!(self.writes.get(&id), Some(WriteState::Failed)) {
+            self.writes.remove(&id);
+        }
+        if self.in_flight(id) {
+            self.error(
+                id,
+                ErrorCode::InvalidState,
+                format!("request id {id} is still in use by a request in progress"),
+            )
+            .await;
+            return None;
+        }
+        match msg {
+            HostMessage::Hello { protocol, .. } => {
+                let reply = self.hello_reply(protocol);
+                self.reply(id, reply).await;
+            }
+            HostMessage::Ping => self.reply(id, GuestMessage::Pong).await,
+            HostMessage::Exec(req) => exec::start(&self.shared, id, req).await,
+            HostMessage::Signal {
+                exec_id,
+                pid,
+                signal,
+                tree,
+            } => self.signal(id, exec_id, pid, signal, tree).await,
+            HostMessage::ListProcesses => {
+                let tracked: HashMap<i32, u32> = lock(&self.shared.tables)
+                    .execs
+                    .iter()
+                    .filter(|(_, s)| !s.exited)
+                    .map(|(id, s)| (s.pid, *id))
+                    .collect();
+                self.blocking(id, false, move |sh, _| GuestMessage::Processes {
+                    processes: procs::list(sh.me, &tracked, &sh.session),
+                });
+            }
+            HostMessage::WriteFile { path, mode, append } => {
+                let started = self
+                    .shared
+                    .roots
+                    .resolve(&path)
+                    .and_then(|c| self.shared.roots.begin_write(&c, mode, append));
+                match started {
+                    Ok(session) => {
+                        self.writes.insert(id, WriteState::Active(session));
+                    }
+                    Err(e) => {
+                        self.writes.insert(id, WriteState::Failed);
+                        self.shared.out.error(id, e).await;
+                    }
+                }
+            }
+            HostMessage::ReadFile { path } => {
+                self.blocking(id, false, move |sh, id| read_file(sh, id, &path))
+            }
+            HostMessage::ListDir { path } => self.blocking(id, false, move |sh, _| {
+                reply_of(
+                    sh.roots
+                        .resolve(&path)
+                        .and_then(|c| sh.roots.list_dir(&c))
+                        .map(|entries| GuestMessage::Listing { entries }),
+                )
+            }),
+            HostMessage::Stat { path } => self.blocking(id, false, move |sh, _| {
+                reply_of(
+                    sh.roots
+                        .resolve(&path)
+                        .and_then(|c| sh.roots.stat(&c))
+                        .map(|entry| GuestMessage::Entry { entry }),
+                )
+            }),
+            HostMessage::MakeDir { path } => self.blocking(id, false, move |sh, _| {
+                reply_of(
+                    sh.roots
+                        .resolve(&path)
+                        .and_then(|c| sh.roots.make_dir(&c))
+                        .map(|entry| GuestMessage::Entry { entry }),
+                )
+            }),
+            HostMessage::Remove { path, recursive } => self.blocking(id, false, move |sh, _| {
+                reply_of(
+                    sh.roots
+                        .resolve(&path)
+                        .and_then(|c| sh.roots.remove(&c, recursive))
+                        .map(|()| GuestMessage::Ok),
+                )
+            }),
+            HostMessage::Rename { from, to } => self.blocking(id, false, move |sh, _| {
+                let r = sh.roots.resolve(&from).and_then(|f| {
+                    let t = sh.roots.resolve(&to)?;
+                    sh.roots.rename(&f, &t)
+                });
+                reply_of(r.map(|entry| GuestMessage::Entry { entry }))
+            }),
+            HostMessage::Shutdown => return Some(End::Shutdown(id)),
+            // Handled above.
+            HostMessage::StdinClose | HostMessage::EndOfData => {}
+        }
+        None
+    }
+
+    /// Runs `f` on a worker thread (`kill` picks the kill thread); its result is the
+    /// request's final reply. The id stays in use until just before that reply is queued.
+    fn blocking<F>(&self, id: u32, kill: bool, f: F)
+    where
+        F: FnOnce(&Shared, u32) -> GuestMessage + Send + 'static,
+    {
+        let shared = self.shared.clone();
+        lock(&shared.tables).busy.insert(id);
+        let job = move || {
+            let reply = f(&shared, id);
+            lock(&shared.tables).busy.remove(&id);
+            let _ = shared.out.blocking_frame(encode_message(id, &reply));
+        };
+        // The reply is sent by the job itself; nothing waits for the job's result.
+        if kill {
+            drop(self.shared.workers.kill(job));
+        } else {
+            drop(self.shared.workers.run(job));
+        }
+    }
+
+    async fn data(&mut self, id: u32, channel: Channel, bytes: Vec<u8>) {
+        if !self.hello {
+            self.error(id, ErrorCode::HandshakeRequired, "send hello first")
+                .await;
+            return;
+        }
+        match channel {
+            Channel::Stdin => self.stdin(id, StdinMsg::Data(bytes)),
+            Channel::File => {
+                let failed = match self.writes.get_mut(&id) {
+                    Some(WriteState::Active(session)) => session.write(&bytes).err(),
+                    // Chunks of a failed write, or of no write at all, are dropped.
+                    _ => None,
+                };
+                if let Some(e) = failed {
+                    // Dropping the session removes its temporary file.
+                    self.writes.insert(id, WriteState::Failed);
+                    self.shared.out.error(id, e).await;
+                }
+            }
+            // Output channels only flow guest→host; a stray one is ignored.
+            Channel::Stdout | Channel::Stderr => {}
+        }
+    }
+
+    fn stdin(&self, id: u32, msg: StdinMsg) {
+        let mut tables = lock(&self.shared.tables);
+        let Some(slot) = tables.execs.get_mut(&id) else {
+            // The exec already ended (or never had stdin): late input is dropped.
+            return;
+        };
+        let close = matches!(msg, StdinMsg::Close);
+        if let Some(tx) = &slot.stdin {
+            let _ = tx.send(msg);
+        }
+        if close {
+            slot.stdin = None;
+        }
+    }
+
+    async fn end_of_data(&mut self, id: u32) {
+        match self.writes.remove(&id) {
+            Some(WriteState::Active(session)) => {
+                let reply = reply_of(session.finish().map(|entry| GuestMessage::Entry { entry }));
+                self.reply(id, reply).await;
+            }
+            // Its error was already replied.
+            Some(WriteState::Failed) => {}
+            None => {
+                self.error(
+                    id,
+                    ErrorCode::InvalidState,
+                    format!("no file write is in progress on request {id}"),
+                )
+                .await;
+            }
+        }
+    }
+
+    async fn signal(
+        &mut self,
+        id: u32,
+        exec_id: Option<u32>,
+        pid: Option<i32>,
+        signal: i32,
+        tree: bool,
+    ) {
+        if !(1..=64).contains(&signal) {
+            return self
+                .error(
+                    id,
+                    ErrorCode::InvalidArgument,
+                    format!("signal {signal} is out of range (1 to 64)"),
+                )
+                .await;
+        }
+        let target = match (exec_id, pid) {
+            (Some(e), None) => self.exec_target(e, signal, tree),
+            (None, Some(p)) => self.pid_target(p, signal, tree),
+            (Some(_), Some(_)) => Err(WireError::new(
+                ErrorCode::InvalidArgument,
+                "give either exec_id or pid, not both",
+            )),
+            (None, None) => Err(WireError::new(
+                ErrorCode::InvalidArgument,
+                "give exec_id or pid",
+            )),
+        };
+        let target = match target {
+            Ok(t) => t,
+            Err(e) => return self.shared.out.error(id, e).await,
+        };
+        self.blocking(id, true, move |_, _| match target {
+            Target::Tree(tree) => {
+                tree.signal(signal);
+                GuestMessage::Ok
+            }
+            Target::One(pid) => match procs::send(pid, signal) {
+                Ok(()) => GuestMessage::Ok,
+                Err(rustix::io::Errno::PERM) => GuestMessage::Error(WireError::new(
+                    ErrorCode::PermissionDenied,
+                    format!("not permitted to signal pid {pid}"),
+                )),
+                Err(_) => GuestMessage::Error(WireError::new(
+                    ErrorCode::NoSuchProcess,
+                    format!("no process with pid {pid} is running"),
+                )),
+            },
+        });
+    }
+
+    fn exec_target(&self, exec_id: u32, signal: i32, tree: bool) -> Result<Target, WireError> {
+        let mut tables = lock(&self.shared.tables);
+        let Some(slot) = tables.execs.get_mut(&exec_id) else {
+            return Err(WireError::new(
+                ErrorCode::NoSuchProcess,
+                format!("no exec with id {exec_id} is running"),
+            ));
+        };
+        if tree {
+            if signal == libc::SIGKILL {
+                slot.killed = true;
+            }
+            return Ok(Target::Tree(self.shared.exec_tree(
+                exec_id,
+                slot.pid,
+                slot.exited,
+            )));
+        }
+        if slot.exited {
+            return Err(WireError::new(
+                ErrorCode::NoSuchProcess,
+                format!("the process of exec {exec_id} has already exited"),
+            ));
+        }
+        Ok(Target::One(slot.pid))
+    }
+
+    fn pid_target(&self, pid: i32, signal: i32, tree: bool) -> Result<Target, WireError> {
+        if pid == self.shared.me {
+            return Err(WireError::new(
+                ErrorCode::InvalidArgument,
+                format!("pid {pid} is the agent itself"),
+            ));
+        }
+        let missing = || {
+            WireError::new(
+                ErrorCode::NoSuchProcess,
+                format!("no process with pid {pid} in the sandbox"),
+            )
+        };
+        if pid <= 1 {
+            return Err(missing());
+        }
+        let Some(stat) = procs::read_stat(pid) else {
+            return Err(missing());
+        };
+        // Outside a pid namespace only our own processes are in the sandbox.
+        if !self.shared.pid1 && !self.shared.owns(pid) {
+            return Err(missing());
+        }
+        if !tree {
+            return Ok(Target::One(pid));
+        }
+        let mut tables = lock(&self.shared.tables);
+        let exec = tables
+            .execs
+            .iter_mut()
+            .find(|(_, s)| s.pid == pid && !s.exited);
+        let exec_id = exec.map(|(id, slot)| {
+            if signal == libc::SIGKILL {
+                slot.killed = true;
+            }
+            *id
+        });
+        Ok(Target::Tree(Tree {
+            roots: vec![pid],
+            groups: vec![pid, stat.pgid],
+            session: self.shared.session.clone(),
+            exec_id,
+            any_exec: false,
+            me: self.shared.me,
+            my_pgid: self.shared.my_pgid,
+        }))
+    }
+}
+
+enum Target {
+    One(i32),
+    Tree(Tree),
+}
+
+fn reply_of(r: Result<GuestMessage, WireError>) -> GuestMessage {
+    r.unwrap_or_else(GuestMessage::Error)
+}
+
+/// Streams a file as `File` chunks, then returns `ReadDone` (or the error).
+fn read_file(sh: &Shared, id: u32, path: &str) -> GuestMessage {
+    let opened = sh.roots.resolve(path).and_then(|c| {
+        let file = sh.roots.open_read(&c)?;
+        Ok((c, file))
+    });
+    let (c, mut file) = match opened {
+        Ok(x) => x,
+        Err(e) => return GuestMessage::Error(e),
+    };
+    let mut seq = 0u64;
+    let mut size = 0u64;
+    loop {
+        match read_chunk(&mut file, MAX_CHUNK, &c.display) {
+            Ok(chunk) if chunk.is_empty() => return GuestMessage::ReadDone { size },
+            Ok(chunk) => {
+                size += chunk.len() as u64;
+                if !sh
+                    .out
+                    .blocking_frame(encode_data(id, Channel::File, seq, &chunk))
+                {
+                    // The connection is gone: nobody is left to read the rest.
+                    return GuestMessage::ReadDone { size };
+                }
+                seq += 1;
+            }
+            Err(e) => return GuestMessage::Error(e),
+        }
+    }
+}

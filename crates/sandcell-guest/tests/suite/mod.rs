@@ -1,0 +1,6 @@
+mod client;
+mod exec;
+mod files;
+mod handshake;
+mod pid1;
+mod procs;

@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open, pidfd_send_signal};
 use sandcell_engine::{
     Backend, BackendCapabilities, BackendInstance, BackendKind, EngineError, LaunchedSandbox,
@@ -22,7 +23,6 @@ use sandcell_jail::{JailConfig, Limits, NetworkMode, TmpfsMount};
 use sandcell_protocol::{
     Frame, FrameDecoder, GuestMessage, HEADER_LEN, SANDBOX_UID, encode_message,
 };
-use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
@@ -393,7 +393,13 @@ impl BackendInstance for ProcessInstance {
         // A pidfd turns readable when the process exits.
         let waited = tokio::task::spawn_blocking(move || {
             let mut fds = [PollFd::new(&fd, PollFlags::IN)];
-            poll(&mut fds, Some(&Timespec { tv_sec: 10, tv_nsec: 0 }))
+            poll(
+                &mut fds,
+                Some(&Timespec {
+                    tv_sec: 10,
+                    tv_nsec: 0,
+                }),
+            )
         })
         .await
         .map_err(|e| EngineError::io("wait for the sandbox to exit", std::io::Error::other(e)))?;

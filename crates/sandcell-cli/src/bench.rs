@@ -212,7 +212,7 @@ fn report(rows: &[Row], runs: usize, have_bwrap: bool, as_json: bool) {
                 })
             })
             .collect();
-        println!("{}", serde_json::to_string_pretty(&json!({"startup": out}))).ok();
+        println!("{}", json!({ "startup": out }));
         return;
     }
     println!("startup benchmark: {runs} runs per scenario, interleaved; milliseconds");

@@ -247,7 +247,8 @@ async fn read_loop(mut read: tokio::net::unix::OwnedReadHalf, pending: Pending) 
 
 fn route(pending: &Pending, id: u32, reply: Reply) {
     if let Ok(p) = pending.lock()
-        && let Some(tx) = p.routes.get(&id) {
-            let _ = tx.send(reply);
-        }
+        && let Some(tx) = p.routes.get(&id)
+    {
+        let _ = tx.send(reply);
+    }
 }

@@ -96,19 +96,22 @@ impl SandboxSpec {
         let l = &self.limits;
         let bad = |m: String| Err(EngineError::InvalidSpec(m));
         if let Some(m) = l.memory_bytes
-            && m < 16 * MIB {
-                return bad(format!(
-                    "memory limit {m} bytes is below the 16 MiB minimum"
-                ));
-            }
+            && m < 16 * MIB
+        {
+            return bad(format!(
+                "memory limit {m} bytes is below the 16 MiB minimum"
+            ));
+        }
         if let Some(c) = l.cpus
-            && !(c.is_finite() && (0.01..=1024.0).contains(&c)) {
-                return bad(format!("cpus {c} must be between 0.01 and 1024"));
-            }
+            && !(c.is_finite() && (0.01..=1024.0).contains(&c))
+        {
+            return bad(format!("cpus {c} must be between 0.01 and 1024"));
+        }
         if let Some(p) = l.pids
-            && p < 8 {
-                return bad(format!("pids limit {p} is below the minimum of 8"));
-            }
+            && p < 8
+        {
+            return bad(format!("pids limit {p} is below the minimum of 8"));
+        }
         for (name, v) in [
             ("disk", l.disk_bytes),
             ("tmp", l.tmp_bytes),

@@ -94,7 +94,15 @@ async fn kill_and_process_list() {
         .exec_stream(ExecRequest::shell("sleep 100 & sleep 200"))
         .await
         .unwrap();
-    let procs = sb.processes().await.unwrap();
+    // The shell starts `sleep 200` a moment after the exec itself starts.
+    let mut procs = Vec::new();
+    for _ in 0..100 {
+        procs = sb.processes().await.unwrap();
+        if procs.iter().any(|p| p.cmdline == "sleep 200") {
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
     assert!(
         procs
             .iter()

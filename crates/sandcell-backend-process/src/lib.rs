@@ -9,6 +9,7 @@ use std::os::fd::OwnedFd;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -75,6 +76,9 @@ pub struct ProcessBackendConfig {
     pub debug: bool,
 }
 
+/// Serves the guest agent on the socket in a freshly confined sandbox; returns its exit code.
+pub type GuestEntry = fn(std::os::unix::net::UnixStream, sandcell_protocol::IsolationReport) -> i32;
+
 impl ProcessBackendConfig {
     /// Defaults, with `launcher` as the Sandcell binary.
     pub fn new(launcher: impl Into<PathBuf>) -> Self {
@@ -93,12 +97,39 @@ impl ProcessBackendConfig {
 #[derive(Debug, Clone)]
 pub struct ProcessBackend {
     config: ProcessBackendConfig,
+    preforked: Arc<Mutex<Option<Preforked>>>,
+}
+
+/// A launcher forked ahead of time, waiting for its config.
+#[derive(Debug)]
+struct Preforked {
+    pid: i32,
+    socket: std::os::unix::net::UnixStream,
 }
 
 impl ProcessBackend {
     /// A backend with these settings.
     pub fn new(config: ProcessBackendConfig) -> Self {
-        Self { config }
+        Self {
+            config,
+            preforked: Arc::default(),
+        }
+    }
+
+    /// Forks a launcher now, for the next sandbox this backend creates, instead of executing
+    /// `sandcell __jail` then (about 1 ms faster). For one-shot programs such as
+    /// `sandcell run`: this process must still be single-threaded and must not have built an
+    /// async runtime yet (a forked copy of its signal state would be dead). `entry` serves the
+    /// guest agent in the sandbox. On failure nothing changes and creation will exec.
+    pub fn prefork(&self, entry: GuestEntry) -> Result<(), EngineError> {
+        let (host, child) = std::os::unix::net::UnixStream::pair()
+            .map_err(|e| EngineError::io("create the sandbox socketpair", e))?;
+        let pid = sandcell_jail::launch::fork_launcher(OwnedFd::from(child), entry)
+            .map_err(|e| EngineError::io("fork the launcher", std::io::Error::other(e)))?;
+        if let Ok(mut slot) = self.preforked.lock() {
+            *slot = Some(Preforked { pid, socket: host });
+        }
+        Ok(())
     }
 
     /// The launcher configuration for one sandbox.
@@ -204,29 +235,15 @@ impl Backend for ProcessBackend {
 
     async fn launch(&self, id: &str, spec: &SandboxSpec) -> Result<LaunchedSandbox, EngineError> {
         let jail = self.jail_config(id, spec);
-        let (host, child) = std::os::unix::net::UnixStream::pair()
-            .map_err(|e| EngineError::io("create the sandbox socketpair", e))?;
-        let stderr = if self.config.debug {
-            Stdio::inherit()
-        } else {
-            Stdio::null()
+        let preforked = self.preforked.lock().ok().and_then(|mut p| p.take());
+        let (host, launcher) = match preforked {
+            Some(p) => (p.socket, Launcher::Forked(p.pid)),
+            None => {
+                let (host, child) = std::os::unix::net::UnixStream::pair()
+                    .map_err(|e| EngineError::io("create the sandbox socketpair", e))?;
+                (host, self.start_launcher(child)?)
+            }
         };
-        let mut cmd = tokio::process::Command::new(&self.config.launcher);
-        cmd.arg("__jail")
-            .env_clear()
-            .stdin(Stdio::from(OwnedFd::from(child)))
-            .stdout(Stdio::null())
-            .stderr(stderr)
-            .kill_on_drop(false);
-        if self.config.debug {
-            cmd.env("SANDCELL_DEBUG", "1");
-        }
-        let mut launcher = cmd.spawn().map_err(|e| {
-            EngineError::io(
-                format!("start the launcher {}", self.config.launcher.display()),
-                e,
-            )
-        })?;
         host.set_nonblocking(true)
             .map_err(|e| EngineError::io("set the socket non-blocking", e))?;
         let mut stream =
@@ -236,22 +253,20 @@ impl Backend for ProcessBackend {
             .await
             .map_err(|e| EngineError::io("send the jail config", e))?;
 
-        let report = match tokio::time::timeout(LAUNCH_TIMEOUT, read_one_message(&mut stream)).await
-        {
+        let first = tokio::time::timeout(LAUNCH_TIMEOUT, read_one_message(&mut stream)).await;
+        let report = match first {
             Ok(Ok(Some(msg))) => msg,
             Ok(Ok(None)) | Ok(Err(_)) => {
-                let status = launcher
-                    .wait()
-                    .await
-                    .map(|s| s.to_string())
-                    .unwrap_or_default();
                 return Err(EngineError::Launch {
                     stage: "launcher".into(),
-                    message: format!("the launcher exited before reporting ({status})"),
+                    message: format!(
+                        "the launcher exited before reporting ({})",
+                        launcher.reap_now()
+                    ),
                 });
             }
             Err(_) => {
-                let _ = launcher.start_kill();
+                launcher.kill();
                 return Err(EngineError::Launch {
                     stage: "launcher".into(),
                     message: format!("no report within {LAUNCH_TIMEOUT:?}"),
@@ -265,7 +280,6 @@ impl Backend for ProcessBackend {
                 cgroups,
             } => (host_pid, report, cgroups),
             GuestMessage::LaunchFailed { stage, message } => {
-                let _ = launcher.wait().await;
                 return Err(EngineError::Launch { stage, message });
             }
             other => {
@@ -275,10 +289,6 @@ impl Backend for ProcessBackend {
                 });
             }
         };
-        // The launcher stays as the sandbox's parent until it ends; reap it then.
-        tokio::spawn(async move {
-            let _ = launcher.wait().await;
-        });
         let pid = Pid::from_raw(host_pid).ok_or_else(|| EngineError::Launch {
             stage: "launcher".into(),
             message: format!("invalid pid {host_pid}"),
@@ -299,6 +309,7 @@ impl Backend for ProcessBackend {
             host_pid,
             pidfd,
             cgroup,
+            launcher,
             destroyed: AtomicBool::new(false),
         };
         Ok(LaunchedSandbox {
@@ -306,6 +317,89 @@ impl Backend for ProcessBackend {
             instance: Box::new(instance),
             isolation,
         })
+    }
+}
+
+impl ProcessBackend {
+    /// Starts `sandcell __jail` with `socket` as its end of the socketpair.
+    fn start_launcher(
+        &self,
+        socket: std::os::unix::net::UnixStream,
+    ) -> Result<Launcher, EngineError> {
+        let stderr = if self.config.debug {
+            Stdio::inherit()
+        } else {
+            Stdio::null()
+        };
+        let mut cmd = std::process::Command::new(&self.config.launcher);
+        cmd.arg("__jail")
+            .env_clear()
+            .stdin(Stdio::from(OwnedFd::from(socket)))
+            .stdout(Stdio::null())
+            .stderr(stderr);
+        if self.config.debug {
+            cmd.env("SANDCELL_DEBUG", "1");
+        }
+        let child = cmd.spawn().map_err(|e| {
+            EngineError::io(
+                format!("start the launcher {}", self.config.launcher.display()),
+                e,
+            )
+        })?;
+        Ok(Launcher::Spawned(std::sync::Mutex::new(Some(child))))
+    }
+}
+
+/// The launcher process: it outlives the sandbox's PID 1 by the cgroup clean-up.
+enum Launcher {
+    /// Started with exec; reaped through its `Child`.
+    Spawned(std::sync::Mutex<Option<std::process::Child>>),
+    /// Forked from this process.
+    Forked(i32),
+}
+
+impl Launcher {
+    fn pid(&self) -> Option<i32> {
+        match self {
+            Self::Spawned(child) => child.lock().ok()?.as_ref().map(|c| c.id() as i32),
+            Self::Forked(pid) => Some(*pid),
+        }
+    }
+
+    fn kill(&self) {
+        if let Some(pid) = self.pid().and_then(Pid::from_raw) {
+            let _ = rustix::process::kill_process(pid, Signal::KILL);
+        }
+    }
+
+    /// Waits for an already-failed launcher and says how it ended.
+    fn reap_now(&self) -> String {
+        match self.pid().and_then(Pid::from_raw) {
+            Some(pid) => {
+                match rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty()) {
+                    Ok(Some((_, status))) => format!("{status:?}"),
+                    _ => "status unknown".into(),
+                }
+            }
+            None => "status unknown".into(),
+        }
+    }
+
+    /// Reaps it if it has already ended.
+    fn reap_if_done(&self) {
+        if let Some(pid) = self.pid().and_then(Pid::from_raw) {
+            let _ = rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::NOHANG);
+        }
+    }
+
+    /// Reaps it in the background once it ends (it removes the cgroups first).
+    fn reap_later(&self) {
+        let Some(pid) = self.pid().and_then(Pid::from_raw) else {
+            return;
+        };
+        tokio::task::spawn_blocking(move || {
+            let _ = rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty());
+        });
     }
 }
 
@@ -346,14 +440,8 @@ struct ProcessInstance {
     host_pid: i32,
     pidfd: OwnedFd,
     cgroup: Option<SandboxCgroup>,
+    launcher: Launcher,
     destroyed: AtomicBool,
-}
-
-impl ProcessInstance {
-    fn kill(&self) {
-        // ESRCH: already gone, which is what we want.
-        let _ = pidfd_send_signal(&self.pidfd, Signal::KILL);
-    }
 }
 
 impl Drop for ProcessInstance {
@@ -361,6 +449,9 @@ impl Drop for ProcessInstance {
         if !self.destroyed.load(Ordering::SeqCst) {
             self.kill();
         }
+        // Never block here: a runtime shutting down would wait for a blocking reap, and the
+        // launcher outlives the sandbox by its cgroup clean-up.
+        self.launcher.reap_if_done();
     }
 }
 
@@ -382,9 +473,14 @@ impl BackendInstance for ProcessInstance {
         Some(self.host_pid)
     }
 
-    async fn destroy(&self) -> Result<(), EngineError> {
+    fn kill(&self) {
         self.destroyed.store(true, Ordering::SeqCst);
         // Killing PID 1 of the pid namespace makes the kernel kill every process in it.
+        // ESRCH: already gone, which is what we want.
+        let _ = pidfd_send_signal(&self.pidfd, Signal::KILL);
+    }
+
+    async fn destroy(&self) -> Result<(), EngineError> {
         self.kill();
         let fd = self
             .pidfd
@@ -404,7 +500,10 @@ impl BackendInstance for ProcessInstance {
         .await
         .map_err(|e| EngineError::io("wait for the sandbox to exit", std::io::Error::other(e)))?;
         match waited {
-            Ok(n) if n > 0 => Ok(()),
+            Ok(n) if n > 0 => {
+                self.launcher.reap_later();
+                Ok(())
+            }
             Ok(_) => Err(EngineError::Unresponsive(format!(
                 "sandbox pid {} still alive 10 s after SIGKILL",
                 self.host_pid

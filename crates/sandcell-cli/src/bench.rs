@@ -49,7 +49,7 @@ struct Row {
 }
 
 /// Runs `sandcell bench`.
-pub async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
+pub async fn bench(args: BenchArgs, engine: Engine) -> anyhow::Result<ExitCode> {
     let BenchWhat::Startup {
         runs,
         json: as_json,
@@ -57,7 +57,6 @@ pub async fn bench(args: BenchArgs) -> anyhow::Result<ExitCode> {
     if runs < 3 {
         bail!("--runs must be at least 3");
     }
-    let engine = crate::cli::engine()?;
     let exe = std::env::current_exe().context("find the sandcell binary")?;
     let bwrap = find_on_path("bwrap");
     let programs: [(&'static str, Vec<String>); 2] = [

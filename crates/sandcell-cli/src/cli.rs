@@ -30,20 +30,7 @@ enum Command {
 /// Parses the arguments and runs the command; errors print as `sandcell: …` (exit 125).
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    let result = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("start the async runtime")
-        .and_then(|rt| {
-            rt.block_on(async {
-                match cli.command {
-                    Command::Run(args) => run::run(args).await,
-                    Command::Doctor(args) => doctor::doctor(args).await,
-                    Command::Bench(args) => bench::bench(args).await,
-                }
-            })
-        });
-    match result {
+    match run_command(cli.command) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("sandcell: {e:#}");
@@ -52,10 +39,35 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// The engine with the backends this binary offers.
-pub fn engine() -> anyhow::Result<Engine> {
+fn run_command(command: Command) -> anyhow::Result<ExitCode> {
+    // `run` forks its launcher before the async runtime exists (see ProcessBackend::prefork).
+    let one_shot = match &command {
+        Command::Run(args) => Some(run::prepare(args)?),
+        _ => None,
+    };
+    let backend = ProcessBackend::new(backend_config()?);
+    if one_shot.is_some() {
+        // Best effort: without it the launcher is executed instead.
+        let _ = backend.prefork(crate::serve_guest);
+    }
+    let engine = Engine::builder().backend(backend).build();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("start the async runtime")?;
+    rt.block_on(async {
+        match (command, one_shot) {
+            (Command::Run(args), prepared) => {
+                let prepared = prepared.context("run was not prepared")?;
+                run::run(args, prepared, engine).await
+            }
+            (Command::Doctor(args), _) => doctor::doctor(args, engine).await,
+            (Command::Bench(args), _) => bench::bench(args, engine).await,
+        }
+    })
+}
+
+fn backend_config() -> anyhow::Result<ProcessBackendConfig> {
     let exe = std::env::current_exe().context("find the sandcell binary")?;
-    Ok(Engine::builder()
-        .backend(ProcessBackend::new(ProcessBackendConfig::new(exe)))
-        .build())
+    Ok(ProcessBackendConfig::new(exe))
 }

@@ -15,8 +15,7 @@ pub struct DoctorArgs {
 }
 
 /// Runs `sandcell doctor`.
-pub async fn doctor(args: DoctorArgs) -> anyhow::Result<ExitCode> {
-    let engine = crate::cli::engine()?;
+pub async fn doctor(args: DoctorArgs, engine: sandcell_engine::Engine) -> anyhow::Result<ExitCode> {
     let caps = engine.capabilities();
     // The probe says what should work; a real sandbox says what does.
     let live = match engine.create(Default::default()).await {

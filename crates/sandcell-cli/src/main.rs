@@ -18,22 +18,31 @@ fn main() -> ExitCode {
 /// `sandcell __jail`: the per-sandbox launcher, which becomes the guest agent inside.
 fn jail() -> ExitCode {
     use sandcell_jail::launch::Outcome;
-    match sandcell_jail::launch::run() {
-        Outcome::Exit(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+    let code = match sandcell_jail::launch::run() {
+        Outcome::Exit(code) => code,
         Outcome::Sandbox {
-            socket,
-            isolation,
-            config: _,
-        } => {
-            let config = sandcell_guest::GuestConfig {
-                isolation,
-                pid1: true,
-                ..Default::default()
-            };
-            match sandcell_guest::serve(socket, config) {
-                Ok(()) => ExitCode::SUCCESS,
-                Err(_) => ExitCode::FAILURE,
-            }
-        }
+            socket, isolation, ..
+        } => serve_guest(socket, isolation),
+    };
+    ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+/// Serves the guest agent as the sandbox's PID 1; returns the exit code.
+///
+/// It runs on a thread of its own: when the launcher was forked from `sandcell run`, this
+/// thread's copy of the host's async runtime context is still marked as entered.
+pub fn serve_guest(
+    socket: std::os::unix::net::UnixStream,
+    isolation: sandcell_protocol::IsolationReport,
+) -> i32 {
+    let config = sandcell_guest::GuestConfig {
+        isolation,
+        pid1: true,
+        ..Default::default()
+    };
+    let served = std::thread::spawn(move || sandcell_guest::serve(socket, config)).join();
+    match served {
+        Ok(Ok(())) => 0,
+        _ => 1,
     }
 }

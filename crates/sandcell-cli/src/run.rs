@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
 use sandcell_engine::spec::parse_size;
-use sandcell_engine::{ExecEvent, NetworkPolicy, SandboxSpec};
+use sandcell_engine::{Engine, ExecEvent, NetworkPolicy, SandboxSpec};
 use sandcell_protocol::ExecRequest;
 use serde_json::json;
 
@@ -130,20 +130,33 @@ impl RunArgs {
     }
 }
 
-/// Runs `sandcell run`.
-pub async fn run(args: RunArgs) -> anyhow::Result<ExitCode> {
+/// A validated `sandcell run`: what to run, in what.
+pub struct Prepared {
+    req: ExecRequest,
+    spec: SandboxSpec,
+}
+
+/// Validates the arguments before anything starts.
+pub fn prepare(args: &RunArgs) -> anyhow::Result<Prepared> {
     let req = args.request()?;
     let spec = args.spec();
-    let engine = crate::cli::engine()?;
+    spec.validate()?;
+    Ok(Prepared { req, spec })
+}
+
+/// Runs `sandcell run`.
+pub async fn run(args: RunArgs, prepared: Prepared, engine: Engine) -> anyhow::Result<ExitCode> {
+    let Prepared { req, spec } = prepared;
     let start = Instant::now();
     let sandbox = engine.create(spec).await.context("create the sandbox")?;
     let created = start.elapsed();
     let outcome = execute(&sandbox, req, &args).await;
     let exec_done = start.elapsed();
-    let destroyed = sandbox.destroy().await;
+    // The kill is sent; the namespaces finish dying after we exit, as with any one-shot
+    // runner.
+    sandbox.kill();
     let total = start.elapsed();
     let (stdout, stderr, result) = outcome?;
-    destroyed.context("destroy the sandbox")?;
     let ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
     let timings = json!({
         "create_ms": ms(created),

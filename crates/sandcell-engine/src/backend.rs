@@ -67,4 +67,6 @@ pub trait BackendInstance: Send + Sync {
     fn host_pid(&self) -> Option<i32>;
     /// Kills everything in the sandbox and waits until it is gone.
     async fn destroy(&self) -> Result<(), EngineError>;
+    /// Starts killing everything in the sandbox and returns at once.
+    fn kill(&self);
 }

@@ -474,7 +474,15 @@ impl Sandbox {
         self.inner.instance.destroy().await
     }
 
-    /// Whether `destroy` was called.
+    /// Sends the kill and returns without waiting for the teardown to finish (a one-shot
+    /// caller about to exit does not need to watch the namespaces go). Idempotent.
+    pub fn kill(&self) {
+        if !self.inner.destroyed.swap(true, Ordering::SeqCst) {
+            self.inner.instance.kill();
+        }
+    }
+
+    /// Whether `destroy` or `kill` was called.
     pub fn is_destroyed(&self) -> bool {
         self.inner.destroyed.load(Ordering::SeqCst)
     }

@@ -45,9 +45,52 @@ pub enum Outcome {
     Exit(i32),
 }
 
-/// Runs the launcher. Must be called first thing in `main`, while the process has one thread.
+/// Runs the launcher on the socket inherited as stdin. Must be called first thing in `main`,
+/// while the process has one thread.
 pub fn run() -> Outcome {
-    let mut socket = match take_socket() {
+    run_on(0)
+}
+
+/// Whether this process has exactly one thread (so it may fork safely).
+pub fn is_single_threaded() -> bool {
+    ensure_single_threaded().is_ok()
+}
+
+/// Starts a launcher without an exec: forks this process and runs the launcher in the child
+/// on `socket`. Saves a process start (about 1 ms). The child never returns: when it becomes
+/// the sandbox it calls `on_sandbox` (which must not need this process's async runtime or
+/// signal handlers: the copy of them is dead), then exits. Returns the launcher's pid.
+///
+/// Fails unless this process has exactly one thread.
+pub fn fork_launcher(
+    socket: OwnedFd,
+    on_sandbox: fn(UnixStream, IsolationReport) -> i32,
+) -> Result<i32, JailError> {
+    ensure_single_threaded()?;
+    match raw_clone(0).map_err(|e| JailError::io("fork the launcher", e))? {
+        Some(pid) => Ok(pid.as_raw()),
+        None => {
+            // The host's environment may hold secrets; the sandbox gets none of it.
+            for (key, _) in std::env::vars_os() {
+                // SAFETY: this forked child has a single thread, so nothing reads the
+                // environment concurrently.
+                unsafe { std::env::remove_var(key) };
+            }
+            let code = match run_on(socket.as_raw_fd()) {
+                Outcome::Exit(code) => code,
+                Outcome::Sandbox {
+                    socket, isolation, ..
+                } => on_sandbox(socket, isolation),
+            };
+            // SAFETY: _exit ends this process without running the parent's atexit handlers or
+            // flushing its copied stdio buffers, which belong to the parent.
+            unsafe { libc::_exit(code) }
+        }
+    }
+}
+
+fn run_on(from: RawFd) -> Outcome {
+    let mut socket = match take_socket(from) {
         Ok(s) => s,
         // Without the socket nobody can hear us; stderr is all we have.
         Err(e) => {
@@ -65,7 +108,6 @@ pub fn run() -> Outcome {
             pid,
             report,
             cgroup,
-            go,
         }) => {
             let cgroups = cgroup
                 .as_ref()
@@ -79,11 +121,8 @@ pub fn run() -> Outcome {
                     cgroups,
                 },
             );
-            // Release the child, then close our copy of the socket: it is the agent's alone,
-            // and the host must see EOF as soon as the agent is gone.
-            let mut go = File::from(go);
-            let _ = go.write_all(b"g");
-            drop(go);
+            // Close our copy: the socket is the agent's alone, and the host must see EOF as
+            // soon as the agent is gone.
             drop(socket);
             let code = wait_for(pid);
             if let Some(cg) = &cgroup {
@@ -116,7 +155,6 @@ enum Side {
         pid: Pid,
         report: IsolationReport,
         cgroup: Option<SandboxCgroup>,
-        go: OwnedFd,
     },
 }
 
@@ -126,11 +164,13 @@ fn at<T>(stage: &str, r: Result<T, JailError>) -> StageResult<T> {
     r.map_err(|e| (stage.to_string(), e))
 }
 
-/// Moves the socket from stdin to [`SOCKET_FD`], points 0..2 at /dev/null (keeping stderr
+/// Moves the socket from `from` to [`SOCKET_FD`], points 0..2 at /dev/null (keeping stderr
 /// when debugging) and closes every other inherited descriptor.
-fn take_socket() -> Result<UnixStream, JailError> {
+fn take_socket(from: RawFd) -> Result<UnixStream, JailError> {
     // Move the socket first: /dev/null opened before it could land on SOCKET_FD itself.
-    dup_onto(0, SOCKET_FD)?;
+    if from != SOCKET_FD {
+        dup_onto(from, SOCKET_FD)?;
+    }
     let devnull = File::options()
         .read(true)
         .write(true)
@@ -245,31 +285,6 @@ fn launch(socket: &mut UnixStream) -> StageResult<Side> {
         format!("uid/gid {SANDBOX_UID} inside -> {outside_uid}/{outside_gid} outside (no other ids mapped)"),
     );
 
-    let cgroup = match SandboxCgroup::create(
-        Path::new("/sys/fs/cgroup"),
-        &config.cgroup_parent,
-        &config.sandbox_id,
-        &config.limits,
-    ) {
-        Ok((cg, features)) => {
-            for f in features {
-                report.set(&f.name, f.state, f.detail);
-            }
-            at("cgroup join", cg.join(std::process::id()))?;
-            Some(cg)
-        }
-        Err(e) => {
-            report.set(
-                "cgroups",
-                FeatureState::Unavailable,
-                format!("{e}; falling back to rlimits"),
-            );
-            None
-        }
-    };
-    let memory_by_cgroup = report.is_active("memory_limit");
-    let pids_by_cgroup = report.is_active("pids_limit");
-
     let (go_read, go_write) = at("pipe", nix::unistd::pipe().map_err(JailError::from))?;
     let (child, ns_lines) = at("clone", clone_sandbox())?;
     for (name, detail) in ns_lines {
@@ -277,7 +292,7 @@ fn launch(socket: &mut UnixStream) -> StageResult<Side> {
     }
     let Some(pid) = child else {
         drop(go_write);
-        let isolation = sandbox_side(go_read, &config, memory_by_cgroup, pids_by_cgroup)?;
+        let isolation = sandbox_side(go_read, &config)?;
         report.merge(&isolation);
         return Ok(Side::Sandbox {
             isolation: report,
@@ -285,24 +300,69 @@ fn launch(socket: &mut UnixStream) -> StageResult<Side> {
         });
     };
     drop(go_read);
-    if let Some(cg) = &cgroup {
-        // The child inherited the cgroup; the launcher must not count against its limits.
-        let _ = cg.leave(std::process::id());
-    }
+    let mut go = File::from(go_write);
     if let Err(e) = write_id_maps(pid, outside_uid, outside_gid) {
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
         let _ = waitpid(pid, None);
-        if let Some(cg) = &cgroup {
-            let _ = cg.remove();
-        }
         return Err(("id maps".into(), e));
     }
+    // Released: the child builds its root while we set up its cgroup, in parallel.
+    let _ = go.write_all(&[GO]);
+    let cgroup = join_cgroup(&config, pid, &mut report);
+    let mut flags = 0u8;
+    if report.is_active("memory_limit") {
+        flags |= MEMORY_BY_CGROUP;
+    }
+    if report.is_active("pids_limit") {
+        flags |= PIDS_BY_CGROUP;
+    }
+    let _ = go.write_all(&[flags]);
     Ok(Side::Launcher {
         pid,
         report,
         cgroup,
-        go: go_write,
     })
+}
+
+/// First byte on the go pipe: the id maps are written.
+const GO: u8 = b'g';
+/// Bits of the second byte: which limits the cgroup enforces (the rest falls to rlimits).
+const MEMORY_BY_CGROUP: u8 = 1;
+const PIDS_BY_CGROUP: u8 = 2;
+
+/// Creates the sandbox's cgroup and moves the child into it; the child runs nothing of the
+/// user's before that. Failure is not fatal: the report says why, and rlimits stand in.
+fn join_cgroup(
+    config: &JailConfig,
+    pid: Pid,
+    report: &mut IsolationReport,
+) -> Option<SandboxCgroup> {
+    let created = SandboxCgroup::create(
+        Path::new("/sys/fs/cgroup"),
+        &config.cgroup_parent,
+        &config.sandbox_id,
+        &config.limits,
+    );
+    let unavailable = |report: &mut IsolationReport, e: JailError| {
+        let why = format!("{e}; falling back to rlimits");
+        report.set("cgroups", FeatureState::Unavailable, why);
+    };
+    let (cg, features) = match created {
+        Ok(ok) => ok,
+        Err(e) => {
+            unavailable(report, e);
+            return None;
+        }
+    };
+    if let Err(e) = cg.join(pid.as_raw() as u32) {
+        let _ = cg.remove();
+        unavailable(report, e);
+        return None;
+    }
+    for f in features {
+        report.set(&f.name, f.state, f.detail);
+    }
+    Some(cg)
 }
 
 fn ensure_single_threaded() -> Result<(), JailError> {
@@ -413,25 +473,18 @@ fn switch_ids(uid: u32, gid: u32) -> Result<(), JailError> {
 }
 
 /// Inside the new namespaces: wait for the id maps, then confine this process.
-fn sandbox_side(
-    go_read: OwnedFd,
-    config: &JailConfig,
-    memory_by_cgroup: bool,
-    pids_by_cgroup: bool,
-) -> StageResult<IsolationReport> {
+fn sandbox_side(go_read: OwnedFd, config: &JailConfig) -> StageResult<IsolationReport> {
     let mut go = File::from(go_read);
     let mut byte = [0u8; 1];
+    // The launcher died or failed to map us: there is nothing to serve.
+    let gone = || {
+        let e = JailError::Config("the launcher went away".into());
+        ("wait for the launcher".to_string(), e)
+    };
     match go.read(&mut byte) {
-        Ok(1) => {}
-        // The launcher died or failed to map us: there is nothing to serve.
-        _ => {
-            return Err((
-                "wait for id maps".into(),
-                JailError::Config("the launcher went away".into()),
-            ));
-        }
+        Ok(1) if byte[0] == GO => {}
+        _ => return Err(gone()),
     }
-    drop(go);
     // Files we create must be owned by a mapped id (else EOVERFLOW). Uid 0 is not mapped
     // in this namespace, so the kernel keeps our capabilities across this switch.
     at(
@@ -464,10 +517,19 @@ fn sandbox_side(
             );
         }
     }
-    for f in at(
-        "rlimits",
-        rlimits::apply(&config.limits, memory_by_cgroup, pids_by_cgroup),
-    )? {
+    let filters = at("seccomp", seccomp::build_filters(config.network))?;
+    // Nothing of the user's may run before the launcher has put us in the cgroup.
+    let flags = match go.read(&mut byte) {
+        Ok(1) => byte[0],
+        _ => return Err(gone()),
+    };
+    drop(go);
+    let limits = rlimits::apply(
+        &config.limits,
+        flags & MEMORY_BY_CGROUP != 0,
+        flags & PIDS_BY_CGROUP != 0,
+    );
+    for f in at("rlimits", limits)? {
         report.set(&f.name, f.state, f.detail);
     }
     at("no_new_privs", caps::set_no_new_privs())?;
@@ -499,7 +561,8 @@ fn sandbox_side(
     report.set(&f.name, f.state, f.detail);
     // Sandbox processes share our uid: without this they could open /proc/1/mem of the agent.
     let _ = nix::sys::prctl::set_dumpable(false);
-    let f = at("seccomp", seccomp::install(config.network))?;
+    at("seccomp", seccomp::apply_filters(&filters))?;
+    let f = seccomp::feature(config.network);
     report.set(&f.name, f.state, f.detail);
     Ok(report)
 }

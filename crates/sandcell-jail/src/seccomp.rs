@@ -134,11 +134,16 @@ pub fn apply_filters(filters: &[BpfProgram]) -> Result<(), JailError> {
 pub fn install(network: NetworkMode) -> Result<Feature, JailError> {
     let filters = build_filters(network)?;
     apply_filters(&filters)?;
-    Ok(Feature {
+    Ok(feature(network))
+}
+
+/// The report line for filters built for `network` and applied.
+pub fn feature(network: NetworkMode) -> Feature {
+    Feature {
         name: "seccomp".into(),
         state: FeatureState::Active,
         detail: describe(network),
-    })
+    }
 }
 
 /// One line saying what the filters for `network` refuse.

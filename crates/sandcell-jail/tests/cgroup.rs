@@ -329,7 +329,9 @@ fn fake_v1_tree_without_swap_accounting() {
     )
     .unwrap();
     assert_eq!(cg.version(), CgroupVersion::V1);
-    assert_eq!(cg.paths().len(), 4);
+    // Only the hierarchies a limit needs: memory, pids and (a quota is asked) cpu.
+    assert_eq!(cg.paths().len(), 3);
+    assert!(!root.join("cpuacct/sandcell/sb").exists());
     let memory = root.join("memory/sandcell/sb");
     assert_eq!(
         read(memory.join("memory.limit_in_bytes")),

@@ -80,7 +80,14 @@ pub(super) fn create(
     limits: &Limits,
 ) -> Result<(Vec<Dir>, Vec<Feature>), JailError> {
     let mut dirs = Vec::new();
-    for h in hierarchies {
+    // Only the hierarchies a limit needs: each costs a mkdir and a join on the start-up path.
+    // (Killing PID 1 ends the pid namespace, so the freezer is not needed to kill.)
+    let needed =
+        |c: &String| c == "memory" || c == "pids" || (c == "cpu" && limits.cpu_millis.is_some());
+    for h in hierarchies
+        .iter()
+        .filter(|h| h.controllers.iter().any(needed))
+    {
         let mut parent_dir = h.mount.clone();
         parent_dir.extend(parent);
         let path = parent_dir.join(id);

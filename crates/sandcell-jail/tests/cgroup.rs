@@ -350,7 +350,7 @@ fn fake_v1_tree_without_swap_accounting() {
     assert_eq!(state_of(&features, "cpu_limit"), FeatureState::Degraded);
     let detail = &features[0].detail;
     assert!(
-        detail.contains("/{memory,pids,cpu,cpuacct}/sandcell/sb"),
+        detail.contains("/{memory,pids,cpu}/sandcell/sb"),
         "{detail}"
     );
 

@@ -359,10 +359,10 @@ fn fake_v1_tree_without_swap_accounting() {
         "oom_kill_disable 0\nunder_oom 0\noom_kill 4\n",
     )
     .unwrap();
-    fs::write(root.join("cpuacct/sandcell/sb/cpuacct.usage"), "5000000\n").unwrap();
     let c = cg.counters();
     assert_eq!(c.oom_kills, 4);
-    assert_eq!(c.cpu_usage_us, Some(5000));
+    // No cpuacct group is created (start-up cost), so no cpu usage figure on v1 yet.
+    assert_eq!(c.cpu_usage_us, None);
     assert_eq!(c.pids_limit_hits, 0);
 }
 

@@ -121,8 +121,21 @@ async fn measure(
         Scenario::Plain(argv) => check(Command::new(&argv[0]).args(&argv[1..]), "plain exec")?,
         Scenario::Engine(argv) => {
             let sb = engine.create(SandboxSpec::default()).await?;
+            let created = start.elapsed();
             let out = sb.exec(ExecRequest::argv(argv.clone())).await?;
+            let executed = start.elapsed();
             sb.destroy().await?;
+            if std::env::var_os("SANDCELL_BENCH_PHASES").is_some() {
+                let ms = |d: Duration| d.as_secs_f64() * 1000.0;
+                eprintln!(
+                    "phases: create {:.2} (launch {:.2}, handshake {:.2}) exec {:.2} destroy {:.2}",
+                    ms(created),
+                    sb.timings().launch_ms,
+                    sb.timings().handshake_ms,
+                    ms(executed - created),
+                    ms(start.elapsed() - executed)
+                );
+            }
             if !out.result.success() {
                 bail!(
                     "sandboxed {} failed: {}",

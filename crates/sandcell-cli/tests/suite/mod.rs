@@ -4,3 +4,4 @@ mod common;
 mod exec;
 mod files;
 mod limits;
+mod rootless;

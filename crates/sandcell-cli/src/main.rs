@@ -28,9 +28,6 @@ fn jail() -> ExitCode {
 }
 
 /// Serves the guest agent as the sandbox's PID 1; returns the exit code.
-///
-/// It runs on a thread of its own: when the launcher was forked from `sandcell run`, this
-/// thread's copy of the host's async runtime context is still marked as entered.
 pub fn serve_guest(
     socket: std::os::unix::net::UnixStream,
     isolation: sandcell_protocol::IsolationReport,
@@ -40,9 +37,8 @@ pub fn serve_guest(
         pid1: true,
         ..Default::default()
     };
-    let served = std::thread::spawn(move || sandcell_guest::serve(socket, config)).join();
-    match served {
-        Ok(Ok(())) => 0,
-        _ => 1,
+    match sandcell_guest::serve(socket, config) {
+        Ok(()) => 0,
+        Err(_) => 1,
     }
 }

@@ -270,13 +270,14 @@ impl Sandbox {
         if req.timeout_ms.is_none() {
             req.timeout_ms = self.inner.spec.limits.exec_timeout_ms;
         }
-        let before = self.inner.instance.counters();
         let mut call = self
             .inner
             .client
             .request(&HostMessage::Exec(req.clone()))
             .await
             .map_err(|e| self.map_closed(e))?;
+        // Read while the agent spawns: the process cannot have run into a limit yet.
+        let before = self.inner.instance.counters();
         let pid = match call.message().await.map_err(|e| self.map_closed(e))? {
             GuestMessage::ExecStarted { pid } => pid,
             other => {

@@ -42,6 +42,9 @@ const STAGING: &str = "/tmp";
 const OLDROOT: &str = "/oldroot";
 const NEWROOT: &str = "/newroot";
 
+/// `/etc` files up to this size are copied into the root rather than bind-mounted.
+const COPY_MAX: u64 = 256 * 1024;
+
 /// Size of `/dev/shm` inside the sandbox.
 const SHM_BYTES: u64 = 64 * 1024 * 1024;
 
@@ -160,6 +163,12 @@ fn bind_system_path(path: &str) -> Result<bool, JailError> {
         let link =
             fs::read_link(&source).map_err(|e| JailError::io(format!("readlink {path}"), e))?;
         symlink(&link, &target).map_err(|e| JailError::io(format!("symlink {path}"), e))?;
+        return Ok(true);
+    }
+    if meta.is_file() && meta.len() <= COPY_MAX && path.starts_with("/etc/") {
+        // Small /etc files are copied: cheaper than a bind mount each, and the root is
+        // remounted read-only afterwards anyway.
+        fs::copy(&source, &target).map_err(|e| JailError::io(format!("copy {path}"), e))?;
         return Ok(true);
     }
     if meta.is_dir() {

@@ -33,6 +33,7 @@ pub async fn doctor(args: DoctorArgs, engine: sandcell_engine::Engine) -> anyhow
         }
         Err(e) => Err(e.to_string()),
     };
+    let hints = sandcell_jail::probe::tuning_hints(std::path::Path::new("/sys/fs/cgroup"));
     if args.json {
         let out = json!({
             "backends": caps,
@@ -41,6 +42,7 @@ pub async fn doctor(args: DoctorArgs, engine: sandcell_engine::Engine) -> anyhow
                 Err(e) => json!({"ok": false, "error": e}),
             },
             "seccomp_denied": sandcell_jail::seccomp::denied_syscalls(),
+            "tuning_hints": hints,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
@@ -69,6 +71,9 @@ pub async fn doctor(args: DoctorArgs, engine: sandcell_engine::Engine) -> anyhow
                 print_report(iso);
             }
             Err(e) => println!("test sandbox: FAILED: {e}"),
+        }
+        for hint in &hints {
+            println!("hint: {hint}");
         }
         println!(
             "seccomp denies: {}",

@@ -25,6 +25,10 @@ enum BenchWhat {
         /// Runs per scenario (at least 50 for the published figures).
         #[arg(long, default_value_t = 50)]
         runs: usize,
+        /// Pause before each sample, in milliseconds: 0 measures back-to-back starts, 50
+        /// measures starts that come apart (kernel state such as RCU has gone idle).
+        #[arg(long, default_value_t = 0)]
+        gap_ms: u64,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -52,6 +56,7 @@ struct Row {
 pub async fn bench(args: BenchArgs, engine: Engine) -> anyhow::Result<ExitCode> {
     let BenchWhat::Startup {
         runs,
+        gap_ms,
         json: as_json,
     } = args.what;
     if runs < 3 {
@@ -93,11 +98,14 @@ pub async fn bench(args: BenchArgs, engine: Engine) -> anyhow::Result<ExitCode> 
     }
     for _ in 0..runs {
         for r in &mut rows {
+            if gap_ms > 0 {
+                tokio::time::sleep(Duration::from_millis(gap_ms)).await;
+            }
             let d = measure(&engine, &exe, bwrap.as_deref(), &r.scenario).await?;
             r.samples.push(d);
         }
     }
-    report(&rows, runs, bwrap.is_some(), as_json);
+    report(&rows, runs, gap_ms, bwrap.is_some(), as_json);
     Ok(ExitCode::SUCCESS)
 }
 
@@ -208,7 +216,7 @@ fn quantile(samples: &[Duration], q: f64) -> f64 {
     ms[idx.min(ms.len() - 1)]
 }
 
-fn report(rows: &[Row], runs: usize, have_bwrap: bool, as_json: bool) {
+fn report(rows: &[Row], runs: usize, gap_ms: u64, have_bwrap: bool, as_json: bool) {
     let median_of = |program: &str, prefix: &str| {
         rows.iter()
             .find(|r| r.program == program && r.name.starts_with(prefix))
@@ -227,7 +235,9 @@ fn report(rows: &[Row], runs: usize, have_bwrap: bool, as_json: bool) {
         println!("{}", json!({ "startup": out }));
         return;
     }
-    println!("startup benchmark: {runs} runs per scenario, interleaved; milliseconds");
+    println!(
+        "startup benchmark: {runs} runs per scenario, interleaved, {gap_ms} ms apart; milliseconds"
+    );
     println!(
         "{:<42} {:<16} {:>8} {:>8} {:>12} {:>10}",
         "scenario", "program", "median", "p90", "vs plain", "vs bwrap"

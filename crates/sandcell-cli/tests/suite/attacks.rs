@@ -75,24 +75,14 @@ async fn no_network_to_the_host() {
     let code = format!(
         "import socket\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n    print('connected')\nexcept OSError as e:\n    print('refused', e.errno)"
     );
-    let out = sb
-        .exec(ExecRequest::argv(["/usr/bin/python3", "-c", &code]))
-        .await
-        .unwrap();
+    let out = py(&sb, &code).await;
     assert!(
         text(&out.stdout).starts_with("refused"),
         "{}",
         text(&out.stdout)
     );
     // Loopback inside the sandbox is its own and works.
-    let out = sb
-        .exec(ExecRequest::argv([
-            "/usr/bin/python3",
-            "-c",
-            "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); s.listen(); c=socket.create_connection(s.getsockname()); print('own loopback ok')",
-        ]))
-        .await
-        .unwrap();
+    let out = py(&sb, "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); s.listen(); c=socket.create_connection(s.getsockname()); print('own loopback ok')").await;
     assert_eq!(
         text(&out.stdout),
         "own loopback ok\n",
@@ -110,14 +100,7 @@ async fn network_off_refuses_inet_sockets() {
         ..Default::default()
     };
     let sb = sandbox_with(spec).await;
-    let out = sb
-        .exec(ExecRequest::argv([
-            "/usr/bin/python3",
-            "-c",
-            "import socket\nfor fam in (socket.AF_INET, socket.AF_INET6, socket.AF_NETLINK):\n    try:\n        socket.socket(fam, socket.SOCK_DGRAM); print('allowed', fam)\n    except OSError as e:\n        print('denied', fam)\nsocket.socketpair(); print('unix ok')",
-        ]))
-        .await
-        .unwrap();
+    let out = py(&sb, "import socket\nfor fam in (socket.AF_INET, socket.AF_INET6, socket.AF_NETLINK):\n    try:\n        socket.socket(fam, socket.SOCK_DGRAM); print('allowed', fam)\n    except OSError as e:\n        print('denied', fam)\nsocket.socketpair(); print('unix ok')").await;
     let s = text(&out.stdout);
     assert!(!s.contains("allowed"), "{s}");
     assert!(s.contains("unix ok"), "{s} {}", text(&out.stderr));
@@ -139,23 +122,13 @@ async fn ptrace_is_denied() {
         .await
         .unwrap();
     let code = ctypes(&format!("libc.ptrace(16, {}, 0, 0)", bg.pid())); // PTRACE_ATTACH
-    let out = sb
-        .exec(ExecRequest::argv(["/usr/bin/python3", "-c", &code]))
-        .await
-        .unwrap();
+    let out = py(&sb, &code).await;
     assert!(
         text(&out.stdout).starts_with("-1 Operation not permitted"),
         "{}",
         text(&out.stdout)
     );
-    let out = sb
-        .exec(ExecRequest::argv([
-            "/usr/bin/python3",
-            "-c",
-            &ctypes("libc.ptrace(0, 0, 0, 0)"),
-        ]))
-        .await
-        .unwrap();
+    let out = py(&sb, &ctypes("libc.ptrace(0, 0, 0, 0)")).await;
     assert!(
         text(&out.stdout).starts_with("-1 Operation not permitted"),
         "{}",
@@ -168,10 +141,7 @@ async fn ptrace_is_denied() {
 async fn mount_is_denied() {
     let sb = sandbox().await;
     let code = ctypes("libc.mount(b'tmpfs', b'/workspace', b'tmpfs', 0, None)");
-    let out = sb
-        .exec(ExecRequest::argv(["/usr/bin/python3", "-c", &code]))
-        .await
-        .unwrap();
+    let out = py(&sb, &code).await;
     assert!(
         text(&out.stdout).starts_with("-1 Operation not permitted"),
         "{}",
@@ -192,10 +162,7 @@ async fn mount_is_denied() {
 async fn new_user_namespaces_are_denied() {
     let sb = sandbox().await;
     let code = ctypes("libc.unshare(0x10000000)"); // CLONE_NEWUSER
-    let out = sb
-        .exec(ExecRequest::argv(["/usr/bin/python3", "-c", &code]))
-        .await
-        .unwrap();
+    let out = py(&sb, &code).await;
     assert!(
         text(&out.stdout).starts_with("-1 Operation not permitted"),
         "{}",

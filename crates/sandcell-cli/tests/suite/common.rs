@@ -33,3 +33,10 @@ pub fn text(bytes: &[u8]) -> String {
 pub fn cgroups_active(sb: &Sandbox) -> bool {
     sb.isolation().is_active("memory_limit")
 }
+
+/// Runs Python code with the system interpreter and returns the output.
+pub async fn py(sb: &Sandbox, code: &str) -> ExecOutput {
+    sb.exec(ExecRequest::argv(["/usr/bin/python3", "-c", code]))
+        .await
+        .expect("exec python")
+}

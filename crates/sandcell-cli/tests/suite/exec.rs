@@ -23,10 +23,7 @@ async fn exit_codes_and_signals_are_exact() {
 #[tokio::test]
 async fn languages_run() {
     let sb = sandbox().await;
-    let py = sb
-        .exec(ExecRequest::argv(["/usr/bin/python3", "-c", "print(6*7)"]))
-        .await
-        .unwrap();
+    let py = py(&sb, "print(6*7)").await;
     assert_eq!(text(&py.stdout), "42\n", "{}", text(&py.stderr));
     let node = sb
         .exec(ExecRequest::argv(["node", "-e", "console.log(6*7)"]))

@@ -14,14 +14,7 @@ async fn memory_bomb_is_reported_as_oom_killed() {
     let mut spec = SandboxSpec::default();
     spec.limits.memory_bytes = Some(64 * MIB);
     let sb = sandbox_with(spec).await;
-    let out = sb
-        .exec(ExecRequest::argv([
-            "/usr/bin/python3",
-            "-c",
-            "a = bytearray(400 * 2**20)",
-        ]))
-        .await
-        .unwrap();
+    let out = py(&sb, "a = bytearray(400 * 2**20)").await;
     if cgroups_active(&sb) {
         assert_eq!(out.result.cause, ExitCause::OomKilled, "{:?}", out.result);
         assert!(out.result.message.contains("out of memory"));

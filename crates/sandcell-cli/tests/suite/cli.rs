@@ -127,3 +127,20 @@ fn doctor_reports_features() {
             .any(|s| s == "ptrace")
     );
 }
+
+#[test]
+fn no_inherited_descriptors_and_no_controlling_terminal() {
+    // The shell leaks fd 7 into sandcell on purpose; nothing of it may reach the sandbox.
+    let script = format!(
+        "exec 7</etc/hostname; exec {BIN} run -q -- sh -c 'ls /proc/self/fd; cat /dev/tty 2>&1 || echo no-tty'"
+    );
+    let out = Command::new("bash").args(["-c", &script]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let fds: Vec<&str> = text
+        .lines()
+        .filter(|l| l.chars().all(|c| c.is_ascii_digit()))
+        .collect();
+    // 0, 1, 2 and the directory ls is reading.
+    assert!(fds.len() <= 4 && !fds.contains(&"7"), "{text}");
+    assert!(text.contains("no-tty"), "{text}");
+}

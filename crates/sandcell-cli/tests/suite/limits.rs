@@ -142,3 +142,47 @@ async fn open_files_limit_applies() {
     assert_eq!(text(&sh(&sb, "ulimit -n").await.stdout), "64\n");
     sb.destroy().await.unwrap();
 }
+
+#[tokio::test]
+async fn a_neighbour_keeps_working_while_one_sandbox_bombs() {
+    let mut spec = SandboxSpec::default();
+    spec.limits.pids = Some(64);
+    spec.limits.memory_bytes = Some(64 * MIB);
+    let bomber = sandbox_with(spec).await;
+    let neighbour = sandbox().await;
+    let mut fork_bomb =
+        ExecRequest::argv(["bash", "-c", "bomb() { bomb | bomb & }; bomb; sleep 3"]);
+    fork_bomb.timeout_ms = Some(3000);
+    let mut memory_bomb = ExecRequest::argv([
+        "/usr/bin/python3",
+        "-c",
+        "a = [bytearray(2**20) for _ in range(400)]",
+    ]);
+    memory_bomb.timeout_ms = Some(3000);
+    let bombs = async {
+        let a = bomber.exec(fork_bomb).await.unwrap();
+        let b = bomber.exec(memory_bomb).await.unwrap();
+        (a, b)
+    };
+    let neighbour_work = async {
+        let mut answers = Vec::new();
+        for i in 0..10 {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            let start = Instant::now();
+            let out = sh(&neighbour, &format!("echo {i}")).await;
+            answers.push((text(&out.stdout), start.elapsed()));
+        }
+        answers
+    };
+    let ((fork, memory), answers) = tokio::join!(bombs, neighbour_work);
+    assert!(!fork.result.success() && !memory.result.success());
+    for (i, (out, took)) in answers.iter().enumerate() {
+        assert_eq!(out, &format!("{i}\n"));
+        assert!(
+            *took < Duration::from_secs(2),
+            "neighbour exec {i} took {took:?}"
+        );
+    }
+    bomber.destroy().await.unwrap();
+    neighbour.destroy().await.unwrap();
+}

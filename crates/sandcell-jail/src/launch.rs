@@ -285,6 +285,9 @@ fn launch(socket: &mut UnixStream) -> StageResult<Side> {
         format!("uid/gid {SANDBOX_UID} inside -> {outside_uid}/{outside_gid} outside (no other ids mapped)"),
     );
 
+    // The cgroup comes first: on v1 the child moves itself in before anything else.
+    let cgroup = create_cgroup(&config, &mut report);
+    let self_join = cgroup.as_ref().and_then(SandboxCgroup::self_join_files);
     let (go_read, go_write) = at("pipe", nix::unistd::pipe().map_err(JailError::from))?;
     let (child, ns_lines) = at("clone", clone_sandbox())?;
     for (name, detail) in ns_lines {
@@ -292,23 +295,39 @@ fn launch(socket: &mut UnixStream) -> StageResult<Side> {
     }
     let Some(pid) = child else {
         drop(go_write);
-        let isolation = sandbox_side(go_read, &config)?;
+        let isolation = sandbox_side(go_read, &config, self_join)?;
         report.merge(&isolation);
         return Ok(Side::Sandbox {
             isolation: report,
             config: Box::new(config),
         });
     };
+    let moved_by_child = self_join.is_some();
+    drop(self_join);
     drop(go_read);
     let mut go = File::from(go_write);
     if let Err(e) = write_id_maps(pid, outside_uid, outside_gid) {
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
         let _ = waitpid(pid, None);
+        if let Some(cg) = &cgroup {
+            let _ = cg.remove();
+        }
         return Err(("id maps".into(), e));
     }
-    // Released: the child builds its root while we set up its cgroup, in parallel.
+    // Released: the child builds its root meanwhile.
     let _ = go.write_all(&[GO]);
-    let cgroup = join_cgroup(&config, pid, &mut report);
+    let cgroup = match cgroup {
+        // v2: move it from here (the kernel makes this wait for an RCU grace period).
+        Some(cg) if !moved_by_child => match cg.join(pid.as_raw() as u32) {
+            Ok(()) => Some(cg),
+            Err(e) => {
+                let _ = cg.remove();
+                cgroup_unavailable(&mut report, e);
+                None
+            }
+        },
+        other => other,
+    };
     let mut flags = 0u8;
     if report.is_active("memory_limit") {
         flags |= MEMORY_BY_CGROUP;
@@ -330,39 +349,41 @@ const GO: u8 = b'g';
 const MEMORY_BY_CGROUP: u8 = 1;
 const PIDS_BY_CGROUP: u8 = 2;
 
-/// Creates the sandbox's cgroup and moves the child into it; the child runs nothing of the
-/// user's before that. Failure is not fatal: the report says why, and rlimits stand in.
-fn join_cgroup(
-    config: &JailConfig,
-    pid: Pid,
-    report: &mut IsolationReport,
-) -> Option<SandboxCgroup> {
+/// Creates the sandbox's cgroup with its limits. Failure is not fatal: the report says why,
+/// and rlimits stand in.
+fn create_cgroup(config: &JailConfig, report: &mut IsolationReport) -> Option<SandboxCgroup> {
     let created = SandboxCgroup::create(
         Path::new("/sys/fs/cgroup"),
         &config.cgroup_parent,
         &config.sandbox_id,
         &config.limits,
     );
-    let unavailable = |report: &mut IsolationReport, e: JailError| {
-        let why = format!("{e}; falling back to rlimits");
-        report.set("cgroups", FeatureState::Unavailable, why);
-    };
-    let (cg, features) = match created {
-        Ok(ok) => ok,
-        Err(e) => {
-            unavailable(report, e);
-            return None;
+    match created {
+        Ok((cg, features)) => {
+            for f in features {
+                report.set(&f.name, f.state, f.detail);
+            }
+            Some(cg)
         }
-    };
-    if let Err(e) = cg.join(pid.as_raw() as u32) {
-        let _ = cg.remove();
-        unavailable(report, e);
-        return None;
+        Err(e) => {
+            cgroup_unavailable(report, e);
+            None
+        }
     }
-    for f in features {
-        report.set(&f.name, f.state, f.detail);
+}
+
+fn cgroup_unavailable(report: &mut IsolationReport, e: JailError) {
+    let why = format!("{e}; falling back to rlimits");
+    report.set("cgroups", FeatureState::Unavailable, why);
+    for name in ["memory_limit", "pids_limit", "cpu_limit"] {
+        if report.is_active(name) {
+            report.set(
+                name,
+                FeatureState::Unavailable,
+                "the cgroup could not be joined",
+            );
+        }
     }
-    Some(cg)
 }
 
 fn ensure_single_threaded() -> Result<(), JailError> {
@@ -391,7 +412,7 @@ fn clone_sandbox() -> Result<(Option<Pid>, NsLines), JailError> {
         | libc::CLONE_NEWNET
         | libc::CLONE_NEWIPC
         | libc::CLONE_NEWUTS;
-    let mut lines: NsLines = vec![
+    let lines: NsLines = vec![
         ("user_ns", "own user namespace".into()),
         ("pid_ns", "own pid namespace; the agent is PID 1".into()),
         ("mount_ns", "own mount namespace".into()),
@@ -399,17 +420,9 @@ fn clone_sandbox() -> Result<(Option<Pid>, NsLines), JailError> {
         ("ipc_ns", "own ipc namespace".into()),
         ("uts_ns", "own uts namespace".into()),
     ];
-    let pid = match raw_clone(base | libc::CLONE_NEWCGROUP) {
-        Ok(pid) => {
-            lines.push(("cgroup_ns", "own cgroup namespace".into()));
-            pid
-        }
-        // Kernels without cgroup namespaces refuse the flag with EINVAL.
-        Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-            raw_clone(base).map_err(|e| JailError::io("clone into new namespaces", e))?
-        }
-        Err(e) => return Err(JailError::io("clone into new namespaces", e)),
-    };
+    // The cgroup namespace is made by the child once it is in its own cgroup, so that
+    // cgroup is the root of its view.
+    let pid = raw_clone(base).map_err(|e| JailError::io("clone into new namespaces", e))?;
     Ok((pid, lines))
 }
 
@@ -473,7 +486,15 @@ fn switch_ids(uid: u32, gid: u32) -> Result<(), JailError> {
 }
 
 /// Inside the new namespaces: wait for the id maps, then confine this process.
-fn sandbox_side(go_read: OwnedFd, config: &JailConfig) -> StageResult<IsolationReport> {
+fn sandbox_side(
+    go_read: OwnedFd,
+    config: &JailConfig,
+    self_join: Option<Vec<File>>,
+) -> StageResult<IsolationReport> {
+    if let Some(files) = self_join {
+        // Before anything else, so everything the sandbox allocates is charged to it.
+        at("cgroup", crate::cgroup::join_self(files))?;
+    }
     let mut go = File::from(go_read);
     let mut byte = [0u8; 1];
     // The launcher died or failed to map us: there is nothing to serve.
@@ -524,6 +545,19 @@ fn sandbox_side(go_read: OwnedFd, config: &JailConfig) -> StageResult<IsolationR
         _ => return Err(gone()),
     };
     drop(go);
+    // In its cgroup now (moved by itself or by the launcher): make that the root of its view.
+    match nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP) {
+        Ok(()) => report.set(
+            "cgroup_ns",
+            FeatureState::Active,
+            "own cgroup namespace, rooted at the sandbox's cgroup",
+        ),
+        Err(e) => report.set(
+            "cgroup_ns",
+            FeatureState::Unavailable,
+            format!("unshare(CLONE_NEWCGROUP): {e}"),
+        ),
+    }
     let limits = rlimits::apply(
         &config.limits,
         flags & MEMORY_BY_CGROUP != 0,

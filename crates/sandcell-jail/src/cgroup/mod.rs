@@ -298,6 +298,25 @@ impl SandboxCgroup {
         Ok(())
     }
 
+    /// Opens what a process needs to move *itself* into this cgroup later ([`join_self`]):
+    /// v1 only. Opened by the (privileged) caller, the files carry its credentials, so a
+    /// child that inherits them can use them from inside its own user namespace.
+    /// `None` on v2 (use [`Self::join`]).
+    pub fn self_join_files(&self) -> Option<Vec<fs::File>> {
+        if self.version != CgroupVersion::V1 {
+            return None;
+        }
+        self.dirs
+            .iter()
+            .map(|d| {
+                fs::OpenOptions::new()
+                    .write(true)
+                    .open(d.path.join("tasks"))
+                    .ok()
+            })
+            .collect()
+    }
+
     /// Current counters, best effort: missing files read as 0 or `None`.
     pub fn counters(&self) -> Counters {
         match self.version {
@@ -795,6 +814,26 @@ fn cpus(millis: u64) -> String {
     } else {
         format!("{}.{frac}", millis / 1000)
     }
+}
+
+/// Moves the calling thread into the cgroups behind `files` (from
+/// [`SandboxCgroup::self_join_files`]); call it while the process has one thread, so the whole
+/// process moves. Writing "0" (the caller) to v1 `tasks` skips the kernel's global threadgroup
+/// lock, whose writers wait for an RCU grace period (~6–10 ms on a slow VM); writing a pid to
+/// `cgroup.procs` takes it.
+pub fn join_self(files: Vec<fs::File>) -> Result<(), JailError> {
+    use std::io::Write;
+    for mut file in files {
+        // A kernel refusing "0" still takes our pid (the slow, locked way).
+        let moved = file
+            .write_all(b"0")
+            .or_else(|_| file.write_all(std::process::id().to_string().as_bytes()));
+        moved.map_err(|e| JailError::Cgroup {
+            path: PathBuf::from("tasks"),
+            message: format!("move self into the sandbox cgroup: {}", describe(&e)),
+        })?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -529,3 +529,48 @@ fn launcher_child() {
     assert!(cg.paths().iter().all(|p| !p.exists()));
     eprintln!("launcher child ok");
 }
+
+#[test]
+fn a_child_moves_itself_through_files_its_parent_opened() {
+    if !real_cgroups("a_child_moves_itself_through_files_its_parent_opened") {
+        return;
+    }
+    let id = unique_id("selfjoin");
+    let (cg, _) = SandboxCgroup::create(
+        Path::new(ROOT),
+        PARENT,
+        &id,
+        &limits(Some(64 * MIB), Some(16), None),
+    )
+    .unwrap();
+    let cg = Cleanup(cg);
+    let Some(files) = cg.0.self_join_files() else {
+        eprintln!("skipping: self-join is for cgroup v1");
+        return;
+    };
+    let (ready_r, ready_w) = nix::unistd::pipe().unwrap();
+    // SAFETY: the child only writes to already-open files and a pipe, then waits to be killed.
+    match unsafe { nix::unistd::fork() }.unwrap() {
+        nix::unistd::ForkResult::Child => {
+            let code = match sandcell_jail::cgroup::join_self(files) {
+                Ok(()) => 0,
+                Err(_) => 1,
+            };
+            let _ = nix::unistd::write(&ready_w, &[code]);
+            loop {
+                nix::unistd::pause();
+            }
+        }
+        nix::unistd::ForkResult::Parent { child } => {
+            drop(files);
+            let mut byte = [9u8];
+            nix::unistd::read(&ready_r, &mut byte).unwrap();
+            let membership = fs::read_to_string(format!("/proc/{child}/cgroup")).unwrap();
+            let _ = nix::sys::signal::kill(child, nix::sys::signal::Signal::SIGKILL);
+            let _ = nix::sys::wait::waitpid(child, None);
+            assert_eq!(byte[0], 0, "join_self failed");
+            let lines: Vec<&str> = membership.lines().filter(|l| l.contains(&id)).collect();
+            assert_eq!(lines.len(), cg.0.paths().len(), "{membership}");
+        }
+    }
+}

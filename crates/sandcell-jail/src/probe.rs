@@ -153,13 +153,15 @@ fn read_u64(path: &str) -> Option<u64> {
 /// Sandcell never changes them itself: they are machine-wide.
 pub fn tuning_hints(cgroup_root: &Path) -> Vec<String> {
     let mut hints = Vec::new();
-    let v1 = cgroup::detect(cgroup_root).version == Some(CgroupVersion::V1);
-    if v1 && read_u64("/sys/kernel/rcu_expedited") == Some(0) {
+    // On v1 the sandbox moves itself into its cgroup, which skips the lock below; on v2 the
+    // launcher moves it from outside.
+    let v2 = cgroup::detect(cgroup_root).version == Some(CgroupVersion::V2);
+    if v2 && read_u64("/sys/kernel/rcu_expedited") == Some(0) {
         hints.push(
-            "cgroup v1: moving the sandbox into its cgroup waits for an RCU grace period \
-             (measured ~6 ms on a 2-vCPU VM when sandboxes start apart); \
-             `echo 1 > /sys/kernel/rcu_expedited` (or mounting the v1 hierarchies with \
-             favordynmods) removes most of it"
+            "cgroup v2: moving the sandbox into its cgroup waits for an RCU grace period \
+             (~6-10 ms on a slow VM when sandboxes start apart); \
+             `echo 1 > /sys/kernel/rcu_expedited` or mounting cgroup2 with favordynmods \
+             removes most of it"
                 .to_string(),
         );
     }

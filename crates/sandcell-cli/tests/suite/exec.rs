@@ -176,3 +176,49 @@ fn is_zombie(pid: i32) -> bool {
         .map(|s| s.contains(") Z"))
         .unwrap_or(true)
 }
+
+#[tokio::test]
+async fn a_sandbox_that_dies_mid_exec_gives_a_clear_error() {
+    // Destroyed by its owner while a command runs.
+    let sb = sandbox().await;
+    let mut stream = sb
+        .exec_stream(ExecRequest::argv(["sleep", "100"]))
+        .await
+        .unwrap();
+    sb.destroy().await.unwrap();
+    let err = loop {
+        match stream.next().await {
+            Some(Err(e)) => break e,
+            Some(Ok(_)) => continue,
+            None => panic!("stream ended without an error"),
+        }
+    };
+    assert_eq!(err.code(), ErrorCode::InvalidState, "{err}");
+    assert!(err.to_string().contains("destroyed"), "{err}");
+
+    // Killed from outside (as an OOM killer or an operator would).
+    let sb = sandbox().await;
+    let mut stream = sb
+        .exec_stream(ExecRequest::argv(["sleep", "100"]))
+        .await
+        .unwrap();
+    let pid = sb.host_pid().unwrap();
+    std::process::Command::new("kill")
+        .args(["-9", &pid.to_string()])
+        .status()
+        .unwrap();
+    let err = tokio::time::timeout(std::time::Duration::from_secs(5), async {
+        loop {
+            match stream.next().await {
+                Some(Err(e)) => break e,
+                Some(Ok(_)) => continue,
+                None => panic!("stream ended without an error"),
+            }
+        }
+    })
+    .await
+    .expect("no error within 5 s");
+    assert!(err.to_string().contains("is gone"), "{err}");
+    let err = sb.exec(ExecRequest::shell("true")).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::InvalidState, "{err}");
+}

@@ -198,3 +198,24 @@ async fn a_neighbour_keeps_working_while_one_sandbox_bombs() {
     bomber.destroy().await.unwrap();
     neighbour.destroy().await.unwrap();
 }
+
+#[tokio::test]
+async fn cpu_quota_throttles() {
+    let mut spec = SandboxSpec::default();
+    spec.limits.cpus = Some(0.25);
+    let sb = sandbox_with(spec).await;
+    if !sb.isolation().is_active("cpu_limit") {
+        eprintln!("skipping: no cpu cgroup here");
+        return sb.destroy().await.unwrap();
+    }
+    // Spin for one second of wall time and see how much cpu time it was given.
+    let out = py(
+        &sb,
+        "import time\nstart = time.monotonic()\nwhile time.monotonic() - start < 1.0:\n    pass\nprint(round(time.process_time(), 2))",
+    )
+    .await;
+    let cpu: f64 = text(&out.stdout).trim().parse().unwrap();
+    assert!(cpu < 0.5, "a 0.25-cpu sandbox got {cpu} s of cpu in 1 s");
+    assert!(cpu > 0.1, "the quota starved it: {cpu} s");
+    sb.destroy().await.unwrap();
+}

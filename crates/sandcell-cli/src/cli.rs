@@ -46,9 +46,9 @@ fn run_command(command: Command) -> anyhow::Result<ExitCode> {
         _ => None,
     };
     let backend = ProcessBackend::new(backend_config()?);
-    if one_shot.is_some() {
+    if let Some(prepared) = &one_shot {
         // Best effort: without it the launcher is executed instead.
-        let _ = backend.prefork(crate::serve_guest);
+        let _ = backend.prefork(crate::serve_guest, &prepared.id, &prepared.spec);
     }
     let engine = Engine::builder().backend(backend).build();
     let rt = tokio::runtime::Builder::new_current_thread()

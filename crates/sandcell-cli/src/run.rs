@@ -132,8 +132,11 @@ impl RunArgs {
 
 /// A validated `sandcell run`: what to run, in what.
 pub struct Prepared {
+    /// The sandbox's id, chosen before it exists.
+    pub id: String,
     req: ExecRequest,
-    spec: SandboxSpec,
+    /// The sandbox's spec.
+    pub spec: SandboxSpec,
 }
 
 /// Validates the arguments before anything starts.
@@ -141,14 +144,21 @@ pub fn prepare(args: &RunArgs) -> anyhow::Result<Prepared> {
     let req = args.request()?;
     let spec = args.spec();
     spec.validate()?;
-    Ok(Prepared { req, spec })
+    Ok(Prepared {
+        id: sandcell_engine::new_sandbox_id(),
+        req,
+        spec,
+    })
 }
 
 /// Runs `sandcell run`.
 pub async fn run(args: RunArgs, prepared: Prepared, engine: Engine) -> anyhow::Result<ExitCode> {
-    let Prepared { req, spec } = prepared;
+    let Prepared { id, req, spec } = prepared;
     let start = Instant::now();
-    let sandbox = engine.create(spec).await.context("create the sandbox")?;
+    let sandbox = engine
+        .create_with_id(id, spec)
+        .await
+        .context("create the sandbox")?;
     let created = start.elapsed();
     let outcome = execute(&sandbox, req, &args).await;
     let exec_done = start.elapsed();

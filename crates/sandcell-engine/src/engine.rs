@@ -53,12 +53,22 @@ impl Engine {
 
     /// Creates a sandbox and waits until its agent answers.
     pub async fn create(&self, spec: SandboxSpec) -> Result<Sandbox, EngineError> {
+        self.create_with_id(new_sandbox_id(), spec).await
+    }
+
+    /// Creates a sandbox with an id the caller chose (from [`new_sandbox_id`], e.g. to
+    /// prepare a backend for it ahead of time).
+    pub async fn create_with_id(
+        &self,
+        id: String,
+        spec: SandboxSpec,
+    ) -> Result<Sandbox, EngineError> {
+        validate_id(&id)?;
         spec.validate()?;
         let backend = self
             .backends
             .get(&spec.backend)
             .ok_or_else(|| EngineError::BackendUnavailable(spec.backend.as_str().into()))?;
-        let id = new_id();
         let start = Instant::now();
         let launched = backend.launch(&id, &spec).await?;
         let launched_at = start.elapsed();
@@ -92,8 +102,24 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-/// A short unique id: `sb-` and 12 hex digits from the clock, the pid and a counter.
-fn new_id() -> String {
+/// Checks a caller-chosen sandbox id: `sb-` then 1 to 64 of `[a-z0-9-]`.
+fn validate_id(id: &str) -> Result<(), EngineError> {
+    let rest = id.strip_prefix("sb-").unwrap_or("");
+    let ok = (1..=64).contains(&rest.len())
+        && rest
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
+    if ok {
+        Ok(())
+    } else {
+        Err(EngineError::InvalidRequest(format!(
+            "sandbox id '{id}' must be 'sb-' followed by 1 to 64 of a-z, 0-9 and '-'"
+        )))
+    }
+}
+
+/// A new unique sandbox id: `sb-` and 12 hex digits from the clock, the pid and a counter.
+pub fn new_sandbox_id() -> String {
     use std::hash::{BuildHasher, Hasher};
     use std::sync::atomic::{AtomicU64, Ordering};
     static COUNTER: AtomicU64 = AtomicU64::new(0);
@@ -107,4 +133,19 @@ fn new_id() -> String {
     h.write_u32(std::process::id());
     h.write_u64(COUNTER.fetch_add(1, Ordering::Relaxed));
     format!("sb-{:012x}", h.finish() & 0xffff_ffff_ffff)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_are_checked() {
+        assert!(validate_id(&new_sandbox_id()).is_ok());
+        assert!(validate_id("sb-abc-123").is_ok());
+        for bad in ["", "sb-", "abc", "sb-../x", "sb-A", "sb-a/b"] {
+            assert!(validate_id(bad).is_err(), "{bad}");
+        }
+        assert_ne!(new_sandbox_id(), new_sandbox_id());
+    }
 }

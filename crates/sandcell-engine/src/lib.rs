@@ -14,7 +14,7 @@ pub mod spec;
 pub use backend::{
     Backend, BackendCapabilities, BackendInstance, LaunchedSandbox, ResourceCounters,
 };
-pub use engine::{Engine, EngineBuilder};
+pub use engine::{Engine, EngineBuilder, new_sandbox_id};
 pub use error::EngineError;
 pub use sandbox::{ExecEvent, ExecOutput, ExecStream, Sandbox, Timings};
 pub use spec::{BackendKind, NetworkPolicy, SandboxLimits, SandboxSpec};

@@ -253,7 +253,7 @@ impl Backend for ProcessBackend {
         // Another sandbox's preforked launcher is dropped: its agent sees EOF and exits.
         let preforked = preforked.filter(|p| p.id == id && p.spec == *spec);
         let (host, launcher, needs_config) = match preforked {
-            Some(p) => (p.socket, Launcher::Forked(p.pid), false),
+            Some(p) => (p.socket, Launcher(p.pid), false),
             None => {
                 let (host, child) = std::os::unix::net::UnixStream::pair()
                     .map_err(|e| EngineError::io("create the sandbox socketpair", e))?;
@@ -365,35 +365,28 @@ impl ProcessBackend {
                 e,
             )
         })?;
-        Ok(Launcher::Spawned(std::sync::Mutex::new(Some(child))))
+        // Dropping the Child neither waits nor kills: the pid is all we keep.
+        Ok(Launcher(child.id() as i32))
     }
 }
 
-/// The launcher process: it outlives the sandbox's PID 1 by the cgroup clean-up.
-enum Launcher {
-    /// Started with exec; reaped through its `Child`.
-    Spawned(std::sync::Mutex<Option<std::process::Child>>),
-    /// Forked from this process.
-    Forked(i32),
-}
+/// The launcher process (its pid): it outlives the sandbox's PID 1 by the cgroup clean-up.
+struct Launcher(i32);
 
 impl Launcher {
-    fn pid(&self) -> Option<i32> {
-        match self {
-            Self::Spawned(child) => child.lock().ok()?.as_ref().map(|c| c.id() as i32),
-            Self::Forked(pid) => Some(*pid),
-        }
+    fn pid(&self) -> Option<Pid> {
+        Pid::from_raw(self.0)
     }
 
     fn kill(&self) {
-        if let Some(pid) = self.pid().and_then(Pid::from_raw) {
+        if let Some(pid) = self.pid() {
             let _ = rustix::process::kill_process(pid, Signal::KILL);
         }
     }
 
     /// Waits for an already-failed launcher and says how it ended.
     fn reap_now(&self) -> String {
-        match self.pid().and_then(Pid::from_raw) {
+        match self.pid() {
             Some(pid) => {
                 match rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::empty()) {
                     Ok(Some((_, status))) => format!("{status:?}"),
@@ -406,14 +399,14 @@ impl Launcher {
 
     /// Reaps it if it has already ended.
     fn reap_if_done(&self) {
-        if let Some(pid) = self.pid().and_then(Pid::from_raw) {
+        if let Some(pid) = self.pid() {
             let _ = rustix::process::waitpid(Some(pid), rustix::process::WaitOptions::NOHANG);
         }
     }
 
     /// Reaps it in the background once it ends (it removes the cgroups first).
     fn reap_later(&self) {
-        let Some(pid) = self.pid().and_then(Pid::from_raw) else {
+        let Some(pid) = self.pid() else {
             return;
         };
         tokio::task::spawn_blocking(move || {

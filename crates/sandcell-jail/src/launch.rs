@@ -57,9 +57,10 @@ pub fn is_single_threaded() -> bool {
 }
 
 /// Starts a launcher without an exec: forks this process and runs the launcher in the child
-/// on `socket`, with `config` when given (else it reads one from the socket). Saves a process start (about 1 ms). The child never returns: when it becomes
-/// the sandbox it calls `on_sandbox` (which must not need this process's async runtime or
-/// signal handlers: the copy of them is dead), then exits. Returns the launcher's pid.
+/// on `socket`, with `config` when given (else it reads one from the socket). Saves a process
+/// start (about 1 ms). The child never returns: when it becomes the sandbox it calls
+/// `on_sandbox` (which must not need this process's async runtime or signal handlers: the
+/// copy of them is dead), then exits. Returns the launcher's pid.
 ///
 /// Fails unless this process has exactly one thread.
 pub fn fork_launcher(
@@ -71,8 +72,9 @@ pub fn fork_launcher(
     match raw_clone(0).map_err(|e| JailError::io("fork the launcher", e))? {
         Some(pid) => Ok(pid.as_raw()),
         None => {
-            // The host's environment may hold secrets; the sandbox gets none of it.
-            for (key, _) in std::env::vars_os() {
+            // The host's environment may hold secrets; the sandbox gets none of it (but the
+            // debugging switch, which take_socket reads).
+            for (key, _) in std::env::vars_os().filter(|(k, _)| k != "SANDCELL_DEBUG") {
                 // SAFETY: this forked child has a single thread, so nothing reads the
                 // environment concurrently.
                 unsafe { std::env::remove_var(key) };

@@ -150,7 +150,9 @@ pub fn feature(network: NetworkMode) -> Feature {
 fn describe(network: NetworkMode) -> String {
     let sockets = match network {
         NetworkMode::Off => "unix only",
-        NetworkMode::Loopback => "unix, inet, inet6, netlink (loopback namespace)",
+        NetworkMode::Loopback => {
+            "unix, inet, inet6, netlink route and sock_diag (loopback namespace)"
+        }
     };
     let x32 = if cfg!(target_arch = "x86_64") {
         "; x32 syscalls -> EPERM"
@@ -231,10 +233,29 @@ fn socket_rules(network: NetworkMode) -> Result<Rules, JailError> {
         .iter()
         .map(|&af| (0, SeccompCmpOp::Ne, u64::from(af.unsigned_abs())))
         .collect();
-    Ok(BTreeMap::from([(
-        libc::SYS_socket,
-        vec![rule(&conditions)?],
-    )]))
+    let mut rules = vec![rule(&conditions)?];
+    if allowed.contains(&libc::AF_NETLINK) {
+        // Of netlink, only routing (interfaces, addresses) and socket diagnostics (`ss`):
+        // netfilter, audit, uevents and the rest are kernel surface a sandbox does not need.
+        rules.push(rule(&[
+            (
+                0,
+                SeccompCmpOp::Eq,
+                u64::from(libc::AF_NETLINK.unsigned_abs()),
+            ),
+            (
+                2,
+                SeccompCmpOp::Ne,
+                u64::from(libc::NETLINK_ROUTE.unsigned_abs()),
+            ),
+            (
+                2,
+                SeccompCmpOp::Ne,
+                u64::from(libc::NETLINK_SOCK_DIAG.unsigned_abs()),
+            ),
+        ])?);
+    }
+    Ok(BTreeMap::from([(libc::SYS_socket, rules)]))
 }
 
 /// A rule matching when all `(argument index, comparison, value)` conditions hold. Arguments

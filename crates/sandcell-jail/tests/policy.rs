@@ -365,6 +365,22 @@ fn seccomp_loopback_mode_allows_inet_and_netlink_but_not_packet() {
                 "socket netlink",
                 af(libc::AF_NETLINK, libc::SOCK_RAW, libc::NETLINK_ROUTE),
             )?;
+            expect_ok(
+                "socket netlink sock_diag",
+                af(libc::AF_NETLINK, libc::SOCK_RAW, libc::NETLINK_SOCK_DIAG),
+            )?;
+            // Other netlink protocols (netfilter, audit, uevents) are refused.
+            for proto in [
+                libc::NETLINK_NETFILTER,
+                libc::NETLINK_AUDIT,
+                libc::NETLINK_KOBJECT_UEVENT,
+            ] {
+                expect_errno(
+                    "socket netlink other",
+                    af(libc::AF_NETLINK, libc::SOCK_RAW, proto),
+                    libc::EAFNOSUPPORT,
+                )?;
+            }
             expect_ok("socket unix", af(libc::AF_UNIX, libc::SOCK_DGRAM, 0))?;
             expect_errno(
                 "socket packet",

@@ -1,6 +1,5 @@
 //! Each isolation property, attacked from inside a sandbox.
 
-use std::io::Write;
 use std::net::TcpListener;
 use std::time::Duration;
 
@@ -324,5 +323,4 @@ async fn isolation_report_names_every_layer() {
     }
     assert!(iso.is_active("seccomp") && iso.is_active("capabilities") && iso.is_active("user_ns"));
     sb.destroy().await.unwrap();
-    let _ = std::io::stdout().flush();
 }

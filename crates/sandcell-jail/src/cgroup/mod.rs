@@ -333,29 +333,22 @@ impl SandboxCgroup {
 
     /// SIGKILLs every process (v2: cgroup.kill when present; else freeze where possible and kill the listed pids until empty, bounded retries).
     ///
-    /// The calling process is never killed or frozen: if it is inside (the launcher joins
-    /// before cloning), it first moves itself out with [`SandboxCgroup::leave`].
+    /// The calling process is never killed or frozen: if it is inside, it first moves itself
+    /// out with [`SandboxCgroup::leave`].
     pub fn kill_all(&self) -> Result<(), JailError> {
         self.leave(std::process::id())?;
         if self.version == CgroupVersion::V2 && v2::kill_switch(&self.dirs[0].path)? {
-            return self.wait_empty();
+            return self.until_empty(Duration::from_millis(5), |_| {});
         }
-        let deadline = Instant::now() + KILL_TIMEOUT;
-        loop {
-            let pids = self.pids();
-            if pids.is_empty() {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                return Err(self.still_populated(&pids));
-            }
+        // Killed tasks leave the list within a few milliseconds; poll rather than wait long.
+        self.until_empty(Duration::from_millis(2), |pids| {
             // Frozen tasks cannot fork a replacement between our reading the list and the
             // kill; SIGKILL stays pending and takes effect when they are thawed.
             let frozen = match self.version {
                 CgroupVersion::V1 => v1::freeze(self),
                 CgroupVersion::V2 => v2::freeze(&self.dirs[0].path),
             };
-            for pid in &pids {
+            for pid in pids {
                 sigkill(*pid);
             }
             if frozen {
@@ -364,9 +357,7 @@ impl SandboxCgroup {
                     CgroupVersion::V2 => v2::thaw(&self.dirs[0].path),
                 }
             }
-            // Killed tasks leave the list within a few milliseconds; poll rather than wait long.
-            sleep(Duration::from_millis(2));
-        }
+        })
     }
 
     /// Removes the directories, retrying briefly (up to ~1 s) while dying tasks keep them busy.
@@ -406,8 +397,13 @@ impl SandboxCgroup {
         parse_flat_keyed(&text, key)
     }
 
-    /// Waits for the cgroup to empty after cgroup.kill.
-    fn wait_empty(&self) -> Result<(), JailError> {
+    /// Runs `each_round` on the listed pids every `poll` until the cgroup is empty, giving
+    /// up after [`KILL_TIMEOUT`].
+    fn until_empty(
+        &self,
+        poll: Duration,
+        mut each_round: impl FnMut(&[u32]),
+    ) -> Result<(), JailError> {
         let deadline = Instant::now() + KILL_TIMEOUT;
         loop {
             let pids = self.pids();
@@ -417,7 +413,8 @@ impl SandboxCgroup {
             if Instant::now() > deadline {
                 return Err(self.still_populated(&pids));
             }
-            sleep(Duration::from_millis(5));
+            each_round(&pids);
+            sleep(poll);
         }
     }
 

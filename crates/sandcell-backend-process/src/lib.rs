@@ -473,12 +473,16 @@ impl BackendInstance for ProcessInstance {
         let Some(cg) = &self.cgroup else {
             return ResourceCounters::default();
         };
-        let c = cg.counters();
+        let c = cg.limit_counters();
         ResourceCounters {
             oom_kills: Some(c.oom_kills),
             pids_limit_hits: Some(c.pids_limit_hits),
             memory_bytes: c.memory_bytes,
         }
+    }
+
+    fn pids_limit_hits(&self) -> Option<u64> {
+        self.cgroup.as_ref().map(SandboxCgroup::pids_limit_hits)
     }
 
     fn host_pid(&self) -> Option<i32> {

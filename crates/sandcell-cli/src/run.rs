@@ -7,7 +7,7 @@ use std::time::Instant;
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
 use sandcell_engine::spec::parse_size;
-use sandcell_engine::{Engine, ExecEvent, NetworkPolicy, SandboxSpec};
+use sandcell_engine::{Engine, ExecEvent, ExecStream, NetworkPolicy, SandboxSpec};
 use sandcell_protocol::ExecRequest;
 use serde_json::json;
 
@@ -155,12 +155,12 @@ pub fn prepare(args: &RunArgs) -> anyhow::Result<Prepared> {
 pub async fn run(args: RunArgs, prepared: Prepared, engine: Engine) -> anyhow::Result<ExitCode> {
     let Prepared { id, req, spec } = prepared;
     let start = Instant::now();
-    let sandbox = engine
-        .create_with_id(id, spec)
+    let (sandbox, stream) = engine
+        .create_and_exec(id, spec, req)
         .await
-        .context("create the sandbox")?;
+        .context("create the sandbox and start the command")?;
     let created = start.elapsed();
-    let outcome = execute(&sandbox, req, &args).await;
+    let outcome = execute(stream, &args).await;
     let exec_done = start.elapsed();
     // The kill is sent; the namespaces finish dying after we exit, as with any one-shot
     // runner.
@@ -205,15 +205,7 @@ pub async fn run(args: RunArgs, prepared: Prepared, engine: Engine) -> anyhow::R
 
 type Outcome = (Vec<u8>, Vec<u8>, sandcell_protocol::ExecResult);
 
-async fn execute(
-    sandbox: &sandcell_engine::Sandbox,
-    req: ExecRequest,
-    args: &RunArgs,
-) -> anyhow::Result<Outcome> {
-    let mut stream = sandbox
-        .exec_stream(req)
-        .await
-        .context("start the command")?;
+async fn execute(mut stream: ExecStream, args: &RunArgs) -> anyhow::Result<Outcome> {
     if args.stdin {
         // Forward stdin from a thread: reading a terminal or pipe blocks.
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Vec<u8>>(8);

@@ -63,6 +63,10 @@ pub trait Backend: Send + Sync {
 pub trait BackendInstance: Send + Sync {
     /// Current resource counters.
     fn counters(&self) -> ResourceCounters;
+    /// Forks refused by the process limit so far (a cheaper read than all of `counters`).
+    fn pids_limit_hits(&self) -> Option<u64> {
+        self.counters().pids_limit_hits
+    }
     /// The pid of the sandbox's first process on the host, if it has one.
     fn host_pid(&self) -> Option<i32>;
     /// Kills everything in the sandbox and waits until it is gone.

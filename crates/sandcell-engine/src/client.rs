@@ -104,11 +104,23 @@ impl GuestClient {
         timeout: Duration,
     ) -> Result<(Self, Hello), EngineError> {
         let client = Self::start(stream);
-        let hello = HostMessage::Hello {
+        let call = client.send_hello().await?;
+        let hello = Self::await_hello(call, timeout).await?;
+        Ok((client, hello))
+    }
+
+    /// Sends the handshake without waiting for its answer; requests sent after it are
+    /// served once the agent has answered it (it reads in order).
+    pub async fn send_hello(&self) -> Result<Call, EngineError> {
+        self.request(&HostMessage::Hello {
             protocol: PROTOCOL_VERSION,
             client: "sandcell-engine".into(),
-        };
-        let mut call = client.request(&hello).await?;
+        })
+        .await
+    }
+
+    /// Waits for the answer to [`Self::send_hello`].
+    pub async fn await_hello(mut call: Call, timeout: Duration) -> Result<Hello, EngineError> {
         let reply = tokio::time::timeout(timeout, call.message())
             .await
             .map_err(|_| EngineError::Unresponsive(format!("no handshake within {timeout:?}")))??;
@@ -117,14 +129,11 @@ impl GuestClient {
                 protocol,
                 agent_version,
                 isolation,
-            } => Ok((
-                client,
-                Hello {
-                    protocol,
-                    agent_version,
-                    isolation,
-                },
-            )),
+            } => Ok(Hello {
+                protocol,
+                agent_version,
+                isolation,
+            }),
             other => Err(EngineError::Connection(format!(
                 "unexpected handshake reply {other:?}"
             ))),

@@ -4,10 +4,12 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use crate::backend::{Backend, BackendCapabilities};
-use crate::client::GuestClient;
+use sandcell_protocol::{ExecRequest, HostMessage, IsolationReport};
+
+use crate::backend::{Backend, BackendCapabilities, BackendInstance};
+use crate::client::{Call, GuestClient};
 use crate::error::EngineError;
-use crate::sandbox::{Sandbox, Timings};
+use crate::sandbox::{ExecStream, Sandbox, Timings, prepare_exec};
 use crate::spec::SandboxSpec;
 
 /// How long a fresh agent may take to answer the handshake.
@@ -63,6 +65,40 @@ impl Engine {
         id: String,
         spec: SandboxSpec,
     ) -> Result<Sandbox, EngineError> {
+        let launch = self.launch(id, spec).await?;
+        let hello = launch.client.send_hello().await;
+        launch.finish(hello).await
+    }
+
+    /// Creates a sandbox and starts `req` in it, the request travelling right behind the
+    /// handshake instead of after its answer (one round trip less: what one-shot runs want).
+    pub async fn create_and_exec(
+        &self,
+        id: String,
+        spec: SandboxSpec,
+        req: ExecRequest,
+    ) -> Result<(Sandbox, ExecStream), EngineError> {
+        // Checked before anything starts.
+        let req = prepare_exec(&spec, req)?;
+        let launch = self.launch(id, spec).await?;
+        let hello = launch.client.send_hello().await;
+        let exec = launch.client.request(&HostMessage::Exec(req.clone())).await;
+        let sandbox = launch.finish(hello).await?;
+        let started = match exec {
+            Ok(call) => sandbox.exec_started(call, &req).await,
+            Err(e) => Err(e),
+        };
+        match started {
+            Ok(stream) => Ok((sandbox, stream)),
+            Err(e) => {
+                let _ = sandbox.destroy().await;
+                Err(e)
+            }
+        }
+    }
+
+    /// Starts the backend's sandbox and the client on its agent's stream.
+    async fn launch(&self, id: String, spec: SandboxSpec) -> Result<Launch, EngineError> {
         validate_id(&id)?;
         spec.validate()?;
         let backend = self
@@ -72,25 +108,55 @@ impl Engine {
         let start = Instant::now();
         let launched = backend.launch(&id, &spec).await?;
         let launched_at = start.elapsed();
-        let (client, hello) = match GuestClient::connect(launched.stream, HANDSHAKE_TIMEOUT).await {
-            Ok(ok) => ok,
+        Ok(Launch {
+            id,
+            spec,
+            client: GuestClient::start(launched.stream),
+            instance: launched.instance,
+            isolation: launched.isolation,
+            start,
+            launched_at,
+        })
+    }
+}
+
+/// A sandbox whose agent has been reached but not yet greeted.
+struct Launch {
+    id: String,
+    spec: SandboxSpec,
+    client: GuestClient,
+    instance: Box<dyn BackendInstance>,
+    isolation: IsolationReport,
+    start: Instant,
+    launched_at: Duration,
+}
+
+impl Launch {
+    /// Completes the handshake sent on `hello`; on failure the sandbox is destroyed.
+    async fn finish(self, hello: Result<Call, EngineError>) -> Result<Sandbox, EngineError> {
+        let answered = match hello {
+            Ok(call) => GuestClient::await_hello(call, HANDSHAKE_TIMEOUT).await,
+            Err(e) => Err(e),
+        };
+        let hello = match answered {
+            Ok(hello) => hello,
             Err(e) => {
-                let _ = launched.instance.destroy().await;
+                let _ = self.instance.destroy().await;
                 return Err(e);
             }
         };
-        let mut isolation = launched.isolation;
+        let mut isolation = self.isolation;
         isolation.merge(&hello.isolation);
         let timings = Timings {
-            launch_ms: ms(launched_at),
-            handshake_ms: ms(start.elapsed() - launched_at),
-            create_ms: ms(start.elapsed()),
+            launch_ms: ms(self.launched_at),
+            handshake_ms: ms(self.start.elapsed() - self.launched_at),
+            create_ms: ms(self.start.elapsed()),
         };
         Ok(Sandbox::new(
-            id,
-            spec,
-            client,
-            launched.instance,
+            self.id,
+            self.spec,
+            self.client,
+            self.instance,
             isolation,
             hello.agent_version,
             timings,

@@ -138,13 +138,24 @@ impl ExecStream {
             ))),
             Reply::Message(GuestMessage::ExecExited(exit)) => {
                 self.done = true;
-                let after = self.sandbox.inner.instance.counters();
+                // The OOM counter only explains a SIGKILL: skip its read on other exits (each
+                // read is on every exec's critical path).
+                let after = if exit.signal == Some(9) {
+                    self.sandbox.inner.instance.counters()
+                } else {
+                    ResourceCounters {
+                        pids_limit_hits: self.sandbox.inner.instance.pids_limit_hits(),
+                        ..ResourceCounters::default()
+                    }
+                };
                 let delta =
                     |a: Option<u64>, b: Option<u64>| a.unwrap_or(0).saturating_sub(b.unwrap_or(0));
+                let oom_kills = delta(after.oom_kills, self.before.oom_kills);
+                let pids_limit_hits = delta(after.pids_limit_hits, self.before.pids_limit_hits);
                 Ok(ExecEvent::Exit(ExecResult::classify(
                     &exit,
-                    delta(after.oom_kills, self.before.oom_kills),
-                    delta(after.pids_limit_hits, self.before.pids_limit_hits),
+                    oom_kills,
+                    pids_limit_hits,
                     self.timeout_ms,
                 )))
             }
@@ -261,21 +272,24 @@ impl Sandbox {
     }
 
     /// Starts a process and streams its output.
-    pub async fn exec_stream(&self, mut req: ExecRequest) -> Result<ExecStream, EngineError> {
+    pub async fn exec_stream(&self, req: ExecRequest) -> Result<ExecStream, EngineError> {
         self.check_alive()?;
-        validate_exec(&req)?;
-        for (k, v) in &self.inner.spec.env {
-            req.env.entry(k.clone()).or_insert_with(|| v.clone());
-        }
-        if req.timeout_ms.is_none() {
-            req.timeout_ms = self.inner.spec.limits.exec_timeout_ms;
-        }
-        let mut call = self
+        let req = prepare_exec(&self.inner.spec, req)?;
+        let call = self
             .inner
             .client
             .request(&HostMessage::Exec(req.clone()))
             .await
             .map_err(|e| self.map_closed(e))?;
+        self.exec_started(call, &req).await
+    }
+
+    /// Follows an exec request already sent on `call` (prepared by [`prepare_exec`]).
+    pub(crate) async fn exec_started(
+        &self,
+        mut call: Call,
+        req: &ExecRequest,
+    ) -> Result<ExecStream, EngineError> {
         // Read while the agent spawns: the process cannot have run into a limit yet.
         let before = self.inner.instance.counters();
         let pid = match call.message().await.map_err(|e| self.map_closed(e))? {
@@ -565,6 +579,21 @@ impl Sandbox {
 
 fn unexpected(msg: GuestMessage) -> EngineError {
     EngineError::Connection(format!("unexpected reply {msg:?}"))
+}
+
+/// Checks an exec request and fills in the sandbox's defaults (env, timeout).
+pub(crate) fn prepare_exec(
+    spec: &SandboxSpec,
+    mut req: ExecRequest,
+) -> Result<ExecRequest, EngineError> {
+    validate_exec(&req)?;
+    for (k, v) in &spec.env {
+        req.env.entry(k.clone()).or_insert_with(|| v.clone());
+    }
+    if req.timeout_ms.is_none() {
+        req.timeout_ms = spec.limits.exec_timeout_ms;
+    }
+    Ok(req)
 }
 
 fn validate_exec(req: &ExecRequest) -> Result<(), EngineError> {

@@ -1,12 +1,15 @@
 //! Long-lived threads for blocking work (file operations, `/proc` scans, tree kills).
 //!
-//! They are started with the connection, before any sandbox process runs, because creating a
-//! thread later can fail: the sandbox's pids limit counts threads, and a fork bomb exhausts it
-//! exactly when a tree kill is needed (tokio's blocking pool panics then). Tree kills get a
-//! thread of their own so they never queue behind a slow file operation.
+//! The kill thread is started with the connection, before any sandbox process runs, because
+//! creating a thread later can fail: the sandbox's pids limit counts threads, and a fork bomb
+//! exhausts it exactly when a tree kill is needed (tokio's blocking pool panics then). General
+//! workers start on demand (each costs start-up time); if none can be started, a job runs on
+//! the calling thread instead. Tree kills get a thread of their own so they never queue
+//! behind a slow file operation.
 
 use std::panic::AssertUnwindSafe;
-use std::sync::mpsc::{Sender, channel};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
@@ -18,26 +21,29 @@ type Job = Box<dyn FnOnce() + Send>;
 /// Threads that run blocking jobs.
 pub(crate) struct Workers {
     general: Sender<Job>,
+    queue: Arc<Mutex<Receiver<Job>>>,
+    /// General workers waiting for a job.
+    idle: Arc<AtomicUsize>,
+    /// General workers started so far.
+    started: AtomicUsize,
+    max_general: usize,
     killer: Sender<Job>,
 }
 
 impl Workers {
-    /// Starts `general` threads for ordinary jobs and one for kills.
-    pub fn start(general: usize) -> std::io::Result<Self> {
+    /// Starts the kill thread; up to `max_general` general workers start as jobs need them.
+    pub fn start(max_general: usize) -> std::io::Result<Self> {
         let (tx, rx) = channel::<Job>();
-        let shared = Arc::new(Mutex::new(rx));
-        for i in 0..general.max(1) {
-            let rx = shared.clone();
-            std::thread::Builder::new()
-                .name(format!("sandcell-worker-{i}"))
-                .spawn(move || serve_jobs(|| lock(&rx).recv().ok()))?;
-        }
         let (killer, krx) = channel::<Job>();
         std::thread::Builder::new()
             .name("sandcell-killer".into())
             .spawn(move || serve_jobs(|| krx.recv().ok()))?;
         Ok(Self {
             general: tx,
+            queue: Arc::new(Mutex::new(rx)),
+            idle: Arc::new(AtomicUsize::new(0)),
+            started: AtomicUsize::new(0),
+            max_general: max_general.max(1),
             killer,
         })
     }
@@ -48,6 +54,12 @@ impl Workers {
         T: Send + 'static,
         F: FnOnce() -> T + Send + 'static,
     {
+        if self.idle.load(Ordering::SeqCst) == 0 && !self.grow() && self.started() == 0 {
+            // No worker and none can be started (the pids limit is exhausted): run it here.
+            let (tx, rx) = oneshot::channel();
+            let _ = tx.send(f());
+            return rx;
+        }
         submit(&self.general, f)
     }
 
@@ -58,6 +70,33 @@ impl Workers {
         F: FnOnce() -> T + Send + 'static,
     {
         submit(&self.killer, f)
+    }
+
+    fn started(&self) -> usize {
+        self.started.load(Ordering::SeqCst)
+    }
+
+    /// Starts one more general worker unless the maximum is reached; says whether it did.
+    fn grow(&self) -> bool {
+        let n = self.started();
+        if n >= self.max_general {
+            return false;
+        }
+        let (queue, idle) = (self.queue.clone(), self.idle.clone());
+        let spawned = std::thread::Builder::new()
+            .name(format!("sandcell-worker-{n}"))
+            .spawn(move || {
+                serve_jobs(|| {
+                    idle.fetch_add(1, Ordering::SeqCst);
+                    let job = lock(&queue).recv().ok();
+                    idle.fetch_sub(1, Ordering::SeqCst);
+                    job
+                })
+            });
+        if spawned.is_ok() {
+            self.started.fetch_add(1, Ordering::SeqCst);
+        }
+        spawned.is_ok()
     }
 }
 

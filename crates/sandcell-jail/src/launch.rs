@@ -48,7 +48,7 @@ pub enum Outcome {
 /// Runs the launcher on the socket inherited as stdin. Must be called first thing in `main`,
 /// while the process has one thread.
 pub fn run() -> Outcome {
-    run_on(0, None)
+    run_on(0, None, false)
 }
 
 /// Whether this process has exactly one thread (so it may fork safely).
@@ -79,7 +79,8 @@ pub fn fork_launcher(
                 // environment concurrently.
                 unsafe { std::env::remove_var(key) };
             }
-            let code = match run_on(socket.as_raw_fd(), config) {
+            // A forked child has the one thread that called fork, checked above.
+            let code = match run_on(socket.as_raw_fd(), config, true) {
                 Outcome::Exit(code) => code,
                 Outcome::Sandbox {
                     socket, isolation, ..
@@ -92,8 +93,9 @@ pub fn fork_launcher(
     }
 }
 
-/// `config`, when given, is used instead of reading one from the socket.
-fn run_on(from: RawFd, config: Option<JailConfig>) -> Outcome {
+/// `config`, when given, is used instead of reading one from the socket; `single_threaded`
+/// says the caller already knows this process has one thread.
+fn run_on(from: RawFd, config: Option<JailConfig>, single_threaded: bool) -> Outcome {
     let mut socket = match take_socket(from) {
         Ok(s) => s,
         // Without the socket nobody can hear us; stderr is all we have.
@@ -102,7 +104,7 @@ fn run_on(from: RawFd, config: Option<JailConfig>) -> Outcome {
             return Outcome::Exit(1);
         }
     };
-    match launch(&mut socket, config) {
+    match launch(&mut socket, config, single_threaded) {
         Ok(Side::Sandbox { isolation, config }) => Outcome::Sandbox {
             socket,
             isolation,
@@ -261,8 +263,14 @@ fn send(socket: &mut UnixStream, msg: &GuestMessage) {
     let _ = socket.write_all(&encode_message(0, msg));
 }
 
-fn launch(socket: &mut UnixStream, preset: Option<JailConfig>) -> StageResult<Side> {
-    at("threads", ensure_single_threaded())?;
+fn launch(
+    socket: &mut UnixStream,
+    preset: Option<JailConfig>,
+    single_threaded: bool,
+) -> StageResult<Side> {
+    if !single_threaded {
+        at("threads", ensure_single_threaded())?;
+    }
     let config = match preset {
         Some(config) => config,
         None => at("config", read_config(socket))?,
@@ -292,40 +300,35 @@ fn launch(socket: &mut UnixStream, preset: Option<JailConfig>) -> StageResult<Si
         format!("uid/gid {SANDBOX_UID} inside -> {outside_uid}/{outside_gid} outside (no other ids mapped)"),
     );
 
-    // The cgroup comes first: on v1 the child moves itself in before anything else.
-    let cgroup = create_cgroup(&config, &mut report);
-    let self_join = cgroup.as_ref().and_then(SandboxCgroup::self_join_files);
-    let (go_read, go_write) = at("pipe", nix::unistd::pipe().map_err(JailError::from))?;
+    // The go channel: a datagram socket pair, so the cgroup's files can travel with the flags.
+    let (go_child, go_launcher) = at("go channel", go_channel())?;
     let (child, ns_lines) = at("clone", clone_sandbox())?;
     for (name, detail) in ns_lines {
         report.set(name, FeatureState::Active, detail);
     }
     let Some(pid) = child else {
-        drop(go_write);
-        let isolation = sandbox_side(go_read, &config, self_join)?;
+        drop(go_launcher);
+        let isolation = sandbox_side(go_child, &config)?;
         report.merge(&isolation);
         return Ok(Side::Sandbox {
             isolation: report,
             config: Box::new(config),
         });
     };
-    let moved_by_child = self_join.is_some();
-    drop(self_join);
-    drop(go_read);
-    let mut go = File::from(go_write);
+    drop(go_child);
     if let Err(e) = write_id_maps(pid, outside_uid, outside_gid) {
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
         let _ = waitpid(pid, None);
-        if let Some(cg) = &cgroup {
-            let _ = cg.remove();
-        }
         return Err(("id maps".into(), e));
     }
-    // Released: the child builds its root meanwhile.
-    let _ = go.write_all(&[GO]);
+    // Released: the child builds its root while we make its cgroup.
+    let _ = go_send(&go_launcher, GO, &[]);
+    let cgroup = create_cgroup(&config, &mut report);
+    // v1: the child moves itself in with files we open (writing "0" to `tasks` skips the
+    // RCU grace period a move from outside waits for). v2: we move it from here.
+    let self_join = cgroup.as_ref().and_then(SandboxCgroup::self_join_files);
     let cgroup = match cgroup {
-        // v2: move it from here (the kernel makes this wait for an RCU grace period).
-        Some(cg) if !moved_by_child => match cg.join(pid.as_raw() as u32) {
+        Some(cg) if self_join.is_none() => match cg.join(pid.as_raw() as u32) {
             Ok(()) => Some(cg),
             Err(e) => {
                 let _ = cg.remove();
@@ -342,7 +345,8 @@ fn launch(socket: &mut UnixStream, preset: Option<JailConfig>) -> StageResult<Si
     if report.is_active("pids_limit") {
         flags |= PIDS_BY_CGROUP;
     }
-    let _ = go.write_all(&[flags]);
+    let fds: Vec<RawFd> = self_join.iter().flatten().map(AsRawFd::as_raw_fd).collect();
+    let _ = go_send(&go_launcher, flags, &fds);
     Ok(Side::Launcher {
         pid,
         report,
@@ -350,9 +354,63 @@ fn launch(socket: &mut UnixStream, preset: Option<JailConfig>) -> StageResult<Si
     })
 }
 
-/// First byte on the go pipe: the id maps are written.
+/// A connected pair of close-on-exec datagram sockets: (child's end, launcher's end).
+fn go_channel() -> Result<(OwnedFd, OwnedFd), JailError> {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
+    socketpair(
+        AddressFamily::Unix,
+        SockType::SeqPacket,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )
+    .map_err(JailError::from)
+}
+
+/// Sends one byte, with `fds` attached when there are any.
+fn go_send(socket: &OwnedFd, byte: u8, fds: &[RawFd]) -> Result<(), JailError> {
+    use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
+    let payload = [byte];
+    let iov = [io::IoSlice::new(&payload)];
+    let rights = [ControlMessage::ScmRights(fds)];
+    let cmsgs: &[ControlMessage] = if fds.is_empty() { &[] } else { &rights };
+    sendmsg::<()>(
+        socket.as_raw_fd(),
+        &iov,
+        cmsgs,
+        MsgFlags::MSG_NOSIGNAL,
+        None,
+    )
+    .map(|_| ())
+    .map_err(JailError::from)
+}
+
+/// Receives one byte and any descriptors sent with it; `None` when the launcher is gone.
+fn go_receive(socket: &OwnedFd) -> Option<(u8, Vec<File>)> {
+    use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
+    let mut byte = [0u8; 1];
+    let mut iov = [io::IoSliceMut::new(&mut byte)];
+    let mut space = nix::cmsg_space!([RawFd; 8]);
+    let msg = recvmsg::<()>(
+        socket.as_raw_fd(),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )
+    .ok()?;
+    let mut files = Vec::new();
+    for cmsg in msg.cmsgs().ok()? {
+        if let ControlMessageOwned::ScmRights(fds) = cmsg {
+            // SAFETY: SCM_RIGHTS just installed these descriptors in our table; nothing else
+            // owns them.
+            files.extend(fds.into_iter().map(|fd| unsafe { File::from_raw_fd(fd) }));
+        }
+    }
+    (msg.bytes == 1).then_some((byte[0], files))
+}
+
+/// First message on the go channel: the id maps are written.
 const GO: u8 = b'g';
-/// Bits of the second byte: which limits the cgroup enforces (the rest falls to rlimits).
+/// Bits of the second message: which limits the cgroup enforces (the rest falls to rlimits).
 const MEMORY_BY_CGROUP: u8 = 1;
 const PIDS_BY_CGROUP: u8 = 2;
 
@@ -394,16 +452,16 @@ fn cgroup_unavailable(report: &mut IsolationReport, e: JailError) {
 }
 
 fn ensure_single_threaded() -> Result<(), JailError> {
-    let status = std::fs::read_to_string("/proc/self/status")
-        .map_err(|e| JailError::io("read /proc/self/status", e))?;
-    let threads = status
-        .lines()
-        .find_map(|l| l.strip_prefix("Threads:"))
-        .map(str::trim);
-    if threads != Some("1") {
+    use std::os::unix::fs::MetadataExt;
+    // procfs counts a process's threads in the link count of its task directory (2 + threads):
+    // one stat instead of formatting all of /proc/self/status.
+    let links = std::fs::metadata("/proc/self/task")
+        .map_err(|e| JailError::io("stat /proc/self/task", e))?
+        .nlink();
+    if links != 3 {
         return Err(JailError::Config(format!(
             "the launcher must be single-threaded to clone safely, it has {} threads",
-            threads.unwrap_or("?")
+            links.saturating_sub(2)
         )));
     }
     Ok(())
@@ -493,24 +551,14 @@ fn switch_ids(uid: u32, gid: u32) -> Result<(), JailError> {
 }
 
 /// Inside the new namespaces: wait for the id maps, then confine this process.
-fn sandbox_side(
-    go_read: OwnedFd,
-    config: &JailConfig,
-    self_join: Option<Vec<File>>,
-) -> StageResult<IsolationReport> {
-    if let Some(files) = self_join {
-        // Before anything else, so everything the sandbox allocates is charged to it.
-        at("cgroup", crate::cgroup::join_self(files))?;
-    }
-    let mut go = File::from(go_read);
-    let mut byte = [0u8; 1];
+fn sandbox_side(go: OwnedFd, config: &JailConfig) -> StageResult<IsolationReport> {
     // The launcher died or failed to map us: there is nothing to serve.
     let gone = || {
         let e = JailError::Config("the launcher went away".into());
         ("wait for the launcher".to_string(), e)
     };
-    match go.read(&mut byte) {
-        Ok(1) if byte[0] == GO => {}
+    match go_receive(&go) {
+        Some((GO, _)) => {}
         _ => return Err(gone()),
     }
     // Files we create must be owned by a mapped id (else EOVERFLOW). Uid 0 is not mapped
@@ -545,14 +593,17 @@ fn sandbox_side(
             );
         }
     }
-    let filters = at("seccomp", seccomp::build_filters(config.network))?;
-    // Nothing of the user's may run before the launcher has put us in the cgroup.
-    let flags = match go.read(&mut byte) {
-        Ok(1) => byte[0],
-        _ => return Err(gone()),
+    let filter = at("seccomp", seccomp::build_filter(config.network))?;
+    // Nothing of the user's may run before we are in the cgroup. What the sandbox allocated
+    // so far (its root's few files) stays charged to the host's cgroup.
+    let Some((flags, self_join)) = go_receive(&go) else {
+        return Err(gone());
     };
     drop(go);
-    // In its cgroup now (moved by itself or by the launcher): make that the root of its view.
+    if !self_join.is_empty() {
+        at("cgroup", crate::cgroup::join_self(self_join))?;
+    }
+
     match nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP) {
         Ok(()) => report.set(
             "cgroup_ns",
@@ -602,7 +653,7 @@ fn sandbox_side(
     report.set(&f.name, f.state, f.detail);
     // Sandbox processes share our uid: without this they could open /proc/1/mem of the agent.
     let _ = nix::sys::prctl::set_dumpable(false);
-    at("seccomp", seccomp::apply_filters(&filters))?;
+    at("seccomp", seccomp::apply_filter(&filter))?;
     let f = seccomp::feature(config.network);
     report.set(&f.name, f.state, f.detail);
     Ok(report)

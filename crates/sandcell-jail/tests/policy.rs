@@ -213,7 +213,7 @@ fn denied_syscalls_cover_the_required_list() {
 
 #[test]
 fn seccomp_off_mode_denies_and_keeps_normal_work_possible() {
-    let filters = seccomp::build_filters(NetworkMode::Off).expect("build filters");
+    let filter = seccomp::build_filter(NetworkMode::Off).expect("build the filter");
     let true_path = cstring("/bin/true");
     let argv = [true_path.as_ptr(), ptr::null()];
     let missing = cstring("/nonexistent-sandcell-mount-target");
@@ -227,7 +227,7 @@ fn seccomp_off_mode_denies_and_keeps_normal_work_possible() {
                 "no_new_privs",
                 i64::from(libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0)),
             )?;
-            seccomp::apply_filters(&filters).map_err(|_| Failure {
+            seccomp::apply_filter(&filter).map_err(|_| Failure {
                 step: "apply",
                 errno: 0,
             })?;
@@ -350,9 +350,9 @@ fn seccomp_off_mode_denies_and_keeps_normal_work_possible() {
 
 #[test]
 fn seccomp_loopback_mode_allows_inet_and_netlink_but_not_packet() {
-    let filters = seccomp::build_filters(NetworkMode::Loopback).expect("build filters");
+    let filter = seccomp::build_filter(NetworkMode::Loopback).expect("build the filter");
     let result = in_child(|| {
-        seccomp::apply_filters(&filters).map_err(|_| Failure {
+        seccomp::apply_filter(&filter).map_err(|_| Failure {
             step: "apply",
             errno: 0,
         })?;
@@ -438,13 +438,13 @@ fn seccomp_install_reports_and_enforces() {
 
 /// Runs `argv` (an interpreter one-liner) under the Off-mode filter; true when it exits 0.
 fn runs_under_filter(argv: &[&str]) -> Result<(), String> {
-    let filters = seccomp::build_filters(NetworkMode::Off).map_err(|e| e.to_string())?;
+    let filter = seccomp::build_filter(NetworkMode::Off).map_err(|e| e.to_string())?;
     let args: Vec<CString> = argv.iter().map(cstring).collect();
     let mut ptrs: Vec<*const libc::c_char> = args.iter().map(|a| a.as_ptr()).collect();
     ptrs.push(ptr::null());
     let devnull = cstring("/dev/null");
     in_child(|| {
-        seccomp::apply_filters(&filters).map_err(|_| Failure {
+        seccomp::apply_filter(&filter).map_err(|_| Failure {
             step: "apply",
             errno: 0,
         })?;

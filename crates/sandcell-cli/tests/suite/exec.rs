@@ -222,3 +222,42 @@ async fn a_sandbox_that_dies_mid_exec_gives_a_clear_error() {
     let err = sb.exec(ExecRequest::shell("true")).await.unwrap_err();
     assert_eq!(err.code(), ErrorCode::InvalidState, "{err}");
 }
+
+#[tokio::test]
+async fn create_and_exec_runs_the_first_command_and_keeps_the_sandbox() {
+    let env = std::collections::BTreeMap::from([("GREETING".to_string(), "hi".to_string())]);
+    let spec = SandboxSpec {
+        env,
+        ..SandboxSpec::default()
+    };
+    let (sb, stream) = engine()
+        .create_and_exec(
+            sandcell_engine::new_sandbox_id(),
+            spec,
+            ExecRequest::shell("echo $GREETING; exit 3"),
+        )
+        .await
+        .unwrap();
+    let out = stream.collect().await.unwrap();
+    // The sandbox's env reached the first command, and its exit is exact.
+    assert_eq!(text(&out.stdout), "hi\n");
+    assert_eq!(out.result.exit_code, Some(3));
+    // The sandbox serves further commands afterwards.
+    assert_eq!(text(&sh(&sb, "echo again").await.stdout), "again\n");
+    sb.destroy().await.unwrap();
+}
+
+#[tokio::test]
+async fn create_and_exec_refuses_a_bad_request_before_starting() {
+    let bad = ExecRequest::argv(Vec::<String>::new());
+    let err = engine()
+        .create_and_exec(
+            sandcell_engine::new_sandbox_id(),
+            SandboxSpec::default(),
+            bad,
+        )
+        .await
+        .err()
+        .expect("an empty argv must be refused");
+    assert_eq!(err.code(), ErrorCode::InvalidArgument, "{err}");
+}

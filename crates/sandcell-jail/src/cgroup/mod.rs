@@ -325,6 +325,26 @@ impl SandboxCgroup {
         }
     }
 
+    /// Only what explains an exec's death and the memory in use (three file reads): the
+    /// other fields are `None`.
+    pub fn limit_counters(&self) -> Counters {
+        let (oom_file, usage_file) = match self.version {
+            CgroupVersion::V1 => ("memory.oom_control", "memory.usage_in_bytes"),
+            CgroupVersion::V2 => ("memory.events", "memory.current"),
+        };
+        Counters {
+            oom_kills: self.read_keyed("memory", oom_file, "oom_kill").unwrap_or(0),
+            pids_limit_hits: self.read_keyed("pids", "pids.events", "max").unwrap_or(0),
+            memory_bytes: self.read_value("memory", usage_file),
+            ..Counters::default()
+        }
+    }
+
+    /// Forks refused because `pids.max` was reached (one file read).
+    pub fn pids_limit_hits(&self) -> u64 {
+        self.read_keyed("pids", "pids.events", "max").unwrap_or(0)
+    }
+
     /// Pids of every process in the cgroup.
     pub fn pids(&self) -> Vec<u32> {
         let set: BTreeSet<u32> = self.dirs.iter().flat_map(|d| read_procs(&d.path)).collect();
@@ -774,15 +794,21 @@ fn unescape_mountinfo(s: &str) -> String {
     String::from_utf8_lossy(&out).into_owned()
 }
 
-/// The cgroup directory the calling process is in on the hierarchy mounted at `mount`
-/// (`controller` picks the v1 line of /proc/self/cgroup; `None` picks the v2 line).
-fn own_cgroup_dir(mount: &Path, controller: Option<&str>) -> Option<PathBuf> {
-    let mount_root = cgroup_mounts()
-        .into_iter()
-        .find(|m| m.mount_point == mount)
-        .map_or_else(|| "/".to_string(), |m| m.root);
-    let text = fs::read_to_string("/proc/self/cgroup").ok()?;
-    let path = text.lines().find_map(|line| {
+/// The contents of `/proc/self/cgroup` (empty if unreadable).
+fn own_cgroups() -> String {
+    fs::read_to_string("/proc/self/cgroup").unwrap_or_default()
+}
+
+/// The cgroup directory the calling process is in on the hierarchy mounted at `mount`, whose
+/// top shows the cgroup `mount_root`, told from `own` ([`own_cgroups`]). `controller` picks
+/// the v1 line; `None` picks the v2 line.
+fn own_cgroup_dir(
+    own: &str,
+    mount: &Path,
+    mount_root: &str,
+    controller: Option<&str>,
+) -> Option<PathBuf> {
+    let path = own.lines().find_map(|line| {
         let mut parts = line.splitn(3, ':');
         let (id, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
         let wanted = match controller {
@@ -791,7 +817,7 @@ fn own_cgroup_dir(mount: &Path, controller: Option<&str>) -> Option<PathBuf> {
         };
         wanted.then_some(path)
     })?;
-    let rel = Path::new(path).strip_prefix(&mount_root).ok()?;
+    let rel = Path::new(path).strip_prefix(mount_root).ok()?;
     let dir = mount.join(rel);
     dir.is_dir().then_some(dir)
 }

@@ -9,8 +9,8 @@ use sandcell_protocol::{Feature, FeatureState};
 
 use super::{
     CPU_PERIOD_US, Counters, Dir, FREEZE_TIMEOUT, SandboxCgroup, cgroup_mounts, cpu_quota_us, cpus,
-    feature, mkdir_new, mkdir_parent, own_cgroup_dir, parse_flat_keyed, read_u64, rollback,
-    try_write, write_file,
+    feature, mkdir_new, mkdir_parent, own_cgroup_dir, own_cgroups, parse_flat_keyed, read_u64,
+    rollback, try_write, write_file,
 };
 use crate::config::Limits;
 use crate::error::JailError;
@@ -24,6 +24,8 @@ const USED: [&str; 5] = ["memory", "pids", "cpu", "cpuacct", "freezer"];
 pub(super) struct Hierarchy {
     pub(super) controllers: Vec<String>,
     pub(super) mount: PathBuf,
+    /// The cgroup path the mount shows at its top (`/` unless mounted from a sub-cgroup).
+    pub(super) mount_root: String,
 }
 
 /// Finds the hierarchies of the controllers we use under `root`: the real mount points from
@@ -39,18 +41,22 @@ pub(super) fn discover(root: &Path) -> Vec<Hierarchy> {
                     && m.mount_point.starts_with(root)
                     && m.options.iter().any(|o| o == controller)
             })
-            .map(|m| m.mount_point.clone());
+            .map(|m| (m.mount_point.clone(), m.root.clone()));
         let found = mounted.or_else(|| {
             let dir = root.join(controller);
             // Symlinks such as cpu -> cpu,cpuacct resolve to one hierarchy.
-            dir.is_dir().then(|| fs::canonicalize(&dir).unwrap_or(dir))
+            dir.is_dir()
+                .then(|| (fs::canonicalize(&dir).unwrap_or(dir), "/".to_string()))
         });
-        let Some(mount) = found else { continue };
+        let Some((mount, mount_root)) = found else {
+            continue;
+        };
         match out.iter_mut().find(|h| h.mount == mount) {
             Some(h) => h.controllers.push(controller.to_string()),
             None => out.push(Hierarchy {
                 controllers: vec![controller.to_string()],
                 mount,
+                mount_root,
             }),
         }
     }
@@ -80,7 +86,9 @@ pub(super) fn create(
     limits: &Limits,
 ) -> Result<(Vec<Dir>, Vec<Feature>), JailError> {
     let mut dirs = Vec::new();
-    // Only the hierarchies a limit needs: each costs a mkdir and a join on the start-up path.
+    // Read once for every hierarchy: each /proc read costs as much as a mkdir here.
+    let own = own_cgroups();
+
     // (Killing PID 1 ends the pid namespace, so the freezer is not needed to kill.)
     let needed =
         |c: &String| c == "memory" || c == "pids" || (c == "cpu" && limits.cpu_millis.is_some());
@@ -95,7 +103,12 @@ pub(super) fn create(
             rollback(&dirs);
             return Err(e);
         }
-        let origin = own_cgroup_dir(&h.mount, h.controllers.first().map(String::as_str));
+        let origin = own_cgroup_dir(
+            &own,
+            &h.mount,
+            &h.mount_root,
+            h.controllers.first().map(String::as_str),
+        );
         dirs.push(Dir {
             path,
             controllers: h.controllers.clone(),

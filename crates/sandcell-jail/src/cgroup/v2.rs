@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 use sandcell_protocol::{Feature, FeatureState};
 
 use super::{
-    CPU_PERIOD_US, Counters, Dir, FREEZE_TIMEOUT, SandboxCgroup, WriteFailure, cpu_quota_us, cpus,
-    describe, feature, mkdir_new, mkdir_parent, own_cgroup_dir, parse_flat_keyed, read_words,
-    rollback, try_write, write_error, write_file,
+    CPU_PERIOD_US, Counters, Dir, FREEZE_TIMEOUT, SandboxCgroup, WriteFailure, cgroup_mounts,
+    cpu_quota_us, cpus, describe, feature, mkdir_new, mkdir_parent, own_cgroup_dir, own_cgroups,
+    parse_flat_keyed, read_words, rollback, try_write, write_error, write_file,
 };
 use crate::config::Limits;
 use crate::error::JailError;
@@ -50,7 +50,11 @@ pub(super) fn create(
     }
     let path = level.join(id);
     mkdir_new(&path)?;
-    let origin = own_cgroup_dir(root, None);
+    let mount_root = cgroup_mounts()
+        .into_iter()
+        .find(|m| m.mount_point == root)
+        .map_or_else(|| "/".to_string(), |m| m.root);
+    let origin = own_cgroup_dir(&own_cgroups(), root, &mount_root, None);
     let dir = Dir {
         path,
         controllers: enabled,

@@ -322,10 +322,15 @@ struct ExecTask {
     timeout: Option<Duration>,
 }
 
-async fn read_opt(pipe: &mut Option<pipe::Receiver>, buf: &mut [u8]) -> usize {
+/// Reads into `buf` (replacing its contents) without zeroing it first: a zeroed buffer per
+/// stream costs page faults on every exec.
+async fn read_opt(pipe: &mut Option<pipe::Receiver>, buf: &mut Vec<u8>) -> usize {
     match pipe {
-        // A read error ends the stream like EOF does.
-        Some(p) => p.read(buf).await.unwrap_or(0),
+        Some(p) => {
+            buf.clear();
+            // A read error ends the stream like EOF does.
+            p.read_buf(buf).await.unwrap_or(0)
+        }
         None => std::future::pending().await,
     }
 }
@@ -358,8 +363,8 @@ impl ExecTask {
             Stream::new(self.stdout_limit),
             Stream::new(self.stderr_limit),
         ];
-        let mut out_buf = vec![0u8; OUTPUT_CHUNK];
-        let mut err_buf = vec![0u8; OUTPUT_CHUNK];
+        let mut out_buf = Vec::with_capacity(OUTPUT_CHUNK);
+        let mut err_buf = Vec::with_capacity(OUTPUT_CHUNK);
         let started = tokio::time::Instant::from_std(self.started);
         let mut deadline = self.timeout.map(|t| started + t);
         let mut timed_out = false;

@@ -603,7 +603,7 @@ fn sandbox_side(go: OwnedFd, config: &JailConfig) -> StageResult<IsolationReport
     if !self_join.is_empty() {
         at("cgroup", crate::cgroup::join_self(self_join))?;
     }
-
+    // In its cgroup now (moved by itself or by the launcher): make that the root of its view.
     match nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP) {
         Ok(()) => report.set(
             "cgroup_ns",

@@ -5,12 +5,14 @@
 //! stderr, file contents) travel as raw [`DataChunk`]s so they are never base64-inflated.
 //! Every frame carries a request id, so many requests share one stream.
 
+pub mod code;
 pub mod exec;
 pub mod frame;
 pub mod fs;
 pub mod isolation;
 pub mod message;
 
+pub use code::{Language, MimeBundle};
 pub use exec::{
     ExecCommand, ExecExit, ExecRequest, ExecResult, ExitCause, ProcessInfo, signal_name,
 };

@@ -1,0 +1,5 @@
+//! Each kernel driven over its protocol, outside any sandbox.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+mod suite;

@@ -1,0 +1,1 @@
+//! bash kernel tests (written with the kernel).

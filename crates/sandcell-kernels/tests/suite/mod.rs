@@ -1,0 +1,4 @@
+mod bash;
+mod node;
+mod python;
+mod r;

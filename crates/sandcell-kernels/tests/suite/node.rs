@@ -1,0 +1,1 @@
+//! node kernel tests (written with the kernel).

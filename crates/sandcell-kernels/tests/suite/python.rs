@@ -1,0 +1,1 @@
+//! python kernel tests (written with the kernel).

@@ -1,0 +1,1 @@
+//! r kernel tests (written with the kernel).

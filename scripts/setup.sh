@@ -10,6 +10,11 @@ have() { command -v "$1" >/dev/null 2>&1; }
 have bwrap || need+=(bubblewrap)      # benchmarks and acceptance compare against it
 have gcc || need+=(gcc)               # linker for cargo
 have ps || need+=(procps)
+# Kernels and their tests: plots, data frames, R with ggplot2.
+/usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1 || need+=(python3-matplotlib)
+/usr/bin/python3 -c 'import pandas' >/dev/null 2>&1 || need+=(python3-pandas)
+[ -x /usr/bin/Rscript ] || need+=(r-base-core)
+[ -d /usr/lib/R/site-library/ggplot2 ] || need+=(r-cran-ggplot2)
 
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""

@@ -7,7 +7,7 @@ use clap::{Parser, Subcommand};
 use sandcell_backend_process::{ProcessBackend, ProcessBackendConfig};
 use sandcell_engine::Engine;
 
-use crate::{bench, doctor, run};
+use crate::{bench, doctor, repl, run};
 
 /// Stateful, isolated sandboxes for AI agents.
 #[derive(Debug, Parser)]
@@ -21,6 +21,8 @@ struct Cli {
 enum Command {
     /// Run code or a command in a fresh sandbox, print its output, exit status and timings.
     Run(run::RunArgs),
+    /// An interactive session with a Python, Node.js, Bash or R kernel in a fresh sandbox.
+    Repl(repl::ReplArgs),
     /// Show which isolation features this host supports, and why not.
     Doctor(doctor::DoctorArgs),
     /// Measure Sandcell against the alternatives, side by side in one run.
@@ -61,6 +63,7 @@ fn run_command(command: Command) -> anyhow::Result<ExitCode> {
                 let prepared = prepared.context("run was not prepared")?;
                 run::run(args, prepared, engine).await
             }
+            (Command::Repl(args), _) => repl::repl(args, engine).await,
             (Command::Doctor(args), _) => doctor::doctor(args, engine).await,
             (Command::Bench(args), _) => bench::bench(args, engine).await,
         }

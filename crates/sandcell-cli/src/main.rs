@@ -6,6 +6,9 @@ use std::process::ExitCode;
 mod bench;
 mod cli;
 mod doctor;
+mod options;
+mod render;
+mod repl;
 mod run;
 
 fn main() -> ExitCode {

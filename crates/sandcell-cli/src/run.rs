@@ -4,58 +4,29 @@ use std::io::Write;
 use std::process::ExitCode;
 use std::time::Instant;
 
+use std::path::PathBuf;
+
 use anyhow::{Context, bail};
-use clap::{Args, ValueEnum};
-use sandcell_engine::spec::parse_size;
-use sandcell_engine::{Engine, ExecEvent, ExecStream, NetworkPolicy, SandboxSpec};
-use sandcell_protocol::ExecRequest;
+use clap::Args;
+use sandcell_engine::{CodeEvent, Engine, ExecEvent, ExecStream, SandboxSpec};
+use sandcell_protocol::{ExecRequest, Language, RunCodeRequest};
 use serde_json::json;
 
-/// Languages `run` can take as CODE.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Lang {
-    /// Python 3 (the system /usr/bin/python3).
-    Python,
-    /// Node.js.
-    Node,
-    /// Bash.
-    Bash,
-}
+use crate::options::{Lang, SandboxArgs};
+use crate::render::{self, Renderer};
 
 /// Arguments of `sandcell run`.
 #[derive(Debug, Args)]
 #[command(
-    after_help = "Examples:\n  sandcell run 'print(6*7)'\n  sandcell run --lang node 'console.log(process.version)'\n  sandcell run --memory 64m --timeout 5 -- python3 -c 'print(1)'"
+    after_help = "CODE runs in a language kernel (the same one `repl` and the API use); `-- COMMAND` runs a\nprocess directly.\n\nExamples:\n  sandcell run 'print(6*7)'\n  sandcell run --lang node 'console.log(process.version)'\n  sandcell run --json 'import matplotlib.pyplot as plt; plt.plot([1, 2, 3])'\n  sandcell run --memory 64m --timeout 5 -- python3 -c 'print(1)'"
 )]
 pub struct RunArgs {
     /// Language of CODE.
     #[arg(long, value_enum, default_value = "python")]
     lang: Lang,
-    /// Memory limit for the whole sandbox (e.g. 64m, 1g), no swap.
-    #[arg(long, value_parser = parse_size)]
-    memory: Option<u64>,
-    /// Timeout in seconds; the whole process tree is killed when it passes.
-    #[arg(long)]
-    timeout: Option<f64>,
-    /// CPU quota (e.g. 0.5).
-    #[arg(long)]
-    cpus: Option<f64>,
-    /// Process limit for the whole sandbox.
-    #[arg(long)]
-    pids: Option<u64>,
-    /// Size of the writable /workspace (e.g. 100m).
-    #[arg(long, value_parser = parse_size)]
-    disk: Option<u64>,
-    /// Network: `loopback` (the sandbox's own lo only) or `off` (no inet sockets at all).
-    #[arg(long, value_enum, default_value = "loopback")]
-    network: Net,
-    /// Environment variable for the command (repeatable).
-    #[arg(short = 'e', long = "env", value_name = "KEY=VALUE")]
-    env: Vec<String>,
-    /// Working directory inside the sandbox.
-    #[arg(long)]
-    cwd: Option<String>,
-    /// Forward this process's standard input to the command.
+    #[command(flatten)]
+    sandbox: SandboxArgs,
+    /// Forward this process's standard input to the command (with `-- COMMAND`).
     #[arg(short = 'i', long)]
     stdin: bool,
     /// Print one JSON object (output, result, timings, isolation) instead of streaming.
@@ -64,6 +35,9 @@ pub struct RunArgs {
     /// Do not print the status line.
     #[arg(short, long)]
     quiet: bool,
+    /// Where images from CODE are saved (default: a new folder under the temp dir).
+    #[arg(long, value_name = "DIR")]
+    image_dir: Option<PathBuf>,
     /// Code in --lang.
     #[arg(conflicts_with = "command")]
     code: Option<String>,
@@ -72,61 +46,48 @@ pub struct RunArgs {
     command: Vec<String>,
 }
 
-/// Network choices on the command line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Net {
-    /// The sandbox's own loopback only.
-    Loopback,
-    /// No network sockets at all.
-    Off,
+/// What `run` runs.
+enum Job {
+    /// A process, through exec.
+    Command(ExecRequest),
+    /// Code in a kernel.
+    Code {
+        language: Language,
+        code: String,
+        timeout_ms: Option<u64>,
+        env: Vec<(String, String)>,
+        cwd: Option<String>,
+    },
 }
 
 impl RunArgs {
-    fn request(&self) -> anyhow::Result<ExecRequest> {
-        let mut req = match (&self.code, self.command.is_empty()) {
-            (Some(code), true) => match self.lang {
-                Lang::Python => ExecRequest::argv(["/usr/bin/python3", "-c", code.as_str()]),
-                Lang::Node => ExecRequest::argv(["node", "-e", code.as_str()]),
-                Lang::Bash => ExecRequest::argv(["bash", "-c", code.as_str()]),
-            },
-            (None, false) => ExecRequest::argv(self.command.clone()),
+    fn job(&self) -> anyhow::Result<Job> {
+        let env = self.sandbox.env_pairs()?;
+        let timeout_ms = self.sandbox.timeout_ms()?;
+        match (&self.code, self.command.is_empty()) {
+            (Some(code), true) => {
+                if self.stdin {
+                    bail!("-i forwards stdin to `-- COMMAND`; CODE runs in a kernel without it");
+                }
+                Ok(Job::Code {
+                    language: self.lang.language(),
+                    code: code.clone(),
+                    timeout_ms,
+                    env,
+                    cwd: self.sandbox.cwd.clone(),
+                })
+            }
+            (None, false) => {
+                let mut req = ExecRequest::argv(self.command.clone());
+                req.env.extend(env);
+                req.cwd = self.sandbox.cwd.clone();
+                req.stdin = self.stdin;
+                req.timeout_ms = timeout_ms;
+                Ok(Job::Command(req))
+            }
             (None, true) => bail!("nothing to run: give CODE or `-- COMMAND [ARGS…]`"),
             (Some(_), false) => bail!("give either CODE or `-- COMMAND`, not both"),
-        };
-        for kv in &self.env {
-            let (k, v) = kv
-                .split_once('=')
-                .with_context(|| format!("--env '{kv}' is not KEY=VALUE"))?;
-            req.env.insert(k.to_string(), v.to_string());
         }
-        req.cwd = self.cwd.clone();
-        req.stdin = self.stdin;
-        if let Some(t) = self.timeout {
-            if !(t.is_finite() && t > 0.0) {
-                bail!("--timeout must be a positive number of seconds");
-            }
-            req.timeout_ms = Some((t * 1000.0).ceil() as u64);
-        }
-        Ok(req)
-    }
-
-    fn spec(&self) -> SandboxSpec {
-        let mut spec = SandboxSpec::default();
-        if let Some(m) = self.memory {
-            spec.limits.memory_bytes = Some(m);
-        }
-        spec.limits.cpus = self.cpus;
-        if let Some(p) = self.pids {
-            spec.limits.pids = Some(p);
-        }
-        if let Some(d) = self.disk {
-            spec.limits.disk_bytes = d;
-        }
-        spec.network = match self.network {
-            Net::Loopback => NetworkPolicy::Loopback,
-            Net::Off => NetworkPolicy::Off,
-        };
-        spec
     }
 }
 
@@ -134,26 +95,49 @@ impl RunArgs {
 pub struct Prepared {
     /// The sandbox's id, chosen before it exists.
     pub id: String,
-    req: ExecRequest,
+    job: Job,
     /// The sandbox's spec.
     pub spec: SandboxSpec,
 }
 
 /// Validates the arguments before anything starts.
 pub fn prepare(args: &RunArgs) -> anyhow::Result<Prepared> {
-    let req = args.request()?;
-    let spec = args.spec();
+    let job = args.job()?;
+    let spec = args.sandbox.spec();
     spec.validate()?;
     Ok(Prepared {
         id: sandcell_engine::new_sandbox_id(),
-        req,
+        job,
         spec,
     })
 }
 
+fn ms(d: std::time::Duration) -> f64 {
+    d.as_secs_f64() * 1000.0
+}
+
 /// Runs `sandcell run`.
 pub async fn run(args: RunArgs, prepared: Prepared, engine: Engine) -> anyhow::Result<ExitCode> {
-    let Prepared { id, req, spec } = prepared;
+    let Prepared { id, job, spec } = prepared;
+    let req = match job {
+        Job::Command(req) => req,
+        Job::Code {
+            language,
+            code,
+            timeout_ms,
+            env,
+            cwd,
+        } => {
+            let code = CodeJob {
+                language,
+                code,
+                timeout_ms,
+                env,
+                cwd,
+            };
+            return run_code(args, id, spec, code, engine).await;
+        }
+    };
     let start = Instant::now();
     let (sandbox, stream) = engine
         .create_and_exec(id, spec, req)
@@ -167,7 +151,6 @@ pub async fn run(args: RunArgs, prepared: Prepared, engine: Engine) -> anyhow::R
     sandbox.kill();
     let total = start.elapsed();
     let (stdout, stderr, result) = outcome?;
-    let ms = |d: std::time::Duration| d.as_secs_f64() * 1000.0;
     let timings = json!({
         "create_ms": ms(created),
         "exec_ms": ms(exec_done - created),
@@ -245,4 +228,105 @@ async fn execute(mut stream: ExecStream, args: &RunArgs) -> anyhow::Result<Outco
         }
     }
     bail!("the command ended without an exit status")
+}
+
+struct CodeJob {
+    language: Language,
+    code: String,
+    timeout_ms: Option<u64>,
+    env: Vec<(String, String)>,
+    cwd: Option<String>,
+}
+
+/// `run CODE`: the code in a kernel of a fresh sandbox.
+async fn run_code(
+    args: RunArgs,
+    id: String,
+    spec: SandboxSpec,
+    job: CodeJob,
+    engine: Engine,
+) -> anyhow::Result<ExitCode> {
+    let start = Instant::now();
+    let sandbox = engine
+        .create_with_id(id, spec)
+        .await
+        .context("create the sandbox")?;
+    let outcome = code_in(&sandbox, &args, job, start).await;
+    sandbox.kill();
+    outcome
+}
+
+async fn code_in(
+    sandbox: &sandcell_engine::Sandbox,
+    args: &RunArgs,
+    job: CodeJob,
+    start: Instant,
+) -> anyhow::Result<ExitCode> {
+    // --env and --cwd need a context of their own (the default one has the sandbox's).
+    let context = if job.env.is_empty() && job.cwd.is_none() {
+        None
+    } else {
+        let env = job.env.into_iter().collect();
+        let ctx = sandbox
+            .create_context(job.language, job.cwd, env)
+            .await
+            .context("start the kernel")?;
+        Some(ctx.id)
+    };
+    let req = RunCodeRequest {
+        context,
+        language: Some(job.language),
+        code: job.code,
+        timeout_ms: job.timeout_ms,
+    };
+    let created = start.elapsed();
+    let stream = sandbox.run_code_stream(req).await.context("run the code")?;
+    if args.json {
+        let run = stream.collect().await.context("run the code")?;
+        let total = start.elapsed();
+        let out = json!({
+            "sandbox_id": sandbox.id(),
+            "language": job.language,
+            "stdout": run.stdout,
+            "stderr": run.stderr,
+            "outputs": run.outputs,
+            "result": run.result(),
+            "error": run.error,
+            "done": run.done,
+            "timings": {"create_ms": ms(created), "run_ms": ms(total - created), "total_ms": ms(total)},
+            "isolation": sandbox.isolation(),
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+        return Ok(ExitCode::from(render::exit_status(&run.done)));
+    }
+    let dir = args
+        .image_dir
+        .clone()
+        .unwrap_or_else(|| std::env::temp_dir().join(format!("sandcell-{}", sandbox.id())));
+    let mut renderer = Renderer::new(dir);
+    let mut stream = stream;
+    let mut done = None;
+    while let Some(event) = stream.next().await {
+        let event = event.context("run the code")?;
+        renderer.event(&event)?;
+        if let CodeEvent::Done(d) = event {
+            done = Some(d);
+        }
+    }
+    let done = done.context("the execution ended without a done event")?;
+    let total = start.elapsed();
+    if !args.quiet {
+        let status = match (&done.crash, done.status) {
+            (Some(why), _) => format!("kernel died: {why}"),
+            (None, s) => s.as_str().to_string(),
+        };
+        eprintln!(
+            "sandcell: {status} · {} · create {:.1} ms · run {:.1} ms · total {:.1} ms",
+            job.language,
+            ms(created),
+            ms(total - created),
+            ms(total)
+        );
+    }
+    Ok(ExitCode::from(render::exit_status(&done)))
 }

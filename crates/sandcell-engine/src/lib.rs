@@ -6,6 +6,7 @@
 
 pub mod backend;
 pub mod client;
+mod code;
 mod engine;
 pub mod error;
 mod sandbox;
@@ -14,6 +15,7 @@ pub mod spec;
 pub use backend::{
     Backend, BackendCapabilities, BackendInstance, LaunchedSandbox, ResourceCounters,
 };
+pub use code::{CodeEvent, CodeOutput, CodeRun, CodeStream, OutputKind};
 pub use engine::{Engine, EngineBuilder, new_sandbox_id};
 pub use error::EngineError;
 pub use sandbox::{ExecEvent, ExecOutput, ExecStream, Sandbox, Timings};

@@ -266,6 +266,11 @@ impl Sandbox {
         self.inner.instance.host_pid()
     }
 
+    /// The agent's connection.
+    pub(crate) fn client(&self) -> &GuestClient {
+        &self.inner.client
+    }
+
     /// Current resource counters.
     pub fn counters(&self) -> ResourceCounters {
         self.inner.instance.counters()
@@ -516,7 +521,7 @@ impl Sandbox {
         }
     }
 
-    async fn simple_call(&self, msg: HostMessage) -> Result<GuestMessage, EngineError> {
+    pub(crate) async fn simple_call(&self, msg: HostMessage) -> Result<GuestMessage, EngineError> {
         self.check_alive()?;
         let mut call = self
             .inner
@@ -539,7 +544,7 @@ impl Sandbox {
         }
     }
 
-    fn check_alive(&self) -> Result<(), EngineError> {
+    pub(crate) fn check_alive(&self) -> Result<(), EngineError> {
         if self.is_destroyed() {
             return Err(self.gone("it was destroyed".into()));
         }
@@ -549,7 +554,7 @@ impl Sandbox {
         Ok(())
     }
 
-    fn map_closed(&self, e: EngineError) -> EngineError {
+    pub(crate) fn map_closed(&self, e: EngineError) -> EngineError {
         match e {
             EngineError::Connection(reason) if self.inner.client.closed_reason().is_some() => {
                 self.gone(reason)
@@ -558,7 +563,7 @@ impl Sandbox {
         }
     }
 
-    fn gone(&self, reason: String) -> EngineError {
+    pub(crate) fn gone(&self, reason: String) -> EngineError {
         let reason = if self.is_destroyed() {
             "it was destroyed".to_string()
         } else {
@@ -577,7 +582,7 @@ impl Sandbox {
     }
 }
 
-fn unexpected(msg: GuestMessage) -> EngineError {
+pub(crate) fn unexpected(msg: GuestMessage) -> EngineError {
     EngineError::Connection(format!("unexpected reply {msg:?}"))
 }
 

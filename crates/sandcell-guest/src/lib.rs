@@ -18,6 +18,7 @@ use sandcell_protocol::{FILE_ROOTS, FrameError, IsolationReport};
 
 mod exec;
 mod files;
+mod kernels;
 mod procs;
 mod reaper;
 mod server;

@@ -17,6 +17,7 @@ use tokio::sync::{mpsc, oneshot};
 
 use crate::exec::{self, StdinMsg};
 use crate::files::{Roots, WriteSession, read_chunk};
+use crate::kernels::{self, Kernels};
 use crate::procs::{self, Tree};
 use crate::reaper::Reaper;
 use crate::workers::Workers;
@@ -151,6 +152,8 @@ pub(crate) struct Shared {
     pub reaper: Arc<Reaper>,
     /// Requests in flight.
     pub tables: Mutex<Tables>,
+    /// Language kernels, by context.
+    pub kernels: Kernels,
 }
 
 impl Shared {
@@ -256,6 +259,7 @@ pub(crate) async fn run(
         out: Out(tx),
         reaper,
         tables: Mutex::new(Tables::default()),
+        kernels: Kernels::default(),
     });
     let mut conn = Conn {
         shared: shared.clone(),
@@ -265,6 +269,7 @@ pub(crate) async fn run(
     let result = conn.serve(read).await;
     // Abandon unfinished writes (their temporary files are removed on drop).
     conn.writes.clear();
+    kernels::kill_all(&shared);
     let tree = shared.everything();
     let reaper = shared.reaper.clone();
     let kill_all = shared.pid1;
@@ -525,10 +530,94 @@ impl Conn {
                 reply_of(r.map(|entry| GuestMessage::Entry { entry }))
             }),
             HostMessage::Shutdown => return Some(End::Shutdown(id)),
+            HostMessage::RunCode(req) => {
+                self.in_task(id, move |sh, id| async move {
+                    kernels::run_code(sh, id, req).await;
+                    None
+                });
+            }
+            HostMessage::CreateContext { language, cwd, env } => {
+                self.in_task(id, move |sh, _| async move {
+                    Some(reply_of(
+                        kernels::create_context(&sh, language, cwd, env).await,
+                    ))
+                });
+            }
+            HostMessage::ListContexts => {
+                self.reply(id, kernels::list_contexts(&self.shared)).await;
+            }
+            HostMessage::DestroyContext { context } => {
+                self.in_task(id, move |sh, _| async move {
+                    Some(reply_of(kernels::destroy(&sh, &context).await))
+                });
+            }
+            HostMessage::Interrupt { context } => {
+                let reply = reply_of(kernels::interrupt(&self.shared, &context));
+                self.reply(id, reply).await;
+            }
+            HostMessage::RestartContext { context } => {
+                self.in_task(id, move |sh, _| async move {
+                    Some(reply_of(kernels::restart(&sh, &context).await))
+                });
+            }
+            HostMessage::IsComplete {
+                context,
+                language,
+                code,
+            } => {
+                self.in_task(id, move |sh, _| async move {
+                    Some(reply_of(
+                        kernels::is_complete(&sh, context.as_deref(), language, code).await,
+                    ))
+                });
+            }
+            HostMessage::GetVariables { context, names } => {
+                self.in_task(id, move |sh, _| async move {
+                    Some(reply_of(kernels::get_variables(&sh, &context, names).await))
+                });
+            }
+            HostMessage::SetVariables { context, values } => {
+                self.in_task(id, move |sh, _| async move {
+                    Some(reply_of(
+                        kernels::set_variables(&sh, &context, values).await,
+                    ))
+                });
+            }
+            HostMessage::ClearVariables { context, names } => {
+                self.in_task(id, move |sh, _| async move {
+                    Some(reply_of(
+                        kernels::clear_variables(&sh, &context, names).await,
+                    ))
+                });
+            }
+            HostMessage::ListVariables { context } => {
+                self.in_task(id, move |sh, _| async move {
+                    Some(reply_of(kernels::list_variables(&sh, &context).await))
+                });
+            }
             // Handled above.
             HostMessage::StdinClose | HostMessage::EndOfData => {}
         }
         None
+    }
+
+    /// Serves a request in its own task (kernel requests wait on kernels, not on threads);
+    /// `f`'s reply, when it returns one, is the request's final reply. The id stays in use
+    /// until then.
+    fn in_task<F, Fut>(&self, id: u32, f: F)
+    where
+        F: FnOnce(Arc<Shared>, u32) -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Option<GuestMessage>> + Send + 'static,
+    {
+        let shared = self.shared.clone();
+        lock(&shared.tables).busy.insert(id);
+        tokio::spawn(async move {
+            let reply = f(shared.clone(), id).await;
+            lock(&shared.tables).busy.remove(&id);
+            if let Some(reply) = reply {
+                shared.out.msg(id, &reply).await;
+            }
+        });
     }
 
     /// Runs `f` on a worker thread (`kill` picks the kill thread); its result is the

@@ -12,7 +12,10 @@ pub mod fs;
 pub mod isolation;
 pub mod message;
 
-pub use code::{Language, MimeBundle};
+pub use code::{
+    Artifact, CodeDone, CodeError, CodeStatus, Completeness, ContextInfo, Language, MimeBundle,
+    RunCodeRequest, Unrepresentable, VariableInfo, Variables,
+};
 pub use exec::{
     ExecCommand, ExecExit, ExecRequest, ExecResult, ExitCause, ProcessInfo, signal_name,
 };

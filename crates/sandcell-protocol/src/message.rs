@@ -2,6 +2,12 @@
 
 use serde::{Deserialize, Serialize};
 
+use std::collections::BTreeMap;
+
+use crate::code::{
+    CodeDone, CodeError, Completeness, ContextInfo, Language, MimeBundle, RunCodeRequest,
+    VariableInfo, Variables,
+};
 use crate::exec::{ExecExit, ExecRequest, ProcessInfo};
 use crate::fs::FileEntry;
 use crate::isolation::IsolationReport;
@@ -50,10 +56,57 @@ pub enum HostMessage {
     Rename { from: String, to: String },
     /// Kills every process and ends the agent.
     Shutdown,
+    /// Runs code in a kernel. Replies: code events, then `CodeDone`.
+    RunCode(RunCodeRequest),
+    /// Starts a new context. Reply: `Context`.
+    CreateContext {
+        language: Language,
+        /// Working directory of its kernel (default `/workspace`).
+        #[serde(default)]
+        cwd: Option<String>,
+        /// Extra environment of its kernel.
+        #[serde(default)]
+        env: BTreeMap<String, String>,
+    },
+    /// Lists the contexts. Reply: `Contexts`.
+    ListContexts,
+    /// Stops a context's kernel and forgets it. Reply: `Ok`.
+    DestroyContext { context: String },
+    /// Interrupts the context's running execution, keeping its state. Reply: `Ok`.
+    Interrupt { context: String },
+    /// Replaces the context's kernel with a fresh one (clean state). Reply: `Context`.
+    RestartContext { context: String },
+    /// Asks whether `code` is a complete cell. Reply: `Completeness`.
+    IsComplete {
+        #[serde(default)]
+        context: Option<String>,
+        #[serde(default)]
+        language: Option<Language>,
+        code: String,
+    },
+    /// Reads variables (all user variables when `names` is absent). Reply: `Variables`.
+    GetVariables {
+        context: String,
+        #[serde(default)]
+        names: Option<Vec<String>>,
+    },
+    /// Sets variables from JSON values. Reply: `VariableNames`.
+    SetVariables {
+        context: String,
+        values: BTreeMap<String, serde_json::Value>,
+    },
+    /// Deletes variables (all user variables when `names` is absent). Reply: `VariableNames`.
+    ClearVariables {
+        context: String,
+        #[serde(default)]
+        names: Option<Vec<String>>,
+    },
+    /// Lists the user variables. Reply: `VariableList`.
+    ListVariables { context: String },
 }
 
 /// Guest → host.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum GuestMessage {
     /// Sent by the launcher on id 0 before the agent speaks: the agent's pid on the host and
@@ -77,6 +130,40 @@ pub enum GuestMessage {
     ExecStarted { pid: i32 },
     /// The exec's process ended; all of its output was sent before this.
     ExecExited(ExecExit),
+    /// Text the code wrote (`stdout` or `stderr`).
+    CodeStream { name: String, text: String },
+    /// Rich output shown during the execution.
+    CodeDisplay {
+        data: MimeBundle,
+        #[serde(default)]
+        metadata: serde_json::Map<String, serde_json::Value>,
+    },
+    /// The value of the cell's last expression.
+    CodeResult {
+        data: MimeBundle,
+        #[serde(default)]
+        metadata: serde_json::Map<String, serde_json::Value>,
+    },
+    /// An error the code raised.
+    CodeError(CodeError),
+    /// The execution ended; nothing more follows for it.
+    CodeDone(Box<CodeDone>),
+    /// Describes one context.
+    Context { context: ContextInfo },
+    /// Every context.
+    Contexts { contexts: Vec<ContextInfo> },
+    /// Answers `IsComplete`.
+    Completeness {
+        status: Completeness,
+        #[serde(default)]
+        indent: Option<String>,
+    },
+    /// Answers `GetVariables`.
+    Variables(Variables),
+    /// Names set or cleared.
+    VariableNames { names: Vec<String> },
+    /// Answers `ListVariables`.
+    VariableList { variables: Vec<VariableInfo> },
     /// A request without another reply succeeded.
     Ok,
     /// Answers `ReadFile` after the last chunk.

@@ -18,9 +18,15 @@ fn run_python_code_prints_output_status_and_timings() {
     let (code, out, err) = sandcell(&["run", "--lang", "python", "print(6*7)"]);
     assert_eq!((code, out.as_str()), (0, "42\n"), "{err}");
     assert!(
-        err.contains("exit status 0") && err.contains("create") && err.contains("ms"),
+        err.contains("ok · python") && err.contains("create") && err.contains("ms"),
         "{err}"
     );
+    // The last expression's value is printed, an error sets the exit status.
+    let (code, out, _) = sandcell(&["run", "-q", "6*7"]);
+    assert_eq!((code, out.as_str()), (0, "42\n"));
+    let (code, _, err) = sandcell(&["run", "-q", "1/0"]);
+    assert_eq!(code, 1);
+    assert!(err.contains("ZeroDivisionError"), "{err}");
 }
 
 #[test]
@@ -143,4 +149,84 @@ fn no_inherited_descriptors_and_no_controlling_terminal() {
     // 0, 1, 2 and the directory ls is reading.
     assert!(fds.len() <= 4 && !fds.contains(&"7"), "{text}");
     assert!(text.contains("no-tty"), "{text}");
+}
+
+#[test]
+fn run_json_returns_plots_as_png() {
+    let (code, out, err) = sandcell(&[
+        "run",
+        "--json",
+        "import matplotlib.pyplot as plt\nplt.plot([1, 2, 3])",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let png = v["outputs"][0]["data"]["image/png"].as_str().unwrap();
+    assert!(
+        png.starts_with("iVBORw0KGgo"),
+        "not a PNG: {}",
+        &png[..20.min(png.len())]
+    );
+    assert_eq!(v["done"]["status"], "ok");
+}
+
+fn repl(lang: &str, input: &str) -> (i32, String, String) {
+    use std::io::Write;
+    let mut child = Command::new(BIN)
+        .args(["repl", "--lang", lang])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    child
+        .stdin
+        .take()
+        .unwrap()
+        .write_all(input.as_bytes())
+        .unwrap();
+    let out = child.wait_with_output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn repl_keeps_state_in_every_language() {
+    let (code, out, err) = repl(
+        "python",
+        "x = 41\nx + 1\nfor i in range(2):\n    print(i)\n\nprint('end')\n",
+    );
+    assert_eq!((code, out.as_str()), (0, "42\n0\n1\nend\n"), "{err}");
+    let (_, out, err) = repl("node", "let a = 20\nconst f = (v) => v * 2\nf(a) + 2\n");
+    assert!(out.contains("42"), "{out} {err}");
+    let (_, out, err) = repl("bash", "cd /tmp\nexport K=4\nf() { echo \"$K$1\"; }\nf 2\n");
+    assert!(out.contains("42"), "{out} {err}");
+    let (_, out, err) = repl("r", "x <- 21\nx * 2\n");
+    assert!(out.contains("42"), "{out} {err}");
+}
+
+#[test]
+fn repl_saves_images_and_prints_their_paths() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = Command::new(BIN)
+        .args(["repl", "--image-dir"])
+        .arg(dir.path())
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let mut stdin = child.stdin.take().unwrap();
+        stdin
+            .write_all(b"import matplotlib.pyplot as plt\nplt.plot([3, 1, 2])\n")
+            .unwrap();
+    }
+    let out = child.wait_with_output().unwrap();
+    let out = String::from_utf8_lossy(&out.stdout);
+    let path = dir.path().join("image-1.png");
+    assert!(out.contains(&path.display().to_string()), "{out}");
+    assert!(std::fs::read(&path).unwrap().starts_with(b"\x89PNG"));
 }

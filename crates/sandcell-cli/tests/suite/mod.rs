@@ -3,5 +3,6 @@ mod cli;
 mod common;
 mod exec;
 mod files;
+mod kernels;
 mod limits;
 mod rootless;

@@ -1,1 +1,713 @@
-# placeholder: written by the kernel's author
+# Sandcell's Python kernel: one interpreter holding one context's state.
+# Speaks crates/sandcell-kernels/PROTOCOL.md over two inherited pipes. Standard library only;
+# matplotlib and pandas are used only when the user's code has imported them.
+import ast
+import asyncio
+import base64
+import builtins
+import codeop
+import inspect
+import io
+import json
+import keyword
+import linecache
+import math
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+import types
+
+_CTL = int(os.environ["SANDCELL_KERNEL_CTL_FD"])
+_EVENTS = int(os.environ["SANDCELL_KERNEL_EVENT_FD"])
+os.set_inheritable(_CTL, False)
+os.set_inheritable(_EVENTS, False)
+_LIMIT = int(os.environ.get("SANDCELL_STREAM_LIMIT", "1048576") or 1048576)
+_CELL_PREFIX = "<cell "
+_FLUSH_SECONDS = 0.02
+_BATCH_BYTES = 65536
+
+_ctl = os.fdopen(_CTL, "rb", buffering=65536)
+_events_lock = threading.Lock()
+
+
+def _emit(msg):
+    """Writes one event line. A SIGINT meanwhile is held back until the line is out, so the
+    event stream is never cut mid-line."""
+    outer = _state.emitting
+    _state.emitting = True
+    try:
+        line = (json.dumps(msg, ensure_ascii=True, default=repr) + "\n").encode("ascii")
+        with _events_lock:
+            _write_all(line)
+    finally:
+        _state.emitting = outer
+    if not outer and _state.interrupt_pending and _state.running_user_code:
+        _state.interrupt_pending = False
+        raise KeyboardInterrupt
+
+
+def _write_all(data):
+    view = memoryview(data)
+    while view:
+        try:
+            n = os.write(_EVENTS, view)
+        except InterruptedError:
+            continue
+        view = view[n:]
+
+
+class _State:
+    """The kernel's own bookkeeping, kept out of the user's globals."""
+
+    request = None  # id of the execution running, or None
+    running_user_code = False
+    emitting = False
+    interrupt_pending = False
+    count = 0
+    loop = None
+    pyplot_patched = False
+
+
+_state = _State()
+
+
+# ------------------------------------------------------------------------------------------
+# Streams
+
+
+class _Stream(io.TextIOBase):
+    """sys.stdout / sys.stderr: text goes out as `stream` events, batched and capped."""
+
+    def __init__(self, name):
+        super().__init__()
+        self.name = name
+        self._parts = []
+        self._size = 0
+        self._first = 0.0  # when the oldest buffered text was written
+        self.sent = 0
+        self.dropped = 0
+        self._lock = threading.RLock()
+        self.buffer = _BinaryStream(self)
+
+    @property
+    def encoding(self):
+        return "utf-8"
+
+    @property
+    def errors(self):
+        return "replace"
+
+    def writable(self):
+        return True
+
+    def isatty(self):
+        return False
+
+    def fileno(self):
+        # Code that asks (subprocess, faulthandler) gets the real descriptor.
+        return 1 if self.name == "stdout" else 2
+
+    def reset(self):
+        with self._lock:
+            self._parts, self._size, self.sent, self.dropped = [], 0, 0, 0
+
+    def write(self, s):
+        if not isinstance(s, str):
+            raise TypeError("write() argument must be str, not %s" % type(s).__name__)
+        n = len(s)
+        with self._lock:
+            if _state.request is None:
+                # Between executions (a thread printing late): drop quietly.
+                return n
+            room = _LIMIT - self.sent - self._size
+            if room <= 0:
+                self.dropped += len(s.encode("utf-8", "replace"))
+                return n
+            data = s
+            if len(data) > room:
+                # Counted in characters here, bytes below: close enough for a cap.
+                self.dropped += len(data[room:].encode("utf-8", "replace"))
+                data = data[:room]
+            if not self._parts:
+                self._first = time.monotonic()
+            self._parts.append(data)
+            self._size += len(data)
+            if self._size + self.sent >= _LIMIT:
+                self._flush_locked()
+                self._parts.append(
+                    "\n[sandcell: output truncated after %d bytes]\n" % _LIMIT
+                )
+                self._flush_locked(count=False)
+            elif self._size >= _BATCH_BYTES or time.monotonic() - self._first > _FLUSH_SECONDS:
+                self._flush_locked()
+        return n
+
+    def flush(self):
+        with self._lock:
+            self._flush_locked()
+
+    def flush_if_old(self):
+        """Sends text that has waited longer than the batching interval."""
+        with self._lock:
+            if self._parts and time.monotonic() - self._first >= _FLUSH_SECONDS:
+                self._flush_locked()
+
+    def _flush_locked(self, count=True):
+        if not self._parts:
+            return
+        text = "".join(self._parts)
+        self._parts, self._size = [], 0
+        if count:
+            self.sent += len(text)
+        if _state.request is not None:
+            _emit({"type": "stream", "id": _state.request, "name": self.name, "text": text})
+
+
+class _BinaryStream(io.RawIOBase):
+    """sys.stdout.buffer: bytes are decoded (invalid ones replaced) and sent as text."""
+
+    def __init__(self, text):
+        super().__init__()
+        self._text = text
+
+    def writable(self):
+        return True
+
+    def write(self, b):
+        self._text.write(bytes(b).decode("utf-8", "replace"))
+        return len(b)
+
+    def flush(self):
+        self._text.flush()
+
+
+_stdout = _Stream("stdout")
+_stderr = _Stream("stderr")
+
+
+_executing = threading.Event()
+
+
+def _flusher():
+    """Sends batched text of a long-running cell after at most ~2 batching intervals; idle
+    while no cell runs."""
+    while True:
+        _executing.wait()
+        time.sleep(_FLUSH_SECONDS)
+        if _state.request is not None:
+            try:
+                _stdout.flush_if_old()
+                _stderr.flush_if_old()
+            except Exception:
+                pass
+
+
+threading.Thread(target=_flusher, name="sandcell-flusher", daemon=True).start()
+
+
+def _flush_streams():
+    _stdout.flush()
+    _stderr.flush()
+
+
+# ------------------------------------------------------------------------------------------
+# Rich output
+
+_REPR_METHODS = (
+    ("text/html", "_repr_html_"),
+    ("text/markdown", "_repr_markdown_"),
+    ("image/svg+xml", "_repr_svg_"),
+    ("image/png", "_repr_png_"),
+    ("image/jpeg", "_repr_jpeg_"),
+    ("application/json", "_repr_json_"),
+    ("text/latex", "_repr_latex_"),
+)
+
+
+def _call_repr(method):
+    try:
+        value = method()
+    except Exception:
+        return None, None
+    if isinstance(value, tuple) and len(value) == 2:
+        return value
+    return value, None
+
+
+def _bundle(obj):
+    """The MIME bundle and metadata of an object."""
+    data, metadata = {}, {}
+    if _is_figure(obj):
+        png = _figure_png(obj)
+        if png:
+            data["image/png"] = png
+    mimebundle = getattr(obj, "_repr_mimebundle_", None)
+    if callable(mimebundle) and not isinstance(obj, type):
+        try:
+            got = mimebundle()
+            if isinstance(got, tuple):
+                got, meta = got
+                metadata.update(meta or {})
+            if isinstance(got, dict):
+                for mime, value in got.items():
+                    data[mime] = _encode(mime, value)
+        except Exception:
+            pass
+    if not isinstance(obj, type):
+        for mime, name in _REPR_METHODS:
+            if mime in data:
+                continue
+            method = getattr(obj, name, None)
+            if not callable(method):
+                continue
+            value, meta = _call_repr(method)
+            if value is None:
+                continue
+            data[mime] = _encode(mime, value)
+            if meta:
+                metadata[mime] = meta
+    if "text/plain" not in data:
+        try:
+            data["text/plain"] = repr(obj)
+        except Exception as e:
+            data["text/plain"] = "<repr failed: %s>" % e
+    return data, metadata
+
+
+def _encode(mime, value):
+    if isinstance(value, (bytes, bytearray)):
+        return base64.b64encode(bytes(value)).decode("ascii")
+    if mime == "application/json":
+        return value
+    if mime in ("image/png", "image/jpeg") and isinstance(value, str):
+        return value  # already base64
+    return value if isinstance(value, str) else str(value)
+
+
+def display(*objs, **kwargs):
+    """Shows objects as rich output, in order."""
+    raw = kwargs.get("raw", False)
+    for obj in objs:
+        if raw and isinstance(obj, dict):
+            data, metadata = obj, {}
+        else:
+            data, metadata = _bundle(obj)
+        _send_rich("display", data, metadata)
+
+
+def _send_rich(kind, data, metadata):
+    if _state.request is None:
+        return
+    _flush_streams()
+    _emit({"type": kind, "id": _state.request, "data": data, "metadata": metadata or {}})
+
+
+# ------------------------------------------------------------------------------------------
+# matplotlib
+
+
+def _pyplot():
+    return sys.modules.get("matplotlib.pyplot")
+
+
+def _is_figure(obj):
+    fig = sys.modules.get("matplotlib.figure")
+    return fig is not None and isinstance(obj, fig.Figure)
+
+
+def _figure_png(fig):
+    try:
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", bbox_inches="tight")
+        return base64.b64encode(buf.getvalue()).decode("ascii")
+    except Exception:
+        return None
+
+
+def _show_figures(*_args, **_kwargs):
+    """Sends every open figure as a PNG display and closes it (also `plt.show()`)."""
+    plt = _pyplot()
+    if plt is None:
+        return
+    for num in plt.get_fignums():
+        fig = plt.figure(num)
+        png = _figure_png(fig)
+        if png:
+            _send_rich(
+                "display",
+                {"image/png": png, "text/plain": repr(fig)},
+                {},
+            )
+        plt.close(fig)
+
+
+def _patch_pyplot():
+    plt = _pyplot()
+    if plt is None or _state.pyplot_patched:
+        return
+    _state.pyplot_patched = True
+    plt.show = _show_figures
+    try:
+        plt.ioff()
+    except Exception:
+        pass
+
+
+class _PyplotHook:
+    """Patches `plt.show` the moment pyplot is imported, so a `show()` in the same cell
+    already sends its figures."""
+
+    def find_spec(self, fullname, path=None, target=None):
+        if fullname != "matplotlib.pyplot":
+            return None
+        import importlib.util
+
+        sys.meta_path.remove(self)
+        try:
+            spec = importlib.util.find_spec(fullname)
+        finally:
+            sys.meta_path.insert(0, self)
+        loader = getattr(spec, "loader", None)
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        original = loader.exec_module
+
+        def exec_module(module):
+            original(module)
+            _patch_pyplot()
+
+        loader.exec_module = exec_module
+        return spec
+
+
+sys.meta_path.insert(0, _PyplotHook())
+
+
+# ------------------------------------------------------------------------------------------
+# Interrupts: SIGINT raises KeyboardInterrupt only inside user code.
+
+
+def _on_sigint(_signum, _frame):
+    if _state.running_user_code and not _state.emitting:
+        raise KeyboardInterrupt
+    # Idle, or inside the kernel's own work: remember it only while an execution runs.
+    if _state.request is not None:
+        _state.interrupt_pending = True
+
+
+signal.signal(signal.SIGINT, _on_sigint)
+
+
+# ------------------------------------------------------------------------------------------
+# Execution
+
+_user = {"__name__": "__main__", "__builtins__": builtins, "__doc__": None}
+builtins.display = display
+_KERNEL_NAMES = {"display"}
+
+
+def _cell_name(n):
+    return "%s%d>" % (_CELL_PREFIX, n)
+
+
+def _compile_cell(code, name):
+    """(body code object, last-expression code object or None)."""
+    flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+    tree = ast.parse(code, filename=name, mode="exec")
+    last = None
+    if tree.body and isinstance(tree.body[-1], ast.Expr):
+        last = ast.Expression(tree.body.pop().value)
+    body = compile(tree, name, "exec", flags=flags, dont_inherit=True)
+    expr = compile(last, name, "eval", flags=flags, dont_inherit=True) if last else None
+    return body, expr
+
+
+def _loop():
+    if _state.loop is None or _state.loop.is_closed():
+        _state.loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(_state.loop)
+    return _state.loop
+
+
+def _run(code_obj):
+    """Evaluates a code object in the user's globals, awaiting it if it is a coroutine."""
+    result = eval(code_obj, _user)
+    if code_obj.co_flags & inspect.CO_COROUTINE:
+        result = _loop().run_until_complete(result)
+    return result
+
+
+def _user_traceback(exc):
+    """Traceback lines that show the user's code, never the kernel's own frames."""
+    if isinstance(exc, SyntaxError) and exc.filename and exc.filename.startswith(_CELL_PREFIX):
+        # A cell that does not compile: the compiler's own frames mean nothing to the user.
+        return [l.rstrip("\n") for l in traceback.format_exception_only(type(exc), exc)]
+    frames = traceback.extract_tb(exc.__traceback__)
+    kept = [f for f in frames if not _is_kernel_frame(f.filename)]
+    lines = ["Traceback (most recent call last):"] if kept else []
+    for line in traceback.format_list(kept):
+        lines.extend(line.rstrip("\n").split("\n"))
+    lines.extend(
+        l.rstrip("\n") for l in traceback.format_exception_only(type(exc), exc)
+    )
+    return lines
+
+
+def _is_kernel_frame(filename):
+    # The kernel runs from `-c`, so its frames are "<string>"; asyncio's machinery that
+    # awaits top-level code is the kernel's too.
+    if filename == "<string>":
+        return True
+    return os.path.join("asyncio", "") in filename and "base_events" in filename
+
+
+def _execute(req):
+    _state.count += 1
+    n = _state.count
+    rid = req["id"]
+    code = req.get("code", "")
+    name = _cell_name(n)
+    linecache.cache[name] = (len(code), None, code.splitlines(True), name)
+    _stdout.reset()
+    _stderr.reset()
+    _state.request = rid
+    _state.interrupt_pending = False
+    _executing.set()
+    status = "ok"
+    old_out, old_err = sys.stdout, sys.stderr
+    sys.stdout, sys.stderr = _stdout, _stderr
+    try:
+        try:
+            body, expr = _compile_cell(code, name)
+        except SyntaxError as e:
+            _send_error(e)
+            status = "error"
+        else:
+            try:
+                _state.running_user_code = True
+                if _state.interrupt_pending:
+                    raise KeyboardInterrupt
+                _run(body)
+                value = _run(expr) if expr is not None else None
+                if inspect.iscoroutine(value):
+                    value = _loop().run_until_complete(value)
+                _state.running_user_code = False
+                _flush_streams()
+                _patch_pyplot()
+                _show_figures()
+                if value is not None:
+                    _user["_"] = value
+                    data, metadata = _bundle(value)
+                    _send_rich("result", data, metadata)
+            except KeyboardInterrupt as e:
+                _state.running_user_code = False
+                _send_error(e, ename="KeyboardInterrupt")
+                status = "interrupted"
+            except SystemExit as e:
+                _state.running_user_code = False
+                _send_error(e)
+                status = "error"
+            except BaseException as e:
+                _state.running_user_code = False
+                _send_error(e)
+                status = "error"
+            finally:
+                _state.running_user_code = False
+            if status != "ok":
+                # Figures drawn before the error are still shown.
+                try:
+                    _patch_pyplot()
+                    _show_figures()
+                except Exception:
+                    pass
+    finally:
+        _state.running_user_code = False
+        _executing.clear()
+        sys.stdout, sys.stderr = old_out, old_err
+        _flush_streams()
+        _state.request = None
+    _emit(
+        {
+            "type": "done",
+            "id": rid,
+            "status": status,
+            "execution_count": n,
+            "dropped": {"stdout": _stdout.dropped, "stderr": _stderr.dropped},
+        }
+    )
+
+
+def _send_error(exc, ename=None):
+    _flush_streams()
+    _emit(
+        {
+            "type": "error",
+            "id": _state.request,
+            "ename": ename or type(exc).__name__,
+            "evalue": str(exc),
+            "traceback": _user_traceback(exc),
+        }
+    )
+
+
+# ------------------------------------------------------------------------------------------
+# Other requests
+
+
+def _is_complete(req):
+    code = req.get("code", "")
+    try:
+        compiled = codeop.compile_command(code, "<input>", "exec")
+    except (SyntaxError, OverflowError, ValueError):
+        # An `await` outside a function is fine for us even if codeop refuses it.
+        try:
+            ast.parse(code)
+            return {"status": "complete"}
+        except SyntaxError:
+            return {"status": "invalid"}
+    if compiled is None:
+        last = code.rstrip("\n").split("\n")[-1] if code.strip() else ""
+        indent = last[: len(last) - len(last.lstrip())]
+        if last.rstrip().endswith(":"):
+            indent += "    "
+        return {"status": "incomplete", "indent": indent}
+    return {"status": "complete"}
+
+
+def _user_names():
+    return sorted(
+        k
+        for k, v in _user.items()
+        if not k.startswith("_")
+        and k not in _KERNEL_NAMES
+        and not isinstance(v, types.ModuleType)
+    )
+
+
+def _json_exact(value, depth=0):
+    """Whether `value` converts to JSON and back without change."""
+    if depth > 100:
+        return False
+    if value is None or isinstance(value, (bool, str)):
+        return True
+    if isinstance(value, int):
+        return True
+    if isinstance(value, float):
+        return math.isfinite(value)
+    if isinstance(value, list):
+        return all(_json_exact(v, depth + 1) for v in value)
+    if isinstance(value, dict):
+        return all(
+            isinstance(k, str) and _json_exact(v, depth + 1) for k, v in value.items()
+        )
+    # Tuples, sets, objects: JSON would change them (a tuple comes back a list).
+    return False
+
+
+def _describe(value):
+    try:
+        text = repr(value)
+    except Exception as e:
+        text = "<repr failed: %s>" % e
+    return {"type": type(value).__name__, "repr": text[:1000]}
+
+
+def _get_vars(req):
+    names = req.get("names")
+    wanted = _user_names() if names is None else names
+    values, unrep, missing = {}, {}, []
+    for name in wanted:
+        if name not in _user:
+            missing.append(name)
+            continue
+        value = _user[name]
+        if _json_exact(value):
+            values[name] = value
+        else:
+            unrep[name] = _describe(value)
+    return {"values": values, "unrepresentable": unrep, "missing": missing}
+
+
+def _valid_name(name):
+    return isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name)
+
+
+def _set_vars(req):
+    values = req.get("values") or {}
+    bad = [n for n in values if not _valid_name(n)]
+    if bad:
+        return {"error": "not valid python names: %s" % ", ".join(map(repr, bad))}
+    for name, value in values.items():
+        _user[name] = value
+    return {"set": sorted(values)}
+
+
+def _clear_vars(req):
+    names = req.get("names")
+    wanted = _user_names() if names is None else names
+    cleared = []
+    for name in wanted:
+        if name in _user and not name.startswith("__"):
+            del _user[name]
+            cleared.append(name)
+    return {"cleared": cleared}
+
+
+def _list_vars(_req):
+    return {
+        "variables": [
+            {"name": k, "type": type(_user[k]).__name__, "json": _json_exact(_user[k])}
+            for k in _user_names()
+        ]
+    }
+
+
+_CALLS = {
+    "is_complete": _is_complete,
+    "get_vars": _get_vars,
+    "set_vars": _set_vars,
+    "clear_vars": _clear_vars,
+    "list_vars": _list_vars,
+}
+
+
+def _serve():
+    _emit(
+        {
+            "type": "ready",
+            "language": "python",
+            "version": "%d.%d.%d" % sys.version_info[:3],
+            "pid": os.getpid(),
+        }
+    )
+    while True:
+        try:
+            line = _ctl.readline()
+        except KeyboardInterrupt:
+            continue  # idle SIGINT
+        if not line:
+            return
+        try:
+            req = json.loads(line)
+        except ValueError as e:
+            _emit({"type": "reply", "id": None, "error": "bad request: %s" % e})
+            continue
+        op = req.get("op")
+        try:
+            if op == "execute":
+                _execute(req)
+                continue
+            handler = _CALLS.get(op)
+            reply = handler(req) if handler else {"error": "unknown op %r" % op}
+        except KeyboardInterrupt:
+            reply = {"error": "interrupted"}
+        except Exception as e:
+            reply = {"error": "%s: %s" % (type(e).__name__, e)}
+        reply.update({"type": "reply", "id": req.get("id")})
+        _emit(reply)
+
+
+_serve()

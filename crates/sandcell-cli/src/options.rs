@@ -1,0 +1,114 @@
+//! Sandbox options shared by `run` and `repl`.
+
+use anyhow::{Context, bail};
+use clap::{Args, ValueEnum};
+use sandcell_engine::spec::parse_size;
+use sandcell_engine::{NetworkPolicy, SandboxSpec};
+use sandcell_protocol::Language;
+
+/// Languages with a kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Lang {
+    /// Python 3 (the system /usr/bin/python3).
+    Python,
+    /// Node.js.
+    Node,
+    /// Bash.
+    Bash,
+    /// R.
+    R,
+}
+
+impl Lang {
+    /// The protocol's language.
+    pub fn language(self) -> Language {
+        match self {
+            Lang::Python => Language::Python,
+            Lang::Node => Language::Node,
+            Lang::Bash => Language::Bash,
+            Lang::R => Language::R,
+        }
+    }
+}
+
+/// Network choices on the command line.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Net {
+    /// The sandbox's own loopback only.
+    Loopback,
+    /// No network sockets at all.
+    Off,
+}
+
+/// Limits and environment of the sandbox.
+#[derive(Debug, Args)]
+pub struct SandboxArgs {
+    /// Memory limit for the whole sandbox (e.g. 64m, 1g), no swap.
+    #[arg(long, value_parser = parse_size)]
+    pub memory: Option<u64>,
+    /// Timeout in seconds (per command or cell); it is interrupted, then killed.
+    #[arg(long)]
+    pub timeout: Option<f64>,
+    /// CPU quota (e.g. 0.5).
+    #[arg(long)]
+    pub cpus: Option<f64>,
+    /// Process limit for the whole sandbox.
+    #[arg(long)]
+    pub pids: Option<u64>,
+    /// Size of the writable /workspace (e.g. 100m).
+    #[arg(long, value_parser = parse_size)]
+    pub disk: Option<u64>,
+    /// Network: `loopback` (the sandbox's own lo only) or `off` (no inet sockets at all).
+    #[arg(long, value_enum, default_value = "loopback")]
+    pub network: Net,
+    /// Environment variable (repeatable).
+    #[arg(short = 'e', long = "env", value_name = "KEY=VALUE")]
+    pub env: Vec<String>,
+    /// Working directory inside the sandbox.
+    #[arg(long)]
+    pub cwd: Option<String>,
+}
+
+impl SandboxArgs {
+    /// The sandbox's spec.
+    pub fn spec(&self) -> SandboxSpec {
+        let mut spec = SandboxSpec::default();
+        if let Some(m) = self.memory {
+            spec.limits.memory_bytes = Some(m);
+        }
+        spec.limits.cpus = self.cpus;
+        if let Some(p) = self.pids {
+            spec.limits.pids = Some(p);
+        }
+        if let Some(d) = self.disk {
+            spec.limits.disk_bytes = d;
+        }
+        spec.network = match self.network {
+            Net::Loopback => NetworkPolicy::Loopback,
+            Net::Off => NetworkPolicy::Off,
+        };
+        spec
+    }
+
+    /// `--env` pairs, checked.
+    pub fn env_pairs(&self) -> anyhow::Result<Vec<(String, String)>> {
+        self.env
+            .iter()
+            .map(|kv| {
+                let (k, v) = kv
+                    .split_once('=')
+                    .with_context(|| format!("--env '{kv}' is not KEY=VALUE"))?;
+                Ok((k.to_string(), v.to_string()))
+            })
+            .collect()
+    }
+
+    /// `--timeout` in milliseconds, checked.
+    pub fn timeout_ms(&self) -> anyhow::Result<Option<u64>> {
+        match self.timeout {
+            None => Ok(None),
+            Some(t) if t.is_finite() && t > 0.0 => Ok(Some((t * 1000.0).ceil() as u64)),
+            Some(_) => bail!("--timeout must be a positive number of seconds"),
+        }
+    }
+}

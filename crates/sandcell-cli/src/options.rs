@@ -70,9 +70,12 @@ pub struct SandboxArgs {
 }
 
 impl SandboxArgs {
-    /// The sandbox's spec.
-    pub fn spec(&self) -> SandboxSpec {
-        let mut spec = SandboxSpec::default();
+    /// The sandbox's spec (`--env` applies to every command and kernel).
+    pub fn spec(&self) -> anyhow::Result<SandboxSpec> {
+        let mut spec = SandboxSpec {
+            env: self.env_pairs()?.into_iter().collect(),
+            ..SandboxSpec::default()
+        };
         if let Some(m) = self.memory {
             spec.limits.memory_bytes = Some(m);
         }
@@ -87,7 +90,7 @@ impl SandboxArgs {
             Net::Loopback => NetworkPolicy::Loopback,
             Net::Off => NetworkPolicy::Off,
         };
-        spec
+        Ok(spec)
     }
 
     /// `--env` pairs, checked.

@@ -116,13 +116,16 @@ async fn ask(reader: &mpsc::UnboundedSender<Ask>, prompt: String) -> Input {
 
 /// Runs `sandcell repl`.
 pub async fn repl(args: ReplArgs, engine: Engine) -> anyhow::Result<ExitCode> {
-    let spec = args.sandbox.spec();
-    spec.validate()?;
-    let env = args.sandbox.env_pairs()?;
-    let timeout_ms = args.sandbox.timeout_ms()?;
     let language = args.lang.language();
+    let mut spec = args.sandbox.spec()?;
+    if args.sandbox.cwd.is_none() {
+        // The session's kernel starts while the sandbox is being created.
+        spec.warm_kernels = vec![language];
+    }
+    spec.validate()?;
+    let timeout_ms = args.sandbox.timeout_ms()?;
     let sandbox = engine.create(spec).await.context("create the sandbox")?;
-    let outcome = session(&sandbox, &args, language, env, timeout_ms).await;
+    let outcome = session(&sandbox, &args, language, timeout_ms).await;
     let _ = sandbox.destroy().await;
     outcome
 }
@@ -131,18 +134,17 @@ async fn session(
     sandbox: &Sandbox,
     args: &ReplArgs,
     language: Language,
-    env: Vec<(String, String)>,
     timeout_ms: Option<u64>,
 ) -> anyhow::Result<ExitCode> {
-    let context = if env.is_empty() && args.sandbox.cwd.is_none() {
-        language.as_str().to_string()
-    } else {
-        let env = env.into_iter().collect();
-        sandbox
-            .create_context(language, args.sandbox.cwd.clone(), env)
-            .await
-            .context("start the kernel")?
-            .id
+    let context = match &args.sandbox.cwd {
+        None => language.as_str().to_string(),
+        Some(cwd) => {
+            sandbox
+                .create_context(language, Some(cwd.clone()), Default::default())
+                .await
+                .context("start the kernel")?
+                .id
+        }
     };
     let tty = std::io::stdin().is_terminal();
     if tty {

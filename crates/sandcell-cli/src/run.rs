@@ -55,14 +55,12 @@ enum Job {
         language: Language,
         code: String,
         timeout_ms: Option<u64>,
-        env: Vec<(String, String)>,
         cwd: Option<String>,
     },
 }
 
 impl RunArgs {
     fn job(&self) -> anyhow::Result<Job> {
-        let env = self.sandbox.env_pairs()?;
         let timeout_ms = self.sandbox.timeout_ms()?;
         match (&self.code, self.command.is_empty()) {
             (Some(code), true) => {
@@ -73,13 +71,11 @@ impl RunArgs {
                     language: self.lang.language(),
                     code: code.clone(),
                     timeout_ms,
-                    env,
                     cwd: self.sandbox.cwd.clone(),
                 })
             }
             (None, false) => {
                 let mut req = ExecRequest::argv(self.command.clone());
-                req.env.extend(env);
                 req.cwd = self.sandbox.cwd.clone();
                 req.stdin = self.stdin;
                 req.timeout_ms = timeout_ms;
@@ -103,7 +99,16 @@ pub struct Prepared {
 /// Validates the arguments before anything starts.
 pub fn prepare(args: &RunArgs) -> anyhow::Result<Prepared> {
     let job = args.job()?;
-    let spec = args.sandbox.spec();
+    let mut spec = args.sandbox.spec()?;
+    if let Job::Code {
+        language,
+        cwd: None,
+        ..
+    } = &job
+    {
+        // Its kernel starts while the sandbox is being created.
+        spec.warm_kernels = vec![*language];
+    }
     spec.validate()?;
     Ok(Prepared {
         id: sandcell_engine::new_sandbox_id(),
@@ -125,14 +130,12 @@ pub async fn run(args: RunArgs, prepared: Prepared, engine: Engine) -> anyhow::R
             language,
             code,
             timeout_ms,
-            env,
             cwd,
         } => {
             let code = CodeJob {
                 language,
                 code,
                 timeout_ms,
-                env,
                 cwd,
             };
             return run_code(args, id, spec, code, engine).await;
@@ -234,7 +237,6 @@ struct CodeJob {
     language: Language,
     code: String,
     timeout_ms: Option<u64>,
-    env: Vec<(String, String)>,
     cwd: Option<String>,
 }
 
@@ -262,16 +264,16 @@ async fn code_in(
     job: CodeJob,
     start: Instant,
 ) -> anyhow::Result<ExitCode> {
-    // --env and --cwd need a context of their own (the default one has the sandbox's).
-    let context = if job.env.is_empty() && job.cwd.is_none() {
-        None
-    } else {
-        let env = job.env.into_iter().collect();
-        let ctx = sandbox
-            .create_context(job.language, job.cwd, env)
-            .await
-            .context("start the kernel")?;
-        Some(ctx.id)
+    // --cwd needs a context of its own (the default one starts in /workspace).
+    let context = match job.cwd {
+        None => None,
+        Some(cwd) => {
+            let ctx = sandbox
+                .create_context(job.language, Some(cwd), Default::default())
+                .await
+                .context("start the kernel")?;
+            Some(ctx.id)
+        }
     };
     let req = RunCodeRequest {
         context,

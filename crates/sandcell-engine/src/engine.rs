@@ -67,6 +67,7 @@ impl Engine {
     ) -> Result<Sandbox, EngineError> {
         let launch = self.launch(id, spec).await?;
         let hello = launch.client.send_hello().await;
+        launch.prepare().await;
         launch.finish(hello).await
     }
 
@@ -82,6 +83,7 @@ impl Engine {
         let req = prepare_exec(&spec, req)?;
         let launch = self.launch(id, spec).await?;
         let hello = launch.client.send_hello().await;
+        launch.prepare().await;
         let exec = launch.client.request(&HostMessage::Exec(req.clone())).await;
         let sandbox = launch.finish(hello).await?;
         let started = match exec {
@@ -132,6 +134,21 @@ struct Launch {
 }
 
 impl Launch {
+    /// Sends the kernels' settings right behind the handshake, without waiting: kernels
+    /// asked for start while the rest of creation goes on. A failure there shows on the
+    /// first execution.
+    async fn prepare(&self) {
+        if self.spec.env.is_empty() && self.spec.warm_kernels.is_empty() {
+            return;
+        }
+        let msg = HostMessage::Prepare {
+            env: self.spec.env.clone(),
+            kernels: self.spec.warm_kernels.clone(),
+        };
+        // The reply is not awaited; dropping the call discards it when it comes.
+        drop(self.client.request(&msg).await);
+    }
+
     /// Completes the handshake sent on `hello`; on failure the sandbox is destroyed.
     async fn finish(self, hello: Result<Call, EngineError>) -> Result<Sandbox, EngineError> {
         let answered = match hello {

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeMap;
 
+use sandcell_protocol::Language;
 use serde::{Deserialize, Serialize};
 
 use crate::error::EngineError;
@@ -84,8 +85,12 @@ pub struct SandboxSpec {
     pub limits: SandboxLimits,
     /// Network policy.
     pub network: NetworkPolicy,
-    /// Environment variables set for every exec (an exec's own variables win).
+    /// Environment variables set for every exec and kernel (an exec's or a context's own
+    /// variables win).
     pub env: BTreeMap<String, String>,
+    /// Kernels started while the sandbox is created, so the first execution in them does not
+    /// wait for an interpreter to start.
+    pub warm_kernels: Vec<Language>,
     /// Free-form labels.
     pub labels: BTreeMap<String, String>,
 }
@@ -132,6 +137,10 @@ impl SandboxSpec {
         }
         for (k, v) in &self.env {
             validate_env(k, v).map_err(EngineError::InvalidSpec)?;
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        if let Some(dup) = self.warm_kernels.iter().find(|l| !seen.insert(**l)) {
+            return bad(format!("warm kernel {dup} is listed twice"));
         }
         Ok(())
     }

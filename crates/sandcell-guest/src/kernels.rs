@@ -132,6 +132,8 @@ impl Drop for BusyGuard<'_> {
 pub(crate) struct Kernels {
     contexts: Mutex<BTreeMap<String, Arc<Context>>>,
     created: AtomicU64,
+    /// Environment of every kernel (from `Prepare`); a context's own variables win.
+    env: Mutex<BTreeMap<String, String>>,
 }
 
 impl Kernels {
@@ -248,6 +250,7 @@ async fn start_kernel(shared: &Arc<Shared>, ctx: &Context) -> Result<Kernel, Wir
     cmd.args(&argv[1..])
         .env_clear()
         .envs(shared.config.base_env.iter().map(|(k, v)| (k, v)))
+        .envs(lock(&shared.kernels.env).iter())
         .envs(&ctx.env)
         .envs(sandcell_kernels::extra_env(ctx.language))
         .env(PROTOCOL_VAR, sandcell_kernels::PROTOCOL_VERSION.to_string())
@@ -531,17 +534,45 @@ async fn ensure_kernel(
     Ok(None)
 }
 
-/// Locks a context for one request, or says it is busy.
-fn try_slot(ctx: &Context) -> Result<tokio::sync::MutexGuard<'_, Slot>, WireError> {
-    ctx.slot.try_lock().map_err(|_| {
-        error(
+/// Locks a context for one request, or says it is busy running code. (A kernel still
+/// starting holds the lock too: that is waited for.)
+async fn try_slot(ctx: &Context) -> Result<tokio::sync::MutexGuard<'_, Slot>, WireError> {
+    if ctx.busy.load(Ordering::SeqCst) {
+        return Err(error(
             ErrorCode::InvalidState,
             format!(
                 "context '{}' is busy with another request; interrupt it or use another context",
                 ctx.id
             ),
-        )
-    })
+        ));
+    }
+    Ok(ctx.slot.lock().await)
+}
+
+/// `Prepare`: records the kernels' environment and starts the requested kernels in the
+/// background.
+pub(crate) fn prepare(
+    shared: &Arc<Shared>,
+    env: BTreeMap<String, String>,
+    languages: Vec<Language>,
+) -> Result<GuestMessage, WireError> {
+    if let Some(bad) = env.keys().find(|k| k.is_empty() || k.contains(['=', '\0'])) {
+        return Err(error(
+            ErrorCode::InvalidArgument,
+            format!("environment variable name {bad:?} is not valid"),
+        ));
+    }
+    *lock(&shared.kernels.env) = env;
+    for language in languages {
+        let ctx = shared.kernels.resolve(None, Some(language))?;
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let mut slot = ctx.slot.lock().await;
+            // A failure shows again, with its reason, on the first execution.
+            let _ = ensure_kernel(&shared, &ctx, &mut slot).await;
+        });
+    }
+    Ok(GuestMessage::Ok)
 }
 
 /// Serves `RunCode` on request `id`: events as they come, then `CodeDone`.
@@ -551,7 +582,7 @@ pub(crate) async fn run_code(shared: Arc<Shared>, id: u32, req: RunCodeRequest) 
         Ok(c) => c,
         Err(e) => return out.error(id, e).await,
     };
-    let mut slot = match try_slot(&ctx) {
+    let mut slot = match try_slot(&ctx).await {
         Ok(s) => s,
         Err(e) => return out.error(id, e).await,
     };
@@ -1107,7 +1138,7 @@ pub(crate) fn kill_all(shared: &Shared) {
 
 /// Runs a non-execute kernel request on an idle context.
 async fn kernel_call(shared: &Arc<Shared>, ctx: &Context, req: Value) -> Result<Value, WireError> {
-    let mut slot = try_slot(ctx)?;
+    let mut slot = try_slot(ctx).await?;
     ensure_kernel(shared, ctx, &mut slot).await?;
     let Some(kernel) = slot.kernel.as_mut() else {
         return Err(error(ErrorCode::Internal, "no kernel"));

@@ -530,6 +530,10 @@ impl Conn {
                 reply_of(r.map(|entry| GuestMessage::Entry { entry }))
             }),
             HostMessage::Shutdown => return Some(End::Shutdown(id)),
+            HostMessage::Prepare { env, kernels } => {
+                let reply = reply_of(kernels::prepare(&self.shared, env, kernels));
+                self.reply(id, reply).await;
+            }
             HostMessage::RunCode(req) => {
                 self.in_task(id, move |sh, id| async move {
                     kernels::run_code(sh, id, req).await;

@@ -56,6 +56,15 @@ pub enum HostMessage {
     Rename { from: String, to: String },
     /// Kills every process and ends the agent.
     Shutdown,
+    /// Sandbox-wide settings for kernels, sent once after `Hello`: environment variables of
+    /// every kernel (a context's own win), and kernels to start at once so the first
+    /// execution does not wait for one. Reply: `Ok` (the kernels start in the background).
+    Prepare {
+        #[serde(default)]
+        env: BTreeMap<String, String>,
+        #[serde(default)]
+        kernels: Vec<Language>,
+    },
     /// Runs code in a kernel. Replies: code events, then `CodeDone`.
     RunCode(RunCodeRequest),
     /// Starts a new context. Reply: `Context`.

@@ -1,12 +1,9 @@
 # Sandcell's Python kernel: one interpreter holding one context's state.
 # Speaks crates/sandcell-kernels/PROTOCOL.md over two inherited pipes. Standard library only;
-# matplotlib and pandas are used only when the user's code has imported them.
-import ast
-import asyncio
-import base64
+# matplotlib and pandas are used only when the user's code has imported them. Heavy modules
+# (asyncio ~30 ms, codeop) are imported on first use: start-up time is a cold run's latency.
+import _ast
 import builtins
-import codeop
-import inspect
 import io
 import json
 import keyword
@@ -17,7 +14,6 @@ import signal
 import sys
 import threading
 import time
-import traceback
 import types
 
 _CTL = int(os.environ["SANDCELL_KERNEL_CTL_FD"])
@@ -277,9 +273,15 @@ def _bundle(obj):
     return data, metadata
 
 
+def _b64(data):
+    import base64
+
+    return base64.b64encode(bytes(data)).decode("ascii")
+
+
 def _encode(mime, value):
     if isinstance(value, (bytes, bytearray)):
-        return base64.b64encode(bytes(value)).decode("ascii")
+        return _b64(value)
     if mime == "application/json":
         return value
     if mime in ("image/png", "image/jpeg") and isinstance(value, str):
@@ -322,7 +324,7 @@ def _figure_png(fig):
     try:
         buf = io.BytesIO()
         fig.savefig(buf, format="png", bbox_inches="tight")
-        return base64.b64encode(buf.getvalue()).decode("ascii")
+        return _b64(buf.getvalue())
     except Exception:
         return None
 
@@ -414,18 +416,25 @@ def _cell_name(n):
 
 
 def _compile_cell(code, name):
-    """(body code object, last-expression code object or None)."""
-    flags = ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
-    tree = ast.parse(code, filename=name, mode="exec")
+    """(body code object, last-expression code object or None). Uses the compiler's own AST
+    (`_ast`), not the `ast` module, which costs milliseconds to import."""
+    flags = _ast.PyCF_ALLOW_TOP_LEVEL_AWAIT
+    tree = compile(code, name, "exec", flags=_ast.PyCF_ONLY_AST | flags, dont_inherit=True)
     last = None
-    if tree.body and isinstance(tree.body[-1], ast.Expr):
-        last = ast.Expression(tree.body.pop().value)
+    if tree.body and isinstance(tree.body[-1], _ast.Expr):
+        last = _ast.Expression(tree.body.pop().value)
     body = compile(tree, name, "exec", flags=flags, dont_inherit=True)
     expr = compile(last, name, "eval", flags=flags, dont_inherit=True) if last else None
     return body, expr
 
 
+# inspect.CO_COROUTINE, without importing inspect.
+_CO_COROUTINE = 0x80
+
+
 def _loop():
+    import asyncio
+
     if _state.loop is None or _state.loop.is_closed():
         _state.loop = asyncio.new_event_loop()
         asyncio.set_event_loop(_state.loop)
@@ -435,13 +444,15 @@ def _loop():
 def _run(code_obj):
     """Evaluates a code object in the user's globals, awaiting it if it is a coroutine."""
     result = eval(code_obj, _user)
-    if code_obj.co_flags & inspect.CO_COROUTINE:
+    if code_obj.co_flags & _CO_COROUTINE:
         result = _loop().run_until_complete(result)
     return result
 
 
 def _user_traceback(exc):
     """Traceback lines that show the user's code, never the kernel's own frames."""
+    import traceback
+
     if isinstance(exc, SyntaxError) and exc.filename and exc.filename.startswith(_CELL_PREFIX):
         # A cell that does not compile: the compiler's own frames mean nothing to the user.
         return [l.rstrip("\n") for l in traceback.format_exception_only(type(exc), exc)]
@@ -492,7 +503,7 @@ def _execute(req):
                     raise KeyboardInterrupt
                 _run(body)
                 value = _run(expr) if expr is not None else None
-                if inspect.iscoroutine(value):
+                if isinstance(value, types.CoroutineType):
                     value = _loop().run_until_complete(value)
                 _state.running_user_code = False
                 _flush_streams()
@@ -558,13 +569,15 @@ def _send_error(exc, ename=None):
 
 
 def _is_complete(req):
+    import codeop
+
     code = req.get("code", "")
     try:
         compiled = codeop.compile_command(code, "<input>", "exec")
     except (SyntaxError, OverflowError, ValueError):
         # An `await` outside a function is fine for us even if codeop refuses it.
         try:
-            ast.parse(code)
+            compile(code, "<input>", "exec", flags=_ast.PyCF_ONLY_AST, dont_inherit=True)
             return {"status": "complete"}
         except SyntaxError:
             return {"status": "invalid"}

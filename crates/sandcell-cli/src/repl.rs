@@ -8,6 +8,7 @@ use anyhow::Context;
 use clap::Args;
 use sandcell_engine::{CodeEvent, Engine, Sandbox};
 use sandcell_protocol::{Completeness, Language, RunCodeRequest};
+use tokio::signal::unix::{Signal, SignalKind, signal};
 use tokio::sync::{mpsc, oneshot};
 
 use crate::options::{Lang, SandboxArgs};
@@ -159,6 +160,8 @@ async fn session(
         .unwrap_or_else(|| std::env::temp_dir().join(format!("sandcell-repl-{}", sandbox.id())));
     let mut renderer = Renderer::new(dir);
     let reader = start_reader(language);
+    // One listener for the session: registering one per cell costs more than a cell.
+    let mut ctrl_c = signal(SignalKind::interrupt()).context("listen for Ctrl-C")?;
     let (primary, continuation) = prompts(language);
     let mut last_failed = false;
     'cells: loop {
@@ -192,7 +195,15 @@ async fn session(
                 break;
             }
         }
-        last_failed = !run_cell(sandbox, &context, &cell, timeout_ms, &mut renderer).await?;
+        last_failed = !run_cell(
+            sandbox,
+            &context,
+            &cell,
+            timeout_ms,
+            &mut renderer,
+            &mut ctrl_c,
+        )
+        .await?;
     }
     Ok(if last_failed {
         ExitCode::from(1)
@@ -208,6 +219,7 @@ async fn run_cell(
     code: &str,
     timeout_ms: Option<u64>,
     renderer: &mut Renderer,
+    ctrl_c: &mut Signal,
 ) -> anyhow::Result<bool> {
     let req = RunCodeRequest {
         context: Some(context.to_string()),
@@ -220,7 +232,7 @@ async fn run_cell(
     loop {
         let event = tokio::select! {
             e = stream.next() => e,
-            _ = tokio::signal::ctrl_c() => {
+            Some(()) = ctrl_c.recv() => {
                 sandbox.interrupt(context).await.context("interrupt the cell")?;
                 continue;
             }
@@ -234,3 +246,4 @@ async fn run_cell(
     }
     Ok(ok)
 }
+

@@ -134,6 +134,8 @@ pub(crate) struct Kernels {
     created: AtomicU64,
     /// Environment of every kernel (from `Prepare`); a context's own variables win.
     env: Mutex<BTreeMap<String, String>>,
+    /// Files in the outputs folder at the last look.
+    outputs_seen: std::sync::atomic::AtomicUsize,
 }
 
 impl Kernels {
@@ -951,18 +953,26 @@ async fn sleep_until(at: Option<tokio::time::Instant>) {
 
 type OutputsSnapshot = BTreeMap<PathBuf, (u64, SystemTime)>;
 
+/// Below this many files (at the last look) the outputs folder is scanned on the runtime
+/// thread: cheaper than a hop to a worker thread and back, twice per execution.
+const INLINE_SCAN_MAX: usize = 64;
+
 /// Files in the outputs folder with their size and mtime (None when there is no folder).
 async fn snapshot_outputs(shared: &Arc<Shared>) -> Option<OutputsSnapshot> {
     let dir = PathBuf::from(outputs_dir());
-    shared
-        .workers
-        .run(move || {
-            let mut out = BTreeMap::new();
-            scan(&dir, 0, &mut out).then_some(out)
-        })
-        .await
-        .ok()
-        .flatten()
+    let scan_all = move || {
+        let mut out = BTreeMap::new();
+        scan(&dir, 0, &mut out).then_some(out)
+    };
+    let last = shared.kernels.outputs_seen.load(Ordering::Relaxed);
+    let snapshot = if last < INLINE_SCAN_MAX {
+        scan_all()
+    } else {
+        shared.workers.run(scan_all).await.ok().flatten()
+    };
+    let seen = snapshot.as_ref().map_or(0, BTreeMap::len);
+    shared.kernels.outputs_seen.store(seen, Ordering::Relaxed);
+    snapshot
 }
 
 fn scan(dir: &Path, depth: usize, out: &mut OutputsSnapshot) -> bool {

@@ -505,5 +505,16 @@ async fn kernels_are_confined_like_everything_else() {
     assert!(r.error.unwrap().evalue.contains("EROFS"));
     let r = sb.run(Language::Bash, "cat /etc/shadow").await.unwrap();
     assert_ne!(r.done.exit_code, Some(0));
+    // The host's loopback is out of reach from a kernel too; ptrace is refused.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let r = py(
+        &sb,
+        &format!(
+            "import socket, ctypes\ntry:\n    socket.create_connection(('127.0.0.1', {port}), timeout=2)\n    print('connected')\nexcept OSError:\n    print('refused')\nprint(ctypes.CDLL(None).ptrace(16, 1, 0, 0))"
+        ),
+    )
+    .await;
+    assert_eq!(r.stdout, "refused\n-1\n", "{r:?}");
     sb.destroy().await.unwrap();
 }

@@ -66,27 +66,27 @@ impl Renderer {
         for (mime, ext) in [("image/png", "png"), ("image/jpeg", "jpg")] {
             if let Some(b64) = data.get(mime).and_then(|v| v.as_str()) {
                 let bytes = base64::engine::general_purpose::STANDARD.decode(b64.trim())?;
-                std::fs::create_dir_all(&self.image_dir)?;
-                self.images += 1;
-                let path = self.image_dir.join(format!("image-{}.{ext}", self.images));
-                std::fs::write(&path, bytes)?;
-                println!("[{mime} saved to {}]", path.display());
-                return Ok(());
+                return self.save(mime, ext, &bytes);
             }
         }
         if let Some(svg) = data.get("image/svg+xml").and_then(|v| v.as_str()) {
-            std::fs::create_dir_all(&self.image_dir)?;
-            self.images += 1;
-            let path = self.image_dir.join(format!("image-{}.svg", self.images));
-            std::fs::write(&path, svg)?;
-            println!("[image/svg+xml saved to {}]", path.display());
-            return Ok(());
+            return self.save("image/svg+xml", "svg", svg.as_bytes());
         }
         if let Some(text) = data.get("text/plain").and_then(|v| v.as_str()) {
             println!("{text}");
         } else if let Some((mime, _)) = data.iter().next() {
             println!("[{mime} output]");
         }
+        Ok(())
+    }
+
+    /// Writes an image to the next numbered file and prints where.
+    fn save(&mut self, mime: &str, ext: &str, bytes: &[u8]) -> anyhow::Result<()> {
+        std::fs::create_dir_all(&self.image_dir)?;
+        self.images += 1;
+        let path = self.image_dir.join(format!("image-{}.{ext}", self.images));
+        std::fs::write(&path, bytes)?;
+        println!("[{mime} saved to {}]", path.display());
         Ok(())
     }
 }

@@ -246,4 +246,3 @@ async fn run_cell(
     }
     Ok(ok)
 }
-

@@ -86,6 +86,14 @@ impl Call {
             .unwrap_or_else(|| Reply::Closed("connection closed".into()))
     }
 
+    /// The next reply, or `None` if none comes within `limit` (no limit: waits).
+    pub async fn next_within(&mut self, limit: Option<Duration>) -> Option<Reply> {
+        match limit {
+            Some(limit) => tokio::time::timeout(limit, self.next()).await.ok(),
+            None => Some(self.next().await),
+        }
+    }
+
     /// The next control message, skipping nothing: data chunks are an error here.
     pub async fn message(&mut self) -> Result<GuestMessage, EngineError> {
         match self.next().await {

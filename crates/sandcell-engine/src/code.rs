@@ -118,21 +118,15 @@ impl CodeStream {
         if self.done {
             return None;
         }
-        let reply = match self.timeout_ms {
-            Some(t) => {
-                let limit = Duration::from_millis(t) + WATCHDOG_GRACE;
-                match tokio::time::timeout(limit, self.call.next()).await {
-                    Ok(r) => r,
-                    Err(_) => {
-                        self.done = true;
-                        return Some(Err(EngineError::Unresponsive(format!(
-                            "the agent did not end an execution {}s past its {t} ms timeout",
-                            WATCHDOG_GRACE.as_secs()
-                        ))));
-                    }
-                }
-            }
-            None => self.call.next().await,
+        let limit = self
+            .timeout_ms
+            .map(|t| Duration::from_millis(t) + WATCHDOG_GRACE);
+        let Some(reply) = self.call.next_within(limit).await else {
+            self.done = true;
+            return Some(Err(EngineError::Unresponsive(format!(
+                "the agent did not end an execution {}s past its timeout",
+                WATCHDOG_GRACE.as_secs()
+            ))));
         };
         let event = match reply {
             Reply::Message(GuestMessage::CodeStream { name, text }) if name == "stderr" => {

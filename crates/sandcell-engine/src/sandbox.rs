@@ -115,15 +115,12 @@ impl ExecStream {
         if self.done {
             return None;
         }
-        let reply = match self.timeout_ms {
-            Some(t) => {
-                let limit = Duration::from_millis(t) + WATCHDOG_GRACE;
-                match tokio::time::timeout(limit, self.call.next()).await {
-                    Ok(r) => r,
-                    Err(_) => return Some(Err(self.agent_overdue(t).await)),
-                }
-            }
-            None => self.call.next().await,
+        let limit = self
+            .timeout_ms
+            .map(|t| Duration::from_millis(t) + WATCHDOG_GRACE);
+        let Some(reply) = self.call.next_within(limit).await else {
+            let t = self.timeout_ms.unwrap_or_default();
+            return Some(Err(self.agent_overdue(t).await));
         };
         let event = match reply {
             Reply::Data(chunk) if chunk.channel == Channel::Stdout => {

@@ -1196,15 +1196,24 @@ pub(crate) async fn is_complete(
     })
 }
 
+/// A variables request to a Python or Node context.
+async fn variables_call(
+    shared: &Arc<Shared>,
+    context: &str,
+    req: Value,
+) -> Result<Value, WireError> {
+    let ctx = shared.kernels.existing(context)?;
+    variables_supported(&ctx)?;
+    kernel_call(shared, &ctx, req).await
+}
+
 /// `GetVariables`.
 pub(crate) async fn get_variables(
     shared: &Arc<Shared>,
     context: &str,
     names: Option<Vec<String>>,
 ) -> Result<GuestMessage, WireError> {
-    let ctx = shared.kernels.existing(context)?;
-    variables_supported(&ctx)?;
-    let v = kernel_call(shared, &ctx, json!({"op": "get_vars", "names": names})).await?;
+    let v = variables_call(shared, context, json!({"op": "get_vars", "names": names})).await?;
     let values = v["values"]
         .as_object()
         .map(|o| o.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
@@ -1238,9 +1247,7 @@ pub(crate) async fn set_variables(
     context: &str,
     values: BTreeMap<String, Value>,
 ) -> Result<GuestMessage, WireError> {
-    let ctx = shared.kernels.existing(context)?;
-    variables_supported(&ctx)?;
-    let v = kernel_call(shared, &ctx, json!({"op": "set_vars", "values": values})).await?;
+    let v = variables_call(shared, context, json!({"op": "set_vars", "values": values})).await?;
     Ok(GuestMessage::VariableNames {
         names: string_list(&v["set"]),
     })
@@ -1252,9 +1259,7 @@ pub(crate) async fn clear_variables(
     context: &str,
     names: Option<Vec<String>>,
 ) -> Result<GuestMessage, WireError> {
-    let ctx = shared.kernels.existing(context)?;
-    variables_supported(&ctx)?;
-    let v = kernel_call(shared, &ctx, json!({"op": "clear_vars", "names": names})).await?;
+    let v = variables_call(shared, context, json!({"op": "clear_vars", "names": names})).await?;
     Ok(GuestMessage::VariableNames {
         names: string_list(&v["cleared"]),
     })
@@ -1265,9 +1270,7 @@ pub(crate) async fn list_variables(
     shared: &Arc<Shared>,
     context: &str,
 ) -> Result<GuestMessage, WireError> {
-    let ctx = shared.kernels.existing(context)?;
-    variables_supported(&ctx)?;
-    let v = kernel_call(shared, &ctx, json!({"op": "list_vars"})).await?;
+    let v = variables_call(shared, context, json!({"op": "list_vars"})).await?;
     let variables = v["variables"]
         .as_array()
         .map(|a| {

@@ -35,7 +35,7 @@ local({
         }
     }
     # "e": close-on-exec, so that system() children do not get the pipes.
-    ctl <- file(sprintf("/dev/fd/%s", ctl_fd), open = "re", raw = TRUE, encoding = "UTF-8")
+    ctl <- file(sprintf("/dev/fd/%s", ctl_fd), open = "re", raw = TRUE)
     ev <- file(sprintf("/dev/fd/%s", ev_fd), open = "we", raw = TRUE)
     try(get("closeFD", asNamespace("parallel"))(as.integer(c(ctl_fd, ev_fd))), silent = TRUE)
     Sys.unsetenv(c("SANDCELL_KERNEL_CTL_FD", "SANDCELL_KERNEL_EVENT_FD"))
@@ -275,7 +275,7 @@ local({
     sink_base <- 0L
 
     capture_start <- function() {
-        out_con <<- file(out_path, open = "w", encoding = "UTF-8")
+        out_con <<- file(out_path, open = "w")
         out_read <<- file(out_path, open = "rb")
         out_pos <<- 0
         sink_base <<- sink.number()
@@ -580,7 +580,7 @@ local({
     # that arrives meanwhile is raised when the suspension ends, and dropped here.
     repeat {
         line <- NULL
-        tryCatch(suspendInterrupts(line <- readLines(ctl, n = 1L, warn = FALSE)),
+        tryCatch(suspendInterrupts(line <- readLines(ctl, n = 1L, warn = FALSE, encoding = "UTF-8")),
             interrupt = function(e) NULL)
         if (is.null(line)) next
         if (length(line) == 0L) break

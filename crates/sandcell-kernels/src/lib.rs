@@ -38,23 +38,34 @@ pub fn source(language: Language) -> &'static str {
     }
 }
 
-/// The command line that starts `language`'s kernel (the program rides on it, so nothing is
-/// written to disk).
+/// Holds the R kernel's program (see [`command`]); the kernel removes it from its environment.
+pub const R_SOURCE_VAR: &str = "SANDCELL_KERNEL_SOURCE";
+
+/// The command line that starts `language`'s kernel. The program rides on it (R's in
+/// [`extra_env`]), so nothing is written to disk.
 pub fn command(language: Language) -> Vec<String> {
-    let src = source(language).to_string();
-    let argv: Vec<&str> = match language {
-        Language::Python => vec!["/usr/bin/python3", "-c"],
-        Language::Node => vec!["/usr/bin/node", "-e"],
-        Language::Bash => vec!["/bin/bash", "--noprofile", "--norc", "-c"],
-        Language::R => vec!["/usr/bin/Rscript", "-e"],
+    let argv: &[&str] = match language {
+        Language::Python => &["/usr/bin/python3", "-c", PYTHON],
+        Language::Node => &["/usr/bin/node", "-e", NODE],
+        // The last word is the shell's $0.
+        Language::Bash => &[
+            "/bin/bash",
+            "--noprofile",
+            "--norc",
+            "-c",
+            BASH,
+            "sandcell-kernel",
+        ],
+        // Rscript silently drops `-e` programs over ~10 KB (it re-encodes them for R's own
+        // command line, three bytes per space and newline), so `-e` only evaluates the program
+        // held in the environment.
+        Language::R => &[
+            "/usr/bin/Rscript",
+            "-e",
+            "eval(parse(text = Sys.getenv('SANDCELL_KERNEL_SOURCE'), keep.source = FALSE))",
+        ],
     };
-    let mut out: Vec<String> = argv.into_iter().map(str::to_string).collect();
-    out.push(src);
-    if language == Language::Bash {
-        // $0 of the kernel shell.
-        out.push("sandcell-kernel".into());
-    }
-    out
+    argv.iter().map(|a| a.to_string()).collect()
 }
 
 /// Extra environment a kernel of `language` needs besides the protocol variables.
@@ -62,6 +73,7 @@ pub fn extra_env(language: Language) -> Vec<(&'static str, &'static str)> {
     match language {
         // Figures are rendered off-screen and captured as PNG.
         Language::Python => vec![("MPLBACKEND", "Agg"), ("PYTHONUNBUFFERED", "1")],
+        Language::R => vec![(R_SOURCE_VAR, R)],
         _ => Vec::new(),
     }
 }
@@ -76,7 +88,12 @@ mod tests {
             assert!(!source(lang).trim().is_empty(), "{lang}");
             let argv = command(lang);
             assert!(argv[0].starts_with('/'), "{lang}: {argv:?}");
-            assert!(argv.iter().any(|a| a == source(lang)), "{lang}");
+            let carried = argv.iter().any(|a| a == source(lang))
+                || extra_env(lang).iter().any(|(_, v)| *v == source(lang));
+            assert!(
+                carried,
+                "{lang}: the program is neither an argument nor in the environment"
+            );
         }
     }
 }

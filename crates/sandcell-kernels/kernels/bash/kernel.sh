@@ -8,25 +8,29 @@
 # How a cell runs: its source is piped into `. /dev/fd/62` (the `.` runs in this shell because
 # of `lastpipe`), at the top level of the driver, so `declare` makes globals, `return` ends the
 # cell and `local` is an error, as in a script. Error messages name the cell `/dev/fd/62`.
-# Output goes straight to fds 1 and 2 (no stream events); `done` carries `exit_code`.
+# Output goes straight to fds 1 and 2 (no stream events); `done` carries `exit_code`, and $?
+# starts as the previous cell's status.
 #
-# The driver's own names start with `__sc_` (functions are read-only). The two protocol pipes
-# sit on high descriptors (250/251 when possible) and are closed while a cell runs, so user
-# commands and their children do not inherit them.
+# The driver's own names start with `__sc_` (its functions are read-only). The two protocol
+# pipes sit on high descriptors (250/251 when possible) and are closed while a cell runs, so
+# user commands and their children (background jobs too) do not inherit them; a cell sees
+# fds 61 (a copy of stdin) and 62 (its source, read to the end).
 #
 # What user code can do to the driver:
 # - `exit`, `exec cmd`, `set -u` plus an unset variable, `${x:?}` and other fatal expansion
 #   errors end the shell: the agent reports a crash (state lost).
-# - `set -e` works per cell without ending the shell: a failing command stops the cell
-#   (status `error`, its exit code). This uses an ERR trap with `set -E` while cells run
-#   (so `$-` shows E); a user ERR trap replaces it, and then `set -e` ends the shell again.
+# - `set -e` stops the cell at the failing command (status `error`, its exit code), not the
+#   shell: while a cell runs, the ERR trap is the driver's (with `set -E`, so `$-` shows E),
+#   and a user ERR trap runs first inside it (`trap -p ERR` shows that wrapper).
 # - Interrupts (SIGINT): the driver's INT trap stops the cell between two commands (it
 #   unwinds functions and the cell with `extdebug` and a DEBUG trap that returns 2), and done
 #   says `interrupted` (exit_code 130). A foreground child only stops if it gets the signal
 #   too (the agent signals the kernel's process group; bash runs traps only once the child
-#   it waits for has ended). A user INT trap lasts until the end of its cell.
-# - A user DEBUG trap keeps working in cells (it is lifted while the driver runs).
-# - `set -n` stops everything, including the driver (the agent's grace period kills it).
+#   it waits for has ended). Background jobs ignore SIGINT, as in any non-interactive shell.
+#   A user INT trap lasts until the end of its cell; SIGINT between cells is ignored.
+# - A user DEBUG trap, -x and -v apply to cells (a prefix on the cell's first line sets them);
+#   the DEBUG trap also runs before the driver's three commands right after a cell.
+# - `set -n` (or -t) stops the driver too: the agent's grace period kills it.
 
 if [[ -z ${SANDCELL_KERNEL_CTL_FD-} || -z ${SANDCELL_KERNEL_EVENT_FD-} ]]; then
     builtin printf 'sandcell-kernel: SANDCELL_KERNEL_CTL_FD and SANDCELL_KERNEL_EVENT_FD must be set\n' >&2
@@ -406,7 +410,7 @@ __sc_enter() {
 # Runs first in the cell (a prefix on its first line) when the user has a DEBUG trap, -x or
 # -v, so that they apply to the cell's commands and not to the driver's.
 __sc_prefix() {
-    if [[ -n $__sc_udbg ]]; then
+    if [[ -n $__sc_udbg ]] && (( ! __sc_unwound )); then
         [[ -n $__sc_pre ]] && builtin set "-$__sc_pre"
         builtin trap -- "$__sc_udbg" DEBUG
     else
@@ -450,20 +454,17 @@ __sc_jstr "$BASH_VERSION"
 __sc_send "{\"type\":\"ready\",\"language\":\"bash\",\"version\":$__sc_r,\"pid\":$$}"
 
 while IFS= builtin read -r -u "$__sc_ctl" __sc_line || [[ -n $__sc_line ]]; do
+    # A SIGINT from now on is for this request: it unwinds the cell as soon as it starts.
+    builtin trap '__sc_on_int' INT
     if ! __sc_parse "$__sc_line"; then
-        __sc_id=
-        __sc_reply_error "invalid request: not a JSON object"
-        continue
-    fi
-    if [[ $__sc_id != ?(-)+([0-9]) ]]; then
-        __sc_id=
-        __sc_reply_error "invalid request: no integer id"
-        continue
+        __sc_id= __sc_op=:invalid
+    elif [[ $__sc_id != ?(-)+([0-9]) ]]; then
+        __sc_id= __sc_op=:noid
     fi
     case $__sc_op in
         execute)
             __sc_count=$(( __sc_count + 1 ))
-            __sc_intr=0 __sc_errexit=0 __sc_reset_e=0 __sc_unwound=0
+            __sc_errexit=0 __sc_reset_e=0
             __sc_prevflags=$__sc_flags
             __sc_pre=${__sc_flags//[!xv]/}
             [[ -n $__sc_pre || -n $__sc_udbg ]] && __sc_code="__sc_prefix;$__sc_code"
@@ -506,6 +507,12 @@ while IFS= builtin read -r -u "$__sc_ctl" __sc_line || [[ -n $__sc_line ]]; do
         is_complete)
             __sc_is_complete "$__sc_code"
             ;;
+        :invalid)
+            __sc_reply_error "invalid request: not a JSON object"
+            ;;
+        :noid)
+            __sc_reply_error "invalid request: no integer id"
+            ;;
         get_vars | set_vars | clear_vars | list_vars)
             __sc_reply_error "variables are not supported for bash"
             ;;
@@ -513,6 +520,10 @@ while IFS= builtin read -r -u "$__sc_ctl" __sc_line || [[ -n $__sc_line ]]; do
             __sc_reply_error "unknown op: $__sc_op"
             ;;
     esac
-    __sc_line=
+    # Idle: SIGINT is ignored, and an interrupt of a request that was not a cell is dropped.
+    builtin trap '' INT
+    builtin trap - DEBUG
+    builtin shopt -u extdebug
+    __sc_line= __sc_intr=0 __sc_unwound=0
 done
 exit 0

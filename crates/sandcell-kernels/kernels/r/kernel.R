@@ -1,6 +1,7 @@
 # Sandcell R kernel: one Rscript process speaking PROTOCOL.md.
 #
-# Started as `Rscript -e <this file>`. Requests are JSON lines read from the control pipe,
+# Started by `Rscript -e`, which evaluates this program from $SANDCELL_KERNEL_SOURCE (Rscript
+# drops `-e` programs of this size). Requests are JSON lines read from the control pipe,
 # events JSON lines written to the event pipe (both opened through /dev/fd, close-on-exec;
 # the inherited descriptors are closed). Cells are evaluated in .GlobalEnv, one top-level
 # expression at a time, like at the R prompt:
@@ -38,7 +39,7 @@ local({
     ctl <- file(sprintf("/dev/fd/%s", ctl_fd), open = "re", raw = TRUE)
     ev <- file(sprintf("/dev/fd/%s", ev_fd), open = "we", raw = TRUE)
     try(get("closeFD", asNamespace("parallel"))(as.integer(c(ctl_fd, ev_fd))), silent = TRUE)
-    Sys.unsetenv(c("SANDCELL_KERNEL_CTL_FD", "SANDCELL_KERNEL_EVENT_FD"))
+    Sys.unsetenv(c("SANDCELL_KERNEL_CTL_FD", "SANDCELL_KERNEL_EVENT_FD", "SANDCELL_KERNEL_SOURCE"))
     stream_limit <- suppressWarnings(as.numeric(Sys.getenv("SANDCELL_STREAM_LIMIT", "1048576")))
     if (is.na(stream_limit) || stream_limit < 0) stream_limit <- 1048576
     work_dir <- tempfile("sandcell-r-")
@@ -102,13 +103,18 @@ local({
 
     unescape_map <- c("\"" = "\"", "\\" = "\\", "/" = "/", b = "\b", f = "\f", n = "\n", r = "\r", t = "\t")
 
-    # Contents of a JSON string token (with its quotes), decoded.
+    json_escape_pattern <- "\\\\u[dD][89abAB][0-9a-fA-F]{2}\\\\u[dD][c-fC-F][0-9a-fA-F]{2}|\\\\u[0-9a-fA-F]{4}|\\\\."
+
+    # Contents of a JSON string token (with its quotes), decoded. The regex functions work on
+    # bytes: with character offsets they are quadratic on long non-ASCII text (a 200 KB cell
+    # took 30 s); escapes are ASCII, so cutting at them keeps UTF-8 sequences whole.
     json_unstr <- function(tok) {
         s <- substr(tok, 2L, nchar(tok) - 1L)
         if (!grepl("\\", s, fixed = TRUE)) return(s)
-        m <- gregexpr("\\\\u[dD][89abAB][0-9a-fA-F]{2}\\\\u[dD][c-fC-F][0-9a-fA-F]{2}|\\\\u[0-9a-fA-F]{4}|\\\\.",
-            s, perl = TRUE)
-        esc <- regmatches(s, m)[[1]]
+        esc <- regmatches(s, gregexpr(json_escape_pattern, s, perl = TRUE, useBytes = TRUE))[[1]]
+        parts <- strsplit(s, json_escape_pattern, perl = TRUE, useBytes = TRUE)[[1]]
+        # strsplit drops the empty piece after an escape at the very end.
+        if (length(parts) == length(esc)) parts <- c(parts, "")
         rep <- character(length(esc))
         simple <- nchar(esc) == 2L
         ch <- substr(esc[simple], 2L, 2L)
@@ -125,8 +131,9 @@ local({
             chars[cp == 0L] <- ""
             rep[u] <- chars
         }
-        regmatches(s, m) <- list(rep)
-        s
+        out <- paste0(c(rbind(parts, c(rep, ""))), collapse = "")
+        Encoding(out) <- "UTF-8"
+        out
     }
 
     json_pattern <- paste0(
@@ -362,10 +369,21 @@ local({
 
     # --- executing ----------------------------------------------------------------------
 
+    # Marks the frame user code runs in (see calls_of).
+    sandcell_eval_user <- function(expr) eval(expr, envir = .GlobalEnv)
+    kernel_eval_call <- quote(eval(expr, envir = .GlobalEnv))
+
+    # The call a condition names, unless it is the kernel's own eval (a condition raised at
+    # the top level of a cell, which R shows without a call).
+    user_call <- function(cond) {
+        call <- conditionCall(cond)
+        if (identical(call, kernel_eval_call)) NULL else call
+    }
+
     # Warnings are shown after the expression that raised them, as R does.
     format_warnings <- function(ws) {
         one <- function(w) {
-            call <- conditionCall(w)
+            call <- user_call(w)
             msg <- conditionMessage(w)
             if (is.null(call)) msg else paste0("In ", deparse(call, nlines = 1L)[[1]], " : ", msg)
         }
@@ -375,9 +393,6 @@ local({
             paste0("Warning messages:\n", paste0(seq_along(ws), ": ", vapply(ws, one, ""), "\n", collapse = ""))
         }
     }
-
-    # Marks the frame user code runs in (see calls_of).
-    sandcell_eval_user <- function(expr) eval(expr, envir = .GlobalEnv)
 
     # The user's calls at a condition: between the kernel's eval and the condition handling.
     calls_of <- function(calls) {
@@ -398,6 +413,12 @@ local({
             name <- if (is.name(f)) as.character(f) else ""
             if (name %in% c(".handleSimpleError", "h", ".signalSimpleWarning", "withCallingHandlers")) break
             keep <- c(keep, i)
+        }
+        # Like R's "Calls:" line, without the function that signalled (stop, warning).
+        n <- length(keep)
+        if (n && is.name(calls[[keep[[n]]]][[1]]) &&
+            as.character(calls[[keep[[n]]]][[1]]) %in% c("stop", "warning", "signalCondition")) {
+            keep <- keep[-n]
         }
         calls[keep]
     }
@@ -468,7 +489,7 @@ local({
                         if (is.numeric(level) && level >= 2) return()
                         if (is.numeric(level) && level == 1) {
                             capture_flush()
-                            call <- conditionCall(w)
+                            call <- user_call(w)
                             emit("stderr", if (is.null(call)) paste0("Warning: ", conditionMessage(w), "\n")
                             else paste0("Warning in ", deparse(call, nlines = 1L)[[1]], " : ", conditionMessage(w), "\n"))
                         } else if (!is.numeric(level) || level >= 0) {
@@ -495,7 +516,7 @@ local({
         } else if (identical(outcome, "error")) {
             status <- "error"
             msg <- conditionMessage(err)
-            call <- conditionCall(err)
+            call <- user_call(err)
             head <- if (is.null(call)) paste0("Error: ", msg) else paste0("Error in ", deparse(call, nlines = 1L)[[1]], " : ", msg)
             tb <- strsplit(head, "\n", fixed = TRUE)[[1]]
             if (length(err_calls)) {
@@ -576,12 +597,15 @@ local({
     version <- paste(R.version$major, R.version$minor, sep = ".")
     send("\"type\":\"ready\",\"language\":\"r\",\"version\":", json_str(version), ",\"pid\":", Sys.getpid())
 
-    # Interrupts are suspended except while a cell runs (allowInterrupts in execute); one
-    # that arrives meanwhile is raised when the suspension ends, and dropped here.
+    # Interrupts are suspended except while a cell runs (allowInterrupts in execute). One
+    # that arrived meanwhile stays pending: Sys.sleep(0) raises it right after the next
+    # request is read, and it is dropped here (the line read is kept).
     repeat {
         line <- NULL
-        tryCatch(suspendInterrupts(line <- readLines(ctl, n = 1L, warn = FALSE, encoding = "UTF-8")),
-            interrupt = function(e) NULL)
+        tryCatch({
+            suspendInterrupts(line <- readLines(ctl, n = 1L, warn = FALSE, encoding = "UTF-8"))
+            Sys.sleep(0)
+        }, interrupt = function(e) NULL)
         if (is.null(line)) next
         if (length(line) == 0L) break
         tryCatch(

@@ -20,6 +20,7 @@ use sandcell_engine::{
     NetworkPolicy, ResourceCounters, SandboxSpec,
 };
 use sandcell_jail::cgroup::SandboxCgroup;
+use sandcell_jail::rootfs::skeleton::{self, RootLayout};
 use sandcell_jail::{JailConfig, Limits, NetworkMode, TmpfsMount};
 use sandcell_protocol::{
     Frame, FrameDecoder, GuestMessage, HEADER_LEN, SANDBOX_UID, encode_message,
@@ -72,8 +73,28 @@ pub struct ProcessBackendConfig {
     pub system_paths: Vec<String>,
     /// Apply Landlock where the kernel has it.
     pub landlock: bool,
+    /// Where host-side state shared by sandboxes lives (root skeletons); see
+    /// [`default_runtime_dir`].
+    pub runtime_dir: PathBuf,
     /// Let the launcher and agent write diagnostics to this process's stderr.
     pub debug: bool,
+}
+
+/// `$SANDCELL_RUNTIME_DIR`, else `/run/sandcell` as root, else `$XDG_RUNTIME_DIR/sandcell`,
+/// else `/tmp/sandcell-<uid>`. Sandboxes read from it (their root skeleton), so as root it
+/// must be reachable by unprivileged ids.
+pub fn default_runtime_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("SANDCELL_RUNTIME_DIR") {
+        return PathBuf::from(dir);
+    }
+    let uid = rustix::process::geteuid();
+    if uid.is_root() {
+        return PathBuf::from("/run/sandcell");
+    }
+    match std::env::var_os("XDG_RUNTIME_DIR") {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir).join("sandcell"),
+        _ => PathBuf::from(format!("/tmp/sandcell-{}", uid.as_raw())),
+    }
 }
 
 /// Serves the guest agent on the socket in a freshly confined sandbox; returns its exit code.
@@ -88,6 +109,7 @@ impl ProcessBackendConfig {
                 .unwrap_or_else(|_| "sandcell".into()),
             system_paths: DEFAULT_SYSTEM_PATHS.iter().map(|s| s.to_string()).collect(),
             landlock: true,
+            runtime_dir: default_runtime_dir(),
             debug: std::env::var_os("SANDCELL_DEBUG").is_some(),
         }
     }
@@ -133,7 +155,7 @@ impl ProcessBackend {
     ) -> Result<(), EngineError> {
         let (host, child) = std::os::unix::net::UnixStream::pair()
             .map_err(|e| EngineError::io("create the sandbox socketpair", e))?;
-        let config = self.jail_config(id, spec);
+        let config = self.jail_config(id, spec)?;
         let pid = sandcell_jail::launch::fork_launcher(OwnedFd::from(child), Some(config), entry)
             .map_err(|e| EngineError::io("fork the launcher", std::io::Error::other(e)))?;
         if let Ok(mut slot) = self.preforked.lock() {
@@ -147,32 +169,46 @@ impl ProcessBackend {
         Ok(())
     }
 
-    /// The launcher configuration for one sandbox.
-    pub fn jail_config(&self, id: &str, spec: &SandboxSpec) -> JailConfig {
+    /// The launcher configuration for one sandbox (its root skeleton is built on first use).
+    pub fn jail_config(&self, id: &str, spec: &SandboxSpec) -> Result<JailConfig, EngineError> {
         let l = &spec.limits;
         let (outside_uid, outside_gid) = outside_ids();
-        JailConfig {
+        let tmpfs = vec![
+            TmpfsMount {
+                path: "/workspace".into(),
+                size_bytes: l.disk_bytes,
+                mode: 0o755,
+            },
+            TmpfsMount {
+                path: "/home/sandbox".into(),
+                size_bytes: l.home_bytes,
+                mode: 0o755,
+            },
+            TmpfsMount {
+                path: "/tmp".into(),
+                size_bytes: l.tmp_bytes,
+                mode: 0o1777,
+            },
+        ];
+        let tmpfs_paths: Vec<&str> = tmpfs.iter().map(|t| t.path.as_str()).collect();
+        let skeleton = skeleton::prepare(
+            &self.config.runtime_dir.join("rootfs"),
+            &RootLayout {
+                system_paths: &self.config.system_paths,
+                etc_files: &etc_files(HOSTNAME),
+                tmpfs_paths: &tmpfs_paths,
+            },
+        )
+        .map_err(|e| EngineError::Launch {
+            stage: "root skeleton".into(),
+            message: e.to_string(),
+        })?;
+        Ok(JailConfig {
             sandbox_id: id.to_string(),
-            hostname: "sandcell".into(),
-            ro_binds: self.config.system_paths.clone(),
-            etc_files: etc_files("sandcell"),
-            tmpfs: vec![
-                TmpfsMount {
-                    path: "/workspace".into(),
-                    size_bytes: l.disk_bytes,
-                    mode: 0o755,
-                },
-                TmpfsMount {
-                    path: "/home/sandbox".into(),
-                    size_bytes: l.home_bytes,
-                    mode: 0o755,
-                },
-                TmpfsMount {
-                    path: "/tmp".into(),
-                    size_bytes: l.tmp_bytes,
-                    mode: 0o1777,
-                },
-            ],
+            hostname: HOSTNAME.into(),
+            root_skeleton: skeleton.dir.display().to_string(),
+            ro_binds: skeleton.binds,
+            tmpfs,
             network: match spec.network {
                 NetworkPolicy::Loopback => NetworkMode::Loopback,
                 NetworkPolicy::Off => NetworkMode::Off,
@@ -188,9 +224,12 @@ impl ProcessBackend {
             outside_gid,
             cgroup_parent: self.config.cgroup_parent.clone(),
             landlock: self.config.landlock,
-        }
+        })
     }
 }
+
+/// The hostname inside every sandbox.
+const HOSTNAME: &str = "sandcell";
 
 /// Host ids for the sandbox user when running as root: an unprivileged id of its own per
 /// sandbox (2^30 + random), so sandboxes share no id with each other or the host.
@@ -252,20 +291,20 @@ impl Backend for ProcessBackend {
         let preforked = self.preforked.lock().ok().and_then(|mut p| p.take());
         // Another sandbox's preforked launcher is dropped: its agent sees EOF and exits.
         let preforked = preforked.filter(|p| p.id == id && p.spec == *spec);
-        let (host, launcher, needs_config) = match preforked {
-            Some(p) => (p.socket, Launcher(p.pid), false),
+        let (host, launcher, config) = match preforked {
+            Some(p) => (p.socket, Launcher(p.pid), None),
             None => {
+                let config = self.jail_config(id, spec)?;
                 let (host, child) = std::os::unix::net::UnixStream::pair()
                     .map_err(|e| EngineError::io("create the sandbox socketpair", e))?;
-                (host, self.start_launcher(child)?, true)
+                (host, self.start_launcher(child)?, Some(config))
             }
         };
         host.set_nonblocking(true)
             .map_err(|e| EngineError::io("set the socket non-blocking", e))?;
         let mut stream =
             UnixStream::from_std(host).map_err(|e| EngineError::io("register the socket", e))?;
-        if needs_config {
-            let jail = self.jail_config(id, spec);
+        if let Some(jail) = config {
             stream
                 .write_all(&encode_message(0, &jail))
                 .await

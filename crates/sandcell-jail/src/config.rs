@@ -62,12 +62,13 @@ pub struct JailConfig {
     pub sandbox_id: String,
     /// Hostname inside the sandbox.
     pub hostname: String,
-    /// Host paths bound read-only at the same path inside (files or directories). Paths
-    /// missing on the host are skipped; host symlinks among them are recreated as symlinks.
+    /// The host directory bound read-only as the sandbox's root: a skeleton built by
+    /// [`crate::rootfs::skeleton::prepare`] with the mount points of everything below.
+    pub root_skeleton: String,
+    /// Host paths (files or directories) bound read-only at the same path inside; their
+    /// mount points exist in the skeleton.
     pub ro_binds: Vec<String>,
-    /// Files synthesized under `/etc` inside: (name relative to /etc, contents).
-    pub etc_files: Vec<(String, String)>,
-    /// Writable tmpfs mounts.
+    /// Writable tmpfs mounts (their mount points exist in the skeleton).
     pub tmpfs: Vec<TmpfsMount>,
     /// Network policy.
     pub network: NetworkMode,

@@ -4,7 +4,13 @@ use std::io;
 
 use crate::rootfs::c_path;
 
-const MOUNT_ATTR_RDONLY: u64 = 0x0000_0001;
+/// `MOUNT_ATTR_RDONLY`.
+pub const RDONLY: u64 = 0x0000_0001;
+/// `MOUNT_ATTR_NOSUID`.
+pub const NOSUID: u64 = 0x0000_0002;
+/// `MOUNT_ATTR_NODEV`.
+pub const NODEV: u64 = 0x0000_0004;
+
 const AT_RECURSIVE: libc::c_uint = 0x8000;
 
 #[repr(C)]
@@ -15,16 +21,18 @@ struct MountAttr {
     userns_fd: u64,
 }
 
-/// Makes the mount at `path` and every mount below it read-only (kernel 5.12+; ENOSYS
-/// before). Unlike a remount it leaves the other, possibly locked, flags alone.
-pub fn set_recursive_read_only(path: &str) -> io::Result<()> {
+/// Sets `attrs` (`RDONLY`, …) on the mount at `path`, and on every mount below it when
+/// `recursive` (kernel 5.12+; ENOSYS before). Unlike a remount it leaves the other, possibly
+/// locked, flags alone.
+pub fn set(path: &str, attrs: u64, recursive: bool) -> io::Result<()> {
     let c = c_path(path).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e.to_string()))?;
     let attr = MountAttr {
-        attr_set: MOUNT_ATTR_RDONLY,
+        attr_set: attrs,
         attr_clr: 0,
         propagation: 0,
         userns_fd: 0,
     };
+    let flags = if recursive { AT_RECURSIVE } else { 0 };
     // SAFETY: `c` is a valid NUL-terminated path and `attr` a correctly laid out struct
     // mount_attr whose size we pass; both outlive the call, which only reads them.
     let r = unsafe {
@@ -32,7 +40,7 @@ pub fn set_recursive_read_only(path: &str) -> io::Result<()> {
             libc::SYS_mount_setattr,
             libc::AT_FDCWD,
             c.as_ptr(),
-            AT_RECURSIVE,
+            flags,
             &attr as *const MountAttr,
             std::mem::size_of::<MountAttr>(),
         )

@@ -1,0 +1,267 @@
+//! The sandbox's root filesystem, assembled inside its own mount namespace.
+//!
+//! The host prepares a [`skeleton`] (a directory with the synthesized `/etc`, symlinks and
+//! mount points); inside the sandbox's mount namespace:
+//! 1. every mount is made private, so nothing propagates back to the host;
+//! 2. the skeleton is bound onto itself, read-only: that bind becomes the new root;
+//! 3. the host's system directories are bound read-only onto their mount points, a private
+//!    `/proc` and the devices are mounted, and the size-limited writable tmpfs mounts;
+//! 4. `pivot_root` into it and the old root (the host's) is detached.
+
+pub mod skeleton;
+
+use std::ffi::CString;
+
+use nix::mount::{MntFlags, MsFlags, mount, umount2};
+use sandcell_protocol::{Feature, FeatureState, SANDBOX_UID};
+
+use crate::config::JailConfig;
+use crate::error::JailError;
+use crate::mount_attr;
+
+/// Trees the sandbox may read and execute (Landlock); everything else is invisible anyway.
+pub const READABLE_TREES: &[&str] = &[
+    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/proc", "/dev",
+];
+
+/// Device paths the sandbox may write besides its tmpfs mounts.
+pub const WRITABLE_DEVICES: &[&str] = &[
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/tty",
+    "/dev/pts",
+    "/dev/shm",
+    "/dev/ptmx",
+];
+
+/// Host devices bound into the sandbox's `/dev`.
+const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
+
+/// Symlinks in the sandbox's `/dev`: (name, target).
+const DEV_SYMLINKS: &[(&str, &str)] = &[
+    ("ptmx", "pts/ptmx"),
+    ("fd", "/proc/self/fd"),
+    ("stdin", "/proc/self/fd/0"),
+    ("stdout", "/proc/self/fd/1"),
+    ("stderr", "/proc/self/fd/2"),
+];
+
+/// `/etc` files up to this size are copied into the skeleton rather than bind-mounted.
+const COPY_MAX: u64 = 256 * 1024;
+
+/// Size of `/dev/shm` inside the sandbox.
+const SHM_BYTES: u64 = 64 * 1024 * 1024;
+
+/// Builds the root filesystem and pivots into it. The caller is in fresh user and mount
+/// namespaces with full capabilities there.
+pub fn setup(config: &JailConfig) -> Result<Vec<Feature>, JailError> {
+    do_mount(
+        None,
+        "/",
+        None,
+        MsFlags::MS_REC | MsFlags::MS_PRIVATE,
+        None,
+        "make / private",
+    )?;
+    let root = config.root_skeleton.as_str();
+    if !root.starts_with('/') || root == "/" {
+        return Err(JailError::Config(format!(
+            "the root skeleton '{root}' must be an absolute directory other than /"
+        )));
+    }
+    do_mount(
+        Some(root),
+        root,
+        None,
+        MsFlags::MS_BIND,
+        None,
+        "bind the root skeleton",
+    )?;
+    // The root itself is read-only: only the tmpfs mounts below are writable.
+    set_attrs(
+        root,
+        mount_attr::RDONLY | mount_attr::NOSUID | mount_attr::NODEV,
+        false,
+        "the root",
+    )?;
+    for path in &config.ro_binds {
+        let target = format!("{root}{path}");
+        do_mount(
+            Some(path),
+            &target,
+            None,
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            None,
+            &format!("bind {path}"),
+        )?;
+        set_attrs(&target, mount_attr::RDONLY, true, path)?;
+    }
+    mount_proc(root)?;
+    mount_dev(root)?;
+    for t in &config.tmpfs {
+        let opts = format!(
+            "size={},mode={:o},uid={SANDBOX_UID},gid={SANDBOX_UID}",
+            t.size_bytes.max(4096),
+            t.mode
+        );
+        do_mount(
+            Some("tmpfs"),
+            &format!("{root}{}", t.path),
+            Some("tmpfs"),
+            MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+            Some(&opts),
+            &format!("mount tmpfs on {}", t.path),
+        )?;
+    }
+    std::env::set_current_dir(root).map_err(|e| JailError::io("chdir into the new root", e))?;
+    pivot_root(".", ".")?;
+    // The old root (the host's) is now stacked on "/": detach it and everything under it.
+    umount2(".", MntFlags::MNT_DETACH)
+        .map_err(|e| JailError::io("detach the old root", e.into()))?;
+    std::env::set_current_dir("/").map_err(|e| JailError::io("chdir /", e))?;
+    if let Some(first) = config.tmpfs.first() {
+        let _ = std::env::set_current_dir(&first.path);
+    }
+
+    let writable: Vec<String> = config
+        .tmpfs
+        .iter()
+        .map(|t| format!("{} ({} bytes)", t.path, t.size_bytes))
+        .collect();
+    Ok(vec![Feature {
+        name: "rootfs".into(),
+        state: FeatureState::Active,
+        detail: format!(
+            "pivot_root into a read-only skeleton (synthesized /etc, no host secrets); read-only host binds: {}; private /proc; minimal /dev; writable: {}",
+            config.ro_binds.join(" "),
+            writable.join(", ")
+        ),
+    }])
+}
+
+/// Sets mount attributes on the mount at `target` (and every mount below it when
+/// `recursive`). Kernels before 5.12 have no mount_setattr: the top mount is remounted
+/// read-only instead, keeping the flags the kernel locked on it (a remount that dropped them
+/// would be refused).
+fn set_attrs(target: &str, attrs: u64, recursive: bool, what: &str) -> Result<(), JailError> {
+    match mount_attr::set(target, attrs, recursive) {
+        Ok(()) => Ok(()),
+        Err(e) if e.raw_os_error() == Some(libc::ENOSYS) => {
+            let locked = locked_flags(target);
+            do_mount(
+                None,
+                target,
+                None,
+                MsFlags::MS_BIND | MsFlags::MS_REMOUNT | MsFlags::MS_RDONLY | locked,
+                None,
+                &format!("remount {what} read-only"),
+            )
+        }
+        Err(e) => Err(JailError::io(format!("make {what} read-only"), e)),
+    }
+}
+
+fn locked_flags(path: &str) -> MsFlags {
+    let Ok(st) = nix::sys::statvfs::statvfs(path) else {
+        return MsFlags::empty();
+    };
+    use nix::sys::statvfs::FsFlags;
+    let f = st.flags();
+    let mut out = MsFlags::empty();
+    for (from, to) in [
+        (FsFlags::ST_NOSUID, MsFlags::MS_NOSUID),
+        (FsFlags::ST_NODEV, MsFlags::MS_NODEV),
+        (FsFlags::ST_NOEXEC, MsFlags::MS_NOEXEC),
+        (FsFlags::ST_NOATIME, MsFlags::MS_NOATIME),
+        (FsFlags::ST_NODIRATIME, MsFlags::MS_NODIRATIME),
+        (FsFlags::ST_RELATIME, MsFlags::MS_RELATIME),
+    ] {
+        if f.contains(from) {
+            out |= to;
+        }
+    }
+    out
+}
+
+/// A proc mount for the new pid namespace. It must happen while the host's /proc is still
+/// visible (before the pivot), or the kernel refuses it inside a user namespace.
+fn mount_proc(root: &str) -> Result<(), JailError> {
+    let target = format!("{root}/proc");
+    do_mount(
+        Some("proc"),
+        &target,
+        Some("proc"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV | MsFlags::MS_NOEXEC,
+        None,
+        "mount /proc",
+    )?;
+    // Kernel tunables stay read-only even where the namespace would allow writes.
+    let sys = format!("{target}/sys");
+    do_mount(
+        Some(&sys),
+        &sys,
+        None,
+        MsFlags::MS_BIND | MsFlags::MS_REC,
+        None,
+        "bind /proc/sys",
+    )?;
+    set_attrs(&sys, mount_attr::RDONLY, true, "/proc/sys")
+}
+
+/// The host's harmless devices onto their mount points in the skeleton's `/dev` (which also
+/// holds its symlinks), a private devpts and a size-limited `/dev/shm`.
+fn mount_dev(root: &str) -> Result<(), JailError> {
+    for name in DEVICES {
+        let source = format!("/dev/{name}");
+        match mount(
+            Some(source.as_str()),
+            format!("{root}/dev/{name}").as_str(),
+            None::<&str>,
+            MsFlags::MS_BIND,
+            None::<&str>,
+        ) {
+            Ok(()) => {}
+            // A device this host lacks (its mount point may still be in the skeleton).
+            Err(nix::errno::Errno::ENOENT) => {}
+            Err(e) => return Err(JailError::io(format!("bind /dev/{name}"), e.into())),
+        }
+    }
+    do_mount(
+        Some("devpts"),
+        &format!("{root}/dev/pts"),
+        Some("devpts"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some("newinstance,ptmxmode=0666,mode=0620"),
+        "mount /dev/pts",
+    )?;
+    do_mount(
+        Some("tmpfs"),
+        &format!("{root}/dev/shm"),
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NODEV,
+        Some(&format!("size={SHM_BYTES},mode=1777")),
+        "mount /dev/shm",
+    )
+}
+
+fn pivot_root(new_root: &str, put_old: &str) -> Result<(), JailError> {
+    nix::unistd::pivot_root(new_root, put_old)
+        .map_err(|e| JailError::io(format!("pivot_root {new_root} {put_old}"), e.into()))
+}
+
+fn do_mount(
+    source: Option<&str>,
+    target: &str,
+    fstype: Option<&str>,
+    flags: MsFlags,
+    data: Option<&str>,
+    what: &str,
+) -> Result<(), JailError> {
+    mount(source, target, fstype, flags, data).map_err(|e| JailError::io(what, e.into()))
+}
+
+/// Converts a path to a C string for raw syscalls.
+pub(crate) fn c_path(path: &str) -> Result<CString, JailError> {
+    CString::new(path).map_err(|_| JailError::Config(format!("path '{path}' contains a NUL byte")))
+}

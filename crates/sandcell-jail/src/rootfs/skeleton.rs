@@ -1,0 +1,435 @@
+//! The root skeleton: a host directory holding everything of a sandbox's root that is not a
+//! mount (the synthesized `/etc` files, copies of small host `/etc` files, symlinks such as
+//! `/bin -> usr/bin`, and empty mount points), built once and bound read-only as the root of
+//! every sandbox with the same layout.
+//!
+//! Building the root inside each sandbox (a tmpfs, a dozen file copies, symlinks and
+//! mkdirs) cost ~0.6 ms of every start; one bind of a prepared directory costs ~0.03 ms.
+//! A skeleton is named after a hash of its layout and of the host files it copies (their
+//! inode, size and times), so a changed host file or layout gets a new skeleton; it is built
+//! in a temporary directory and renamed into place, so a skeleton that exists is complete.
+//! Old skeletons are left in place: live sandboxes may still have them as their root.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io;
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt, symlink};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, SystemTime};
+
+use crate::error::JailError;
+
+use super::{COPY_MAX, DEV_SYMLINKS, DEVICES};
+
+/// Bumped when the skeleton's format changes, so older skeletons are not reused.
+const FORMAT: u64 = 1;
+/// Leftover build directories older than this are removed.
+const STALE_BUILD: Duration = Duration::from_secs(60);
+
+/// What a sandbox root holds, as the host describes it.
+#[derive(Debug, Clone, Copy)]
+pub struct RootLayout<'a> {
+    /// Host paths mirrored at the same place inside (see [`crate::JailConfig::ro_binds`]).
+    pub system_paths: &'a [String],
+    /// Files synthesized under `/etc`: (name relative to `/etc`, contents).
+    pub etc_files: &'a [(String, String)],
+    /// Absolute paths inside where writable tmpfs mounts go.
+    pub tmpfs_paths: &'a [&'a str],
+}
+
+/// A prepared skeleton and the host paths to bind into it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Skeleton {
+    /// The skeleton directory on the host.
+    pub dir: PathBuf,
+    /// Host paths to bind read-only at the same place (their mount points exist in `dir`).
+    pub binds: Vec<String>,
+}
+
+/// One entry of the skeleton, by path relative to its root.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Node {
+    Dir,
+    Symlink(PathBuf),
+    /// A copy of a host file, identified by its metadata.
+    Copy {
+        source: PathBuf,
+        stamp: [i64; 7],
+    },
+    Text(String),
+    /// An empty file: a mount point for a host file or device.
+    MountFile,
+}
+
+/// Finds or builds the skeleton for `layout` under `cache_dir` (created when missing; it
+/// must belong to this user and not be writable by others, since its contents become the
+/// root of sandboxes).
+pub fn prepare(cache_dir: &Path, layout: &RootLayout<'_>) -> Result<Skeleton, JailError> {
+    let (entries, binds) = plan(layout)?;
+    let dir = cache_dir.join(format!("root-{:016x}", digest(&entries)));
+    if !dir.is_dir() {
+        ensure_private_dir(cache_dir)?;
+        build(cache_dir, &dir, &entries)?;
+    }
+    Ok(Skeleton { dir, binds })
+}
+
+/// The skeleton's entries and the binds, from the host's current state.
+fn plan(layout: &RootLayout<'_>) -> Result<(BTreeMap<String, Node>, Vec<String>), JailError> {
+    let mut entries = BTreeMap::new();
+    let mut binds = Vec::new();
+    for path in layout.system_paths {
+        let rel = relative(path)?;
+        let meta = match fs::symlink_metadata(path) {
+            Ok(m) => m,
+            // Missing on this host: not mirrored.
+            Err(_) => continue,
+        };
+        let node = if meta.file_type().is_symlink() {
+            let target =
+                fs::read_link(path).map_err(|e| JailError::io(format!("readlink {path}"), e))?;
+            Node::Symlink(target)
+        } else if meta.is_file() && meta.len() <= COPY_MAX && path.starts_with("/etc/") {
+            // Small /etc files are copied: a bind mount each would cost more at every start.
+            Node::Copy {
+                source: PathBuf::from(path),
+                stamp: [
+                    meta.dev() as i64,
+                    meta.ino() as i64,
+                    meta.size() as i64,
+                    meta.mtime(),
+                    meta.mtime_nsec(),
+                    meta.ctime(),
+                    meta.ctime_nsec(),
+                ],
+            }
+        } else {
+            binds.push(path.clone());
+            if meta.is_dir() {
+                Node::Dir
+            } else {
+                Node::MountFile
+            }
+        };
+        insert(&mut entries, rel, node);
+    }
+    for (name, contents) in layout.etc_files {
+        if name.is_empty() || name.contains("..") || name.starts_with('/') {
+            return Err(JailError::Config(format!(
+                "etc file name '{name}' must be relative"
+            )));
+        }
+        insert(
+            &mut entries,
+            format!("etc/{name}"),
+            Node::Text(contents.clone()),
+        );
+    }
+    insert(&mut entries, "proc".into(), Node::Dir);
+    insert(&mut entries, "dev/pts".into(), Node::Dir);
+    insert(&mut entries, "dev/shm".into(), Node::Dir);
+    for name in DEVICES {
+        insert(&mut entries, format!("dev/{name}"), Node::MountFile);
+    }
+    for (name, target) in DEV_SYMLINKS {
+        insert(
+            &mut entries,
+            format!("dev/{name}"),
+            Node::Symlink(PathBuf::from(target)),
+        );
+    }
+    for path in layout.tmpfs_paths {
+        insert(&mut entries, relative(path)?, Node::Dir);
+    }
+    Ok((entries, binds))
+}
+
+/// `path` without its leading `/`; it must be absolute and plain.
+fn relative(path: &str) -> Result<String, JailError> {
+    let rel = path.strip_prefix('/').unwrap_or("");
+    let plain = !rel.is_empty()
+        && rel
+            .split('/')
+            .all(|c| !c.is_empty() && c != "." && c != "..");
+    if !plain {
+        return Err(JailError::Config(format!(
+            "sandbox path '{path}' must be absolute, without '.', '..' or empty components"
+        )));
+    }
+    Ok(rel.to_string())
+}
+
+/// Adds `node` at `rel` and a directory for each of its ancestors. A later entry replaces
+/// an earlier one at the same path (an explicit file wins over a mirrored one).
+fn insert(entries: &mut BTreeMap<String, Node>, rel: String, node: Node) {
+    let mut end = 0;
+    while let Some(i) = rel[end..].find('/') {
+        end += i;
+        entries.entry(rel[..end].to_string()).or_insert(Node::Dir);
+        end += 1;
+    }
+    entries.insert(rel, node);
+}
+
+/// FNV-1a over a canonical encoding of the entries: stable across builds and runs.
+fn digest(entries: &BTreeMap<String, Node>) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    let mut feed = |bytes: &[u8]| {
+        for b in bytes.iter().chain(&[0xff]) {
+            h ^= u64::from(*b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+    };
+    feed(&FORMAT.to_le_bytes());
+    for (rel, node) in entries {
+        feed(rel.as_bytes());
+        match node {
+            Node::Dir => feed(b"d"),
+            Node::MountFile => feed(b"m"),
+            Node::Symlink(t) => {
+                feed(b"l");
+                feed(t.as_os_str().as_encoded_bytes());
+            }
+            Node::Text(s) => {
+                feed(b"t");
+                feed(s.as_bytes());
+            }
+            Node::Copy { source, stamp } => {
+                feed(b"c");
+                feed(source.as_os_str().as_encoded_bytes());
+                for v in stamp {
+                    feed(&v.to_le_bytes());
+                }
+            }
+        }
+    }
+    h
+}
+
+/// Creates `dir` (mode 0755) when missing and checks that it belongs to us and that nobody
+/// else can write to it.
+fn ensure_private_dir(dir: &Path) -> Result<(), JailError> {
+    let op = |what: &str| format!("{what} the root skeleton cache {}", dir.display());
+    match fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(dir)
+    {
+        Ok(()) => {}
+        Err(e) => return Err(JailError::io(op("create"), e)),
+    }
+    let meta = fs::metadata(dir).map_err(|e| JailError::io(op("stat"), e))?;
+    let me = nix::unistd::geteuid().as_raw();
+    if meta.uid() != me || meta.mode() & 0o022 != 0 {
+        return Err(JailError::Config(format!(
+            "the root skeleton cache {} must belong to uid {me} and not be writable by others \
+             (it has uid {} and mode {:o})",
+            dir.display(),
+            meta.uid(),
+            meta.mode() & 0o7777
+        )));
+    }
+    Ok(())
+}
+
+/// Builds the skeleton in a temporary directory next to `dir` and renames it into place.
+fn build(cache_dir: &Path, dir: &Path, entries: &BTreeMap<String, Node>) -> Result<(), JailError> {
+    remove_stale_builds(cache_dir);
+    let nanos = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos())
+        .unwrap_or(0);
+    let tmp = cache_dir.join(format!(".build-{}-{nanos}", std::process::id()));
+    let built = write_tree(&tmp, entries);
+    let renamed = built.and_then(|()| {
+        fs::rename(&tmp, dir).map_err(|e| JailError::io(format!("rename {}", tmp.display()), e))
+    });
+    match renamed {
+        Ok(()) => Ok(()),
+        // Another process built the same skeleton first: use theirs.
+        Err(_) if dir.is_dir() => {
+            let _ = fs::remove_dir_all(&tmp);
+            Ok(())
+        }
+        Err(e) => {
+            let _ = fs::remove_dir_all(&tmp);
+            Err(e)
+        }
+    }
+}
+
+fn write_tree(root: &Path, entries: &BTreeMap<String, Node>) -> Result<(), JailError> {
+    make_dir(root)?;
+    for (rel, node) in entries {
+        let path = root.join(rel);
+        let what = |op: &str| format!("{op} {} in the root skeleton", path.display());
+        match node {
+            Node::Dir => make_dir(&path)?,
+            Node::Symlink(target) => {
+                symlink(target, &path).map_err(|e| JailError::io(what("symlink"), e))?
+            }
+            Node::Copy { source, .. } => {
+                fs::copy(source, &path).map_err(|e| JailError::io(what("copy"), e))?;
+                set_mode(&path, 0o644)?;
+            }
+            Node::Text(contents) => {
+                fs::write(&path, contents).map_err(|e| JailError::io(what("write"), e))?;
+                set_mode(&path, 0o644)?;
+            }
+            Node::MountFile => {
+                fs::write(&path, b"").map_err(|e| JailError::io(what("create"), e))?;
+                set_mode(&path, 0o644)?;
+            }
+        }
+    }
+    Ok(())
+}
+
+fn make_dir(path: &Path) -> Result<(), JailError> {
+    match fs::DirBuilder::new().mode(0o755).create(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::AlreadyExists => {}
+        Err(e) => return Err(JailError::io(format!("mkdir {}", path.display()), e)),
+    }
+    // Explicitly: the umask must not narrow it, or the sandbox user could not enter it.
+    set_mode(path, 0o755)
+}
+
+fn set_mode(path: &Path, mode: u32) -> Result<(), JailError> {
+    fs::set_permissions(path, fs::Permissions::from_mode(mode))
+        .map_err(|e| JailError::io(format!("chmod {}", path.display()), e))
+}
+
+/// Removes build directories that crashed builders left behind.
+fn remove_stale_builds(cache_dir: &Path) {
+    let Ok(list) = fs::read_dir(cache_dir) else {
+        return;
+    };
+    for entry in list.flatten() {
+        let stale = entry.file_name().to_string_lossy().starts_with(".build-")
+            && entry
+                .metadata()
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.elapsed().ok())
+                .is_some_and(|age| age > STALE_BUILD);
+        if stale {
+            let _ = fs::remove_dir_all(entry.path());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn layout<'a>(
+        system: &'a [String],
+        etc: &'a [(String, String)],
+        tmpfs: &'a [&'a str],
+    ) -> RootLayout<'a> {
+        RootLayout {
+            system_paths: system,
+            etc_files: etc,
+            tmpfs_paths: tmpfs,
+        }
+    }
+
+    #[test]
+    fn builds_mirrors_copies_and_mount_points() {
+        let host = tempfile::tempdir().unwrap();
+        let cache = tempfile::tempdir().unwrap();
+        let link = host.path().join("link");
+        symlink("usr/bin", &link).unwrap();
+        let system = vec![
+            "/usr".to_string(),
+            link.display().to_string(),
+            "/does/not/exist".to_string(),
+        ];
+        let etc = vec![(
+            "passwd".to_string(),
+            "sandbox:x:65532:65532::/:/bin/sh\n".to_string(),
+        )];
+        let s = prepare(
+            &cache.path().join("c"),
+            &layout(&system, &etc, &["/workspace", "/home/sandbox"]),
+        )
+        .unwrap();
+        assert_eq!(s.binds, vec!["/usr".to_string()]);
+        let root = &s.dir;
+        assert!(root.join("usr").is_dir());
+        let mirrored = root.join(link.strip_prefix("/").unwrap());
+        assert_eq!(fs::read_link(mirrored).unwrap(), PathBuf::from("usr/bin"));
+        assert_eq!(
+            fs::read_to_string(root.join("etc/passwd")).unwrap(),
+            "sandbox:x:65532:65532::/:/bin/sh\n"
+        );
+        assert!(root.join("home/sandbox").is_dir() && root.join("workspace").is_dir());
+        assert!(root.join("dev/null").is_file() && root.join("dev/pts").is_dir());
+        assert_eq!(
+            fs::read_link(root.join("dev/fd")).unwrap(),
+            PathBuf::from("/proc/self/fd")
+        );
+        assert!(!root.join("does").exists());
+        let mode = fs::metadata(root.join("home")).unwrap().mode() & 0o777;
+        assert_eq!(mode, 0o755);
+    }
+
+    #[test]
+    fn the_same_layout_reuses_a_skeleton_and_a_change_makes_a_new_one() {
+        let cache = tempfile::tempdir().unwrap();
+        let etc_a = vec![("hosts".to_string(), "127.0.0.1 a\n".to_string())];
+        let etc_b = vec![("hosts".to_string(), "127.0.0.1 b\n".to_string())];
+        let a1 = prepare(cache.path(), &layout(&[], &etc_a, &["/tmp"])).unwrap();
+        let a2 = prepare(cache.path(), &layout(&[], &etc_a, &["/tmp"])).unwrap();
+        let b = prepare(cache.path(), &layout(&[], &etc_b, &["/tmp"])).unwrap();
+        assert_eq!(a1.dir, a2.dir);
+        assert_ne!(a1.dir, b.dir);
+        assert_eq!(
+            fs::read_to_string(b.dir.join("etc/hosts")).unwrap(),
+            "127.0.0.1 b\n"
+        );
+        // No build directories are left behind.
+        let leftovers: Vec<_> = fs::read_dir(cache.path())
+            .unwrap()
+            .flatten()
+            .filter(|e| e.file_name().to_string_lossy().starts_with('.'))
+            .collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
+    }
+
+    #[test]
+    fn small_etc_files_are_copied() {
+        let cache = tempfile::tempdir().unwrap();
+        let system = vec!["/etc/debian_version".to_string()];
+        let s = prepare(cache.path(), &layout(&system, &[], &[])).unwrap();
+        assert!(
+            s.binds.is_empty(),
+            "small /etc files are copied: {:?}",
+            s.binds
+        );
+        assert_eq!(
+            fs::read(s.dir.join("etc/debian_version")).unwrap(),
+            fs::read("/etc/debian_version").unwrap()
+        );
+    }
+
+    #[test]
+    fn bad_paths_and_an_unsafe_cache_are_refused() {
+        let cache = tempfile::tempdir().unwrap();
+        for bad in ["relative", "/a/../b", "/a//b", "/"] {
+            let r = prepare(cache.path(), &layout(&[], &[], &[bad]));
+            assert!(r.is_err(), "{bad}");
+        }
+        let etc = vec![("../shadow".to_string(), String::new())];
+        assert!(prepare(cache.path(), &layout(&[], &etc, &[])).is_err());
+        let open = cache.path().join("open");
+        fs::create_dir(&open).unwrap();
+        fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).unwrap();
+        let err = prepare(&open, &layout(&[], &[], &["/tmp"])).unwrap_err();
+        assert!(
+            err.to_string().contains("not be writable by others"),
+            "{err}"
+        );
+    }
+}

@@ -20,10 +20,12 @@ use sandcell_engine::{
     NetworkPolicy, ResourceCounters, SandboxSpec,
 };
 use sandcell_jail::cgroup::SandboxCgroup;
+use sandcell_jail::config::SparesConfig;
 use sandcell_jail::rootfs::skeleton::{self, RootLayout};
 use sandcell_jail::{JailConfig, Limits, NetworkMode, TmpfsMount};
 use sandcell_protocol::{
-    Frame, FrameDecoder, GuestMessage, HEADER_LEN, SANDBOX_UID, encode_message,
+    Feature, FeatureState, Frame, FrameDecoder, GuestMessage, HEADER_LEN, SANDBOX_UID,
+    encode_message,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
@@ -169,6 +171,92 @@ impl ProcessBackend {
         Ok(())
     }
 
+    /// Checks what sandboxes share on this host, for `sandcell doctor`: the root skeleton
+    /// (and remounts whatever of it is missing) and the pools of spare network namespaces
+    /// and cgroups.
+    pub fn check_runtime(&self) -> Vec<Feature> {
+        let root = rustix::process::geteuid().is_root();
+        let cache = self.config.runtime_dir.join("rootfs");
+        let tmpfs = ["/workspace", "/home/sandbox", "/tmp"];
+        let layout = RootLayout {
+            system_paths: &self.config.system_paths,
+            etc_files: &etc_files(HOSTNAME),
+            tmpfs_paths: &tmpfs,
+        };
+        let feature = |name: &str, state, detail: String| Feature {
+            name: name.into(),
+            state,
+            detail,
+        };
+        let skeleton = match skeleton::prepare(&cache, &layout, root) {
+            Err(e) => feature("root_skeleton", FeatureState::Unavailable, e.to_string()),
+            Ok(s) if !s.mounted => feature(
+                "root_skeleton",
+                FeatureState::Active,
+                format!(
+                    "{} (not root: each sandbox binds the system directories itself)",
+                    s.dir.display()
+                ),
+            ),
+            Ok(s) => {
+                let missing = skeleton::missing_mounts(&s);
+                if missing.is_empty() {
+                    feature(
+                        "root_skeleton",
+                        FeatureState::Active,
+                        format!(
+                            "{} with its {} binds mounted",
+                            s.dir.display(),
+                            s.binds.len()
+                        ),
+                    )
+                } else {
+                    let list: Vec<String> =
+                        missing.iter().map(|p| p.display().to_string()).collect();
+                    let repaired = skeleton::repair(&cache, &s).map_or_else(
+                        |e| format!("remounting failed: {e}"),
+                        |()| "remounted".to_string(),
+                    );
+                    feature(
+                        "root_skeleton",
+                        FeatureState::Degraded,
+                        format!(
+                            "{}: {} were not mounted; {repaired}",
+                            s.dir.display(),
+                            list.join(", ")
+                        ),
+                    )
+                }
+            }
+        };
+        let spares = if root {
+            let pools = SparesConfig {
+                dir: self.config.runtime_dir.display().to_string(),
+                count: SPARES,
+            };
+            let netns = sandcell_jail::netns_pool::NetnsPool::new(pools.netns_dir()).spares();
+            let cgroups = sandcell_jail::cgroup::spares::CgroupSpares::new(
+                pools.cgroups_dir(&self.config.cgroup_parent),
+            )
+            .spares();
+            feature(
+                "spares",
+                FeatureState::Active,
+                format!(
+                    "{netns} network namespaces and {cgroups} cgroups ready in {} (each launcher tops them up to {SPARES})",
+                    pools.dir
+                ),
+            )
+        } else {
+            feature(
+                "spares",
+                FeatureState::Disabled,
+                "not root: each sandbox makes its own network namespace and cgroup".into(),
+            )
+        };
+        vec![skeleton, spares]
+    }
+
     /// The launcher configuration for one sandbox (its root skeleton is built on first use).
     pub fn jail_config(&self, id: &str, spec: &SandboxSpec) -> Result<JailConfig, EngineError> {
         let l = &spec.limits;
@@ -198,6 +286,8 @@ impl ProcessBackend {
                 etc_files: &etc_files(HOSTNAME),
                 tmpfs_paths: &tmpfs_paths,
             },
+            // Only root can mount in the host's mount namespace.
+            rustix::process::geteuid().is_root(),
         )
         .map_err(|e| EngineError::Launch {
             stage: "root skeleton".into(),
@@ -207,12 +297,22 @@ impl ProcessBackend {
             sandbox_id: id.to_string(),
             hostname: HOSTNAME.into(),
             root_skeleton: skeleton.dir.display().to_string(),
-            ro_binds: skeleton.binds,
+            root_premounted: skeleton.mounted,
+            ro_binds: if skeleton.mounted {
+                Vec::new()
+            } else {
+                skeleton.binds
+            },
             tmpfs,
             network: match spec.network {
                 NetworkPolicy::Loopback => NetworkMode::Loopback,
                 NetworkPolicy::Off => NetworkMode::Off,
             },
+            // Only root can keep namespaces in the host's mount namespace.
+            spares: rustix::process::geteuid().is_root().then(|| SparesConfig {
+                dir: self.config.runtime_dir.display().to_string(),
+                count: SPARES,
+            }),
             limits: Limits {
                 memory_bytes: l.memory_bytes,
                 pids: l.pids,
@@ -230,6 +330,8 @@ impl ProcessBackend {
 
 /// The hostname inside every sandbox.
 const HOSTNAME: &str = "sandcell";
+/// Spare network namespaces and cgroups each launcher keeps ready for the next sandboxes.
+const SPARES: usize = 2;
 
 /// Host ids for the sandbox user when running as root: an unprivileged id of its own per
 /// sandbox (2^30 + random), so sandboxes share no id with each other or the host.
@@ -331,12 +433,12 @@ impl Backend for ProcessBackend {
                 });
             }
         };
-        let (host_pid, isolation, cgroups) = match report {
+        let (host_pid, isolation, cgroup) = match report {
             GuestMessage::Launched {
                 host_pid,
                 report,
-                cgroups,
-            } => (host_pid, report, cgroups),
+                cgroup,
+            } => (host_pid, report, cgroup),
             GuestMessage::LaunchFailed { stage, message } => {
                 return Err(EngineError::Launch { stage, message });
             }
@@ -357,12 +459,7 @@ impl Backend for ProcessBackend {
                 e.into(),
             )
         })?;
-        let cgroup = if cgroups.is_empty() {
-            None
-        } else {
-            let paths: Vec<PathBuf> = cgroups.iter().map(PathBuf::from).collect();
-            SandboxCgroup::open(&paths).ok()
-        };
+        let cgroup = cgroup.and_then(|record| SandboxCgroup::from_record(record).ok());
         let instance = ProcessInstance {
             host_pid,
             pidfd,

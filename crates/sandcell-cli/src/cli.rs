@@ -70,7 +70,7 @@ fn run_command(command: Command) -> anyhow::Result<ExitCode> {
     })
 }
 
-fn backend_config() -> anyhow::Result<ProcessBackendConfig> {
+pub fn backend_config() -> anyhow::Result<ProcessBackendConfig> {
     let exe = std::env::current_exe().context("find the sandcell binary")?;
     Ok(ProcessBackendConfig::new(exe))
 }

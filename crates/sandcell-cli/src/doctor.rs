@@ -34,6 +34,11 @@ pub async fn doctor(args: DoctorArgs, engine: sandcell_engine::Engine) -> anyhow
         Err(e) => Err(e.to_string()),
     };
     let hints = sandcell_jail::probe::tuning_hints(std::path::Path::new("/sys/fs/cgroup"));
+    // What sandboxes share on this host (the root skeleton is repaired if need be).
+    let runtime = IsolationReport {
+        features: sandcell_backend_process::ProcessBackend::new(crate::cli::backend_config()?)
+            .check_runtime(),
+    };
     if args.json {
         let out = json!({
             "backends": caps,
@@ -42,6 +47,7 @@ pub async fn doctor(args: DoctorArgs, engine: sandcell_engine::Engine) -> anyhow
                 Err(e) => json!({"ok": false, "error": e}),
             },
             "seccomp_denied": sandcell_jail::seccomp::denied_syscalls(),
+            "runtime": runtime,
             "tuning_hints": hints,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
@@ -72,6 +78,8 @@ pub async fn doctor(args: DoctorArgs, engine: sandcell_engine::Engine) -> anyhow
             }
             Err(e) => println!("test sandbox: FAILED: {e}"),
         }
+        println!("shared by sandboxes on this host:");
+        print_report(&runtime);
         for hint in &hints {
             println!("hint: {hint}");
         }

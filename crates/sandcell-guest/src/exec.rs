@@ -208,6 +208,8 @@ pub(crate) async fn start(shared: &Arc<Shared>, id: u32, req: ExecRequest) {
     };
     // Registered before the next await, so the reaper cannot miss the status.
     let exit_rx = shared.reaper.watch(spawned.pid);
+    // While the command starts: the kill thread must exist before it can fork much.
+    shared.workers.start_killer();
     let pid = spawned.pid;
     let pipes = (|| -> std::io::Result<_> {
         let stdin = spawned.stdin.map(pipe::Sender::from_owned_fd).transpose()?;

@@ -282,6 +282,8 @@ async fn start_kernel(shared: &Arc<Shared>, ctx: &Context) -> Result<Kernel, Wir
     let pid = i32::try_from(child.id())
         .map_err(|_| error(ErrorCode::Internal, "kernel pid out of range"))?;
     let exited = shared.reaper.watch(pid);
+    // While the kernel starts: the kill thread must exist before user code can fork much.
+    shared.workers.start_killer();
     let stdout = child.stdout.take().map(OwnedFd::from);
     let stderr = child.stderr.take().map(OwnedFd::from);
     // Dropping a std Child neither waits nor kills: the reaper collects it.

@@ -77,9 +77,6 @@ pub enum GuestError {
     /// SIGCHLD could not be watched, so children could not be reaped.
     #[error("cannot watch for exited children: {0}")]
     Reaper(#[source] std::io::Error),
-    /// The agent's worker threads could not be started.
-    #[error("cannot start the agent's worker threads: {0}")]
-    Workers(#[source] std::io::Error),
     /// Reading from the host failed (other than a clean end of stream).
     #[error("reading from the host failed: {0}")]
     Read(#[source] std::io::Error),

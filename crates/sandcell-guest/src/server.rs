@@ -244,10 +244,10 @@ pub(crate) async fn run(
     let (read, write) = stream.into_split();
     let (tx, rx) = mpsc::channel(OUT_QUEUE);
     tokio::spawn(writer(write, rx));
-    // From /proc rather than getpgid(): as PID 1 our group usually lies outside the pid
-    // namespace, which getpgid reports as 0 (and rustix asserts against).
-    let my_pgid = procs::read_stat(me).map(|p| p.pgid).unwrap_or(0);
-    let workers = Workers::start(GENERAL_WORKERS).map_err(GuestError::Workers)?;
+    // As PID 1 our group usually lies outside the pid namespace: getpgid says 0 then, as
+    // /proc does (nix, unlike rustix, does not assert against it).
+    let my_pgid = nix::unistd::getpgid(None).map_or(0, |p| p.as_raw());
+    let workers = Workers::new(GENERAL_WORKERS);
     let shared = Arc::new(Shared {
         workers,
         roots: Roots::new(&config.file_roots),

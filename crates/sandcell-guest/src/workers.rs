@@ -1,11 +1,11 @@
 //! Long-lived threads for blocking work (file operations, `/proc` scans, tree kills).
 //!
-//! The kill thread is started with the connection, before any sandbox process runs, because
-//! creating a thread later can fail: the sandbox's pids limit counts threads, and a fork bomb
-//! exhausts it exactly when a tree kill is needed (tokio's blocking pool panics then). General
-//! workers start on demand (each costs start-up time); if none can be started, a job runs on
-//! the calling thread instead. Tree kills get a thread of their own so they never queue
-//! behind a slow file operation.
+//! Tree kills get a thread of their own so they never queue behind a slow file operation.
+//! It is started as soon as the first sandbox process runs ([`Workers::start_killer`], while
+//! that process starts up, off the start path), because creating a thread later can fail: the sandbox's pids
+//! limit counts threads, and a fork bomb exhausts it exactly when a tree kill is needed
+//! (tokio's blocking pool panics then). General workers start on demand (each costs start-up
+//! time). When no thread can be started, a job runs on the calling thread instead.
 
 use std::panic::AssertUnwindSafe;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -27,25 +27,37 @@ pub(crate) struct Workers {
     /// General workers started so far.
     started: AtomicUsize,
     max_general: usize,
-    killer: Sender<Job>,
+    killer: Mutex<Option<Sender<Job>>>,
 }
 
 impl Workers {
-    /// Starts the kill thread; up to `max_general` general workers start as jobs need them.
-    pub fn start(max_general: usize) -> std::io::Result<Self> {
+    /// No threads yet: up to `max_general` general workers start as jobs need them.
+    pub fn new(max_general: usize) -> Self {
         let (tx, rx) = channel::<Job>();
-        let (killer, krx) = channel::<Job>();
-        std::thread::Builder::new()
-            .name("sandcell-killer".into())
-            .spawn(move || serve_jobs(|| krx.recv().ok()))?;
-        Ok(Self {
+        Self {
             general: tx,
             queue: Arc::new(Mutex::new(rx)),
             idle: Arc::new(AtomicUsize::new(0)),
             started: AtomicUsize::new(0),
             max_general: max_general.max(1),
-            killer,
-        })
+            killer: Mutex::new(None),
+        }
+    }
+
+    /// Starts the kill thread unless it runs already; says whether it runs.
+    pub fn start_killer(&self) -> bool {
+        let mut killer = lock(&self.killer);
+        if killer.is_some() {
+            return true;
+        }
+        let (tx, rx) = channel::<Job>();
+        let spawned = std::thread::Builder::new()
+            .name("sandcell-killer".into())
+            .spawn(move || serve_jobs(|| rx.recv().ok()));
+        if spawned.is_ok() {
+            *killer = Some(tx);
+        }
+        spawned.is_ok()
     }
 
     /// Runs `f` on a general worker; its result arrives on the receiver.
@@ -63,13 +75,26 @@ impl Workers {
         submit(&self.general, f)
     }
 
-    /// Runs `f` on the kill thread; its result arrives on the receiver.
+    /// Runs `f` on the kill thread (here, when it cannot be started); its result arrives on
+    /// the receiver.
     pub fn kill<T, F>(&self, f: F) -> oneshot::Receiver<T>
     where
         T: Send + 'static,
         F: FnOnce() -> T + Send + 'static,
     {
-        submit(&self.killer, f)
+        let killer = if self.start_killer() {
+            lock(&self.killer).clone()
+        } else {
+            None
+        };
+        match killer {
+            Some(queue) => submit(&queue, f),
+            None => {
+                let (tx, rx) = oneshot::channel();
+                let _ = tx.send(f());
+                rx
+            }
+        }
     }
 
     fn started(&self) -> usize {

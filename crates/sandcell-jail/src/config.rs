@@ -55,6 +55,37 @@ pub struct TmpfsMount {
     pub mode: u32,
 }
 
+/// Where the launcher finds things made ahead of time.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SparesConfig {
+    /// The directory holding the pools (`netns/`, `cgroups/`), root-owned.
+    pub dir: String,
+    /// How many of each a launcher keeps ready while its sandbox runs.
+    pub count: usize,
+}
+
+impl SparesConfig {
+    /// The pool of network namespaces.
+    pub fn netns_dir(&self) -> std::path::PathBuf {
+        std::path::Path::new(&self.dir).join("netns")
+    }
+
+    /// The pool of cgroups made under the cgroup parent `parent`.
+    pub fn cgroups_dir(&self, parent: &str) -> std::path::PathBuf {
+        let name: String = parent
+            .chars()
+            .map(|c| {
+                if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                    c
+                } else {
+                    '_'
+                }
+            })
+            .collect();
+        std::path::Path::new(&self.dir).join("cgroups").join(name)
+    }
+}
+
 /// Everything the launcher needs to build one sandbox.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JailConfig {
@@ -65,6 +96,10 @@ pub struct JailConfig {
     /// The host directory bound read-only as the sandbox's root: a skeleton built by
     /// [`crate::rootfs::skeleton::prepare`] with the mount points of everything below.
     pub root_skeleton: String,
+    /// The skeleton holds its binds and devices already (mounted by the host, see
+    /// [`crate::rootfs::skeleton`]): the sandbox binds it recursively and `ro_binds` is empty.
+    #[serde(default)]
+    pub root_premounted: bool,
     /// Host paths (files or directories) bound read-only at the same path inside; their
     /// mount points exist in the skeleton.
     pub ro_binds: Vec<String>,
@@ -72,6 +107,10 @@ pub struct JailConfig {
     pub tmpfs: Vec<TmpfsMount>,
     /// Network policy.
     pub network: NetworkMode,
+    /// Where spare network namespaces and cgroups are kept (root only; see
+    /// [`crate::spares`]); `None`: the launcher makes its own.
+    #[serde(default)]
+    pub spares: Option<SparesConfig>,
     /// Resource limits.
     pub limits: Limits,
     /// Host uid that the sandbox user maps to, when the launcher runs as root; ignored (the

@@ -68,13 +68,9 @@ pub fn restrict(read_exec: &[&str], read_write: &[&str]) -> Result<Feature, Jail
     let mut skipped = Vec::new();
     let mut read_only = Vec::new();
     let mut writable = Vec::new();
-    let mut listable = Vec::new();
     let grants = [
         (read_exec, AccessFs::from_read(TARGET_ABI), &mut read_only),
         (read_write, AccessFs::from_all(TARGET_ABI), &mut writable),
-        // `ls /` works: listing is granted on the whole (pivoted) root, where nothing but
-        // the sandbox's own tree exists; reading files still needs the rules above.
-        (&["/"][..], BitFlags::from(AccessFs::ReadDir), &mut listable),
     ];
     for (paths, rights, granted) in grants {
         for &path in paths {
@@ -113,10 +109,9 @@ pub fn restrict(read_exec: &[&str], read_write: &[&str]) -> Result<Feature, Jail
         RulesetStatus::NotEnforced => FeatureState::Unavailable,
     };
     let mut detail = format!(
-        "ABI v{kernel_abi}; read-only: {}; writable: {}; listable: {}",
+        "ABI v{kernel_abi}; read-only: {}; writable: {}",
         list(&read_only),
-        list(&writable),
-        list(&listable)
+        list(&writable)
     );
     match state {
         FeatureState::Active => detail.push_str("; signals scoped to the sandbox"),

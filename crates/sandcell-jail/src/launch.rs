@@ -4,7 +4,7 @@
 //! 1. the host sends a [`JailConfig`] as a message frame on id 0;
 //! 2. the launcher sets up cgroups, clones the sandbox's first process into new user, pid,
 //!    mount, net, ipc, uts (and cgroup) namespaces, writes its id maps, and sends
-//!    `Launched { host_pid, report, cgroups }` on id 0;
+//!    `Launched { host_pid, report, cgroup }` on id 0;
 //! 3. it releases the child, closes its copy of the socket and waits: when the sandbox's
 //!    PID 1 exits (the whole pid namespace dies with it) it removes the cgroups and exits.
 //!
@@ -25,8 +25,10 @@ use sandcell_protocol::{
 };
 
 use crate::cgroup::SandboxCgroup;
-use crate::config::{JailConfig, NetworkMode};
+use crate::cgroup::spares::CgroupSpares;
+use crate::config::{JailConfig, NetworkMode, SparesConfig};
 use crate::error::JailError;
+use crate::netns_pool::{NetnsPool, TakenNetns};
 use crate::{caps, landlock_policy, net, rlimits, rootfs, seccomp};
 
 /// The fd the socket to the host is moved to in the launcher and the sandbox.
@@ -114,22 +116,35 @@ fn run_on(from: RawFd, config: Option<JailConfig>, single_threaded: bool) -> Out
             pid,
             report,
             cgroup,
+            netns,
+            spares,
         }) => {
-            let cgroups = cgroup
-                .as_ref()
-                .map(|cg| cg.paths().iter().map(|p| p.display().to_string()).collect())
-                .unwrap_or_default();
             send(
                 &mut socket,
                 &GuestMessage::Launched {
                     host_pid: pid.as_raw(),
                     report,
-                    cgroups,
+                    cgroup: cgroup.as_ref().map(SandboxCgroup::record),
                 },
             );
             // Close our copy: the socket is the agent's alone, and the host must see EOF as
             // soon as the agent is gone.
             drop(socket);
+            // While the sandbox runs: drop the taken namespace's pool entry and make spares
+            // for later sandboxes, at the lowest priority so that neither this sandbox's nor
+            // the next one's start waits for it.
+            lower_priority();
+            if let Some(taken) = netns {
+                taken.remove_entry();
+            }
+            if let Some((spares, parent)) = spares {
+                let _ = NetnsPool::new(spares.netns_dir()).refill(spares.count);
+                let _ = CgroupSpares::new(spares.cgroups_dir(&parent)).refill(
+                    Path::new(CGROUP_ROOT),
+                    &parent,
+                    spares.count,
+                );
+            }
             let code = wait_for(pid);
             if let Some(cg) = &cgroup {
                 // Normally empty already: the pid namespace died with its PID 1.
@@ -161,6 +176,10 @@ enum Side {
         pid: Pid,
         report: IsolationReport,
         cgroup: Option<SandboxCgroup>,
+        /// The pooled network namespace the sandbox got, whose entry is still to remove.
+        netns: Option<TakenNetns>,
+        /// The pools to top up, and the cgroup parent.
+        spares: Option<(SparesConfig, String)>,
     },
 }
 
@@ -302,13 +321,15 @@ fn launch(
 
     // The go channel: a datagram socket pair, so the cgroup's files can travel with the flags.
     let (go_child, go_launcher) = at("go channel", go_channel())?;
-    let (child, ns_lines) = at("clone", clone_sandbox())?;
+    let spares = config.spares.as_ref().filter(|_| root);
+    let pooled_netns = spares.and_then(enter_pooled_netns);
+    let (child, ns_lines) = at("clone", clone_sandbox(pooled_netns.is_none()))?;
     for (name, detail) in ns_lines {
         report.set(name, FeatureState::Active, detail);
     }
     let Some(pid) = child else {
         drop(go_launcher);
-        let isolation = sandbox_side(go_child, &config)?;
+        let isolation = sandbox_side(go_child, &config, pooled_netns.is_some())?;
         report.merge(&isolation);
         return Ok(Side::Sandbox {
             isolation: report,
@@ -323,7 +344,7 @@ fn launch(
     }
     // Released: the child builds its root while we make its cgroup.
     let _ = go_send(&go_launcher, GO, &[]);
-    let cgroup = create_cgroup(&config, &mut report);
+    let cgroup = create_cgroup(&config, spares, &mut report);
     // v1: the child moves itself in with files we open (writing "0" to `tasks` skips the
     // RCU grace period a move from outside waits for). v2: we move it from here.
     let self_join = cgroup.as_ref().and_then(SandboxCgroup::self_join_files);
@@ -351,7 +372,25 @@ fn launch(
         pid,
         report,
         cgroup,
+        netns: pooled_netns,
+        spares: config
+            .spares
+            .filter(|_| root)
+            .map(|s| (s, config.cgroup_parent)),
     })
+}
+
+/// Moves this process into a spare network namespace from the pool, for the sandbox to
+/// inherit; `None` (nothing changed) when the pool has none or entering it fails.
+fn enter_pooled_netns(spares: &SparesConfig) -> Option<TakenNetns> {
+    let taken = NetnsPool::new(spares.netns_dir()).take()?;
+    match nix::sched::setns(&taken.fd, nix::sched::CloneFlags::CLONE_NEWNET) {
+        Ok(()) => Some(taken),
+        Err(_) => {
+            taken.remove_entry();
+            None
+        }
+    }
 }
 
 /// A connected pair of close-on-exec datagram sockets: (child's end, launcher's end).
@@ -414,15 +453,38 @@ const GO: u8 = b'g';
 const MEMORY_BY_CGROUP: u8 = 1;
 const PIDS_BY_CGROUP: u8 = 2;
 
-/// Creates the sandbox's cgroup with its limits. Failure is not fatal: the report says why,
-/// and rlimits stand in.
-fn create_cgroup(config: &JailConfig, report: &mut IsolationReport) -> Option<SandboxCgroup> {
-    let created = SandboxCgroup::create(
-        Path::new("/sys/fs/cgroup"),
-        &config.cgroup_parent,
-        &config.sandbox_id,
-        &config.limits,
-    );
+/// Where cgroup hierarchies are mounted.
+const CGROUP_ROOT: &str = "/sys/fs/cgroup";
+
+/// The sandbox's cgroup with its limits: a spare made ahead of time when there is one (and
+/// no cpu quota is asked, which spares are made without), else a new one. Failure is not
+/// fatal: the report says why, and rlimits stand in.
+fn create_cgroup(
+    config: &JailConfig,
+    spares: Option<&SparesConfig>,
+    report: &mut IsolationReport,
+) -> Option<SandboxCgroup> {
+    let spare = spares
+        .filter(|_| config.limits.cpu_millis.is_none())
+        .and_then(|s| CgroupSpares::new(s.cgroups_dir(&config.cgroup_parent)).take());
+    let created = match spare {
+        Some(mut cg) => {
+            cg.rename(&config.sandbox_id);
+            match cg.limit(&config.limits) {
+                Ok(features) => Ok((cg, features)),
+                Err(e) => {
+                    let _ = cg.remove();
+                    Err(e)
+                }
+            }
+        }
+        None => SandboxCgroup::create(
+            Path::new(CGROUP_ROOT),
+            &config.cgroup_parent,
+            &config.sandbox_id,
+            &config.limits,
+        ),
+    };
     match created {
         Ok((cg, features)) => {
             for f in features {
@@ -452,16 +514,10 @@ fn cgroup_unavailable(report: &mut IsolationReport, e: JailError) {
 }
 
 fn ensure_single_threaded() -> Result<(), JailError> {
-    use std::os::unix::fs::MetadataExt;
-    // procfs counts a process's threads in the link count of its task directory (2 + threads):
-    // one stat instead of formatting all of /proc/self/status.
-    let links = std::fs::metadata("/proc/self/task")
-        .map_err(|e| JailError::io("stat /proc/self/task", e))?
-        .nlink();
-    if links != 3 {
+    let threads = caps::thread_count()?;
+    if threads != 1 {
         return Err(JailError::Config(format!(
-            "the launcher must be single-threaded to clone safely, it has {} threads",
-            links.saturating_sub(2)
+            "the launcher must be single-threaded to clone safely, it has {threads} threads"
         )));
     }
     Ok(())
@@ -469,19 +525,27 @@ fn ensure_single_threaded() -> Result<(), JailError> {
 
 type NsLines = Vec<(&'static str, String)>;
 
-/// Clones the sandbox's first process into fresh namespaces. Returns `None` in the child.
-fn clone_sandbox() -> Result<(Option<Pid>, NsLines), JailError> {
-    let base = libc::CLONE_NEWUSER
+/// Clones the sandbox's first process into fresh namespaces (a fresh network namespace too
+/// unless `new_net` is false: the launcher entered a pooled one). Returns `None` in the child.
+fn clone_sandbox(new_net: bool) -> Result<(Option<Pid>, NsLines), JailError> {
+    let mut base = libc::CLONE_NEWUSER
         | libc::CLONE_NEWPID
         | libc::CLONE_NEWNS
-        | libc::CLONE_NEWNET
         | libc::CLONE_NEWIPC
         | libc::CLONE_NEWUTS;
+    if new_net {
+        base |= libc::CLONE_NEWNET;
+    }
+    let net = if new_net {
+        "own network namespace"
+    } else {
+        "own network namespace, made ahead of time by the host (the sandbox cannot reconfigure it)"
+    };
     let lines: NsLines = vec![
         ("user_ns", "own user namespace".into()),
         ("pid_ns", "own pid namespace; the agent is PID 1".into()),
         ("mount_ns", "own mount namespace".into()),
-        ("net_ns", "own network namespace".into()),
+        ("net_ns", net.into()),
         ("ipc_ns", "own ipc namespace".into()),
         ("uts_ns", "own uts namespace".into()),
     ];
@@ -525,6 +589,14 @@ fn write_id_maps(pid: Pid, uid: u32, gid: u32) -> Result<(), JailError> {
     Ok(())
 }
 
+/// Gives this process the lowest priority (nice 19). Not the idle class: this process takes
+/// kernel locks (cgroup and mount creation) that sandbox starts wait for, and an idle-class
+/// holder could be starved on a busy host.
+fn lower_priority() {
+    // Failure just leaves the priority as it was.
+    let _ = rustix::process::setpriority_process(None, 19);
+}
+
 fn wait_for(pid: Pid) -> i32 {
     loop {
         match waitpid(pid, None) {
@@ -550,8 +622,9 @@ fn switch_ids(uid: u32, gid: u32) -> Result<(), JailError> {
     Ok(())
 }
 
-/// Inside the new namespaces: wait for the id maps, then confine this process.
-fn sandbox_side(go: OwnedFd, config: &JailConfig) -> StageResult<IsolationReport> {
+/// Inside the new namespaces: wait for the id maps, then confine this process. `net_ready`:
+/// the network namespace came from the pool with `lo` up already.
+fn sandbox_side(go: OwnedFd, config: &JailConfig, net_ready: bool) -> StageResult<IsolationReport> {
     // The launcher died or failed to map us: there is nothing to serve.
     let gone = || {
         let e = JailError::Config("the launcher went away".into());
@@ -578,7 +651,9 @@ fn sandbox_side(go: OwnedFd, config: &JailConfig) -> StageResult<IsolationReport
     )?;
     match config.network {
         NetworkMode::Loopback => {
-            at("loopback", net::loopback_up())?;
+            if !net_ready {
+                at("loopback", net::loopback_up())?;
+            }
             report.set(
                 "network",
                 FeatureState::Active,

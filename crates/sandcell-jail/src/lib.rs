@@ -12,10 +12,12 @@ pub mod landlock_policy;
 pub mod launch;
 mod mount_attr;
 pub mod net;
+pub mod netns_pool;
 pub mod probe;
 pub mod rlimits;
 pub mod rootfs;
 pub mod seccomp;
+pub mod spares;
 
 pub use config::{JailConfig, Limits, NetworkMode, TmpfsMount};
 pub use error::JailError;

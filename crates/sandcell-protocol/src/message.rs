@@ -119,11 +119,13 @@ pub enum HostMessage {
 #[serde(tag = "type", rename_all = "snake_case")]
 pub enum GuestMessage {
     /// Sent by the launcher on id 0 before the agent speaks: the agent's pid on the host and
-    /// the isolation the launcher set up outside the sandbox (cgroups, id maps).
+    /// the isolation the launcher set up outside the sandbox (cgroups, id maps). `cgroup` is
+    /// the launcher's record of the sandbox's cgroup, which only the process backend reads
+    /// (so the host needs no filesystem probing to use it).
     Launched {
         host_pid: i32,
         report: IsolationReport,
-        cgroups: Vec<String>,
+        cgroup: Option<serde_json::Value>,
     },
     /// Sent on id 0 when setting up the sandbox failed; the connection then closes.
     LaunchFailed { stage: String, message: String },

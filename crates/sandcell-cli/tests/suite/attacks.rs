@@ -252,6 +252,67 @@ async fn two_sandboxes_cannot_see_each_other() {
 }
 
 #[tokio::test]
+async fn every_sandbox_has_a_network_namespace_of_its_own_that_it_cannot_reconfigure() {
+    // Namespaces may come from the pool of ones made ahead: never shared, never reused.
+    let a = sandbox().await;
+    let b = sandbox().await;
+    let host = std::fs::read_link("/proc/self/ns/net").unwrap();
+    let ns_a = text(&sh(&a, "readlink /proc/self/ns/net").await.stdout);
+    let ns_b = text(&sh(&b, "readlink /proc/self/ns/net").await.stdout);
+    assert!(ns_a.starts_with("net:["), "{ns_a}");
+    assert_ne!(ns_a, ns_b, "two sandboxes share a network namespace");
+    assert_ne!(
+        ns_a.trim(),
+        host.to_string_lossy(),
+        "a sandbox is in the host's"
+    );
+    // A server in one sandbox is unreachable from the other.
+    let _server = a
+        .exec_stream(ExecRequest::argv([
+            "/usr/bin/python3",
+            "-c",
+            "import socket,time\ns=socket.socket()\ns.bind(('127.0.0.1',4711))\ns.listen()\ntime.sleep(30)",
+        ]))
+        .await
+        .unwrap();
+    let probe = "import socket,time\nfor i in range(50):\n    try:\n        socket.create_connection(('127.0.0.1',4711),timeout=1); print('connected'); break\n    except OSError as e:\n        err=e.errno; time.sleep(0.02)\nelse: print('refused', err)";
+    // The server is up in a (it accepts its own connection) but not reachable from b.
+    assert_eq!(text(&py(&a, probe).await.stdout), "connected\n");
+    let out = text(&py(&b, probe).await.stdout);
+    assert!(out.starts_with("refused"), "{out}");
+    // lo stays up: taking it down, or adding an address, is refused.
+    let out = sh(
+        &a,
+        "ip link set lo down; ip addr add 10.9.9.9/32 dev lo; ip -br link show lo",
+    )
+    .await;
+    assert!(text(&out.stdout).contains("UP"), "{}", text(&out.stdout));
+    assert!(
+        !text(&out.stderr).is_empty(),
+        "reconfiguring succeeded silently"
+    );
+    a.destroy().await.unwrap();
+    b.destroy().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_root_is_read_only_and_listable() {
+    let sb = sandbox().await;
+    let out = sh(
+        &sb,
+        "ls /; touch /x /etc/x /dev/x 2>&1; mkdir /etc/ssl/x 2>&1; echo hi > /dev/null && echo null-ok",
+    )
+    .await;
+    let s = text(&out.stdout);
+    for entry in ["etc", "usr", "workspace", "tmp", "proc", "dev", "home"] {
+        assert!(s.lines().any(|l| l == entry), "ls / lacks {entry}: {s}");
+    }
+    assert_eq!(s.matches("Read-only file system").count(), 4, "{s}");
+    assert!(s.contains("null-ok"), "{s}");
+    sb.destroy().await.unwrap();
+}
+
+#[tokio::test]
 async fn only_the_sandbox_processes_are_visible() {
     let sb = sandbox().await;
     let out = sh(&sb, "ls /proc | grep -E '^[0-9]+$' | wc -l").await;

@@ -5,6 +5,7 @@
 //! and removes it afterwards; the host re-opens it from [`SandboxCgroup::paths`] to read
 //! counters and to kill everything. Only plain file I/O on cgroupfs is used.
 
+pub mod spares;
 mod v1;
 mod v2;
 
@@ -81,7 +82,7 @@ pub struct Counters {
 }
 
 /// One cgroup directory of a sandbox: the v2 directory, or one v1 hierarchy's directory.
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Serialize, Deserialize)]
 struct Dir {
     path: PathBuf,
     /// The controllers this directory serves (v1) or has enabled (v2).
@@ -94,11 +95,14 @@ struct Dir {
 }
 
 /// A sandbox's cgroup: one directory per v1 hierarchy, or one v2 directory.
-#[derive(Debug)]
+#[derive(Debug, Serialize, Deserialize)]
 pub struct SandboxCgroup {
     version: CgroupVersion,
     paths: Vec<PathBuf>,
     dirs: Vec<Dir>,
+    /// v2 controllers that could not be enabled, with the reason (for the report).
+    #[serde(default)]
+    missing: Vec<(String, String)>,
 }
 
 /// The cgroup layout found under a root, before probing for write access.
@@ -176,32 +180,109 @@ impl SandboxCgroup {
         id: &str,
         limits: &Limits,
     ) -> Result<(Self, Vec<Feature>), JailError> {
+        let cg = Self::make(root, parent, id, limits.cpu_millis.is_some())?;
+        match cg.limit(limits) {
+            Ok(features) => Ok((cg, features)),
+            Err(e) => {
+                rollback(&cg.dirs);
+                Err(e)
+            }
+        }
+    }
+
+    /// Creates `<hierarchy>/<parent>/<id>` with the controllers enabled but no limits yet
+    /// (see [`Self::limit`]); on v1, the cpu hierarchy only `with_cpu`.
+    pub fn make(root: &Path, parent: &str, id: &str, with_cpu: bool) -> Result<Self, JailError> {
         let parent = parent_components(parent)?;
         check_id(id)?;
-        let (version, dirs, mut features) = match layout(root) {
-            Ok(Layout::V1(hs)) => {
-                let (dirs, features) = v1::create(&hs, &parent, id, limits)?;
-                (CgroupVersion::V1, dirs, features)
-            }
+        let (version, dirs, missing) = match layout(root) {
+            Ok(Layout::V1(hs)) => (
+                CgroupVersion::V1,
+                v1::make(&hs, &parent, id, with_cpu)?,
+                Vec::new(),
+            ),
             Ok(Layout::V2(controllers)) => {
-                let (dir, features) = v2::create(root, &controllers, &parent, id, limits)?;
-                (CgroupVersion::V2, vec![dir], features)
+                let (dir, missing) = v2::make(root, &controllers, &parent, id)?;
+                (CgroupVersion::V2, vec![dir], missing)
             }
             Err(reason) => return Err(cg_err(root, reason)),
         };
+        let paths = dirs.iter().map(|d| d.path.clone()).collect();
+        Ok(Self {
+            version,
+            paths,
+            dirs,
+            missing,
+        })
+    }
+
+    /// Applies the limits; returns the lines for the isolation report.
+    pub fn limit(&self, limits: &Limits) -> Result<Vec<Feature>, JailError> {
+        let mut features = match self.version {
+            CgroupVersion::V1 => v1::apply(&self.dirs, limits)?,
+            CgroupVersion::V2 => v2::apply(&self.dirs[0], &self.missing, limits)?,
+        };
         features.insert(
             0,
-            feature("cgroups", FeatureState::Active, location(version, &dirs)),
+            feature(
+                "cgroups",
+                FeatureState::Active,
+                location(self.version, &self.dirs),
+            ),
         );
-        let paths = dirs.iter().map(|d| d.path.clone()).collect();
-        Ok((
-            Self {
-                version,
-                paths,
-                dirs,
-            },
-            features,
-        ))
+        Ok(features)
+    }
+
+    /// Whether this cgroup has a directory serving `controller`.
+    pub fn has_controller(&self, controller: &str) -> bool {
+        self.dir_for(controller).is_some()
+    }
+
+    /// Renames the directories to `id` where the kernel allows it (v1 only); keeps the old
+    /// names otherwise. For cgroups made ahead of time under another name.
+    pub fn rename(&mut self, id: &str) {
+        if self.version != CgroupVersion::V1 || check_id(id).is_err() {
+            return;
+        }
+        for dir in &mut self.dirs {
+            let Some(parent) = dir.path.parent() else {
+                continue;
+            };
+            let to = parent.join(id);
+            if fs::rename(&dir.path, &to).is_ok() {
+                dir.path = to;
+            }
+        }
+        self.paths = self.dirs.iter().map(|d| d.path.clone()).collect();
+    }
+
+    /// This cgroup as JSON, for [`Self::from_record`] in another process.
+    pub fn record(&self) -> serde_json::Value {
+        serde_json::to_value(self).unwrap_or_default()
+    }
+
+    /// The cgroup another process described with [`Self::record`], checked without touching
+    /// the filesystem: absolute paths, each strictly below its hierarchy (a hierarchy root
+    /// here would make [`Self::kill_all`] kill a whole hierarchy's processes).
+    pub fn from_record(record: serde_json::Value) -> Result<Self, JailError> {
+        let mut cg: Self = serde_json::from_value(record)
+            .map_err(|e| JailError::Config(format!("unreadable cgroup record: {e}")))?;
+        if cg.dirs.is_empty() || cg.dirs.len() != cg.paths.len() {
+            return Err(JailError::Config(
+                "a cgroup record without directories".into(),
+            ));
+        }
+        for (dir, path) in cg.dirs.iter_mut().zip(&cg.paths) {
+            let below = dir.path.is_absolute()
+                && dir.path != dir.hierarchy
+                && dir.path.starts_with(&dir.hierarchy);
+            if !below || *path != dir.path {
+                return Err(cg_err(&dir.path, "not a cgroup below its hierarchy"));
+            }
+            // Where the recording process was is nothing to this one.
+            dir.origin = None;
+        }
+        Ok(cg)
     }
 
     /// Re-opens an existing sandbox cgroup from the paths `paths()` returned (host side).
@@ -264,6 +345,7 @@ impl SandboxCgroup {
             version,
             paths: paths.to_vec(),
             dirs,
+            missing: Vec::new(),
         })
     }
 

@@ -78,20 +78,19 @@ pub(super) fn controllers_in(dir: &Path) -> Vec<String> {
     .collect()
 }
 
-/// Creates `<mount>/<parent…>/<id>` in every hierarchy and applies the limits.
-pub(super) fn create(
+/// Creates `<mount>/<parent…>/<id>` in the memory and pids hierarchies (and cpu's, `with_cpu`).
+pub(super) fn make(
     hierarchies: &[Hierarchy],
     parent: &[String],
     id: &str,
-    limits: &Limits,
-) -> Result<(Vec<Dir>, Vec<Feature>), JailError> {
+    with_cpu: bool,
+) -> Result<Vec<Dir>, JailError> {
     let mut dirs = Vec::new();
     // Read once for every hierarchy: each /proc read costs as much as a mkdir here.
     let own = own_cgroups();
 
     // (Killing PID 1 ends the pid namespace, so the freezer is not needed to kill.)
-    let needed =
-        |c: &String| c == "memory" || c == "pids" || (c == "cpu" && limits.cpu_millis.is_some());
+    let needed = |c: &String| c == "memory" || c == "pids" || (c == "cpu" && with_cpu);
     for h in hierarchies
         .iter()
         .filter(|h| h.controllers.iter().any(needed))
@@ -116,13 +115,7 @@ pub(super) fn create(
             origin,
         });
     }
-    match apply(&dirs, limits) {
-        Ok(features) => Ok((dirs, features)),
-        Err(e) => {
-            rollback(&dirs);
-            Err(e)
-        }
-    }
+    Ok(dirs)
 }
 
 fn find<'a>(dirs: &'a [Dir], controller: &str) -> Option<&'a Path> {
@@ -131,7 +124,7 @@ fn find<'a>(dirs: &'a [Dir], controller: &str) -> Option<&'a Path> {
         .map(|d| d.path.as_path())
 }
 
-fn apply(dirs: &[Dir], limits: &Limits) -> Result<Vec<Feature>, JailError> {
+pub(super) fn apply(dirs: &[Dir], limits: &Limits) -> Result<Vec<Feature>, JailError> {
     Ok(vec![
         memory(find(dirs, "memory"), limits.memory_bytes)?,
         pids(find(dirs, "pids"), limits.pids)?,

@@ -2,7 +2,6 @@
 
 use std::fs;
 use std::path::Path;
-use std::slice;
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
@@ -11,7 +10,7 @@ use sandcell_protocol::{Feature, FeatureState};
 use super::{
     CPU_PERIOD_US, Counters, Dir, FREEZE_TIMEOUT, SandboxCgroup, WriteFailure, cgroup_mounts,
     cpu_quota_us, cpus, describe, feature, mkdir_new, mkdir_parent, own_cgroup_dir, own_cgroups,
-    parse_flat_keyed, read_words, rollback, try_write, write_error, write_file,
+    parse_flat_keyed, read_words, try_write, write_error, write_file,
 };
 use crate::config::Limits;
 use crate::error::JailError;
@@ -22,15 +21,14 @@ const WANTED: [&str; 3] = ["memory", "pids", "cpu"];
 /// Controllers that could not be had, with the reason.
 type Missing = Vec<(String, String)>;
 
-/// Enables the controllers from `root` down to `<root>/<parent…>`, creates the sandbox
-/// directory and applies the limits.
-pub(super) fn create(
+/// Enables the controllers from `root` down to `<root>/<parent…>` and creates the sandbox
+/// directory; returns it with the controllers that could not be enabled.
+pub(super) fn make(
     root: &Path,
     available: &[String],
     parent: &[String],
     id: &str,
-    limits: &Limits,
-) -> Result<(Dir, Vec<Feature>), JailError> {
+) -> Result<(Dir, Missing), JailError> {
     let mut enabled: Vec<String> = Vec::new();
     let mut missing: Missing = Vec::new();
     for c in WANTED {
@@ -61,13 +59,7 @@ pub(super) fn create(
         hierarchy: root.to_path_buf(),
         origin,
     };
-    match apply(&dir, &missing, limits) {
-        Ok(features) => Ok((dir, features)),
-        Err(e) => {
-            rollback(slice::from_ref(&dir));
-            Err(e)
-        }
-    }
+    Ok((dir, missing))
 }
 
 /// Turns the wanted controllers on in `level/cgroup.subtree_control` so its children get
@@ -116,7 +108,11 @@ fn enable(level: &Path, enabled: &mut Vec<String>, missing: &mut Missing) -> Res
     Ok(())
 }
 
-fn apply(dir: &Dir, missing: &Missing, limits: &Limits) -> Result<Vec<Feature>, JailError> {
+pub(super) fn apply(
+    dir: &Dir,
+    missing: &[(String, String)],
+    limits: &Limits,
+) -> Result<Vec<Feature>, JailError> {
     let has = |c: &str| dir.controllers.iter().any(|x| x == c);
     let why_not = |c: &str| {
         missing

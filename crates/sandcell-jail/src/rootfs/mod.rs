@@ -19,21 +19,14 @@ use crate::config::JailConfig;
 use crate::error::JailError;
 use crate::mount_attr;
 
-/// Trees the sandbox may read and execute (Landlock); everything else is invisible anyway.
-pub const READABLE_TREES: &[&str] = &[
-    "/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/proc", "/dev",
-];
+/// What the sandbox may read and execute (Landlock): its whole root. After the pivot that
+/// holds only the skeleton, the read-only binds and the sandbox's own mounts; the rule keeps
+/// anything outside it (the host's tree, should a mount ever expose it) out of reach.
+pub const READABLE_TREES: &[&str] = &["/"];
 
-/// Device paths the sandbox may write besides its tmpfs mounts.
-pub const WRITABLE_DEVICES: &[&str] = &[
-    "/dev/null",
-    "/dev/zero",
-    "/dev/full",
-    "/dev/tty",
-    "/dev/pts",
-    "/dev/shm",
-    "/dev/ptmx",
-];
+/// Devices the sandbox may write (besides its tmpfs mounts): `/dev` holds only the harmless
+/// devices, the private devpts and `/dev/shm`, and is itself read-only.
+pub const WRITABLE_DEVICES: &[&str] = &["/dev"];
 
 /// Host devices bound into the sandbox's `/dev`.
 const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
@@ -70,35 +63,51 @@ pub fn setup(config: &JailConfig) -> Result<Vec<Feature>, JailError> {
             "the root skeleton '{root}' must be an absolute directory other than /"
         )));
     }
-    do_mount(
-        Some(root),
-        root,
-        None,
-        MsFlags::MS_BIND,
-        None,
-        "bind the root skeleton",
-    )?;
-    // The root itself is read-only: only the tmpfs mounts below are writable.
-    set_attrs(
-        root,
-        mount_attr::RDONLY | mount_attr::NOSUID | mount_attr::NODEV,
-        false,
-        "the root",
-    )?;
-    for path in &config.ro_binds {
-        let target = format!("{root}{path}");
+    if config.root_premounted {
+        // One recursive bind takes the skeleton with its binds and devices; one call makes
+        // the lot read-only (writes to device nodes do not need a writable mount).
         do_mount(
-            Some(path),
-            &target,
+            Some(root),
+            root,
             None,
             MsFlags::MS_BIND | MsFlags::MS_REC,
             None,
-            &format!("bind {path}"),
+            "bind the root skeleton",
         )?;
-        set_attrs(&target, mount_attr::RDONLY, true, path)?;
+        set_attrs(
+            root,
+            mount_attr::RDONLY | mount_attr::NOSUID,
+            true,
+            "the root",
+        )?;
+    } else {
+        do_mount(
+            Some(root),
+            root,
+            None,
+            MsFlags::MS_BIND,
+            None,
+            "bind the root skeleton",
+        )?;
+        // The root itself is read-only: only the tmpfs mounts below are writable.
+        let attrs = mount_attr::RDONLY | mount_attr::NOSUID | mount_attr::NODEV;
+        set_attrs(root, attrs, false, "the root")?;
+        for path in &config.ro_binds {
+            let target = format!("{root}{path}");
+            do_mount(
+                Some(path),
+                &target,
+                None,
+                MsFlags::MS_BIND | MsFlags::MS_REC,
+                None,
+                &format!("bind {path}"),
+            )?;
+            set_attrs(&target, mount_attr::RDONLY, true, path)?;
+        }
+        bind_devices(root)?;
     }
     mount_proc(root)?;
-    mount_dev(root)?;
+    mount_dev_filesystems(root)?;
     for t in &config.tmpfs {
         let opts = format!(
             "size={},mode={:o},uid={SANDBOX_UID},gid={SANDBOX_UID}",
@@ -134,7 +143,11 @@ pub fn setup(config: &JailConfig) -> Result<Vec<Feature>, JailError> {
         state: FeatureState::Active,
         detail: format!(
             "pivot_root into a read-only skeleton (synthesized /etc, no host secrets); read-only host binds: {}; private /proc; minimal /dev; writable: {}",
-            config.ro_binds.join(" "),
+            if config.root_premounted {
+                "the system directories (premounted in the skeleton)".to_string()
+            } else {
+                config.ro_binds.join(" ")
+            },
             writable.join(", ")
         ),
     }])
@@ -210,8 +223,8 @@ fn mount_proc(root: &str) -> Result<(), JailError> {
 }
 
 /// The host's harmless devices onto their mount points in the skeleton's `/dev` (which also
-/// holds its symlinks), a private devpts and a size-limited `/dev/shm`.
-fn mount_dev(root: &str) -> Result<(), JailError> {
+/// holds its symlinks).
+fn bind_devices(root: &str) -> Result<(), JailError> {
     for name in DEVICES {
         let source = format!("/dev/{name}");
         match mount(
@@ -227,6 +240,11 @@ fn mount_dev(root: &str) -> Result<(), JailError> {
             Err(e) => return Err(JailError::io(format!("bind /dev/{name}"), e.into())),
         }
     }
+    Ok(())
+}
+
+/// A private devpts and a size-limited `/dev/shm`.
+fn mount_dev_filesystems(root: &str) -> Result<(), JailError> {
     do_mount(
         Some("devpts"),
         &format!("{root}/dev/pts"),

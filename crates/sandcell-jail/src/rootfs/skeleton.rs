@@ -5,6 +5,10 @@
 //!
 //! Building the root inside each sandbox (a tmpfs, a dozen file copies, symlinks and
 //! mkdirs) cost ~0.6 ms of every start; one bind of a prepared directory costs ~0.03 ms.
+//! As root, the host also mounts the skeleton's binds (`/usr`, …) and devices inside it, in
+//! its own mount namespace and under a private mount, once: a sandbox then takes the whole
+//! tree with one recursive bind and makes it read-only with one call, instead of two calls
+//! per bind (~0.35 ms).
 //! A skeleton is named after a hash of its layout and of the host files it copies (their
 //! inode, size and times), so a changed host file or layout gets a new skeleton; it is built
 //! in a temporary directory and renamed into place, so a skeleton that exists is complete.
@@ -44,6 +48,8 @@ pub struct Skeleton {
     pub dir: PathBuf,
     /// Host paths to bind read-only at the same place (their mount points exist in `dir`).
     pub binds: Vec<String>,
+    /// The binds and the devices are mounted inside `dir` already, in this mount namespace.
+    pub mounted: bool,
 }
 
 /// One entry of the skeleton, by path relative to its root.
@@ -63,15 +69,162 @@ enum Node {
 
 /// Finds or builds the skeleton for `layout` under `cache_dir` (created when missing; it
 /// must belong to this user and not be writable by others, since its contents become the
-/// root of sandboxes).
-pub fn prepare(cache_dir: &Path, layout: &RootLayout<'_>) -> Result<Skeleton, JailError> {
+/// root of sandboxes). With `mount`, which needs root, its binds and devices are mounted in
+/// it too (see the module's notes).
+pub fn prepare(
+    cache_dir: &Path,
+    layout: &RootLayout<'_>,
+    mount: bool,
+) -> Result<Skeleton, JailError> {
     let (entries, binds) = plan(layout)?;
     let dir = cache_dir.join(format!("root-{:016x}", digest(&entries)));
-    if !dir.is_dir() {
-        ensure_private_dir(cache_dir)?;
-        build(cache_dir, &dir, &entries)?;
+    let skeleton = Skeleton {
+        dir,
+        binds,
+        mounted: mount,
+    };
+    if mount {
+        // The usual case, in two system calls: built and mounted already. Only the first and
+        // the last mount are checked (they are made in order); `sandcell doctor` checks all.
+        let points = mount_points(&skeleton.dir, &skeleton.binds);
+        if let (Some(first), Some(last)) = (points.first(), points.last())
+            && is_mount_root(&first.0)
+            && is_mount_root(&last.0)
+        {
+            return Ok(skeleton);
+        }
     }
-    Ok(Skeleton { dir, binds })
+    if !skeleton.dir.is_dir() {
+        ensure_private_dir(cache_dir)?;
+        build(cache_dir, &skeleton.dir, &entries)?;
+    }
+    if mount {
+        mount_in_place(cache_dir, &skeleton.dir, &skeleton.binds)?;
+    }
+    Ok(skeleton)
+}
+
+/// Mounts whatever of a mounted skeleton's binds and devices is missing (see
+/// [`missing_mounts`]); [`prepare`] itself checks only the first and the last.
+pub fn repair(cache_dir: &Path, skeleton: &Skeleton) -> Result<(), JailError> {
+    mount_in_place(cache_dir, &skeleton.dir, &skeleton.binds)
+}
+
+/// The mount points of a mounted skeleton that are not mounts (empty when all are).
+pub fn missing_mounts(skeleton: &Skeleton) -> Vec<PathBuf> {
+    mount_points(&skeleton.dir, &skeleton.binds)
+        .into_iter()
+        .map(|(target, _, _)| target)
+        .filter(|t| !is_mount_root(t))
+        .collect()
+}
+
+/// The mount points inside `dir` that [`mount_in_place`] fills: (target, source, read-only).
+fn mount_points(dir: &Path, binds: &[String]) -> Vec<(PathBuf, String, bool)> {
+    let system = binds
+        .iter()
+        .map(|b| (dir.join(b.trim_start_matches('/')), b.clone(), true));
+    let devices = DEVICES
+        .iter()
+        .map(|d| (dir.join("dev").join(d), format!("/dev/{d}"), false));
+    system.chain(devices).collect()
+}
+
+/// Mounts the binds and devices inside `dir` unless they all are already.
+fn mount_in_place(cache_dir: &Path, dir: &Path, binds: &[String]) -> Result<(), JailError> {
+    let points = mount_points(dir, binds);
+    if points.iter().all(|(target, _, _)| is_mount_root(target)) {
+        return Ok(());
+    }
+    // One process mounts; the others wait and find the work done.
+    let lock = fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(cache_dir.join(".lock"))
+        .map_err(|e| JailError::io("open the root skeleton lock", e))?;
+    rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive)
+        .map_err(|e| JailError::io("lock the root skeleton cache", e.into()))?;
+    make_private_mount(cache_dir)?;
+    for (target, source, read_only) in &points {
+        if is_mount_root(target) {
+            continue;
+        }
+        let what = |op: &str| format!("{op} {source} in the root skeleton");
+        match nix::mount::mount(
+            Some(source.as_str()),
+            target,
+            None::<&str>,
+            nix::mount::MsFlags::MS_BIND | nix::mount::MsFlags::MS_REC,
+            None::<&str>,
+        ) {
+            Ok(()) => {}
+            // A device this host lacks.
+            Err(nix::errno::Errno::ENOENT) if !read_only => continue,
+            Err(e) => return Err(JailError::io(what("bind"), e.into())),
+        }
+        if *read_only {
+            let target = target.to_string_lossy();
+            crate::mount_attr::set(
+                &target,
+                crate::mount_attr::RDONLY | crate::mount_attr::NOSUID,
+                true,
+            )
+            .map_err(|e| JailError::io(what("make read-only"), e))?;
+        }
+    }
+    unmount_other_skeletons(cache_dir, dir);
+    Ok(())
+}
+
+/// Binds `dir` onto itself unless it is a mount already, and makes it private, so mounts made
+/// below it never propagate to other mount namespaces.
+pub(crate) fn make_private_mount(dir: &Path) -> Result<(), JailError> {
+    use nix::mount::{MsFlags, mount};
+    if !is_mount_root(dir) {
+        mount(Some(dir), dir, None::<&str>, MsFlags::MS_BIND, None::<&str>)
+            .map_err(|e| JailError::io(format!("bind {} onto itself", dir.display()), e.into()))?;
+    }
+    mount(
+        None::<&str>,
+        dir,
+        None::<&str>,
+        MsFlags::MS_PRIVATE,
+        None::<&str>,
+    )
+    .map_err(|e| JailError::io(format!("make {} a private mount", dir.display()), e.into()))
+}
+
+/// Detaches the mounts of older skeletons (their files stay: live sandboxes may use them;
+/// sandboxes hold copies of the mounts, which this does not touch).
+fn unmount_other_skeletons(cache_dir: &Path, keep: &Path) {
+    let Ok(mountinfo) = fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    let prefix = format!("{}/root-", cache_dir.display());
+    let keep = format!("{}/", keep.display());
+    let mut points: Vec<&str> = mountinfo
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4))
+        .filter(|p| p.starts_with(&prefix) && !p.starts_with(&keep))
+        .collect();
+    // Deepest first.
+    points.sort_by_key(|p| std::cmp::Reverse(p.len()));
+    for p in points {
+        let _ = nix::mount::umount2(p, nix::mount::MntFlags::MNT_DETACH);
+    }
+}
+
+/// Whether `path` is the root of a mount (statx; false when unknown).
+fn is_mount_root(path: &Path) -> bool {
+    use rustix::fs::{AtFlags, CWD, StatxAttributes, StatxFlags};
+    rustix::fs::statx(
+        CWD,
+        path,
+        AtFlags::SYMLINK_NOFOLLOW | AtFlags::NO_AUTOMOUNT,
+        StatxFlags::empty(),
+    )
+    .is_ok_and(|st| st.stx_attributes.contains(StatxAttributes::MOUNT_ROOT))
 }
 
 /// The skeleton's entries and the binds, from the host's current state.
@@ -353,6 +506,7 @@ mod tests {
         let s = prepare(
             &cache.path().join("c"),
             &layout(&system, &etc, &["/workspace", "/home/sandbox"]),
+            false,
         )
         .unwrap();
         assert_eq!(s.binds, vec!["/usr".to_string()]);
@@ -380,9 +534,9 @@ mod tests {
         let cache = tempfile::tempdir().unwrap();
         let etc_a = vec![("hosts".to_string(), "127.0.0.1 a\n".to_string())];
         let etc_b = vec![("hosts".to_string(), "127.0.0.1 b\n".to_string())];
-        let a1 = prepare(cache.path(), &layout(&[], &etc_a, &["/tmp"])).unwrap();
-        let a2 = prepare(cache.path(), &layout(&[], &etc_a, &["/tmp"])).unwrap();
-        let b = prepare(cache.path(), &layout(&[], &etc_b, &["/tmp"])).unwrap();
+        let a1 = prepare(cache.path(), &layout(&[], &etc_a, &["/tmp"]), false).unwrap();
+        let a2 = prepare(cache.path(), &layout(&[], &etc_a, &["/tmp"]), false).unwrap();
+        let b = prepare(cache.path(), &layout(&[], &etc_b, &["/tmp"]), false).unwrap();
         assert_eq!(a1.dir, a2.dir);
         assert_ne!(a1.dir, b.dir);
         assert_eq!(
@@ -402,7 +556,7 @@ mod tests {
     fn small_etc_files_are_copied() {
         let cache = tempfile::tempdir().unwrap();
         let system = vec!["/etc/debian_version".to_string()];
-        let s = prepare(cache.path(), &layout(&system, &[], &[])).unwrap();
+        let s = prepare(cache.path(), &layout(&system, &[], &[]), false).unwrap();
         assert!(
             s.binds.is_empty(),
             "small /etc files are copied: {:?}",
@@ -418,15 +572,15 @@ mod tests {
     fn bad_paths_and_an_unsafe_cache_are_refused() {
         let cache = tempfile::tempdir().unwrap();
         for bad in ["relative", "/a/../b", "/a//b", "/"] {
-            let r = prepare(cache.path(), &layout(&[], &[], &[bad]));
+            let r = prepare(cache.path(), &layout(&[], &[], &[bad]), false);
             assert!(r.is_err(), "{bad}");
         }
         let etc = vec![("../shadow".to_string(), String::new())];
-        assert!(prepare(cache.path(), &layout(&[], &etc, &[])).is_err());
+        assert!(prepare(cache.path(), &layout(&[], &etc, &[]), false).is_err());
         let open = cache.path().join("open");
         fs::create_dir(&open).unwrap();
         fs::set_permissions(&open, fs::Permissions::from_mode(0o777)).unwrap();
-        let err = prepare(&open, &layout(&[], &[], &["/tmp"])).unwrap_err();
+        let err = prepare(&open, &layout(&[], &[], &["/tmp"]), false).unwrap_err();
         assert!(
             err.to_string().contains("not be writable by others"),
             "{err}"

@@ -621,6 +621,10 @@ impl BackendInstance for ProcessInstance {
         self.cgroup.as_ref().map(SandboxCgroup::pids_limit_hits)
     }
 
+    fn oom_kills(&self) -> Option<u64> {
+        self.cgroup.as_ref().map(SandboxCgroup::oom_kills)
+    }
+
     fn host_pid(&self) -> Option<i32> {
         Some(self.host_pid)
     }

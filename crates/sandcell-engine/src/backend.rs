@@ -67,6 +67,10 @@ pub trait BackendInstance: Send + Sync {
     fn pids_limit_hits(&self) -> Option<u64> {
         self.counters().pids_limit_hits
     }
+    /// OOM kills so far (a cheaper read than all of `counters`).
+    fn oom_kills(&self) -> Option<u64> {
+        self.counters().oom_kills
+    }
     /// The pid of the sandbox's first process on the host, if it has one.
     fn host_pid(&self) -> Option<i32>;
     /// Kills everything in the sandbox and waits until it is gone.

@@ -9,7 +9,6 @@ use sandcell_protocol::{
 };
 use serde::Serialize;
 
-use crate::backend::ResourceCounters;
 use crate::client::{Call, Reply};
 use crate::error::EngineError;
 use crate::sandbox::{Sandbox, unexpected};
@@ -102,7 +101,8 @@ impl CodeRun {
 pub struct CodeStream {
     sandbox: Sandbox,
     call: Call,
-    before: ResourceCounters,
+    /// The sandbox's OOM kills when the execution started (explains a SIGKILL crash).
+    oom_before: Option<u64>,
     timeout_ms: Option<u64>,
     done: bool,
 }
@@ -169,11 +169,10 @@ impl CodeStream {
         if done.status != CodeStatus::Crashed || done.crash_signal != Some(9) {
             return;
         }
-        let after = self.sandbox.counters();
+        let after = self.sandbox.oom_kills();
         let oom = after
-            .oom_kills
             .unwrap_or(0)
-            .saturating_sub(self.before.oom_kills.unwrap_or(0));
+            .saturating_sub(self.oom_before.unwrap_or(0));
         if oom > 0 {
             let why = "killed by the out-of-memory killer: the sandbox reached its memory limit";
             done.crash = Some(why.to_string());
@@ -251,17 +250,20 @@ impl Sandbox {
         if req.timeout_ms.is_none() {
             req.timeout_ms = self.spec().limits.exec_timeout_ms;
         }
-        let before = self.counters();
+        let timeout_ms = req.timeout_ms;
         let call = self
             .client()
-            .request(&HostMessage::RunCode(req.clone()))
+            .request(&HostMessage::RunCode(req))
             .await
             .map_err(|e| self.map_closed(e))?;
+        // Read while the agent hands the code to the kernel (off the round trip's path): it
+        // cannot have run into the memory limit within these microseconds.
+        let oom_before = self.oom_kills();
         Ok(CodeStream {
             sandbox: self.clone(),
             call,
-            before,
-            timeout_ms: req.timeout_ms,
+            oom_before,
+            timeout_ms,
             done: false,
         })
     }

@@ -273,6 +273,11 @@ impl Sandbox {
         self.inner.instance.counters()
     }
 
+    /// OOM kills in the sandbox so far (one read; `None` when the backend cannot tell).
+    pub(crate) fn oom_kills(&self) -> Option<u64> {
+        self.inner.instance.oom_kills()
+    }
+
     /// Starts a process and streams its output.
     pub async fn exec_stream(&self, req: ExecRequest) -> Result<ExecStream, EngineError> {
         self.check_alive()?;

@@ -136,6 +136,28 @@ pub(crate) struct Kernels {
     env: Mutex<BTreeMap<String, String>>,
     /// Files in the outputs folder at the last look.
     outputs_seen: std::sync::atomic::AtomicUsize,
+    /// The outputs folder's stamp when the last look found it empty (see [`DirStamp`]).
+    outputs_empty: Mutex<Option<DirStamp>>,
+}
+
+/// A directory's inode, size and modification time. While it is unchanged, an empty
+/// directory is still empty: an entry added changes its size on tmpfs (where `/workspace`
+/// is), and its mtime elsewhere. One `statx` instead of a listing, twice per execution.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct DirStamp {
+    ino: u64,
+    size: u64,
+    mtime: (i64, u32),
+}
+
+fn dir_stamp(dir: &Path) -> Option<DirStamp> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(dir).ok()?;
+    Some(DirStamp {
+        ino: m.ino(),
+        size: m.size(),
+        mtime: (m.mtime(), u32::try_from(m.mtime_nsec()).unwrap_or(0)),
+    })
 }
 
 impl Kernels {
@@ -962,9 +984,15 @@ const INLINE_SCAN_MAX: usize = 64;
 /// Files in the outputs folder with their size and mtime (None when there is no folder).
 async fn snapshot_outputs(shared: &Arc<Shared>) -> Option<OutputsSnapshot> {
     let dir = PathBuf::from(outputs_dir());
+    // Taken before the listing: an entry added after it changes the stamp.
+    let stamp = dir_stamp(&dir);
+    if stamp.is_some() && *lock(&shared.kernels.outputs_empty) == stamp {
+        return Some(BTreeMap::new());
+    }
+    let listed = dir.clone();
     let scan_all = move || {
         let mut out = BTreeMap::new();
-        scan(&dir, 0, &mut out).then_some(out)
+        scan(&listed, 0, &mut out).then_some(out)
     };
     let last = shared.kernels.outputs_seen.load(Ordering::Relaxed);
     let snapshot = if last < INLINE_SCAN_MAX {
@@ -974,6 +1002,9 @@ async fn snapshot_outputs(shared: &Arc<Shared>) -> Option<OutputsSnapshot> {
     };
     let seen = snapshot.as_ref().map_or(0, BTreeMap::len);
     shared.kernels.outputs_seen.store(seen, Ordering::Relaxed);
+    // No files may still mean subfolders, whose new files the stamp would not show.
+    let empty = seen == 0 && std::fs::read_dir(&dir).is_ok_and(|mut d| d.next().is_none());
+    *lock(&shared.kernels.outputs_empty) = if empty { stamp } else { None };
     snapshot
 }
 

@@ -475,6 +475,28 @@ async fn files_in_the_outputs_folder_are_artifacts() {
     );
     // Unchanged files are not listed again.
     assert!(py(&sb, "1").await.done.artifacts.is_empty());
+    // The folder emptied (its stamp is remembered), then a file in a new subfolder, then
+    // that file rewritten in place: each change is seen.
+    let names = |r: &sandcell_engine::CodeRun| -> Vec<String> {
+        r.done.artifacts.iter().map(|a| a.path.clone()).collect()
+    };
+    assert!(
+        py(&sb, "os.remove('/workspace/outputs/table.csv')")
+            .await
+            .done
+            .artifacts
+            .is_empty()
+    );
+    assert!(py(&sb, "2").await.done.artifacts.is_empty());
+    let r = py(&sb, "os.makedirs('/workspace/outputs/plots')\nopen('/workspace/outputs/plots/a.txt', 'w').write('1')").await;
+    assert_eq!(names(&r), ["/workspace/outputs/plots/a.txt"]);
+    let r = py(
+        &sb,
+        "open('/workspace/outputs/plots/a.txt', 'w').write('22')",
+    )
+    .await;
+    assert_eq!(names(&r), ["/workspace/outputs/plots/a.txt"]);
+    assert_eq!(r.done.artifacts[0].size, 2);
     sb.destroy().await.unwrap();
 }
 

@@ -422,6 +422,15 @@ impl SandboxCgroup {
         }
     }
 
+    /// Processes the OOM killer killed in this cgroup (one file read).
+    pub fn oom_kills(&self) -> u64 {
+        let file = match self.version {
+            CgroupVersion::V1 => "memory.oom_control",
+            CgroupVersion::V2 => "memory.events",
+        };
+        self.read_keyed("memory", file, "oom_kill").unwrap_or(0)
+    }
+
     /// Forks refused because `pids.max` was reached (one file read).
     pub fn pids_limit_hits(&self) -> u64 {
         self.read_keyed("pids", "pids.events", "max").unwrap_or(0)

@@ -45,7 +45,8 @@ pub const R_SOURCE_VAR: &str = "SANDCELL_KERNEL_SOURCE";
 /// [`extra_env`]), so nothing is written to disk.
 pub fn command(language: Language) -> Vec<String> {
     let argv: &[&str] = match language {
-        Language::Python => &["/usr/bin/python3", "-c", PYTHON],
+        // -S: the kernel does `site`'s work itself, most of it on first need (kernel.py).
+        Language::Python => &["/usr/bin/python3", "-S", "-c", PYTHON],
         Language::Node => &["/usr/bin/node", "-e", NODE],
         // The last word is the shell's $0.
         Language::Bash => &[

@@ -1,20 +1,52 @@
 # Sandcell's Python kernel: one interpreter holding one context's state.
 # Speaks crates/sandcell-kernels/PROTOCOL.md over two inherited pipes. Standard library only;
-# matplotlib and pandas are used only when the user's code has imported them. Heavy modules
-# (asyncio ~30 ms, codeop) are imported on first use: start-up time is a cold run's latency.
+# matplotlib and pandas are used only when the user's code has imported them. Start-up time is
+# a cold run's latency, so heavy modules are imported on first use (asyncio ~30 ms, codeop,
+# linecache and with it tokenize and re), JSON goes through the C accelerator without the
+# `json` package (which imports re, enum, functools and collections: ~8 ms), and signals,
+# threads and locks come from `_signal` and `_thread` (`signal` imports enum: ~4 ms).
 import _ast
+import _signal
+import _thread
 import builtins
 import io
-import json
-import keyword
-import linecache
 import math
 import os
-import signal
 import sys
-import threading
 import time
-import types
+
+
+# Started with `python3 -S`: what the `site` module does at start-up (reading .pth files,
+# user site-packages, sitecustomize) is half of Python's start-up here (~7 of ~15 ms). The
+# site directories are put on sys.path now, as `site` would; the rest runs the first time an
+# import finds nothing on the paths there are, and that import then looks again.
+def _add_site_dirs():
+    import site
+
+    for d in site.getsitepackages() + [site.getusersitepackages()]:
+        if d not in sys.path and os.path.isdir(d):
+            sys.path.append(d)
+
+
+class _SiteOnFirstMiss:
+    def find_spec(self, fullname, path=None, target=None):
+        if path is not None:
+            # A submodule: its package's own path decides.
+            return None
+        sys.meta_path.remove(self)
+        import site
+        import importlib.machinery
+
+        try:
+            site.main()
+        except Exception:
+            pass
+        return importlib.machinery.PathFinder.find_spec(fullname)
+
+
+if sys.flags.no_site:
+    _add_site_dirs()
+    sys.meta_path.append(_SiteOnFirstMiss())
 
 _CTL = int(os.environ["SANDCELL_KERNEL_CTL_FD"])
 _EVENTS = int(os.environ["SANDCELL_KERNEL_EVENT_FD"])
@@ -26,7 +58,61 @@ _FLUSH_SECONDS = 0.02
 _BATCH_BYTES = 65536
 
 _ctl = os.fdopen(_CTL, "rb", buffering=65536)
-_events_lock = threading.Lock()
+_events_lock = _thread.allocate_lock()
+
+
+def _json_codec():
+    """dumps(obj) and loads(text) with repr() for what JSON cannot hold; the C accelerator
+    when there is one (CPython), else the json package."""
+    try:
+        import _json
+    except ImportError:
+        _json = None
+    if _json is None or not hasattr(_json, "make_encoder"):
+        import json
+
+        return (lambda obj: json.dumps(obj, ensure_ascii=True, default=repr)), json.loads
+
+    class Context:  # what the C scanner reads from a json.JSONDecoder
+        strict = True
+        object_hook = None
+        object_pairs_hook = None
+        parse_float = float
+        parse_int = int
+        parse_constant = {"NaN": math.nan, "Infinity": math.inf, "-Infinity": -math.inf}.__getitem__
+        memo = {}
+
+    scan = _json.make_scanner(Context())
+
+    def dumps(obj):
+        # As json.dumps(obj, ensure_ascii=True, default=repr): one-shot, ", " and ": ".
+        encode = _json.make_encoder(
+            {}, repr, _json.encode_basestring_ascii, None, ": ", ", ", False, False, True
+        )
+        return "".join(encode(obj, 0))
+
+    def loads(text):
+        if isinstance(text, (bytes, bytearray)):
+            text = text.decode("utf-8")
+        text = text.strip(" \t\r\n")
+        try:
+            obj, end = scan(text, 0)
+        except StopIteration:
+            raise ValueError("expected a JSON value") from None
+        except SystemError:
+            # The scanner reports bad JSON with json.decoder's error class, which it finds
+            # only once imported (else it fails like this): import it, and look again.
+            import json.decoder  # noqa: F401
+
+            obj, end = scan(text, 0)
+        if end != len(text):
+            raise ValueError("extra data after the JSON value at %d" % end)
+        return obj
+
+    return dumps, loads
+
+
+_json_dumps, _json_loads = _json_codec()
 
 
 def _emit(msg):
@@ -35,7 +121,7 @@ def _emit(msg):
     outer = _state.emitting
     _state.emitting = True
     try:
-        line = (json.dumps(msg, ensure_ascii=True, default=repr) + "\n").encode("ascii")
+        line = (_json_dumps(msg) + "\n").encode("ascii")
         with _events_lock:
             _write_all(line)
     finally:
@@ -85,7 +171,7 @@ class _Stream(io.TextIOBase):
         self._first = 0.0  # when the oldest buffered text was written
         self.sent = 0
         self.dropped = 0
-        self._lock = threading.RLock()
+        self._lock = _thread.RLock()
         self.buffer = _BinaryStream(self)
 
     @property
@@ -184,14 +270,18 @@ _stdout = _Stream("stdout")
 _stderr = _Stream("stderr")
 
 
-_executing = threading.Event()
+# Held by the main thread while no cell runs, so the flusher below sleeps on it (a lock may
+# be released by any thread, unlike threading's).
+_idle = _thread.allocate_lock()
+_idle.acquire()
 
 
 def _flusher():
     """Sends batched text of a long-running cell after at most ~2 batching intervals; idle
     while no cell runs."""
     while True:
-        _executing.wait()
+        _idle.acquire()
+        _idle.release()
         time.sleep(_FLUSH_SECONDS)
         if _state.request is not None:
             try:
@@ -201,7 +291,7 @@ def _flusher():
                 pass
 
 
-threading.Thread(target=_flusher, name="sandcell-flusher", daemon=True).start()
+_thread.start_new_thread(_flusher, ())
 
 
 def _flush_streams():
@@ -358,12 +448,14 @@ def _patch_pyplot():
         pass
 
 
-class _PyplotHook:
-    """Patches `plt.show` the moment pyplot is imported, so a `show()` in the same cell
-    already sends its figures."""
+class _AfterImport:
+    """Runs a kernel hook the moment a module is imported (by anyone): pyplot gets its `show`
+    patched, so a `show()` in the same cell already sends its figures; linecache gets the
+    cells' sources, so tracebacks show their lines."""
 
     def find_spec(self, fullname, path=None, target=None):
-        if fullname != "matplotlib.pyplot":
+        hook = _AFTER_IMPORT.get(fullname)
+        if hook is None:
             return None
         import importlib.util
 
@@ -379,13 +471,31 @@ class _PyplotHook:
 
         def exec_module(module):
             original(module)
-            _patch_pyplot()
+            hook()
 
         loader.exec_module = exec_module
         return spec
 
 
-sys.meta_path.insert(0, _PyplotHook())
+# Sources of the cells run so far, by their file name ("<cell N>").
+_cells = {}
+
+
+def _remember_cell(name, code):
+    _cells[name] = code
+    if "linecache" in sys.modules:
+        _fill_linecache()
+
+
+def _fill_linecache():
+    cache = sys.modules["linecache"].cache
+    for name, code in _cells.items():
+        # mtime None: linecache never checks these against a file.
+        cache.setdefault(name, (len(code), None, code.splitlines(True), name))
+
+
+_AFTER_IMPORT = {"matplotlib.pyplot": _patch_pyplot, "linecache": _fill_linecache}
+sys.meta_path.insert(0, _AfterImport())
 
 
 # ------------------------------------------------------------------------------------------
@@ -400,7 +510,7 @@ def _on_sigint(_signum, _frame):
         _state.interrupt_pending = True
 
 
-signal.signal(signal.SIGINT, _on_sigint)
+_signal.signal(_signal.SIGINT, _on_sigint)
 
 
 # ------------------------------------------------------------------------------------------
@@ -428,8 +538,19 @@ def _compile_cell(code, name):
     return body, expr
 
 
-# inspect.CO_COROUTINE, without importing inspect.
+# inspect.CO_COROUTINE, types.CoroutineType and types.ModuleType, without importing them.
 _CO_COROUTINE = 0x80
+_ModuleType = type(sys)
+
+
+async def _probe():
+    pass
+
+
+_coroutine = _probe()
+_CoroutineType = type(_coroutine)
+_coroutine.close()
+del _probe, _coroutine
 
 
 def _loop():
@@ -481,12 +602,12 @@ def _execute(req):
     rid = req["id"]
     code = req.get("code", "")
     name = _cell_name(n)
-    linecache.cache[name] = (len(code), None, code.splitlines(True), name)
+    _remember_cell(name, code)
     _stdout.reset()
     _stderr.reset()
     _state.request = rid
     _state.interrupt_pending = False
-    _executing.set()
+    _idle.release()
     status = "ok"
     old_out, old_err = sys.stdout, sys.stderr
     sys.stdout, sys.stderr = _stdout, _stderr
@@ -503,7 +624,7 @@ def _execute(req):
                     raise KeyboardInterrupt
                 _run(body)
                 value = _run(expr) if expr is not None else None
-                if isinstance(value, types.CoroutineType):
+                if isinstance(value, _CoroutineType):
                     value = _loop().run_until_complete(value)
                 _state.running_user_code = False
                 _flush_streams()
@@ -536,7 +657,7 @@ def _execute(req):
                     pass
     finally:
         _state.running_user_code = False
-        _executing.clear()
+        _idle.acquire()
         sys.stdout, sys.stderr = old_out, old_err
         _flush_streams()
         _state.request = None
@@ -596,7 +717,7 @@ def _user_names():
         for k, v in _user.items()
         if not k.startswith("_")
         and k not in _KERNEL_NAMES
-        and not isinstance(v, types.ModuleType)
+        and not isinstance(v, _ModuleType)
     )
 
 
@@ -645,6 +766,8 @@ def _get_vars(req):
 
 
 def _valid_name(name):
+    import keyword
+
     return isinstance(name, str) and name.isidentifier() and not keyword.iskeyword(name)
 
 
@@ -704,7 +827,7 @@ def _serve():
         if not line:
             return
         try:
-            req = json.loads(line)
+            req = _json_loads(line)
         except ValueError as e:
             _emit({"type": "reply", "id": None, "error": "bad request: %s" % e})
             continue

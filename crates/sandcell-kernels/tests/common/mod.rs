@@ -150,6 +150,13 @@ impl Kernel {
         id
     }
 
+    /// Writes bytes to the control pipe as they are (for malformed requests).
+    pub fn send_raw(&mut self, bytes: &[u8]) {
+        let ctl = self.ctl.as_mut().expect("control pipe open");
+        ctl.write_all(bytes).expect("write request");
+        ctl.flush().expect("flush");
+    }
+
     /// Runs code and returns every event up to and including `done`.
     pub fn execute(&mut self, code: &str) -> Vec<Value> {
         let id = self.send(json!({"op": "execute", "code": code}));

@@ -121,3 +121,88 @@ fn completeness_and_variables() {
     let r = k.call(json!({"op": "list_vars"}));
     assert_eq!(r["variables"], json!([]));
 }
+
+#[test]
+fn tracebacks_show_lines_of_earlier_cells() {
+    // linecache is imported only when needed; the cells run before it still show.
+    let mut k = Kernel::start(Python);
+    k.execute("def inner():\n    raise ValueError('deep')");
+    k.execute("def outer():\n    return inner()");
+    let ev = k.execute(
+        "import traceback\ntry:\n    outer()\nexcept ValueError:\n    traceback.print_exc()",
+    );
+    let err = stream(&ev, "stderr");
+    for line in [
+        "return inner()",
+        "raise ValueError('deep')",
+        "<cell 1>",
+        "<cell 2>",
+    ] {
+        assert!(err.contains(line), "{line} missing: {err}");
+    }
+    let ev = k.execute("outer()");
+    let tb = of_type(&ev, "error")[0]["traceback"].to_string();
+    assert!(tb.contains("raise ValueError('deep')"), "{tb}");
+}
+
+#[test]
+fn site_work_runs_when_an_import_first_misses() {
+    // The kernel starts without `site`: its directories are on sys.path at once, and the
+    // rest (user site-packages, .pth files) comes the first time an import finds nothing.
+    let base = tempfile::tempdir().unwrap();
+    let base_str = base.path().to_str().unwrap();
+    let mut k = Kernel::start_with(Python, &[("PYTHONUSERBASE", base_str)]);
+    let ev = k.execute("import sys\n(sys.flags.no_site, any(p.endswith('dist-packages') for p in sys.path), 'site' in sys.modules)");
+    assert_eq!(result_text(&ev).as_deref(), Some("(1, True, True)"));
+    // A user site made after start-up, with a module and a .pth file pointing elsewhere.
+    let site = base.path().join("lib/python3.11/site-packages");
+    let extra = base.path().join("extra");
+    std::fs::create_dir_all(&site).unwrap();
+    std::fs::create_dir_all(&extra).unwrap();
+    std::fs::write(site.join("late_mod.py"), "X = 7\n").unwrap();
+    std::fs::write(extra.join("from_pth.py"), "Y = 8\n").unwrap();
+    std::fs::write(site.join("extra.pth"), format!("{}\n", extra.display())).unwrap();
+    let ev = k.execute("import late_mod, from_pth\nlate_mod.X + from_pth.Y");
+    assert_eq!(result_text(&ev).as_deref(), Some("15"), "{ev:?}");
+    // A module that exists nowhere still fails plainly.
+    let ev = k.execute("import no_such_module_anywhere");
+    assert_eq!(of_type(&ev, "error")[0]["ename"], "ModuleNotFoundError");
+}
+
+#[test]
+fn events_and_requests_carry_any_value() {
+    let mut k = Kernel::start(Python);
+    // Non-ASCII, escapes, big and odd numbers, values JSON cannot hold (sent as their repr).
+    let ev = k.execute("print('é漢字 \"q\" \\\\ \\t end')\ndisplay({'nan': float('nan'), 'big': 2**70, 'set': {1}})\n'ok'");
+    assert_eq!(stream(&ev, "stdout"), "é漢字 \"q\" \\ \t end\n");
+    let shown = of_type(&ev, "display")[0]["data"]["text/plain"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(
+        shown.contains("nan") && shown.contains("1180591620717411303424"),
+        "{shown}"
+    );
+    let r = k.call(json!({"op": "set_vars", "values": {"u": "\u{1F600} \u{0007}", "n": -1.5e300}}));
+    assert_eq!(r["set"], json!(["n", "u"]));
+    let v = k.call(json!({"op": "get_vars", "names": ["u", "n"]}));
+    assert_eq!(v["values"]["u"], "\u{1F600} \u{0007}");
+    assert_eq!(v["values"]["n"], -1.5e300);
+    // A request that is not JSON gets an error reply and the kernel keeps serving.
+    k.send_raw(b"{not json\n");
+    let reply = k.next_event();
+    assert_eq!(reply["type"], "reply");
+    assert!(
+        reply["error"].as_str().unwrap().contains("bad request"),
+        "{reply}"
+    );
+    assert_eq!(result_text(&k.execute("1 + 1")).as_deref(), Some("2"));
+}
+
+#[test]
+fn start_up_imports_stay_light() {
+    // What makes a cold start slow must not creep back: these are imported only on use.
+    let mut k = Kernel::start(Python);
+    let ev = k.execute("import sys\nsorted(m for m in ('json', 're', 'enum', 'functools', 'collections', 'threading', 'signal', 'linecache', 'asyncio') if m in sys.modules)");
+    assert_eq!(result_text(&ev).as_deref(), Some("[]"), "{ev:?}");
+}

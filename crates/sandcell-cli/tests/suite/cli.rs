@@ -230,3 +230,103 @@ fn repl_saves_images_and_prints_their_paths() {
     assert!(out.contains(&path.display().to_string()), "{out}");
     assert!(std::fs::read(&path).unwrap().starts_with(b"\x89PNG"));
 }
+
+/// Drives `sandcell repl` on a real terminal (a pty from Python's `pty.fork`, whose Ctrl-C
+/// reaches the repl as a terminal's does), key by key: each step sends keys and waits for a
+/// text to appear a number of times in all. Prints the transcript; exits 1 on a timeout.
+const TERMINAL_DRIVER: &str = r#"
+import json, os, pty, select, sys, time
+binary, home, steps = sys.argv[1], sys.argv[2], json.loads(sys.argv[3])
+pid, fd = pty.fork()
+if pid == 0:
+    os.environ.update(TERM="xterm", SANDCELL_HOME=home)
+    os.execv(binary, [binary, "repl", "--lang", "python"])
+out = b""
+for keys, text, count in steps:
+    # Line editing switches the terminal mode after showing its prompt, dropping keys that
+    # came before: give it a moment, as a person would.
+    time.sleep(0.2)
+    os.write(fd, keys.encode())
+    deadline = time.time() + 30
+    while out.count(text.encode()) < count:
+        if time.time() > deadline:
+            print(out.decode(errors="replace"))
+            print("TIMEOUT waiting for %r x%d" % (text, count))
+            sys.exit(1)
+        if select.select([fd], [], [], 0.05)[0]:
+            try:
+                out += os.read(fd, 65536)
+            except OSError:
+                break
+deadline = time.time() + 30
+while True:
+    done, status = os.waitpid(pid, os.WNOHANG)
+    if done:
+        break
+    if time.time() > deadline:
+        os.kill(pid, 9)
+        print(out.decode(errors="replace"))
+        print("TIMEOUT waiting for the repl to exit")
+        sys.exit(1)
+    time.sleep(0.05)
+print(out.decode(errors="replace"))
+print("EXIT %d" % os.waitstatus_to_exitcode(status))
+"#;
+
+fn terminal(home: &std::path::Path, steps: serde_json::Value) -> String {
+    let out = Command::new("/usr/bin/python3")
+        .args(["-c", TERMINAL_DRIVER, BIN])
+        .arg(home)
+        .arg(steps.to_string())
+        .output()
+        .unwrap();
+    let transcript = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(out.status.success(), "{transcript}");
+    transcript
+}
+
+#[test]
+fn repl_on_a_terminal_interrupts_with_ctrl_c_and_keeps_history() {
+    let home = tempfile::tempdir().unwrap();
+    let t = terminal(
+        home.path(),
+        serde_json::json!([
+            ["", ">>> ", 1],
+            ["x = 41\r", ">>> ", 2],
+            ["while True:\r", "... ", 1],
+            [
+                "    print('spinning', flush=True) or __import__('time').sleep(0.05)\r",
+                "... ",
+                2
+            ],
+            ["\r", "spinning", 2],
+            // Ctrl-C interrupts the running cell; the state stays.
+            ["\u{3}", "KeyboardInterrupt", 1],
+            ["", ">>> ", 3],
+            ["x + 1\r", "42", 1],
+            ["", ">>> ", 4],
+            ["\u{4}", "", 0],
+        ]),
+    );
+    assert!(t.contains("EXIT 0"), "{t}");
+    let history = std::fs::read_to_string(home.path().join("repl-history-python")).unwrap();
+    assert!(
+        history.contains("x = 41") && history.contains("x + 1"),
+        "{history}"
+    );
+    // The next session starts with that history: two up-arrows recall `x + 1` (the newest
+    // entry is this session's `x = 1`).
+    let t = terminal(
+        home.path(),
+        serde_json::json!([
+            ["", ">>> ", 1],
+            ["x = 1\r", ">>> ", 2],
+            ["\u{1b}[A", "x = 1", 2],
+            ["\u{1b}[A", "x + 1", 1],
+            ["\r", "2\r\n", 1],
+            ["", ">>> ", 3],
+            ["\u{4}", "", 0],
+        ]),
+    );
+    assert!(t.contains("EXIT 0"), "{t}");
+}

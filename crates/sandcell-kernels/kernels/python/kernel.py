@@ -690,18 +690,30 @@ def _send_error(exc, ename=None):
 
 
 def _is_complete(req):
+    """Like Python's own prompt: a compound statement is complete only after a blank line,
+    so more lines can be added to its block. Several statements at once (pasted) are
+    complete when they compile."""
     import codeop
 
     code = req.get("code", "")
+    # Lines as the prompt joins them: without the newline that ends the last one (a blank
+    # last line then shows as a trailing newline).
+    lines = code[:-1] if code.endswith("\n") else code
     try:
-        compiled = codeop.compile_command(code, "<input>", "exec")
+        compiled = codeop.compile_command(lines, "<input>", "single")
     except (SyntaxError, OverflowError, ValueError):
-        # An `await` outside a function is fine for us even if codeop refuses it.
+        compiled = False
+    if compiled is False:
+        # More than one statement, or `await` at the top level (fine for us, not for
+        # codeop): complete if it compiles as a whole.
         try:
-            compile(code, "<input>", "exec", flags=_ast.PyCF_ONLY_AST, dont_inherit=True)
+            compile(code, "<input>", "exec", flags=_ast.PyCF_ONLY_AST | _ast.PyCF_ALLOW_TOP_LEVEL_AWAIT, dont_inherit=True)
             return {"status": "complete"}
         except SyntaxError:
-            return {"status": "invalid"}
+            try:
+                compiled = codeop.compile_command(code, "<input>", "exec")
+            except (SyntaxError, OverflowError, ValueError):
+                return {"status": "invalid"}
     if compiled is None:
         last = code.rstrip("\n").split("\n")[-1] if code.strip() else ""
         indent = last[: len(last) - len(last.lstrip())]

@@ -105,6 +105,20 @@ fn completeness_and_variables() {
     assert_eq!(c(&mut k, "x = 1\n"), "complete");
     assert_eq!(c(&mut k, "x = )\n"), "invalid");
     assert_eq!(c(&mut k, "await f()\n"), "complete");
+    // Like Python's prompt: a block ends with a blank line, so it can have more lines.
+    assert_eq!(
+        c(&mut k, "for i in range(3):\n    print(i)\n"),
+        "incomplete"
+    );
+    assert_eq!(
+        c(&mut k, "for i in range(3):\n    print(i)\n\n"),
+        "complete"
+    );
+    assert_eq!(c(&mut k, "if x:\n    pass\nelse:\n"), "incomplete");
+    assert_eq!(c(&mut k, "x = (1,\n"), "incomplete");
+    // Several statements at once (pasted) run when they compile.
+    assert_eq!(c(&mut k, "x = 1\ny = 2\n"), "complete");
+    assert_eq!(c(&mut k, "x = 1\nawait f()\n"), "complete");
     k.execute("a = [1, 2]\nt = (1,)\ns = {1}\nimport os\ndef f(): pass");
     let v = k.call(json!({"op": "get_vars", "names": null}));
     assert_eq!(v["values"]["a"], json!([1, 2]));

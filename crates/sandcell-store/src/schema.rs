@@ -1,0 +1,123 @@
+//! Versioned schema migrations.
+//!
+//! The schema version is SQLite's `user_version`. Every step has a `down` so an upgrade can be
+//! rolled back; steps are never edited once released, only appended.
+//!
+//! Tables are STRICT (SQLite enforces the declared column types) and JSON columns are checked
+//! with `json_valid`, so a bug cannot store text that a later read would call corrupt.
+
+use rusqlite_migration::{M, Migrations};
+
+/// Step 1: sandboxes and their state history.
+///
+/// `sandbox_events.sandbox_id` deliberately has no foreign key: history must survive the
+/// sandbox row's deletion, and a foreign key without `ON DELETE CASCADE` would make that
+/// deletion fail instead. `AUTOINCREMENT` keeps event ids increasing even after deletions, so
+/// ordering by id is ordering by commit.
+const V1_SANDBOXES: &str = r#"
+CREATE TABLE sandboxes (
+    id              TEXT    NOT NULL PRIMARY KEY,
+    owner           TEXT    NOT NULL,
+    state           TEXT    NOT NULL,
+    reason          TEXT,
+    spec            TEXT    NOT NULL CHECK (json_valid(spec)),
+    labels          TEXT    NOT NULL DEFAULT '{}' CHECK (json_valid(labels)),
+    metadata        TEXT    NOT NULL DEFAULT '{}' CHECK (json_valid(metadata)),
+    created_at      INTEGER NOT NULL,
+    updated_at      INTEGER NOT NULL,
+    last_active_at  INTEGER NOT NULL,
+    idle_timeout_ms INTEGER CHECK (idle_timeout_ms >= 0),
+    expires_at      INTEGER,
+    ephemeral       INTEGER NOT NULL DEFAULT 0 CHECK (ephemeral IN (0, 1)),
+    runtime         TEXT    NOT NULL DEFAULT 'null' CHECK (json_valid(runtime))
+) STRICT;
+-- Listing order and cursor seeks, with and without an owner filter.
+CREATE INDEX sandboxes_by_created ON sandboxes (created_at, id);
+CREATE INDEX sandboxes_by_owner ON sandboxes (owner, created_at, id);
+-- Counting per owner and state (caps), and the GC/restart scans by state.
+CREATE INDEX sandboxes_by_state ON sandboxes (state, owner);
+
+CREATE TABLE sandbox_events (
+    id         INTEGER NOT NULL PRIMARY KEY AUTOINCREMENT,
+    sandbox_id TEXT    NOT NULL,
+    at         INTEGER NOT NULL,
+    from_state TEXT    NOT NULL,
+    to_state   TEXT    NOT NULL,
+    reason     TEXT
+) STRICT;
+CREATE INDEX sandbox_events_by_sandbox ON sandbox_events (sandbox_id, id);
+"#;
+
+const V1_DOWN: &str = r#"
+DROP TABLE sandbox_events;
+DROP TABLE sandboxes;
+"#;
+
+/// Step 2: API keys; only the secret's hash is stored.
+const V2_API_KEYS: &str = r#"
+CREATE TABLE api_keys (
+    id           TEXT    NOT NULL PRIMARY KEY,
+    owner        TEXT    NOT NULL,
+    name         TEXT    NOT NULL,
+    hash         TEXT    NOT NULL UNIQUE,
+    prefix       TEXT    NOT NULL,
+    admin        INTEGER NOT NULL DEFAULT 0 CHECK (admin IN (0, 1)),
+    created_at   INTEGER NOT NULL,
+    last_used_at INTEGER,
+    revoked_at   INTEGER
+) STRICT;
+CREATE INDEX api_keys_by_owner ON api_keys (owner, created_at, id);
+"#;
+
+const V2_DOWN: &str = "DROP TABLE api_keys;";
+
+/// Step 3: exports. No foreign key to `sandboxes`: an export is kept after its sandbox is gone.
+const V3_EXPORTS: &str = r#"
+CREATE TABLE exports (
+    id          TEXT    NOT NULL PRIMARY KEY,
+    owner       TEXT    NOT NULL,
+    sandbox_id  TEXT    NOT NULL,
+    path        TEXT    NOT NULL,
+    kind        TEXT    NOT NULL CHECK (kind IN ('file', 'dir')),
+    created_at  INTEGER NOT NULL,
+    size        INTEGER CHECK (size >= 0),
+    sha256      TEXT,
+    stored_path TEXT
+) STRICT;
+CREATE INDEX exports_by_owner ON exports (owner, created_at, id);
+CREATE INDEX exports_by_sandbox ON exports (sandbox_id, created_at, id);
+"#;
+
+const V3_DOWN: &str = "DROP TABLE exports;";
+
+/// Step 4: the audit log.
+const V4_AUDIT: &str = r#"
+CREATE TABLE audit_events (
+    id         INTEGER NOT NULL PRIMARY KEY AUTOINCREMENT,
+    at         INTEGER NOT NULL,
+    owner      TEXT,
+    key_id     TEXT,
+    action     TEXT    NOT NULL,
+    target     TEXT,
+    detail     TEXT CHECK (detail IS NULL OR json_valid(detail)),
+    request_id TEXT
+) STRICT;
+CREATE INDEX audit_events_by_owner ON audit_events (owner, id);
+"#;
+
+const V4_DOWN: &str = "DROP TABLE audit_events;";
+
+const STEPS: &[M<'static>] = &[
+    M::up(V1_SANDBOXES).down(V1_DOWN),
+    M::up(V2_API_KEYS).down(V2_DOWN),
+    M::up(V3_EXPORTS).down(V3_DOWN),
+    M::up(V4_AUDIT).down(V4_DOWN),
+];
+
+/// The store's migrations, oldest first; version N is the schema after step N.
+pub fn migrations() -> Migrations<'static> {
+    Migrations::from_slice(STEPS)
+}
+
+/// The schema version this build migrates to.
+pub const LATEST_SCHEMA_VERSION: usize = STEPS.len();

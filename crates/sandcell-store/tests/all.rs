@@ -1,0 +1,2 @@
+//! Integration tests of the metadata store, on real SQLite files in temporary directories.
+mod suite;

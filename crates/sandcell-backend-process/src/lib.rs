@@ -6,6 +6,7 @@
 //! launcher's `Launched` report the same socket carries the guest protocol.
 
 use std::os::fd::OwnedFd;
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -80,6 +81,10 @@ pub struct ProcessBackendConfig {
     pub runtime_dir: PathBuf,
     /// Let the launcher and agent write diagnostics to this process's stderr.
     pub debug: bool,
+    /// Give each agent a listening socket under `<runtime_dir>/agents`, so that sandboxes
+    /// outlive this process and a later one can [`Backend::reattach`] to them (the daemon);
+    /// off, a sandbox ends when its host connection does (one-shot runs).
+    pub agent_sockets: bool,
 }
 
 /// `$SANDCELL_RUNTIME_DIR`, else `/run/sandcell` as root, else `$XDG_RUNTIME_DIR/sandcell`,
@@ -113,6 +118,7 @@ impl ProcessBackendConfig {
             landlock: true,
             runtime_dir: default_runtime_dir(),
             debug: std::env::var_os("SANDCELL_DEBUG").is_some(),
+            agent_sockets: false,
         }
     }
 }
@@ -324,8 +330,69 @@ impl ProcessBackend {
             outside_gid,
             cgroup_parent: self.config.cgroup_parent.clone(),
             landlock: self.config.landlock,
+            agent_socket: self.agent_socket(id)?.map(|p| p.display().to_string()),
         })
     }
+
+    /// Where sandbox `id`'s agent listens, when agents listen (its directory is created).
+    fn agent_socket(&self, id: &str) -> Result<Option<PathBuf>, EngineError> {
+        if !self.config.agent_sockets {
+            return Ok(None);
+        }
+        let dir = self.config.runtime_dir.join("agents");
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| EngineError::io(format!("create {}", dir.display()), e))?;
+        Ok(Some(dir.join(format!("{id}.sock"))))
+    }
+}
+
+/// What a restarted service needs to reach a sandbox again, or to end what is left of it.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+struct RuntimeRecord {
+    /// The sandbox's PID 1 on the host.
+    host_pid: i32,
+    /// Its start time (clock ticks after boot), telling it from a later process with the
+    /// same pid.
+    start_time: Option<u64>,
+    /// Where its agent listens.
+    agent_socket: Option<PathBuf>,
+    /// Its cgroup.
+    cgroup: Option<serde_json::Value>,
+    /// The isolation it got from the launcher (the agent adds its own at the handshake).
+    isolation: sandcell_protocol::IsolationReport,
+}
+
+impl RuntimeRecord {
+    fn parse(v: &serde_json::Value) -> Result<Self, String> {
+        serde_json::from_value(v.clone()).map_err(|e| format!("unreadable runtime record: {e}"))
+    }
+
+    /// A pidfd on the sandbox's PID 1 if it is still the same process.
+    fn pidfd(&self) -> Result<OwnedFd, String> {
+        let pid =
+            Pid::from_raw(self.host_pid).ok_or_else(|| format!("bad pid {}", self.host_pid))?;
+        let fd = pidfd_open(pid, PidfdFlags::empty())
+            .map_err(|e| format!("its process {} is gone ({e})", self.host_pid))?;
+        // Opened first, compared second: the pidfd pins the process the comparison is about.
+        if self.start_time.is_some() && process_start_time(self.host_pid) != self.start_time {
+            return Err(format!(
+                "its process {} is gone (the pid belongs to another process now)",
+                self.host_pid
+            ));
+        }
+        Ok(fd)
+    }
+}
+
+/// Field 22 of /proc/<pid>/stat: when the process started, in clock ticks after boot.
+fn process_start_time(pid: i32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces and parentheses; it ends at the last ')'.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    rest.split(' ').nth(19)?.parse().ok()
 }
 
 /// The hostname inside every sandbox.
@@ -459,6 +526,13 @@ impl Backend for ProcessBackend {
                 e.into(),
             )
         })?;
+        let runtime = RuntimeRecord {
+            host_pid,
+            start_time: process_start_time(host_pid),
+            agent_socket: self.agent_socket(id)?,
+            cgroup: cgroup.clone(),
+            isolation: isolation.clone(),
+        };
         let cgroup = cgroup.and_then(|record| SandboxCgroup::from_record(record).ok());
         let instance = ProcessInstance {
             host_pid,
@@ -466,12 +540,96 @@ impl Backend for ProcessBackend {
             cgroup,
             launcher,
             destroyed: AtomicBool::new(false),
+            detached: AtomicBool::new(false),
+            runtime,
         };
         Ok(LaunchedSandbox {
             stream,
             instance: Box::new(instance),
             isolation,
         })
+    }
+
+    async fn reattach(
+        &self,
+        id: &str,
+        runtime: &serde_json::Value,
+    ) -> Result<LaunchedSandbox, EngineError> {
+        let fail = |message: String| EngineError::Launch {
+            stage: "reattach".into(),
+            message,
+        };
+        let record = RuntimeRecord::parse(runtime).map_err(fail)?;
+        let socket = record
+            .agent_socket
+            .clone()
+            .ok_or_else(|| fail(format!("sandbox {id} was started without an agent socket")))?;
+        let pidfd = record.pidfd().map_err(fail)?;
+        let stream = tokio::time::timeout(LAUNCH_TIMEOUT, UnixStream::connect(&socket))
+            .await
+            .map_err(|_| fail(format!("its agent did not answer on {}", socket.display())))?
+            .map_err(|e| {
+                fail(format!(
+                    "its agent is not listening on {} ({e})",
+                    socket.display()
+                ))
+            })?;
+        let cgroup = record
+            .cgroup
+            .clone()
+            .and_then(|r| SandboxCgroup::from_record(r).ok());
+        let instance = ProcessInstance {
+            host_pid: record.host_pid,
+            pidfd,
+            cgroup,
+            // Not our child: init reaps it.
+            launcher: Launcher(0),
+            destroyed: AtomicBool::new(false),
+            detached: AtomicBool::new(false),
+            runtime: record.clone(),
+        };
+        Ok(LaunchedSandbox {
+            stream,
+            instance: Box::new(instance),
+            isolation: record.isolation,
+        })
+    }
+
+    fn kill_orphan(&self, runtime: &serde_json::Value) -> String {
+        let record = match RuntimeRecord::parse(runtime) {
+            Ok(r) => r,
+            Err(e) => return e,
+        };
+        let mut found = Vec::new();
+        if let Ok(fd) = record.pidfd() {
+            let _ = pidfd_send_signal(&fd, Signal::KILL);
+            found.push(format!("killed its processes (pid {})", record.host_pid));
+        }
+        if let Some(cg) = record
+            .cgroup
+            .and_then(|r| SandboxCgroup::from_record(r).ok())
+        {
+            // Stragglers outside the pid namespace's reach, then the cgroup itself (its
+            // launcher normally removes it, but that launcher may be gone too).
+            let _ = cg.kill_all();
+            for _ in 0..50 {
+                if cg.remove().is_ok() {
+                    found.push("removed its cgroup".into());
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(20));
+            }
+        }
+        if let Some(path) = record.agent_socket
+            && std::fs::remove_file(&path).is_ok()
+        {
+            found.push("removed its socket".into());
+        }
+        if found.is_empty() {
+            "nothing of it was left".into()
+        } else {
+            found.join(", ")
+        }
     }
 }
 
@@ -590,10 +748,16 @@ struct ProcessInstance {
     cgroup: Option<SandboxCgroup>,
     launcher: Launcher,
     destroyed: AtomicBool,
+    /// Left running for a later process to reattach (not killed on drop).
+    detached: AtomicBool,
+    runtime: RuntimeRecord,
 }
 
 impl Drop for ProcessInstance {
     fn drop(&mut self) {
+        if self.detached.load(Ordering::SeqCst) {
+            return;
+        }
         if !self.destroyed.load(Ordering::SeqCst) {
             self.kill();
         }
@@ -629,6 +793,17 @@ impl BackendInstance for ProcessInstance {
         Some(self.host_pid)
     }
 
+    fn runtime(&self) -> serde_json::Value {
+        if self.runtime.agent_socket.is_none() {
+            return serde_json::Value::Null;
+        }
+        serde_json::to_value(&self.runtime).unwrap_or(serde_json::Value::Null)
+    }
+
+    fn detach(&self) {
+        self.detached.store(true, Ordering::SeqCst);
+    }
+
     fn kill(&self) {
         self.destroyed.store(true, Ordering::SeqCst);
         // Killing PID 1 of the pid namespace makes the kernel kill every process in it.
@@ -658,6 +833,9 @@ impl BackendInstance for ProcessInstance {
         match waited {
             Ok(n) if n > 0 => {
                 self.launcher.reap_later();
+                if let Some(path) = &self.runtime.agent_socket {
+                    let _ = std::fs::remove_file(path);
+                }
                 Ok(())
             }
             Ok(_) => Err(EngineError::Unresponsive(format!(

@@ -7,6 +7,8 @@ use clap::{Parser, Subcommand};
 use sandcell_backend_process::{ProcessBackend, ProcessBackendConfig};
 use sandcell_engine::Engine;
 
+use crate::client::{self, ClientArgs};
+use crate::daemon;
 use crate::{bench, doctor, repl, run};
 
 /// Stateful, isolated sandboxes for AI agents.
@@ -27,6 +29,51 @@ enum Command {
     Doctor(doctor::DoctorArgs),
     /// Measure Sandcell against the alternatives, side by side in one run.
     Bench(bench::BenchArgs),
+    /// Run the daemon: the REST API (and docs at /docs) on 127.0.0.1:7070.
+    Serve(daemon::ServeArgs),
+    /// Write a commented config file with every default.
+    Init(daemon::InitArgs),
+    /// The daemon's settings.
+    #[command(subcommand)]
+    Config(daemon::ConfigCommand),
+    /// API keys of the daemon.
+    #[command(subcommand)]
+    Key(daemon::KeyCommand),
+    /// Sandboxes of the running daemon.
+    Sandbox {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[command(subcommand)]
+        command: client::SandboxCommand,
+    },
+    /// Run a command in a sandbox of the running daemon.
+    Exec {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[command(flatten)]
+        args: client::ExecArgs,
+    },
+    /// Run code in a kernel of a sandbox of the running daemon.
+    Code {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[command(flatten)]
+        args: client::CodeArgs,
+    },
+    /// Files of a sandbox of the running daemon.
+    Files {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[command(subcommand)]
+        command: client::FilesCommand,
+    },
+    /// Processes of a sandbox of the running daemon.
+    Ps {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[command(flatten)]
+        args: client::PsArgs,
+    },
 }
 
 /// Parses the arguments and runs the command; errors print as `sandcell: …` (exit 125).
@@ -42,6 +89,32 @@ pub fn main() -> ExitCode {
 }
 
 fn run_command(command: Command) -> anyhow::Result<ExitCode> {
+    let client_rt = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("start the async runtime")
+    };
+    let command = match command {
+        Command::Serve(args) => return daemon::serve(args).map(|()| ExitCode::SUCCESS),
+        Command::Init(args) => return daemon::init(args).map(|()| ExitCode::SUCCESS),
+        Command::Config(cmd) => return daemon::config_command(cmd).map(|()| ExitCode::SUCCESS),
+        Command::Key(cmd) => return daemon::key_command(cmd).map(|()| ExitCode::SUCCESS),
+        Command::Sandbox { client, command } => {
+            return client_rt()?.block_on(client::sandbox(&client, command));
+        }
+        Command::Exec { client, args } => {
+            return client_rt()?.block_on(client::exec(&client, args));
+        }
+        Command::Code { client, args } => {
+            return client_rt()?.block_on(client::code(&client, args));
+        }
+        Command::Files { client, command } => {
+            return client_rt()?.block_on(client::files(&client, command));
+        }
+        Command::Ps { client, args } => return client_rt()?.block_on(client::ps(&client, args)),
+        other => other,
+    };
     // `run` forks its launcher before the async runtime exists (see ProcessBackend::prefork).
     let one_shot = match &command {
         Command::Run(args) => Some(run::prepare(args)?),
@@ -66,6 +139,7 @@ fn run_command(command: Command) -> anyhow::Result<ExitCode> {
             (Command::Repl(args), _) => repl::repl(args, engine).await,
             (Command::Doctor(args), _) => doctor::doctor(args, engine).await,
             (Command::Bench(args), _) => bench::bench(args, engine).await,
+            (_, _) => anyhow::bail!("this command runs without the embedded engine"),
         }
     })
 }

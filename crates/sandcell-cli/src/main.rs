@@ -5,6 +5,8 @@ use std::process::ExitCode;
 
 mod bench;
 mod cli;
+mod client;
+mod daemon;
 mod doctor;
 mod options;
 mod render;
@@ -24,8 +26,11 @@ fn jail() -> ExitCode {
     let code = match sandcell_jail::launch::run() {
         Outcome::Exit(code) => code,
         Outcome::Sandbox {
-            socket, isolation, ..
-        } => serve_guest(socket, isolation),
+            socket,
+            isolation,
+            listener,
+            ..
+        } => serve_guest_with(socket, isolation, listener),
     };
     ExitCode::from(u8::try_from(code).unwrap_or(1))
 }
@@ -35,9 +40,19 @@ pub fn serve_guest(
     socket: std::os::unix::net::UnixStream,
     isolation: sandcell_protocol::IsolationReport,
 ) -> i32 {
+    serve_guest_with(socket, isolation, None)
+}
+
+/// As [`serve_guest`], listening on `listener` for the host to come back when it was given.
+fn serve_guest_with(
+    socket: std::os::unix::net::UnixStream,
+    isolation: sandcell_protocol::IsolationReport,
+    listener: Option<std::os::unix::net::UnixListener>,
+) -> i32 {
     let config = sandcell_guest::GuestConfig {
         isolation,
         pid1: true,
+        listener: listener.map(std::sync::Arc::new),
         ..Default::default()
     };
     match sandcell_guest::serve(socket, config) {

@@ -106,3 +106,48 @@ pub fn exit_status(done: &CodeDone) -> u8 {
         CodeStatus::Crashed => 137,
     }
 }
+
+/// Rows under headers, columns padded to their widest cell (the last one is not padded).
+pub fn table(headers: &[&str], rows: &[Vec<String>]) -> String {
+    let mut widths: Vec<usize> = headers.iter().map(|h| h.chars().count()).collect();
+    for row in rows {
+        for (i, cell) in row.iter().enumerate() {
+            if let Some(w) = widths.get_mut(i) {
+                *w = (*w).max(cell.chars().count());
+            }
+        }
+    }
+    let line = |cells: Vec<&str>| {
+        let mut out = String::new();
+        for (i, cell) in cells.iter().enumerate() {
+            if i + 1 == cells.len() {
+                out.push_str(cell);
+            } else {
+                let pad = widths[i].saturating_sub(cell.chars().count());
+                out.push_str(cell);
+                out.push_str(&" ".repeat(pad + 2));
+            }
+        }
+        out.trim_end().to_string() + "\n"
+    };
+    let mut out = line(headers.to_vec());
+    for row in rows {
+        out.push_str(&line(row.iter().map(String::as_str).collect()));
+    }
+    out
+}
+
+#[cfg(test)]
+mod table_tests {
+    #[test]
+    fn columns_line_up() {
+        let t = super::table(
+            &["ID", "STATE"],
+            &[
+                vec!["sb-1".into(), "running".into()],
+                vec!["sb-22222".into(), "stopped".into()],
+            ],
+        );
+        assert_eq!(t, "ID        STATE\nsb-1      running\nsb-22222  stopped\n");
+    }
+}

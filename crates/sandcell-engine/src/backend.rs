@@ -56,6 +56,28 @@ pub trait Backend: Send + Sync {
     fn capabilities(&self) -> BackendCapabilities;
     /// Starts a sandbox running the guest agent.
     async fn launch(&self, id: &str, spec: &SandboxSpec) -> Result<LaunchedSandbox, EngineError>;
+    /// Reaches a sandbox a previous process launched, from its [`BackendInstance::runtime`]
+    /// record (after a restart of the service). The stream still needs a handshake.
+    async fn reattach(
+        &self,
+        id: &str,
+        runtime: &serde_json::Value,
+    ) -> Result<LaunchedSandbox, EngineError> {
+        let _ = runtime;
+        Err(EngineError::Launch {
+            stage: "reattach".into(),
+            message: format!(
+                "the {} backend cannot reach sandbox {id} again",
+                self.kind().as_str()
+            ),
+        })
+    }
+    /// Ends whatever is left of a sandbox that cannot be reattached, from its runtime
+    /// record, so that nothing is orphaned; returns what it found.
+    fn kill_orphan(&self, runtime: &serde_json::Value) -> String {
+        let _ = runtime;
+        "nothing to end".into()
+    }
 }
 
 /// One running sandbox, as its backend sees it.
@@ -77,4 +99,12 @@ pub trait BackendInstance: Send + Sync {
     async fn destroy(&self) -> Result<(), EngineError>;
     /// Starts killing everything in the sandbox and returns at once.
     fn kill(&self);
+    /// What another process needs to reach this sandbox again (see [`Backend::reattach`]);
+    /// `Null` when it cannot.
+    fn runtime(&self) -> serde_json::Value {
+        serde_json::Value::Null
+    }
+    /// Lets the sandbox outlive this handle: dropping it no longer kills it (for a service
+    /// that stops and will reattach on its next start).
+    fn detach(&self) {}
 }

@@ -86,6 +86,11 @@ impl Call {
             .unwrap_or_else(|| Reply::Closed("connection closed".into()))
     }
 
+    /// A reply that has already arrived, if any (never waits).
+    pub fn try_next(&mut self) -> Option<Reply> {
+        self.rx.try_recv().ok()
+    }
+
     /// The next reply, or `None` if none comes within `limit` (no limit: waits).
     pub async fn next_within(&mut self, limit: Option<Duration>) -> Option<Reply> {
         match limit {
@@ -150,13 +155,20 @@ impl GuestClient {
 
     /// Starts the reader task without a handshake.
     pub fn start(stream: UnixStream) -> Self {
+        Self::start_at(stream, 1)
+    }
+
+    /// As [`Self::start`], numbering requests from `first_id`: a client reattaching to an
+    /// agent starts far from where the previous one was, so that late replies to that one's
+    /// requests match none of its own.
+    pub fn start_at(stream: UnixStream, first_id: u32) -> Self {
         let (read, write) = stream.into_split();
         let pending: Pending = Arc::default();
         let reader = tokio::spawn(read_loop(read, pending.clone()));
         Self {
             writer: Mutex::new(write),
             pending,
-            next_id: AtomicU32::new(1),
+            next_id: AtomicU32::new(first_id.max(1)),
             reader,
         }
     }

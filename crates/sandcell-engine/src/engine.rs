@@ -99,14 +99,50 @@ impl Engine {
         }
     }
 
+    /// Reaches again a sandbox that a previous process created (from the record of
+    /// [`Sandbox::runtime`]) and greets its agent: its kernels and processes are as they were.
+    pub async fn reattach(
+        &self,
+        id: String,
+        spec: SandboxSpec,
+        runtime: &serde_json::Value,
+    ) -> Result<Sandbox, EngineError> {
+        validate_id(&id)?;
+        let backend = self.backend(&spec)?;
+        let start = Instant::now();
+        let launched = backend.reattach(&id, runtime).await?;
+        let launch = Launch {
+            id,
+            spec,
+            client: GuestClient::start_at(launched.stream, reattach_first_id()),
+            instance: launched.instance,
+            isolation: launched.isolation,
+            start,
+            launched_at: start.elapsed(),
+        };
+        let hello = launch.client.send_hello().await;
+        launch.finish_keeping(hello).await
+    }
+
+    /// Ends whatever is left of a sandbox that cannot be reattached; says what it found.
+    pub fn kill_orphan(&self, spec: &SandboxSpec, runtime: &serde_json::Value) -> String {
+        match self.backend(spec) {
+            Ok(b) => b.kill_orphan(runtime),
+            Err(e) => e.to_string(),
+        }
+    }
+
+    fn backend(&self, spec: &SandboxSpec) -> Result<&Arc<dyn Backend>, EngineError> {
+        self.backends
+            .get(&spec.backend)
+            .ok_or_else(|| EngineError::BackendUnavailable(spec.backend.as_str().into()))
+    }
+
     /// Starts the backend's sandbox and the client on its agent's stream.
     async fn launch(&self, id: String, spec: SandboxSpec) -> Result<Launch, EngineError> {
         validate_id(&id)?;
         spec.validate()?;
-        let backend = self
-            .backends
-            .get(&spec.backend)
-            .ok_or_else(|| EngineError::BackendUnavailable(spec.backend.as_str().into()))?;
+        let backend = self.backend(&spec)?;
         let start = Instant::now();
         let launched = backend.launch(&id, &spec).await?;
         let launched_at = start.elapsed();
@@ -151,6 +187,23 @@ impl Launch {
 
     /// Completes the handshake sent on `hello`; on failure the sandbox is destroyed.
     async fn finish(self, hello: Result<Call, EngineError>) -> Result<Sandbox, EngineError> {
+        self.complete(hello, true).await
+    }
+
+    /// As [`Self::finish`], but a failure leaves the sandbox alone (a reattach that failed
+    /// decides itself what to do with it).
+    async fn finish_keeping(
+        self,
+        hello: Result<Call, EngineError>,
+    ) -> Result<Sandbox, EngineError> {
+        self.complete(hello, false).await
+    }
+
+    async fn complete(
+        self,
+        hello: Result<Call, EngineError>,
+        destroy_on_failure: bool,
+    ) -> Result<Sandbox, EngineError> {
         let answered = match hello {
             Ok(call) => GuestClient::await_hello(call, HANDSHAKE_TIMEOUT).await,
             Err(e) => Err(e),
@@ -158,7 +211,11 @@ impl Launch {
         let hello = match answered {
             Ok(hello) => hello,
             Err(e) => {
-                let _ = self.instance.destroy().await;
+                if destroy_on_failure {
+                    let _ = self.instance.destroy().await;
+                } else {
+                    self.instance.detach();
+                }
                 return Err(e);
             }
         };
@@ -199,6 +256,15 @@ fn validate_id(id: &str) -> Result<(), EngineError> {
             "sandbox id '{id}' must be 'sb-' followed by 1 to 64 of a-z, 0-9 and '-'"
         )))
     }
+}
+
+/// Where a reattaching client starts numbering its requests: somewhere in the upper half,
+/// far from the ids a previous client used (which start at 1).
+fn reattach_first_id() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u32(std::process::id());
+    (1u32 << 31) | (h.finish() as u32 & 0x3fff_ffff)
 }
 
 /// A new unique sandbox id: `sb-` and 12 hex digits from the clock, the pid and a counter.

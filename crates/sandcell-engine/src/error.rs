@@ -39,6 +39,20 @@ pub enum EngineError {
     /// The agent did not answer in time.
     #[error("guest agent did not answer: {0}")]
     Unresponsive(String),
+    /// No such sandbox (or one of another owner's, which is the same to the caller).
+    #[error("no {what} '{id}'")]
+    NotFound {
+        /// What was looked for.
+        what: &'static str,
+        /// Its id.
+        id: String,
+    },
+    /// A cap was reached (sandboxes in all or per owner).
+    #[error("{0}")]
+    LimitExceeded(String),
+    /// The service's records could not be read or written.
+    #[error("the sandbox records could not be saved: {0}")]
+    Persistence(String),
     /// A host-side I/O error.
     #[error("{op}: {source}")]
     Io {
@@ -58,6 +72,9 @@ impl EngineError {
             Self::BackendUnavailable(_) => ErrorCode::InvalidArgument,
             Self::Guest(e) => e.code,
             Self::SandboxGone { .. } => ErrorCode::InvalidState,
+            Self::NotFound { .. } => ErrorCode::NotFound,
+            Self::LimitExceeded(_) => ErrorCode::LimitExceeded,
+            Self::Persistence(_) => ErrorCode::Internal,
             Self::Launch { .. } | Self::Connection(_) | Self::Unresponsive(_) | Self::Io { .. } => {
                 ErrorCode::Internal
             }

@@ -9,8 +9,10 @@ pub mod client;
 mod code;
 mod engine;
 pub mod error;
+pub mod fleet;
 mod sandbox;
 pub mod spec;
+mod transfer;
 
 pub use backend::{
     Backend, BackendCapabilities, BackendInstance, LaunchedSandbox, ResourceCounters,
@@ -20,3 +22,4 @@ pub use engine::{Engine, EngineBuilder, new_sandbox_id};
 pub use error::EngineError;
 pub use sandbox::{ExecEvent, ExecOutput, ExecStream, Sandbox, Timings};
 pub use spec::{BackendKind, NetworkPolicy, SandboxLimits, SandboxSpec};
+pub use transfer::{Download, Upload};

@@ -233,6 +233,17 @@ impl Sandbox {
         }
     }
 
+    /// What another process needs to reach this sandbox again ([`crate::Engine::reattach`]);
+    /// `Null` when its backend cannot.
+    pub fn runtime(&self) -> serde_json::Value {
+        self.inner.instance.runtime()
+    }
+
+    /// Lets the sandbox outlive this process: dropping the last handle no longer ends it.
+    pub fn detach(&self) {
+        self.inner.instance.detach();
+    }
+
     /// The sandbox id.
     pub fn id(&self) -> &str {
         &self.inner.id
@@ -393,52 +404,14 @@ impl Sandbox {
         mode: Option<u32>,
         append: bool,
     ) -> Result<FileEntry, EngineError> {
-        self.check_alive()?;
-        let client = &self.inner.client;
-        let msg = HostMessage::WriteFile {
-            path: path.to_string(),
-            mode,
-            append,
-        };
-        let mut call = client.request(&msg).await.map_err(|e| self.map_closed(e))?;
-        client
-            .send_data(call.id, Channel::File, 0, bytes)
-            .await
-            .map_err(|e| self.map_closed(e))?;
-        client
-            .send(call.id, &HostMessage::EndOfData)
-            .await
-            .map_err(|e| self.map_closed(e))?;
-        match self.with_timeout(call.message()).await? {
-            GuestMessage::Entry { entry } => Ok(entry),
-            other => Err(unexpected(other)),
-        }
+        let mut upload = self.begin_upload(path, mode, append).await?;
+        upload.write(bytes).await?;
+        upload.finish().await
     }
 
     /// Reads a whole file.
     pub async fn read_file(&self, path: &str) -> Result<Vec<u8>, EngineError> {
-        self.check_alive()?;
-        let mut call = self
-            .inner
-            .client
-            .request(&HostMessage::ReadFile {
-                path: path.to_string(),
-            })
-            .await
-            .map_err(|e| self.map_closed(e))?;
-        let mut out = Vec::new();
-        loop {
-            let reply = tokio::time::timeout(CALL_TIMEOUT, call.next())
-                .await
-                .map_err(|_| EngineError::Unresponsive(format!("reading {path}")))?;
-            match reply {
-                Reply::Data(chunk) => out.extend_from_slice(&chunk.bytes),
-                Reply::Message(GuestMessage::ReadDone { .. }) => return Ok(out),
-                Reply::Message(GuestMessage::Error(e)) => return Err(EngineError::Guest(e)),
-                Reply::Message(other) => return Err(unexpected(other)),
-                Reply::Closed(reason) => return Err(self.gone(reason)),
-            }
-        }
+        self.begin_download(path).await?.read_to_end().await
     }
 
     /// Lists a directory.
@@ -509,6 +482,11 @@ impl Sandbox {
         self.inner.destroyed.load(Ordering::SeqCst)
     }
 
+    /// Whether the sandbox can no longer answer: destroyed, or its agent's connection closed.
+    pub fn is_gone(&self) -> bool {
+        self.is_destroyed() || self.inner.client.closed_reason().is_some()
+    }
+
     async fn entry_call(&self, msg: HostMessage) -> Result<FileEntry, EngineError> {
         match self.simple_call(msg).await? {
             GuestMessage::Entry { entry } => Ok(entry),
@@ -534,10 +512,10 @@ impl Sandbox {
         self.with_timeout(call.message()).await
     }
 
-    async fn with_timeout(
+    pub(crate) async fn with_timeout<T>(
         &self,
-        fut: impl std::future::Future<Output = Result<GuestMessage, EngineError>>,
-    ) -> Result<GuestMessage, EngineError> {
+        fut: impl std::future::Future<Output = Result<T, EngineError>>,
+    ) -> Result<T, EngineError> {
         match tokio::time::timeout(CALL_TIMEOUT, fut).await {
             Ok(r) => r.map_err(|e| self.map_closed(e)),
             Err(_) => Err(EngineError::Unresponsive(format!(

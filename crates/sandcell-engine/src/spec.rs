@@ -93,6 +93,9 @@ pub struct SandboxSpec {
     pub warm_kernels: Vec<Language>,
     /// Free-form labels.
     pub labels: BTreeMap<String, String>,
+    /// The template it was made from, when a service made it from one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub template: Option<String>,
 }
 
 impl SandboxSpec {

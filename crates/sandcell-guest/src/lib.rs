@@ -38,6 +38,10 @@ pub struct GuestConfig {
     /// True only when the agent really is PID 1 of a pid namespace: it then reaps every
     /// orphan and, on exit, kills every process in the namespace.
     pub pid1: bool,
+    /// Where the host connects again after a connection ends (a restarted daemon): the
+    /// agent then keeps its kernels and processes and waits for the next connection instead
+    /// of ending the sandbox. `None`: the first connection's end is the sandbox's end.
+    pub listener: Option<std::sync::Arc<std::os::unix::net::UnixListener>>,
 }
 
 impl Default for GuestConfig {
@@ -61,6 +65,7 @@ impl Default for GuestConfig {
                 .collect(),
             isolation: IsolationReport::default(),
             pid1: false,
+            listener: None,
         }
     }
 }

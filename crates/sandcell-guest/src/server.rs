@@ -44,6 +44,8 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 enum Outgoing {
     Frame(Vec<u8>),
     Flush(oneshot::Sender<()>),
+    /// The host connected again: write to this from now on.
+    Attach(OwnedWriteHalf),
 }
 
 /// The sending side of the writer task.
@@ -72,6 +74,12 @@ impl Out {
         self.0.blocking_send(Outgoing::Frame(bytes)).is_ok()
     }
 
+    /// Sends everything queued after this to a new connection (what was queued before it
+    /// went to the old one, or nowhere).
+    async fn attach(&self, sock: OwnedWriteHalf) {
+        let _ = self.0.send(Outgoing::Attach(sock)).await;
+    }
+
     /// Waits until everything queued so far has been written (or the host is gone).
     pub async fn flush(&self) {
         let (tx, rx) = oneshot::channel();
@@ -92,6 +100,12 @@ async fn writer(mut sock: OwnedWriteHalf, mut rx: mpsc::Receiver<Outgoing>) {
                 Outgoing::Frame(bytes) if batch.is_empty() => batch = bytes,
                 Outgoing::Frame(bytes) => batch.extend_from_slice(&bytes),
                 Outgoing::Flush(tx) => flushes.push(tx),
+                Outgoing::Attach(new) => {
+                    // Output meant for the host that went away is dropped with it.
+                    batch.clear();
+                    sock = new;
+                    broken = false;
+                }
             }
             if batch.len() < WRITE_BATCH {
                 next = rx.try_recv().ok();
@@ -229,7 +243,17 @@ fn session_token(me: i32) -> String {
     format!("{me}-{n}-{nanos}")
 }
 
-/// Serves one connection to its end and cleans up.
+/// The agent's listening socket as a tokio listener (a duplicate: the config keeps its own).
+fn reattach_listener(
+    l: &std::os::unix::net::UnixListener,
+) -> Result<tokio::net::UnixListener, GuestError> {
+    let l = l.try_clone().map_err(GuestError::Socket)?;
+    l.set_nonblocking(true).map_err(GuestError::Socket)?;
+    tokio::net::UnixListener::from_std(l).map_err(GuestError::Socket)
+}
+
+/// Serves the host's connection (and, with a listener, every later one) to the end and
+/// cleans up.
 pub(crate) async fn run(
     stream: std::os::unix::net::UnixStream,
     config: GuestConfig,
@@ -261,14 +285,38 @@ pub(crate) async fn run(
         tables: Mutex::new(Tables::default()),
         kernels: Kernels::default(),
     });
-    let mut conn = Conn {
-        shared: shared.clone(),
-        hello: false,
-        writes: HashMap::new(),
+    let listener = match &shared.config.listener {
+        Some(l) => Some(reattach_listener(l)?),
+        None => None,
     };
-    let result = conn.serve(read).await;
-    // Abandon unfinished writes (their temporary files are removed on drop).
-    conn.writes.clear();
+    let mut read = read;
+    let result = loop {
+        let mut conn = Conn {
+            shared: shared.clone(),
+            hello: false,
+            writes: HashMap::new(),
+        };
+        let result = conn.serve(read).await;
+        // Abandon unfinished writes (their temporary files are removed on drop).
+        conn.writes.clear();
+        let Some(listener) = &listener else {
+            break result;
+        };
+        // The host went away without asking us to end: everything stays as it is until a
+        // host connects again (a restarted daemon re-attaching).
+        match result {
+            Ok(End::Eof) | Err(GuestError::Read(_)) => {}
+            other => break other,
+        }
+        match listener.accept().await {
+            Ok((stream, _)) => {
+                let (r, w) = stream.into_split();
+                shared.out.attach(w).await;
+                read = r;
+            }
+            Err(e) => break Err(GuestError::Socket(e)),
+        }
+    };
     kernels::kill_all(&shared);
     let tree = shared.everything();
     let reaper = shared.reaper.clone();
@@ -430,6 +478,11 @@ impl Conn {
             }
             HostMessage::EndOfData => {
                 self.end_of_data(id).await;
+                return None;
+            }
+            HostMessage::AbortData => {
+                // Dropping the session removes its temporary file.
+                self.writes.remove(&id);
                 return None;
             }
             _ => {}
@@ -600,7 +653,7 @@ impl Conn {
                 });
             }
             // Handled above.
-            HostMessage::StdinClose | HostMessage::EndOfData => {}
+            HostMessage::StdinClose | HostMessage::EndOfData | HostMessage::AbortData => {}
         }
         None
     }

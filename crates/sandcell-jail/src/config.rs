@@ -122,4 +122,9 @@ pub struct JailConfig {
     pub cgroup_parent: String,
     /// Apply Landlock when the kernel has it.
     pub landlock: bool,
+    /// A host path where the agent listens for the host to connect again after its first
+    /// connection ends (a restarted daemon re-attaching); `None`: the sandbox ends with its
+    /// first connection. The launcher binds it on the host before the namespaces are made.
+    #[serde(default)]
+    pub agent_socket: Option<String>,
 }

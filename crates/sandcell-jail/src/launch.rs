@@ -15,7 +15,7 @@
 use std::fs::File;
 use std::io::{self, Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
-use std::os::unix::net::UnixStream;
+use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::Path;
 
 use nix::sys::wait::{WaitStatus, waitpid};
@@ -42,6 +42,9 @@ pub enum Outcome {
         socket: UnixStream,
         isolation: IsolationReport,
         config: Box<JailConfig>,
+        /// Where the host connects again after `socket` ends (see
+        /// [`JailConfig::agent_socket`]).
+        listener: Option<UnixListener>,
     },
     /// This process is the launcher and its sandbox is gone: exit with this code.
     Exit(i32),
@@ -107,10 +110,15 @@ fn run_on(from: RawFd, config: Option<JailConfig>, single_threaded: bool) -> Out
         }
     };
     match launch(&mut socket, config, single_threaded) {
-        Ok(Side::Sandbox { isolation, config }) => Outcome::Sandbox {
+        Ok(Side::Sandbox {
+            isolation,
+            config,
+            listener,
+        }) => Outcome::Sandbox {
             socket,
             isolation,
             config,
+            listener,
         },
         Ok(Side::Launcher {
             pid,
@@ -171,6 +179,7 @@ enum Side {
     Sandbox {
         isolation: IsolationReport,
         config: Box<JailConfig>,
+        listener: Option<UnixListener>,
     },
     Launcher {
         pid: Pid,
@@ -323,6 +332,15 @@ fn launch(
     let (go_child, go_launcher) = at("go channel", go_channel())?;
     let spares = config.spares.as_ref().filter(|_| root);
     let pooled_netns = spares.and_then(enter_pooled_netns);
+    // Bound here, on the host, before the namespaces: the host can reach it by its path.
+    let listener = at(
+        "agent socket",
+        config
+            .agent_socket
+            .as_deref()
+            .map(bind_agent_socket)
+            .transpose(),
+    )?;
     let (child, ns_lines) = at("clone", clone_sandbox(pooled_netns.is_none()))?;
     for (name, detail) in ns_lines {
         report.set(name, FeatureState::Active, detail);
@@ -334,9 +352,12 @@ fn launch(
         return Ok(Side::Sandbox {
             isolation: report,
             config: Box::new(config),
+            listener,
         });
     };
     drop(go_child);
+    // The agent's alone: the launcher never accepts on it.
+    drop(listener);
     if let Err(e) = write_id_maps(pid, outside_uid, outside_gid) {
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
         let _ = waitpid(pid, None);
@@ -378,6 +399,22 @@ fn launch(
             .filter(|_| root)
             .map(|s| (s, config.cgroup_parent)),
     })
+}
+
+/// Binds the agent's listening socket at `path` (replacing a stale one), readable and
+/// writable by its owner only.
+fn bind_agent_socket(path: &str) -> Result<UnixListener, JailError> {
+    use std::os::unix::fs::PermissionsExt;
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+        Err(e) => return Err(JailError::io(format!("remove the stale socket {path}"), e)),
+    }
+    let listener =
+        UnixListener::bind(path).map_err(|e| JailError::io(format!("bind {path}"), e))?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| JailError::io(format!("restrict {path}"), e))?;
+    Ok(listener)
 }
 
 /// Moves this process into a spare network namespace from the pool, for the sandbox to

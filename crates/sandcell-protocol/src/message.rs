@@ -42,6 +42,9 @@ pub enum HostMessage {
     },
     /// Ends the data of a `WriteFile`.
     EndOfData,
+    /// Abandons a `WriteFile` whose data will not all come: the partial file is removed and
+    /// the target left as it was. No reply.
+    AbortData,
     /// Reads a file. Replies: `File` chunks then `ReadDone`.
     ReadFile { path: String },
     /// Lists a directory. Reply: `Listing`.
@@ -247,6 +250,8 @@ pub enum ErrorCode {
     NoSuchProcess,
     /// Another I/O error.
     Io,
+    /// A cap or quota was reached (sandboxes, sizes).
+    LimitExceeded,
     /// A bug or unexpected condition in the agent.
     Internal,
 }

@@ -1,0 +1,190 @@
+//! Files of any size in and out of a sandbox, a chunk at a time: an [`Upload`] is fed as its
+//! bytes arrive (from an HTTP body, say) and an abandoned one leaves nothing behind; a
+//! [`Download`] hands out the file's chunks as the agent reads them.
+
+use sandcell_protocol::{Channel, FileEntry, GuestMessage, HostMessage};
+
+use crate::client::{Call, Reply};
+use crate::error::EngineError;
+use crate::sandbox::{Sandbox, unexpected};
+
+/// A file being written into a sandbox. Dropped or [`Upload::abort`]ed before
+/// [`Upload::finish`], the partial file is removed and the target left as it was.
+pub struct Upload {
+    sandbox: Sandbox,
+    call: Option<Call>,
+    seq: u64,
+    written: u64,
+}
+
+/// A file being read out of a sandbox.
+pub struct Download {
+    sandbox: Sandbox,
+    call: Call,
+    path: String,
+    done: bool,
+}
+
+impl Sandbox {
+    /// Starts writing `path` (creating parent directories; replacing it atomically at
+    /// [`Upload::finish`], or appending to it when `append`).
+    pub async fn begin_upload(
+        &self,
+        path: &str,
+        mode: Option<u32>,
+        append: bool,
+    ) -> Result<Upload, EngineError> {
+        self.check_alive()?;
+        let call = self
+            .client()
+            .request(&HostMessage::WriteFile {
+                path: path.to_string(),
+                mode,
+                append,
+            })
+            .await
+            .map_err(|e| self.map_closed(e))?;
+        Ok(Upload {
+            sandbox: self.clone(),
+            call: Some(call),
+            seq: 0,
+            written: 0,
+        })
+    }
+
+    /// Starts reading `path`.
+    pub async fn begin_download(&self, path: &str) -> Result<Download, EngineError> {
+        self.check_alive()?;
+        let call = self
+            .client()
+            .request(&HostMessage::ReadFile {
+                path: path.to_string(),
+            })
+            .await
+            .map_err(|e| self.map_closed(e))?;
+        Ok(Download {
+            sandbox: self.clone(),
+            call,
+            path: path.to_string(),
+            done: false,
+        })
+    }
+}
+
+impl Upload {
+    /// Sends the next bytes. Fails early when the agent already refused the write (a bad
+    /// path, a full disk).
+    pub async fn write(&mut self, bytes: &[u8]) -> Result<(), EngineError> {
+        let Some(call) = self.call.as_mut() else {
+            return Err(EngineError::InvalidRequest("the upload has ended".into()));
+        };
+        if let Some(reply) = call.try_next() {
+            let err = match reply {
+                Reply::Message(GuestMessage::Error(e)) => EngineError::Guest(e),
+                Reply::Closed(reason) => self.sandbox.gone(reason),
+                Reply::Message(m) => unexpected(m),
+                Reply::Data(_) => EngineError::Connection("unexpected data chunk".into()),
+            };
+            // The agent has dropped the write already.
+            self.call = None;
+            return Err(err);
+        }
+        let id = call.id;
+        self.seq = self
+            .sandbox
+            .client()
+            .send_data(id, Channel::File, self.seq, bytes)
+            .await
+            .map_err(|e| self.sandbox.map_closed(e))?;
+        self.written += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Bytes sent so far.
+    pub fn written(&self) -> u64 {
+        self.written
+    }
+
+    /// Ends the data and returns the written file.
+    pub async fn finish(mut self) -> Result<FileEntry, EngineError> {
+        let Some(mut call) = self.call.take() else {
+            return Err(EngineError::InvalidRequest("the upload has ended".into()));
+        };
+        let sandbox = self.sandbox.clone();
+        sandbox
+            .client()
+            .send(call.id, &HostMessage::EndOfData)
+            .await
+            .map_err(|e| sandbox.map_closed(e))?;
+        match sandbox.with_timeout(call.message()).await? {
+            GuestMessage::Entry { entry } => Ok(entry),
+            other => Err(unexpected(other)),
+        }
+    }
+
+    /// Abandons the upload: the partial file is removed.
+    pub async fn abort(mut self) {
+        if let Some(call) = self.call.take() {
+            let _ = self
+                .sandbox
+                .client()
+                .send(call.id, &HostMessage::AbortData)
+                .await;
+        }
+    }
+}
+
+impl Drop for Upload {
+    fn drop(&mut self) {
+        let Some(call) = self.call.take() else {
+            return;
+        };
+        // Dropped mid-way (its HTTP request went away): tell the agent from a task, since
+        // drop cannot wait.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let sandbox = self.sandbox.clone();
+            rt.spawn(async move {
+                let _ = sandbox
+                    .client()
+                    .send(call.id, &HostMessage::AbortData)
+                    .await;
+            });
+        }
+    }
+}
+
+impl Download {
+    /// The next chunk, or `None` at the end of the file.
+    pub async fn next_chunk(&mut self) -> Option<Result<Vec<u8>, EngineError>> {
+        if self.done {
+            return None;
+        }
+        let reply = self
+            .sandbox
+            .with_timeout(async { Ok(self.call.next().await) })
+            .await;
+        let out = match reply {
+            Ok(Reply::Data(chunk)) => return Some(Ok(chunk.bytes)),
+            Ok(Reply::Message(GuestMessage::ReadDone { .. })) => None,
+            Ok(Reply::Message(GuestMessage::Error(e))) => Some(Err(EngineError::Guest(e))),
+            Ok(Reply::Message(other)) => Some(Err(unexpected(other))),
+            Ok(Reply::Closed(reason)) => Some(Err(self.sandbox.gone(reason))),
+            Err(EngineError::Unresponsive(_)) => Some(Err(EngineError::Unresponsive(format!(
+                "reading {}",
+                self.path
+            )))),
+            Err(e) => Some(Err(e)),
+        };
+        self.done = true;
+        out
+    }
+
+    /// Reads the rest into memory.
+    pub async fn read_to_end(mut self) -> Result<Vec<u8>, EngineError> {
+        let mut out = Vec::new();
+        while let Some(chunk) = self.next_chunk().await {
+            out.extend_from_slice(&chunk?);
+        }
+        Ok(out)
+    }
+}

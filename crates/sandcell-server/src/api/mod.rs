@@ -1,0 +1,11 @@
+//! The `/v1` routes, one module per resource, and the wire types they share.
+
+pub mod code;
+pub mod exec;
+pub mod extract;
+pub mod files;
+pub mod keys;
+pub mod processes;
+pub mod sandboxes;
+pub mod system;
+pub mod types;

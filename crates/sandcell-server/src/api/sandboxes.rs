@@ -1,0 +1,232 @@
+//! `/v1/sandboxes`: create, get, list, delete, set the timeout.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use axum::Json;
+use axum::extract::{RawQuery, State};
+use axum::http::StatusCode;
+use sandcell_engine::fleet::{CreateOptions, RecordQuery, SandboxState};
+
+use super::extract::{ApiJson, ApiPath, check_sandbox_id, query_pairs};
+use super::types::{CreateSandbox, SandboxInfo, SandboxList, SetTimeout, secs_to_ms};
+use crate::auth::Caller;
+use crate::error::{ApiError, ApiResult, ErrorBody};
+use crate::state::AppState;
+
+/// Creates a sandbox.
+#[utoipa::path(
+    post, path = "/v1/sandboxes", tag = "sandboxes",
+    request_body = CreateSandbox,
+    responses(
+        (status = 201, description = "Running", body = SandboxInfo),
+        (status = 400, description = "Invalid request", body = ErrorBody),
+        (status = 401, description = "No valid API key", body = ErrorBody),
+        (status = 404, description = "No such template", body = ErrorBody),
+        (status = 429, description = "A cap was reached", body = ErrorBody),
+        (status = 500, description = "The sandbox could not start", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn create(
+    State(s): State<AppState>,
+    caller: Caller,
+    ApiJson(req): ApiJson<CreateSandbox>,
+) -> ApiResult<(StatusCode, Json<SandboxInfo>)> {
+    let spec = req.spec()?;
+    let opts = CreateOptions {
+        spec,
+        labels: req.labels,
+        metadata: req.metadata,
+        idle_timeout_ms: req
+            .idle_timeout_secs
+            .map(|v| secs_to_ms("idle_timeout_secs", v))
+            .transpose()?,
+        lifetime_ms: req
+            .timeout_secs
+            .map(|v| secs_to_ms("timeout_secs", v))
+            .transpose()?,
+        ephemeral: req.ephemeral,
+    };
+    let start = Instant::now();
+    let created = s.fleet.create(&caller.owner, opts).await;
+    match &created {
+        Ok(_) => {
+            s.metrics.creates_ok.fetch_add(1, Ordering::Relaxed);
+            s.metrics.pool_misses.fetch_add(1, Ordering::Relaxed);
+            s.metrics.create_latency.observe(start.elapsed());
+        }
+        Err(_) => {
+            s.metrics.creates_failed.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+    let record = created?;
+    crate::audit(
+        &s,
+        &caller,
+        "sandbox.create",
+        Some(&record.id),
+        serde_json::Value::Null,
+    );
+    Ok((StatusCode::CREATED, Json(SandboxInfo::from(&record))))
+}
+
+/// One sandbox.
+#[utoipa::path(
+    get, path = "/v1/sandboxes/{id}", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses(
+        (status = 200, body = SandboxInfo),
+        (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 404, description = "No such sandbox (for this key)", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn get(
+    State(s): State<AppState>,
+    caller: Caller,
+    ApiPath(id): ApiPath<String>,
+) -> ApiResult<Json<SandboxInfo>> {
+    check_sandbox_id(&id)?;
+    let record = s.fleet.get(&caller.owner, &id)?;
+    Ok(Json(SandboxInfo::from(&record)))
+}
+
+/// Lists sandboxes: by default the active ones (creating, running, paused).
+#[utoipa::path(
+    get, path = "/v1/sandboxes", tag = "sandboxes",
+    params(
+        ("state" = Option<String>, Query, description = "Only these states (repeatable, or comma-separated; `all` for every state)"),
+        ("label" = Option<String>, Query, description = "`key:value` that must match (repeatable)"),
+        ("metadata" = Option<String>, Query, description = "`key:value` that must match (repeatable)"),
+        ("limit" = Option<u32>, Query, description = "At most this many (1 to 1000, default 100)"),
+        ("cursor" = Option<String>, Query, description = "`next_cursor` of the previous page"),
+    ),
+    responses(
+        (status = 200, body = SandboxList),
+        (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn list(
+    State(s): State<AppState>,
+    caller: Caller,
+    RawQuery(raw): RawQuery,
+) -> ApiResult<Json<SandboxList>> {
+    let mut query = RecordQuery::default();
+    let mut all_states = false;
+    for (k, v) in query_pairs(raw.as_deref())? {
+        match k.as_str() {
+            "state" => {
+                for name in v.split(',').map(str::trim).filter(|n| !n.is_empty()) {
+                    if name == "all" {
+                        all_states = true;
+                        continue;
+                    }
+                    let state = SandboxState::parse(name).ok_or_else(|| {
+                        ApiError::invalid(format!(
+                            "state '{name}' is not one of creating, running, paused, stopped, failed, lost, all"
+                        ))
+                    })?;
+                    query.states.push(state);
+                }
+            }
+            "label" => insert_pair(&mut query.labels, "label", &v)?,
+            "metadata" => insert_pair(&mut query.metadata, "metadata", &v)?,
+            "limit" => {
+                let n: u32 = v
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=1000).contains(n))
+                    .ok_or_else(|| {
+                        ApiError::invalid(format!("limit '{v}' must be a number from 1 to 1000"))
+                    })?;
+                query.limit = n;
+            }
+            "cursor" => query.cursor = Some(v),
+            other => {
+                return Err(ApiError::invalid(format!(
+                    "unknown query parameter '{other}' (state, label, metadata, limit, cursor)"
+                )));
+            }
+        }
+    }
+    if query.states.is_empty() && !all_states {
+        query.states = SandboxState::ACTIVE.to_vec();
+    }
+    let page = s.fleet.list(&caller.owner, query)?;
+    Ok(Json(SandboxList {
+        items: page.items.iter().map(SandboxInfo::from).collect(),
+        next_cursor: page.next_cursor,
+    }))
+}
+
+fn insert_pair(map: &mut BTreeMap<String, String>, what: &str, v: &str) -> Result<(), ApiError> {
+    let (k, val) = v
+        .split_once(':')
+        .ok_or_else(|| ApiError::invalid(format!("{what} '{v}' must be key:value")))?;
+    if k.is_empty() {
+        return Err(ApiError::invalid(format!("{what} '{v}' has an empty key")));
+    }
+    map.insert(k.to_string(), val.to_string());
+    Ok(())
+}
+
+/// Stops a sandbox and frees everything it holds (its record stays, `stopped`, unless it
+/// is ephemeral).
+#[utoipa::path(
+    delete, path = "/v1/sandboxes/{id}", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses(
+        (status = 204, description = "Stopped"),
+        (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn delete(
+    State(s): State<AppState>,
+    caller: Caller,
+    ApiPath(id): ApiPath<String>,
+) -> ApiResult<StatusCode> {
+    check_sandbox_id(&id)?;
+    s.fleet.delete(&caller.owner, &id).await?;
+    crate::audit(
+        &s,
+        &caller,
+        "sandbox.delete",
+        Some(&id),
+        serde_json::Value::Null,
+    );
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Sets how long from now the sandbox may live.
+#[utoipa::path(
+    post, path = "/v1/sandboxes/{id}/timeout", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id")),
+    request_body = SetTimeout,
+    responses(
+        (status = 200, body = SandboxInfo),
+        (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+        (status = 409, description = "The sandbox is not active", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn set_timeout(
+    State(s): State<AppState>,
+    caller: Caller,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(req): ApiJson<SetTimeout>,
+) -> ApiResult<Json<SandboxInfo>> {
+    check_sandbox_id(&id)?;
+    let ms = secs_to_ms("timeout_secs", req.timeout_secs)?;
+    let record = s.fleet.set_timeout(&caller.owner, &id, ms)?;
+    Ok(Json(SandboxInfo::from(&record)))
+}

@@ -1,0 +1,564 @@
+//! The service's settings: built-in defaults, then `config.toml`, then `SANDCELL_*`
+//! environment variables, then command-line flags; each value remembers where it came from
+//! (`sandcell config show`).
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+
+/// Where an effective value came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Source {
+    /// Sandcell's built-in default.
+    Default,
+    /// The config file.
+    File,
+    /// A `SANDCELL_*` environment variable.
+    Env,
+    /// A command-line flag.
+    Flag,
+}
+
+/// One setting: its dotted key, its meaning and its built-in default.
+struct Key {
+    name: &'static str,
+    help: &'static str,
+    default: fn(&Path) -> toml::Value,
+}
+
+fn int(v: i64) -> toml::Value {
+    toml::Value::Integer(v)
+}
+
+fn string(v: impl Into<String>) -> toml::Value {
+    toml::Value::String(v.into())
+}
+
+/// Every setting the service has, in the order `init` writes them.
+const KEYS: &[Key] = &[
+    Key {
+        name: "listen",
+        help: "TCP address of the REST API (loopback by default: put a TLS proxy in front to expose it)",
+        default: |_| string("127.0.0.1:7070"),
+    },
+    Key {
+        name: "unix_socket",
+        help: "also serve on this UNIX socket path (empty: no socket)",
+        default: |_| string(""),
+    },
+    Key {
+        name: "database",
+        help: "the SQLite file with every sandbox, key and export record",
+        default: |home| string(home.join("sandcell.db").display().to_string()),
+    },
+    Key {
+        name: "log_format",
+        help: "\"text\" or \"json\" (one JSON object per line, with request ids)",
+        default: |_| string("text"),
+    },
+    Key {
+        name: "limits.max_sandboxes",
+        help: "active sandboxes in all (0: no cap)",
+        default: |_| int(100),
+    },
+    Key {
+        name: "limits.max_per_owner",
+        help: "active sandboxes per API key owner (0: no cap)",
+        default: |_| int(20),
+    },
+    Key {
+        name: "limits.idle_timeout_secs",
+        help: "a sandbox unused this long is stopped (0: never)",
+        default: |_| int(1800),
+    },
+    Key {
+        name: "limits.lifetime_secs",
+        help: "lifetime of a sandbox that asks for none (0: unlimited)",
+        default: |_| int(7200),
+    },
+    Key {
+        name: "limits.max_lifetime_secs",
+        help: "the longest lifetime a sandbox may ask for (0: unlimited)",
+        default: |_| int(86400),
+    },
+    Key {
+        name: "limits.gc_interval_secs",
+        help: "how often idle and expired sandboxes are looked for",
+        default: |_| int(10),
+    },
+    Key {
+        name: "limits.max_upload_bytes",
+        help: "largest file upload or download",
+        default: |_| int(2 << 30),
+    },
+    Key {
+        name: "limits.max_request_bytes",
+        help: "largest JSON request body",
+        default: |_| int(16 << 20),
+    },
+    Key {
+        name: "import.allowed_paths",
+        help: "host directories whose files may be imported into sandboxes (comma-separated in the environment)",
+        default: |_| toml::Value::Array(Vec::new()),
+    },
+    Key {
+        name: "shutdown.sandboxes",
+        help: "on SIGTERM/SIGINT: \"keep\" them running for the next start, or \"stop\" them",
+        default: |_| string("keep"),
+    },
+];
+
+/// The effective settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Config {
+    /// Where Sandcell keeps its data.
+    #[serde(skip)]
+    pub home: PathBuf,
+    /// TCP address.
+    pub listen: String,
+    /// UNIX socket path (empty: none).
+    pub unix_socket: String,
+    /// The SQLite file.
+    pub database: PathBuf,
+    /// `text` or `json`.
+    pub log_format: String,
+    /// Caps and timeouts.
+    pub limits: LimitsConfig,
+    /// What may be imported.
+    pub import: ImportConfig,
+    /// What a stop does.
+    pub shutdown: ShutdownConfig,
+}
+
+/// Caps and timeouts.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct LimitsConfig {
+    /// Active sandboxes in all.
+    pub max_sandboxes: u64,
+    /// Active sandboxes per owner.
+    pub max_per_owner: u64,
+    /// Idle timeout.
+    pub idle_timeout_secs: u64,
+    /// Default lifetime.
+    pub lifetime_secs: u64,
+    /// Longest lifetime.
+    pub max_lifetime_secs: u64,
+    /// GC period.
+    pub gc_interval_secs: u64,
+    /// Largest file transfer.
+    pub max_upload_bytes: u64,
+    /// Largest JSON body.
+    pub max_request_bytes: u64,
+}
+
+/// What may be imported.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ImportConfig {
+    /// Host directories (absolute) whose files may be imported.
+    pub allowed_paths: Vec<PathBuf>,
+}
+
+/// What a stop does.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShutdownConfig {
+    /// `keep` or `stop`.
+    pub sandboxes: String,
+}
+
+/// One effective value and its origin, for `config show`.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Shown {
+    /// Dotted key.
+    pub key: String,
+    /// The value, as TOML.
+    pub value: String,
+    /// Where it came from.
+    pub source: Source,
+}
+
+/// A settings problem, named precisely.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The file could not be read.
+    #[error("cannot read {path}: {source}")]
+    Read {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The file is not valid TOML.
+    #[error("{path} is not valid TOML: {message}")]
+    Parse {
+        /// The file.
+        path: PathBuf,
+        /// The parser's message.
+        message: String,
+    },
+    /// A key nobody knows.
+    #[error("unknown setting '{key}' in {origin}")]
+    UnknownKey {
+        /// The key.
+        key: String,
+        /// Where it was.
+        origin: String,
+    },
+    /// A value of the wrong kind or out of range.
+    #[error("setting '{key}' from {origin}: {message}")]
+    BadValue {
+        /// The key.
+        key: String,
+        /// Where it was.
+        origin: String,
+        /// What is wrong.
+        message: String,
+    },
+}
+
+/// `$SANDCELL_HOME`, else `/var/lib/sandcell` as root, else `~/.local/share/sandcell`.
+pub fn default_home() -> PathBuf {
+    if let Some(h) = std::env::var_os("SANDCELL_HOME").filter(|h| !h.is_empty()) {
+        return PathBuf::from(h);
+    }
+    if is_root() {
+        return PathBuf::from("/var/lib/sandcell");
+    }
+    match std::env::var_os("HOME") {
+        Some(h) => PathBuf::from(h).join(".local/share/sandcell"),
+        None => PathBuf::from(".sandcell"),
+    }
+}
+
+fn is_root() -> bool {
+    // /proc/self is owned by the process's effective uid.
+    std::fs::metadata("/proc/self")
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
+        .unwrap_or(false)
+}
+
+/// Loads the settings: `file` (default `<home>/config.toml`, optional unless given),
+/// `env` (pairs like `SANDCELL_LIMITS_MAX_SANDBOXES=5`), then `flags` (dotted key → value).
+pub fn load(
+    home: &Path,
+    file: Option<&Path>,
+    env: &[(String, String)],
+    flags: &[(String, String)],
+) -> Result<(Config, Vec<Shown>), ConfigError> {
+    let mut values: BTreeMap<&'static str, (toml::Value, Source)> = KEYS
+        .iter()
+        .map(|k| (k.name, ((k.default)(home), Source::Default)))
+        .collect();
+    let path = file
+        .map(Path::to_path_buf)
+        .unwrap_or_else(|| home.join("config.toml"));
+    match std::fs::read_to_string(&path) {
+        Ok(text) => {
+            let table: toml::Table =
+                text.parse()
+                    .map_err(|e: toml::de::Error| ConfigError::Parse {
+                        path: path.clone(),
+                        message: e.message().to_string(),
+                    })?;
+            let origin = path.display().to_string();
+            for (key, value) in flatten(&table, "") {
+                let k = known(&key, &origin)?;
+                let v = coerce(k, value, &origin)?;
+                values.insert(k.name, (v, Source::File));
+            }
+        }
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && file.is_none() => {}
+        Err(source) => return Err(ConfigError::Read { path, source }),
+    }
+    for (name, raw) in env {
+        let Some(rest) = name.strip_prefix("SANDCELL_") else {
+            continue;
+        };
+        // Variables that are not settings (SANDCELL_HOME, SANDCELL_DEBUG, …) are skipped.
+        let Some(k) = KEYS.iter().find(|k| env_name(k.name) == rest) else {
+            continue;
+        };
+        let origin = format!("${name}");
+        let v = coerce(k, from_text(k, raw), &origin)?;
+        values.insert(k.name, (v, Source::Env));
+    }
+    for (name, raw) in flags {
+        let k = known(name, "the command line")?;
+        let v = coerce(k, from_text(k, raw), "the command line")?;
+        values.insert(k.name, (v, Source::Flag));
+    }
+    let mut root = toml::Table::new();
+    for (name, (value, _)) in &values {
+        insert_dotted(&mut root, name, value.clone());
+    }
+    let mut config: Config =
+        toml::Value::Table(root)
+            .try_into()
+            .map_err(|e: toml::de::Error| ConfigError::BadValue {
+                key: "(settings)".into(),
+                origin: "the merged settings".into(),
+                message: e.message().to_string(),
+            })?;
+    config.home = home.to_path_buf();
+    validate(&config)?;
+    let shown = values
+        .into_iter()
+        .map(|(key, (value, source))| Shown {
+            key: key.to_string(),
+            value: value.to_string(),
+            source,
+        })
+        .collect();
+    Ok((config, shown))
+}
+
+fn validate(c: &Config) -> Result<(), ConfigError> {
+    let bad = |key: &str, message: String| ConfigError::BadValue {
+        key: key.into(),
+        origin: "the settings".into(),
+        message,
+    };
+    if c.listen.parse::<std::net::SocketAddr>().is_err() {
+        return Err(bad(
+            "listen",
+            format!("'{}' is not an address like 127.0.0.1:7070", c.listen),
+        ));
+    }
+    if !["text", "json"].contains(&c.log_format.as_str()) {
+        return Err(bad("log_format", "must be \"text\" or \"json\"".into()));
+    }
+    if !["keep", "stop"].contains(&c.shutdown.sandboxes.as_str()) {
+        return Err(bad(
+            "shutdown.sandboxes",
+            "must be \"keep\" or \"stop\"".into(),
+        ));
+    }
+    if c.limits.gc_interval_secs == 0 {
+        return Err(bad("limits.gc_interval_secs", "must be at least 1".into()));
+    }
+    if let Some(p) = c.import.allowed_paths.iter().find(|p| !p.is_absolute()) {
+        return Err(bad(
+            "import.allowed_paths",
+            format!("'{}' is not an absolute path", p.display()),
+        ));
+    }
+    Ok(())
+}
+
+/// `SANDCELL_` + the key in capitals with `.` as `_`.
+fn env_name(key: &str) -> String {
+    key.replace('.', "_").to_ascii_uppercase()
+}
+
+fn known(key: &str, origin: &str) -> Result<&'static Key, ConfigError> {
+    KEYS.iter()
+        .find(|k| k.name == key)
+        .ok_or_else(|| ConfigError::UnknownKey {
+            key: key.to_string(),
+            origin: origin.to_string(),
+        })
+}
+
+/// Text (environment, flags) as a value of the key's kind.
+fn from_text(k: &Key, raw: &str) -> toml::Value {
+    match (k.default)(Path::new("/")) {
+        toml::Value::Integer(_) => raw
+            .trim()
+            .parse::<i64>()
+            .map(toml::Value::Integer)
+            .unwrap_or_else(|_| string(raw)),
+        toml::Value::Array(_) => toml::Value::Array(
+            raw.split(',')
+                .map(str::trim)
+                .filter(|s| !s.is_empty())
+                .map(string)
+                .collect(),
+        ),
+        _ => string(raw),
+    }
+}
+
+/// Checks that `value` has the kind of the key's default (and is not negative).
+fn coerce(k: &Key, value: toml::Value, origin: &str) -> Result<toml::Value, ConfigError> {
+    let default = (k.default)(Path::new("/"));
+    let bad = |message: String| ConfigError::BadValue {
+        key: k.name.to_string(),
+        origin: origin.to_string(),
+        message,
+    };
+    match (&default, &value) {
+        (toml::Value::Integer(_), toml::Value::Integer(n)) if *n >= 0 => Ok(value),
+        (toml::Value::Integer(_), _) => {
+            Err(bad(format!("expected a whole number ≥ 0, got {value}")))
+        }
+        (toml::Value::String(_), toml::Value::String(_)) => Ok(value),
+        (toml::Value::Array(_), toml::Value::Array(items))
+            if items.iter().all(|i| matches!(i, toml::Value::String(_))) =>
+        {
+            Ok(value)
+        }
+        (d, _) => Err(bad(format!("expected a {}, got {value}", d.type_str()))),
+    }
+}
+
+fn flatten(table: &toml::Table, prefix: &str) -> Vec<(String, toml::Value)> {
+    let mut out = Vec::new();
+    for (k, v) in table {
+        let key = if prefix.is_empty() {
+            k.clone()
+        } else {
+            format!("{prefix}.{k}")
+        };
+        match v {
+            toml::Value::Table(t) => out.extend(flatten(t, &key)),
+            other => out.push((key, other.clone())),
+        }
+    }
+    out
+}
+
+fn insert_dotted(root: &mut toml::Table, key: &str, value: toml::Value) {
+    match key.split_once('.') {
+        Some((head, rest)) => {
+            let entry = root
+                .entry(head.to_string())
+                .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+            if let toml::Value::Table(t) = entry {
+                insert_dotted(t, rest, value);
+            }
+        }
+        None => {
+            root.insert(key.to_string(), value);
+        }
+    }
+}
+
+/// A commented `config.toml` with every setting at its default (what `sandcell init` writes).
+pub fn commented_defaults(home: &Path) -> String {
+    let mut out = String::from(
+        "# Sandcell settings. Every line shows the built-in default; uncomment to change.\n\
+         # Environment variables override this file (SANDCELL_LISTEN, SANDCELL_LIMITS_MAX_SANDBOXES, …),\n\
+         # and command-line flags override both. `sandcell config show` prints what is in force.\n",
+    );
+    let mut section = "";
+    for k in KEYS {
+        let (sec, name) = k.name.split_once('.').unwrap_or(("", k.name));
+        if sec != section {
+            out.push_str(&format!("\n[{sec}]\n"));
+            section = sec;
+        } else {
+            out.push('\n');
+        }
+        out.push_str(&format!("# {}\n# {name} = {}\n", k.help, (k.default)(home)));
+    }
+    out
+}
+
+impl Config {
+    /// The fleet's caps and defaults from these settings (0 meaning "none").
+    pub fn fleet_limits(&self) -> sandcell_engine::fleet::FleetLimits {
+        let opt = |v: u64| (v > 0).then_some(v);
+        let ms = |secs: u64| opt(secs).map(|s| s.saturating_mul(1000));
+        sandcell_engine::fleet::FleetLimits {
+            max_sandboxes: opt(self.limits.max_sandboxes),
+            max_per_owner: opt(self.limits.max_per_owner),
+            default_idle_timeout_ms: ms(self.limits.idle_timeout_secs),
+            default_lifetime_ms: ms(self.limits.lifetime_secs),
+            max_lifetime_ms: ms(self.limits.max_lifetime_secs),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pairs(list: &[(&str, &str)]) -> Vec<(String, String)> {
+        list.iter()
+            .map(|(a, b)| (a.to_string(), b.to_string()))
+            .collect()
+    }
+
+    #[test]
+    fn file_then_env_then_flags_win_and_each_value_says_where_from() {
+        let home = tempfile::tempdir().unwrap();
+        std::fs::write(
+            home.path().join("config.toml"),
+            "listen = \"127.0.0.1:9000\"\n[limits]\nmax_sandboxes = 7\nmax_per_owner = 3\n",
+        )
+        .unwrap();
+        let env = pairs(&[
+            ("SANDCELL_LIMITS_MAX_PER_OWNER", "4"),
+            ("SANDCELL_HOME", "/ignored"),
+            ("SANDCELL_IMPORT_ALLOWED_PATHS", "/data, /srv"),
+        ]);
+        let flags = pairs(&[("listen", "127.0.0.1:9001")]);
+        let (c, shown) = load(home.path(), None, &env, &flags).unwrap();
+        assert_eq!(c.listen, "127.0.0.1:9001");
+        assert_eq!(c.limits.max_sandboxes, 7);
+        assert_eq!(c.limits.max_per_owner, 4);
+        assert_eq!(
+            c.import.allowed_paths,
+            [PathBuf::from("/data"), PathBuf::from("/srv")]
+        );
+        assert_eq!(c.database, home.path().join("sandcell.db"));
+        let src = |k: &str| shown.iter().find(|s| s.key == k).unwrap().source;
+        assert_eq!(src("listen"), Source::Flag);
+        assert_eq!(src("limits.max_sandboxes"), Source::File);
+        assert_eq!(src("limits.max_per_owner"), Source::Env);
+        assert_eq!(src("log_format"), Source::Default);
+    }
+
+    #[test]
+    fn bad_settings_are_named() {
+        let home = tempfile::tempdir().unwrap();
+        let path = home.path().join("config.toml");
+        std::fs::write(&path, "[limits]\nmax_sandbox = 7\n").unwrap();
+        let e = load(home.path(), None, &[], &[]).unwrap_err().to_string();
+        assert!(
+            e.contains("limits.max_sandbox") && e.contains("unknown"),
+            "{e}"
+        );
+        std::fs::write(&path, "listen = 7\n").unwrap();
+        let e = load(home.path(), None, &[], &[]).unwrap_err().to_string();
+        assert!(
+            e.contains("listen") && e.contains("expected a string"),
+            "{e}"
+        );
+        std::fs::write(&path, "[limits\n").unwrap();
+        let e = load(home.path(), None, &[], &[]).unwrap_err().to_string();
+        assert!(e.contains("not valid TOML"), "{e}");
+        std::fs::remove_file(&path).unwrap();
+        let env = pairs(&[("SANDCELL_LIMITS_MAX_SANDBOXES", "-3")]);
+        let e = load(home.path(), None, &env, &[]).unwrap_err().to_string();
+        assert!(e.contains("SANDCELL_LIMITS_MAX_SANDBOXES"), "{e}");
+        let flags = pairs(&[("listen", "nowhere")]);
+        assert!(load(home.path(), None, &[], &flags).is_err());
+        let missing = home.path().join("nope.toml");
+        assert!(load(home.path(), Some(&missing), &[], &[]).is_err());
+    }
+
+    #[test]
+    fn the_commented_defaults_load_as_the_defaults() {
+        let home = tempfile::tempdir().unwrap();
+        let text = commented_defaults(home.path());
+        assert!(text.contains("# max_sandboxes = 100"), "{text}");
+        // Uncommenting every line gives the same settings as no file.
+        let uncommented: String = text
+            .lines()
+            .map(|l| match l.strip_prefix("# ") {
+                Some(rest) if rest.contains(" = ") => rest.to_string(),
+                _ if l.starts_with('#') => String::new(),
+                _ => l.to_string(),
+            })
+            .collect::<Vec<_>>()
+            .join("\n");
+        std::fs::write(home.path().join("config.toml"), uncommented).unwrap();
+        let (from_file, _) = load(home.path(), None, &[], &[]).unwrap();
+        std::fs::remove_file(home.path().join("config.toml")).unwrap();
+        let (defaults, _) = load(home.path(), None, &[], &[]).unwrap();
+        assert_eq!(from_file, defaults);
+    }
+}

@@ -1,0 +1,211 @@
+//! Sandcell as a service: the REST API (`/v1`, with SSE and WebSocket streams), its OpenAPI
+//! document and docs page, API keys and owners, the lifecycle loop, Prometheus metrics.
+//!
+//! [`app`] builds the router over an [`AppState`] (tests drive it with `oneshot`); [`serve`]
+//! runs it on TCP and optionally a UNIX socket until SIGTERM/SIGINT.
+
+pub mod api;
+pub mod auth;
+pub mod config;
+pub mod error;
+pub mod ledger;
+pub mod metrics;
+mod serve;
+pub mod state;
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use axum::Router;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::http::{HeaderValue, StatusCode, header};
+use axum::middleware::{self, Next};
+use axum::response::{Html, Response};
+use axum::routing::get;
+use utoipa::OpenApi;
+use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa_axum::router::OpenApiRouter;
+use utoipa_axum::routes;
+
+pub use serve::{
+    ADMIN_OWNER, DaemonInfo, ServeError, ServeOptions, admin_key_path, daemon_info_path, serve,
+};
+pub use state::AppState;
+
+use crate::api::{code, exec, files, keys, processes, sandboxes, system};
+use crate::auth::Caller;
+use crate::error::{ApiError, ErrorTag};
+
+/// The OpenAPI document's fixed part; the paths come from the handlers.
+#[derive(OpenApi)]
+#[openapi(
+    info(
+        title = "Sandcell",
+        description = "Stateful, isolated sandboxes for AI agents: shell commands, live code kernels, files.",
+    ),
+    modifiers(&Security),
+    tags(
+        (name = "sandboxes", description = "Create, find and end sandboxes"),
+        (name = "exec", description = "Shell commands"),
+        (name = "processes", description = "Background processes and terminals"),
+        (name = "code", description = "Code in live kernels (contexts)"),
+        (name = "files", description = "Files in a sandbox"),
+        (name = "keys", description = "API keys"),
+        (name = "system", description = "The service itself"),
+    )
+)]
+struct ApiDoc;
+
+struct Security;
+
+impl utoipa::Modify for Security {
+    fn modify(&self, openapi: &mut utoipa::openapi::OpenApi) {
+        let components = openapi.components.get_or_insert_with(Default::default);
+        components.add_security_scheme(
+            "api_key",
+            SecurityScheme::ApiKey(ApiKey::Header(ApiKeyValue::new("X-API-Key"))),
+        );
+        components.add_security_scheme(
+            "bearer",
+            SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()),
+        );
+    }
+}
+
+/// The documented routes, with their OpenAPI description.
+fn api_routes() -> OpenApiRouter<AppState> {
+    OpenApiRouter::with_openapi(ApiDoc::openapi())
+        .routes(routes!(sandboxes::create, sandboxes::list))
+        .routes(routes!(sandboxes::get, sandboxes::delete))
+        .routes(routes!(sandboxes::set_timeout))
+        .routes(routes!(exec::exec))
+        .routes(routes!(exec::exec_stream))
+        .routes(routes!(code::run))
+        .routes(routes!(code::run_stream))
+        .routes(routes!(code::create_context, code::list_contexts))
+        .routes(routes!(code::delete_context))
+        .routes(routes!(code::interrupt))
+        .routes(routes!(code::restart))
+        .routes(routes!(
+            code::get_variables,
+            code::set_variables,
+            code::clear_variables
+        ))
+        .routes(routes!(processes::list))
+        .routes(routes!(processes::signal))
+        .routes(routes!(files::list, files::remove))
+        .routes(routes!(files::stat))
+        .routes(routes!(files::mkdir))
+        .routes(routes!(files::rename))
+        .routes(routes!(files::download, files::upload))
+        .routes(routes!(keys::create, keys::list))
+        .routes(routes!(keys::revoke))
+        .routes(routes!(system::system))
+}
+
+/// The OpenAPI 3.1 document of the API.
+pub fn openapi() -> utoipa::openapi::OpenApi {
+    api_routes().into_openapi()
+}
+
+/// The whole service as a router over `state`.
+pub fn app(state: AppState) -> Router {
+    let (api, doc) = api_routes().split_for_parts();
+    let doc_json: Arc<str> = doc.to_json().unwrap_or_else(|_| "{}".into()).into();
+    let max_request = usize::try_from(state.config.limits.max_request_bytes).unwrap_or(usize::MAX);
+    api.route(
+        "/openapi.json",
+        get(move || {
+            let doc = doc_json.clone();
+            async move {
+                (
+                    [(header::CONTENT_TYPE, "application/json")],
+                    doc.to_string(),
+                )
+            }
+        }),
+    )
+    .route("/docs", get(|| async { Html(DOCS_PAGE) }))
+    .route("/metrics", get(system::metrics))
+    .route("/healthz", get(|| async { "ok\n" }))
+    .fallback(|| async {
+        ApiError::new(
+            StatusCode::NOT_FOUND,
+            "not_found",
+            "no such route (the API is under /v1; see /docs)",
+        )
+    })
+    .method_not_allowed_fallback(|| async {
+        ApiError::new(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "method_not_allowed",
+            "this route does not take that method (see /docs)",
+        )
+    })
+    .layer(DefaultBodyLimit::max(max_request))
+    .layer(middleware::from_fn_with_state(state.clone(), observe))
+    .with_state(state)
+}
+
+/// The id of one request (echoed as `X-Request-Id`, in logs and in audit events).
+#[derive(Debug, Clone)]
+pub struct RequestId(pub String);
+
+/// Gives each request an id, logs it, counts its response and error code.
+async fn observe(State(s): State<AppState>, mut req: Request, next: Next) -> Response {
+    let id = req
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|v| (1..=128).contains(&v.len()) && v.chars().all(|c| c.is_ascii_graphic()))
+        .map(str::to_string)
+        .unwrap_or_else(|| format!("req-{:016x}", s.next_request_id()));
+    req.extensions_mut().insert(RequestId(id.clone()));
+    let method = req.method().clone();
+    let path = req.uri().path().to_string();
+    let start = Instant::now();
+    let mut resp = next.run(req).await;
+    let status = resp.status().as_u16();
+    s.metrics.response(status);
+    let code = resp.extensions().get::<ErrorTag>().map(|t| t.0.clone());
+    if let Some(code) = &code {
+        s.metrics.error(code);
+    }
+    let micros = u64::try_from(start.elapsed().as_micros()).unwrap_or(u64::MAX);
+    if status >= 500 {
+        tracing::warn!(request_id = %id, %method, %path, status, micros, error = code.as_deref(), "request failed");
+    } else {
+        tracing::info!(request_id = %id, %method, %path, status, micros, error = code.as_deref(), "request");
+    }
+    if let Ok(v) = HeaderValue::from_str(&id) {
+        resp.headers_mut().insert("x-request-id", v);
+    }
+    resp
+}
+
+/// Records who did what (best effort: a failed audit write is logged, not fatal).
+pub(crate) fn audit(
+    s: &AppState,
+    caller: &Caller,
+    action: &str,
+    target: Option<&str>,
+    detail: serde_json::Value,
+) {
+    let event = sandcell_store::AuditEvent {
+        id: 0,
+        at: sandcell_engine::fleet::now_ms(),
+        owner: Some(caller.owner.clone()),
+        key_id: Some(caller.key_id.clone()),
+        action: action.to_string(),
+        target: target.map(str::to_string),
+        detail: (!detail.is_null()).then_some(detail),
+        request_id: caller.request_id.clone(),
+    };
+    if let Err(e) = s.store.audit(&event) {
+        tracing::warn!(action, error = %e, "could not record an audit event");
+    }
+}
+
+/// The `/docs` page: the OpenAPI document rendered in the browser by a few lines of script
+/// served from the binary (nothing is fetched from elsewhere).
+const DOCS_PAGE: &str = include_str!("docs.html");

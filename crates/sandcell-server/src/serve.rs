@@ -1,0 +1,289 @@
+//! Running the service: the store, the first admin key, recovery of the sandboxes a previous
+//! run left, the lifecycle loop, the listeners, and a graceful end on SIGTERM/SIGINT.
+
+use std::net::SocketAddr;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use sandcell_engine::Engine;
+use sandcell_engine::fleet::Fleet;
+use sandcell_store::Store;
+use serde::{Deserialize, Serialize};
+use tokio::sync::watch;
+
+use crate::auth::{KeyCache, new_key};
+use crate::config::Config;
+use crate::ledger::StoreLedger;
+use crate::metrics::Metrics;
+use crate::state::AppState;
+
+/// The owner of the key the first start creates.
+pub const ADMIN_OWNER: &str = "admin";
+
+/// Why the service could not run.
+#[derive(Debug, thiserror::Error)]
+pub enum ServeError {
+    /// The data directory or a file in it.
+    #[error("{what} {path}: {source}")]
+    Io {
+        /// What was being done.
+        what: &'static str,
+        /// The path.
+        path: PathBuf,
+        /// Why it failed.
+        #[source]
+        source: std::io::Error,
+    },
+    /// The store could not be opened.
+    #[error("the store: {0}")]
+    Store(#[from] sandcell_store::StoreError),
+    /// A listener could not be bound.
+    #[error("cannot listen on {addr}: {source}")]
+    Listen {
+        /// The address.
+        addr: String,
+        /// Why.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Recovering the previous run's sandboxes failed.
+    #[error("recovering sandboxes: {0}")]
+    Recover(String),
+    /// The first admin key could not be made.
+    #[error("creating the admin key: {0}")]
+    AdminKey(String),
+}
+
+/// What `serve` runs with.
+pub struct ServeOptions {
+    /// The settings.
+    pub config: Config,
+    /// The engine (with its backends).
+    pub engine: Engine,
+    /// Told the TCP address once the service is listening.
+    pub on_ready: Option<tokio::sync::oneshot::Sender<SocketAddr>>,
+}
+
+/// Where a running service can be found (`<home>/daemon.json`, read by the CLI).
+#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
+pub struct DaemonInfo {
+    /// Its process id.
+    pub pid: u32,
+    /// Its base URL.
+    pub url: String,
+    /// Its UNIX socket, if any.
+    pub unix_socket: Option<String>,
+}
+
+/// `<home>/daemon.json`.
+pub fn daemon_info_path(home: &Path) -> PathBuf {
+    home.join("daemon.json")
+}
+
+/// `<home>/admin.key`: the first admin key's secret, readable by its owner only.
+pub fn admin_key_path(home: &Path) -> PathBuf {
+    home.join("admin.key")
+}
+
+fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> ServeError + use<> {
+    let path = path.to_path_buf();
+    move |source| ServeError::Io { what, path, source }
+}
+
+/// Runs the service until SIGTERM or SIGINT.
+pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
+    let config = opts.config;
+    std::fs::create_dir_all(&config.home).map_err(io("create", &config.home))?;
+    let store = Arc::new(Store::open(&config.database)?);
+    ensure_admin_key(&store, &config.home)?;
+
+    let fleet = Arc::new(Fleet::new(
+        opts.engine,
+        Arc::new(StoreLedger::new(store.clone())),
+        config.fleet_limits(),
+    ));
+    let recovered = fleet
+        .recover()
+        .await
+        .map_err(|e| ServeError::Recover(e.to_string()))?;
+    if !recovered.reattached.is_empty() || !recovered.lost.is_empty() {
+        tracing::info!(
+            reattached = recovered.reattached.len(),
+            lost = recovered.lost.len(),
+            "sandboxes of the previous run recovered"
+        );
+    }
+
+    let state = AppState {
+        fleet: fleet.clone(),
+        store: store.clone(),
+        keys: Arc::new(KeyCache::default()),
+        metrics: Arc::new(Metrics::default()),
+        config: Arc::new(config.clone()),
+        started: Instant::now(),
+        requests: Arc::new(AtomicU64::new(1)),
+    };
+    let app = crate::app(state.clone());
+
+    let tcp = tokio::net::TcpListener::bind(&config.listen)
+        .await
+        .map_err(|source| ServeError::Listen {
+            addr: config.listen.clone(),
+            source,
+        })?;
+    let addr = tcp.local_addr().map_err(|source| ServeError::Listen {
+        addr: config.listen.clone(),
+        source,
+    })?;
+    let unix = if config.unix_socket.is_empty() {
+        None
+    } else {
+        let path = PathBuf::from(&config.unix_socket);
+        // A socket file left by a run that died; binding over it would fail.
+        if std::fs::symlink_metadata(&path).is_ok_and(|m| {
+            use std::os::unix::fs::FileTypeExt;
+            m.file_type().is_socket()
+        }) {
+            let _ = std::fs::remove_file(&path);
+        }
+        let listener =
+            tokio::net::UnixListener::bind(&path).map_err(|source| ServeError::Listen {
+                addr: path.display().to_string(),
+                source,
+            })?;
+        let _ = std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600));
+        Some((listener, path))
+    };
+    let info = DaemonInfo {
+        pid: std::process::id(),
+        url: format!("http://{addr}"),
+        unix_socket: unix.as_ref().map(|(_, p)| p.display().to_string()),
+    };
+    write_daemon_info(&config.home, &info)?;
+    tracing::info!(url = %info.url, unix_socket = ?info.unix_socket, "sandcell is serving");
+    if let Some(tx) = opts.on_ready {
+        let _ = tx.send(addr);
+    }
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let gc = tokio::spawn(lifecycle_loop(state.clone(), stop_rx.clone()));
+    let mut servers = Vec::new();
+    {
+        let mut rx = stop_rx.clone();
+        let app = app.clone();
+        servers.push(tokio::spawn(async move {
+            axum::serve(tcp, app)
+                .with_graceful_shutdown(async move {
+                    let _ = rx.wait_for(|v| *v).await;
+                })
+                .await
+        }));
+    }
+    if let Some((listener, _)) = unix {
+        let mut rx = stop_rx.clone();
+        servers.push(tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    let _ = rx.wait_for(|v| *v).await;
+                })
+                .await
+        }));
+    }
+
+    let signal = shutdown_signal().await;
+    tracing::info!(
+        signal,
+        "stopping: no new requests; in-flight ones may finish"
+    );
+    let _ = stop_tx.send(true);
+    let grace = Duration::from_secs(10);
+    for server in servers {
+        if tokio::time::timeout(grace, server).await.is_err() {
+            tracing::warn!("requests still running after {grace:?}; ending them");
+        }
+    }
+    let _ = gc.await;
+    if config.shutdown.sandboxes == "stop" {
+        fleet.stop_all("the service stopped").await;
+        tracing::info!("every sandbox stopped");
+    } else {
+        let kept = fleet.detach_all();
+        tracing::info!(kept, "sandboxes left running for the next start");
+    }
+    let _ = std::fs::remove_file(daemon_info_path(&config.home));
+    if let Some(path) = info.unix_socket {
+        let _ = std::fs::remove_file(path);
+    }
+    Ok(())
+}
+
+/// Waits for SIGTERM or SIGINT; returns its name.
+async fn shutdown_signal() -> &'static str {
+    use tokio::signal::unix::{SignalKind, signal};
+    let (Ok(mut term), Ok(mut int)) = (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) else {
+        // No signal handling: run until killed.
+        std::future::pending::<()>().await;
+        return "none";
+    };
+    tokio::select! {
+        _ = term.recv() => "SIGTERM",
+        _ = int.recv() => "SIGINT",
+    }
+}
+
+/// Stops idle and expired sandboxes every `limits.gc_interval_secs`.
+async fn lifecycle_loop(s: AppState, mut stop: watch::Receiver<bool>) {
+    let every = Duration::from_secs(s.config.limits.gc_interval_secs.max(1));
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(every) => {}
+            _ = stop.wait_for(|v| *v) => return,
+        }
+        for (id, why) in s.fleet.collect_expired().await {
+            s.metrics.expired.fetch_add(1, Ordering::Relaxed);
+            tracing::info!(sandbox = %id, reason = %why, "sandbox stopped by its lifecycle");
+        }
+    }
+}
+
+/// Creates the first admin key when there is none, and leaves its secret in
+/// `<home>/admin.key` (mode 0600) for the CLI.
+fn ensure_admin_key(store: &Store, home: &Path) -> Result<(), ServeError> {
+    if store.count_keys()? > 0 {
+        return Ok(());
+    }
+    let (record, secret) = new_key(ADMIN_OWNER, "admin (first start)", true)
+        .map_err(|e| ServeError::AdminKey(e.body().message.clone()))?;
+    let path = admin_key_path(home);
+    write_private(&path, format!("{secret}\n").as_bytes())?;
+    store.insert_key(&record)?;
+    tracing::info!(path = %path.display(), "created the admin API key");
+    Ok(())
+}
+
+fn write_private(path: &Path, bytes: &[u8]) -> Result<(), ServeError> {
+    use std::io::Write;
+    let tmp = path.with_extension("tmp");
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(io("create", &tmp))?;
+    f.write_all(bytes)
+        .and_then(|()| f.sync_all())
+        .map_err(io("write", &tmp))?;
+    std::fs::rename(&tmp, path).map_err(io("rename", path))
+}
+
+fn write_daemon_info(home: &Path, info: &DaemonInfo) -> Result<(), ServeError> {
+    let text = serde_json::to_string_pretty(info).unwrap_or_default();
+    write_private(&daemon_info_path(home), text.as_bytes())
+}

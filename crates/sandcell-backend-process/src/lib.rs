@@ -778,6 +778,22 @@ impl BackendInstance for ProcessInstance {
             oom_kills: Some(c.oom_kills),
             pids_limit_hits: Some(c.pids_limit_hits),
             memory_bytes: c.memory_bytes,
+            ..ResourceCounters::default()
+        }
+    }
+
+    fn usage(&self) -> ResourceCounters {
+        let Some(cg) = &self.cgroup else {
+            return ResourceCounters::default();
+        };
+        let c = cg.counters();
+        ResourceCounters {
+            oom_kills: Some(c.oom_kills),
+            pids_limit_hits: Some(c.pids_limit_hits),
+            memory_bytes: c.memory_bytes,
+            memory_peak_bytes: c.memory_peak_bytes,
+            cpu_usage_us: c.cpu_usage_us,
+            pids_current: c.pids_current,
         }
     }
 

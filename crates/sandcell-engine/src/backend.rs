@@ -35,6 +35,12 @@ pub struct ResourceCounters {
     pub pids_limit_hits: Option<u64>,
     /// Memory in use.
     pub memory_bytes: Option<u64>,
+    /// Highest memory use seen (filled by [`BackendInstance::usage`] only).
+    pub memory_peak_bytes: Option<u64>,
+    /// CPU time used, in microseconds (filled by [`BackendInstance::usage`] only).
+    pub cpu_usage_us: Option<u64>,
+    /// Processes and threads now (filled by [`BackendInstance::usage`] only).
+    pub pids_current: Option<u64>,
 }
 
 /// A freshly started sandbox: the stream its guest agent speaks on, plus its handle.
@@ -88,6 +94,11 @@ pub trait BackendInstance: Send + Sync {
     /// Forks refused by the process limit so far (a cheaper read than all of `counters`).
     fn pids_limit_hits(&self) -> Option<u64> {
         self.counters().pids_limit_hits
+    }
+    /// Everything the backend can tell about the sandbox's resource use (more reads than
+    /// [`Self::counters`], which explains an exec's end).
+    fn usage(&self) -> ResourceCounters {
+        self.counters()
     }
     /// OOM kills so far (a cheaper read than all of `counters`).
     fn oom_kills(&self) -> Option<u64> {

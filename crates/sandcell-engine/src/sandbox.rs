@@ -233,6 +233,11 @@ impl Sandbox {
         }
     }
 
+    /// Its resource use now: memory, CPU time, processes (from its cgroup where it has one).
+    pub fn usage(&self) -> ResourceCounters {
+        self.inner.instance.usage()
+    }
+
     /// What another process needs to reach this sandbox again ([`crate::Engine::reattach`]);
     /// `Null` when its backend cannot.
     pub fn runtime(&self) -> serde_json::Value {

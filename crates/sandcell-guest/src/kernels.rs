@@ -1044,41 +1044,7 @@ async fn changed_outputs(shared: &Arc<Shared>, before: OutputsSnapshot) -> Vec<A
 
 /// A MIME type from a file name.
 pub(crate) fn mime_of(path: &Path) -> &'static str {
-    let ext = path
-        .extension()
-        .and_then(|e| e.to_str())
-        .map(str::to_ascii_lowercase)
-        .unwrap_or_default();
-    match ext.as_str() {
-        "png" => "image/png",
-        "jpg" | "jpeg" => "image/jpeg",
-        "gif" => "image/gif",
-        "svg" => "image/svg+xml",
-        "webp" => "image/webp",
-        "pdf" => "application/pdf",
-        "csv" => "text/csv",
-        "tsv" => "text/tab-separated-values",
-        "txt" | "log" => "text/plain",
-        "md" => "text/markdown",
-        "html" | "htm" => "text/html",
-        "json" => "application/json",
-        "jsonl" | "ndjson" => "application/x-ndjson",
-        "xml" => "application/xml",
-        "yaml" | "yml" => "application/yaml",
-        "zip" => "application/zip",
-        "gz" => "application/gzip",
-        "tar" => "application/x-tar",
-        "parquet" => "application/vnd.apache.parquet",
-        "xlsx" => "application/vnd.openxmlformats-officedocument.spreadsheetml.sheet",
-        "py" => "text/x-python",
-        "js" => "text/javascript",
-        "r" => "text/x-r",
-        "sh" => "application/x-sh",
-        "wav" => "audio/wav",
-        "mp3" => "audio/mpeg",
-        "mp4" => "video/mp4",
-        _ => "application/octet-stream",
-    }
+    sandcell_protocol::mime_of_name(&path.to_string_lossy())
 }
 
 // ------------------------------------------------------------------------------------------

@@ -23,7 +23,7 @@ pub use frame::{
     Channel, DataChunk, Frame, FrameDecoder, FrameError, HEADER_LEN, MAX_FRAME_LEN, encode_data,
     encode_message,
 };
-pub use fs::{FileEntry, FileKind};
+pub use fs::{FileEntry, FileKind, mime_of_name};
 pub use isolation::{Feature, FeatureState, IsolationReport};
 pub use message::{ErrorCode, GuestMessage, HostMessage, WireError};
 

@@ -104,6 +104,11 @@ const KEYS: &[Key] = &[
         default: |_| toml::Value::Array(Vec::new()),
     },
     Key {
+        name: "pools.warm",
+        help: "warm pools: \"template/size=count\" entries, e.g. [\"python/small=2\"]: that many ready sandboxes kept for creates that ask for exactly that template and size (no env or limits of their own)",
+        default: |_| toml::Value::Array(Vec::new()),
+    },
+    Key {
         name: "shutdown.sandboxes",
         help: "on SIGTERM/SIGINT: \"keep\" them running for the next start, or \"stop\" them",
         default: |_| string("keep"),
@@ -128,8 +133,53 @@ pub struct Config {
     pub limits: LimitsConfig,
     /// What may be imported.
     pub import: ImportConfig,
+    /// Warm pools.
+    pub pools: PoolsConfig,
     /// What a stop does.
     pub shutdown: ShutdownConfig,
+}
+
+/// Warm pools.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PoolsConfig {
+    /// `template/size=count` entries.
+    pub warm: Vec<String>,
+}
+
+/// One warm pool setting.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WarmPool {
+    /// The template.
+    pub template: String,
+    /// The size name.
+    pub size: String,
+    /// Ready sandboxes to keep.
+    pub count: usize,
+}
+
+/// Parses `template/size=count` (size defaults to `small`, count to 1).
+pub fn parse_warm_pool(entry: &str) -> Result<WarmPool, String> {
+    let (name, count) = match entry.split_once('=') {
+        Some((n, c)) => {
+            let count: usize = c
+                .trim()
+                .parse()
+                .ok()
+                .filter(|n| (1..=64).contains(n))
+                .ok_or_else(|| format!("'{entry}': the count must be a number from 1 to 64"))?;
+            (n.trim(), count)
+        }
+        None => (entry.trim(), 1),
+    };
+    let (template, size) = name.split_once('/').unwrap_or((name, "small"));
+    if template.is_empty() || size.is_empty() {
+        return Err(format!("'{entry}' is not template/size=count"));
+    }
+    Ok(WarmPool {
+        template: template.to_string(),
+        size: size.to_string(),
+        count,
+    })
 }
 
 /// Caps and timeouts.
@@ -337,6 +387,9 @@ fn validate(c: &Config) -> Result<(), ConfigError> {
     }
     if c.limits.gc_interval_secs == 0 {
         return Err(bad("limits.gc_interval_secs", "must be at least 1".into()));
+    }
+    for entry in &c.pools.warm {
+        parse_warm_pool(entry).map_err(|m| bad("pools.warm", m))?;
     }
     if let Some(p) = c.import.allowed_paths.iter().find(|p| !p.is_absolute()) {
         return Err(bad(

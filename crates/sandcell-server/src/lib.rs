@@ -32,7 +32,7 @@ pub use serve::{
 };
 pub use state::AppState;
 
-use crate::api::{code, exec, files, keys, processes, sandboxes, system};
+use crate::api::{code, exec, files, keys, processes, sandboxes, system, transfer, usage};
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorTag};
 
@@ -78,6 +78,7 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(sandboxes::create, sandboxes::list))
         .routes(routes!(sandboxes::get, sandboxes::delete))
         .routes(routes!(sandboxes::set_timeout))
+        .routes(routes!(usage::usage))
         .routes(routes!(exec::exec))
         .routes(routes!(exec::exec_stream))
         .routes(routes!(code::run))
@@ -98,6 +99,12 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(files::mkdir))
         .routes(routes!(files::rename))
         .routes(routes!(files::download, files::upload))
+        .routes(routes!(transfer::import))
+        .routes(routes!(transfer::artifacts))
+        .routes(routes!(transfer::create_export))
+        .routes(routes!(transfer::list_exports))
+        .routes(routes!(transfer::get_export, transfer::delete_export))
+        .routes(routes!(transfer::download_export))
         .routes(routes!(keys::create, keys::list))
         .routes(routes!(keys::revoke))
         .routes(routes!(system::system))

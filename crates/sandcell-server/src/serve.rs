@@ -52,6 +52,9 @@ pub enum ServeError {
     /// Recovering the previous run's sandboxes failed.
     #[error("recovering sandboxes: {0}")]
     Recover(String),
+    /// A warm pool setting is wrong.
+    #[error("pools.warm {0}")]
+    Pool(String),
     /// The first admin key could not be made.
     #[error("creating the admin key: {0}")]
     AdminKey(String),
@@ -105,6 +108,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
         Arc::new(StoreLedger::new(store.clone())),
         config.fleet_limits(),
     ));
+    fleet.set_pools(pool_specs(&config)?);
     let recovered = fleet
         .recover()
         .await
@@ -124,6 +128,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
         metrics: Arc::new(Metrics::default()),
         config: Arc::new(config.clone()),
         started: Instant::now(),
+        cpu_samples: Arc::default(),
         requests: Arc::new(AtomicU64::new(1)),
     };
     let app = crate::app(state.clone());
@@ -170,6 +175,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let gc = tokio::spawn(lifecycle_loop(state.clone(), stop_rx.clone()));
+    let refill = tokio::spawn(pool_loop(fleet.clone(), stop_rx.clone()));
     let mut servers = Vec::new();
     {
         let mut rx = stop_rx.clone();
@@ -206,6 +212,8 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
         }
     }
     let _ = gc.await;
+    let _ = refill.await;
+    fleet.drain_pools().await;
     if config.shutdown.sandboxes == "stop" {
         fleet.stop_all("the service stopped").await;
         tracing::info!("every sandbox stopped");
@@ -234,6 +242,49 @@ async fn shutdown_signal() -> &'static str {
     tokio::select! {
         _ = term.recv() => "SIGTERM",
         _ = int.recv() => "SIGINT",
+    }
+}
+
+/// The warm pools of the settings.
+fn pool_specs(config: &Config) -> Result<Vec<sandcell_engine::fleet::PoolSpec>, ServeError> {
+    let mut specs = Vec::new();
+    for entry in &config.pools.warm {
+        let pool = crate::config::parse_warm_pool(entry).map_err(ServeError::Pool)?;
+        let size: crate::api::types::Size =
+            serde_json::from_value(serde_json::Value::String(pool.size.clone())).map_err(|_| {
+                ServeError::Pool(format!(
+                    "'{entry}': size '{}' is not nano, small, medium or large",
+                    pool.size
+                ))
+            })?;
+        let req = crate::api::types::CreateSandbox {
+            template: Some(pool.template.clone()),
+            size: Some(size),
+            ..Default::default()
+        };
+        let spec = req
+            .spec()
+            .map_err(|e| ServeError::Pool(format!("'{entry}': {}", e.body().message)))?;
+        specs.push(sandcell_engine::fleet::PoolSpec {
+            name: format!("{}/{}", pool.template, pool.size),
+            spec,
+            size: pool.count,
+        });
+    }
+    Ok(specs)
+}
+
+/// Keeps the warm pools full: refills at start and after each sandbox taken.
+async fn pool_loop(fleet: Arc<Fleet>, mut stop: watch::Receiver<bool>) {
+    loop {
+        tokio::select! {
+            _ = fleet.refill_pools() => {}
+            _ = stop.wait_for(|v| *v) => return,
+        }
+        tokio::select! {
+            _ = fleet.pool_taken(Duration::from_secs(5)) => {}
+            _ = stop.wait_for(|v| *v) => return,
+        }
     }
 }
 

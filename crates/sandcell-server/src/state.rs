@@ -26,6 +26,8 @@ pub struct AppState {
     pub config: Arc<Config>,
     /// When the service started.
     pub started: Instant,
+    /// The last CPU reading of each sandbox (for CPU percentages).
+    pub cpu_samples: Arc<crate::api::usage::CpuSamples>,
     /// Requests seen (for request ids).
     pub requests: Arc<AtomicU64>,
 }

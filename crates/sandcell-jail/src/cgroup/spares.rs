@@ -13,7 +13,9 @@ use super::SandboxCgroup;
 use crate::error::JailError;
 use crate::spares::{abandoned, ensure_pool_dir, unique};
 
-const ENTRY: &str = ".json";
+/// Entries of the current layout (v2: cpuacct joined on v1). Entries of older layouts are
+/// removed, with their cgroups, by the next refill.
+const ENTRY: &str = ".v2.json";
 const TAKEN: &str = ".taken-";
 
 /// A directory of spare cgroups (one per cgroup parent).
@@ -103,6 +105,12 @@ impl CgroupSpares {
             let name = entry.file_name().to_string_lossy().into_owned();
             if name.ends_with(ENTRY) {
                 spares += 1;
+            } else if name.ends_with(".json") && !name.starts_with('.') {
+                let path = entry.path();
+                if let Some(cg) = read_entry(&path) {
+                    let _ = cg.remove();
+                }
+                let _ = fs::remove_file(&path);
             } else if let Some((_, pid)) = name.split_once(TAKEN) {
                 let path = entry.path();
                 if abandoned(&path, pid.parse().ok()) {

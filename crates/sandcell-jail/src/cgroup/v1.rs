@@ -78,7 +78,8 @@ pub(super) fn controllers_in(dir: &Path) -> Vec<String> {
     .collect()
 }
 
-/// Creates `<mount>/<parent…>/<id>` in the memory and pids hierarchies (and cpu's, `with_cpu`).
+/// Creates `<mount>/<parent…>/<id>` in the memory, pids and cpuacct hierarchies (and cpu's,
+/// `with_cpu`).
 pub(super) fn make(
     hierarchies: &[Hierarchy],
     parent: &[String],
@@ -89,8 +90,10 @@ pub(super) fn make(
     // Read once for every hierarchy: each /proc read costs as much as a mkdir here.
     let own = own_cgroups();
 
-    // (Killing PID 1 ends the pid namespace, so the freezer is not needed to kill.)
-    let needed = |c: &String| c == "memory" || c == "pids" || (c == "cpu" && with_cpu);
+    // (Killing PID 1 ends the pid namespace, so the freezer is not needed to kill.) cpuacct
+    // always: it is what tells a sandbox's CPU use.
+    let needed =
+        |c: &String| c == "memory" || c == "pids" || c == "cpuacct" || (c == "cpu" && with_cpu);
     for h in hierarchies
         .iter()
         .filter(|h| h.controllers.iter().any(needed))

@@ -138,7 +138,7 @@ fn file_query(raw: Option<&str>, allowed: &[&str]) -> Result<FileQuery, ApiError
 
 /// Checks a path's shape; whether it stays inside the sandbox's folders is the agent's call
 /// (it resolves every component without following links out).
-fn check_path(path: &str) -> Result<(), ApiError> {
+pub(crate) fn check_path(path: &str) -> Result<(), ApiError> {
     if path.is_empty() || path.len() > MAX_PATH || path.contains('\0') {
         return Err(ApiError::invalid(format!(
             "a path must be 1 to {MAX_PATH} bytes without NUL"

@@ -8,4 +8,6 @@ pub mod keys;
 pub mod processes;
 pub mod sandboxes;
 pub mod system;
+pub mod transfer;
 pub mod types;
+pub mod usage;

@@ -52,16 +52,20 @@ pub async fn create(
     let start = Instant::now();
     let created = s.fleet.create(&caller.owner, opts).await;
     match &created {
-        Ok(_) => {
+        Ok(r) => {
             s.metrics.creates_ok.fetch_add(1, Ordering::Relaxed);
-            s.metrics.pool_misses.fetch_add(1, Ordering::Relaxed);
+            if r.from_pool {
+                s.metrics.pool_hits.fetch_add(1, Ordering::Relaxed);
+            } else {
+                s.metrics.pool_misses.fetch_add(1, Ordering::Relaxed);
+            }
             s.metrics.create_latency.observe(start.elapsed());
         }
         Err(_) => {
             s.metrics.creates_failed.fetch_add(1, Ordering::Relaxed);
         }
     }
-    let record = created?;
+    let record = created?.record;
     crate::audit(
         &s,
         &caller,

@@ -79,7 +79,7 @@ pub async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
             .unwrap_or(0);
         states.push((state.as_str(), n));
     }
-    let pools: Vec<(String, u64)> = Vec::new();
+    let pools = s.fleet.pool_ready_counts();
     (
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         s.metrics.render(&states, &pools),

@@ -12,6 +12,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::{Deserialize, Serialize};
 
+mod pools;
+
+pub use pools::{POOL_OWNER, PoolSpec};
+
 use crate::engine::{Engine, new_sandbox_id};
 use crate::error::EngineError;
 use crate::sandbox::Sandbox;
@@ -274,6 +278,15 @@ struct Live {
     last_active: AtomicI64,
 }
 
+/// A sandbox [`Fleet::create`] made.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Created {
+    /// Its record.
+    pub record: SandboxRecord,
+    /// It came ready from a warm pool.
+    pub from_pool: bool,
+}
+
 /// What [`Fleet::recover`] did.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Recovery {
@@ -291,6 +304,8 @@ pub struct Fleet {
     live: Mutex<HashMap<String, Arc<Live>>>,
     /// Serializes the cap check with the insert, so concurrent creates cannot overshoot.
     admission: tokio::sync::Mutex<()>,
+    /// Warm pools: ready sandboxes handed out on create.
+    pools: pools::Pools,
 }
 
 /// The current time.
@@ -321,6 +336,7 @@ impl Fleet {
             limits,
             live: Mutex::new(HashMap::new()),
             admission: tokio::sync::Mutex::new(()),
+            pools: pools::Pools::default(),
         }
     }
 
@@ -336,11 +352,7 @@ impl Fleet {
 
     /// Creates a sandbox for `owner`: the record is written (`creating`) before the sandbox
     /// starts, and again (`running` or `failed`) before this returns.
-    pub async fn create(
-        &self,
-        owner: &str,
-        opts: CreateOptions,
-    ) -> Result<SandboxRecord, EngineError> {
+    pub async fn create(&self, owner: &str, opts: CreateOptions) -> Result<Created, EngineError> {
         check_tags("label", &opts.labels)?;
         check_tags("metadata", &opts.metadata)?;
         opts.spec.validate()?;
@@ -381,11 +393,16 @@ impl Fleet {
             ephemeral: opts.ephemeral,
             runtime: serde_json::Value::Null,
         };
-        {
-            let _admitted = self.admission.lock().await;
-            self.check_caps(owner)?;
-            self.ledger.insert(&record).map_err(persistence)?;
+        let admitted = self.admission.lock().await;
+        self.check_caps(owner)?;
+        if let Some(record) = self.claim_from_pool(record.clone())? {
+            return Ok(Created {
+                record,
+                from_pool: true,
+            });
         }
+        self.ledger.insert(&record).map_err(persistence)?;
+        drop(admitted);
         let mut record = record;
         match self
             .engine
@@ -405,7 +422,10 @@ impl Fleet {
                     last_active: AtomicI64::new(record.updated_at_ms),
                 });
                 lock(&self.live).insert(record.id.clone(), live);
-                Ok(record)
+                Ok(Created {
+                    record,
+                    from_pool: false,
+                })
             }
             Err(e) => {
                 record.state = SandboxState::Failed;
@@ -419,7 +439,16 @@ impl Fleet {
 
     fn check_caps(&self, owner: &str) -> Result<(), EngineError> {
         if let Some(max) = self.limits.max_sandboxes {
-            let n = self.ledger.count_active(None).map_err(persistence)?;
+            // Ready pool sandboxes are the service's, not anybody's: they do not count.
+            let pooled = self
+                .ledger
+                .count_active(Some(POOL_OWNER))
+                .map_err(persistence)?;
+            let n = self
+                .ledger
+                .count_active(None)
+                .map_err(persistence)?
+                .saturating_sub(pooled);
             if n >= max {
                 return Err(EngineError::LimitExceeded(format!(
                     "the service runs {n} sandboxes, its maximum ({max}); delete one or wait"
@@ -620,6 +649,14 @@ impl Fleet {
         }
         for mut record in records {
             if lock(&self.live).contains_key(&record.id) {
+                continue;
+            }
+            if record.owner == POOL_OWNER {
+                // A previous run's warm pool: ended, and made again by this run's refill.
+                if !record.runtime.is_null() {
+                    self.engine.kill_orphan(&record.spec, &record.runtime);
+                }
+                self.ledger.remove(&record.id).map_err(persistence)?;
                 continue;
             }
             let attempt = if record.state == SandboxState::Creating {

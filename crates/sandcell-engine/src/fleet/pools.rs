@@ -1,0 +1,198 @@
+//! Warm pools: sandboxes started ahead of time for a spec, handed out by `create` when a
+//! request asks for exactly that spec, and refilled in the background.
+//!
+//! A ready sandbox has a record owned by [`POOL_OWNER`] (no key can have that owner), so a
+//! crash of the service orphans nothing: [`Fleet::recover`] ends what the pools held.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::Arc;
+use std::sync::atomic::AtomicI64;
+
+use super::{Fleet, Live, SandboxRecord, SandboxState, lock, now_ms, persistence};
+use crate::error::EngineError;
+use crate::sandbox::Sandbox;
+use crate::spec::SandboxSpec;
+
+/// The owner of ready pool sandboxes (not a valid key owner).
+pub const POOL_OWNER: &str = "(pool)";
+
+/// One warm pool.
+#[derive(Debug, Clone, PartialEq)]
+pub struct PoolSpec {
+    /// Its name (in metrics), e.g. `python/small`.
+    pub name: String,
+    /// What its sandboxes are.
+    pub spec: SandboxSpec,
+    /// How many it keeps ready.
+    pub size: usize,
+}
+
+/// The pools and their ready sandboxes.
+#[derive(Default)]
+pub(super) struct Pools {
+    specs: std::sync::Mutex<Vec<PoolSpec>>,
+    ready: std::sync::Mutex<HashMap<String, VecDeque<Sandbox>>>,
+    /// Wakes the refiller after a sandbox was taken.
+    taken: tokio::sync::Notify,
+}
+
+impl Fleet {
+    /// Sets the warm pools (at start, before [`Self::refill_pools`] runs).
+    pub fn set_pools(&self, pools: Vec<PoolSpec>) {
+        *lock(&self.pools.specs) = pools;
+    }
+
+    /// Ready sandboxes by pool name, for metrics.
+    pub fn pool_ready_counts(&self) -> Vec<(String, u64)> {
+        let specs = lock(&self.pools.specs).clone();
+        let ready = lock(&self.pools.ready);
+        specs
+            .iter()
+            .map(|p| {
+                let n = ready.get(&p.name).map_or(0, VecDeque::len);
+                (p.name.clone(), n as u64)
+            })
+            .collect()
+    }
+
+    /// Starts sandboxes until every pool is full; one at a time, so that refilling never
+    /// competes much with the requests being served. Returns how many it started.
+    pub async fn refill_pools(&self) -> usize {
+        let mut started = 0;
+        loop {
+            let wanted = {
+                let specs = lock(&self.pools.specs);
+                let ready = lock(&self.pools.ready);
+                specs
+                    .iter()
+                    .find(|p| ready.get(&p.name).map_or(0, VecDeque::len) < p.size)
+                    .cloned()
+            };
+            let Some(pool) = wanted else {
+                return started;
+            };
+            match self.start_pooled(&pool).await {
+                Ok(sandbox) => {
+                    lock(&self.pools.ready)
+                        .entry(pool.name.clone())
+                        .or_default()
+                        .push_back(sandbox);
+                    started += 1;
+                }
+                // A pool that cannot start sandboxes stays short; creates go the slow way.
+                Err(_) => return started,
+            }
+        }
+    }
+
+    /// Waits until a pool sandbox is taken (or `limit` passes).
+    pub async fn pool_taken(&self, limit: std::time::Duration) {
+        let _ = tokio::time::timeout(limit, self.pools.taken.notified()).await;
+    }
+
+    async fn start_pooled(&self, pool: &PoolSpec) -> Result<Sandbox, EngineError> {
+        let now = now_ms();
+        let mut record = SandboxRecord {
+            id: crate::engine::new_sandbox_id(),
+            owner: POOL_OWNER.to_string(),
+            state: SandboxState::Creating,
+            reason: Some(format!("warm pool {}", pool.name)),
+            spec: pool.spec.clone(),
+            labels: Default::default(),
+            metadata: Default::default(),
+            created_at_ms: now,
+            updated_at_ms: now,
+            last_active_ms: now,
+            idle_timeout_ms: None,
+            expires_at_ms: None,
+            ephemeral: true,
+            runtime: serde_json::Value::Null,
+        };
+        self.ledger.insert(&record).map_err(persistence)?;
+        match self
+            .engine
+            .create_with_id(record.id.clone(), pool.spec.clone())
+            .await
+        {
+            Ok(sandbox) => {
+                record.state = SandboxState::Running;
+                record.runtime = sandbox.runtime();
+                record.updated_at_ms = now_ms();
+                if let Err(e) = self.ledger.update(&record) {
+                    let _ = sandbox.destroy().await;
+                    let _ = self.ledger.remove(&record.id);
+                    return Err(persistence(e));
+                }
+                Ok(sandbox)
+            }
+            Err(e) => {
+                let _ = self.ledger.remove(&record.id);
+                Err(e)
+            }
+        }
+    }
+
+    /// Hands a ready sandbox with `wanted`'s spec to `wanted`'s owner, if a pool has one:
+    /// its record becomes `wanted` (with the pool sandbox's id and runtime).
+    pub(super) fn claim_from_pool(
+        &self,
+        mut wanted: SandboxRecord,
+    ) -> Result<Option<SandboxRecord>, EngineError> {
+        let name = {
+            let specs = lock(&self.pools.specs);
+            match specs.iter().find(|p| p.spec == wanted.spec) {
+                Some(p) => p.name.clone(),
+                None => return Ok(None),
+            }
+        };
+        let sandbox = loop {
+            let next = lock(&self.pools.ready)
+                .get_mut(&name)
+                .and_then(VecDeque::pop_front);
+            let Some(sandbox) = next else {
+                return Ok(None);
+            };
+            // One that died while waiting is dropped (and its record with it).
+            if sandbox.is_gone() {
+                let _ = self.ledger.remove(sandbox.id());
+                continue;
+            }
+            break sandbox;
+        };
+        self.pools.taken.notify_one();
+        wanted.id = sandbox.id().to_string();
+        wanted.state = SandboxState::Running;
+        wanted.runtime = sandbox.runtime();
+        wanted.updated_at_ms = now_ms();
+        // The pool's record gives way to the owner's (same id: the sandbox keeps it).
+        let swapped = self
+            .ledger
+            .remove(&wanted.id)
+            .and_then(|()| self.ledger.insert(&wanted));
+        if let Err(e) = swapped {
+            let s = sandbox.clone();
+            tokio::spawn(async move {
+                let _ = s.destroy().await;
+            });
+            return Err(persistence(e));
+        }
+        let live = Arc::new(Live {
+            sandbox,
+            last_active: AtomicI64::new(wanted.updated_at_ms),
+        });
+        lock(&self.live).insert(wanted.id.clone(), live);
+        Ok(Some(wanted))
+    }
+
+    /// Ends every ready pool sandbox and forgets its record.
+    pub async fn drain_pools(&self) {
+        let drained: Vec<Sandbox> = lock(&self.pools.ready)
+            .drain()
+            .flat_map(|(_, q)| q)
+            .collect();
+        for sandbox in drained {
+            let _ = sandbox.destroy().await;
+            let _ = self.ledger.remove(sandbox.id());
+        }
+    }
+}

@@ -3,7 +3,7 @@
 
 use std::sync::Arc;
 
-use sandcell_engine::fleet::{Ledger, Page, RecordQuery, SandboxRecord, SandboxState};
+use sandcell_engine::fleet::{Ledger, ListError, Page, RecordQuery, SandboxRecord, SandboxState};
 use sandcell_store::{SandboxQuery, Store, StoreError};
 
 /// A [`Ledger`] over a [`Store`].
@@ -91,7 +91,7 @@ impl Ledger for StoreLedger {
             .transpose()
     }
 
-    fn list(&self, q: &RecordQuery) -> Result<Page<SandboxRecord>, String> {
+    fn list(&self, q: &RecordQuery) -> Result<Page<SandboxRecord>, ListError> {
         let page = self
             .store
             .list_sandboxes(&SandboxQuery {
@@ -102,13 +102,17 @@ impl Ledger for StoreLedger {
                 limit: q.limit,
                 cursor: q.cursor.clone(),
             })
-            .map_err(text)?;
+            .map_err(|e| match e {
+                StoreError::InvalidCursor(m) => ListError::InvalidCursor(m),
+                other => ListError::Failed(other.to_string()),
+            })?;
         Ok(Page {
             items: page
                 .items
                 .into_iter()
                 .map(from_row)
-                .collect::<Result<_, _>>()?,
+                .collect::<Result<_, _>>()
+                .map_err(ListError::Failed)?,
             next_cursor: page.next_cursor,
         })
     }

@@ -10,6 +10,7 @@ pub mod config;
 pub mod error;
 pub mod ledger;
 pub mod metrics;
+mod openapi;
 mod serve;
 pub mod state;
 
@@ -112,12 +113,15 @@ fn api_routes() -> OpenApiRouter<AppState> {
 
 /// The OpenAPI 3.1 document of the API.
 pub fn openapi() -> utoipa::openapi::OpenApi {
-    api_routes().into_openapi()
+    let mut doc = api_routes().into_openapi();
+    openapi::complete(&mut doc);
+    doc
 }
 
 /// The whole service as a router over `state`.
 pub fn app(state: AppState) -> Router {
-    let (api, doc) = api_routes().split_for_parts();
+    let (api, mut doc) = api_routes().split_for_parts();
+    openapi::complete(&mut doc);
     let doc_json: Arc<str> = doc.to_json().unwrap_or_else(|_| "{}".into()).into();
     let max_request = usize::try_from(state.config.limits.max_request_bytes).unwrap_or(usize::MAX);
     api.route(

@@ -146,11 +146,29 @@ pub trait Ledger: Send + Sync {
     /// One record.
     fn get(&self, id: &str) -> Result<Option<SandboxRecord>, String>;
     /// A page of records, ordered by creation.
-    fn list(&self, query: &RecordQuery) -> Result<Page<SandboxRecord>, String>;
+    fn list(&self, query: &RecordQuery) -> Result<Page<SandboxRecord>, ListError>;
     /// Active sandboxes (all owners, or one).
     fn count_active(&self, owner: Option<&str>) -> Result<u64, String>;
     /// Forgets a record.
     fn remove(&self, id: &str) -> Result<(), String>;
+}
+
+/// Why a listing failed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ListError {
+    /// The cursor is not one a listing gave.
+    InvalidCursor(String),
+    /// The records could not be read.
+    Failed(String),
+}
+
+impl From<ListError> for EngineError {
+    fn from(e: ListError) -> Self {
+        match e {
+            ListError::InvalidCursor(m) => EngineError::InvalidRequest(m),
+            ListError::Failed(m) => EngineError::Persistence(m),
+        }
+    }
 }
 
 /// A ledger in memory, for embedded use and tests.
@@ -187,7 +205,7 @@ impl Ledger for MemoryLedger {
         Ok(lock(&self.records).get(id).cloned())
     }
 
-    fn list(&self, q: &RecordQuery) -> Result<Page<SandboxRecord>, String> {
+    fn list(&self, q: &RecordQuery) -> Result<Page<SandboxRecord>, ListError> {
         let mut all: Vec<SandboxRecord> = lock(&self.records)
             .values()
             .filter(|r| q.owner.as_ref().is_none_or(|o| *o == r.owner))
@@ -197,11 +215,14 @@ impl Ledger for MemoryLedger {
             .cloned()
             .collect();
         all.sort_by(|a, b| (a.created_at_ms, &a.id).cmp(&(b.created_at_ms, &b.id)));
-        let start = q
-            .cursor
-            .as_ref()
-            .and_then(|c| all.iter().position(|r| r.id == *c).map(|i| i + 1))
-            .unwrap_or(0);
+        let start = match &q.cursor {
+            Some(c) => all
+                .iter()
+                .position(|r| r.id == *c)
+                .map(|i| i + 1)
+                .ok_or_else(|| ListError::InvalidCursor(format!("unknown page cursor {c:?}")))?,
+            None => 0,
+        };
         let limit = if q.limit == 0 { 100 } else { q.limit as usize };
         let items: Vec<SandboxRecord> = all.iter().skip(start).take(limit).cloned().collect();
         let next_cursor = (start + items.len() < all.len())
@@ -487,7 +508,7 @@ impl Fleet {
         mut query: RecordQuery,
     ) -> Result<Page<SandboxRecord>, EngineError> {
         query.owner = Some(owner.to_string());
-        let mut page = self.ledger.list(&query).map_err(persistence)?;
+        let mut page = self.ledger.list(&query)?;
         let live = lock(&self.live);
         for r in &mut page.items {
             if let Some(l) = live.get(&r.id) {
@@ -632,15 +653,12 @@ impl Fleet {
         let mut cursor = None;
         let mut records = Vec::new();
         loop {
-            let page = self
-                .ledger
-                .list(&RecordQuery {
-                    states: SandboxState::ACTIVE.to_vec(),
-                    limit: 500,
-                    cursor,
-                    ..RecordQuery::default()
-                })
-                .map_err(persistence)?;
+            let page = self.ledger.list(&RecordQuery {
+                states: SandboxState::ACTIVE.to_vec(),
+                limit: 500,
+                cursor,
+                ..RecordQuery::default()
+            })?;
             records.extend(page.items);
             match page.next_cursor {
                 Some(c) => cursor = Some(c),

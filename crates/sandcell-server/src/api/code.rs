@@ -250,7 +250,7 @@ pub async fn run(
     params(("id" = String, Path, description = "Sandbox id")),
     request_body = CodeInput,
     responses(
-        (status = 200, description = "Server-sent events", content_type = "text/event-stream", body = String),
+        (status = 200, description = "Server-sent events", content_type = "text/event-stream", body = super::exec::SseEvent),
         (status = 400, body = ErrorBody),
         (status = 401, body = ErrorBody),
         (status = 404, body = ErrorBody),

@@ -187,7 +187,7 @@ pub async fn exec(
     params(("id" = String, Path, description = "Sandbox id")),
     request_body = ExecInput,
     responses(
-        (status = 200, description = "Server-sent events: stdout, stderr, exit (or error)", content_type = "text/event-stream", body = String),
+        (status = 200, description = "Server-sent events: stdout, stderr, exit (or error)", content_type = "text/event-stream", body = SseEvent),
         (status = 400, body = ErrorBody),
         (status = 401, body = ErrorBody),
         (status = 404, body = ErrorBody),
@@ -243,6 +243,15 @@ fn data_event(name: &str, bytes: &[u8]) -> Event {
         name,
         &serde_json::json!({"data": String::from_utf8_lossy(bytes)}),
     )
+}
+
+/// One server-sent event as the stream carries it: its name and its JSON data.
+#[derive(Debug, Serialize, ToSchema)]
+pub struct SseEvent {
+    /// The event's name (`stdout`, `exit`, …).
+    pub event: String,
+    /// The event's JSON body.
+    pub data: String,
 }
 
 /// An SSE event named `name` carrying `body` as JSON.

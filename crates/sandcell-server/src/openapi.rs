@@ -1,0 +1,117 @@
+//! Completes the OpenAPI document the handlers describe: the error answers any operation can
+//! give (every one of them is `ErrorBody`), and the shapes of path parameters, so that a client
+//! generated from the document, or a fuzzer such as schemathesis, sees exactly what the
+//! service accepts and returns.
+
+use utoipa::openapi::path::{Operation, ParameterIn};
+use utoipa::openapi::response::ResponseBuilder;
+use utoipa::openapi::schema::{ObjectBuilder, Type};
+use utoipa::openapi::{ContentBuilder, OpenApi, Ref, RefOr, Schema};
+
+/// Error statuses every operation may answer, with what they mean.
+const ERRORS: &[(&str, &str)] = &[
+    (
+        "400",
+        "Invalid request (malformed JSON, wrong types, unknown fields, bad ids or query parameters)",
+    ),
+    ("401", "No valid API key"),
+    ("404", "No such resource for this key"),
+    (
+        "409",
+        "The sandbox is not running, or the resource is in a conflicting state",
+    ),
+    ("413", "The body is over the size limit"),
+    ("422", "The program could not be started"),
+    ("429", "A cap was reached"),
+    ("500", "The service failed"),
+    ("504", "The sandbox's agent did not answer in time"),
+    ("507", "The sandbox's disk is full"),
+];
+
+/// Shapes of the path parameters, by name: (pattern, or None for an integer ≥ 2).
+const PATH_PARAMS: &[(&str, Option<&str>)] = &[
+    ("id", Some("^sb-[a-z0-9-]{1,64}$")),
+    ("export_id", Some("^ex-[0-9a-f]{16}$")),
+    ("key_id", Some("^[0-9a-f]{1,64}$")),
+    ("context", Some("^[A-Za-z0-9_.-]{1,64}$")),
+    ("pid", None),
+];
+
+/// Adds the error answers and parameter shapes to every operation.
+pub fn complete(doc: &mut OpenApi) {
+    for item in doc.paths.paths.values_mut() {
+        for op in [
+            item.get.as_mut(),
+            item.put.as_mut(),
+            item.post.as_mut(),
+            item.delete.as_mut(),
+            item.patch.as_mut(),
+        ]
+        .into_iter()
+        .flatten()
+        {
+            add_errors(op);
+            shape_path_params(op);
+        }
+    }
+}
+
+fn add_errors(op: &mut Operation) {
+    let json_body = op.request_body.as_ref().is_some_and(|b| match b {
+        RefOr::T(body) => body.content.contains_key("application/json"),
+        RefOr::Ref(_) => true,
+    });
+    let mut statuses: Vec<(&str, &str)> = ERRORS.to_vec();
+    if json_body {
+        statuses.push(("415", "The body is not sent as application/json"));
+    }
+    for (status, description) in statuses {
+        op.responses
+            .responses
+            .entry(status.to_string())
+            .or_insert_with(|| {
+                RefOr::T(
+                    ResponseBuilder::new()
+                        .description(description)
+                        .content(
+                            "application/json",
+                            ContentBuilder::new()
+                                .schema(Some(Ref::from_schema_name("ErrorBody")))
+                                .build(),
+                        )
+                        .build(),
+                )
+            });
+    }
+}
+
+fn shape_path_params(op: &mut Operation) {
+    let Some(params) = op.parameters.as_mut() else {
+        return;
+    };
+    for p in params.iter_mut() {
+        let RefOr::T(p) = p else {
+            continue;
+        };
+        if p.parameter_in != ParameterIn::Path {
+            continue;
+        }
+        let Some((_, pattern)) = PATH_PARAMS.iter().find(|(name, _)| *name == p.name) else {
+            continue;
+        };
+        let schema = match pattern {
+            Some(pattern) => ObjectBuilder::new()
+                .schema_type(Type::String)
+                .pattern(Some(*pattern))
+                .build(),
+            None => ObjectBuilder::new()
+                .schema_type(Type::Integer)
+                .format(Some(utoipa::openapi::SchemaFormat::KnownFormat(
+                    utoipa::openapi::KnownFormat::Int32,
+                )))
+                .minimum(Some(2))
+                .build(),
+        };
+        p.schema = Some(RefOr::T(Schema::Object(schema)));
+    }
+}

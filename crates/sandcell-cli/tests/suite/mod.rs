@@ -1,6 +1,11 @@
 mod attacks;
 mod cli;
 mod common;
+mod daemon;
+mod daemon_api;
+mod daemon_cli;
+mod daemon_files;
+mod daemon_life;
 mod exec;
 mod files;
 mod kernels;

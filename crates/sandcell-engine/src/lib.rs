@@ -9,6 +9,7 @@ pub mod client;
 mod code;
 mod engine;
 pub mod error;
+mod process;
 mod sandbox;
 pub mod spec;
 
@@ -18,5 +19,6 @@ pub use backend::{
 pub use code::{CodeEvent, CodeOutput, CodeRun, CodeStream, OutputKind};
 pub use engine::{Engine, EngineBuilder, new_sandbox_id};
 pub use error::EngineError;
+pub use process::{AttachEvent, AttachFrom, AttachOutput, AttachStream, BackgroundProcess};
 pub use sandbox::{ExecEvent, ExecOutput, ExecStream, Sandbox, Timings};
 pub use spec::{BackendKind, NetworkPolicy, SandboxLimits, SandboxSpec};

@@ -10,6 +10,7 @@ mod code;
 mod engine;
 pub mod error;
 pub mod fleet;
+mod process;
 mod sandbox;
 pub mod spec;
 mod transfer;
@@ -20,6 +21,7 @@ pub use backend::{
 pub use code::{CodeEvent, CodeOutput, CodeRun, CodeStream, OutputKind};
 pub use engine::{Engine, EngineBuilder, new_sandbox_id};
 pub use error::EngineError;
+pub use process::{AttachEvent, AttachFrom, AttachOutput, AttachStream, BackgroundProcess};
 pub use sandbox::{ExecEvent, ExecOutput, ExecStream, Sandbox, Timings};
 pub use spec::{BackendKind, NetworkPolicy, SandboxLimits, SandboxSpec};
 pub use transfer::{Download, Upload};

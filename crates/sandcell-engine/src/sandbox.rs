@@ -4,8 +4,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
+use sandcell_protocol::exec::MAX_BUFFER_BYTES;
 use sandcell_protocol::{
-    Channel, ExecCommand, ExecRequest, ExecResult, FileEntry, GuestMessage, HostMessage,
+    Channel, ExecCommand, ExecExit, ExecRequest, ExecResult, FileEntry, GuestMessage, HostMessage,
     IsolationReport, ProcessInfo,
 };
 use serde::Serialize;
@@ -135,24 +136,9 @@ impl ExecStream {
             ))),
             Reply::Message(GuestMessage::ExecExited(exit)) => {
                 self.done = true;
-                // The OOM counter only explains a SIGKILL: skip its read on other exits (each
-                // read is on every exec's critical path).
-                let after = if exit.signal == Some(9) {
-                    self.sandbox.inner.instance.counters()
-                } else {
-                    ResourceCounters {
-                        pids_limit_hits: self.sandbox.inner.instance.pids_limit_hits(),
-                        ..ResourceCounters::default()
-                    }
-                };
-                let delta =
-                    |a: Option<u64>, b: Option<u64>| a.unwrap_or(0).saturating_sub(b.unwrap_or(0));
-                let oom_kills = delta(after.oom_kills, self.before.oom_kills);
-                let pids_limit_hits = delta(after.pids_limit_hits, self.before.pids_limit_hits);
-                Ok(ExecEvent::Exit(ExecResult::classify(
+                Ok(ExecEvent::Exit(self.sandbox.classify_exit(
+                    &self.before,
                     &exit,
-                    oom_kills,
-                    pids_limit_hits,
                     self.timeout_ms,
                 )))
             }
@@ -169,6 +155,11 @@ impl ExecStream {
             }
         };
         Some(event)
+    }
+
+    /// Sets the window size of the exec's terminal (the request must have set `pty`).
+    pub async fn resize(&self, rows: u16, cols: u16) -> Result<(), EngineError> {
+        self.sandbox.resize_pty(self.pid, rows, cols).await
     }
 
     /// Collects everything until the process ends.
@@ -294,7 +285,33 @@ impl Sandbox {
         self.inner.instance.oom_kills()
     }
 
-    /// Starts a process and streams its output.
+    /// Classifies an exit with how much the resource counters rose since `before`.
+    pub(crate) fn classify_exit(
+        &self,
+        before: &ResourceCounters,
+        exit: &ExecExit,
+        timeout_ms: Option<u64>,
+    ) -> ExecResult {
+        // The OOM counter only explains a SIGKILL: skip its read on other exits (each read is
+        // on every exec's critical path).
+        let after = if exit.signal == Some(9) {
+            self.inner.instance.counters()
+        } else {
+            ResourceCounters {
+                pids_limit_hits: self.inner.instance.pids_limit_hits(),
+                ..ResourceCounters::default()
+            }
+        };
+        let delta = |a: Option<u64>, b: Option<u64>| a.unwrap_or(0).saturating_sub(b.unwrap_or(0));
+        let oom_kills = delta(after.oom_kills, before.oom_kills);
+        let pids_limit_hits = delta(after.pids_limit_hits, before.pids_limit_hits);
+        ExecResult::classify(exit, oom_kills, pids_limit_hits, timeout_ms)
+    }
+
+    /// Starts a process and streams its output. With `req.pty` set it runs on a new
+    /// pseudo-terminal: its output is one stdout stream, [`ExecStream::write_stdin`] types into
+    /// it and [`ExecStream::resize`] sets its size. Background requests are refused: start
+    /// those with [`Sandbox::spawn`].
     pub async fn exec_stream(&self, req: ExecRequest) -> Result<ExecStream, EngineError> {
         self.check_alive()?;
         let req = prepare_exec(&self.inner.spec, req)?;
@@ -499,7 +516,7 @@ impl Sandbox {
         }
     }
 
-    async fn expect_ok(&self, msg: HostMessage) -> Result<(), EngineError> {
+    pub(crate) async fn expect_ok(&self, msg: HostMessage) -> Result<(), EngineError> {
         match self.simple_call(msg).await? {
             GuestMessage::Ok => Ok(()),
             other => Err(unexpected(other)),
@@ -571,17 +588,39 @@ pub(crate) fn unexpected(msg: GuestMessage) -> EngineError {
     EngineError::Connection(format!("unexpected reply {msg:?}"))
 }
 
-/// Checks an exec request and fills in the sandbox's defaults (env, timeout).
+/// Checks a foreground exec request and fills in the sandbox's defaults (env, timeout).
 pub(crate) fn prepare_exec(
     spec: &SandboxSpec,
     mut req: ExecRequest,
 ) -> Result<ExecRequest, EngineError> {
+    if req.background {
+        // Its request would never end: a background process is followed with `attach`.
+        return Err(EngineError::InvalidRequest(
+            "a background exec has no output stream: start it with spawn and follow it with attach"
+                .into(),
+        ));
+    }
     validate_exec(&req)?;
     for (k, v) in &spec.env {
         req.env.entry(k.clone()).or_insert_with(|| v.clone());
     }
     if req.timeout_ms.is_none() {
         req.timeout_ms = spec.limits.exec_timeout_ms;
+    }
+    Ok(req)
+}
+
+/// Checks a background exec request and fills in the sandbox's environment. The sandbox's
+/// exec timeout does not apply: a background process runs until it ends or is killed,
+/// unless the request sets its own timeout.
+pub(crate) fn prepare_spawn(
+    spec: &SandboxSpec,
+    mut req: ExecRequest,
+) -> Result<ExecRequest, EngineError> {
+    req.background = true;
+    validate_exec(&req)?;
+    for (k, v) in &spec.env {
+        req.env.entry(k.clone()).or_insert_with(|| v.clone());
     }
     Ok(req)
 }
@@ -612,5 +651,49 @@ fn validate_exec(req: &ExecRequest) -> Result<(), EngineError> {
     if req.timeout_ms == Some(0) {
         return bad("timeout must be positive");
     }
+    if req.buffer_bytes.is_some_and(|n| n > MAX_BUFFER_BYTES) {
+        return Err(EngineError::InvalidRequest(format!(
+            "buffer_bytes is over the limit of {MAX_BUFFER_BYTES}"
+        )));
+    }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spec_with_timeout(ms: u64) -> SandboxSpec {
+        let mut spec = SandboxSpec::default();
+        spec.limits.exec_timeout_ms = Some(ms);
+        spec.env.insert("FROM_SPEC".into(), "1".into());
+        spec
+    }
+
+    #[test]
+    fn a_foreground_exec_gets_the_sandbox_timeout_and_refuses_background() {
+        let spec = spec_with_timeout(500);
+        let req = prepare_exec(&spec, ExecRequest::shell("true")).unwrap();
+        assert_eq!(req.timeout_ms, Some(500));
+        assert_eq!(req.env.get("FROM_SPEC").map(String::as_str), Some("1"));
+        let mut bg = ExecRequest::shell("true");
+        bg.background = true;
+        let err = prepare_exec(&spec, bg).unwrap_err();
+        assert!(err.to_string().contains("spawn"), "{err}");
+    }
+
+    #[test]
+    fn a_spawn_is_background_and_keeps_only_its_own_timeout() {
+        let spec = spec_with_timeout(500);
+        let req = prepare_spawn(&spec, ExecRequest::shell("true")).unwrap();
+        assert!(req.background);
+        assert_eq!(req.timeout_ms, None);
+        assert_eq!(req.env.get("FROM_SPEC").map(String::as_str), Some("1"));
+        let mut own = ExecRequest::shell("true");
+        own.timeout_ms = Some(20);
+        assert_eq!(prepare_spawn(&spec, own).unwrap().timeout_ms, Some(20));
+        let mut huge = ExecRequest::shell("true");
+        huge.buffer_bytes = Some(MAX_BUFFER_BYTES + 1);
+        assert!(prepare_spawn(&spec, huge).is_err());
+    }
 }

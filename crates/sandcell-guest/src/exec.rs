@@ -1,4 +1,10 @@
-//! Exec: validate, spawn, stream output, feed stdin, enforce the timeout, report the exit.
+//! Exec: validate, spawn (on pipes or a pty), track the process, stream output, feed stdin,
+//! enforce the timeout, report the exit.
+//!
+//! One task per process ([`ExecTask`]) reads its output into its tracked entry's ring
+//! buffers (see [`crate::process`]) and, for a foreground exec, also forwards it on the exec's
+//! request as it always did. A background exec has no request to forward to: its output is
+//! only buffered, for attachments.
 
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::PermissionsExt;
@@ -8,21 +14,28 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use sandcell_protocol::exec::{DEFAULT_BUFFER_BYTES, MAX_BUFFER_BYTES};
 use sandcell_protocol::{
     Channel, ErrorCode, ExecCommand, ExecExit, ExecRequest, GuestMessage, WireError, encode_data,
 };
+use tokio::io::unix::AsyncFd;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::files::io_text;
-use crate::procs::{EXEC_ID_VAR, SESSION_VAR};
+use crate::process::{NewProc, Proc, PtyMaster};
+use crate::procs::{EXEC_ID_VAR, SESSION_VAR, TREE_VAR};
 use crate::reaper::Reaped;
 use crate::server::{ExecSlot, Shared, lock};
 
 /// Largest stdout/stderr chunk forwarded in one frame.
-const OUTPUT_CHUNK: usize = 64 * 1024;
+pub(crate) const OUTPUT_CHUNK: usize = 64 * 1024;
+/// `TERM` of a pty exec that does not set one.
+const PTY_TERM: &str = "xterm-256color";
+/// The terminal's default end-of-file character (^D), written when a pty's stdin is closed.
+const VEOF: u8 = 0x04;
 /// After the process exits, output still arriving is forwarded until this much silence.
 const DRAIN_IDLE: Duration = Duration::from_millis(100);
 /// After the process exits, output is forwarded for at most this long (a background
@@ -36,15 +49,21 @@ pub(crate) enum StdinMsg {
     Data(Vec<u8>),
     /// End of input.
     Close,
+    /// Answered once everything queued before it is written: false when the process closed
+    /// its stdin and input was dropped.
+    Flush(oneshot::Sender<bool>),
 }
 
-/// A freshly spawned process and its pipes.
+/// A freshly spawned process and its pipes or terminal.
 struct Spawned {
     pid: i32,
     started: Instant,
     stdin: Option<OwnedFd>,
     stdout: Option<OwnedFd>,
     stderr: Option<OwnedFd>,
+    /// The terminal's master side and the terminal's path, for a pty exec.
+    pty: Option<(OwnedFd, String)>,
+    cmdline: String,
 }
 
 fn invalid(message: String) -> WireError {
@@ -88,10 +107,17 @@ fn validate(req: &ExecRequest) -> Result<(), WireError> {
     {
         return Err(invalid("cwd contains a nul byte".into()));
     }
+    if let Some(n) = req.buffer_bytes
+        && n > MAX_BUFFER_BYTES
+    {
+        return Err(invalid(format!(
+            "buffer_bytes {n} is over the limit of {MAX_BUFFER_BYTES}"
+        )));
+    }
     Ok(())
 }
 
-fn spawn(shared: &Shared, id: u32, req: &ExecRequest) -> Result<Spawned, WireError> {
+fn spawn(shared: &Shared, id: u32, tree: u64, req: &ExecRequest) -> Result<Spawned, WireError> {
     validate(req)?;
     let (program, args): (&str, Vec<&str>) = match &req.command {
         ExecCommand::Argv(argv) => (
@@ -145,9 +171,16 @@ fn spawn(shared: &Shared, id: u32, req: &ExecRequest) -> Result<Spawned, WireErr
         .envs(&req.env)
         // Set last so a request cannot disguise its processes as another exec's.
         .env(EXEC_ID_VAR, id.to_string())
+        .env(TREE_VAR, tree.to_string())
         .env(SESSION_VAR, &shared.session)
-        .current_dir(&cwd)
-        .stdin(if req.stdin {
+        .current_dir(&cwd);
+    let cmdline = std::iter::once(program)
+        .chain(args.iter().copied())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let started = Instant::now();
+    let Some(size) = req.pty else {
+        cmd.stdin(if req.stdin {
             Stdio::piped()
         } else {
             Stdio::null()
@@ -156,20 +189,56 @@ fn spawn(shared: &Shared, id: u32, req: &ExecRequest) -> Result<Spawned, WireErr
         .stderr(Stdio::piped())
         // Its own process group, so the whole tree can be found and killed.
         .process_group(0);
-    let started = Instant::now();
-    let mut child = cmd.spawn().map_err(|e| spawn_error(program, &cwd, &e))?;
-    let pid = i32::try_from(child.id())
-        .map_err(|_| WireError::new(ErrorCode::Internal, "spawned process has an invalid pid"))?;
-    let spawned = Spawned {
+        let mut child = cmd.spawn().map_err(|e| spawn_error(program, &cwd, &e))?;
+        let pid = child_pid(&child)?;
+        let spawned = Spawned {
+            pid,
+            started,
+            stdin: child.stdin.take().map(OwnedFd::from),
+            stdout: child.stdout.take().map(OwnedFd::from),
+            stderr: child.stderr.take().map(OwnedFd::from),
+            pty: None,
+            cmdline,
+        };
+        // Dropping a std Child neither waits nor kills: the reaper collects it.
+        drop(child);
+        return Ok(spawned);
+    };
+    // A terminal program needs a TERM naming what it talks to, whatever the base
+    // environment says for piped execs; the request's own wins.
+    if !req.env.contains_key("TERM") {
+        cmd.env("TERM", PTY_TERM);
+    }
+    let pair = sandcell_jail::pty::open(size.rows, size.cols).map_err(|e| {
+        WireError::new(
+            ErrorCode::SpawnFailed,
+            format!("cannot open a pseudo-terminal: {}", io_text(&e)),
+        )
+    })?;
+    // A new session it leads, on the terminal: its process group is its pid, as for a piped
+    // exec, so tree kills and timeouts find it the same way.
+    let child = sandcell_jail::pty::spawn(&mut cmd, &pair.slave)
+        .map_err(|e| spawn_error(program, &cwd, &e))?;
+    // The command holds copies of the terminal: the end of output (EIO on the master) only
+    // comes once the process's copies are the last ones.
+    drop(cmd);
+    drop(pair.slave);
+    let pid = child_pid(&child)?;
+    drop(child);
+    Ok(Spawned {
         pid,
         started,
-        stdin: child.stdin.take().map(OwnedFd::from),
-        stdout: child.stdout.take().map(OwnedFd::from),
-        stderr: child.stderr.take().map(OwnedFd::from),
-    };
-    // Dropping a std Child neither waits nor kills: the reaper collects it.
-    drop(child);
-    Ok(spawned)
+        stdin: None,
+        stdout: None,
+        stderr: None,
+        pty: Some((pair.master, pair.slave_path)),
+        cmdline,
+    })
+}
+
+fn child_pid(child: &std::process::Child) -> Result<i32, WireError> {
+    i32::try_from(child.id())
+        .map_err(|_| WireError::new(ErrorCode::Internal, "spawned process has an invalid pid"))
 }
 
 /// The first executable regular file named `name` in the `:`-separated `path` (an empty
@@ -200,9 +269,64 @@ fn spawn_error(program: &str, cwd: &Path, e: &std::io::Error) -> WireError {
     )
 }
 
-/// Starts an exec: spawns it, registers it and runs its task. Errors are replied on `id`.
+/// Where a process's output comes from.
+enum Output {
+    Pipe(pipe::Receiver),
+    Pty(PtyMaster),
+}
+
+/// Where the host's input for a process goes.
+enum Input {
+    Pipe(pipe::Sender),
+    Pty(PtyMaster),
+}
+
+impl Input {
+    async fn write_all(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        match self {
+            Self::Pipe(p) => p.write_all(bytes).await,
+            Self::Pty(fd) => write_pty(fd, bytes).await,
+        }
+    }
+}
+
+/// Writes all of `bytes` to a (non-blocking) terminal master.
+async fn write_pty(fd: &AsyncFd<OwnedFd>, mut bytes: &[u8]) -> std::io::Result<()> {
+    while !bytes.is_empty() {
+        let mut guard = fd.writable().await?;
+        match guard.try_io(|inner| rustix::io::write(inner.get_ref(), bytes).map_err(Into::into)) {
+            Ok(Ok(n)) => bytes = &bytes[n..],
+            Ok(Err(e)) => return Err(e),
+            Err(_would_block) => continue,
+        }
+    }
+    Ok(())
+}
+
+/// Reads from a (non-blocking) terminal master into `buf` (kept at [`OUTPUT_CHUNK`] bytes);
+/// 0 at the end: EIO once every copy of the terminal is closed.
+async fn read_pty(fd: &AsyncFd<OwnedFd>, buf: &mut Vec<u8>) -> usize {
+    if buf.len() < OUTPUT_CHUNK {
+        buf.resize(OUTPUT_CHUNK, 0);
+    }
+    loop {
+        let Ok(mut guard) = fd.readable().await else {
+            return 0;
+        };
+        match guard
+            .try_io(|inner| rustix::io::read(inner.get_ref(), &mut buf[..]).map_err(Into::into))
+        {
+            Ok(Ok(n)) => return n,
+            Ok(Err(_)) => return 0,
+            Err(_would_block) => continue,
+        }
+    }
+}
+
+/// Starts an exec: spawns it, tracks it and runs its task. Errors are replied on `id`.
 pub(crate) async fn start(shared: &Arc<Shared>, id: u32, req: ExecRequest) {
-    let spawned = match spawn(shared, id, &req) {
+    let tree = shared.processes.next_tree();
+    let spawned = match spawn(shared, id, tree, &req) {
         Ok(s) => s,
         Err(e) => return shared.out.error(id, e).await,
     };
@@ -210,74 +334,125 @@ pub(crate) async fn start(shared: &Arc<Shared>, id: u32, req: ExecRequest) {
     let exit_rx = shared.reaper.watch(spawned.pid);
     // While the command starts: the kill thread must exist before it can fork much.
     shared.workers.start_killer();
-    let pid = spawned.pid;
-    let pipes = (|| -> std::io::Result<_> {
-        let stdin = spawned.stdin.map(pipe::Sender::from_owned_fd).transpose()?;
-        let stdout = spawned
-            .stdout
-            .map(pipe::Receiver::from_owned_fd)
-            .transpose()?;
-        let stderr = spawned
-            .stderr
-            .map(pipe::Receiver::from_owned_fd)
-            .transpose()?;
-        Ok((stdin, stdout, stderr))
+    let Spawned {
+        pid,
+        started,
+        stdin,
+        stdout,
+        stderr,
+        pty,
+        cmdline,
+    } = spawned;
+    let io = (|| -> std::io::Result<_> {
+        if let Some((master, slave_path)) = pty {
+            let master: PtyMaster = Arc::new(sandcell_jail::pty::register_master(master)?);
+            let input = Input::Pty(master.clone());
+            let output = Output::Pty(master.clone());
+            return Ok((
+                Some(input),
+                Some(output),
+                None,
+                Some(master),
+                vec![slave_path],
+            ));
+        }
+        let stdin = stdin.map(pipe::Sender::from_owned_fd).transpose()?;
+        let stdout = stdout.map(pipe::Receiver::from_owned_fd).transpose()?;
+        let stderr = stderr.map(pipe::Receiver::from_owned_fd).transpose()?;
+        let holders = [stdout.as_ref(), stderr.as_ref()]
+            .into_iter()
+            .flatten()
+            .filter_map(|p| rustix::fs::fstat(p).ok())
+            .map(|st| format!("pipe:[{}]", st.st_ino))
+            .collect();
+        Ok((
+            stdin.map(Input::Pipe),
+            stdout.map(Output::Pipe),
+            stderr.map(Output::Pipe),
+            None,
+            holders,
+        ))
     })();
-    let (stdin, stdout, stderr) = match pipes {
-        Ok(p) => p,
+    let (input, stdout, stderr, master, holders) = match io {
+        Ok(io) => io,
         Err(e) => {
             let _ = crate::procs::send(pid, libc::SIGKILL);
             tokio::spawn(async move {
                 let _ = exit_rx.await;
             });
-            let msg = format!("cannot watch the pipes of pid {pid}: {}", io_text(&e));
+            let msg = format!("cannot watch the output of pid {pid}: {}", io_text(&e));
             return shared
                 .out
                 .error(id, WireError::new(ErrorCode::Internal, msg))
                 .await;
         }
     };
-    let (stdin_tx, stdin_task) = match stdin {
-        Some(pipe) => {
+    let (stdin_tx, stdin_task) = match input {
+        Some(sink) => {
             let (tx, rx) = mpsc::unbounded_channel();
-            (Some(tx), Some(tokio::spawn(feed_stdin(pipe, rx))))
+            (Some(tx), Some(tokio::spawn(feed_stdin(sink, rx))))
         }
         None => (None, None),
     };
-    lock(&shared.tables).execs.insert(
-        id,
-        ExecSlot {
-            pid,
-            stdin: stdin_tx,
-            exited: false,
-            killed: false,
-        },
-    );
+    let buffer_bytes = req.buffer_bytes.unwrap_or(DEFAULT_BUFFER_BYTES);
+    let proc = Arc::new(Proc::new(NewProc {
+        pid,
+        tree,
+        exec_id: id,
+        cmdline,
+        background: req.background,
+        timeout_ms: req.timeout_ms,
+        buffer_bytes: usize::try_from(buffer_bytes).unwrap_or(usize::MAX),
+        stdin: stdin_tx,
+        pty: master,
+    }));
+    shared.processes.insert(proc.clone());
+    let sink = if req.background {
+        // The request ends here; the process is reached by its pid from now on.
+        shared.out.msg(id, &GuestMessage::ExecStarted { pid }).await;
+        None
+    } else {
+        lock(&shared.tables)
+            .execs
+            .insert(id, ExecSlot { proc: proc.clone() });
+        Some(id)
+    };
     let task = ExecTask {
         shared: shared.clone(),
-        id,
-        pid,
-        started: spawned.started,
+        proc,
+        sink,
+        started,
         stdout_limit: req.stdout_limit,
         stderr_limit: req.stderr_limit,
         timeout: req.timeout_ms.map(Duration::from_millis),
+        holders,
     };
     tokio::spawn(task.run(stdout, stderr, exit_rx, stdin_task));
 }
 
-async fn feed_stdin(pipe: pipe::Sender, mut rx: mpsc::UnboundedReceiver<StdinMsg>) {
-    let mut pipe = Some(pipe);
+async fn feed_stdin(sink: Input, mut rx: mpsc::UnboundedReceiver<StdinMsg>) {
+    let mut sink = Some(sink);
     while let Some(msg) = rx.recv().await {
         match msg {
             StdinMsg::Data(bytes) => {
-                if let Some(p) = pipe.as_mut()
-                    && p.write_all(&bytes).await.is_err()
+                if let Some(s) = sink.as_mut()
+                    && s.write_all(&bytes).await.is_err()
                 {
                     // The process closed its stdin (EPIPE): drop the rest.
-                    pipe = None;
+                    sink = None;
                 }
             }
-            StdinMsg::Close => return,
+            StdinMsg::Flush(done) => {
+                let _ = done.send(sink.is_some());
+            }
+            StdinMsg::Close => {
+                // A terminal cannot be half-closed: a program reading it sees end of input
+                // when ^D arrives (in canonical mode, as at a shell prompt).
+                if let Some(Input::Pty(fd)) = &sink {
+                    let _ = write_pty(fd, &[VEOF]).await;
+                }
+                return;
+            }
         }
     }
 }
@@ -314,25 +489,31 @@ impl Stream {
     }
 }
 
+/// The task of one tracked process, from spawn to exit.
 struct ExecTask {
     shared: Arc<Shared>,
-    id: u32,
-    pid: i32,
+    proc: Arc<Proc>,
+    /// The foreground exec's request, which gets the output and the exit as well.
+    sink: Option<u32>,
     started: Instant,
     stdout_limit: u64,
     stderr_limit: u64,
     timeout: Option<Duration>,
+    /// What `/proc/PID/fd` links to the process's output pipes or terminal read.
+    holders: Vec<String>,
 }
 
-/// Reads into `buf` (replacing its contents) without zeroing it first: a zeroed buffer per
+/// Reads into `buf` and returns how many bytes came (they are `buf[..n]`); 0 at the end.
+/// A pipe read replaces `buf`'s contents without zeroing it first: a zeroed buffer per
 /// stream costs page faults on every exec.
-async fn read_opt(pipe: &mut Option<pipe::Receiver>, buf: &mut Vec<u8>) -> usize {
-    match pipe {
-        Some(p) => {
+async fn read_opt(src: &mut Option<Output>, buf: &mut Vec<u8>) -> usize {
+    match src {
+        Some(Output::Pipe(p)) => {
             buf.clear();
             // A read error ends the stream like EOF does.
             p.read_buf(buf).await.unwrap_or(0)
         }
+        Some(Output::Pty(fd)) => read_pty(fd, buf).await,
         None => std::future::pending().await,
     }
 }
@@ -347,19 +528,16 @@ async fn sleep_opt(at: Option<tokio::time::Instant>) {
 impl ExecTask {
     async fn run(
         self,
-        mut stdout: Option<pipe::Receiver>,
-        mut stderr: Option<pipe::Receiver>,
+        mut stdout: Option<Output>,
+        mut stderr: Option<Output>,
         mut exit_rx: oneshot::Receiver<Reaped>,
         stdin_task: Option<JoinHandle<()>>,
     ) {
         let out = &self.shared.out;
-        out.msg(self.id, &GuestMessage::ExecStarted { pid: self.pid })
-            .await;
-        let pipe_inodes: Vec<u64> = [stdout.as_ref(), stderr.as_ref()]
-            .into_iter()
-            .flatten()
-            .filter_map(|p| rustix::fs::fstat(p).ok().map(|st| st.st_ino))
-            .collect();
+        let pid = self.proc.pid;
+        if let Some(id) = self.sink {
+            out.msg(id, &GuestMessage::ExecStarted { pid }).await;
+        }
         let mut seq = 0u64;
         let mut streams = [
             Stream::new(self.stdout_limit),
@@ -400,9 +578,7 @@ impl ExecTask {
                     });
                     reaped = Some(r);
                     deadline = None;
-                    if let Some(slot) = lock(&self.shared.tables).execs.get_mut(&self.id) {
-                        slot.exited = true;
-                    }
+                    self.proc.state().reaped = true;
                     let now = tokio::time::Instant::now();
                     drain_cap = Some(now + DRAIN_MAX);
                     drain_at = Some(now + DRAIN_IDLE);
@@ -411,7 +587,7 @@ impl ExecTask {
                 _ = sleep_opt(deadline) => {
                     deadline = None;
                     timed_out = true;
-                    let tree = self.shared.exec_tree(self.id, self.pid, false);
+                    let tree = self.shared.proc_tree(&self.proc);
                     let _ = self.shared.workers.kill(move || tree.signal(libc::SIGKILL)).await;
                     continue;
                 }
@@ -420,10 +596,12 @@ impl ExecTask {
             if n > 0 {
                 let idx = if channel == Channel::Stdout { 0 } else { 1 };
                 let buf = if idx == 0 { &out_buf } else { &err_buf };
+                self.proc.append(idx, &buf[..n]);
                 let take = streams[idx].admit(n);
-                if take > 0 {
-                    out.frame(encode_data(self.id, channel, seq, &buf[..take]))
-                        .await;
+                if let Some(id) = self.sink
+                    && take > 0
+                {
+                    out.frame(encode_data(id, channel, seq, &buf[..take])).await;
                     seq += 1;
                 }
             }
@@ -435,22 +613,26 @@ impl ExecTask {
             task.abort();
         }
         if stdout.is_some() || stderr.is_some() {
-            // Processes of the exec still hold its output pipes after it ended. Their output
-            // has nowhere to go any more (they would die of SIGPIPE on their next write), so
-            // end them now, before the exit is reported; background processes that
-            // redirected their output are not touched.
-            let (id, pgid, session) = (self.id, self.pid, self.shared.session.clone());
+            // Processes of the exec still hold its output pipes (or terminal) after it ended.
+            // Their output has nowhere to go any more (they would die of SIGPIPE on their next
+            // write), so end them now, before the exit is reported; background processes
+            // that redirected their output are not touched.
+            let (names, tag, session) = (
+                self.holders.clone(),
+                self.proc.tree,
+                self.shared.session.clone(),
+            );
             let _ = self
                 .shared
                 .workers
-                .kill(move || crate::procs::kill_pipe_holders(&pipe_inodes, id, pgid, &session))
+                .kill(move || crate::procs::kill_pipe_holders(&names, tag, pid, &session))
                 .await;
         }
         drop((stdout, stderr));
-        let killed = lock(&self.shared.tables)
-            .execs
-            .remove(&self.id)
-            .is_some_and(|s| s.killed);
+        if let Some(id) = self.sink {
+            lock(&self.shared.tables).execs.remove(&id);
+        }
+        let killed = self.proc.state().killed;
         let r = reaped.unwrap_or(Reaped {
             exit_code: None,
             signal: None,
@@ -458,6 +640,12 @@ impl ExecTask {
             at: Instant::now(),
         });
         let [o, e] = streams;
+        // A foreground exec's output is cut at its limits; a background one's only when its
+        // ring buffer had to drop bytes.
+        let (stdout_truncated, stderr_truncated) = match self.sink {
+            Some(_) => (o.truncated, e.truncated),
+            None => (self.proc.overflowed(0), self.proc.overflowed(1)),
+        };
         let exit = ExecExit {
             exit_code: r.exit_code,
             signal: r.signal,
@@ -466,12 +654,20 @@ impl ExecTask {
             killed,
             stdout_bytes: o.total,
             stderr_bytes: e.total,
-            stdout_truncated: o.truncated,
-            stderr_truncated: e.truncated,
+            stdout_truncated,
+            stderr_truncated,
             duration_us: u64::try_from(r.at.saturating_duration_since(self.started).as_micros())
                 .unwrap_or(u64::MAX),
         };
-        out.msg(self.id, &GuestMessage::ExecExited(exit)).await;
+        self.proc.finish(exit.clone());
+        match self.sink {
+            Some(id) => {
+                // Collected by its own request: gone from the table once the host has the exit.
+                self.shared.processes.remove(&self.proc);
+                out.msg(id, &GuestMessage::ExecExited(exit)).await;
+            }
+            None => self.shared.processes.exited(&self.proc),
+        }
     }
 }
 

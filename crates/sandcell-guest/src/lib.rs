@@ -1,6 +1,7 @@
 //! The Sandcell guest agent: runs as PID 1 inside a sandbox and serves the host over one
-//! inherited Unix stream socket (handshake, exec with streaming and tree kill, reaping,
-//! process listing and file operations confined to the sandbox's file roots).
+//! inherited Unix stream socket (handshake, exec with streaming and tree kill, background
+//! processes with buffered output to reattach to, pseudo-terminals, reaping, process listing
+//! and file operations confined to the sandbox's file roots).
 //!
 //! Everything runs on one single-threaded tokio runtime; blocking file and `/proc` work goes
 //! to a few worker threads started up front. Children are spawned with
@@ -19,6 +20,7 @@ use sandcell_protocol::{FILE_ROOTS, FrameError, IsolationReport};
 mod exec;
 mod files;
 mod kernels;
+mod process;
 mod procs;
 mod reaper;
 mod server;

@@ -12,6 +12,10 @@ pub(crate) const EXEC_ID_VAR: &str = "SANDCELL_EXEC_ID";
 /// Environment variable naming the agent session, so exec ids of other sessions (or of other
 /// agents sharing a pid namespace, as in tests) are never mistaken for ours.
 pub(crate) const SESSION_VAR: &str = "SANDCELL_SESSION";
+/// Environment variable tagging the process tree of one exec with a number the agent never
+/// gives twice. Request ids would not do: a background exec's request is over (and its id
+/// free for reuse by the host) while its tree still runs.
+pub(crate) const TREE_VAR: &str = "SANDCELL_TREE";
 
 /// Most kill rounds against one tree; each catches children forked during the previous one.
 const KILL_ROUNDS: usize = 50;
@@ -73,19 +77,41 @@ fn all_stats() -> Vec<ProcStat> {
     all_pids().into_iter().filter_map(read_stat).collect()
 }
 
-/// The exec id a process carries in its environment, when it belongs to `session`.
-pub(crate) fn environ_exec_id(pid: i32, session: &str) -> Option<u32> {
+/// The tags an exec's processes carry in their environment.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Tags {
+    /// The request that started the tree.
+    pub exec_id: Option<u32>,
+    /// The tree's number.
+    pub tree: Option<u64>,
+}
+
+/// The tags a process carries in its environment, when it belongs to `session`.
+pub(crate) fn environ_tags(pid: i32, session: &str) -> Option<Tags> {
     let env = std::fs::read(format!("/proc/{pid}/environ")).ok()?;
-    let mut exec_id = None;
+    let mut tags = Tags::default();
     let mut ours = false;
+    let number = |v: &[u8]| std::str::from_utf8(v).ok().and_then(|t| t.parse().ok());
     for var in env.split(|b| *b == 0) {
         if let Some(v) = var.strip_prefix(format!("{EXEC_ID_VAR}=").as_bytes()) {
-            exec_id = std::str::from_utf8(v).ok()?.parse().ok();
+            tags.exec_id = number(v).and_then(|n: u64| u32::try_from(n).ok());
+        } else if let Some(v) = var.strip_prefix(format!("{TREE_VAR}=").as_bytes()) {
+            tags.tree = number(v);
         } else if let Some(v) = var.strip_prefix(format!("{SESSION_VAR}=").as_bytes()) {
             ours = v == session.as_bytes();
         }
     }
-    if ours { exec_id } else { None }
+    ours.then_some(tags)
+}
+
+/// The exec id a process carries in its environment, when it belongs to `session`.
+pub(crate) fn environ_exec_id(pid: i32, session: &str) -> Option<u32> {
+    environ_tags(pid, session).and_then(|t| t.exec_id)
+}
+
+/// The tree tag a process carries in its environment, when it belongs to `session`.
+fn environ_tree(pid: i32, session: &str) -> Option<u64> {
+    environ_tags(pid, session).and_then(|t| t.tree)
 }
 
 fn page_size() -> u64 {
@@ -130,6 +156,7 @@ pub(crate) fn list(exclude: i32, tracked: &HashMap<i32, u32>, session: &str) -> 
                 cmdline,
                 rss_bytes: p.rss_pages * page,
                 exec_id,
+                ..ProcessInfo::default()
             }
         })
         .collect();
@@ -146,8 +173,8 @@ pub(crate) struct Tree {
     pub groups: Vec<i32>,
     /// The agent session, for matching `SANDCELL_SESSION`.
     pub session: String,
-    /// Processes whose environment names this exec id (and our session) belong to it.
-    pub exec_id: Option<u32>,
+    /// Processes whose environment carries this tree tag (and our session) belong to it.
+    pub tag: Option<u64>,
     /// Every process carrying our session belongs to it, whatever its exec id.
     pub any_exec: bool,
     /// The agent's own pid and process group: never part of a tree.
@@ -190,13 +217,13 @@ impl Tree {
                 }
             }
         }
-        if self.exec_id.is_some() || self.any_exec {
+        if self.tag.is_some() || self.any_exec {
             for p in &procs {
                 if set.contains(&p.pid) || forbidden(p.pid) {
                     continue;
                 }
-                if let Some(id) = environ_exec_id(p.pid, &self.session)
-                    && (self.any_exec || self.exec_id == Some(id))
+                if let Some(tag) = environ_tree(p.pid, &self.session)
+                    && (self.any_exec || self.tag == Some(tag))
                 {
                     add(p.pid, &mut set, &mut queue);
                 }
@@ -248,15 +275,15 @@ impl Tree {
     }
 }
 
-/// Kills (SIGKILL, repeated until none is left, bounded) every process of exec `exec_id`
-/// (by its environment tag of `session`, or by its process group `pgid`) that holds one of
-/// the pipes with inode numbers `inodes` open. Returns how many were killed.
+/// Kills (SIGKILL, repeated until none is left, bounded) every process of the exec tree
+/// `tag` (by its environment tag of `session`, or by its process group `pgid`) that holds
+/// open one of the files whose `/proc/PID/fd` links read `names` (`pipe:[INODE]` for a
+/// pipe, `/dev/pts/N` for a terminal). Returns how many were killed.
 ///
 /// Requiring membership as well keeps a process that merely inherited the pipe for an
 /// instant (a fork of the agent's process on its way to exec) out of it.
-pub(crate) fn kill_pipe_holders(inodes: &[u64], exec_id: u32, pgid: i32, session: &str) -> usize {
+pub(crate) fn kill_pipe_holders(names: &[String], tag: u64, pgid: i32, session: &str) -> usize {
     let me = i32::try_from(std::process::id()).unwrap_or(0);
-    let names: Vec<String> = inodes.iter().map(|i| format!("pipe:[{i}]")).collect();
     let holds = |pid: i32| -> bool {
         let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
             return false;
@@ -271,7 +298,7 @@ pub(crate) fn kill_pipe_holders(inodes: &[u64], exec_id: u32, pgid: i32, session
         let holders: Vec<i32> = all_stats()
             .into_iter()
             .filter(|p| p.pid > 1 && p.pid != me && !p.is_dead())
-            .filter(|p| p.pgid == pgid || environ_exec_id(p.pid, session) == Some(exec_id))
+            .filter(|p| p.pgid == pgid || environ_tree(p.pid, session) == Some(tag))
             .filter(|p| holds(p.pid))
             .map(|p| p.pid)
             .collect();

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use sandcell_protocol::frame::MAX_CHUNK;
 use sandcell_protocol::{
-    Channel, ErrorCode, Frame, FrameDecoder, FrameError, GuestMessage, HostMessage,
+    Channel, ErrorCode, Frame, FrameDecoder, FrameError, GuestMessage, HostMessage, ProcessInfo,
     SUPPORTED_VERSIONS, WireError, encode_data, encode_message,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -18,6 +18,7 @@ use tokio::sync::{mpsc, oneshot};
 use crate::exec::{self, StdinMsg};
 use crate::files::{Roots, WriteSession, read_chunk};
 use crate::kernels::{self, Kernels};
+use crate::process::{self, Proc, Processes};
 use crate::procs::{self, Tree};
 use crate::reaper::Reaper;
 use crate::workers::Workers;
@@ -122,26 +123,22 @@ async fn writer(mut sock: OwnedWriteHalf, mut rx: mpsc::Receiver<Outgoing>) {
     }
 }
 
-/// One running exec, as the dispatcher and signal handling see it.
+/// One running foreground exec, as the dispatcher and signal handling see it.
 #[derive(Debug)]
 pub(crate) struct ExecSlot {
-    /// The main process (also its process group id).
-    pub pid: i32,
-    /// Feeds the stdin task, until the host closes stdin.
-    pub stdin: Option<mpsc::UnboundedSender<StdinMsg>>,
-    /// The main process has been collected; its pid may be reused.
-    pub exited: bool,
-    /// The host killed the tree (reported as `killed` in the exit).
-    pub killed: bool,
+    /// Its tracked process (pid, stdin queue, kill flag).
+    pub proc: Arc<Proc>,
 }
 
 /// Requests in flight that tasks other than the dispatcher finish.
 #[derive(Debug, Default)]
 pub(crate) struct Tables {
-    /// Running execs by request id.
+    /// Running foreground execs by request id.
     pub execs: HashMap<u32, ExecSlot>,
     /// Ids of other requests still being answered on a worker thread.
     pub busy: HashSet<u32>,
+    /// Attachments by request id: their tasks, for `Detach`.
+    pub attachments: HashMap<u32, tokio::task::AbortHandle>,
 }
 
 /// State shared by the dispatcher and every task of one connection.
@@ -166,21 +163,27 @@ pub(crate) struct Shared {
     pub reaper: Arc<Reaper>,
     /// Requests in flight.
     pub tables: Mutex<Tables>,
+    /// Every process started by an exec, by pid (outlives requests and connections).
+    pub processes: Processes,
     /// Language kernels, by context.
     pub kernels: Kernels,
 }
 
 impl Shared {
-    /// The process tree of exec `id` whose main process is `pid`.
-    pub fn exec_tree(&self, id: u32, pid: i32, exited: bool) -> Tree {
+    /// The process tree of a tracked process.
+    pub fn proc_tree(&self, proc: &Proc) -> Tree {
         // Once the main process is collected its pid may be reused: only the environment
         // tag still identifies the tree then.
-        let live = if exited { Vec::new() } else { vec![pid] };
+        let live = if proc.state().reaped {
+            Vec::new()
+        } else {
+            vec![proc.pid]
+        };
         Tree {
             roots: live.clone(),
             groups: live,
             session: self.session.clone(),
-            exec_id: Some(id),
+            tag: Some(proc.tree),
             any_exec: false,
             me: self.me,
             my_pgid: self.my_pgid,
@@ -189,17 +192,12 @@ impl Shared {
 
     /// Every process this session started, for the final kill.
     fn everything(&self) -> Tree {
-        let live: Vec<i32> = lock(&self.tables)
-            .execs
-            .values()
-            .filter(|s| !s.exited)
-            .map(|s| s.pid)
-            .collect();
+        let live = self.processes.live_pids();
         Tree {
             roots: live.clone(),
             groups: live,
             session: self.session.clone(),
-            exec_id: None,
+            tag: None,
             any_exec: true,
             me: self.me,
             my_pgid: self.my_pgid,
@@ -208,12 +206,7 @@ impl Shared {
 
     /// Whether `pid` was started by this session (directly or as a descendant).
     fn owns(&self, pid: i32) -> bool {
-        let mains: HashSet<i32> = lock(&self.tables)
-            .execs
-            .values()
-            .filter(|s| !s.exited)
-            .map(|s| s.pid)
-            .collect();
+        let mains: HashSet<i32> = self.processes.live_pids().into_iter().collect();
         if procs::environ_exec_id(pid, &self.session).is_some() {
             return true;
         }
@@ -283,6 +276,7 @@ pub(crate) async fn run(
         out: Out(tx),
         reaper,
         tables: Mutex::new(Tables::default()),
+        processes: Processes::default(),
         kernels: Kernels::default(),
     });
     let listener = match &shared.config.listener {
@@ -295,6 +289,7 @@ pub(crate) async fn run(
             shared: shared.clone(),
             hello: false,
             writes: HashMap::new(),
+            stdin_writes: HashMap::new(),
         };
         let result = conn.serve(read).await;
         // Abandon unfinished writes (their temporary files are removed on drop).
@@ -358,10 +353,18 @@ enum WriteState {
     Failed,
 }
 
+/// A `ProcessStdin` request in progress.
+enum StdinWrite {
+    Active(Arc<Proc>),
+    /// Failed already (and replied): its remaining chunks and its end are swallowed.
+    Failed,
+}
+
 struct Conn {
     shared: Arc<Shared>,
     hello: bool,
     writes: HashMap<u32, WriteState>,
+    stdin_writes: HashMap<u32, StdinWrite>,
 }
 
 impl Conn {
@@ -422,11 +425,13 @@ impl Conn {
     }
 
     fn in_flight(&self, id: u32) -> bool {
-        if matches!(self.writes.get(&id), Some(WriteState::Active(_))) {
+        if matches!(self.writes.get(&id), Some(WriteState::Active(_)))
+            || matches!(self.stdin_writes.get(&id), Some(StdinWrite::Active(_)))
+        {
             return true;
         }
         let t = lock(&self.shared.tables);
-        t.execs.contains_key(&id) || t.busy.contains(&id)
+        t.execs.contains_key(&id) || t.busy.contains(&id) || t.attachments.contains_key(&id)
     }
 
     fn hello_reply(&mut self, protocol: u32) -> GuestMessage {
@@ -472,8 +477,16 @@ impl Conn {
             return None;
         }
         match msg {
+            HostMessage::StdinClose if self.stdin_writes.contains_key(&id) => {
+                self.end_stdin_write(id, true);
+                return None;
+            }
             HostMessage::StdinClose => {
                 self.stdin(id, StdinMsg::Close);
+                return None;
+            }
+            HostMessage::EndOfData if self.stdin_writes.contains_key(&id) => {
+                self.end_stdin_write(id, false);
                 return None;
             }
             HostMessage::EndOfData => {
@@ -485,11 +498,21 @@ impl Conn {
                 self.writes.remove(&id);
                 return None;
             }
+            HostMessage::Detach => {
+                // Nothing to answer when the attachment ended already (its exit was the end).
+                if process::detach(&self.shared, id) {
+                    self.reply(id, GuestMessage::Detached).await;
+                }
+                return None;
+            }
             _ => {}
         }
         // A failed write holds its id only to swallow its leftovers; a new request frees it.
         if matches!(self.writes.get(&id), Some(WriteState::Failed)) {
             self.writes.remove(&id);
+        }
+        if matches!(self.stdin_writes.get(&id), Some(StdinWrite::Failed)) {
+            self.stdin_writes.remove(&id);
         }
         if self.in_flight(id) {
             self.error(
@@ -514,15 +537,46 @@ impl Conn {
                 tree,
             } => self.signal(id, exec_id, pid, signal, tree).await,
             HostMessage::ListProcesses => {
-                let tracked: HashMap<i32, u32> = lock(&self.shared.tables)
-                    .execs
-                    .iter()
-                    .filter(|(_, s)| !s.exited)
-                    .map(|(id, s)| (s.pid, *id))
-                    .collect();
                 self.blocking(id, false, move |sh, _| GuestMessage::Processes {
-                    processes: procs::list(sh.me, &tracked, &sh.session),
+                    processes: list_processes(sh),
                 });
+            }
+            HostMessage::Attach {
+                pid,
+                stdout_from,
+                stderr_from,
+            } => {
+                if let Err(e) =
+                    process::attach(&self.shared, id, pid, [stdout_from, stderr_from]).await
+                {
+                    self.shared.out.error(id, e).await;
+                }
+            }
+            HostMessage::ProcessStdin { pid } => match process::stdin_of(&self.shared, pid) {
+                Ok(proc) => {
+                    self.stdin_writes.insert(id, StdinWrite::Active(proc));
+                }
+                Err(e) => {
+                    self.stdin_writes.insert(id, StdinWrite::Failed);
+                    self.shared.out.error(id, e).await;
+                }
+            },
+            HostMessage::ProcessStdinClose { pid } => {
+                let reply = reply_of(process::close_stdin(&self.shared, pid));
+                self.reply(id, reply).await;
+            }
+            HostMessage::Resize { pid, rows, cols } => {
+                let reply = reply_of(process::resize(&self.shared, pid, rows, cols));
+                self.reply(id, reply).await;
+            }
+            HostMessage::ReleaseProcess { pid } => {
+                let reply = reply_of(
+                    self.shared
+                        .processes
+                        .release(pid)
+                        .map(|()| GuestMessage::Ok),
+                );
+                self.reply(id, reply).await;
             }
             HostMessage::WriteFile { path, mode, append } => {
                 let started = self
@@ -653,7 +707,10 @@ impl Conn {
                 });
             }
             // Handled above.
-            HostMessage::StdinClose | HostMessage::EndOfData | HostMessage::AbortData => {}
+            HostMessage::StdinClose
+            | HostMessage::EndOfData
+            | HostMessage::AbortData
+            | HostMessage::Detach => {}
         }
         None
     }
@@ -705,6 +762,9 @@ impl Conn {
             return;
         }
         match channel {
+            Channel::Stdin if self.stdin_writes.contains_key(&id) => {
+                self.stdin_write_data(id, bytes).await;
+            }
             Channel::Stdin => self.stdin(id, StdinMsg::Data(bytes)),
             Channel::File => {
                 let failed = match self.writes.get_mut(&id) {
@@ -724,17 +784,44 @@ impl Conn {
     }
 
     fn stdin(&self, id: u32, msg: StdinMsg) {
-        let mut tables = lock(&self.shared.tables);
-        let Some(slot) = tables.execs.get_mut(&id) else {
+        let proc = match lock(&self.shared.tables).execs.get(&id) {
+            Some(slot) => slot.proc.clone(),
             // The exec already ended (or never had stdin): late input is dropped.
+            None => return,
+        };
+        process::send_stdin(&proc, msg);
+    }
+
+    async fn stdin_write_data(&mut self, id: u32, bytes: Vec<u8>) {
+        let Some(StdinWrite::Active(proc)) = self.stdin_writes.get(&id) else {
+            // Chunks of a failed write are dropped.
             return;
         };
-        let close = matches!(msg, StdinMsg::Close);
-        if let Some(tx) = &slot.stdin {
-            let _ = tx.send(msg);
+        if !process::send_stdin(proc, StdinMsg::Data(bytes)) {
+            let pid = proc.pid;
+            self.stdin_writes.insert(id, StdinWrite::Failed);
+            let e = WireError::new(
+                ErrorCode::InvalidState,
+                format!(
+                    "the stdin of pid {pid} was closed (or it ended) before the input was written"
+                ),
+            );
+            self.shared.out.error(id, e).await;
         }
-        if close {
-            slot.stdin = None;
+    }
+
+    /// `EndOfData` (or with `close`, `StdinClose`) of a `ProcessStdin` request: answers once
+    /// its bytes are written.
+    fn end_stdin_write(&mut self, id: u32, close: bool) {
+        // Its error was already replied when it failed.
+        if let Some(StdinWrite::Active(proc)) = self.stdin_writes.remove(&id) {
+            self.in_task(id, move |_, _| async move {
+                Some(reply_of(
+                    process::flush_stdin(&proc, close)
+                        .await
+                        .map(|()| GuestMessage::Ok),
+                ))
+            });
         }
     }
 
@@ -810,30 +897,27 @@ impl Conn {
     }
 
     fn exec_target(&self, exec_id: u32, signal: i32, tree: bool) -> Result<Target, WireError> {
-        let mut tables = lock(&self.shared.tables);
-        let Some(slot) = tables.execs.get_mut(&exec_id) else {
+        let tables = lock(&self.shared.tables);
+        let Some(slot) = tables.execs.get(&exec_id) else {
             return Err(WireError::new(
                 ErrorCode::NoSuchProcess,
                 format!("no exec with id {exec_id} is running"),
             ));
         };
+        let proc = &slot.proc;
         if tree {
             if signal == libc::SIGKILL {
-                slot.killed = true;
+                proc.state().killed = true;
             }
-            return Ok(Target::Tree(self.shared.exec_tree(
-                exec_id,
-                slot.pid,
-                slot.exited,
-            )));
+            return Ok(Target::Tree(self.shared.proc_tree(proc)));
         }
-        if slot.exited {
+        if proc.state().reaped {
             return Err(WireError::new(
                 ErrorCode::NoSuchProcess,
                 format!("the process of exec {exec_id} has already exited"),
             ));
         }
-        Ok(Target::One(slot.pid))
+        Ok(Target::One(proc.pid))
     }
 
     fn pid_target(&self, pid: i32, signal: i32, tree: bool) -> Result<Target, WireError> {
@@ -862,22 +946,18 @@ impl Conn {
         if !tree {
             return Ok(Target::One(pid));
         }
-        let mut tables = lock(&self.shared.tables);
-        let exec = tables
-            .execs
-            .iter_mut()
-            .find(|(_, s)| s.pid == pid && !s.exited);
-        let exec_id = exec.map(|(id, slot)| {
+        // A tracked process's tree also has the members its tag finds.
+        let tag = self.shared.processes.live(pid).map(|proc| {
             if signal == libc::SIGKILL {
-                slot.killed = true;
+                proc.state().killed = true;
             }
-            *id
+            proc.tree
         });
         Ok(Target::Tree(Tree {
             roots: vec![pid],
             groups: vec![pid, stat.pgid],
             session: self.shared.session.clone(),
-            exec_id,
+            tag,
             any_exec: false,
             me: self.shared.me,
             my_pgid: self.shared.my_pgid,
@@ -888,6 +968,29 @@ impl Conn {
 enum Target {
     One(i32),
     Tree(Tree),
+}
+
+/// The process list: every process in `/proc` (but the agent), with the tracked ones
+/// described by their entries, and the exited tracked ones kept (state `X`).
+fn list_processes(sh: &Shared) -> Vec<ProcessInfo> {
+    let tracked = sh.processes.all();
+    let exec_ids: HashMap<i32, u32> = tracked
+        .iter()
+        .filter(|p| !p.state().reaped)
+        .map(|p| (p.pid, p.exec_id))
+        .collect();
+    let mut list = procs::list(sh.me, &exec_ids, &sh.session);
+    for proc in tracked {
+        let reaped = proc.state().reaped;
+        // A collected process's pid may belong to another process now: that one stays as
+        // /proc shows it, and the entry is listed on its own.
+        match list.iter_mut().find(|p| p.pid == proc.pid) {
+            Some(live) if !reaped => *live = proc.info(Some(live.clone()), sh.me),
+            _ => list.push(proc.info(None, sh.me)),
+        }
+    }
+    list.sort_by_key(|p| p.pid);
+    list
 }
 
 fn reply_of(r: Result<GuestMessage, WireError>) -> GuestMessage {

@@ -14,6 +14,7 @@ mod mount_attr;
 pub mod net;
 pub mod netns_pool;
 pub mod probe;
+pub mod pty;
 pub mod rlimits;
 pub mod rootfs;
 pub mod seccomp;

@@ -18,6 +18,22 @@ pub enum ExecCommand {
 pub const DEFAULT_STDOUT_LIMIT: u64 = 1024 * 1024;
 /// Default cap on captured stderr bytes per exec.
 pub const DEFAULT_STDERR_LIMIT: u64 = 1024 * 1024;
+/// Default size of the ring buffer that keeps a tracked process's recent output, per stream.
+pub const DEFAULT_BUFFER_BYTES: u64 = 1024 * 1024;
+/// Largest ring buffer a request may ask for, per stream.
+pub const MAX_BUFFER_BYTES: u64 = 64 * 1024 * 1024;
+/// Exited tracked processes the agent keeps (output and exit) until they are released;
+/// past this many, the one that exited first is dropped.
+pub const EXITED_PROCESSES_KEPT: usize = 64;
+
+/// The window size of a pseudo-terminal, in character cells.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct PtySize {
+    /// Lines.
+    pub rows: u16,
+    /// Columns.
+    pub cols: u16,
+}
 
 /// A request to start a process in the sandbox.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -43,6 +59,25 @@ pub struct ExecRequest {
     /// Bytes of stderr forwarded before the rest is dropped and marked truncated.
     #[serde(default = "default_stderr_limit")]
     pub stderr_limit: u64,
+    /// Run in the background: the agent replies `ExecStarted` and nothing more on the
+    /// request; the output goes only to the process's ring buffers, read with
+    /// [`crate::HostMessage::Attach`]. A background process has no timeout unless
+    /// `timeout_ms` is set.
+    #[serde(default, skip_serializing_if = "is_false")]
+    pub background: bool,
+    /// Run on a new pseudo-terminal of this size (stdin, stdout and stderr, and the
+    /// controlling terminal of a new session). Its output arrives as one stdout stream;
+    /// input is always accepted, whatever `stdin` says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub pty: Option<PtySize>,
+    /// Size of each of the ring buffers keeping the process's recent stdout and stderr
+    /// (default [`DEFAULT_BUFFER_BYTES`], at most [`MAX_BUFFER_BYTES`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub buffer_bytes: Option<u64>,
+}
+
+fn is_false(b: &bool) -> bool {
+    !*b
 }
 
 fn default_stdout_limit() -> u64 {
@@ -74,6 +109,9 @@ impl ExecRequest {
             timeout_ms: None,
             stdout_limit: DEFAULT_STDOUT_LIMIT,
             stderr_limit: DEFAULT_STDERR_LIMIT,
+            background: false,
+            pty: None,
+            buffer_bytes: None,
         }
     }
 }
@@ -254,7 +292,7 @@ impl ExecResult {
 }
 
 /// One process in the sandbox.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProcessInfo {
     /// Pid inside the sandbox.
     pub pid: i32,
@@ -270,6 +308,32 @@ pub struct ProcessInfo {
     pub rss_bytes: u64,
     /// The exec request that started this process's tree, when known.
     pub exec_id: Option<u32>,
+    /// The agent tracks this process (an exec's main process): it keeps its output and exit,
+    /// and the fields below describe it. False for every other process.
+    #[serde(default)]
+    pub tracked: bool,
+    /// Started as a background exec.
+    #[serde(default)]
+    pub background: bool,
+    /// Runs on a pseudo-terminal.
+    #[serde(default)]
+    pub pty: bool,
+    /// It has exited (then `state` is `X` and `exit` says how); the agent keeps the entry
+    /// until it is released or pushed out by newer exits.
+    #[serde(default)]
+    pub exited: bool,
+    /// How it ended, once it has.
+    #[serde(default)]
+    pub exit: Option<ExecExit>,
+    /// Bytes it has written to stdout so far (the offset after its last byte).
+    #[serde(default)]
+    pub stdout_bytes: Option<u64>,
+    /// Bytes it has written to stderr so far.
+    #[serde(default)]
+    pub stderr_bytes: Option<u64>,
+    /// When it started, in milliseconds since the Unix epoch.
+    #[serde(default)]
+    pub started_at_ms: Option<u64>,
 }
 
 /// The conventional name of a signal (`SIGKILL`), or `SIG<n>` for unknown numbers.
@@ -361,6 +425,56 @@ mod tests {
     fn exec_request_defaults_fill_in() {
         let req: ExecRequest = serde_json::from_str(r#"{"command":{"shell":"true"}}"#).unwrap();
         assert_eq!(req, ExecRequest::shell("true"));
+    }
+
+    #[test]
+    fn old_exec_requests_parse_as_foreground_without_a_pty() {
+        let req: ExecRequest = serde_json::from_str(
+            r#"{"command":{"argv":["cat"]},"env":{},"cwd":null,"stdin":true,"timeout_ms":5,"stdout_limit":10,"stderr_limit":20}"#,
+        )
+        .unwrap();
+        assert!(!req.background);
+        assert_eq!(req.pty, None);
+        assert_eq!(req.buffer_bytes, None);
+        assert!(req.stdin);
+        assert_eq!((req.stdout_limit, req.stderr_limit), (10, 20));
+    }
+
+    #[test]
+    fn old_process_infos_parse_as_untracked() {
+        let info: ProcessInfo = serde_json::from_str(
+            r#"{"pid":5,"ppid":1,"pgid":5,"state":"S","cmdline":"sleep 9","rss_bytes":4096,"exec_id":2}"#,
+        )
+        .unwrap();
+        assert_eq!(info.exec_id, Some(2));
+        assert!(!info.tracked && !info.background && !info.pty && !info.exited);
+        assert_eq!(
+            (info.exit, info.stdout_bytes, info.started_at_ms),
+            (None, None, None)
+        );
+    }
+
+    #[test]
+    fn tracked_process_infos_round_trip() {
+        let info = ProcessInfo {
+            pid: 9,
+            ppid: 1,
+            pgid: 9,
+            state: "X".into(),
+            cmdline: "sh -c x".into(),
+            rss_bytes: 0,
+            exec_id: Some(4),
+            tracked: true,
+            background: true,
+            pty: true,
+            exited: true,
+            exit: Some(exit(None, Some(9))),
+            stdout_bytes: Some(12),
+            stderr_bytes: Some(0),
+            started_at_ms: Some(1_700_000_000_000),
+        };
+        let json = serde_json::to_string(&info).unwrap();
+        assert_eq!(serde_json::from_str::<ProcessInfo>(&json).unwrap(), info);
     }
 
     #[test]

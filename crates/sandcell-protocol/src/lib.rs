@@ -4,6 +4,63 @@
 //! ([`HostMessage`] host→guest, [`GuestMessage`] guest→host); bulk bytes (stdin, stdout,
 //! stderr, file contents) travel as raw [`DataChunk`]s so they are never base64-inflated.
 //! Every frame carries a request id, so many requests share one stream.
+//!
+//! # Processes: background, reattach, PTY
+//!
+//! Every process the agent starts with [`HostMessage::Exec`] is *tracked* by its pid (inside
+//! the sandbox): the agent keeps the last [`ExecRequest::buffer_bytes`] (default
+//! [`exec::DEFAULT_BUFFER_BYTES`]) of its stdout and of its stderr in ring buffers, the total
+//! bytes written to each stream so far (the stream's *offset*), its command line, start time
+//! and, once it has ended, its [`ExecExit`]. A foreground exec's entry is dropped when its exit
+//! is sent on its request; a background exec's entry stays after its exit until
+//! [`HostMessage::ReleaseProcess`], or until [`exec::EXITED_PROCESSES_KEPT`] later exits push
+//! it out (oldest exit first), or until its pid is reused. Nothing about a tracked process
+//! belongs to the request or the connection that started it.
+//!
+//! ```text
+//! host                                   agent
+//! Exec{background: true, ..}       ->    ExecStarted{pid}        (the request is over)
+//! Attach{pid, stdout_from, ..}     ->    Attached{pid, stdout_offset, stderr_offset, ..}
+//!                                        [OutputLost{channel, offset, bytes}]
+//!                                        Stdout/Stderr chunks (buffered, then live)
+//!                                        ExecExited(exit)        (the attachment is over)
+//! Detach (on the Attach's id)      ->    Detached
+//! ProcessStdin{pid} + Stdin chunks
+//!   + EndOfData | StdinClose       ->    Ok (after the bytes are written)
+//! ProcessStdinClose{pid}           ->    Ok
+//! Resize{pid, rows, cols}          ->    Ok
+//! ReleaseProcess{pid}              ->    Ok
+//! ```
+//!
+//! - **Background** (`ExecRequest::background`): the exec's request ends with `ExecStarted`
+//!   and its id is free again; the process is reached by pid from then on (a `Signal` by
+//!   `exec_id` does not find it: signal its `pid`, with `tree` for its whole tree, and a
+//!   tree SIGKILL marks its exit `killed`). Its output is only buffered; `stdout_limit` and
+//!   `stderr_limit` do not apply, and its exit's `*_truncated` say whether its ring buffer
+//!   had to drop bytes.
+//! - **Attach** replays from the requested offsets and follows; any number of attachments
+//!   may follow one process (foreground or background), each at its own pace. A slow
+//!   attachment never slows the process: when the ring buffer overwrites bytes it has not
+//!   sent yet it gets an [`GuestMessage::OutputLost`] and resumes at the oldest byte still
+//!   there. Its chunks' `seq` starts at 0 like an exec's. Live output keeps the order between
+//!   stdout and stderr as it is read; a replay sends each stream in order, alternating per
+//!   chunk (the buffers do not record how the two interleaved). Its `ExecExited` is the
+//!   process's exit with `stdout_truncated`/`stderr_truncated` saying whether this attachment
+//!   lost bytes. An unknown (or released) pid is [`ErrorCode::NoSuchProcess`].
+//! - **Stdin by pid**: the `ProcessStdin` request's `Stdin` chunks go, in order, into the same
+//!   queue as the exec request's own stdin chunks; its `Ok` comes once they are written into
+//!   the pipe or terminal (so it waits while the process does not read). A process started
+//!   without `stdin: true` (and no pty) has none: [`ErrorCode::InvalidState`], as for one whose
+//!   stdin is closed or that has exited.
+//! - **PTY** (`ExecRequest::pty`): the process gets a new pseudo-terminal from the sandbox's
+//!   devpts as stdin/stdout/stderr and controlling terminal, in a new session it leads (so
+//!   its process group is its pid, as for any exec, and tree kills and timeouts work alike).
+//!   Output arrives as stdout only, with the terminal's line discipline applied (`\r\n`,
+//!   echo; ^C in the input sends SIGINT to its foreground process group); `TERM` defaults to
+//!   `xterm-256color`. Closing stdin types ^D (end of input at the start of a line).
+//! - **ListProcesses** marks tracked processes ([`ProcessInfo::tracked`]) with their
+//!   background/pty flags, byte totals, start time and exit, and lists kept exited ones with
+//!   state `X`.
 
 pub mod code;
 pub mod exec;
@@ -17,7 +74,7 @@ pub use code::{
     RunCodeRequest, Unrepresentable, VariableInfo, Variables,
 };
 pub use exec::{
-    ExecCommand, ExecExit, ExecRequest, ExecResult, ExitCause, ProcessInfo, signal_name,
+    ExecCommand, ExecExit, ExecRequest, ExecResult, ExitCause, ProcessInfo, PtySize, signal_name,
 };
 pub use frame::{
     Channel, DataChunk, Frame, FrameDecoder, FrameError, HEADER_LEN, MAX_FRAME_LEN, encode_data,

@@ -9,6 +9,7 @@ use crate::code::{
     VariableInfo, Variables,
 };
 use crate::exec::{ExecExit, ExecRequest, ProcessInfo};
+use crate::frame::Channel;
 use crate::fs::FileEntry;
 use crate::isolation::IsolationReport;
 
@@ -20,10 +21,39 @@ pub enum HostMessage {
     Hello { protocol: u32, client: String },
     /// Liveness check; answered by [`GuestMessage::Pong`].
     Ping,
-    /// Starts a process. Replies: `ExecStarted`, stdout/stderr chunks, then `ExecExited`.
+    /// Starts a process. Replies: `ExecStarted`, stdout/stderr chunks, then `ExecExited`;
+    /// with `background`, only `ExecStarted`.
     Exec(ExecRequest),
-    /// Ends the stdin stream of the exec with this request id.
+    /// Ends the stdin stream of the exec with this request id (on a pty: sends the
+    /// terminal's end-of-file character, ^D). Also ends a `ProcessStdin` request's stream the
+    /// same way.
     StdinClose,
+    /// Follows a tracked process's output: replies `Attached`, then what its ring buffers
+    /// hold from the given offsets (`OutputLost` first for bytes no longer buffered), then
+    /// new output as it comes, then `ExecExited` (at once if it has ended). Offsets count the
+    /// stream's bytes from its start; `None` starts at the oldest byte still buffered, an
+    /// offset past the end at the next new byte. See the crate docs.
+    Attach {
+        pid: i32,
+        #[serde(default)]
+        stdout_from: Option<u64>,
+        #[serde(default)]
+        stderr_from: Option<u64>,
+    },
+    /// Sent on an `Attach` request's id: ends that attachment. Reply: `Detached` (nothing
+    /// when the attachment had already ended).
+    Detach,
+    /// Writes to a tracked process's stdin (pipe or pty) by pid: followed by `Stdin` chunks
+    /// on this request's id and `EndOfData`, or `StdinClose` to also close the stdin. Reply:
+    /// `Ok` once the bytes are written to the process's stdin.
+    ProcessStdin { pid: i32 },
+    /// Closes a tracked process's stdin by pid (on a pty: sends ^D). Reply: `Ok`.
+    ProcessStdinClose { pid: i32 },
+    /// Sets the window size of a pty process's terminal (the kernel sends it SIGWINCH).
+    /// Reply: `Ok`.
+    Resize { pid: i32, rows: u16, cols: u16 },
+    /// Forgets an exited tracked process: its buffered output and exit. Reply: `Ok`.
+    ReleaseProcess { pid: i32 },
     /// Sends a signal to an exec's process (by its request id) or to a pid, optionally to the
     /// whole tree (its process group, its descendants and their sessions).
     Signal {
@@ -144,6 +174,24 @@ pub enum GuestMessage {
     ExecStarted { pid: i32 },
     /// The exec's process ended; all of its output was sent before this.
     ExecExited(ExecExit),
+    /// Answers `Attach`: the offsets at which this attachment's stdout and stderr chunks
+    /// start, and the process's exec timeout (for classifying its exit).
+    Attached {
+        pid: i32,
+        stdout_offset: u64,
+        stderr_offset: u64,
+        #[serde(default)]
+        timeout_ms: Option<u64>,
+    },
+    /// Bytes `offset..offset + bytes` of an attached stream left the ring buffer before
+    /// this attachment could send them; the stream's next chunk starts after them.
+    OutputLost {
+        channel: Channel,
+        offset: u64,
+        bytes: u64,
+    },
+    /// Answers `Detach`: nothing more comes on the attachment.
+    Detached,
     /// Text the code wrote (`stdout` or `stderr`).
     CodeStream { name: String, text: String },
     /// Rich output shown during the execution.
@@ -259,6 +307,99 @@ pub enum ErrorCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::exec::PtySize;
+
+    fn round_trip_host(msg: HostMessage) {
+        let json = serde_json::to_string(&msg).unwrap();
+        let back: HostMessage = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, msg, "{json}");
+    }
+
+    fn round_trip_guest(msg: GuestMessage) {
+        let json = serde_json::to_string(&msg).unwrap();
+        let back: GuestMessage = serde_json::from_str(&json).unwrap();
+        assert_eq!(back, msg, "{json}");
+    }
+
+    #[test]
+    fn process_messages_round_trip() {
+        let mut bg = ExecRequest::shell("sleep 1");
+        bg.background = true;
+        bg.stdin = true;
+        bg.pty = Some(PtySize {
+            rows: 40,
+            cols: 120,
+        });
+        bg.buffer_bytes = Some(4096);
+        round_trip_host(HostMessage::Exec(bg));
+        round_trip_host(HostMessage::Attach {
+            pid: 7,
+            stdout_from: Some(10),
+            stderr_from: None,
+        });
+        round_trip_host(HostMessage::Detach);
+        round_trip_host(HostMessage::ProcessStdin { pid: 7 });
+        round_trip_host(HostMessage::ProcessStdinClose { pid: 7 });
+        round_trip_host(HostMessage::Resize {
+            pid: 7,
+            rows: 50,
+            cols: 132,
+        });
+        round_trip_host(HostMessage::ReleaseProcess { pid: 7 });
+        round_trip_guest(GuestMessage::Attached {
+            pid: 7,
+            stdout_offset: 3,
+            stderr_offset: 0,
+            timeout_ms: Some(1000),
+        });
+        round_trip_guest(GuestMessage::OutputLost {
+            channel: Channel::Stderr,
+            offset: 0,
+            bytes: 4000,
+        });
+        round_trip_guest(GuestMessage::Detached);
+    }
+
+    #[test]
+    fn process_messages_have_stable_json() {
+        let json = serde_json::to_string(&HostMessage::Resize {
+            pid: 7,
+            rows: 50,
+            cols: 132,
+        })
+        .unwrap();
+        assert_eq!(json, r#"{"type":"resize","pid":7,"rows":50,"cols":132}"#);
+        let lost = GuestMessage::OutputLost {
+            channel: Channel::Stdout,
+            offset: 1,
+            bytes: 2,
+        };
+        assert_eq!(
+            serde_json::to_string(&lost).unwrap(),
+            r#"{"type":"output_lost","channel":"stdout","offset":1,"bytes":2}"#
+        );
+        // Offsets may be left out: both streams start at their oldest buffered byte.
+        let attach: HostMessage = serde_json::from_str(r#"{"type":"attach","pid":3}"#).unwrap();
+        assert_eq!(
+            attach,
+            HostMessage::Attach {
+                pid: 3,
+                stdout_from: None,
+                stderr_from: None
+            }
+        );
+    }
+
+    #[test]
+    fn a_foreground_exec_is_encoded_as_before() {
+        // Requests that use none of the new fields look exactly as they did, so an agent
+        // that predates them reads them unchanged.
+        let json = serde_json::to_string(&HostMessage::Exec(ExecRequest::argv(["true"]))).unwrap();
+        assert_eq!(
+            json,
+            r#"{"type":"exec","command":{"argv":["true"]},"env":{},"cwd":null,"stdin":false,"timeout_ms":null,"stdout_limit":1048576,"stderr_limit":1048576}"#
+        );
+    }
 
     #[test]
     fn messages_are_tagged_snake_case() {

@@ -10,4 +10,5 @@ mod exec;
 mod files;
 mod kernels;
 mod limits;
+mod processes;
 mod rootless;

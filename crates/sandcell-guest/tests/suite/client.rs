@@ -43,6 +43,24 @@ impl ExecRun {
     }
 }
 
+/// What one attachment received, up to its exit.
+#[derive(Debug)]
+pub struct AttachRun {
+    pub stdout: Vec<u8>,
+    pub stderr: Vec<u8>,
+    /// (channel, offset, bytes) of every `OutputLost`, in arrival order.
+    pub lost: Vec<(Channel, u64, u64)>,
+    /// Seq of every chunk, in arrival order.
+    pub seqs: Vec<u64>,
+    pub exit: ExecExit,
+}
+
+impl AttachRun {
+    pub fn stdout_text(&self) -> String {
+        String::from_utf8_lossy(&self.stdout).to_string()
+    }
+}
+
 impl Agent {
     /// An agent with no handshake done yet.
     pub fn raw() -> Self {
@@ -209,18 +227,7 @@ impl Agent {
             stdout: Vec::new(),
             stderr: Vec::new(),
             chunks: Vec::new(),
-            exit: ExecExit {
-                exit_code: None,
-                signal: None,
-                core_dumped: false,
-                timed_out: false,
-                killed: false,
-                stdout_bytes: 0,
-                stderr_bytes: 0,
-                stdout_truncated: false,
-                stderr_truncated: false,
-                duration_us: 0,
-            },
+            exit: empty_exit(),
         };
         loop {
             match self.next_for(id) {
@@ -250,6 +257,93 @@ impl Agent {
         self.finish_exec(id, pid)
     }
 
+    /// Starts a background exec; returns its id and pid.
+    pub fn spawn_bg(&mut self, mut req: ExecRequest) -> (u32, i32) {
+        req.background = true;
+        self.start_exec(req)
+    }
+
+    /// Attaches to `pid`; returns the attachment's id and its (stdout, stderr) start offsets.
+    pub fn attach(&mut self, pid: i32, from: [Option<u64>; 2]) -> (u32, u64, u64) {
+        let id = self.new_id();
+        let msg = HostMessage::Attach {
+            pid,
+            stdout_from: from[0],
+            stderr_from: from[1],
+        };
+        self.send(id, &msg);
+        match self.reply(id) {
+            GuestMessage::Attached {
+                pid: p,
+                stdout_offset,
+                stderr_offset,
+                ..
+            } => {
+                assert_eq!(p, pid, "attached to another pid");
+                (id, stdout_offset, stderr_offset)
+            }
+            other => panic!("attach to {pid} failed: {other:?}"),
+        }
+    }
+
+    /// Collects an attachment's output until its exit.
+    pub fn follow(&mut self, id: u32) -> AttachRun {
+        let mut run = AttachRun {
+            stdout: Vec::new(),
+            stderr: Vec::new(),
+            lost: Vec::new(),
+            seqs: Vec::new(),
+            exit: empty_exit(),
+        };
+        loop {
+            match self.next_for(id) {
+                Frame::Data { chunk, .. } => {
+                    run.seqs.push(chunk.seq);
+                    match chunk.channel {
+                        Channel::Stdout => run.stdout.extend_from_slice(&chunk.bytes),
+                        Channel::Stderr => run.stderr.extend_from_slice(&chunk.bytes),
+                        other => panic!("unexpected {other:?} chunk in an attachment"),
+                    }
+                }
+                Frame::Message {
+                    msg:
+                        GuestMessage::OutputLost {
+                            channel,
+                            offset,
+                            bytes,
+                        },
+                    ..
+                } => run.lost.push((channel, offset, bytes)),
+                Frame::Message {
+                    msg: GuestMessage::ExecExited(exit),
+                    ..
+                } => {
+                    run.exit = exit;
+                    return run;
+                }
+                Frame::Message { msg, .. } => {
+                    panic!("unexpected message in an attachment: {msg:?}")
+                }
+            }
+        }
+    }
+
+    /// Attaches to `pid` from its oldest buffered bytes and follows it to its exit.
+    pub fn attach_and_follow(&mut self, pid: i32) -> AttachRun {
+        let (id, _, _) = self.attach(pid, [None, None]);
+        self.follow(id)
+    }
+
+    /// Frames of request `id` received but not consumed yet (reads what has arrived first).
+    pub fn pending_for(&mut self, id: u32, wait: Duration) -> usize {
+        std::thread::sleep(wait);
+        // A ping's answer comes after everything queued before it.
+        let ping = self.new_id();
+        self.send(ping, &HostMessage::Ping);
+        assert_eq!(self.reply(ping), GuestMessage::Pong);
+        self.backlog.iter().filter(|f| frame_id(f) == id).count()
+    }
+
     /// Frames received but not consumed yet, plus undecoded bytes.
     pub fn stray(&self) -> usize {
         self.backlog.len() + self.decoder.buffered()
@@ -268,6 +362,21 @@ impl Agent {
         self.done
             .recv_timeout(limit)
             .expect("serve did not return in time")
+    }
+}
+
+fn empty_exit() -> ExecExit {
+    ExecExit {
+        exit_code: None,
+        signal: None,
+        core_dumped: false,
+        timed_out: false,
+        killed: false,
+        stdout_bytes: 0,
+        stderr_bytes: 0,
+        stdout_truncated: false,
+        stderr_truncated: false,
+        duration_us: 0,
     }
 }
 

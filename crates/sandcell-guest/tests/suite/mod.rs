@@ -3,4 +3,5 @@ mod exec;
 mod files;
 mod handshake;
 mod pid1;
+mod processes;
 mod procs;

@@ -549,7 +549,8 @@ pub async fn exec(args: &ClientArgs, a: ExecArgs) -> anyhow::Result<ExitCode> {
             )
             .await?;
         print_json(&v)?;
-        return Ok(exit_code(v["exit_code"].as_i64(), &v["result"]));
+        // The exec answer carries how it ended at its top level.
+        return Ok(exit_code(v["exit_code"].as_i64(), &v));
     }
     let mut code = ExitCode::from(1);
     c.events(
@@ -644,7 +645,7 @@ pub async fn code(args: &ClientArgs, a: CodeArgs) -> anyhow::Result<ExitCode> {
             )
             .await?;
         print_json(&v)?;
-        let ok = v["status"].as_str() == Some("ok");
+        let ok = v["done"]["status"].as_str() == Some("ok");
         return Ok(if ok {
             ExitCode::SUCCESS
         } else {
@@ -838,6 +839,18 @@ pub async fn files(args: &ClientArgs, cmd: FilesCommand) -> anyhow::Result<ExitC
     Ok(ExitCode::SUCCESS)
 }
 
+/// The first line of `text`, cut to `max` characters (a kernel's command line holds its
+/// whole program).
+fn first_line(text: &str, max: usize) -> String {
+    let line = text.lines().next().unwrap_or("");
+    if line.chars().count() > max || text.contains('\n') {
+        let cut: String = line.chars().take(max).collect();
+        format!("{cut}…")
+    } else {
+        line.to_string()
+    }
+}
+
 /// `sandcell ps`.
 #[derive(Debug, Args)]
 pub struct PsArgs {
@@ -868,8 +881,10 @@ pub async fn ps(args: &ClientArgs, a: PsArgs) -> anyhow::Result<ExitCode> {
                     str_of(&p["pid"]),
                     str_of(&p["ppid"]),
                     str_of(&p["state"]),
-                    str_of(&p["rss_kb"]),
-                    str_of(&p["cmdline"]),
+                    p["rss_bytes"]
+                        .as_u64()
+                        .map_or_else(|| "-".into(), |b| (b / 1024).to_string()),
+                    first_line(&str_of(&p["cmdline"]), 100),
                 ]
             })
             .collect();

@@ -13,8 +13,8 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use rustix::fs::{
-    AtFlags, CWD, Dir, FileType, Mode, OFlags, ResolveFlags, Stat, fchmod, fstat, mkdirat, openat,
-    openat2, readlinkat, renameat, statat, unlinkat,
+    AtFlags, CWD, Dir, FileType, Mode, OFlags, RenameFlags, ResolveFlags, Stat, fchmod, fstat,
+    mkdirat, openat, openat2, readlinkat, renameat, renameat_with, statat, unlinkat,
 };
 use rustix::io::Errno;
 use sandcell_protocol::{ErrorCode, FileEntry, FileKind, WireError};
@@ -298,10 +298,27 @@ impl Roots {
         let to_root = self.open_root(to)?;
         let from_dir = open_dir(&from_root, &from.parent_rel(), &from.display)?;
         let to_dir = open_dir(&to_root, &to.parent_rel(), &to.display)?;
-        match renameat(&from_dir, from_name, &to_dir, to_name) {
+        let exists = || {
+            WireError::new(
+                ErrorCode::AlreadyExists,
+                format!("'{}' exists already: remove it first", to.display),
+            )
+        };
+        // Never replaces what is there (as the API promises): RENAME_NOREPLACE.
+        match renameat_with(
+            &from_dir,
+            from_name,
+            &to_dir,
+            to_name,
+            RenameFlags::NOREPLACE,
+        ) {
             Ok(()) => {}
+            Err(Errno::EXIST) => return Err(exists()),
             // The roots are separate mounts in a sandbox: move by copying, like mv(1).
             Err(Errno::XDEV) => {
+                if statat(&to_dir, to_name, AtFlags::SYMLINK_NOFOLLOW).is_ok() {
+                    return Err(exists());
+                }
                 let ends = Ends {
                     from: &from_dir,
                     from_name,

@@ -89,11 +89,26 @@ pub fn presented_key(parts: &Parts) -> Option<String> {
     if let Some(v) = headers.get("x-api-key").and_then(|v| v.to_str().ok()) {
         return Some(v.trim().to_string());
     }
-    let auth = headers.get("authorization")?.to_str().ok()?;
-    let (scheme, token) = auth.split_once(' ')?;
-    scheme
-        .eq_ignore_ascii_case("bearer")
-        .then(|| token.trim().to_string())
+    if let Some(auth) = headers.get("authorization").and_then(|v| v.to_str().ok()) {
+        let (scheme, token) = auth.split_once(' ')?;
+        return scheme
+            .eq_ignore_ascii_case("bearer")
+            .then(|| token.trim().to_string());
+    }
+    // Browsers cannot set headers on a WebSocket: for an upgrade only, `?api_key=` will do.
+    let upgrade = headers
+        .get("upgrade")
+        .and_then(|v| v.to_str().ok())
+        .is_some_and(|v| v.eq_ignore_ascii_case("websocket"));
+    if !upgrade {
+        return None;
+    }
+    let query = parts.uri.query()?;
+    serde_urlencoded::from_str::<Vec<(String, String)>>(query)
+        .ok()?
+        .into_iter()
+        .find(|(k, _)| k == "api_key")
+        .map(|(_, v)| v)
 }
 
 impl FromRequestParts<AppState> for Caller {

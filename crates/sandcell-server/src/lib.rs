@@ -33,7 +33,9 @@ pub use serve::{
 };
 pub use state::AppState;
 
-use crate::api::{code, exec, files, keys, processes, sandboxes, system, transfer, usage};
+use crate::api::{
+    background, code, exec, files, keys, processes, sandboxes, system, transfer, usage,
+};
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorTag};
 
@@ -93,7 +95,12 @@ fn api_routes() -> OpenApiRouter<AppState> {
             code::set_variables,
             code::clear_variables
         ))
-        .routes(routes!(processes::list))
+        .routes(routes!(processes::list, background::start))
+        .routes(routes!(background::stream))
+        .routes(routes!(background::output))
+        .routes(routes!(background::stdin))
+        .routes(routes!(background::resize))
+        .routes(routes!(background::pty))
         .routes(routes!(processes::signal))
         .routes(routes!(files::list, files::remove))
         .routes(routes!(files::stat))

@@ -844,7 +844,7 @@ fn daemon_exec_collected_with_stdin_and_streamed() {
     let exit = &events[3].data;
     assert_eq!(exit["exit_code"], 4, "{exit}");
     assert_eq!(exit["ok"], false);
-    assert_eq!(exit["result"]["cause"], "exited");
+    assert_eq!(exit["cause"], "exited");
     // Really streamed: "a" arrived long before the end.
     assert!(
         events[3].at - events[0].at >= Duration::from_millis(900),

@@ -91,6 +91,18 @@ pub struct ExecOutput {
     pub result: ExitInfo,
 }
 
+/// The `exit` event of a streamed exec.
+#[derive(Debug, Clone, PartialEq, Serialize, ToSchema)]
+pub struct ExitEvent {
+    /// The exit code, when it exited.
+    pub exit_code: Option<i32>,
+    /// Exited with code 0.
+    pub ok: bool,
+    /// How it ended.
+    #[serde(flatten)]
+    pub result: ExitInfo,
+}
+
 /// How a process ended.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct ExitInfo {
@@ -222,11 +234,12 @@ pub fn exec_events(stream: ExecStream) -> impl Stream<Item = Result<Event, Infal
             Some(Ok(ExecEvent::Stdout(b))) => data_event("stdout", &b),
             Some(Ok(ExecEvent::Stderr(b))) => data_event("stderr", &b),
             Some(Ok(ExecEvent::Exit(result))) => {
-                let body = serde_json::json!({
-                    "exit_code": result.exit_code,
-                    "ok": result.exit_code == Some(0),
-                    "result": ExitInfo::from(&result),
-                });
+                // As the collected answer, without the output.
+                let body = ExitEvent {
+                    exit_code: result.exit_code,
+                    ok: result.exit_code == Some(0),
+                    result: ExitInfo::from(&result),
+                };
                 return Some((Ok(json_event("exit", &body)), None));
             }
             Some(Err(e)) => {

@@ -1,5 +1,6 @@
 //! The `/v1` routes, one module per resource, and the wire types they share.
 
+pub mod background;
 pub mod code;
 pub mod exec;
 pub mod extract;

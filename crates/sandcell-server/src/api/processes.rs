@@ -29,6 +29,24 @@ pub struct ProcessView {
     pub rss_bytes: u64,
     /// The exec that started its tree, when known.
     pub exec_id: Option<u32>,
+    /// Started by an exec or a background start (its output can be attached to).
+    pub tracked: bool,
+    /// Started in the background.
+    pub background: bool,
+    /// Runs on a terminal.
+    pub pty: bool,
+    /// It has ended (kept so its output and exit can still be read).
+    pub exited: bool,
+    /// Its exit code, once it exited.
+    pub exit_code: Option<i32>,
+    /// The signal that ended it.
+    pub exit_signal: Option<i32>,
+    /// Stdout bytes written so far.
+    pub stdout_bytes: Option<u64>,
+    /// Stderr bytes written so far.
+    pub stderr_bytes: Option<u64>,
+    /// When it started, milliseconds since the epoch.
+    pub started_at_ms: Option<u64>,
 }
 
 impl From<ProcessInfo> for ProcessView {
@@ -41,6 +59,15 @@ impl From<ProcessInfo> for ProcessView {
             cmdline: p.cmdline,
             rss_bytes: p.rss_bytes,
             exec_id: p.exec_id,
+            tracked: p.tracked,
+            background: p.background,
+            pty: p.pty,
+            exited: p.exited,
+            exit_code: p.exit.as_ref().and_then(|e| e.exit_code),
+            exit_signal: p.exit.as_ref().and_then(|e| e.signal),
+            stdout_bytes: p.stdout_bytes,
+            stderr_bytes: p.stderr_bytes,
+            started_at_ms: p.started_at_ms,
         }
     }
 }

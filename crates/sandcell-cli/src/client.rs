@@ -1,6 +1,6 @@
 //! The CLI as a client of a running daemon: `sandbox …`, `exec`, `code`, `files …`, `ps`.
 //!
-//! The daemon is found through `--url` or `$SANDCELL_URL`, else the `daemon.json` a running
+//! The daemon is found through `--url` or `$SANDCELL_API_URL`, else the `daemon.json` a running
 //! `sandcell serve` leaves in its home; the key through `--api-key` or `$SANDCELL_API_KEY`,
 //! else the admin key the first `serve` wrote there.
 
@@ -19,7 +19,7 @@ use crate::render::table;
 /// How to reach the daemon.
 #[derive(Debug, Args, Clone, Default)]
 pub struct ClientArgs {
-    /// The daemon's URL (default: $SANDCELL_URL, else the running daemon's).
+    /// The daemon's URL (default: $SANDCELL_API_URL, else the running daemon's).
     #[arg(long, global = true, value_name = "URL")]
     pub url: Option<String>,
     /// The API key (default: $SANDCELL_API_KEY, else <home>/admin.key).
@@ -67,11 +67,11 @@ impl Client {
             .home
             .clone()
             .unwrap_or_else(sandcell_server::config::default_home);
-        let base = match args
-            .url
-            .clone()
-            .or_else(|| std::env::var("SANDCELL_URL").ok().filter(|u| !u.is_empty()))
-        {
+        let base = match args.url.clone().or_else(|| {
+            std::env::var("SANDCELL_API_URL")
+                .ok()
+                .filter(|u| !u.is_empty())
+        }) {
             Some(url) => url,
             None => running_daemon(&home)?,
         };
@@ -189,7 +189,7 @@ fn running_daemon(home: &std::path::Path) -> anyhow::Result<String> {
     let path = sandcell_server::daemon_info_path(home);
     let text = std::fs::read_to_string(&path).map_err(|_| {
         anyhow!(
-            "no Sandcell daemon is running (no {}): start one with `sandcell serve`, or point to one with --url or SANDCELL_URL",
+            "no Sandcell daemon is running (no {}): start one with `sandcell serve`, or point to one with --url or SANDCELL_API_URL",
             path.display()
         )
     })?;

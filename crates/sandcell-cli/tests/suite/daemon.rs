@@ -136,7 +136,7 @@ impl Daemon {
             .unwrap();
         let mut child = Command::new(BIN)
             .args(&args)
-            .env_remove("SANDCELL_URL")
+            .env_remove("SANDCELL_API_URL")
             .env_remove("SANDCELL_API_KEY")
             .env_remove("SANDCELL_HOME")
             .stdin(Stdio::null())

@@ -21,7 +21,7 @@ fn cli_stdin(home: &Path, args: &[&str], stdin: Option<&str>) -> (i32, String, S
         .arg("--home")
         .arg(home)
         .args(&args[1..])
-        .env_remove("SANDCELL_URL")
+        .env_remove("SANDCELL_API_URL")
         .env_remove("SANDCELL_API_KEY")
         .env_remove("SANDCELL_HOME")
         .stdin(Stdio::piped())

@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# Python tools the test suite drives (schemathesis, from PyPI) in a virtualenv under
+# target/tools. Idempotent: installs only what is missing or at another version.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+SCHEMATHESIS=4.32.5
+venv=target/tools/venv
+if ! /usr/bin/python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
+  SUDO=""
+  [ "$(id -u)" = 0 ] || SUDO="sudo"
+  echo "tools: installing python3-venv" >&2
+  $SUDO apt-get update -qq >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends python3-venv >/dev/null
+fi
+[ -x "$venv/bin/python" ] || /usr/bin/python3 -m venv "$venv"
+if [ "$("$venv/bin/schemathesis" --version 2>/dev/null | awk '{print $NF}')" != "$SCHEMATHESIS" ]; then
+  echo "tools: installing schemathesis $SCHEMATHESIS" >&2
+  "$venv/bin/pip" install -q --disable-pip-version-check "schemathesis==$SCHEMATHESIS"
+fi

@@ -1065,6 +1065,15 @@ pub(crate) async fn create_context(
             format!("cwd '{c}' must be an absolute path"),
         ));
     }
+    // Checked here: a spawn into a missing directory fails as if the interpreter were missing.
+    if let Some(c) = &cwd
+        && !std::path::Path::new(c).is_dir()
+    {
+        return Err(error(
+            ErrorCode::InvalidArgument,
+            format!("cwd '{c}' is not a directory in the sandbox"),
+        ));
+    }
     if let Some(bad) = env.keys().find(|k| k.is_empty() || k.contains(['=', '\0'])) {
         return Err(error(
             ErrorCode::InvalidArgument,

@@ -303,6 +303,11 @@ pub(crate) async fn run(
             Ok(End::Eof) | Err(GuestError::Read(_)) => {}
             other => break other,
         }
+        // Its attachments followed output for a host that is gone; the next one attaches
+        // again from the offsets it wants.
+        for (_, task) in lock(&shared.tables).attachments.drain() {
+            task.abort();
+        }
         match listener.accept().await {
             Ok((stream, _)) => {
                 let (r, w) = stream.into_split();

@@ -46,9 +46,12 @@ enum BenchWhat {
         #[arg(long)]
         json: bool,
     },
+    /// The daemon over HTTP on loopback: exec and `x = 1` round trips (against the embedded
+    /// engine), create-to-first-result cold and from a warm pool, many concurrent clients.
+    Daemon(crate::bench_daemon::DaemonArgs),
 }
 
-const PYTHON: &str = "/usr/bin/python3";
+pub(crate) const PYTHON: &str = "/usr/bin/python3";
 
 /// One thing being timed.
 enum Scenario {
@@ -74,6 +77,7 @@ pub async fn bench(args: BenchArgs, engine: Engine) -> anyhow::Result<ExitCode> 
             cold_runs,
             json,
         } => kernel(engine, runs, cold_runs, json).await,
+        BenchWhat::Daemon(args) => crate::bench_daemon::daemon(args, engine).await,
     }
 }
 
@@ -337,7 +341,7 @@ fn find_on_path(name: &str) -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-fn quantile(samples: &[Duration], q: f64) -> f64 {
+pub(crate) fn quantile(samples: &[Duration], q: f64) -> f64 {
     let mut ms: Vec<f64> = samples.iter().map(|d| d.as_secs_f64() * 1000.0).collect();
     ms.sort_by(f64::total_cmp);
     if ms.is_empty() {

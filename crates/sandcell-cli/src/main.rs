@@ -4,6 +4,7 @@
 use std::process::ExitCode;
 
 mod bench;
+mod bench_daemon;
 mod cli;
 mod client;
 mod daemon;

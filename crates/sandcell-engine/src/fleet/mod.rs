@@ -296,6 +296,8 @@ const MAX_TAG_VALUE: usize = 1024;
 
 struct Live {
     sandbox: Sandbox,
+    /// Whose it is (checked without a read of the ledger on every request).
+    owner: String,
     last_active: AtomicI64,
 }
 
@@ -440,6 +442,7 @@ impl Fleet {
                 }
                 let live = Arc::new(Live {
                     sandbox,
+                    owner: record.owner.clone(),
                     last_active: AtomicI64::new(record.updated_at_ms),
                 });
                 lock(&self.live).insert(record.id.clone(), live);
@@ -522,7 +525,7 @@ impl Fleet {
     pub fn sandbox(&self, owner: &str, id: &str) -> Result<Sandbox, EngineError> {
         let live = lock(&self.live).get(id).cloned();
         match live {
-            Some(l) if self.get(owner, id).is_ok() => {
+            Some(l) if l.owner == owner => {
                 l.last_active.store(now_ms(), Ordering::Relaxed);
                 Ok(l.sandbox.clone())
             }
@@ -694,6 +697,7 @@ impl Fleet {
                     self.ledger.update(&record).map_err(persistence)?;
                     let live = Arc::new(Live {
                         sandbox,
+                        owner: record.owner.clone(),
                         last_active: AtomicI64::new(record.last_active_ms),
                     });
                     lock(&self.live).insert(record.id.clone(), live);

@@ -178,6 +178,7 @@ impl Fleet {
         }
         let live = Arc::new(Live {
             sandbox,
+            owner: wanted.owner.clone(),
             last_active: AtomicI64::new(wanted.updated_at_ms),
         });
         lock(&self.live).insert(wanted.id.clone(), live);

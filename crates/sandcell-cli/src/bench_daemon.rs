@@ -1,0 +1,1104 @@
+//! `sandcell bench daemon`: the daemon over real HTTP on loopback. It starts its own
+//! `sandcell serve` on a temporary home and measures, in one run: exec and Python `x = 1`
+//! round trips in a warm sandbox, side by side with the same calls through the embedded
+//! engine; create-to-first-result cold and from a warm pool, next to a `python3 -c` process
+//! on the host; and many concurrent clients doing exec for a while (throughput, latency,
+//! errors). The daemon gets SIGTERM at the end and must leave no sandbox running.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitCode, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, anyhow, bail};
+use clap::Args;
+use reqwest::Method;
+use sandcell_engine::{Engine, SandboxSpec};
+use sandcell_protocol::{ExecRequest, Language, RunCodeRequest};
+use sandcell_server::api::types::CreateSandbox;
+use serde_json::{Value, json};
+
+use crate::bench::{PYTHON, quantile};
+
+/// Arguments of `sandcell bench daemon`.
+#[derive(Debug, Args)]
+pub struct DaemonArgs {
+    /// Round trips per scenario (exec `true` and `x = 1`, over HTTP and embedded).
+    #[arg(long, default_value_t = 1000)]
+    runs: usize,
+    /// Creations per create-to-first-result scenario (cold, from the pool, embedded).
+    #[arg(long, default_value_t = 20)]
+    cold_runs: usize,
+    /// Concurrent clients of the load test.
+    #[arg(long, default_value_t = 64)]
+    clients: usize,
+    /// Length of the load test in seconds.
+    #[arg(long, default_value_t = 60)]
+    duration_secs: u64,
+    /// Sandboxes the load test's clients share (round-robin).
+    #[arg(long, default_value_t = 4)]
+    sandboxes: usize,
+    /// Ready sandboxes in the daemon's python/small warm pool (0: no pool, and no pool
+    /// scenario).
+    #[arg(long, default_value_t = 2)]
+    pool: usize,
+    /// Print JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The warm pool the daemon keeps (`pools.warm`), as `/metrics` names it.
+const POOL: &str = "python/small";
+/// How long the daemon gets to write `daemon.json`, answer `/healthz` and fill its pool.
+const START_TIMEOUT: Duration = Duration::from_secs(120);
+/// How long the daemon gets to stop on SIGTERM (it stops every sandbox first).
+const STOP_TIMEOUT: Duration = Duration::from_secs(60);
+/// How many load-test errors are shown.
+const SHOWN_ERRORS: usize = 5;
+
+/// One timed scenario.
+struct Row {
+    key: &'static str,
+    name: &'static str,
+    samples: Vec<Duration>,
+}
+
+impl Row {
+    fn new(key: &'static str, name: &'static str) -> Self {
+        Self {
+            key,
+            name,
+            samples: Vec::new(),
+        }
+    }
+
+    fn median(&self) -> f64 {
+        quantile(&self.samples, 0.5)
+    }
+
+    fn p99(&self) -> f64 {
+        quantile(&self.samples, 0.99)
+    }
+
+    fn json(&self) -> Value {
+        json!({
+            "key": self.key, "scenario": self.name, "runs": self.samples.len(),
+            "median_ms": self.median(), "p99_ms": self.p99(), "mean_ms": mean(&self.samples),
+        })
+    }
+}
+
+fn mean(samples: &[Duration]) -> f64 {
+    if samples.is_empty() {
+        return 0.0;
+    }
+    samples.iter().map(Duration::as_secs_f64).sum::<f64>() * 1000.0 / samples.len() as f64
+}
+
+/// What the load test saw.
+struct Load {
+    clients: usize,
+    sandboxes: usize,
+    elapsed: Duration,
+    latencies: Vec<Duration>,
+    errors: u64,
+    first_errors: Vec<String>,
+    cpu: Option<CpuShare>,
+}
+
+impl Load {
+    fn throughput(&self) -> f64 {
+        self.latencies.len() as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+/// Where the CPU went during the load test, in cores (1.0 = one core busy all the time).
+struct CpuShare {
+    daemon: f64,
+    client: f64,
+    /// Inside the load test's sandboxes (their cgroups), when the host reports it.
+    sandboxes: Option<f64>,
+    machine: f64,
+    cores: usize,
+}
+
+/// Runs `sandcell bench daemon`.
+pub async fn daemon(args: DaemonArgs, engine: Engine) -> anyhow::Result<ExitCode> {
+    if args.runs < 10 || args.cold_runs < 3 {
+        bail!("--runs must be at least 10 and --cold-runs at least 3");
+    }
+    if args.clients == 0 || args.sandboxes == 0 || args.duration_secs == 0 {
+        bail!("--clients, --sandboxes and --duration-secs must be at least 1");
+    }
+    if args.pool > 64 {
+        bail!("--pool must be at most 64");
+    }
+    progress("starting `sandcell serve` on a temporary home");
+    let mut daemon = Daemon::start(args.pool).await?;
+    let measured = measure(&daemon, &engine, &args).await;
+    if measured.is_err() {
+        eprintln!("{}", daemon.log_tail(30));
+    }
+    progress("stopping the daemon (SIGTERM)");
+    let stopped = daemon.stop(&engine).await;
+    drop(daemon);
+    let (rows, pool_hits, load) = measured?;
+    stopped?;
+    Ok(report(&args, &rows, pool_hits, &load))
+}
+
+fn progress(what: &str) {
+    eprintln!("bench daemon: {what}");
+}
+
+/// Every scenario, in order; the rows, the pool hits, the load test.
+async fn measure(
+    d: &Daemon,
+    engine: &Engine,
+    args: &DaemonArgs,
+) -> anyhow::Result<(Vec<Row>, Option<u64>, Load)> {
+    progress(&format!(
+        "round trips: {} each of exec and x = 1, HTTP and embedded, interleaved",
+        args.runs
+    ));
+    let mut rows = round_trips(d, engine, args.runs).await?;
+    progress(&format!(
+        "create to first result: {} each, cold{}",
+        args.cold_runs,
+        if args.pool > 0 {
+            " and from the pool"
+        } else {
+            ""
+        }
+    ));
+    let (creates, pool_hits) = creates(d, engine, args.cold_runs, args.pool).await?;
+    rows.extend(creates);
+    progress(&format!(
+        "load: {} clients doing exec for {} s on {} sandboxes",
+        args.clients, args.duration_secs, args.sandboxes
+    ));
+    let load = load(
+        d,
+        args.clients,
+        args.sandboxes,
+        Duration::from_secs(args.duration_secs),
+    )
+    .await?;
+    Ok((rows, pool_hits, load))
+}
+
+/// The spec the daemon's `{"template": "python", "env": env}` stands for, for the embedded
+/// engine, so both sides run the same sandbox.
+fn python_spec(env: &[(&str, &str)]) -> anyhow::Result<SandboxSpec> {
+    CreateSandbox {
+        template: Some("python".into()),
+        env: env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        ..CreateSandbox::default()
+    }
+    .spec()
+    .map_err(|e| anyhow!("the python template: {}", e.body().message))
+}
+
+fn x_equals_1(code: &str) -> RunCodeRequest {
+    RunCodeRequest {
+        context: None,
+        language: Some(Language::Python),
+        code: code.into(),
+        timeout_ms: None,
+    }
+}
+
+/// Exec `true` and `x = 1` in one warm sandbox over HTTP and in one through the embedded
+/// engine, interleaved so that both see the same machine.
+async fn round_trips(d: &Daemon, engine: &Engine, runs: usize) -> anyhow::Result<Vec<Row>> {
+    // The env keeps this sandbox out of the warm pool (the pool stays full and idle).
+    let env = [("SANDCELL_BENCH", "round-trips")];
+    let id = d
+        .create(&json!({"template": "python", "env": {"SANDCELL_BENCH": "round-trips"}}))
+        .await?;
+    let sb = engine
+        .create(python_spec(&env)?)
+        .await
+        .context("create an embedded sandbox")?;
+    let exec_path = format!("/v1/sandboxes/{id}/exec");
+    let code_path = format!("/v1/sandboxes/{id}/code");
+    let exec_body = json!({"argv": ["true"]});
+    let code_body = json!({"code": "x = 1"});
+    let mut rows = vec![
+        Row::new("exec_http", "exec `true`, HTTP"),
+        Row::new("exec_embedded", "exec `true`, embedded engine"),
+        Row::new("code_http", "python `x = 1`, HTTP"),
+        Row::new("code_embedded", "python `x = 1`, embedded engine"),
+        // Where the HTTP share goes: the floor (no key, no sandbox), then a key check and a
+        // record read.
+        Row::new("healthz_http", "GET /healthz, HTTP (no key, no sandbox)"),
+        Row::new("get_http", "GET /v1/sandboxes/{id}, HTTP (key, record)"),
+    ];
+    let get_path = format!("/v1/sandboxes/{id}");
+    let warmup = (runs / 10).clamp(10, 100);
+    for i in 0..warmup + runs {
+        let t = Instant::now();
+        d.exec_ok(&exec_path, &exec_body).await?;
+        let exec_http = t.elapsed();
+
+        let t = Instant::now();
+        let out = sb
+            .exec(ExecRequest::argv(["true"]))
+            .await
+            .context("embedded exec")?;
+        let exec_embedded = t.elapsed();
+        if !out.result.success() {
+            bail!("embedded `true` failed: {}", out.result.message);
+        }
+
+        let t = Instant::now();
+        d.code_ok(&code_path, &code_body).await?;
+        let code_http = t.elapsed();
+
+        let t = Instant::now();
+        let run = sb
+            .run_code(x_equals_1("x = 1"))
+            .await
+            .context("embedded x = 1")?;
+        let code_embedded = t.elapsed();
+        if !run.ok() {
+            bail!("embedded x = 1 failed: {:?}", run.done);
+        }
+
+        let t = Instant::now();
+        d.healthz().await?;
+        let healthz = t.elapsed();
+
+        let t = Instant::now();
+        d.expect(Method::GET, &get_path, None, 200).await?;
+        let get = t.elapsed();
+
+        if i >= warmup {
+            let samples = [
+                exec_http,
+                exec_embedded,
+                code_http,
+                code_embedded,
+                healthz,
+                get,
+            ];
+            for (row, s) in rows.iter_mut().zip(samples) {
+                row.samples.push(s);
+            }
+        }
+    }
+    sb.destroy().await.context("destroy the embedded sandbox")?;
+    d.delete(&id).await?;
+    Ok(rows)
+}
+
+/// Create-to-first-result (`1+1`): cold over HTTP, from the warm pool over HTTP, cold
+/// through the embedded engine, and a `python3 -c` process on the host. Before each sample
+/// the pool is full again, so no refill runs during a measurement. Returns the rows and how
+/// many of the pool creations were pool hits.
+async fn creates(
+    d: &Daemon,
+    engine: &Engine,
+    runs: usize,
+    pool: usize,
+) -> anyhow::Result<(Vec<Row>, Option<u64>)> {
+    let cold_body = json!({"template": "python", "env": {"A": "1"}});
+    let pool_body = json!({"template": "python"});
+    let spec = python_spec(&[("A", "1")])?;
+    let mut cold = Row::new("create_cold_http", "create + first result, cold, HTTP");
+    let mut pooled = Row::new("create_pool_http", "create + first result, warm pool, HTTP");
+    let mut embedded = Row::new(
+        "create_cold_embedded",
+        "create + first result, cold, embedded engine",
+    );
+    let mut host = Row::new("python3_host", "python3 -c 'print(1+1)' on the host");
+    let mut hits = 0;
+    // The first round warms up and is not kept.
+    for i in 0..=runs {
+        let keep = i > 0;
+        d.wait_pool_full(pool).await?;
+        let t = Instant::now();
+        let id = d.create(&cold_body).await?;
+        d.first_result(&id).await?;
+        let took = t.elapsed();
+        d.delete(&id).await?;
+        if keep {
+            cold.samples.push(took);
+        }
+
+        if pool > 0 {
+            d.wait_pool_full(pool).await?;
+            let before = d
+                .metric("sandcell_pool_requests_total{result=\"hit\"}")
+                .await?;
+            let t = Instant::now();
+            let id = d.create(&pool_body).await?;
+            d.first_result(&id).await?;
+            let took = t.elapsed();
+            let after = d
+                .metric("sandcell_pool_requests_total{result=\"hit\"}")
+                .await?;
+            d.delete(&id).await?;
+            if keep {
+                pooled.samples.push(took);
+                if after > before {
+                    hits += 1;
+                }
+            }
+        }
+
+        d.wait_pool_full(pool).await?;
+        let t = Instant::now();
+        let sb = engine
+            .create(spec.clone())
+            .await
+            .context("create an embedded sandbox")?;
+        let run = sb
+            .run_code(x_equals_1("1+1"))
+            .await
+            .context("embedded 1+1")?;
+        let took = t.elapsed();
+        sb.destroy().await.context("destroy the embedded sandbox")?;
+        if run.result_text() != Some("2") {
+            bail!("embedded 1+1 gave {:?}", run.result_text());
+        }
+        if keep {
+            embedded.samples.push(took);
+        }
+
+        let t = Instant::now();
+        let out = Command::new(PYTHON)
+            .args(["-c", "print(1+1)"])
+            .stdin(Stdio::null())
+            .output()
+            .with_context(|| format!("run {PYTHON} on the host"))?;
+        let took = t.elapsed();
+        if !out.status.success() || out.stdout != b"2\n" {
+            bail!("python3 -c 'print(1+1)' on the host failed: {}", out.status);
+        }
+        if keep {
+            host.samples.push(took);
+        }
+    }
+    let mut rows = vec![cold];
+    if pool > 0 {
+        rows.push(pooled);
+    }
+    rows.extend([embedded, host]);
+    Ok((rows, (pool > 0).then_some(hits)))
+}
+
+/// `clients` clients each doing exec `true` in a loop for `duration`, on `sandboxes` shared
+/// sandboxes (client `i`'s `n`th request goes to sandbox `(i + n) % sandboxes`).
+async fn load(
+    d: &Daemon,
+    clients: usize,
+    sandboxes: usize,
+    duration: Duration,
+) -> anyhow::Result<Load> {
+    let mut ids = Vec::with_capacity(sandboxes);
+    for _ in 0..sandboxes {
+        ids.push(d.create(&json!({"template": "default"})).await?);
+    }
+    let paths: Vec<String> = ids
+        .iter()
+        .map(|id| format!("/v1/sandboxes/{id}/exec"))
+        .collect();
+    let body = json!({"argv": ["true"]});
+    let first_errors = Mutex::new(Vec::new());
+    let client = |i: usize, until: Instant| {
+        let (paths, body, first_errors) = (&paths, &body, &first_errors);
+        async move {
+            let mut latencies = Vec::new();
+            let mut errors = 0u64;
+            let mut n = i;
+            while Instant::now() < until {
+                let t = Instant::now();
+                let r = d.exec_ok(&paths[n % paths.len()], body).await;
+                let took = t.elapsed();
+                n += 1;
+                match r {
+                    Ok(()) => latencies.push(took),
+                    Err(e) => {
+                        errors += 1;
+                        let mut shown = first_errors.lock().unwrap_or_else(|e| e.into_inner());
+                        if shown.len() < SHOWN_ERRORS {
+                            shown.push(format!("{e:#}"));
+                        }
+                    }
+                }
+            }
+            (latencies, errors)
+        }
+    };
+    // Warm-up: every client opens its connection and does a few requests.
+    let warm_until = Instant::now() + duration.div_f64(20.0).min(Duration::from_secs(3));
+    let warm = futures_util::future::join_all((0..clients).map(|i| client(i, warm_until))).await;
+    let warm_errors: u64 = warm.iter().map(|(_, e)| e).sum();
+    if warm_errors > 0 {
+        bail!(
+            "{warm_errors} errors while warming up the load test: {}",
+            first_errors
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .join("; ")
+        );
+    }
+    let sandboxes_before = d.cpu_seconds(&ids).await?;
+    let cpu_before = CpuTimes::read(d.pid());
+    let start = Instant::now();
+    let until = start + duration;
+    let results = futures_util::future::join_all((0..clients).map(|i| client(i, until))).await;
+    let elapsed = start.elapsed();
+    let cpu_after = CpuTimes::read(d.pid());
+    let sandboxes_after = d.cpu_seconds(&ids).await?;
+    let cpu = cpu_before.zip(cpu_after).map(|(a, b)| {
+        let mut share = a.share(&b);
+        share.sandboxes = sandboxes_before
+            .zip(sandboxes_after)
+            .map(|(a, b)| (b - a) / elapsed.as_secs_f64());
+        share
+    });
+    for id in &ids {
+        d.delete(id).await?;
+    }
+    let mut latencies = Vec::new();
+    let mut errors = 0;
+    for (l, e) in results {
+        latencies.extend(l);
+        errors += e;
+    }
+    Ok(Load {
+        clients,
+        sandboxes,
+        elapsed,
+        latencies,
+        errors,
+        first_errors: first_errors.into_inner().unwrap_or_else(|e| e.into_inner()),
+        cpu,
+    })
+}
+
+/// CPU time so far (in clock ticks): the daemon's, this process's, the machine's.
+struct CpuTimes {
+    daemon: u64,
+    client: u64,
+    busy: u64,
+    total: u64,
+}
+
+impl CpuTimes {
+    fn read(daemon_pid: u32) -> Option<Self> {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        let ticks: Vec<u64> = stat
+            .lines()
+            .next()?
+            .strip_prefix("cpu ")?
+            .split_whitespace()
+            .filter_map(|v| v.parse().ok())
+            .collect();
+        // user nice system idle iowait irq softirq steal (guest time is inside user).
+        let total: u64 = ticks.iter().take(8).sum();
+        let idle = ticks.get(3)? + ticks.get(4)?;
+        Some(Self {
+            daemon: process_ticks(&format!("/proc/{daemon_pid}/stat"))?,
+            client: process_ticks("/proc/self/stat")?,
+            busy: total.saturating_sub(idle),
+            total,
+        })
+    }
+
+    /// The share of each since `self`, in cores.
+    fn share(&self, later: &Self) -> CpuShare {
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        // /proc/stat counts every core's ticks: one core's worth of time is total / cores.
+        let per_core = (later.total.saturating_sub(self.total) as f64 / cores as f64).max(1.0);
+        let cores_of = |a: u64, b: u64| b.saturating_sub(a) as f64 / per_core;
+        CpuShare {
+            daemon: cores_of(self.daemon, later.daemon),
+            client: cores_of(self.client, later.client),
+            sandboxes: None,
+            machine: cores_of(self.busy, later.busy),
+            cores,
+        }
+    }
+}
+
+/// utime + stime of a process (`/proc/<pid>/stat` fields 14 and 15).
+fn process_ticks(path: &str) -> Option<u64> {
+    let stat = std::fs::read_to_string(path).ok()?;
+    let fields: Vec<&str> = stat.rsplit_once(')')?.1.split_whitespace().collect();
+    // Field 3 (the state) is the first after the command name.
+    let utime: u64 = fields.get(11)?.parse().ok()?;
+    let stime: u64 = fields.get(12)?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// Prints the table (or JSON); fails the command when the load test saw errors.
+fn report(args: &DaemonArgs, rows: &[Row], pool_hits: Option<u64>, load: &Load) -> ExitCode {
+    let row = |key: &str| rows.iter().find(|r| r.key == key);
+    let overhead = |http: &str, embedded: &str| {
+        let (h, e) = (row(http)?.median(), row(embedded)?.median());
+        Some((h - e, h / e.max(1e-9)))
+    };
+    let exec_overhead = overhead("exec_http", "exec_embedded");
+    let code_overhead = overhead("code_http", "code_embedded");
+    let load_median = quantile(&load.latencies, 0.5);
+    let load_p99 = quantile(&load.latencies, 0.99);
+    let mut targets = vec![
+        ("python `x = 1` over HTTP, median", "code_http", 0.5),
+        (
+            "create + first result, cold, median",
+            "create_cold_http",
+            25.0,
+        ),
+    ];
+    if args.pool > 0 {
+        targets.push((
+            "create + first result, warm pool, median",
+            "create_pool_http",
+            5.0,
+        ));
+    }
+    let targets: Vec<(&str, f64, f64)> = targets
+        .into_iter()
+        .filter_map(|(name, key, limit)| Some((name, limit, row(key)?.median())))
+        .collect();
+    let build = if cfg!(debug_assertions) {
+        "debug"
+    } else {
+        "release"
+    };
+    if args.json {
+        let cpu = load.cpu.as_ref().map(|c| {
+            json!({"cores": c.cores, "daemon_cores": c.daemon, "client_cores": c.client,
+                   "sandboxes_cores": c.sandboxes, "machine_cores": c.machine})
+        });
+        let out = json!({
+            "daemon": {
+                "build": build,
+                "settings": {
+                    "runs": args.runs, "cold_runs": args.cold_runs, "clients": args.clients,
+                    "duration_secs": args.duration_secs, "sandboxes": args.sandboxes,
+                    "pool": args.pool,
+                },
+                "scenarios": rows.iter().map(Row::json).collect::<Vec<_>>(),
+                "http_overhead": {
+                    "exec": exec_overhead.map(|(d, r)| json!({"added_ms": d, "ratio": r})),
+                    "code": code_overhead.map(|(d, r)| json!({"added_ms": d, "ratio": r})),
+                },
+                "pool": pool_hits.map(|h| json!({"requests": args.cold_runs, "hits": h})),
+                "load": {
+                    "clients": load.clients, "sandboxes": load.sandboxes,
+                    "duration_secs": load.elapsed.as_secs_f64(),
+                    "requests": load.latencies.len() as u64 + load.errors,
+                    "ok": load.latencies.len(), "errors": load.errors,
+                    "first_errors": load.first_errors,
+                    "throughput_per_sec": load.throughput(),
+                    "median_ms": load_median, "p99_ms": load_p99,
+                    "mean_ms": mean(&load.latencies), "cpu": cpu,
+                },
+                "targets": targets.iter().map(|(name, limit, value)| json!({
+                    "target": name, "limit_ms": limit, "value_ms": value, "met": value <= limit,
+                })).chain(std::iter::once(json!({
+                    "target": "load test errors", "limit": 0, "value": load.errors,
+                    "met": load.errors == 0,
+                }))).collect::<Vec<_>>(),
+            }
+        });
+        println!("{out}");
+    } else {
+        println!("daemon benchmark: HTTP/1.1 keep-alive on loopback ({build} build); milliseconds");
+        if cfg!(debug_assertions) {
+            println!("(a debug build: build with --release for figures worth publishing)");
+        }
+        println!(
+            "{:<48} {:>6} {:>9} {:>9} {:>9}",
+            "scenario", "runs", "median", "p99", "mean"
+        );
+        for r in rows {
+            println!(
+                "{:<48} {:>6} {:>9.3} {:>9.3} {:>9.3}",
+                r.name,
+                r.samples.len(),
+                r.median(),
+                r.p99(),
+                mean(&r.samples)
+            );
+        }
+        for (what, o) in [("exec `true`", exec_overhead), ("x = 1", code_overhead)] {
+            if let Some((added, ratio)) = o {
+                println!(
+                    "HTTP vs embedded, {what}: +{added:.3} ms per call ({ratio:.2}x the median)"
+                );
+            }
+        }
+        if let Some(h) = pool_hits {
+            println!(
+                "warm pool: {h} of {} pool creations were hits (sandcell_pool_requests_total)",
+                args.cold_runs
+            );
+        }
+        println!(
+            "load: {} clients, exec `true` on {} sandboxes for {:.1} s: {} requests, {:.0} req/s, \
+             median {:.3} ms, p99 {:.3} ms, {} errors",
+            load.clients,
+            load.sandboxes,
+            load.elapsed.as_secs_f64(),
+            load.latencies.len() as u64 + load.errors,
+            load.throughput(),
+            load_median,
+            load_p99,
+            load.errors
+        );
+        for e in &load.first_errors {
+            println!("  error: {e}");
+        }
+        if let Some(c) = &load.cpu {
+            let sandboxes = c.sandboxes.unwrap_or(0.0);
+            println!(
+                "  cpu during the load, in cores of {}: daemon {:.2}, this client {:.2}, \
+                 in the sandboxes {}, the rest of the machine {:.2} (busy {:.2} in all)",
+                c.cores,
+                c.daemon,
+                c.client,
+                c.sandboxes
+                    .map_or("unknown".to_string(), |s| format!("{s:.2}")),
+                (c.machine - c.daemon - c.client - sandboxes).max(0.0),
+                c.machine
+            );
+        }
+        println!("targets:");
+        for (name, limit, value) in &targets {
+            println!(
+                "  {name} <= {limit} ms: {value:.3} ms, {}",
+                if value <= limit { "met" } else { "MISSED" }
+            );
+        }
+        println!(
+            "  load test without errors: {}",
+            if load.errors == 0 { "met" } else { "MISSED" }
+        );
+    }
+    if pool_hits.is_some_and(|h| h < args.cold_runs as u64) {
+        eprintln!("bench daemon: some warm-pool creations were not pool hits");
+    }
+    if load.errors > 0 {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    }
+}
+
+/// A `sandcell serve` of this benchmark, on its own temporary home. Dropping it stops it
+/// (SIGTERM, then SIGKILL) if [`Daemon::stop`] did not, and removes the home.
+struct Daemon {
+    child: Option<Child>,
+    pid: u32,
+    home: PathBuf,
+    url: String,
+    key: String,
+    http: reqwest::Client,
+}
+
+impl Daemon {
+    /// Starts it with a warm pool of `pool` python sandboxes and waits until it answers and
+    /// the pool is full.
+    async fn start(pool: usize) -> anyhow::Result<Self> {
+        let home = temp_home()?;
+        let http = reqwest::Client::builder()
+            .no_proxy()
+            .timeout(Duration::from_secs(300))
+            .build()
+            .context("build the HTTP client")?;
+        let mut d = Self {
+            child: None,
+            pid: 0,
+            home,
+            url: String::new(),
+            key: String::new(),
+            http,
+        };
+        let log = std::fs::File::create(d.home.join("daemon.log"))
+            .with_context(|| format!("create {}", d.home.join("daemon.log").display()))?;
+        let exe = std::env::current_exe().context("find the sandcell binary")?;
+        let pools = if pool > 0 {
+            format!("pools.warm={POOL}={pool}")
+        } else {
+            "pools.warm=".into()
+        };
+        let database = format!("database={}", d.home.join("sandcell.db").display());
+        let sets = [
+            pools.as_str(),
+            "shutdown.sandboxes=stop",
+            "limits.max_per_owner=0",
+            "limits.max_sandboxes=0",
+            // The rest pins what the environment could otherwise change.
+            "limits.lifetime_secs=0",
+            "limits.idle_timeout_secs=0",
+            "unix_socket=",
+            "log_format=text",
+            database.as_str(),
+        ];
+        let mut cmd = Command::new(exe);
+        cmd.arg("serve")
+            .arg("--home")
+            .arg(&d.home)
+            .args(["--listen", "127.0.0.1:0"]);
+        for s in sets {
+            cmd.args(["--set", s]);
+        }
+        let child = cmd
+            .env_remove("SANDCELL_API_URL")
+            .env_remove("SANDCELL_API_KEY")
+            .env_remove("SANDCELL_HOME")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .context("start sandcell serve")?;
+        d.pid = child.id();
+        d.child = Some(child);
+        let deadline = Instant::now() + START_TIMEOUT;
+        let info_path = sandcell_server::daemon_info_path(&d.home);
+        d.url = loop {
+            d.check_running()?;
+            let info: Option<sandcell_server::DaemonInfo> = std::fs::read_to_string(&info_path)
+                .ok()
+                .and_then(|t| serde_json::from_str(&t).ok());
+            if let Some(info) = info.filter(|i| i.pid == d.pid) {
+                break info.url;
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "the daemon wrote no {} in {START_TIMEOUT:?}\n{}",
+                    info_path.display(),
+                    d.log_tail(20)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        loop {
+            d.check_running()?;
+            if d.healthz().await.is_ok() {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("the daemon at {} never answered /healthz", d.url);
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        let key_path = sandcell_server::admin_key_path(&d.home);
+        d.key = std::fs::read_to_string(&key_path)
+            .with_context(|| format!("read {}", key_path.display()))?
+            .trim()
+            .to_string();
+        d.wait_pool_full(pool).await?;
+        Ok(d)
+    }
+
+    fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    /// Fails when the daemon has exited.
+    fn check_running(&mut self) -> anyhow::Result<()> {
+        if let Some(child) = &mut self.child
+            && let Some(status) = child.try_wait().context("wait for the daemon")?
+        {
+            self.child = None;
+            bail!("the daemon exited with {status}\n{}", self.log_tail(20));
+        }
+        Ok(())
+    }
+
+    /// The last `n` lines of the daemon's log.
+    fn log_tail(&self, n: usize) -> String {
+        let log = std::fs::read_to_string(self.home.join("daemon.log")).unwrap_or_default();
+        let lines: Vec<&str> = log.lines().collect();
+        let tail = lines[lines.len().saturating_sub(n)..].join("\n");
+        format!("the daemon's log ends with:\n{tail}")
+    }
+
+    /// `GET /healthz`, which must answer 200.
+    async fn healthz(&self) -> anyhow::Result<()> {
+        let resp = self
+            .http
+            .get(format!("{}/healthz", self.url))
+            .send()
+            .await
+            .context("GET /healthz")?;
+        if !resp.status().is_success() {
+            bail!("GET /healthz answered {}", resp.status());
+        }
+        resp.bytes().await.context("read the answer to /healthz")?;
+        Ok(())
+    }
+
+    /// Sends a request with the admin key; the status and the JSON answer (`Null` when empty).
+    async fn call(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+    ) -> anyhow::Result<(u16, Value)> {
+        let mut req = self
+            .http
+            .request(method.clone(), format!("{}{path}", self.url))
+            .header("X-API-Key", &self.key);
+        if let Some(b) = body {
+            req = req.json(b);
+        }
+        let resp = req
+            .send()
+            .await
+            .with_context(|| format!("{method} {path}"))?;
+        let status = resp.status().as_u16();
+        let bytes = resp
+            .bytes()
+            .await
+            .with_context(|| format!("read the answer to {method} {path}"))?;
+        let value = if bytes.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_slice(&bytes)
+                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()))
+        };
+        Ok((status, value))
+    }
+
+    /// As [`Daemon::call`], failing on any status but `want`.
+    async fn expect(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&Value>,
+        want: u16,
+    ) -> anyhow::Result<Value> {
+        let (status, value) = self.call(method.clone(), path, body).await?;
+        if status != want {
+            bail!("{method} {path} answered {status}: {value}");
+        }
+        Ok(value)
+    }
+
+    /// Creates a sandbox; its id.
+    async fn create(&self, body: &Value) -> anyhow::Result<String> {
+        let v = self
+            .expect(Method::POST, "/v1/sandboxes", Some(body), 201)
+            .await?;
+        v["id"]
+            .as_str()
+            .map(str::to_string)
+            .with_context(|| format!("no id in the created sandbox: {v}"))
+    }
+
+    async fn delete(&self, id: &str) -> anyhow::Result<()> {
+        self.expect(Method::DELETE, &format!("/v1/sandboxes/{id}"), None, 204)
+            .await
+            .map(drop)
+    }
+
+    /// An exec that must answer 200 with `ok`.
+    async fn exec_ok(&self, path: &str, body: &Value) -> anyhow::Result<()> {
+        let v = self.expect(Method::POST, path, Some(body), 200).await?;
+        if v["ok"] != Value::Bool(true) {
+            bail!("POST {path}: the command failed: {v}");
+        }
+        Ok(())
+    }
+
+    /// Code that must answer 200 with status `ok`; the answer.
+    async fn code_ok(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
+        let v = self.expect(Method::POST, path, Some(body), 200).await?;
+        if v["done"]["status"] != "ok" {
+            bail!("POST {path}: the code did not run: {v}");
+        }
+        Ok(v)
+    }
+
+    /// Runs `1+1` in sandbox `id` and checks the result.
+    async fn first_result(&self, id: &str) -> anyhow::Result<()> {
+        let v = self
+            .code_ok(&format!("/v1/sandboxes/{id}/code"), &json!({"code": "1+1"}))
+            .await?;
+        if v["result"]["text/plain"] != "2" {
+            bail!("1+1 gave {}", v["result"]);
+        }
+        Ok(())
+    }
+
+    /// One sample of `/metrics` (0 when the series is absent).
+    async fn metric(&self, series: &str) -> anyhow::Result<f64> {
+        let resp = self
+            .http
+            .get(format!("{}/metrics", self.url))
+            .send()
+            .await
+            .context("GET /metrics")?;
+        let text = resp.text().await.context("read /metrics")?;
+        Ok(text
+            .lines()
+            .find_map(|l| {
+                l.strip_prefix(series)?
+                    .strip_prefix(' ')?
+                    .trim()
+                    .parse()
+                    .ok()
+            })
+            .unwrap_or(0.0))
+    }
+
+    /// The CPU seconds the sandboxes `ids` used so far (`None` where cgroups do not say).
+    async fn cpu_seconds(&self, ids: &[String]) -> anyhow::Result<Option<f64>> {
+        let mut sum = 0.0;
+        for id in ids {
+            let v = self
+                .expect(
+                    Method::GET,
+                    &format!("/v1/sandboxes/{id}/metrics"),
+                    None,
+                    200,
+                )
+                .await?;
+            let Some(secs) = v["cpu_seconds"].as_f64() else {
+                return Ok(None);
+            };
+            sum += secs;
+        }
+        Ok(Some(sum))
+    }
+
+    /// Waits until the warm pool holds `pool` ready sandboxes.
+    async fn wait_pool_full(&self, pool: usize) -> anyhow::Result<()> {
+        if pool == 0 {
+            return Ok(());
+        }
+        let series = format!("sandcell_pool_ready{{pool=\"{POOL}\"}}");
+        let deadline = Instant::now() + START_TIMEOUT;
+        while self.metric(&series).await? < pool as f64 {
+            if Instant::now() > deadline {
+                bail!("the warm pool did not refill to {pool} in {START_TIMEOUT:?}");
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        Ok(())
+    }
+
+    /// SIGTERM, waits for a clean exit, then checks that no sandbox of its is left running
+    /// (one that is gets killed, and the stop fails).
+    async fn stop(&mut self, engine: &Engine) -> anyhow::Result<()> {
+        let Some(mut child) = self.child.take() else {
+            bail!("the daemon is not running");
+        };
+        terminate(child.id())?;
+        let deadline = Instant::now() + STOP_TIMEOUT;
+        let status = loop {
+            if let Some(status) = child.try_wait().context("wait for the daemon")? {
+                break status;
+            }
+            if Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                bail!(
+                    "the daemon did not stop within {STOP_TIMEOUT:?} of SIGTERM (killed)\n{}",
+                    self.log_tail(20)
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        };
+        let left = leftovers(&self.home, engine)?;
+        if !status.success() {
+            bail!(
+                "the daemon exited with {status} on SIGTERM\n{}",
+                self.log_tail(20)
+            );
+        }
+        if !left.is_empty() {
+            bail!(
+                "sandboxes left running after the daemon stopped (now killed): {}",
+                left.join(", ")
+            );
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = terminate(child.id());
+            let deadline = Instant::now() + STOP_TIMEOUT;
+            while matches!(child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.home);
+    }
+}
+
+/// A new, private directory under /tmp.
+fn temp_home() -> anyhow::Result<PathBuf> {
+    use std::os::unix::fs::DirBuilderExt;
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let dir =
+        std::env::temp_dir().join(format!("sandcell-bench-{}-{nanos:08x}", std::process::id()));
+    std::fs::DirBuilder::new()
+        .mode(0o700)
+        .create(&dir)
+        .with_context(|| format!("create {}", dir.display()))?;
+    Ok(dir)
+}
+
+/// Sends SIGTERM to `pid` (with kill(1): this crate has no libc).
+fn terminate(pid: u32) -> anyhow::Result<()> {
+    let status = Command::new("kill")
+        .args(["-s", "TERM", &pid.to_string()])
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .context("run kill -s TERM")?;
+    if !status.success() {
+        bail!("kill -s TERM {pid} failed: {status}");
+    }
+    Ok(())
+}
+
+/// The sandboxes of the daemon's records (every state) whose processes still run, killed;
+/// their ids and what was found.
+fn leftovers(home: &Path, engine: &Engine) -> anyhow::Result<Vec<String>> {
+    let db = home.join("sandcell.db");
+    let store = sandcell_store::Store::open(&db)
+        .with_context(|| format!("open the daemon's store {}", db.display()))?;
+    let mut left = Vec::new();
+    let mut query = sandcell_store::SandboxQuery {
+        limit: 1000,
+        ..Default::default()
+    };
+    loop {
+        let page = store
+            .list_sandboxes(&query)
+            .context("list the daemon's sandboxes")?;
+        for r in &page.items {
+            let Ok(spec) = serde_json::from_value::<SandboxSpec>(r.spec.clone()) else {
+                continue;
+            };
+            let found = engine.kill_orphan(&spec, &r.runtime);
+            if found.starts_with("killed") {
+                left.push(format!("{} ({}: {found})", r.id, r.state));
+            }
+        }
+        match page.next_cursor {
+            Some(c) => query.cursor = Some(c),
+            None => break,
+        }
+    }
+    Ok(left)
+}

@@ -329,9 +329,10 @@ fn fake_v1_tree_without_swap_accounting() {
     )
     .unwrap();
     assert_eq!(cg.version(), CgroupVersion::V1);
-    // Only the hierarchies a limit needs: memory, pids and (a quota is asked) cpu.
-    assert_eq!(cg.paths().len(), 3);
-    assert!(!root.join("cpuacct/sandcell/sb").exists());
+    // The hierarchies a limit needs (memory, pids and, a quota is asked, cpu) and cpuacct,
+    // which tells the sandbox's CPU use.
+    assert_eq!(cg.paths().len(), 4);
+    assert!(root.join("cpuacct/sandcell/sb").exists());
     let memory = root.join("memory/sandcell/sb");
     assert_eq!(
         read(memory.join("memory.limit_in_bytes")),
@@ -350,7 +351,7 @@ fn fake_v1_tree_without_swap_accounting() {
     assert_eq!(state_of(&features, "cpu_limit"), FeatureState::Degraded);
     let detail = &features[0].detail;
     assert!(
-        detail.contains("/{memory,pids,cpu}/sandcell/sb"),
+        detail.contains("/{memory,pids,cpu,cpuacct}/sandcell/sb"),
         "{detail}"
     );
 
@@ -361,8 +362,9 @@ fn fake_v1_tree_without_swap_accounting() {
     .unwrap();
     let c = cg.counters();
     assert_eq!(c.oom_kills, 4);
-    // No cpuacct group is created (start-up cost), so no cpu usage figure on v1 yet.
-    assert_eq!(c.cpu_usage_us, None);
+    // CPU use comes from the cpuacct group.
+    fs::write(root.join("cpuacct/sandcell/sb/cpuacct.usage"), "2500000\n").unwrap();
+    assert_eq!(cg.counters().cpu_usage_us, Some(2500));
     assert_eq!(c.pids_limit_hits, 0);
 }
 

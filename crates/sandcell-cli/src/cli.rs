@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use anyhow::Context;
-use clap::{Parser, Subcommand};
+use clap::{Args, FromArgMatches, Parser, Subcommand};
 use sandcell_backend_process::{ProcessBackend, ProcessBackendConfig};
 use sandcell_engine::Engine;
 
@@ -19,9 +19,12 @@ struct Cli {
     command: Command,
 }
 
+const RUN_ABOUT: &str =
+    "Run code or a command in a fresh sandbox, print its output, exit status and timings.";
+
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run code or a command in a fresh sandbox, print its output, exit status and timings.
+    #[command(about = RUN_ABOUT)]
     Run(run::RunArgs),
     /// An interactive session with a Python, Node.js, Bash or R kernel in a fresh sandbox.
     Repl(repl::ReplArgs),
@@ -78,14 +81,35 @@ enum Command {
 
 /// Parses the arguments and runs the command; errors print as `sandcell: …` (exit 125).
 pub fn main() -> ExitCode {
-    let cli = Cli::parse();
-    match run_command(cli.command) {
+    let command = match parse_run_alone() {
+        Some(run) => Command::Run(run),
+        None => Cli::parse().command,
+    };
+    match run_command(command) {
         Ok(code) => code,
         Err(e) => {
             eprintln!("sandcell: {e:#}");
             ExitCode::from(125)
         }
     }
+}
+
+/// `sandcell run …` parsed against its own arguments only. Building the whole command tree
+/// (daemon, client, bench…) costs `run`, which starts a sandbox per invocation, ~150 KB of
+/// heap whose page faults its forked launcher and agent pay again (docs/benchmarks.md).
+fn parse_run_alone() -> Option<run::RunArgs> {
+    let mut args = std::env::args_os();
+    let bin = args.next()?;
+    if args.next()? != "run" {
+        return None;
+    }
+    let command = run::RunArgs::augment_args(
+        clap::Command::new("run")
+            .bin_name("sandcell run")
+            .about(RUN_ABOUT),
+    );
+    let matches = command.get_matches_from(std::iter::once(bin).chain(args));
+    Some(run::RunArgs::from_arg_matches(&matches).unwrap_or_else(|e| e.exit()))
 }
 
 fn run_command(command: Command) -> anyhow::Result<ExitCode> {

@@ -20,7 +20,7 @@ struct Cli {
 }
 
 const RUN_ABOUT: &str =
-    "Run code or a command in a fresh sandbox, print its output, exit status and timings.";
+    "Run code or a command in a fresh sandbox, print its output, exit status and timings";
 
 #[derive(Debug, Subcommand)]
 enum Command {
@@ -103,11 +103,10 @@ fn parse_run_alone() -> Option<run::RunArgs> {
     if args.next()? != "run" {
         return None;
     }
-    let command = run::RunArgs::augment_args(
-        clap::Command::new("run")
-            .bin_name("sandcell run")
-            .about(RUN_ABOUT),
-    );
+    // After augment_args, which would put RunArgs' own doc comment in its place.
+    let command = run::RunArgs::augment_args(clap::Command::new("run").bin_name("sandcell run"))
+        .about(RUN_ABOUT)
+        .long_about(None);
     let matches = command.get_matches_from(std::iter::once(bin).chain(args));
     Some(run::RunArgs::from_arg_matches(&matches).unwrap_or_else(|e| e.exit()))
 }

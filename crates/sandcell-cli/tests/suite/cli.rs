@@ -29,6 +29,26 @@ fn run_python_code_prints_output_status_and_timings() {
     assert!(err.contains("ZeroDivisionError"), "{err}");
 }
 
+/// `run` is parsed on its own (start-up); its help and errors must read as the full tree's.
+#[test]
+fn run_help_and_bad_arguments_read_as_a_subcommand() {
+    let (code, out, _) = sandcell(&["run", "--help"]);
+    assert_eq!(code, 0);
+    assert!(
+        out.starts_with("Run code or a command in a fresh sandbox")
+            && out.contains("Usage: sandcell run [OPTIONS]"),
+        "{out}"
+    );
+    let (code, _, err) = sandcell(&["run", "--no-such-flag"]);
+    assert_eq!(code, 2);
+    assert!(
+        err.contains("unexpected argument '--no-such-flag'") && err.contains("sandcell run"),
+        "{err}"
+    );
+    let (_, top, _) = sandcell(&["--help"]);
+    assert!(top.contains("run ") && top.contains("serve "), "{top}");
+}
+
 #[test]
 fn run_node_and_bash() {
     assert_eq!(

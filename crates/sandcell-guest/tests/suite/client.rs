@@ -24,6 +24,9 @@ pub struct Agent {
     next_id: u32,
     done: mpsc::Receiver<Result<(), GuestError>>,
     pub dir: TempDir,
+    /// The inode of the agent's end of the socket (`socket:[inode]` in /proc), when this
+    /// client made the pair.
+    pub guest_socket_inode: Option<u64>,
 }
 
 /// The result of one exec.
@@ -88,11 +91,14 @@ impl Agent {
         let (host, guest) = UnixStream::pair().unwrap();
         // Like the socket the agent inherits in a sandbox: not close-on-exec.
         rustix::io::fcntl_setfd(&guest, rustix::io::FdFlags::empty()).unwrap();
+        let inode = rustix::fs::fstat(&guest).unwrap().st_ino;
         let (tx, done) = mpsc::channel();
         std::thread::spawn(move || {
             let _ = tx.send(serve(guest, config));
         });
-        Self::connected(host, dir, done)
+        let mut agent = Self::connected(host, dir, done);
+        agent.guest_socket_inode = Some(inode);
+        agent
     }
 
     /// A client for an agent already serving the other end of `sock`; `done` reports when
@@ -110,6 +116,7 @@ impl Agent {
             next_id: 1,
             done,
             dir,
+            guest_socket_inode: None,
         }
     }
 

@@ -153,18 +153,18 @@ fn run_command(command: Command) -> anyhow::Result<ExitCode> {
         .enable_all()
         .build()
         .context("start the async runtime")?;
-    rt.block_on(async {
-        match (command, one_shot) {
-            (Command::Run(args), prepared) => {
-                let prepared = prepared.context("run was not prepared")?;
-                run::run(args, prepared, engine).await
-            }
-            (Command::Repl(args), _) => repl::repl(args, engine).await,
-            (Command::Doctor(args), _) => doctor::doctor(args, engine).await,
-            (Command::Bench(args), _) => bench::bench(args, engine).await,
-            (_, _) => anyhow::bail!("this command runs without the embedded engine"),
+    // Each command's future on its own: one future for all would be as large as the largest
+    // (the benchmarks'), and `run` would copy it around its stack, page-faulting it in.
+    match (command, one_shot) {
+        (Command::Run(args), prepared) => {
+            let prepared = prepared.context("run was not prepared")?;
+            rt.block_on(run::run(args, prepared, engine))
         }
-    })
+        (Command::Repl(args), _) => rt.block_on(Box::pin(repl::repl(args, engine))),
+        (Command::Doctor(args), _) => rt.block_on(Box::pin(doctor::doctor(args, engine))),
+        (Command::Bench(args), _) => rt.block_on(Box::pin(bench::bench(args, engine))),
+        (_, _) => anyhow::bail!("this command runs without the embedded engine"),
+    }
 }
 
 pub fn backend_config() -> anyhow::Result<ProcessBackendConfig> {

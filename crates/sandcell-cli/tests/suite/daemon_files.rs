@@ -731,3 +731,204 @@ fn daemon_import_only_from_allowed_host_paths() {
     )
     .expect_error(404, "not_found");
 }
+
+/// Downloads `url` with `key` (None: the daemon's admin key); (status, bytes, content type).
+fn download(d: &Daemon, key: Option<&str>, url: &str) -> (u16, Vec<u8>, String) {
+    let req = match key {
+        Some(k) => d.req_as(Some(k), Method::GET, url),
+        None => d.req(Method::GET, url),
+    };
+    let resp = req.send().unwrap();
+    let status = resp.status().as_u16();
+    let ctype = resp
+        .headers()
+        .get("content-type")
+        .map(|v| v.to_str().unwrap().to_string())
+        .unwrap_or_default();
+    (status, resp.bytes().unwrap().to_vec(), ctype)
+}
+
+/// The sorted member names of a tar archive, read by the host's `tar`.
+fn tar_members(bytes: &[u8]) -> Vec<String> {
+    let mut child = Command::new("tar")
+        .arg("-tf")
+        .arg("-")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(bytes).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success(), "not a tar archive");
+    let mut names: Vec<String> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .map(|l| l.trim_end_matches('/').to_string())
+        .collect();
+    names.sort();
+    names
+}
+
+#[test]
+fn daemon_exports_download_import_elsewhere_and_artifacts() {
+    let d = Daemon::start(&[]);
+    let id = d.create_id(json!({}));
+    d.exec(
+        &id,
+        "mkdir -p /workspace/out/sub /workspace/outputs && printf report > /workspace/r.txt \
+         && printf one > /workspace/out/a && printf two > /workspace/out/sub/b \
+         && printf png > /workspace/outputs/plot.png",
+    );
+
+    // A file: its size and SHA-256 recorded, its bytes downloadable by the URL it names.
+    let r = d.post(
+        &format!("/v1/sandboxes/{id}/exports"),
+        json!({"path": "/workspace/r.txt"}),
+    );
+    assert_eq!(r.status, 201, "{}", r.body);
+    let file_export = r.body["id"].as_str().unwrap().to_string();
+    assert_eq!(
+        (r.body["kind"].clone(), r.body["size"].clone()),
+        (json!("file"), json!(6))
+    );
+    assert_eq!(
+        r.body["sha256"], "845e91831319e89c4d656bdb80c278ac09a7230d61e5dfd2e1b1fbb436ac8917",
+        "sha256 of 'report'"
+    );
+    let url = r.body["download_url"].as_str().unwrap().to_string();
+    let (status, bytes, _) = download(&d, None, &url);
+    assert_eq!((status, bytes.as_slice()), (200, b"report".as_slice()));
+
+    // A folder comes as a tar archive; concurrent first downloads all get a whole one.
+    let r = d.post(
+        &format!("/v1/sandboxes/{id}/exports"),
+        json!({"path": "/workspace/out"}),
+    );
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(r.body["kind"], "dir");
+    let dir_export = r.body["id"].as_str().unwrap().to_string();
+    let url = r.body["download_url"].as_str().unwrap().to_string();
+    let archives: Vec<(u16, Vec<u8>, String)> = std::thread::scope(|s| {
+        let handles: Vec<_> = (0..4)
+            .map(|_| s.spawn(|| download(&d, None, &url)))
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (status, bytes, ctype) in &archives {
+        assert_eq!((*status, ctype.as_str()), (200, "application/x-tar"));
+        assert_eq!(tar_members(bytes), ["out", "out/a", "out/sub", "out/sub/b"]);
+    }
+
+    // Listed and shown to their owner; another owner sees neither, nor can download.
+    let list = d.get("/v1/exports");
+    assert_eq!(list.status, 200);
+    let ids: Vec<&str> = list.body["exports"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["id"].as_str().unwrap())
+        .collect();
+    assert!(ids.contains(&file_export.as_str()) && ids.contains(&dir_export.as_str()));
+    let (bob, _) = d.key_for("bob");
+    let r = d.call_as(Some(&bob), Method::GET, "/v1/exports", None);
+    assert_eq!(r.body["exports"], json!([]), "{}", r.body);
+    d.call_as(
+        Some(&bob),
+        Method::GET,
+        &format!("/v1/exports/{file_export}"),
+        None,
+    )
+    .expect_error(404, "not_found");
+    let (status, bytes, _) = download(&d, Some(&bob), &url);
+    assert_eq!(status, 404, "{}", String::from_utf8_lossy(&bytes));
+
+    // An export outlives its sandbox and imports into another one, file or folder.
+    assert_eq!(d.delete(&format!("/v1/sandboxes/{id}")).status, 204);
+    let other = d.create_id(json!({}));
+    let import = format!("/v1/sandboxes/{other}/import");
+    let r = d.post(
+        &import,
+        json!({"path": "/workspace/copy.txt", "export_id": file_export}),
+    );
+    assert_eq!(r.status, 201, "{}", r.body);
+    let r = d.post(
+        &import,
+        json!({"path": "/workspace/tree", "export_id": dir_export}),
+    );
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(r.body["files"], 2, "{}", r.body);
+    let out = d.exec(
+        &other,
+        "cat /workspace/copy.txt; echo; cd /workspace/tree && find . -type f | sort && cat sub/b",
+    );
+    assert_eq!(out["stdout"], "report\n./a\n./sub/b\ntwo", "{out}");
+    // Bob cannot import Alice's export into his own sandbox.
+    let bobs = d.call_as(Some(&bob), Method::POST, "/v1/sandboxes", Some(json!({})));
+    assert_eq!(bobs.status, 201, "{}", bobs.body);
+    d.call_as(
+        Some(&bob),
+        Method::POST,
+        &format!("/v1/sandboxes/{}/import", bobs.body["id"].as_str().unwrap()),
+        Some(json!({"path": "/workspace/x", "export_id": file_export})),
+    )
+    .expect_error(404, "not_found");
+
+    // Deleted: gone from the list, the download and imports.
+    assert_eq!(d.delete(&format!("/v1/exports/{file_export}")).status, 204);
+    d.get(&format!("/v1/exports/{file_export}"))
+        .expect_error(404, "not_found");
+    let (status, _, _) = download(&d, None, &format!("/v1/exports/{file_export}/content"));
+    assert_eq!(status, 404);
+    d.post(
+        &import,
+        json!({"path": "/workspace/again", "export_id": file_export}),
+    )
+    .expect_error(404, "not_found");
+    // Exporting what is not there, or outside the sandbox's folders.
+    d.post(
+        &format!("/v1/sandboxes/{other}/exports"),
+        json!({"path": "/workspace/nope"}),
+    )
+    .expect_error(404, "not_found");
+    let r = d.post(
+        &format!("/v1/sandboxes/{other}/exports"),
+        json!({"path": "/etc/passwd"}),
+    );
+    assert_eq!(r.status, 400, "{}", r.body);
+
+    // Artifacts: the files of /workspace/outputs with their MIME types.
+    d.exec(
+        &other,
+        "mkdir -p /workspace/outputs/p && printf png > /workspace/outputs/p/plot.png \
+         && printf '{}' > /workspace/outputs/data.json",
+    );
+    let r = d.get(&format!("/v1/sandboxes/{other}/artifacts"));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let got: Vec<(String, String, u64)> = r.body["artifacts"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|a| {
+            (
+                a["path"].as_str().unwrap().to_string(),
+                a["mime"].as_str().unwrap().to_string(),
+                a["size"].as_u64().unwrap(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (
+                "/workspace/outputs/data.json".to_string(),
+                "application/json".to_string(),
+                2
+            ),
+            (
+                "/workspace/outputs/p/plot.png".to_string(),
+                "image/png".to_string(),
+                3
+            ),
+        ]
+    );
+}

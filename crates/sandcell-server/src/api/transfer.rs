@@ -457,19 +457,27 @@ pub async fn download_export(
             let archive = dir.join("archive.tar");
             if !archive.exists() {
                 let tree = dir.join("tree");
-                let tmp = dir.join("archive.tar.tmp");
+                // Its own temporary file: concurrent first downloads each build one, and the
+                // renames (atomic, same content) leave one whole archive.
+                let tmp = dir.join(format!("archive.tar.{}.tmp", unique_suffix()));
                 let top = name.clone();
                 let done = archive.clone();
                 tokio::task::spawn_blocking(move || -> std::io::Result<()> {
-                    let file = std::fs::File::create(&tmp)?;
-                    let mut builder = tar::Builder::new(std::io::BufWriter::new(file));
-                    builder.follow_symlinks(false);
-                    builder.append_dir_all(&top, &tree)?;
-                    builder
-                        .into_inner()?
-                        .into_inner()
-                        .map_err(|e| e.into_error())?;
-                    std::fs::rename(&tmp, &done)
+                    let built = (|| {
+                        let file = std::fs::File::create(&tmp)?;
+                        let mut builder = tar::Builder::new(std::io::BufWriter::new(file));
+                        builder.follow_symlinks(false);
+                        builder.append_dir_all(&top, &tree)?;
+                        builder
+                            .into_inner()?
+                            .into_inner()
+                            .map_err(|e| e.into_error())?;
+                        std::fs::rename(&tmp, &done)
+                    })();
+                    if built.is_err() {
+                        let _ = std::fs::remove_file(&tmp);
+                    }
+                    built
                 })
                 .await
                 .map_err(|e| ApiError::internal(format!("archive the export: {e}")))?
@@ -797,4 +805,14 @@ pub async fn artifacts(
     }
     artifacts.sort_by(|a, b| a.path.cmp(&b.path));
     Ok(Json(ArtifactList { artifacts }))
+}
+
+/// A name part no other request of this daemon is using at the same time.
+fn unique_suffix() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    format!(
+        "{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    )
 }

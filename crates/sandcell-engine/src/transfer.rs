@@ -17,12 +17,20 @@ pub struct Upload {
     written: u64,
 }
 
-/// A file being read out of a sandbox.
+/// Chunks (of up to 256 KiB) a download lets the agent send ahead of its consumer: the
+/// most a slow consumer makes the host hold per download (~4 MiB).
+const READ_WINDOW: u32 = 16;
+
+/// A file being read out of a sandbox, no faster than its chunks are taken: the agent sends
+/// [`READ_WINDOW`] chunks ahead at most. Dropped before the end, the read stops in the
+/// sandbox too.
 pub struct Download {
     sandbox: Sandbox,
     call: Call,
     path: String,
     done: bool,
+    /// Chunks taken since the agent was last granted more.
+    taken_since_credit: u32,
 }
 
 impl Sandbox {
@@ -59,6 +67,7 @@ impl Sandbox {
             .client()
             .request(&HostMessage::ReadFile {
                 path: path.to_string(),
+                window: Some(READ_WINDOW),
             })
             .await
             .map_err(|e| self.map_closed(e))?;
@@ -67,6 +76,7 @@ impl Sandbox {
             call,
             path: path.to_string(),
             done: false,
+            taken_since_credit: 0,
         })
     }
 }
@@ -164,7 +174,23 @@ impl Download {
             .with_timeout(async { Ok(self.call.next().await) })
             .await;
         let out = match reply {
-            Ok(Reply::Data(chunk)) => return Some(Ok(chunk.bytes)),
+            Ok(Reply::Data(chunk)) => {
+                self.taken_since_credit += 1;
+                // Granted in halves of the window, so the agent never waits on a round trip.
+                if self.taken_since_credit >= READ_WINDOW / 2 {
+                    let chunks = std::mem::take(&mut self.taken_since_credit);
+                    let granted = self
+                        .sandbox
+                        .client()
+                        .send(self.call.id, &HostMessage::ReadCredit { chunks })
+                        .await;
+                    if let Err(e) = granted {
+                        self.done = true;
+                        return Some(Err(self.sandbox.map_closed(e)));
+                    }
+                }
+                return Some(Ok(chunk.bytes));
+            }
             Ok(Reply::Message(GuestMessage::ReadDone { .. })) => None,
             Ok(Reply::Message(GuestMessage::Error(e))) => Some(Err(EngineError::Guest(e))),
             Ok(Reply::Message(other)) => Some(Err(unexpected(other))),
@@ -186,5 +212,22 @@ impl Download {
             out.extend_from_slice(&chunk?);
         }
         Ok(out)
+    }
+}
+
+impl Drop for Download {
+    fn drop(&mut self) {
+        if self.done {
+            return;
+        }
+        // Abandoned mid-way (its HTTP request went away): stop the read in the agent, from a
+        // task since drop cannot wait.
+        if let Ok(rt) = tokio::runtime::Handle::try_current() {
+            let sandbox = self.sandbox.clone();
+            let id = self.call.id;
+            rt.spawn(async move {
+                let _ = sandbox.client().send(id, &HostMessage::AbortData).await;
+            });
+        }
     }
 }

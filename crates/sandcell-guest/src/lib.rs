@@ -22,6 +22,7 @@ mod files;
 mod kernels;
 mod process;
 mod procs;
+mod reads;
 mod reaper;
 mod server;
 mod workers;

@@ -20,6 +20,7 @@ use crate::files::{Roots, WriteSession, read_chunk};
 use crate::kernels::{self, Kernels};
 use crate::process::{self, Proc, Processes};
 use crate::procs::{self, Tree};
+use crate::reads::{ReadWindows, Wait};
 use crate::reaper::Reaper;
 use crate::workers::Workers;
 use crate::{GuestConfig, GuestError};
@@ -68,6 +69,11 @@ impl Out {
     /// Queues an error reply.
     pub async fn error(&self, id: u32, e: WireError) {
         self.msg(id, &GuestMessage::Error(e)).await;
+    }
+
+    /// True once the writer is gone (nothing queued goes anywhere).
+    pub fn is_closed(&self) -> bool {
+        self.0.is_closed()
     }
 
     /// Queues an encoded frame from a blocking thread; false once the writer is gone.
@@ -167,6 +173,8 @@ pub(crate) struct Shared {
     pub processes: Processes,
     /// Language kernels, by context.
     pub kernels: Kernels,
+    /// Windows of the windowed file reads in flight.
+    pub reads: ReadWindows,
 }
 
 impl Shared {
@@ -278,6 +286,7 @@ pub(crate) async fn run(
         tables: Mutex::new(Tables::default()),
         processes: Processes::default(),
         kernels: Kernels::default(),
+        reads: ReadWindows::default(),
     });
     let listener = match &shared.config.listener {
         Some(l) => Some(reattach_listener(l)?),
@@ -308,6 +317,8 @@ pub(crate) async fn run(
         for (_, task) in lock(&shared.tables).attachments.drain() {
             task.abort();
         }
+        // Nobody will grant its reads more chunks.
+        shared.reads.cancel_all();
         match listener.accept().await {
             Ok((stream, _)) => {
                 let (r, w) = stream.into_split();
@@ -499,8 +510,14 @@ impl Conn {
                 return None;
             }
             HostMessage::AbortData => {
-                // Dropping the session removes its temporary file.
-                self.writes.remove(&id);
+                if !self.shared.reads.cancel(id) {
+                    // Dropping the session removes its temporary file.
+                    self.writes.remove(&id);
+                }
+                return None;
+            }
+            HostMessage::ReadCredit { chunks } => {
+                self.shared.reads.grant(id, chunks);
                 return None;
             }
             HostMessage::Detach => {
@@ -599,8 +616,23 @@ impl Conn {
                     }
                 }
             }
-            HostMessage::ReadFile { path } => {
-                self.blocking(id, false, move |sh, id| read_file(sh, id, &path))
+            HostMessage::ReadFile { path, window } => {
+                // Registered before the read starts, so an early AbortData finds it.
+                if let Some(w) = window {
+                    self.shared.reads.open(id, w);
+                }
+                let read = move |sh: &Shared, id| {
+                    let reply = read_file(sh, id, &path);
+                    sh.reads.close(id);
+                    reply
+                };
+                if window.is_some() {
+                    // It may wait for credit as long as its reader is slow: not on one of
+                    // the few workers every other file operation needs.
+                    self.on_own_thread(id, read);
+                } else {
+                    self.blocking(id, false, read);
+                }
             }
             HostMessage::ListDir { path } => self.blocking(id, false, move |sh, _| {
                 reply_of(
@@ -715,6 +747,7 @@ impl Conn {
             HostMessage::StdinClose
             | HostMessage::EndOfData
             | HostMessage::AbortData
+            | HostMessage::ReadCredit { .. }
             | HostMessage::Detach => {}
         }
         None
@@ -756,6 +789,35 @@ impl Conn {
         if kill {
             drop(self.shared.workers.kill(job));
         } else {
+            drop(self.shared.workers.run(job));
+        }
+    }
+
+    /// As [`Conn::blocking`], on a thread of its own (a general worker when no thread can
+    /// be started: the pids limit counts threads).
+    fn on_own_thread<F>(&self, id: u32, f: F)
+    where
+        F: FnOnce(&Shared, u32) -> GuestMessage + Send + 'static,
+    {
+        let shared = self.shared.clone();
+        lock(&shared.tables).busy.insert(id);
+        let job = move || {
+            let reply = f(&shared, id);
+            lock(&shared.tables).busy.remove(&id);
+            let _ = shared.out.blocking_frame(encode_message(id, &reply));
+        };
+        let job = std::sync::Arc::new(Mutex::new(Some(job)));
+        let mine = job.clone();
+        let spawned = std::thread::Builder::new()
+            .name("sandcell-read".into())
+            .spawn(move || {
+                if let Some(job) = lock(&mine).take() {
+                    job();
+                }
+            });
+        if spawned.is_err()
+            && let Some(job) = lock(&job).take()
+        {
             drop(self.shared.workers.run(job));
         }
     }
@@ -1018,6 +1080,9 @@ fn read_file(sh: &Shared, id: u32, path: &str) -> GuestMessage {
         match read_chunk(&mut file, MAX_CHUNK, &c.display) {
             Ok(chunk) if chunk.is_empty() => return GuestMessage::ReadDone { size },
             Ok(chunk) => {
+                if sh.reads.wait(id, seq, || sh.out.is_closed()) == Wait::Stop {
+                    return GuestMessage::ReadDone { size };
+                }
                 size += chunk.len() as u64;
                 if !sh
                     .out

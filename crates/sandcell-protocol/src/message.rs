@@ -73,10 +73,19 @@ pub enum HostMessage {
     /// Ends the data of a `WriteFile`.
     EndOfData,
     /// Abandons a `WriteFile` whose data will not all come: the partial file is removed and
-    /// the target left as it was. No reply.
+    /// the target left as it was. With a windowed `ReadFile`'s id: stops the read (a
+    /// `ReadDone` with the bytes sent so far follows). No reply of its own.
     AbortData,
-    /// Reads a file. Replies: `File` chunks then `ReadDone`.
-    ReadFile { path: String },
+    /// Reads a file. Replies: `File` chunks then `ReadDone`. With a `window`, at most that
+    /// many chunks go out before the host grants more with `ReadCredit` (a slow reader of a
+    /// large file must not make the host buffer all of it).
+    ReadFile {
+        path: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        window: Option<u32>,
+    },
+    /// Lets the windowed `ReadFile` with this id send `chunks` more chunks. No reply.
+    ReadCredit { chunks: u32 },
     /// Lists a directory. Reply: `Listing`.
     ListDir { path: String },
     /// Describes one path without following a final symlink. Reply: `Entry`.

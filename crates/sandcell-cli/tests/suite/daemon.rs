@@ -203,6 +203,11 @@ impl Daemon {
         self.spawn(sets);
     }
 
+    /// The running daemon's pid.
+    pub fn pid(&self) -> u32 {
+        self.child.as_ref().expect("the daemon is not running").id()
+    }
+
     /// A request with the admin key.
     pub fn req(&self, method: Method, path: &str) -> RequestBuilder {
         self.req_as(Some(&self.key), method, path)

@@ -382,6 +382,38 @@ fn daemon_files_200_mb_up_and_down_with_matching_sha256() {
     let down = start.elapsed();
     assert_eq!(total, SIZE);
     eprintln!("200 MB: upload {up:?}, download {down:?}");
+
+    // A reader that stalls: the daemon holds a few chunks for it, not the file.
+    let rss = |pid: u32| -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+        line.split_whitespace()
+            .nth(1)
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+            * 1024
+    };
+    let before = rss(d.pid());
+    let mut slow = d
+        .req(
+            Method::GET,
+            &format!("/v1/sandboxes/{id}/files/content{}", q(path, "")),
+        )
+        .send()
+        .unwrap();
+    slow.read_exact(&mut buf).unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let grew = rss(d.pid()).saturating_sub(before);
+    assert!(
+        grew < 48 << 20,
+        "the daemon grew by {} MB for one stalled download",
+        grew >> 20
+    );
+    // Abandoned: the daemon and the sandbox go on serving.
+    drop(slow);
+    let out = d.exec(&id, &format!("wc -c < {path}"));
+    assert_eq!(out["stdout"], format!("{SIZE}\n"), "{out}");
 }
 
 #[test]

@@ -44,7 +44,13 @@ fn write_ok(agent: &mut Agent, path: &str, bytes: &[u8]) -> FileEntry {
 /// Reads a file: (bytes, number of chunks, size from ReadDone), or the error reply.
 fn read(agent: &mut Agent, path: &str) -> Result<(Vec<u8>, usize, u64), GuestMessage> {
     let id = agent.new_id();
-    agent.send(id, &HostMessage::ReadFile { path: path.into() });
+    agent.send(
+        id,
+        &HostMessage::ReadFile {
+            path: path.into(),
+            window: None,
+        },
+    );
     let mut bytes = Vec::new();
     let mut chunks = 0;
     loop {
@@ -274,6 +280,7 @@ fn dotdot_and_paths_outside_the_roots_are_refused() {
     let msg = expect_code(
         agent.call(HostMessage::ReadFile {
             path: "../../etc/passwd".into(),
+            window: None,
         }),
         ErrorCode::PathOutsideSandbox,
     );
@@ -281,6 +288,7 @@ fn dotdot_and_paths_outside_the_roots_are_refused() {
     let msg = expect_code(
         agent.call(HostMessage::ReadFile {
             path: "/etc/passwd".into(),
+            window: None,
         }),
         ErrorCode::PathOutsideSandbox,
     );
@@ -302,6 +310,7 @@ fn dotdot_and_paths_outside_the_roots_are_refused() {
     expect_code(
         agent.call(HostMessage::ReadFile {
             path: "a\0b".into(),
+            window: None,
         }),
         ErrorCode::InvalidArgument,
     );
@@ -319,6 +328,7 @@ fn symlinks_cannot_lead_out_of_the_sandbox() {
     let msg = expect_code(
         agent.call(HostMessage::ReadFile {
             path: "escape/etc/passwd".into(),
+            window: None,
         }),
         ErrorCode::PathOutsideSandbox,
     );
@@ -338,6 +348,7 @@ fn symlinks_cannot_lead_out_of_the_sandbox() {
     expect_code(
         agent.call(HostMessage::ReadFile {
             path: "up/etc/passwd".into(),
+            window: None,
         }),
         ErrorCode::PathOutsideSandbox,
     );
@@ -515,4 +526,83 @@ fn rename_moves_across_file_systems() {
     }));
     assert_eq!((e.size, e.mode), (300_000, 0o640));
     assert!(!moved.join("sub/f.bin").exists());
+}
+
+/// The chunks of read `id` that have arrived, after `wait`.
+fn arrived(agent: &mut Agent, id: u32, wait: Duration) -> usize {
+    agent.pending_for(id, wait)
+}
+
+#[test]
+fn a_windowed_read_sends_no_more_than_it_was_granted() {
+    let mut agent = Agent::start();
+    let big: Vec<u8> = (0..10 * CHUNK).map(|i| (i % 251) as u8).collect();
+    write_ok(&mut agent, "big.bin", &big);
+
+    let id = agent.new_id();
+    agent.send(
+        id,
+        &HostMessage::ReadFile {
+            path: "big.bin".into(),
+            window: Some(3),
+        },
+    );
+    assert_eq!(arrived(&mut agent, id, Duration::from_millis(200)), 3);
+    // While it waits, other file operations go on (it holds no shared worker).
+    for i in 0..4 {
+        let dir = format!("d{i}");
+        entry(agent.call(HostMessage::MakeDir { path: dir }));
+    }
+    agent.send(id, &HostMessage::ReadCredit { chunks: 2 });
+    assert_eq!(arrived(&mut agent, id, Duration::from_millis(200)), 5);
+    // Enough credit for the rest: every byte, in order, then ReadDone.
+    agent.send(id, &HostMessage::ReadCredit { chunks: 100 });
+    let mut bytes = Vec::new();
+    loop {
+        match agent.next_for(id) {
+            Frame::Data { chunk, .. } => bytes.extend_from_slice(&chunk.bytes),
+            Frame::Message {
+                msg: GuestMessage::ReadDone { size },
+                ..
+            } => {
+                assert_eq!(size, big.len() as u64);
+                break;
+            }
+            Frame::Message { msg, .. } => panic!("{msg:?}"),
+        }
+    }
+    assert!(bytes == big, "the windowed read's bytes differ");
+}
+
+#[test]
+fn an_aborted_windowed_read_stops_and_says_how_far_it_got() {
+    let mut agent = Agent::start();
+    write_ok(&mut agent, "big.bin", &vec![7u8; 8 * CHUNK]);
+    let id = agent.new_id();
+    agent.send(
+        id,
+        &HostMessage::ReadFile {
+            path: "big.bin".into(),
+            window: Some(2),
+        },
+    );
+    assert_eq!(arrived(&mut agent, id, Duration::from_millis(200)), 2);
+    agent.send(id, &HostMessage::AbortData);
+    let mut chunks = 0;
+    loop {
+        match agent.next_for(id) {
+            Frame::Data { .. } => chunks += 1,
+            Frame::Message {
+                msg: GuestMessage::ReadDone { size },
+                ..
+            } => {
+                assert_eq!(size, 2 * CHUNK as u64);
+                break;
+            }
+            Frame::Message { msg, .. } => panic!("{msg:?}"),
+        }
+    }
+    assert_eq!(chunks, 2);
+    // The agent goes on serving.
+    assert_eq!(read(&mut agent, "big.bin").unwrap().0.len(), 8 * CHUNK);
 }

@@ -36,6 +36,9 @@ fn string(v: impl Into<String>) -> toml::Value {
     toml::Value::String(v.into())
 }
 
+/// The longest a signed download link may be valid (as for S3's presigned URLs).
+pub const MAX_URL_TTL_SECS: u64 = 7 * 24 * 3600;
+
 /// Every setting the service has, in the order `init` writes them.
 const KEYS: &[Key] = &[
     Key {
@@ -104,6 +107,11 @@ const KEYS: &[Key] = &[
         default: |_| toml::Value::Array(Vec::new()),
     },
     Key {
+        name: "exports.url_ttl_secs",
+        help: "how long an export's signed download link (no API key needed) stays valid (0: no signed links)",
+        default: |_| int(3600),
+    },
+    Key {
         name: "pools.warm",
         help: "warm pools: \"template/size=count\" entries, e.g. [\"python/small=2\"]: that many ready sandboxes kept for creates that ask for exactly that template and size (no env or limits of their own)",
         default: |_| toml::Value::Array(Vec::new()),
@@ -133,6 +141,8 @@ pub struct Config {
     pub limits: LimitsConfig,
     /// What may be imported.
     pub import: ImportConfig,
+    /// Export download links.
+    pub exports: ExportsConfig,
     /// Warm pools.
     pub pools: PoolsConfig,
     /// What a stop does.
@@ -208,6 +218,13 @@ pub struct LimitsConfig {
 pub struct ImportConfig {
     /// Host directories (absolute) whose files may be imported.
     pub allowed_paths: Vec<PathBuf>,
+}
+
+/// Export download links.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ExportsConfig {
+    /// Seconds a signed download link stays valid (0: none are given out).
+    pub url_ttl_secs: u64,
 }
 
 /// What a stop does.
@@ -383,6 +400,12 @@ fn validate(c: &Config) -> Result<(), ConfigError> {
         return Err(bad(
             "shutdown.sandboxes",
             "must be \"keep\" or \"stop\"".into(),
+        ));
+    }
+    if c.exports.url_ttl_secs > MAX_URL_TTL_SECS {
+        return Err(bad(
+            "exports.url_ttl_secs",
+            format!("must be at most {MAX_URL_TTL_SECS} (7 days)"),
         ));
     }
     if c.limits.gc_interval_secs == 0 {

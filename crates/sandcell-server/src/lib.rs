@@ -12,6 +12,7 @@ pub mod ledger;
 pub mod metrics;
 mod openapi;
 mod serve;
+pub mod signed_url;
 pub mod state;
 
 use std::sync::Arc;

@@ -18,6 +18,7 @@ use crate::auth::{KeyCache, new_key};
 use crate::config::Config;
 use crate::ledger::StoreLedger;
 use crate::metrics::Metrics;
+use crate::signed_url::UrlSigner;
 use crate::state::AppState;
 
 /// The owner of the key the first start creates.
@@ -130,6 +131,10 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
         started: Instant::now(),
         cpu_samples: Arc::default(),
         requests: Arc::new(AtomicU64::new(1)),
+        signer: Arc::new(UrlSigner::load_or_create(&config.home).map_err(io(
+            "read or create",
+            &crate::signed_url::key_path(&config.home),
+        ))?),
     };
     let app = crate::app(state.clone());
 

@@ -30,6 +30,8 @@ pub struct AppState {
     pub cpu_samples: Arc<crate::api::usage::CpuSamples>,
     /// Requests seen (for request ids).
     pub requests: Arc<AtomicU64>,
+    /// Signs and checks export download links.
+    pub signer: Arc<crate::signed_url::UrlSigner>,
 }
 
 impl AppState {

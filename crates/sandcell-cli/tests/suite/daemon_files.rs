@@ -780,6 +780,13 @@ fn download(d: &Daemon, key: Option<&str>, url: &str) -> (u16, Vec<u8>, String) 
     (status, resp.bytes().unwrap().to_vec(), ctype)
 }
 
+/// Downloads `url` without an API key.
+fn download_anon(d: &Daemon, url: &str) -> (u16, Vec<u8>, String) {
+    let resp = d.req_as(None, Method::GET, url).send().unwrap();
+    let status = resp.status().as_u16();
+    (status, resp.bytes().unwrap().to_vec(), String::new())
+}
+
 /// The sorted member names of a tar archive, read by the host's `tar`.
 fn tar_members(bytes: &[u8]) -> Vec<String> {
     let mut child = Command::new("tar")
@@ -963,4 +970,98 @@ fn daemon_exports_download_import_elsewhere_and_artifacts() {
             ),
         ]
     );
+}
+
+#[test]
+fn daemon_signed_export_links_work_without_a_key_until_they_expire() {
+    let d = Daemon::start(&["exports.url_ttl_secs=3"]);
+    let id = d.create_id(json!({}));
+    d.exec(
+        &id,
+        "printf secret > /workspace/s.txt && printf other > /workspace/o.txt",
+    );
+    let export = |path: &str| {
+        let r = d.post(
+            &format!("/v1/sandboxes/{id}/exports"),
+            json!({ "path": path }),
+        );
+        assert_eq!(r.status, 201, "{}", r.body);
+        r.body
+    };
+    let first = export("/workspace/s.txt");
+    let other = export("/workspace/o.txt");
+    let link = first["signed_url"].as_str().unwrap().to_string();
+    assert!(first["signed_url_expires_at"].is_string(), "{first}");
+
+    // No key needed with the link; the link is for this export only, and whole.
+    let (status, bytes, _) = download_anon(&d, &link);
+    assert_eq!((status, bytes.as_slice()), (200, b"secret".as_slice()));
+    let (status, _, _) = download_anon(&d, first["download_url"].as_str().unwrap());
+    assert_eq!(status, 401, "the plain URL needs a key");
+    let query = link.split_once('?').unwrap().1;
+    let other_id = other["id"].as_str().unwrap();
+    let (status, _, _) = download_anon(&d, &format!("/v1/exports/{other_id}/content?{query}"));
+    assert_eq!(status, 403, "one export's signature opened another");
+    let expires: i64 = query
+        .split('&')
+        .find_map(|kv| kv.strip_prefix("expires="))
+        .unwrap()
+        .parse()
+        .unwrap();
+    let sig = query.split_once("&signature=").unwrap().1;
+    let base = first["download_url"].as_str().unwrap();
+    let later = format!("{base}?expires={}&signature={sig}", expires + 3600);
+    assert_eq!(
+        download_anon(&d, &later).0,
+        403,
+        "a longer expiry was accepted"
+    );
+    let flipped: String = sig
+        .chars()
+        .enumerate()
+        .map(|(i, c)| {
+            if i == 0 {
+                if c == '0' { '1' } else { '0' }
+            } else {
+                c
+            }
+        })
+        .collect();
+    let forged = format!("{base}?expires={expires}&signature={flipped}");
+    assert_eq!(download_anon(&d, &forged).0, 403);
+    let half = format!("{base}?expires={expires}");
+    assert_eq!(download_anon(&d, &half).0, 400);
+
+    // Expired: refused with the reason; a fresh answer about the export gives a new link.
+    std::thread::sleep(Duration::from_millis(
+        u64::try_from(expires * 1000 - now_ms() + 100).unwrap_or(0),
+    ));
+    let r = send(d.req_as(None, Method::GET, &link));
+    r.expect_error(403, "permission_denied");
+    assert!(
+        r.body["message"].as_str().unwrap().contains("expired"),
+        "{}",
+        r.body
+    );
+    let fresh = d.get(&format!("/v1/exports/{}", first["id"].as_str().unwrap()));
+    let link = fresh.body["signed_url"].as_str().unwrap();
+    assert_eq!(download_anon(&d, link).0, 200);
+
+    // A deleted export's links are dead.
+    assert_eq!(
+        d.delete(&format!("/v1/exports/{}", first["id"].as_str().unwrap()))
+            .status,
+        204
+    );
+    assert_eq!(download_anon(&d, link).0, 404);
+}
+
+fn now_ms() -> i64 {
+    i64::try_from(
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis(),
+    )
+    .unwrap()
 }

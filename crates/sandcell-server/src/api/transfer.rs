@@ -60,10 +60,31 @@ pub struct ExportInfo {
     pub created_at: String,
     /// Where to download it (a folder comes as a tar archive), with the API key.
     pub download_url: String,
+    /// The same download without an API key, for whoever holds this link, until
+    /// `signed_url_expires_at` (each answer about the export gives a fresh one; none when
+    /// `exports.url_ttl_secs` is 0). Relative to the service's address.
+    pub signed_url: Option<String>,
+    /// When `signed_url` stops working (RFC 3339).
+    pub signed_url_expires_at: Option<String>,
 }
 
-impl From<&ExportRecord> for ExportInfo {
-    fn from(e: &ExportRecord) -> Self {
+impl ExportInfo {
+    /// What the API says about `e`, with a signed link valid from now.
+    fn of(s: &AppState, e: &ExportRecord) -> Self {
+        let download_url = format!("/v1/exports/{}/content", e.id);
+        let ttl = i64::try_from(s.config.exports.url_ttl_secs).unwrap_or(i64::MAX);
+        let (signed_url, signed_url_expires_at) = if ttl > 0 {
+            let expires = unix_now().saturating_add(ttl);
+            let signature = s.signer.sign(&e.id, expires);
+            (
+                Some(format!(
+                    "{download_url}?expires={expires}&signature={signature}"
+                )),
+                Some(rfc3339(expires.saturating_mul(1000))),
+            )
+        } else {
+            (None, None)
+        };
         Self {
             id: e.id.clone(),
             sandbox_id: e.sandbox_id.clone(),
@@ -72,9 +93,15 @@ impl From<&ExportRecord> for ExportInfo {
             size: e.size,
             sha256: e.sha256.clone(),
             created_at: rfc3339(e.created_at),
-            download_url: format!("/v1/exports/{}/content", e.id),
+            download_url,
+            signed_url,
+            signed_url_expires_at,
         }
     }
+}
+
+fn unix_now() -> i64 {
+    sandcell_engine::fleet::now_ms() / 1000
 }
 
 /// Exports.
@@ -319,7 +346,7 @@ pub async fn create_export(
         Some(&export_id),
         serde_json::json!({"sandbox": id, "path": entry.path, "size": size}),
     );
-    Ok((StatusCode::CREATED, Json(ExportInfo::from(&record))))
+    Ok((StatusCode::CREATED, Json(ExportInfo::of(&s, &record))))
 }
 
 /// The caller's export `id` (another owner's is missing).
@@ -365,7 +392,7 @@ pub async fn list_exports(
         .store
         .list_exports(Some(&caller.owner), sandbox.as_deref())?;
     Ok(Json(ExportList {
-        exports: exports.iter().map(ExportInfo::from).collect(),
+        exports: exports.iter().map(|e| ExportInfo::of(&s, e)).collect(),
     }))
 }
 
@@ -386,9 +413,10 @@ pub async fn get_export(
     caller: Caller,
     ApiPath(export_id): ApiPath<String>,
 ) -> ApiResult<Json<ExportInfo>> {
-    Ok(Json(ExportInfo::from(&own_export(
-        &s, &caller, &export_id,
-    )?)))
+    Ok(Json(ExportInfo::of(
+        &s,
+        &own_export(&s, &caller, &export_id)?,
+    )))
 }
 
 /// Deletes an export and its stored copy.
@@ -423,24 +451,42 @@ pub async fn delete_export(
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// Downloads an export: a file's bytes, or a folder as a tar archive.
+/// Downloads an export: a file's bytes, or a folder as a tar archive. With the API key of
+/// its owner, or without one through its `signed_url` (`expires` and `signature`).
 #[utoipa::path(
     get, path = "/v1/exports/{export_id}/content", tag = "files",
-    params(("export_id" = String, Path, description = "Export id")),
+    params(
+        ("export_id" = String, Path, description = "Export id"),
+        ("expires" = Option<i64>, Query, description = "Of a signed link: when it expires (unix seconds)"),
+        ("signature" = Option<String>, Query, description = "Of a signed link: its signature"),
+    ),
     responses(
         (status = 200, description = "The bytes (a folder: application/x-tar)", content_type = "application/octet-stream", body = Vec<u8>),
         (status = 400, body = ErrorBody),
         (status = 401, body = ErrorBody),
+        (status = 403, description = "A signed link that expired or does not match", body = ErrorBody),
         (status = 404, body = ErrorBody),
     ),
-    security(("api_key" = []))
+    security(("api_key" = []), ())
 )]
 pub async fn download_export(
     State(s): State<AppState>,
-    caller: Caller,
+    caller: Result<Caller, ApiError>,
     ApiPath(export_id): ApiPath<String>,
+    RawQuery(query): RawQuery,
 ) -> ApiResult<Response> {
-    let export = own_export(&s, &caller, &export_id)?;
+    let export = match signed_link(query.as_deref())? {
+        Some((expires, signature)) => {
+            check_export_id(&export_id)?;
+            s.signer
+                .verify(&export_id, expires, &signature, unix_now())
+                .map_err(|e| ApiError::forbidden(e.to_string()))?;
+            s.store
+                .get_export(&export_id)?
+                .ok_or_else(|| ApiError::not_found("export", &export_id))?
+        }
+        None => own_export(&s, &caller?, &export_id)?,
+    };
     let dir = PathBuf::from(
         export
             .stored_path
@@ -815,4 +861,31 @@ fn unique_suffix() -> String {
         std::process::id(),
         NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
     )
+}
+
+/// The `expires` and `signature` of a signed link, when the query has them (both or none).
+fn signed_link(query: Option<&str>) -> Result<Option<(i64, String)>, ApiError> {
+    let (mut expires, mut signature) = (None, None);
+    for (k, v) in super::extract::query_pairs(query)? {
+        match k.as_str() {
+            "expires" => {
+                expires = Some(v.parse::<i64>().map_err(|_| {
+                    ApiError::invalid(format!("'expires' must be unix seconds, got '{v}'"))
+                })?);
+            }
+            "signature" => signature = Some(v),
+            _ => {
+                return Err(ApiError::invalid(format!(
+                    "unknown query parameter '{k}' (this route takes: expires, signature)"
+                )));
+            }
+        }
+    }
+    match (expires, signature) {
+        (Some(e), Some(sig)) => Ok(Some((e, sig))),
+        (None, None) => Ok(None),
+        _ => Err(ApiError::invalid(
+            "a signed link needs both 'expires' and 'signature'",
+        )),
+    }
 }

@@ -135,6 +135,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
             "read or create",
             &crate::signed_url::key_path(&config.home),
         ))?),
+        seen_contexts: Arc::default(),
     };
     let app = crate::app(state.clone());
 

@@ -32,6 +32,42 @@ pub struct AppState {
     pub requests: Arc<AtomicU64>,
     /// Signs and checks export download links.
     pub signer: Arc<crate::signed_url::UrlSigner>,
+    /// Contexts recorded in the store already, so runs do not write them again.
+    pub seen_contexts: Arc<SeenContexts>,
+}
+
+/// (sandbox, context) pairs known to be recorded; forgotten wholesale past a bound (a
+/// forgotten pair costs one more idempotent write).
+#[derive(Debug, Default)]
+pub struct SeenContexts(std::sync::Mutex<std::collections::HashSet<(String, String)>>);
+
+impl SeenContexts {
+    const BOUND: usize = 100_000;
+
+    fn set(&self) -> std::sync::MutexGuard<'_, std::collections::HashSet<(String, String)>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Known to be recorded.
+    pub fn contains(&self, key: &(String, String)) -> bool {
+        self.set().contains(key)
+    }
+
+    /// Now recorded.
+    pub fn insert(&self, key: (String, String)) {
+        let mut set = self.set();
+        if set.len() >= Self::BOUND {
+            set.clear();
+        }
+        set.insert(key);
+    }
+
+    /// No longer open.
+    pub fn remove(&self, key: &(String, String)) {
+        self.set().remove(key);
+    }
 }
 
 impl AppState {

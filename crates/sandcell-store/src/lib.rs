@@ -2,7 +2,7 @@
 //!
 //! It keeps what must outlive the daemon process: sandbox records and the history of their
 //! state transitions, API keys (as SHA-256 hashes, never the secrets), exports copied out of
-//! sandboxes, and the audit log. Files themselves (exports, snapshots, trajectories) live on
+//! sandboxes, the contexts (kernels) of sandboxes, and the audit log. Files themselves (exports, snapshots, trajectories) live on
 //! disk next to the database; the store only records where.
 //!
 //! # Plain records, JSON columns
@@ -29,6 +29,7 @@
 //! [`BUSY_TIMEOUT`] for it.
 
 mod audit;
+mod contexts;
 mod error;
 mod exports;
 mod keys;
@@ -40,8 +41,8 @@ mod store;
 pub use error::StoreError;
 pub use keys::hash_secret;
 pub use records::{
-    ApiKeyRecord, AuditEvent, ExportKind, ExportRecord, Page, SandboxEvent, SandboxQuery,
-    SandboxRecord,
+    ApiKeyRecord, AuditEvent, ContextRecord, ExportKind, ExportRecord, Page, SandboxEvent,
+    SandboxQuery, SandboxRecord,
 };
 pub use schema::{LATEST_SCHEMA_VERSION, migrations};
 pub use store::{BUSY_TIMEOUT, Durability, Store};

@@ -134,6 +134,27 @@ pub struct ExportRecord {
     pub stored_path: Option<String>,
 }
 
+/// A context (a kernel) of a sandbox, as recorded.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ContextRecord {
+    /// The sandbox it belongs to.
+    pub sandbox_id: String,
+    /// Its id within the sandbox.
+    pub id: String,
+    /// The sandbox's owner.
+    pub owner: String,
+    /// Its language (`python`, `node`, …).
+    pub language: String,
+    /// Its working directory, when one was asked for.
+    pub cwd: Option<String>,
+    /// When it was made (ms).
+    pub created_at: i64,
+    /// When it ended (ms), if it has.
+    pub ended_at: Option<i64>,
+    /// Why it ended.
+    pub end_reason: Option<String>,
+}
+
 /// One entry of the audit log.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuditEvent {

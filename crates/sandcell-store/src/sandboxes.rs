@@ -274,6 +274,9 @@ impl Store {
         )?
         .execute(params![id, to_state, reason, at_ms])?;
         insert_event(&tx, id, at_ms, &from, to_state, reason)?;
+        if crate::contexts::ENDED_STATES.contains(&to_state) {
+            crate::contexts::end_all(&tx, id, at_ms, &format!("the sandbox is {to_state}"))?;
+        }
         // Decoded before the commit so that an error means nothing happened.
         let record = select_sandbox(&tx, id)?
             .ok_or_else(|| not_found(id))?
@@ -309,12 +312,17 @@ impl Store {
         Ok(())
     }
 
-    /// Deletes a sandbox record; its events stay. Returns whether it existed.
+    /// Deletes a sandbox record; its events and contexts stay (those still open end).
+    /// Returns whether it existed.
     pub fn delete_sandbox(&self, id: &str) -> Result<bool, StoreError> {
-        let changed = self
-            .conn()
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let changed = tx
             .prepare_cached("DELETE FROM sandboxes WHERE id = ?1")?
             .execute([id])?;
+        let now = crate::store::now_ms();
+        crate::contexts::end_all(&tx, id, now, "the sandbox was deleted")?;
+        tx.commit()?;
         Ok(changed > 0)
     }
 

@@ -107,11 +107,31 @@ CREATE INDEX audit_events_by_owner ON audit_events (owner, id);
 
 const V4_DOWN: &str = "DROP TABLE audit_events;";
 
+/// Step 5: the contexts (kernels) of sandboxes: when each began and ended, and why. No
+/// foreign key to `sandboxes`, like the state history. A context id is unique within its
+/// sandbox while it lives; one made again under the same id replaces the ended record.
+const V5_CONTEXTS: &str = r#"
+CREATE TABLE contexts (
+    sandbox_id TEXT    NOT NULL,
+    id         TEXT    NOT NULL,
+    owner      TEXT    NOT NULL,
+    language   TEXT    NOT NULL,
+    cwd        TEXT,
+    created_at INTEGER NOT NULL,
+    ended_at   INTEGER,
+    end_reason TEXT,
+    PRIMARY KEY (sandbox_id, id)
+) STRICT;
+"#;
+
+const V5_DOWN: &str = "DROP TABLE contexts;";
+
 const STEPS: &[M<'static>] = &[
     M::up(V1_SANDBOXES).down(V1_DOWN),
     M::up(V2_API_KEYS).down(V2_DOWN),
     M::up(V3_EXPORTS).down(V3_DOWN),
     M::up(V4_AUDIT).down(V4_DOWN),
+    M::up(V5_CONTEXTS).down(V5_DOWN),
 ];
 
 /// The store's migrations, oldest first; version N is the schema after step N.

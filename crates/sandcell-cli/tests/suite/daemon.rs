@@ -1056,4 +1056,49 @@ fn daemon_code_state_streams_contexts_variables_interrupt_restart() {
     let r = d.code(&id, "x");
     assert_eq!(r["error"]["name"], "NameError", "{r}");
     assert_eq!(d.code(&id, "6 * 7")["result"]["text/plain"], "42");
+
+    // The store keeps each context's history: while it runs, when each began; after the
+    // sandbox is gone, what it ran and how each ended.
+    let list = d.get(&format!("/v1/sandboxes/{id}/contexts"));
+    let python = list
+        .body
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["id"] == "python");
+    assert!(python.unwrap()["created_at"].is_string(), "{}", list.body);
+    assert_eq!(d.delete(&format!("/v1/sandboxes/{id}")).status, 204);
+    let list = d.get(&format!("/v1/sandboxes/{id}/contexts"));
+    assert_eq!(list.status, 200, "{}", list.body);
+    let ended: Vec<(String, String, bool)> = list
+        .body
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["id"].as_str().unwrap().to_string(),
+                c["end_reason"].as_str().unwrap_or("open").to_string(),
+                c["created_at"].is_string() && c["ended_at"].is_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        ended,
+        [
+            ("python".into(), "the sandbox is stopped".into(), true),
+            (ctx.clone(), "deleted".into(), true),
+        ],
+        "{}",
+        list.body
+    );
+    // Another owner sees none of it.
+    let (bob, _) = d.key_for("bob");
+    d.call_as(
+        Some(&bob),
+        Method::GET,
+        &format!("/v1/sandboxes/{id}/contexts"),
+        None,
+    )
+    .expect_error(404, "not_found");
 }

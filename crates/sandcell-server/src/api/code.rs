@@ -11,13 +11,14 @@ use axum::http::StatusCode;
 use axum::response::sse::{Event, KeepAlive, Sse};
 use futures_util::Stream;
 use sandcell_engine::{CodeEvent, CodeRun, CodeStream, OutputKind};
-use sandcell_protocol::{CodeDone, CodeError, ContextInfo, RunCodeRequest, Variables};
+use sandcell_protocol::{CodeDone, CodeError, ContextInfo, Language, RunCodeRequest, Variables};
+use sandcell_store::ContextRecord;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::exec::json_event;
 use super::extract::{ApiJson, ApiPath, check_sandbox_id, query_pairs};
-use super::types::Lang;
+use super::types::{Lang, rfc3339};
 use crate::auth::Caller;
 use crate::error::{ApiError, ApiResult, ErrorBody};
 use crate::state::AppState;
@@ -239,6 +240,7 @@ pub async fn run(
     let start = Instant::now();
     let run = sandbox.run_code(req).await?;
     s.metrics.code_latency.observe(start.elapsed());
+    record_context_seen(&s, &caller.owner, &id, &run.done);
     Ok(Json(CodeResult::from(&run)))
 }
 
@@ -268,12 +270,51 @@ pub async fn run_stream(
     let req = input.request()?;
     let sandbox = s.fleet.sandbox(&caller.owner, &id)?;
     let stream = sandbox.run_code_stream(req).await?;
-    Ok(Sse::new(code_events(stream)).keep_alive(KeepAlive::default()))
+    let seen = move |done: &CodeDone| record_context_seen(&s, &caller.owner, &id, done);
+    Ok(Sse::new(code_events(stream, seen)).keep_alive(KeepAlive::default()))
 }
 
-fn code_events(stream: CodeStream) -> impl Stream<Item = Result<Event, Infallible>> {
-    futures_util::stream::unfold(Some(stream), |state| async move {
-        let mut stream = state?;
+/// Records the context a run used, the first time this service sees it (a language's
+/// default context is made by its first run, not by a request of its own).
+fn record_context_seen(s: &AppState, owner: &str, sandbox_id: &str, done: &CodeDone) {
+    let key = (sandbox_id.to_string(), done.context.clone());
+    if s.seen_contexts.contains(&key) {
+        return;
+    }
+    let record = context_record(owner, sandbox_id, &done.context, done.language, None);
+    // The run's answer does not hang on its history: a failed write is logged and retried
+    // by the next run.
+    match s.store.insert_context_if_absent(&record) {
+        Ok(_) => s.seen_contexts.insert(key),
+        Err(e) => tracing::warn!(sandbox = sandbox_id, error = %e, "record a context"),
+    }
+}
+
+fn context_record(
+    owner: &str,
+    sandbox_id: &str,
+    id: &str,
+    language: Language,
+    cwd: Option<String>,
+) -> ContextRecord {
+    ContextRecord {
+        sandbox_id: sandbox_id.to_string(),
+        id: id.to_string(),
+        owner: owner.to_string(),
+        language: language.as_str().to_string(),
+        cwd,
+        created_at: sandcell_engine::fleet::now_ms(),
+        ended_at: None,
+        end_reason: None,
+    }
+}
+
+fn code_events(
+    stream: CodeStream,
+    seen: impl Fn(&CodeDone) + Send + 'static,
+) -> impl Stream<Item = Result<Event, Infallible>> {
+    futures_util::stream::unfold(Some((stream, seen)), |state| async move {
+        let (mut stream, seen) = state?;
         let event = match stream.next().await? {
             Ok(CodeEvent::Stdout { text }) => {
                 json_event("stdout", &serde_json::json!({ "text": text }))
@@ -289,6 +330,7 @@ fn code_events(stream: CodeStream) -> impl Stream<Item = Result<Event, Infallibl
             }
             Ok(CodeEvent::Error(e)) => json_event("error", &CodeErrorInfo::from(&e)),
             Ok(CodeEvent::Done(d)) => {
+                seen(&d);
                 return Some((Ok(json_event("done", &CodeDoneInfo::from(&d))), None));
             }
             Err(e) => {
@@ -296,7 +338,7 @@ fn code_events(stream: CodeStream) -> impl Stream<Item = Result<Event, Infallibl
                 return Some((Ok(json_event("error", err.body())), None));
             }
         };
-        Some((Ok(event), Some(stream)))
+        Some((Ok(event), Some((stream, seen))))
     })
 }
 
@@ -326,6 +368,12 @@ pub struct ContextView {
     pub execution_count: u64,
     /// An execution is running.
     pub busy: bool,
+    /// When it was made (RFC 3339), as recorded.
+    pub created_at: Option<String>,
+    /// When it ended (RFC 3339): only in the list of a sandbox that is no longer running.
+    pub ended_at: Option<String>,
+    /// Why it ended.
+    pub end_reason: Option<String>,
 }
 
 impl From<&ContextInfo> for ContextView {
@@ -336,6 +384,31 @@ impl From<&ContextInfo> for ContextView {
             pid: c.pid,
             execution_count: c.execution_count,
             busy: c.busy,
+            created_at: None,
+            ended_at: None,
+            end_reason: None,
+        }
+    }
+}
+
+impl ContextView {
+    /// A recorded context of a sandbox that no longer runs.
+    fn recorded(r: &ContextRecord) -> Self {
+        let language = match r.language.as_str() {
+            "node" => Lang::Node,
+            "bash" => Lang::Bash,
+            "r" => Lang::R,
+            _ => Lang::Python,
+        };
+        Self {
+            id: r.id.clone(),
+            language,
+            pid: None,
+            execution_count: 0,
+            busy: false,
+            created_at: Some(rfc3339(r.created_at)),
+            ended_at: r.ended_at.map(rfc3339),
+            end_reason: r.end_reason.clone(),
         }
     }
 }
@@ -361,9 +434,18 @@ pub async fn create_context(
     check_sandbox_id(&id)?;
     let sandbox = s.fleet.sandbox(&caller.owner, &id)?;
     let ctx = sandbox
-        .create_context(req.language.into(), req.cwd, req.env)
+        .create_context(req.language.into(), req.cwd.clone(), req.env)
         .await?;
-    Ok((StatusCode::CREATED, Json(ContextView::from(&ctx))))
+    // Recorded before it is acknowledged; unrecorded, it is not kept.
+    let record = context_record(&caller.owner, &id, &ctx.id, ctx.language, req.cwd);
+    if let Err(e) = s.store.insert_context(&record) {
+        let _ = sandbox.destroy_context(&ctx.id).await;
+        return Err(e.into());
+    }
+    s.seen_contexts.insert((id, ctx.id.clone()));
+    let mut view = ContextView::from(&ctx);
+    view.created_at = Some(rfc3339(record.created_at));
+    Ok((StatusCode::CREATED, Json(view)))
 }
 
 /// Lists the contexts.
@@ -383,9 +465,26 @@ pub async fn list_contexts(
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<Json<Vec<ContextView>>> {
     check_sandbox_id(&id)?;
+    let record = s.fleet.get(&caller.owner, &id)?;
+    let recorded = s.store.list_contexts(&id)?;
+    if !record.state.is_active() {
+        // What it ran, from the records.
+        return Ok(Json(recorded.iter().map(ContextView::recorded).collect()));
+    }
     let sandbox = s.fleet.sandbox(&caller.owner, &id)?;
     let list = sandbox.list_contexts().await?;
-    Ok(Json(list.iter().map(ContextView::from).collect()))
+    Ok(Json(
+        list.iter()
+            .map(|c| {
+                let mut view = ContextView::from(c);
+                view.created_at = recorded
+                    .iter()
+                    .find(|r| r.id == c.id && r.ended_at.is_none())
+                    .map(|r| rfc3339(r.created_at));
+                view
+            })
+            .collect(),
+    ))
 }
 
 /// Stops a context's kernel and forgets it.
@@ -407,6 +506,9 @@ pub async fn delete_context(
     check_sandbox_id(&id)?;
     let sandbox = s.fleet.sandbox(&caller.owner, &id)?;
     sandbox.destroy_context(&context).await?;
+    s.store
+        .end_context(&id, &context, sandcell_engine::fleet::now_ms(), "deleted")?;
+    s.seen_contexts.remove(&(id, context));
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -19,6 +19,9 @@ fn expected_tables(version: usize) -> Vec<&'static str> {
     if version >= 4 {
         all.push("audit_events");
     }
+    if version >= 5 {
+        all.push("contexts");
+    }
     all.sort_unstable();
     all
 }
@@ -26,7 +29,27 @@ fn expected_tables(version: usize) -> Vec<&'static str> {
 #[test]
 fn migrations_definitions_are_valid() {
     migrations().validate().unwrap();
-    assert_eq!(LATEST_SCHEMA_VERSION, 4);
+    assert_eq!(LATEST_SCHEMA_VERSION, 5);
+}
+
+#[test]
+fn a_version_4_database_gains_contexts_and_keeps_its_records() {
+    let (_dir, path) = db_path();
+    std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+    {
+        let mut conn = rusqlite::Connection::open(&path).unwrap();
+        migrations().to_version(&mut conn, 4).unwrap();
+        conn.execute(
+            "INSERT INTO sandboxes (id, owner, state, spec, labels, metadata, created_at, \
+             updated_at, last_active_at, ephemeral, runtime) VALUES \
+             ('sb-old', 'alice', 'running', '{}', '{}', '{}', 1, 1, 1, 0, '{}')",
+            [],
+        )
+        .unwrap();
+    }
+    let store = Store::open(&path).unwrap();
+    assert!(store.get_sandbox("sb-old").unwrap().is_some());
+    assert!(store.list_contexts("sb-old").unwrap().is_empty());
 }
 
 #[test]
@@ -39,7 +62,7 @@ fn up_to_latest_down_to_zero_and_up_again() {
 
     m.to_latest(&mut conn).unwrap();
     assert_eq!(tables(&conn), expected_tables(LATEST_SCHEMA_VERSION));
-    assert_eq!(usize::from(m.current_version(&conn).unwrap()), 4);
+    assert_eq!(usize::from(m.current_version(&conn).unwrap()), 5);
 
     m.to_version(&mut conn, 0).unwrap();
     assert!(tables(&conn).is_empty(), "left: {:?}", tables(&conn));

@@ -2,6 +2,7 @@
 
 mod audit;
 mod concurrency;
+mod contexts;
 mod exports;
 mod keys;
 mod list;

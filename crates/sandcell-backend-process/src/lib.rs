@@ -23,7 +23,7 @@ use sandcell_engine::{
 use sandcell_jail::cgroup::SandboxCgroup;
 use sandcell_jail::config::SparesConfig;
 use sandcell_jail::rootfs::skeleton::{self, RootLayout};
-use sandcell_jail::{JailConfig, Limits, NetworkMode, TmpfsMount};
+use sandcell_jail::{JailConfig, JailError, Limits, NetworkMode, TmpfsMount};
 use sandcell_protocol::{
     Feature, FeatureState, Frame, FrameDecoder, GuestMessage, HEADER_LEN, SANDBOX_UID,
     encode_message,
@@ -64,6 +64,9 @@ pub const DEFAULT_SYSTEM_PATHS: &[&str] = &[
 
 /// How long the launcher may take to report.
 const LAUNCH_TIMEOUT: Duration = Duration::from_secs(15);
+/// How long a pause may wait for the sandbox's last task to stop (typically well under
+/// 1 ms; a task in uninterruptible sleep can hold it up).
+const PAUSE_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// Settings of the process backend.
 #[derive(Debug, Clone)]
@@ -825,6 +828,36 @@ impl BackendInstance for ProcessInstance {
         // Killing PID 1 of the pid namespace makes the kernel kill every process in it.
         // ESRCH: already gone, which is what we want.
         let _ = pidfd_send_signal(&self.pidfd, Signal::KILL);
+        // A frozen task dies only once thawed.
+        if let Some(cg) = &self.cgroup
+            && cg.paused() == Some(true)
+        {
+            cg.resume();
+        }
+    }
+
+    fn pause(&self) -> Result<(), EngineError> {
+        let Some(cg) = &self.cgroup else {
+            return Err(EngineError::Unsupported(
+                "this sandbox has no cgroup (cgroups are not writable here), so it cannot be paused"
+                    .into(),
+            ));
+        };
+        cg.pause(PAUSE_TIMEOUT).map_err(|e| match e {
+            JailError::Unsupported(why) => EngineError::Unsupported(format!("cannot pause: {why}")),
+            other => EngineError::io("pause the sandbox", std::io::Error::other(other)),
+        })
+    }
+
+    fn resume(&self) -> Result<(), EngineError> {
+        if let Some(cg) = &self.cgroup {
+            cg.resume();
+        }
+        Ok(())
+    }
+
+    fn frozen(&self) -> Option<bool> {
+        self.cgroup.as_ref().and_then(SandboxCgroup::paused)
     }
 
     async fn destroy(&self) -> Result<(), EngineError> {

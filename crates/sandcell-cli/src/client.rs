@@ -309,6 +309,18 @@ pub enum SandboxCommand {
         /// Seconds from now.
         secs: u64,
     },
+    /// Pause sandboxes: their processes freeze (no CPU, memory kept), their clocks stop.
+    Pause {
+        /// The sandbox ids.
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+    /// Resume paused sandboxes where they stopped.
+    Resume {
+        /// The sandbox ids.
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
 }
 
 /// `sandcell sandbox create`.
@@ -502,8 +514,45 @@ pub async fn sandbox(args: &ClientArgs, cmd: SandboxCommand) -> anyhow::Result<E
                 println!("{id} now ends at {}", str_of(&v["expires_at"]));
             }
         }
+        SandboxCommand::Pause { ids } => return pause_or_resume(&c, "pause", &ids).await,
+        SandboxCommand::Resume { ids } => return pause_or_resume(&c, "resume", &ids).await,
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `sandcell sandbox pause|resume ID…`: each sandbox's new state, or why not.
+async fn pause_or_resume(c: &Client, action: &str, ids: &[String]) -> anyhow::Result<ExitCode> {
+    let mut failed = false;
+    let mut answers = Vec::new();
+    for id in ids {
+        match c
+            .call(
+                reqwest::Method::POST,
+                &format!("/v1/sandboxes/{id}/{action}"),
+                None,
+            )
+            .await
+        {
+            Ok(v) => {
+                if !c.json {
+                    println!("{id} {}", str_of(&v["state"]));
+                }
+                answers.push(v);
+            }
+            Err(e) => {
+                failed = true;
+                eprintln!("sandcell: {id}: {e:#}");
+            }
+        }
+    }
+    if c.json {
+        print_json(&serde_json::Value::Array(answers))?;
+    }
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
 }
 
 /// `sandcell exec`.

@@ -118,4 +118,19 @@ pub trait BackendInstance: Send + Sync {
     /// Lets the sandbox outlive this handle: dropping it no longer kills it (for a service
     /// that stops and will reattach on its next start).
     fn detach(&self) {}
+    /// Freezes every process of the sandbox (no CPU; memory and processes kept), waiting
+    /// until the last has stopped.
+    fn pause(&self) -> Result<(), EngineError> {
+        Err(EngineError::Unsupported(
+            "this backend cannot pause a sandbox".into(),
+        ))
+    }
+    /// Lets a paused sandbox's processes run again.
+    fn resume(&self) -> Result<(), EngineError> {
+        Ok(())
+    }
+    /// Whether the sandbox is frozen now (`None`: the backend cannot tell).
+    fn frozen(&self) -> Option<bool> {
+        None
+    }
 }

@@ -111,6 +111,12 @@ impl Engine {
         let backend = self.backend(&spec)?;
         let start = Instant::now();
         let launched = backend.reattach(&id, runtime).await?;
+        // A paused sandbox's agent cannot answer the handshake: it runs for that moment
+        // and is paused again.
+        let was_paused = launched.instance.frozen() == Some(true);
+        if was_paused {
+            launched.instance.resume()?;
+        }
         let launch = Launch {
             id,
             spec,
@@ -121,7 +127,11 @@ impl Engine {
             launched_at: start.elapsed(),
         };
         let hello = launch.client.send_hello().await;
-        launch.finish_keeping(hello).await
+        let sandbox = launch.finish_keeping(hello).await?;
+        if was_paused {
+            sandbox.pause().await?;
+        }
+        Ok(sandbox)
     }
 
     /// Ends whatever is left of a sandbox that cannot be reattached; says what it found.

@@ -47,6 +47,9 @@ pub enum EngineError {
         /// Its id.
         id: String,
     },
+    /// The backend or host cannot do this (for example pause without a cgroup freezer).
+    #[error("{0}")]
+    Unsupported(String),
     /// A cap was reached (sandboxes in all or per owner).
     #[error("{0}")]
     LimitExceeded(String),
@@ -74,6 +77,7 @@ impl EngineError {
             Self::SandboxGone { .. } => ErrorCode::InvalidState,
             Self::NotFound { .. } => ErrorCode::NotFound,
             Self::LimitExceeded(_) => ErrorCode::LimitExceeded,
+            Self::Unsupported(_) => ErrorCode::InvalidState,
             Self::Persistence(_) => ErrorCode::Internal,
             Self::Launch { .. } | Self::Connection(_) | Self::Unresponsive(_) | Self::Io { .. } => {
                 ErrorCode::Internal

@@ -41,6 +41,8 @@ struct Inner {
     agent_version: String,
     timings: Timings,
     destroyed: AtomicBool,
+    /// Frozen by [`Sandbox::pause`].
+    paused: AtomicBool,
 }
 
 /// A running sandbox. Cheap to clone; every clone is the same sandbox.
@@ -218,6 +220,7 @@ impl Sandbox {
             agent_version,
             timings,
             destroyed: AtomicBool::new(false),
+            paused: AtomicBool::new(false),
         };
         Self {
             inner: Arc::new(inner),
@@ -538,14 +541,23 @@ impl Sandbox {
         &self,
         fut: impl std::future::Future<Output = Result<T, EngineError>>,
     ) -> Result<T, EngineError> {
-        match tokio::time::timeout(CALL_TIMEOUT, fut).await {
-            Ok(r) => r.map_err(|e| self.map_closed(e)),
-            Err(_) => Err(EngineError::Unresponsive(format!(
-                "no reply within {CALL_TIMEOUT:?}"
-            ))),
+        tokio::pin!(fut);
+        loop {
+            match tokio::time::timeout(CALL_TIMEOUT, &mut fut).await {
+                Ok(r) => return r.map_err(|e| self.map_closed(e)),
+                // A paused agent cannot answer: the wait starts again when it runs.
+                Err(_) if self.is_paused() => {}
+                Err(_) => {
+                    return Err(EngineError::Unresponsive(format!(
+                        "no reply within {CALL_TIMEOUT:?}"
+                    )));
+                }
+            }
         }
     }
 
+    /// Fails when the sandbox is gone; resumes it when it is paused (asked to do something,
+    /// a paused sandbox wakes up).
     pub(crate) fn check_alive(&self) -> Result<(), EngineError> {
         if self.is_destroyed() {
             return Err(self.gone("it was destroyed".into()));
@@ -553,7 +565,44 @@ impl Sandbox {
         if let Some(reason) = self.inner.client.closed_reason() {
             return Err(self.gone(reason));
         }
+        if self.is_paused() {
+            self.resume()?;
+        }
         Ok(())
+    }
+
+    /// Freezes every process in the sandbox, its agent included: they use no CPU and keep
+    /// their memory, open files and state until [`Sandbox::resume`] (or anything asked of
+    /// the sandbox, which resumes it). Pausing a paused sandbox does nothing.
+    pub async fn pause(&self) -> Result<(), EngineError> {
+        if self.is_destroyed() {
+            return Err(self.gone("it was destroyed".into()));
+        }
+        if self.is_paused() {
+            return Ok(());
+        }
+        let sandbox = self.clone();
+        // Freezing waits (briefly) for the last task to stop.
+        tokio::task::spawn_blocking(move || sandbox.inner.instance.pause())
+            .await
+            .map_err(|e| EngineError::io("pause the sandbox", std::io::Error::other(e)))??;
+        self.inner.paused.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Lets a paused sandbox's processes run on from where they stopped.
+    pub fn resume(&self) -> Result<(), EngineError> {
+        if self.is_destroyed() {
+            return Err(self.gone("it was destroyed".into()));
+        }
+        self.inner.instance.resume()?;
+        self.inner.paused.store(false, Ordering::SeqCst);
+        Ok(())
+    }
+
+    /// Whether it is paused.
+    pub fn is_paused(&self) -> bool {
+        self.inner.paused.load(Ordering::SeqCst)
     }
 
     pub(crate) fn map_closed(&self, e: EngineError) -> EngineError {

@@ -29,6 +29,9 @@ pub enum JailError {
     /// The Landlock ruleset could not be built or applied.
     #[error("landlock: {0}")]
     Landlock(String),
+    /// This host cannot do it (a controller or kernel feature is missing).
+    #[error("{0}")]
+    Unsupported(String),
     /// The launch configuration is invalid.
     #[error("invalid jail config: {0}")]
     Config(String),

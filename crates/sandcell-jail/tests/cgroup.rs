@@ -576,3 +576,38 @@ fn a_child_moves_itself_through_files_its_parent_opened() {
         }
     }
 }
+
+#[test]
+fn real_pause_stops_a_cpu_loop_and_resume_continues_it() {
+    if !real_cgroups("real_pause_stops_a_cpu_loop_and_resume_continues_it") {
+        return;
+    }
+    let (cg, _) = create_real("pause", &limits(None, Some(32), None));
+    let cg = &cg.0;
+    let mut child = spawn_in(cg, "while :; do :; done");
+    let cpu = || cg.counters().cpu_usage_us.expect("cpu usage of the cgroup");
+    assert!(wait_until(Duration::from_secs(5), || cpu() > 20_000));
+    assert_eq!(cg.paused(), Some(false));
+
+    let started = Instant::now();
+    cg.pause(Duration::from_secs(1)).unwrap();
+    eprintln!("pause took {:?}", started.elapsed());
+    assert_eq!(cg.paused(), Some(true));
+    let frozen_at = cpu();
+    sleep(Duration::from_millis(300));
+    // At most a tick of accounting in flight when it froze.
+    assert!(cpu() - frozen_at < 5_000, "{} µs while paused", cpu() - frozen_at);
+    assert!(cg.pids().contains(&child.id()), "a paused process must stay");
+
+    let started = Instant::now();
+    cg.resume();
+    eprintln!("resume took {:?}", started.elapsed());
+    assert_eq!(cg.paused(), Some(false));
+    let resumed_at = cpu();
+    assert!(wait_until(Duration::from_secs(5), || cpu() > resumed_at + 20_000));
+
+    // A paused cgroup can still be killed outright.
+    cg.pause(Duration::from_secs(1)).unwrap();
+    cg.kill_all().unwrap();
+    assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGKILL));
+}

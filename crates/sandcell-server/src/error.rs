@@ -128,6 +128,9 @@ impl From<EngineError> for ApiError {
             EngineError::Unresponsive(_) => {
                 return Self::new(StatusCode::GATEWAY_TIMEOUT, "unresponsive", e.to_string());
             }
+            EngineError::Unsupported(_) => {
+                return Self::new(StatusCode::CONFLICT, "unsupported", e.to_string());
+            }
             other => other.code(),
         };
         let (status, name) = status_of(code);

@@ -82,6 +82,8 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(sandboxes::create, sandboxes::list))
         .routes(routes!(sandboxes::get, sandboxes::delete))
         .routes(routes!(sandboxes::set_timeout))
+        .routes(routes!(sandboxes::pause))
+        .routes(routes!(sandboxes::resume))
         .routes(routes!(usage::usage))
         .routes(routes!(exec::exec))
         .routes(routes!(exec::exec_stream))

@@ -6,6 +6,7 @@ mod daemon_api;
 mod daemon_cli;
 mod daemon_files;
 mod daemon_life;
+mod daemon_pause;
 mod daemon_processes;
 mod exec;
 mod files;

@@ -299,6 +299,22 @@ struct Live {
     /// Whose it is (checked without a read of the ledger on every request).
     owner: String,
     last_active: AtomicI64,
+    /// When it was paused (ms; 0: it is not), for the clocks that stop meanwhile.
+    paused_at: AtomicI64,
+    /// Serializes its pause and resume transitions.
+    transition: Mutex<()>,
+}
+
+impl Live {
+    fn new(sandbox: Sandbox, owner: String, last_active: Millis) -> Self {
+        Self {
+            sandbox,
+            owner,
+            last_active: AtomicI64::new(last_active),
+            paused_at: AtomicI64::new(0),
+            transition: Mutex::new(()),
+        }
+    }
 }
 
 /// A sandbox [`Fleet::create`] made.
@@ -440,11 +456,11 @@ impl Fleet {
                     let _ = sandbox.destroy().await;
                     return Err(persistence(e));
                 }
-                let live = Arc::new(Live {
+                let live = Arc::new(Live::new(
                     sandbox,
-                    owner: record.owner.clone(),
-                    last_active: AtomicI64::new(record.updated_at_ms),
-                });
+                    record.owner.clone(),
+                    record.updated_at_ms,
+                ));
                 lock(&self.live).insert(record.id.clone(), live);
                 Ok(Created {
                     record,
@@ -523,12 +539,90 @@ impl Fleet {
 
     /// The running sandbox `id` of `owner`, marked as used now.
     pub fn sandbox(&self, owner: &str, id: &str) -> Result<Sandbox, EngineError> {
+        let live = self.live_of(owner, id)?;
+        if live.sandbox.is_paused() {
+            // Asked to do something, a paused sandbox resumes.
+            self.resume_live(id, &live)?;
+        }
+        live.last_active.store(now_ms(), Ordering::Relaxed);
+        Ok(live.sandbox.clone())
+    }
+
+    /// As [`Self::sandbox`], without resuming a paused one (for reads that leave it be,
+    /// such as its resource use).
+    pub fn sandbox_as_is(&self, owner: &str, id: &str) -> Result<Sandbox, EngineError> {
+        Ok(self.live_of(owner, id)?.sandbox.clone())
+    }
+
+    /// Pauses `owner`'s sandbox `id`: every process freezes (no CPU; memory, processes and
+    /// kernel state kept) and its idle and lifetime clocks stop until it resumes. Pausing a
+    /// paused sandbox changes nothing.
+    pub async fn pause(&self, owner: &str, id: &str) -> Result<SandboxRecord, EngineError> {
+        let live = self.live_of(owner, id)?;
+        live.sandbox.pause().await?;
+        let _turn = lock(&live.transition);
+        let mut record = self.get(owner, id)?;
+        if record.state == SandboxState::Paused || !live.sandbox.is_paused() {
+            // Paused already, or resumed by a request that came meanwhile.
+            return Ok(record);
+        }
+        let now = now_ms();
+        record.state = SandboxState::Paused;
+        record.reason = Some("paused".into());
+        record.updated_at_ms = now;
+        record.last_active_ms = live.last_active.load(Ordering::Relaxed);
+        if let Err(e) = self.ledger.update(&record) {
+            let _ = live.sandbox.resume();
+            return Err(persistence(e));
+        }
+        live.paused_at.store(now, Ordering::SeqCst);
+        Ok(record)
+    }
+
+    /// Resumes `owner`'s paused sandbox `id` where it stopped; its lifetime is extended by
+    /// the time it spent paused. Resuming a running sandbox changes nothing.
+    pub fn resume(&self, owner: &str, id: &str) -> Result<SandboxRecord, EngineError> {
+        let live = self.live_of(owner, id)?;
+        self.resume_live(id, &live)
+    }
+
+    fn resume_live(&self, id: &str, live: &Live) -> Result<SandboxRecord, EngineError> {
+        let _turn = lock(&live.transition);
+        let mut record = self
+            .ledger
+            .get(id)
+            .map_err(persistence)?
+            .ok_or_else(|| not_found(id))?;
+        if record.state != SandboxState::Paused {
+            if live.sandbox.is_paused() {
+                live.sandbox.resume()?;
+            }
+            return Ok(record);
+        }
+        let now = now_ms();
+        let since = match live.paused_at.swap(0, Ordering::SeqCst) {
+            0 => record.updated_at_ms,
+            at => at,
+        };
+        let paused_for = (now - since).max(0);
+        record.state = SandboxState::Running;
+        record.reason = Some(format!("resumed after {paused_for} ms paused"));
+        record.expires_at_ms = record.expires_at_ms.map(|t| t.saturating_add(paused_for));
+        record.updated_at_ms = now;
+        record.last_active_ms = now;
+        // Recorded first: a sandbox running while its record says paused would have its
+        // clocks stopped.
+        self.ledger.update(&record).map_err(persistence)?;
+        live.sandbox.resume()?;
+        live.last_active.store(now, Ordering::Relaxed);
+        Ok(record)
+    }
+
+    /// The running (or paused) sandbox `id` of `owner`; another owner's is not found.
+    fn live_of(&self, owner: &str, id: &str) -> Result<Arc<Live>, EngineError> {
         let live = lock(&self.live).get(id).cloned();
         match live {
-            Some(l) if l.owner == owner => {
-                l.last_active.store(now_ms(), Ordering::Relaxed);
-                Ok(l.sandbox.clone())
-            }
+            Some(l) if l.owner == owner => Ok(l),
             _ => {
                 let record = self.get(owner, id)?;
                 Err(EngineError::SandboxGone {
@@ -618,6 +712,15 @@ impl Fleet {
             let Ok(Some(record)) = self.ledger.get(&id) else {
                 continue;
             };
+            if record.state == SandboxState::Paused {
+                if !l.sandbox.is_paused() {
+                    // Woken through a handle held since before its pause (a terminal, say):
+                    // the record follows.
+                    let _ = self.resume_live(&id, &l);
+                }
+                // Its clocks did not run while it was paused.
+                continue;
+            }
             let idle = now - l.last_active.load(Ordering::Relaxed);
             let why = if record.expires_at_ms.is_some_and(|t| now >= t) {
                 Some("its lifetime ended".to_string())
@@ -692,14 +795,29 @@ impl Fleet {
             };
             match attempt {
                 Ok(sandbox) => {
-                    record.reason = Some("reattached after a restart of the service".into());
+                    // The record says whether it is paused: the processes follow it.
+                    let paused_at = record.updated_at_ms;
+                    let paused = record.state == SandboxState::Paused;
+                    if paused && !sandbox.is_paused() {
+                        let _ = sandbox.pause().await;
+                    } else if !paused && sandbox.is_paused() {
+                        let _ = sandbox.resume();
+                    }
+                    record.reason = Some(if paused {
+                        "paused; reattached after a restart of the service".into()
+                    } else {
+                        "reattached after a restart of the service".into()
+                    });
                     record.updated_at_ms = now_ms();
                     self.ledger.update(&record).map_err(persistence)?;
-                    let live = Arc::new(Live {
+                    let live = Arc::new(Live::new(
                         sandbox,
-                        owner: record.owner.clone(),
-                        last_active: AtomicI64::new(record.last_active_ms),
-                    });
+                        record.owner.clone(),
+                        record.last_active_ms,
+                    ));
+                    if paused {
+                        live.paused_at.store(paused_at, Ordering::SeqCst);
+                    }
                     lock(&self.live).insert(record.id.clone(), live);
                     recovery.reattached.push(record.id);
                 }

@@ -6,7 +6,6 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::AtomicI64;
 
 use super::{Fleet, Live, SandboxRecord, SandboxState, lock, now_ms, persistence};
 use crate::error::EngineError;
@@ -176,11 +175,11 @@ impl Fleet {
             });
             return Err(persistence(e));
         }
-        let live = Arc::new(Live {
+        let live = Arc::new(Live::new(
             sandbox,
-            owner: wanted.owner.clone(),
-            last_active: AtomicI64::new(wanted.updated_at_ms),
-        });
+            wanted.owner.clone(),
+            wanted.updated_at_ms,
+        ));
         lock(&self.live).insert(wanted.id.clone(), live);
         Ok(Some(wanted))
     }

@@ -471,6 +471,53 @@ impl SandboxCgroup {
         })
     }
 
+    /// Pauses every process: frozen, they use no CPU and keep their memory. Waits up to
+    /// `limit` for the last task to stop; when that fails (a task in uninterruptible sleep)
+    /// the cgroup is thawed again and the error says so.
+    pub fn pause(&self, limit: Duration) -> Result<(), JailError> {
+        let froze = match self.version {
+            CgroupVersion::V1 => v1::freeze_within(self, limit),
+            CgroupVersion::V2 => v2::freeze_within(&self.dirs[0].path, limit),
+        };
+        match froze {
+            Some(true) => Ok(()),
+            Some(false) => {
+                self.resume();
+                Err(JailError::Cgroup {
+                    path: self.dirs[0].path.clone(),
+                    message: format!(
+                        "not every process stopped within {} ms (one in uninterruptible sleep?); left running",
+                        limit.as_millis()
+                    ),
+                })
+            }
+            None => Err(JailError::Unsupported(match self.version {
+                CgroupVersion::V1 => {
+                    "the sandbox is in no freezer cgroup (no freezer hierarchy is mounted)".into()
+                }
+                CgroupVersion::V2 => {
+                    "cgroup.freeze is missing (Linux 5.2 or newer freezes cgroups)".into()
+                }
+            })),
+        }
+    }
+
+    /// Lets every process run again.
+    pub fn resume(&self) {
+        match self.version {
+            CgroupVersion::V1 => v1::thaw(self),
+            CgroupVersion::V2 => v2::thaw(&self.dirs[0].path),
+        }
+    }
+
+    /// Whether the cgroup is frozen (`None` when it cannot be).
+    pub fn paused(&self) -> Option<bool> {
+        match self.version {
+            CgroupVersion::V1 => v1::frozen(self),
+            CgroupVersion::V2 => v2::frozen(&self.dirs[0].path),
+        }
+    }
+
     /// Removes the directories, retrying briefly (up to ~1 s) while dying tasks keep them busy.
     ///
     /// The calling process first moves itself out if it is inside.

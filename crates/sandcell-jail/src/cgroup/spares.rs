@@ -13,9 +13,9 @@ use super::SandboxCgroup;
 use crate::error::JailError;
 use crate::spares::{abandoned, ensure_pool_dir, unique};
 
-/// Entries of the current layout (v2: cpuacct joined on v1). Entries of older layouts are
-/// removed, with their cgroups, by the next refill.
-const ENTRY: &str = ".v2.json";
+/// Entries of the current layout (v3: cpuacct and freezer joined on v1). Entries of older
+/// layouts are removed, with their cgroups, by the next refill.
+const ENTRY: &str = ".v3.json";
 const TAKEN: &str = ".taken-";
 
 /// A directory of spare cgroups (one per cgroup parent).

@@ -90,10 +90,11 @@ pub(super) fn make(
     // Read once for every hierarchy: each /proc read costs as much as a mkdir here.
     let own = own_cgroups();
 
-    // (Killing PID 1 ends the pid namespace, so the freezer is not needed to kill.) cpuacct
-    // always: it is what tells a sandbox's CPU use.
-    let needed =
-        |c: &String| c == "memory" || c == "pids" || c == "cpuacct" || (c == "cpu" && with_cpu);
+    // cpuacct always: it is what tells a sandbox's CPU use. freezer always: it is what
+    // pauses a sandbox (killing needs none: PID 1's death ends the pid namespace).
+    let needed = |c: &String| {
+        c == "memory" || c == "pids" || c == "cpuacct" || c == "freezer" || (c == "cpu" && with_cpu)
+    };
     for h in hierarchies
         .iter()
         .filter(|h| h.controllers.iter().any(needed))
@@ -267,23 +268,36 @@ pub(super) fn counters(cg: &SandboxCgroup) -> Counters {
 
 /// Freezes the cgroup when the freezer hierarchy is there; says whether it tried.
 pub(super) fn freeze(cg: &SandboxCgroup) -> bool {
-    let Some(dir) = cg.dir_for("freezer") else {
-        return false;
-    };
+    // Kill anyway when it takes too long (a task in uninterruptible sleep can hold it up).
+    freeze_within(cg, FREEZE_TIMEOUT).is_some()
+}
+
+/// Freezes the cgroup: `None` without a freezer, else whether every task stopped within
+/// `limit` (FREEZING until then).
+pub(super) fn freeze_within(cg: &SandboxCgroup, limit: Duration) -> Option<bool> {
+    let dir = cg.dir_for("freezer")?;
     let state = dir.join("freezer.state");
     if !state.exists() || try_write(&state, "FROZEN").is_err() {
-        return false;
+        return None;
     }
-    // FREEZING until every task has stopped; kill anyway if it takes too long (a task in
-    // uninterruptible sleep can hold it up).
-    let deadline = Instant::now() + FREEZE_TIMEOUT;
-    while Instant::now() < deadline {
-        if fs::read_to_string(&state).is_ok_and(|s| s.trim() == "FROZEN") {
-            break;
+    let deadline = Instant::now() + limit;
+    loop {
+        if frozen(cg) == Some(true) {
+            return Some(true);
         }
-        sleep(Duration::from_millis(1));
+        if Instant::now() >= deadline {
+            return Some(false);
+        }
+        sleep(Duration::from_micros(200));
     }
-    true
+}
+
+/// Whether every task is frozen (`None` without a freezer).
+pub(super) fn frozen(cg: &SandboxCgroup) -> Option<bool> {
+    let dir = cg.dir_for("freezer")?;
+    fs::read_to_string(dir.join("freezer.state"))
+        .ok()
+        .map(|s| s.trim() == "FROZEN")
 }
 
 /// Thaws the cgroup so pending SIGKILLs take effect.

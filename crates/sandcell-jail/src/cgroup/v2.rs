@@ -225,20 +225,32 @@ pub(super) fn kill_switch(dir: &Path) -> Result<bool, JailError> {
 
 /// Freezes the cgroup (Linux 5.2+); says whether it tried.
 pub(super) fn freeze(dir: &Path) -> bool {
+    freeze_within(dir, FREEZE_TIMEOUT).is_some()
+}
+
+/// Freezes the cgroup: `None` without `cgroup.freeze`, else whether every task stopped
+/// within `limit`.
+pub(super) fn freeze_within(dir: &Path, limit: Duration) -> Option<bool> {
     let file = dir.join("cgroup.freeze");
     if !file.exists() || try_write(&file, "1").is_err() {
-        return false;
+        return None;
     }
-    let events = dir.join("cgroup.events");
-    let deadline = Instant::now() + FREEZE_TIMEOUT;
-    while Instant::now() < deadline {
-        let text = fs::read_to_string(&events).unwrap_or_default();
-        if parse_flat_keyed(&text, "frozen") == Some(1) {
-            break;
+    let deadline = Instant::now() + limit;
+    loop {
+        if frozen(dir) == Some(true) {
+            return Some(true);
         }
-        sleep(Duration::from_millis(1));
+        if Instant::now() >= deadline {
+            return Some(false);
+        }
+        sleep(Duration::from_micros(200));
     }
-    true
+}
+
+/// Whether every task is frozen (`None` without the freezer's files).
+pub(super) fn frozen(dir: &Path) -> Option<bool> {
+    let text = fs::read_to_string(dir.join("cgroup.events")).ok()?;
+    parse_flat_keyed(&text, "frozen").map(|v| v == 1)
 }
 
 /// Thaws the cgroup so pending SIGKILLs take effect.

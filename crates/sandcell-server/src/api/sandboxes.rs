@@ -234,3 +234,66 @@ pub async fn set_timeout(
     let record = s.fleet.set_timeout(&caller.owner, &id, ms)?;
     Ok(Json(SandboxInfo::from(&record)))
 }
+
+/// Pauses the sandbox: every process in it freezes (no CPU; memory, processes and kernel
+/// state kept) and its idle and lifetime clocks stop. Anything asked of it later (exec,
+/// code, files…) resumes it first; so does `POST …/resume`.
+#[utoipa::path(
+    post, path = "/v1/sandboxes/{id}/pause", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses(
+        (status = 200, description = "Paused (or paused already)", body = SandboxInfo),
+        (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+        (status = 409, description = "The sandbox is not running, or this host cannot pause", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn pause(
+    State(s): State<AppState>,
+    caller: Caller,
+    ApiPath(id): ApiPath<String>,
+) -> ApiResult<Json<SandboxInfo>> {
+    check_sandbox_id(&id)?;
+    let record = s.fleet.pause(&caller.owner, &id).await?;
+    crate::audit(
+        &s,
+        &caller,
+        "sandbox.pause",
+        Some(&id),
+        serde_json::Value::Null,
+    );
+    Ok(Json(SandboxInfo::from(&record)))
+}
+
+/// Resumes a paused sandbox where it stopped; its lifetime is extended by the time it spent
+/// paused.
+#[utoipa::path(
+    post, path = "/v1/sandboxes/{id}/resume", tag = "sandboxes",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses(
+        (status = 200, description = "Running (or running already)", body = SandboxInfo),
+        (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+        (status = 409, description = "The sandbox is not running or paused", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn resume(
+    State(s): State<AppState>,
+    caller: Caller,
+    ApiPath(id): ApiPath<String>,
+) -> ApiResult<Json<SandboxInfo>> {
+    check_sandbox_id(&id)?;
+    let record = s.fleet.resume(&caller.owner, &id)?;
+    crate::audit(
+        &s,
+        &caller,
+        "sandbox.resume",
+        Some(&id),
+        serde_json::Value::Null,
+    );
+    Ok(Json(SandboxInfo::from(&record)))
+}

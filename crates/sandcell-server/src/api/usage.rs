@@ -80,7 +80,7 @@ pub async fn usage(
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<Json<SandboxUsage>> {
     check_sandbox_id(&id)?;
-    let sandbox = s.fleet.sandbox(&caller.owner, &id)?;
+    let sandbox = s.fleet.sandbox_as_is(&caller.owner, &id)?;
     let mut now = sandbox.usage();
     let mut cpu_percent = None;
     if let Some(cpu) = now.cpu_usage_us {

@@ -20,7 +20,7 @@ use sandcell_engine::{
     Backend, BackendCapabilities, BackendInstance, BackendKind, EngineError, LaunchedSandbox,
     NetworkPolicy, ResourceCounters, SandboxSpec,
 };
-use sandcell_jail::cgroup::SandboxCgroup;
+use sandcell_jail::cgroup::{CgroupVersion, SandboxCgroup};
 use sandcell_jail::config::SparesConfig;
 use sandcell_jail::rootfs::skeleton::{self, RootLayout};
 use sandcell_jail::{JailConfig, JailError, Limits, NetworkMode, TmpfsMount};
@@ -449,11 +449,19 @@ impl Backend for ProcessBackend {
             &self.config.cgroup_parent,
         );
         let available = self.config.launcher.exists() && host.is_active("user_ns");
+        // Pausing freezes the sandbox's cgroup: v1 needs the freezer hierarchy.
+        let cgroups = sandcell_jail::cgroup::detect(Path::new("/sys/fs/cgroup"));
+        let supports_pause = cgroups.writable
+            && match cgroups.version {
+                Some(CgroupVersion::V1) => cgroups.controllers.iter().any(|c| c == "freezer"),
+                Some(CgroupVersion::V2) => true,
+                None => false,
+            };
         BackendCapabilities {
             kind: BackendKind::Process,
             available,
             isolation_level: "container".into(),
-            supports_pause: false,
+            supports_pause,
             checkpoint_fidelity: "none".into(),
             host,
         }

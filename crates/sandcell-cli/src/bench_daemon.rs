@@ -162,6 +162,11 @@ async fn measure(
         args.runs
     ));
     let mut rows = round_trips(d, engine, args.runs).await?;
+    let pauses = (args.runs / 10).max(10);
+    progress(&format!(
+        "pause and resume: {pauses} each, HTTP and embedded, with a busy kernel"
+    ));
+    rows.extend(pause_resume(d, engine, pauses).await?);
     progress(&format!(
         "create to first result: {} each, cold{}",
         args.cold_runs,
@@ -287,6 +292,70 @@ async fn round_trips(d: &Daemon, engine: &Engine, runs: usize) -> anyhow::Result
             ];
             for (row, s) in rows.iter_mut().zip(samples) {
                 row.samples.push(s);
+            }
+        }
+    }
+    sb.destroy().await.context("destroy the embedded sandbox")?;
+    d.delete(&id).await?;
+    Ok(rows)
+}
+
+/// Pause and resume of a sandbox whose Python kernel holds state and whose loop is busy,
+/// over HTTP and through the embedded engine; after each resume the kernel must answer.
+async fn pause_resume(d: &Daemon, engine: &Engine, runs: usize) -> anyhow::Result<Vec<Row>> {
+    let env = [("SANDCELL_BENCH", "pause")];
+    let id = d
+        .create(&json!({"template": "python", "env": {"SANDCELL_BENCH": "pause"}}))
+        .await?;
+    let sb = engine
+        .create(python_spec(&env)?)
+        .await
+        .context("create an embedded sandbox")?;
+    // Something to freeze: a process that wakes up every millisecond.
+    let busy = "import subprocess; subprocess.Popen(['sh', '-c', 'while :; do sleep 0.001; done'])";
+    d.code_ok(&format!("/v1/sandboxes/{id}/code"), &json!({ "code": busy }))
+        .await?;
+    sb.run_code(x_equals_1(busy))
+        .await
+        .context("embedded busy loop")?;
+    let mut rows = vec![
+        Row::new("pause_http", "pause, HTTP"),
+        Row::new("resume_http", "resume, HTTP"),
+        Row::new("pause_embedded", "pause, embedded engine"),
+        Row::new("resume_embedded", "resume, embedded engine"),
+    ];
+    let (pause, resume) = (
+        format!("/v1/sandboxes/{id}/pause"),
+        format!("/v1/sandboxes/{id}/resume"),
+    );
+    let code_path = format!("/v1/sandboxes/{id}/code");
+    for i in 0..runs + 2 {
+        let t = Instant::now();
+        d.expect(Method::POST, &pause, None, 200).await?;
+        let pause_http = t.elapsed();
+        let t = Instant::now();
+        d.expect(Method::POST, &resume, None, 200).await?;
+        let resume_http = t.elapsed();
+        d.code_ok(&code_path, &json!({"code": "x = 1"})).await?;
+
+        let t = Instant::now();
+        sb.pause().await.context("embedded pause")?;
+        let pause_embedded = t.elapsed();
+        let t = Instant::now();
+        sb.resume().context("embedded resume")?;
+        let resume_embedded = t.elapsed();
+        sb.run_code(x_equals_1("x = 1"))
+            .await
+            .context("embedded x = 1 after resume")?;
+        // The first two are warm-up.
+        if i >= 2 {
+            for (row, sample) in rows.iter_mut().zip([
+                pause_http,
+                resume_http,
+                pause_embedded,
+                resume_embedded,
+            ]) {
+                row.samples.push(sample);
             }
         }
     }
@@ -556,6 +625,8 @@ fn report(args: &DaemonArgs, rows: &[Row], pool_hits: Option<u64>, load: &Load) 
             25.0,
         ),
     ];
+    targets.push(("pause, HTTP, median", "pause_http", 5.0));
+    targets.push(("resume, HTTP, median", "resume_http", 5.0));
     if args.pool > 0 {
         targets.push((
             "create + first result, warm pool, median",

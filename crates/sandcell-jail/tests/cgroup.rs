@@ -596,8 +596,15 @@ fn real_pause_stops_a_cpu_loop_and_resume_continues_it() {
     let frozen_at = cpu();
     sleep(Duration::from_millis(300));
     // At most a tick of accounting in flight when it froze.
-    assert!(cpu() - frozen_at < 5_000, "{} µs while paused", cpu() - frozen_at);
-    assert!(cg.pids().contains(&child.id()), "a paused process must stay");
+    assert!(
+        cpu() - frozen_at < 5_000,
+        "{} µs while paused",
+        cpu() - frozen_at
+    );
+    assert!(
+        cg.pids().contains(&child.id()),
+        "a paused process must stay"
+    );
 
     let started = Instant::now();
     cg.resume();

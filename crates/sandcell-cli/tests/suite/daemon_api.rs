@@ -798,6 +798,8 @@ fn daemon_openapi_docs_metrics_and_system() {
         .find(|b| b["kind"] == "process")
         .unwrap_or_else(|| panic!("no process backend in {}", r.body));
     assert_eq!(process["available"], true, "{process}");
+    // This host has cgroups with a freezer (v1) or cgroup.freeze (v2).
+    assert_eq!(process["supports_pause"], true, "{process}");
     assert_eq!(r.body["running"], 0);
     assert!(r.body["uptime_secs"].as_u64().is_some());
 

@@ -240,6 +240,25 @@ fn daemon_cli_client_commands() {
     let v = cli_json(h, &["sandbox", "timeout", &id, "240", "--json"]);
     assert_eq!(v["expires_at"], d.sandbox(&id)["expires_at"]);
 
+    // pause and resume.
+    let (code, out, err) = cli(h, &["sandbox", "pause", &id]);
+    assert_eq!(
+        (code, out.trim()),
+        (0, format!("{id} paused").as_str()),
+        "{err}"
+    );
+    assert_eq!(d.sandbox(&id)["state"], "paused");
+    let v = cli_json(h, &["sandbox", "resume", &id, "--json"]);
+    assert_eq!(v[0]["state"], "running", "{v}");
+    let (code, out, err) = cli(h, &["sandbox", "pause", &id, "sb-000000000000"]);
+    assert_eq!(code, 1, "one of two failed: {out}");
+    assert!(out.contains(&format!("{id} paused")), "{out}");
+    assert!(
+        err.contains("sb-000000000000") && err.contains("not_found"),
+        "{err}"
+    );
+    assert_eq!(cli(h, &["sandbox", "resume", &id]).0, 0);
+
     // Errors: a missing sandbox, a bad id; exit non-zero with the daemon's code.
     let (code, _, err) = cli(h, &["exec", "sb-000000000000", "--", "true"]);
     assert_ne!(code, 0);

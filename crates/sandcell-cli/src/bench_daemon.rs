@@ -313,8 +313,11 @@ async fn pause_resume(d: &Daemon, engine: &Engine, runs: usize) -> anyhow::Resul
         .context("create an embedded sandbox")?;
     // Something to freeze: a process that wakes up every millisecond.
     let busy = "import subprocess; subprocess.Popen(['sh', '-c', 'while :; do sleep 0.001; done'])";
-    d.code_ok(&format!("/v1/sandboxes/{id}/code"), &json!({ "code": busy }))
-        .await?;
+    d.code_ok(
+        &format!("/v1/sandboxes/{id}/code"),
+        &json!({ "code": busy }),
+    )
+    .await?;
     sb.run_code(x_equals_1(busy))
         .await
         .context("embedded busy loop")?;
@@ -349,12 +352,10 @@ async fn pause_resume(d: &Daemon, engine: &Engine, runs: usize) -> anyhow::Resul
             .context("embedded x = 1 after resume")?;
         // The first two are warm-up.
         if i >= 2 {
-            for (row, sample) in rows.iter_mut().zip([
-                pause_http,
-                resume_http,
-                pause_embedded,
-                resume_embedded,
-            ]) {
+            for (row, sample) in
+                rows.iter_mut()
+                    .zip([pause_http, resume_http, pause_embedded, resume_embedded])
+            {
                 row.samples.push(sample);
             }
         }

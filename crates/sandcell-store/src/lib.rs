@@ -36,13 +36,14 @@ mod keys;
 mod records;
 mod sandboxes;
 mod schema;
+mod snapshots;
 mod store;
 
 pub use error::StoreError;
 pub use keys::hash_secret;
 pub use records::{
     ApiKeyRecord, AuditEvent, ContextRecord, ExportKind, ExportRecord, Page, SandboxEvent,
-    SandboxQuery, SandboxRecord,
+    SandboxQuery, SandboxRecord, SnapshotRecord,
 };
 pub use schema::{LATEST_SCHEMA_VERSION, migrations};
 pub use store::{BUSY_TIMEOUT, Durability, Store};

@@ -155,6 +155,36 @@ pub struct ContextRecord {
     pub end_reason: Option<String>,
 }
 
+/// A snapshot of a sandbox: files (and, by fidelity, state) kept on disk, recorded once
+/// whole.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotRecord {
+    /// Unique id.
+    pub id: String,
+    /// The owner it belongs to.
+    pub owner: String,
+    /// The sandbox it was taken of.
+    pub sandbox_id: String,
+    /// The snapshot that sandbox was restored or forked from, if any.
+    pub parent_id: Option<String>,
+    /// A name given by its owner.
+    pub name: String,
+    /// A description given by its owner.
+    pub description: String,
+    /// Tags given by its owner.
+    pub tags: BTreeMap<String, String>,
+    /// `files`, `language` or `process`.
+    pub fidelity: String,
+    /// When it was taken (ms).
+    pub created_at: i64,
+    /// Bytes on disk.
+    pub size: u64,
+    /// What it holds and their checksums (JSON the engine writes and reads).
+    pub manifest: serde_json::Value,
+    /// Its folder on the host.
+    pub path: String,
+}
+
 /// One entry of the audit log.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuditEvent {

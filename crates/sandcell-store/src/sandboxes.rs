@@ -317,11 +317,17 @@ impl Store {
     pub fn delete_sandbox(&self, id: &str) -> Result<bool, StoreError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
+        // The store never reads the clock: its contexts end when the sandbox last changed.
+        let last_change: Option<i64> = tx
+            .prepare_cached("SELECT updated_at FROM sandboxes WHERE id = ?1")?
+            .query_row([id], |row| row.get(0))
+            .optional()?;
         let changed = tx
             .prepare_cached("DELETE FROM sandboxes WHERE id = ?1")?
             .execute([id])?;
-        let now = crate::store::now_ms();
-        crate::contexts::end_all(&tx, id, now, "the sandbox was deleted")?;
+        if let Some(at) = last_change {
+            crate::contexts::end_all(&tx, id, at, "the sandbox was deleted")?;
+        }
         tx.commit()?;
         Ok(changed > 0)
     }

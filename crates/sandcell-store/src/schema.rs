@@ -126,12 +126,44 @@ CREATE TABLE contexts (
 
 const V5_DOWN: &str = "DROP TABLE contexts;";
 
+/// Step 6: snapshots and where each sandbox came from. A snapshot row is written only once
+/// its files are complete and checksummed, so a listed snapshot is a whole one. `parent_id`
+/// is the snapshot its source sandbox was restored or forked from (the lineage); no foreign
+/// keys, like the rest, so history outlives what it names.
+const V6_SNAPSHOTS: &str = r#"
+CREATE TABLE snapshots (
+    id          TEXT    NOT NULL PRIMARY KEY,
+    owner       TEXT    NOT NULL,
+    sandbox_id  TEXT    NOT NULL,
+    parent_id   TEXT,
+    name        TEXT    NOT NULL,
+    description TEXT    NOT NULL,
+    tags        TEXT    NOT NULL CHECK (json_valid(tags)),
+    fidelity    TEXT    NOT NULL CHECK (fidelity IN ('files', 'language', 'process')),
+    created_at  INTEGER NOT NULL,
+    size        INTEGER NOT NULL CHECK (size >= 0),
+    manifest    TEXT    NOT NULL CHECK (json_valid(manifest)),
+    path        TEXT    NOT NULL
+) STRICT;
+CREATE INDEX snapshots_by_owner ON snapshots (owner, created_at, id);
+CREATE INDEX snapshots_by_sandbox ON snapshots (sandbox_id, created_at, id);
+CREATE INDEX snapshots_by_parent ON snapshots (parent_id);
+CREATE TABLE sandbox_origins (
+    sandbox_id  TEXT NOT NULL PRIMARY KEY,
+    snapshot_id TEXT NOT NULL
+) STRICT;
+CREATE INDEX sandbox_origins_by_snapshot ON sandbox_origins (snapshot_id);
+"#;
+
+const V6_DOWN: &str = "DROP TABLE sandbox_origins; DROP TABLE snapshots;";
+
 const STEPS: &[M<'static>] = &[
     M::up(V1_SANDBOXES).down(V1_DOWN),
     M::up(V2_API_KEYS).down(V2_DOWN),
     M::up(V3_EXPORTS).down(V3_DOWN),
     M::up(V4_AUDIT).down(V4_DOWN),
     M::up(V5_CONTEXTS).down(V5_DOWN),
+    M::up(V6_SNAPSHOTS).down(V6_DOWN),
 ];
 
 /// The store's migrations, oldest first; version N is the schema after step N.

@@ -218,11 +218,3 @@ pub(crate) fn page_size(limit: u32) -> u32 {
         n => n.min(crate::MAX_PAGE_SIZE),
     }
 }
-
-/// Milliseconds since the Unix epoch, for records the store stamps itself.
-pub(crate) fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
-}

@@ -22,6 +22,9 @@ fn expected_tables(version: usize) -> Vec<&'static str> {
     if version >= 5 {
         all.push("contexts");
     }
+    if version >= 6 {
+        all.extend(["sandbox_origins", "snapshots"]);
+    }
     all.sort_unstable();
     all
 }
@@ -29,7 +32,7 @@ fn expected_tables(version: usize) -> Vec<&'static str> {
 #[test]
 fn migrations_definitions_are_valid() {
     migrations().validate().unwrap();
-    assert_eq!(LATEST_SCHEMA_VERSION, 5);
+    assert_eq!(LATEST_SCHEMA_VERSION, 6);
 }
 
 #[test]
@@ -62,7 +65,7 @@ fn up_to_latest_down_to_zero_and_up_again() {
 
     m.to_latest(&mut conn).unwrap();
     assert_eq!(tables(&conn), expected_tables(LATEST_SCHEMA_VERSION));
-    assert_eq!(usize::from(m.current_version(&conn).unwrap()), 5);
+    assert_eq!(usize::from(m.current_version(&conn).unwrap()), 6);
 
     m.to_version(&mut conn, 0).unwrap();
     assert!(tables(&conn).is_empty(), "left: {:?}", tables(&conn));

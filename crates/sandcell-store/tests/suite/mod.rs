@@ -9,6 +9,7 @@ mod list;
 mod migrations;
 mod open;
 mod sandboxes;
+mod snapshots;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;

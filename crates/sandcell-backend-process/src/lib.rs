@@ -8,6 +8,8 @@
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
+
+mod files_snapshot;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -16,6 +18,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open, pidfd_send_signal};
+use sandcell_engine::snapshot::CARRIED_DIRS;
 use sandcell_engine::{
     Backend, BackendCapabilities, BackendInstance, BackendKind, EngineError, LaunchedSandbox,
     NetworkPolicy, ResourceCounters, SandboxSpec,
@@ -778,6 +781,13 @@ impl Drop for ProcessInstance {
     }
 }
 
+impl ProcessInstance {
+    /// The sandbox's root as the host reaches it (its first process's root).
+    fn fs_root(&self) -> PathBuf {
+        PathBuf::from(format!("/proc/{}/root", self.host_pid))
+    }
+}
+
 #[async_trait]
 impl BackendInstance for ProcessInstance {
     fn counters(&self) -> ResourceCounters {
@@ -866,6 +876,14 @@ impl BackendInstance for ProcessInstance {
 
     fn frozen(&self) -> Option<bool> {
         self.cgroup.as_ref().and_then(SandboxCgroup::paused)
+    }
+
+    fn capture_files(
+        &self,
+        out: &mut dyn std::io::Write,
+    ) -> Result<sandcell_engine::FilesCapture, EngineError> {
+        files_snapshot::capture(&self.fs_root(), &CARRIED_DIRS, out)
+            .map_err(|e| EngineError::io("read the sandbox's files", e))
     }
 
     async fn destroy(&self) -> Result<(), EngineError> {

@@ -133,4 +133,14 @@ pub trait BackendInstance: Send + Sync {
     fn frozen(&self) -> Option<bool> {
         None
     }
+    /// Writes the sandbox's carried folders ([`crate::snapshot::CARRIED_DIRS`]) to `out` as
+    /// a tar archive. The caller has paused the sandbox.
+    fn capture_files(
+        &self,
+        _out: &mut dyn std::io::Write,
+    ) -> Result<crate::snapshot::FilesCapture, EngineError> {
+        Err(EngineError::Unsupported(
+            "this backend cannot snapshot a sandbox's files".into(),
+        ))
+    }
 }

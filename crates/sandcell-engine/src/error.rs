@@ -47,6 +47,9 @@ pub enum EngineError {
         /// Its id.
         id: String,
     },
+    /// A snapshot on disk does not match its record (changed, truncated, unknown format).
+    #[error("the snapshot is corrupt: {0}")]
+    Corrupt(String),
     /// The backend or host cannot do this (for example pause without a cgroup freezer).
     #[error("{0}")]
     Unsupported(String),
@@ -78,6 +81,7 @@ impl EngineError {
             Self::NotFound { .. } => ErrorCode::NotFound,
             Self::LimitExceeded(_) => ErrorCode::LimitExceeded,
             Self::Unsupported(_) => ErrorCode::InvalidState,
+            Self::Corrupt(_) => ErrorCode::Internal,
             Self::Persistence(_) => ErrorCode::Internal,
             Self::Launch { .. } | Self::Connection(_) | Self::Unresponsive(_) | Self::Io { .. } => {
                 ErrorCode::Internal

@@ -12,6 +12,7 @@ pub mod error;
 pub mod fleet;
 mod process;
 mod sandbox;
+pub mod snapshot;
 pub mod spec;
 mod transfer;
 
@@ -23,5 +24,6 @@ pub use engine::{Engine, EngineBuilder, new_sandbox_id};
 pub use error::EngineError;
 pub use process::{AttachEvent, AttachFrom, AttachOutput, AttachStream, BackgroundProcess};
 pub use sandbox::{ExecEvent, ExecOutput, ExecStream, Sandbox, Timings};
+pub use snapshot::{FilesCapture, FilesRestore, RestoreReport, SnapshotManifest};
 pub use spec::{BackendKind, NetworkPolicy, SandboxLimits, SandboxSpec};
 pub use transfer::{Download, Upload};

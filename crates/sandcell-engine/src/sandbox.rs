@@ -600,6 +600,11 @@ impl Sandbox {
         Ok(())
     }
 
+    /// The backend's handle of this sandbox.
+    pub(crate) fn backend_instance(&self) -> &dyn BackendInstance {
+        self.inner.instance.as_ref()
+    }
+
     /// Whether it is paused.
     pub fn is_paused(&self) -> bool {
         self.inner.paused.load(Ordering::SeqCst)

@@ -35,7 +35,7 @@ pub use serve::{
 pub use state::AppState;
 
 use crate::api::{
-    background, code, exec, files, keys, processes, sandboxes, system, transfer, usage,
+    background, code, exec, files, keys, processes, sandboxes, snapshots, system, transfer, usage,
 };
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorTag};
@@ -118,6 +118,10 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(transfer::download_export))
         .routes(routes!(keys::create, keys::list))
         .routes(routes!(keys::revoke))
+        .routes(routes!(snapshots::create))
+        .routes(routes!(snapshots::list))
+        .routes(routes!(snapshots::get, snapshots::delete))
+        .routes(routes!(snapshots::fork))
         .routes(routes!(system::system))
 }
 

@@ -689,6 +689,13 @@ const V1_ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/keys"),
     ("delete", "/v1/keys/{key_id}"),
     ("get", "/v1/system"),
+    ("post", "/v1/sandboxes/{id}/pause"),
+    ("post", "/v1/sandboxes/{id}/resume"),
+    ("post", "/v1/sandboxes/{id}/snapshots"),
+    ("get", "/v1/snapshots"),
+    ("get", "/v1/snapshots/{snapshot_id}"),
+    ("delete", "/v1/snapshots/{snapshot_id}"),
+    ("post", "/v1/snapshots/{snapshot_id}/fork"),
 ];
 
 #[test]
@@ -751,7 +758,8 @@ fn daemon_openapi_docs_metrics_and_system() {
             .replace("{context}", "python")
             .replace("{pid}", "4242")
             .replace("{key_id}", "abcdef123456")
-            .replace("{export_id}", "ex-000000000000");
+            .replace("{export_id}", "ex-000000000000")
+            .replace("{snapshot_id}", "sn-0000000000000000");
         let method = Method::from_bytes(m.to_uppercase().as_bytes()).unwrap();
         let r = send(
             d.req(method, &path)

@@ -8,6 +8,7 @@ mod daemon_files;
 mod daemon_life;
 mod daemon_pause;
 mod daemon_processes;
+mod daemon_snapshots;
 mod exec;
 mod files;
 mod kernels;

@@ -8,6 +8,7 @@ pub mod files;
 pub mod keys;
 pub mod processes;
 pub mod sandboxes;
+pub mod snapshots;
 pub mod system;
 pub mod transfer;
 pub mod types;

@@ -1,0 +1,262 @@
+//! Snapshots over HTTP: taken while the sandbox runs on, forked many times into independent
+//! sandboxes, kept across a daemon restart, checked by checksum, traced by lineage, and never
+//! left half-written when the disk fills.
+
+use std::process::Command;
+
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use super::daemon::{Daemon, Resp};
+
+fn snapshot(d: &Daemon, id: &str, body: Value) -> Resp {
+    d.post(&format!("/v1/sandboxes/{id}/snapshots"), body)
+}
+
+fn fork(d: &Daemon, snap: &str, count: u32) -> Resp {
+    d.post(
+        &format!("/v1/snapshots/{snap}/fork"),
+        json!({ "count": count }),
+    )
+}
+
+fn fork_ids(r: &Resp) -> Vec<String> {
+    r.body["sandboxes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["sandbox"]["id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn daemon_snapshots_fork_independent_sandboxes_and_survive_a_restart() {
+    let mut d = Daemon::start(&[]);
+    let src = d.create_id(json!({"template": "python"}));
+    let out = d.exec(
+        &src,
+        "mkdir -p /workspace/data/deep && head -c 3000000 /dev/urandom > /workspace/data/deep/blob \
+         && sha256sum /workspace/data/deep/blob | cut -c1-64 > /workspace/sum \
+         && printf 'echo hi' > /workspace/run.sh && chmod 750 /workspace/run.sh \
+         && ln -s data/deep/blob /workspace/link && printf rc > /home/sandbox/.rc \
+         && echo scratch > /tmp/not-carried && cat /workspace/sum",
+    );
+    let sum = out["stdout"].as_str().unwrap().trim().to_string();
+
+    let r = snapshot(
+        &d,
+        &src,
+        json!({"name": "base", "description": "d", "tags": {"k": "v"}}),
+    );
+    assert_eq!(r.status, 201, "{}", r.body);
+    let snap = r.body["id"].as_str().unwrap().to_string();
+    assert_eq!(r.body["fidelity"], "files", "{}", r.body);
+    assert_eq!(
+        (r.body["name"].clone(), r.body["tags"]["k"].clone()),
+        (json!("base"), json!("v"))
+    );
+    assert_eq!(r.body["files"], 4, "{}", r.body);
+    assert!(r.body["size"].as_u64().unwrap() > 3_000_000);
+    assert!(r.body["manifest"]["sha256"].as_str().unwrap().len() == 64);
+    let gaps = r.body["manifest"]["not_carried"].to_string();
+    assert!(gaps.contains("memory") && gaps.contains("/tmp"), "{gaps}");
+    // The source runs on, unchanged.
+    assert_eq!(d.sandbox(&src)["state"], "running");
+    assert_eq!(d.exec(&src, "echo still")["stdout"], "still\n");
+
+    // Three forks: each has the files (bytes, modes, links), none sees another's changes.
+    let r = fork(&d, &snap, 3);
+    assert_eq!(r.status, 201, "{}", r.body);
+    let forks = fork_ids(&r);
+    assert_eq!(forks.len(), 3);
+    assert_eq!(
+        r.body["sandboxes"][0]["restore"]["files"]["files"], 4,
+        "{}",
+        r.body
+    );
+    assert_eq!(r.body["sandboxes"][0]["restore"]["fidelity"], "files");
+    for (i, f) in forks.iter().enumerate() {
+        assert_ne!(f, &src);
+        let out = d.exec(
+            f,
+            "sha256sum /workspace/data/deep/blob | cut -c1-64; stat -c %a /workspace/run.sh; \
+             readlink /workspace/link; cat /home/sandbox/.rc; echo; ls /tmp; id -un",
+        );
+        assert_eq!(
+            out["stdout"],
+            format!("{sum}\n750\ndata/deep/blob\nrc\nsandbox\n"),
+            "{out}"
+        );
+        d.exec(f, &format!("echo fork{i} > /workspace/mine"));
+    }
+    for (i, f) in forks.iter().enumerate() {
+        assert_eq!(
+            d.exec(f, "cat /workspace/mine")["stdout"],
+            format!("fork{i}\n")
+        );
+    }
+    let none = d.exec(&src, "ls /workspace/mine 2>&1; true");
+    assert!(
+        none["stdout"].as_str().unwrap().contains("No such file"),
+        "{none}"
+    );
+    // Different random streams in each fork.
+    let draws: std::collections::BTreeSet<String> = forks
+        .iter()
+        .map(|f| d.code(f, "import random; random.random()")["result"]["text/plain"].to_string())
+        .collect();
+    assert_eq!(draws.len(), 3, "{draws:?}");
+
+    // Lineage: a snapshot of a fork is the first one's child.
+    let r = snapshot(&d, &forks[0], json!({}));
+    assert_eq!(r.status, 201, "{}", r.body);
+    let child = r.body["id"].as_str().unwrap().to_string();
+    assert_eq!(r.body["parent_id"], snap.as_str());
+    let shown = d.get(&format!("/v1/snapshots/{snap}"));
+    assert_eq!(shown.body["children"], json!([child]), "{}", shown.body);
+    assert_eq!(shown.body["sandboxes"].as_array().unwrap().len(), 3);
+    d.delete(&format!("/v1/snapshots/{snap}"))
+        .expect_error(409, "has_children");
+
+    // kill -9 and a restart: the snapshots are still there and still fork.
+    d.kill9();
+    d.restart(&[]);
+    let listed = d.get(&format!("/v1/snapshots?sandbox={src}"));
+    assert_eq!(
+        listed.body["snapshots"][0]["id"],
+        snap.as_str(),
+        "{}",
+        listed.body
+    );
+    let r = fork(&d, &snap, 1);
+    assert_eq!(r.status, 201, "{}", r.body);
+    let again = &fork_ids(&r)[0];
+    assert_eq!(
+        d.exec(again, "cat /workspace/sum")["stdout"],
+        format!("{sum}\n")
+    );
+
+    // Another owner sees none of it.
+    let (bob, _) = d.key_for("bob");
+    d.call_as(
+        Some(&bob),
+        Method::GET,
+        &format!("/v1/snapshots/{snap}"),
+        None,
+    )
+    .expect_error(404, "not_found");
+    d.call_as(
+        Some(&bob),
+        Method::POST,
+        &format!("/v1/snapshots/{snap}/fork"),
+        Some(json!({})),
+    )
+    .expect_error(404, "not_found");
+    let r = d.call_as(Some(&bob), Method::GET, "/v1/snapshots", None);
+    assert_eq!(r.body["snapshots"], json!([]));
+
+    // Children first, then the parent.
+    assert_eq!(d.delete(&format!("/v1/snapshots/{child}")).status, 204);
+    assert_eq!(d.delete(&format!("/v1/snapshots/{snap}")).status, 204);
+    d.get(&format!("/v1/snapshots/{snap}"))
+        .expect_error(404, "not_found");
+    assert!(!d.home().join("snapshots").join(&snap).exists());
+
+    // Bad input.
+    fork(&d, "sn-0000000000000000", 1).expect_error(404, "not_found");
+    d.post("/v1/snapshots/nope/fork", json!({}))
+        .expect_error(400, "invalid_argument");
+    let other = d.create_id(json!({}));
+    let s2 = snapshot(&d, &other, json!({})).body["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    fork(&d, &s2, 0).expect_error(400, "invalid_argument");
+    fork(&d, &s2, 17).expect_error(400, "invalid_argument");
+    snapshot(&d, &other, json!({"nope": 1})).expect_error(400, "invalid_argument");
+}
+
+#[test]
+fn daemon_corrupt_snapshot_is_refused_and_others_still_restore() {
+    let d = Daemon::start(&[]);
+    let id = d.create_id(json!({}));
+    d.exec(&id, "echo one > /workspace/f");
+    let a = snapshot(&d, &id, json!({})).body["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    d.exec(&id, "echo two > /workspace/f");
+    let b = snapshot(&d, &id, json!({})).body["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+
+    // One byte changed on disk.
+    let archive = d.home().join("snapshots").join(&a).join("files.tar");
+    let mut bytes = std::fs::read(&archive).unwrap();
+    bytes[600] ^= 0xff;
+    std::fs::write(&archive, bytes).unwrap();
+    let r = fork(&d, &a, 1);
+    r.expect_error(409, "snapshot_corrupt");
+    assert!(
+        r.body["message"].as_str().unwrap().contains("checksum"),
+        "{}",
+        r.body
+    );
+    // No sandbox was left behind by the failed fork.
+    let running = d.get("/v1/sandboxes?state=running");
+    assert_eq!(
+        running.body["items"].as_array().unwrap().len(),
+        1,
+        "{}",
+        running.body
+    );
+
+    let r = fork(&d, &b, 1);
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(
+        d.exec(&fork_ids(&r)[0], "cat /workspace/f")["stdout"],
+        "two\n"
+    );
+}
+
+#[test]
+fn daemon_snapshot_on_a_full_disk_leaves_nothing_and_the_sandbox_running() {
+    if !nix_is_root() {
+        eprintln!("skipping: mounting a small tmpfs needs root");
+        return;
+    }
+    let d = Daemon::start(&[]);
+    let id = d.create_id(json!({}));
+    d.exec(&id, "head -c 4000000 /dev/urandom > /workspace/big");
+    let dir = d.home().join("snapshots");
+    std::fs::create_dir_all(&dir).unwrap();
+    let mounted = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+        .arg(&dir)
+        .status()
+        .unwrap();
+    assert!(mounted.success());
+    let r = snapshot(&d, &id, json!({}));
+    let listed = d.get("/v1/snapshots");
+    let leftovers = std::fs::read_dir(&dir).unwrap().count();
+    let _ = Command::new("umount").arg(&dir).status();
+    r.expect_error(507, "no_space");
+    assert_eq!(
+        listed.body["snapshots"],
+        json!([]),
+        "a half snapshot is listed"
+    );
+    assert_eq!(leftovers, 0, "a half snapshot was left on disk");
+    assert_eq!(d.sandbox(&id)["state"], "running");
+    assert_eq!(d.exec(&id, "wc -c < /workspace/big")["stdout"], "4000000\n");
+}
+
+fn nix_is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap()
+        .lines()
+        .find(|l| l.starts_with("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(2))
+        == Some("0")
+}

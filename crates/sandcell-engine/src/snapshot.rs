@@ -1,0 +1,340 @@
+//! Snapshots: a sandbox's carried folders (and, where kernels can, their state) written to
+//! a folder on the host with checksums, and restored into a fresh sandbox.
+//!
+//! The sandbox is paused while its files are read, so the archive is one instant of it.
+//! Every snapshot says its fidelity (`files` here; `language` once kernel state is carried;
+//! `process` on backends that checkpoint whole processes) and what it did not carry.
+
+use std::io::{self, Read, Write};
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::error::EngineError;
+use crate::sandbox::Sandbox;
+
+/// The folders of a sandbox a snapshot carries, relative to its root.
+pub const CARRIED_DIRS: [&str; 2] = ["workspace", "home/sandbox"];
+
+/// The archive of the carried folders, in a snapshot's folder.
+pub const FILES_ARCHIVE: &str = "files.tar";
+
+/// The manifest's format; a different one is refused rather than misread.
+pub const MANIFEST_FORMAT: u32 = 1;
+
+/// What a capture of the carried folders took.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FilesCapture {
+    /// Regular files.
+    pub files: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// What was not carried, and why.
+    pub skipped: Vec<String>,
+}
+
+/// What a restore of the carried folders wrote.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FilesRestore {
+    /// Regular files.
+    pub files: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// What was not restored, and why.
+    pub skipped: Vec<String>,
+}
+
+/// What a snapshot holds, with checksums; kept beside it and in its record.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotManifest {
+    /// [`MANIFEST_FORMAT`].
+    pub format: u32,
+    /// `files`, `language` or `process`.
+    pub fidelity: String,
+    /// The archive's file name in the snapshot's folder.
+    pub archive: String,
+    /// SHA-256 of the archive (hex).
+    pub sha256: String,
+    /// Bytes of the archive.
+    pub archive_bytes: u64,
+    /// What the archive holds.
+    pub files: FilesCapture,
+    /// What a snapshot of this fidelity never carries.
+    pub not_carried: Vec<String>,
+}
+
+/// What a restore brought back.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestoreReport {
+    /// The snapshot's fidelity.
+    pub fidelity: String,
+    /// The files written.
+    pub files: FilesRestore,
+    /// What the snapshot did not carry.
+    pub not_carried: Vec<String>,
+}
+
+/// What `files` fidelity leaves behind.
+fn files_fidelity_gaps() -> Vec<String> {
+    vec![
+        "running processes and kernels: their memory is not carried (files fidelity); code \
+         runs again in fresh kernels"
+            .into(),
+        "/tmp and everything outside /workspace and /home/sandbox".into(),
+    ]
+}
+
+/// A writer that hashes and counts what passes through.
+struct Hashing<W> {
+    inner: W,
+    sha: Sha256,
+    bytes: u64,
+}
+
+impl<W: Write> Write for Hashing<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.sha.update(&buf[..n]);
+        self.bytes += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The SHA-256 (hex) and length of a file.
+fn digest_file(path: &Path) -> io::Result<(String, u64)> {
+    let mut file = std::fs::File::open(path)?;
+    let mut sha = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut total = 0u64;
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        sha.update(&buf[..n]);
+        total += n as u64;
+    }
+    Ok((hex(&sha.finalize()), total))
+}
+
+impl Sandbox {
+    /// Writes a snapshot of this sandbox into `dir` (which must exist and be empty): the
+    /// carried folders as one archive, read while the sandbox is paused (it is resumed after,
+    /// unless it was paused before). Returns the manifest to keep with it.
+    pub async fn snapshot_to(&self, dir: &Path) -> Result<SnapshotManifest, EngineError> {
+        self.check_alive()?;
+        let was_paused = self.is_paused();
+        if !was_paused {
+            self.pause().await?;
+        }
+        let sandbox = self.clone();
+        let path = dir.join(FILES_ARCHIVE);
+        let written = tokio::task::spawn_blocking(move || {
+            let file = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .open(&path)
+                .map_err(|e| EngineError::io("create the snapshot archive", e))?;
+            let mut out = Hashing {
+                inner: io::BufWriter::new(file),
+                sha: Sha256::new(),
+                bytes: 0,
+            };
+            let files = sandbox.backend_instance().capture_files(&mut out)?;
+            out.flush()
+                .map_err(|e| EngineError::io("write the snapshot archive", e))?;
+            let file = out
+                .inner
+                .into_inner()
+                .map_err(|e| EngineError::io("write the snapshot archive", e.into_error()))?;
+            // Durable before it is recorded.
+            file.sync_all()
+                .map_err(|e| EngineError::io("write the snapshot archive", e))?;
+            Ok::<_, EngineError>((files, hex(&out.sha.finalize()), out.bytes))
+        })
+        .await
+        .map_err(|e| EngineError::io("snapshot", io::Error::other(e)));
+        // Running again whatever happened, unless it was paused before.
+        if !was_paused {
+            self.resume()?;
+        }
+        let (files, sha256, archive_bytes) = written??;
+        Ok(SnapshotManifest {
+            format: MANIFEST_FORMAT,
+            fidelity: "files".into(),
+            archive: FILES_ARCHIVE.into(),
+            sha256,
+            archive_bytes,
+            files,
+            not_carried: files_fidelity_gaps(),
+        })
+    }
+
+    /// Checks the snapshot in `dir` against its manifest (a changed or truncated archive is
+    /// refused) and writes its files into this sandbox, which should be fresh.
+    pub async fn restore_from(
+        &self,
+        dir: &Path,
+        manifest: &SnapshotManifest,
+    ) -> Result<RestoreReport, EngineError> {
+        if manifest.format != MANIFEST_FORMAT {
+            return Err(EngineError::Corrupt(format!(
+                "unknown snapshot format {} (this build reads {MANIFEST_FORMAT})",
+                manifest.format
+            )));
+        }
+        let path = dir.join(&manifest.archive);
+        let (sha256, bytes) = {
+            let p = path.clone();
+            tokio::task::spawn_blocking(move || digest_file(&p))
+                .await
+                .map_err(|e| EngineError::io("check the snapshot", io::Error::other(e)))?
+                .map_err(|e| EngineError::Corrupt(format!("its archive cannot be read: {e}")))?
+        };
+        if sha256 != manifest.sha256 || bytes != manifest.archive_bytes {
+            return Err(EngineError::Corrupt(format!(
+                "its archive does not match its checksum ({bytes} bytes, sha256 {sha256}; \
+                 recorded {} bytes, sha256 {})",
+                manifest.archive_bytes, manifest.sha256
+            )));
+        }
+        // Written through the agent, as the sandbox's user: what the archive says is
+        // created inside, with the sandbox's own view of paths.
+        let (tx, mut rx) = tokio::sync::mpsc::channel::<Item>(8);
+        let reader = tokio::task::spawn_blocking(move || read_archive(&path, &tx));
+        let mut restored = FilesRestore::default();
+        let mut links = Vec::new();
+        let mut upload: Option<crate::transfer::Upload> = None;
+        while let Some(item) = rx.recv().await {
+            match item {
+                Item::Dir { path, mode } => {
+                    self.make_dir(&path).await?;
+                    if mode != 0o755 {
+                        links.push(("chmod".to_string(), format!("{mode:o}"), path));
+                    }
+                }
+                Item::FileStart { path, mode } => {
+                    upload = Some(self.begin_upload(&path, Some(mode), false).await?);
+                }
+                Item::Chunk(bytes) => {
+                    if let Some(u) = upload.as_mut() {
+                        u.write(&bytes).await?;
+                        restored.bytes += bytes.len() as u64;
+                    }
+                }
+                Item::FileEnd => {
+                    if let Some(u) = upload.take() {
+                        u.finish().await?;
+                        restored.files += 1;
+                    }
+                }
+                Item::Link { path, target } => links.push(("ln".into(), target, path)),
+                Item::Skipped(why) => restored.skipped.push(why),
+            }
+        }
+        reader
+            .await
+            .map_err(|e| EngineError::io("read the snapshot", io::Error::other(e)))?
+            .map_err(|e| EngineError::Corrupt(format!("its archive cannot be read: {e}")))?;
+        // Links and folder modes in one command (the file protocol makes neither).
+        if !links.is_empty() {
+            let mut argv = vec![
+                "/bin/sh".to_string(),
+                "-c".into(),
+                "while [ $# -gt 0 ]; do if [ \"$1\" = ln ]; then ln -s -- \"$2\" \"$3\"; \
+                 else chmod \"$2\" -- \"$3\"; fi || exit 1; shift 3; done"
+                    .into(),
+                "sh".into(),
+            ];
+            for (op, a, b) in links {
+                argv.extend([op, a, b]);
+            }
+            let out = self
+                .exec(sandcell_protocol::ExecRequest::argv(argv))
+                .await?;
+            if !out.result.success() {
+                restored.skipped.push(format!(
+                    "links and folder modes: {}",
+                    String::from_utf8_lossy(&out.stderr).trim()
+                ));
+            }
+        }
+        Ok(RestoreReport {
+            fidelity: manifest.fidelity.clone(),
+            files: restored,
+            not_carried: manifest.not_carried.clone(),
+        })
+    }
+}
+
+/// One step of a restore, read from the archive on a blocking thread.
+enum Item {
+    Dir { path: String, mode: u32 },
+    FileStart { path: String, mode: u32 },
+    Chunk(Vec<u8>),
+    FileEnd,
+    Link { path: String, target: String },
+    Skipped(String),
+}
+
+/// Reads the archive's entries under the carried folders into `tx` (as absolute sandbox
+/// paths); anything else is reported, not restored.
+fn read_archive(path: &Path, tx: &tokio::sync::mpsc::Sender<Item>) -> io::Result<()> {
+    let send = |item: Item| {
+        tx.blocking_send(item)
+            .map_err(|_| io::Error::other("the restore stopped"))
+    };
+    let mut archive = tar::Archive::new(io::BufReader::new(std::fs::File::open(path)?));
+    for entry in archive.entries()? {
+        let mut entry = entry?;
+        let name = entry.path()?.into_owned();
+        let plain = name
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)));
+        if !plain || !CARRIED_DIRS.iter().any(|d| name.starts_with(d)) {
+            send(Item::Skipped(format!(
+                "{}: outside the carried folders",
+                name.display()
+            )))?;
+            continue;
+        }
+        let path = format!("/{}", name.display());
+        let mode = entry.header().mode().unwrap_or(0o644) & 0o7777;
+        match entry.header().entry_type() {
+            tar::EntryType::Directory => send(Item::Dir { path, mode })?,
+            tar::EntryType::Regular => {
+                send(Item::FileStart { path, mode })?;
+                let mut buf = vec![0u8; 256 * 1024];
+                loop {
+                    let n = entry.read(&mut buf)?;
+                    if n == 0 {
+                        break;
+                    }
+                    send(Item::Chunk(buf[..n].to_vec()))?;
+                }
+                send(Item::FileEnd)?;
+            }
+            tar::EntryType::Symlink => {
+                if let Some(target) = entry.link_name()? {
+                    send(Item::Link {
+                        path,
+                        target: target.display().to_string(),
+                    })?;
+                }
+            }
+            other => send(Item::Skipped(format!(
+                "{path}: an entry of type {other:?} is not restored"
+            )))?,
+        }
+    }
+    Ok(())
+}

@@ -77,6 +77,13 @@ enum Command {
         #[command(flatten)]
         args: client::PsArgs,
     },
+    /// Snapshots of the running daemon's sandboxes: take, list, show, delete, fork.
+    Snapshot {
+        #[command(flatten)]
+        client: ClientArgs,
+        #[command(subcommand)]
+        command: client::SnapshotCommand,
+    },
 }
 
 /// Parses the arguments and runs the command; errors print as `sandcell: …` (exit 125).
@@ -136,6 +143,9 @@ fn run_command(command: Command) -> anyhow::Result<ExitCode> {
             return client_rt()?.block_on(client::files(&client, command));
         }
         Command::Ps { client, args } => return client_rt()?.block_on(client::ps(&client, args)),
+        Command::Snapshot { client, command } => {
+            return client_rt()?.block_on(client::snapshot(&client, command));
+        }
         other => other,
     };
     // `run` forks its launcher before the async runtime exists (see ProcessBackend::prefork).

@@ -964,3 +964,172 @@ mod tests {
         assert_eq!(name, "exit");
     }
 }
+
+/// `sandcell snapshot …`.
+#[derive(Debug, Subcommand)]
+pub enum SnapshotCommand {
+    /// Snapshot a sandbox (its /workspace and /home/sandbox) and print the snapshot's id.
+    Create {
+        /// The sandbox id.
+        id: String,
+        /// A name.
+        #[arg(long, short)]
+        name: Option<String>,
+        /// A description.
+        #[arg(long, short)]
+        description: Option<String>,
+        /// A tag (repeatable).
+        #[arg(long = "tag", short = 't', value_name = "KEY=VALUE")]
+        tags: Vec<String>,
+    },
+    /// List snapshots.
+    #[command(alias = "list")]
+    Ls {
+        /// Only this sandbox's.
+        #[arg(long)]
+        sandbox: Option<String>,
+    },
+    /// Show a snapshot with its lineage.
+    Get {
+        /// The snapshot id.
+        id: String,
+    },
+    /// Delete snapshots.
+    #[command(alias = "delete")]
+    Rm {
+        /// The snapshot ids.
+        #[arg(required = true)]
+        ids: Vec<String>,
+    },
+    /// Make new sandboxes from a snapshot and print their ids.
+    Fork {
+        /// The snapshot id.
+        id: String,
+        /// How many (1 to 16).
+        #[arg(long, short = 'n', default_value_t = 1)]
+        count: u32,
+        /// A label of the new sandboxes (repeatable).
+        #[arg(long = "label", short = 'l', value_name = "KEY=VALUE")]
+        labels: Vec<String>,
+    },
+}
+
+/// `sandcell snapshot`.
+pub async fn snapshot(args: &ClientArgs, cmd: SnapshotCommand) -> anyhow::Result<ExitCode> {
+    let c = Client::connect(args).await?;
+    match cmd {
+        SnapshotCommand::Create {
+            id,
+            name,
+            description,
+            tags,
+        } => {
+            let mut body = json!({ "tags": pairs(&tags, "--tag")? });
+            if let Some(n) = name {
+                body["name"] = n.into();
+            }
+            if let Some(d) = description {
+                body["description"] = d.into();
+            }
+            let v = c
+                .call(
+                    reqwest::Method::POST,
+                    &format!("/v1/sandboxes/{id}/snapshots"),
+                    Some(&body),
+                )
+                .await?;
+            if c.json {
+                print_json(&v)?;
+            } else {
+                println!("{}", str_of(&v["id"]));
+                eprintln!(
+                    "{} fidelity, {} files, {} bytes",
+                    str_of(&v["fidelity"]),
+                    v["files"],
+                    v["size"]
+                );
+            }
+        }
+        SnapshotCommand::Ls { sandbox } => {
+            let path = match sandbox {
+                Some(s) => format!("/v1/snapshots?sandbox={s}"),
+                None => "/v1/snapshots".into(),
+            };
+            let v = c.call(reqwest::Method::GET, &path, None).await?;
+            if c.json {
+                print_json(&v)?;
+            } else {
+                let rows: Vec<Vec<String>> = v["snapshots"]
+                    .as_array()
+                    .map(|a| {
+                        a.iter()
+                            .map(|s| {
+                                vec![
+                                    str_of(&s["id"]),
+                                    str_of(&s["sandbox_id"]),
+                                    str_of(&s["name"]),
+                                    str_of(&s["fidelity"]),
+                                    s["size"].to_string(),
+                                    str_of(&s["created_at"]),
+                                    s["parent_id"].as_str().unwrap_or("-").to_string(),
+                                ]
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default();
+                print!(
+                    "{}",
+                    crate::render::table(
+                        &[
+                            "ID", "SANDBOX", "NAME", "FIDELITY", "BYTES", "CREATED", "PARENT"
+                        ],
+                        &rows
+                    )
+                );
+            }
+        }
+        SnapshotCommand::Get { id } => {
+            let v = c
+                .call(reqwest::Method::GET, &format!("/v1/snapshots/{id}"), None)
+                .await?;
+            print_json(&v)?;
+        }
+        SnapshotCommand::Rm { ids } => {
+            let mut failed = false;
+            for id in ids {
+                if let Err(e) = c
+                    .call(
+                        reqwest::Method::DELETE,
+                        &format!("/v1/snapshots/{id}"),
+                        None,
+                    )
+                    .await
+                {
+                    failed = true;
+                    eprintln!("sandcell: {id}: {e:#}");
+                }
+            }
+            if failed {
+                return Ok(ExitCode::FAILURE);
+            }
+        }
+        SnapshotCommand::Fork { id, count, labels } => {
+            let body = json!({ "count": count, "labels": pairs(&labels, "--label")? });
+            let v = c
+                .call(
+                    reqwest::Method::POST,
+                    &format!("/v1/snapshots/{id}/fork"),
+                    Some(&body),
+                )
+                .await?;
+            if c.json {
+                print_json(&v)?;
+            } else {
+                for f in v["sandboxes"].as_array().into_iter().flatten() {
+                    println!("{}", str_of(&f["sandbox"]["id"]));
+                }
+            }
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -259,6 +259,35 @@ fn daemon_cli_client_commands() {
     );
     assert_eq!(cli(h, &["sandbox", "resume", &id]).0, 0);
 
+    // snapshot create, ls, fork, get, rm.
+    d.exec(&id, "echo kept > /workspace/kept");
+    let (code, out, err) = cli(h, &["snapshot", "create", &id, "-n", "first", "-t", "k=v"]);
+    assert_eq!(code, 0, "{err}");
+    let snap = out.trim().to_string();
+    assert!(
+        snap.starts_with("sn-") && err.contains("files fidelity"),
+        "{out} {err}"
+    );
+    let (code, out, _) = cli(h, &["snapshot", "ls", "--sandbox", &id]);
+    assert_eq!(code, 0);
+    assert!(
+        out.starts_with("ID") && out.contains(&snap) && out.contains("first"),
+        "{out}"
+    );
+    let (code, out, err) = cli(h, &["snapshot", "fork", &snap, "-n", "2"]);
+    assert_eq!(code, 0, "{err}");
+    let forks: Vec<&str> = out.lines().collect();
+    assert_eq!(forks.len(), 2, "{out}");
+    for f in &forks {
+        assert_eq!(d.exec(f, "cat /workspace/kept")["stdout"], "kept\n");
+    }
+    let v = cli_json(h, &["snapshot", "get", &snap]);
+    assert_eq!(v["sandboxes"].as_array().unwrap().len(), 2, "{v}");
+    assert_eq!(cli(h, &["snapshot", "rm", &snap]).0, 0);
+    let (code, _, err) = cli(h, &["snapshot", "rm", &snap]);
+    assert_eq!(code, 1);
+    assert!(err.contains("not_found"), "{err}");
+
     // Errors: a missing sandbox, a bad id; exit non-zero with the daemon's code.
     let (code, _, err) = cli(h, &["exec", "sb-000000000000", "--", "true"]);
     assert_ne!(code, 0);

@@ -13,6 +13,8 @@ have ps || need+=(procps)
 # Kernels and their tests: plots, data frames, R with ggplot2.
 /usr/bin/python3 -c 'import matplotlib' >/dev/null 2>&1 || need+=(python3-matplotlib)
 /usr/bin/python3 -c 'import pandas' >/dev/null 2>&1 || need+=(python3-pandas)
+# Kernel state capture (snapshots): session functions and classes pickled by value.
+/usr/bin/python3 -c 'import cloudpickle' >/dev/null 2>&1 || need+=(python3-cloudpickle)
 [ -x /usr/bin/Rscript ] || need+=(r-base-core)
 [ -d /usr/lib/R/site-library/ggplot2 ] || need+=(r-cran-ggplot2)
 

@@ -743,6 +743,22 @@ impl Conn {
                     Some(reply_of(kernels::list_variables(&sh, &context).await))
                 });
             }
+            HostMessage::DumpKernelState { context, path } => {
+                self.in_task(id, move |sh, _| async move {
+                    Some(reply_of(kernels::dump_state(&sh, &context, &path).await))
+                });
+            }
+            HostMessage::LoadKernelState {
+                context,
+                language,
+                path,
+            } => {
+                self.in_task(id, move |sh, _| async move {
+                    Some(reply_of(
+                        kernels::load_state(&sh, &context, language, &path).await,
+                    ))
+                });
+            }
             // Handled above.
             HostMessage::StdinClose
             | HostMessage::EndOfData

@@ -232,3 +232,46 @@ pub enum Completeness {
     /// No further line can fix it.
     Invalid,
 }
+
+/// A variable that state capture left out of a kernel's state file.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SkippedVariable {
+    /// Its name.
+    pub name: String,
+    /// Its type, in the language's words.
+    #[serde(rename = "type")]
+    pub type_name: String,
+    /// Why it was left out (an open file, a generator, a value that cannot be cloned, …).
+    pub reason: String,
+}
+
+/// A variable of a state file that could not be restored.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FailedVariable {
+    /// Its name.
+    pub name: String,
+    /// Why it could not be restored (a module that is not installed, …).
+    pub reason: String,
+}
+
+/// What a kernel's state file holds: the variables carried, those left out, and its size.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateReport {
+    /// Variables written, in definition order (modules as their import).
+    pub saved: Vec<String>,
+    /// Variables left out, each with why.
+    #[serde(default)]
+    pub skipped: Vec<SkippedVariable>,
+    /// Size of the state file in bytes.
+    pub bytes: u64,
+}
+
+/// What restoring a kernel's state file brought back.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct RestoreReport {
+    /// Variables restored.
+    pub restored: Vec<String>,
+    /// Variables of the file that could not be restored, each with why.
+    #[serde(default)]
+    pub failed: Vec<FailedVariable>,
+}

@@ -5,8 +5,8 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 use crate::code::{
-    CodeDone, CodeError, Completeness, ContextInfo, Language, MimeBundle, RunCodeRequest,
-    VariableInfo, Variables,
+    CodeDone, CodeError, Completeness, ContextInfo, FailedVariable, Language, MimeBundle,
+    RunCodeRequest, SkippedVariable, VariableInfo, Variables,
 };
 use crate::exec::{ExecExit, ExecRequest, ProcessInfo};
 use crate::frame::Channel;
@@ -154,6 +154,17 @@ pub enum HostMessage {
     },
     /// Lists the user variables. Reply: `VariableList`.
     ListVariables { context: String },
+    /// Writes the context's variables to the file `path` inside the sandbox (Python and
+    /// Node; language fidelity for snapshots). Reply: `KernelStateSaved`.
+    DumpKernelState { context: String, path: String },
+    /// Restores the variables of a file `DumpKernelState` wrote into the context, creating
+    /// the context (with this id and language) and starting its kernel when there is none
+    /// yet, as in a sandbox restored from a snapshot. Reply: `KernelStateLoaded`.
+    LoadKernelState {
+        context: String,
+        language: Language,
+        path: String,
+    },
 }
 
 /// Guest → host.
@@ -247,6 +258,20 @@ pub enum GuestMessage {
     Processes { processes: Vec<ProcessInfo> },
     /// The request failed; id 0 means the connection-level failure (bad frame, …).
     Error(WireError),
+    /// Answers `DumpKernelState`: the variables written, those left out and why, and the
+    /// file's size in bytes.
+    KernelStateSaved {
+        saved: Vec<String>,
+        #[serde(default)]
+        skipped: Vec<SkippedVariable>,
+        bytes: u64,
+    },
+    /// Answers `LoadKernelState`: the variables restored, and those that failed and why.
+    KernelStateLoaded {
+        restored: Vec<String>,
+        #[serde(default)]
+        failed: Vec<FailedVariable>,
+    },
 }
 
 /// A structured error on the wire.
@@ -408,6 +433,45 @@ mod tests {
             json,
             r#"{"type":"exec","command":{"argv":["true"]},"env":{},"cwd":null,"stdin":false,"timeout_ms":null,"stdout_limit":1048576,"stderr_limit":1048576}"#
         );
+    }
+
+    #[test]
+    fn kernel_state_messages_have_stable_json() {
+        let dump = HostMessage::DumpKernelState {
+            context: "python".into(),
+            path: "/tmp/.sandcell-state/python.pkl".into(),
+        };
+        assert_eq!(
+            serde_json::to_string(&dump).unwrap(),
+            r#"{"type":"dump_kernel_state","context":"python","path":"/tmp/.sandcell-state/python.pkl"}"#
+        );
+        round_trip_host(dump);
+        round_trip_host(HostMessage::LoadKernelState {
+            context: "node-2".into(),
+            language: Language::Node,
+            path: "/tmp/s".into(),
+        });
+        let saved = GuestMessage::KernelStateSaved {
+            saved: vec!["x".into()],
+            skipped: vec![SkippedVariable {
+                name: "fh".into(),
+                type_name: "TextIOWrapper".into(),
+                reason: "an open file".into(),
+            }],
+            bytes: 12,
+        };
+        assert_eq!(
+            serde_json::to_string(&saved).unwrap(),
+            r#"{"type":"kernel_state_saved","saved":["x"],"skipped":[{"name":"fh","type":"TextIOWrapper","reason":"an open file"}],"bytes":12}"#
+        );
+        round_trip_guest(saved);
+        round_trip_guest(GuestMessage::KernelStateLoaded {
+            restored: vec!["x".into()],
+            failed: vec![FailedVariable {
+                name: "np".into(),
+                reason: "ModuleNotFoundError: No module named 'numpy'".into(),
+            }],
+        });
     }
 
     #[test]

@@ -516,6 +516,9 @@ while IFS= builtin read -r -u "$__sc_ctl" __sc_line || [[ -n $__sc_line ]]; do
         get_vars | set_vars | clear_vars | list_vars)
             __sc_reply_error "variables are not supported for bash"
             ;;
+        dump_state | load_state)
+            __sc_reply_error "state capture is not supported for bash"
+            ;;
         *)
             __sc_reply_error "unknown op: $__sc_op"
             ;;

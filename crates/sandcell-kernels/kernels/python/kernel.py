@@ -813,12 +813,243 @@ def _list_vars(_req):
     }
 
 
+# ------------------------------------------------------------------------------------------
+# State capture (snapshots): the user's globals to a file and back, in a fresh kernel.
+#
+# File: a magic line, then records. A record is an 8-byte big-endian length, a JSON header of
+# that length ({"name", "kind": "module", "module"} or {"name", "kind": "pickle", "size"}),
+# and for a pickle `size` bytes of cloudpickle data. Each variable is pickled on its own, so
+# one that cannot be pickled is skipped and reported without losing the others, and a large
+# value is written straight to the file (nothing large goes over the event pipe).
+
+_STATE_MAGIC = b"sandcell-python-state 1\n"
+_KERNEL_GLOBALS = globals()
+
+
+def _state_module():
+    """`_sandcell_state`, a real module (not `__main__`) whose `user_globals()` pickles refer
+    to by name: functions restored from a state file get the new kernel's globals as theirs,
+    instead of a private copy of the globals they used (cloudpickle's default)."""
+    mod = sys.modules.get("_sandcell_state")
+    if mod is None:
+        mod = _ModuleType("_sandcell_state")
+
+        def user_globals():
+            return _user
+
+        user_globals.__module__ = "_sandcell_state"
+        user_globals.__qualname__ = "user_globals"
+        mod.user_globals = user_globals
+        sys.modules["_sandcell_state"] = mod
+    return mod
+
+
+class _GlobalsRef:
+    """Stands for the user's globals inside a pickle."""
+
+    def __reduce__(self):
+        return (_state_module().user_globals, ())
+
+
+def _state_pickler():
+    """A cloudpickle pickler class for the user's values. Functions and classes made in cells
+    (`__module__` is `__main__`) are pickled by value, as cloudpickle does for `__main__`; their
+    globals are the namespace itself (by reference, see `_GlobalsRef`), not copies of the
+    values they use, which are variables restored on their own."""
+    import cloudpickle
+
+    class Pickler(cloudpickle.CloudPickler):
+        def __init__(self, file):
+            super().__init__(file, protocol=cloudpickle.DEFAULT_PROTOCOL)
+            self.globals_ref[id(_user)] = _GlobalsRef()
+
+        def reducer_override(self, obj):
+            if isinstance(obj, io.IOBase) and not isinstance(obj, (io.BytesIO, io.StringIO)):
+                # cloudpickle would copy a file open for reading as its contents.
+                raise _NotCarried("an open file: its descriptor does not survive a snapshot")
+            if (
+                getattr(obj, "__globals__", None) is _KERNEL_GLOBALS
+                and obj is not _state_module().user_globals
+            ):
+                # The kernel's own functions (`display`): by name when the new kernel has
+                # them as builtins, never by value (with the kernel's state).
+                name = getattr(obj, "__name__", "")
+                if getattr(builtins, name, None) is obj:
+                    return (getattr, (builtins, name))
+                raise _NotCarried("a function of the kernel itself")
+            rv = super().reducer_override(obj)
+            if isinstance(obj, type) and isinstance(rv, tuple) and len(rv) >= 3:
+                # cloudpickle leaves `__module__` out of a subclass's dict when it equals
+                # the base's (the same interned string), and the class then comes back in
+                # module `types`.
+                state = rv[2]
+                if (
+                    isinstance(state, tuple)
+                    and len(state) == 2
+                    and isinstance(state[0], dict)
+                    and "__module__" not in state[0]
+                    and "__module__" in obj.__dict__
+                ):
+                    clsdict = dict(state[0])
+                    clsdict["__module__"] = obj.__dict__["__module__"]
+                    rv = rv[:2] + ((clsdict, state[1]),) + rv[3:]
+            return rv
+
+        def _dynamic_function_reduce(self, func):
+            rv = super()._dynamic_function_reduce(func)
+            if func.__globals__ is not _user or len(rv) < 3:
+                return rv
+            state, slotstate = rv[2]
+            slotstate = dict(slotstate)
+            slotstate["__globals__"] = {}
+            return rv[:2] + ((state, slotstate),) + rv[3:]
+
+    return Pickler
+
+
+def _state_names():
+    """The user's variables worth carrying, in definition order."""
+    return [
+        k
+        for k in list(_user)
+        if not (k.startswith("__") and k.endswith("__"))
+        and k != "_"
+        and k not in _KERNEL_NAMES
+    ]
+
+
+class _NotCarried(Exception):
+    """A value that state capture leaves out on purpose; its message is the reason."""
+
+
+def _short(exc):
+    text = str(exc) if isinstance(exc, _NotCarried) else "%s: %s" % (type(exc).__name__, exc)
+    return text if len(text) <= 300 else text[:297] + "..."
+
+
+def _state_path(req):
+    path = req.get("path")
+    if not isinstance(path, str) or not path.startswith("/"):
+        raise ValueError("path must be an absolute path")
+    return path
+
+
+def _write_record(f, header, data=None):
+    raw = _json_dumps(header).encode("ascii")
+    f.write(len(raw).to_bytes(8, "big"))
+    f.write(raw)
+    if data is not None:
+        f.write(data)
+
+
+def _dump_state(req):
+    path = _state_path(req)
+    try:
+        Pickler = _state_pickler()
+    except ImportError:
+        return {"error": "cloudpickle is not installed in the sandbox (python3-cloudpickle)"}
+    saved, skipped, modules, values = [], [], [], []
+    for name in _state_names():
+        value = _user.get(name)
+        if isinstance(value, _ModuleType):
+            mod_name = getattr(value, "__name__", None)
+            if isinstance(mod_name, str) and sys.modules.get(mod_name) is value:
+                modules.append((name, mod_name))
+            else:
+                skipped.append(
+                    {"name": name, "type": "module", "reason": "a module that cannot be imported by name"}
+                )
+        else:
+            values.append(name)
+    parent = os.path.dirname(path)
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+    tmp = "%s.tmp-%d" % (path, os.getpid())
+    try:
+        with open(tmp, "wb") as f:
+            f.write(_STATE_MAGIC)
+            for name, mod_name in modules:
+                _write_record(f, {"name": name, "kind": "module", "module": mod_name})
+                saved.append(name)
+            for name in values:
+                value = _user.get(name)
+                buf = io.BytesIO()
+                try:
+                    Pickler(buf).dump(value)
+                except KeyboardInterrupt:
+                    raise
+                except BaseException as e:
+                    skipped.append({"name": name, "type": type(value).__name__, "reason": _short(e)})
+                    continue
+                data = buf.getbuffer()
+                _write_record(f, {"name": name, "kind": "pickle", "size": len(data)}, data)
+                del data, buf
+                saved.append(name)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    return {"saved": saved, "skipped": skipped, "bytes": os.path.getsize(path)}
+
+
+def _load_state(req):
+    import pickle
+    import importlib
+
+    path = _state_path(req)
+    _state_module()
+    restored, failed = [], []
+    with open(path, "rb") as f:
+        if f.read(len(_STATE_MAGIC)) != _STATE_MAGIC:
+            return {"error": "%s is not a python state file" % path}
+        while True:
+            size = f.read(8)
+            if not size:
+                break
+            if len(size) != 8:
+                return {"error": "%s is truncated" % path}
+            header = _json_loads(f.read(int.from_bytes(size, "big")))
+            name, kind = header.get("name"), header.get("kind")
+            if kind == "pickle":
+                data = f.read(header["size"])
+                if len(data) != header["size"]:
+                    return {"error": "%s is truncated" % path}
+                try:
+                    _user[name] = pickle.loads(data)
+                except KeyboardInterrupt:
+                    raise
+                except BaseException as e:
+                    failed.append({"name": name, "reason": _short(e)})
+                    continue
+                del data
+            elif kind == "module":
+                try:
+                    _user[name] = importlib.import_module(header["module"])
+                except KeyboardInterrupt:
+                    raise
+                except BaseException as e:
+                    failed.append({"name": name, "reason": _short(e)})
+                    continue
+            else:
+                if isinstance(header.get("size"), int):
+                    f.seek(header["size"], 1)
+                failed.append({"name": name, "reason": "unknown record kind %r" % kind})
+                continue
+            restored.append(name)
+    return {"restored": restored, "failed": failed}
+
+
 _CALLS = {
     "is_complete": _is_complete,
     "get_vars": _get_vars,
     "set_vars": _set_vars,
     "clear_vars": _clear_vars,
     "list_vars": _list_vars,
+    "dump_state": _dump_state,
+    "load_state": _load_state,
 }
 
 

@@ -590,6 +590,8 @@ local({
             set_vars = ,
             clear_vars = ,
             list_vars = reply_error(id, "variables are not supported for r"),
+            dump_state = ,
+            load_state = reply_error(id, "state capture is not supported for r"),
             reply_error(id, paste("unknown op:", op))
         )
     }

@@ -2,3 +2,4 @@ mod bash;
 mod node;
 mod python;
 mod r;
+mod state;

@@ -34,6 +34,9 @@ pub async fn create(
     caller: Caller,
     ApiJson(req): ApiJson<CreateSandbox>,
 ) -> ApiResult<(StatusCode, Json<SandboxInfo>)> {
+    if let Some(snapshot_id) = &req.snapshot_id {
+        return restore(&s, &caller, snapshot_id, &req).await;
+    }
     let spec = req.spec()?;
     let opts = CreateOptions {
         spec,
@@ -233,6 +236,54 @@ pub async fn set_timeout(
     let ms = secs_to_ms("timeout_secs", req.timeout_secs)?;
     let record = s.fleet.set_timeout(&caller.owner, &id, ms)?;
     Ok(Json(SandboxInfo::from(&record)))
+}
+
+/// `POST /v1/sandboxes` with `snapshot_id`: the snapshot's settings and files in a new
+/// sandbox; what the request may add is its own labels, metadata, timeouts, ephemerality.
+async fn restore(
+    s: &AppState,
+    caller: &Caller,
+    snapshot_id: &str,
+    req: &CreateSandbox,
+) -> ApiResult<(StatusCode, Json<SandboxInfo>)> {
+    if req.template.is_some()
+        || req.size.is_some()
+        || req.limits.is_some()
+        || !req.env.is_empty()
+        || req.network.is_some()
+        || !req.kernels.is_empty()
+    {
+        return Err(ApiError::invalid(
+            "a sandbox restored from a snapshot takes the snapshot's template, size, limits, \
+             env, network and kernels: give only labels, metadata, timeouts or ephemeral with \
+             'snapshot_id'",
+        ));
+    }
+    let opts = CreateOptions {
+        spec: Default::default(),
+        labels: req.labels.clone(),
+        metadata: req.metadata.clone(),
+        idle_timeout_ms: req
+            .idle_timeout_secs
+            .map(|v| secs_to_ms("idle_timeout_secs", v))
+            .transpose()?,
+        lifetime_ms: req
+            .timeout_secs
+            .map(|v| secs_to_ms("timeout_secs", v))
+            .transpose()?,
+        ephemeral: req.ephemeral,
+    };
+    let made = super::snapshots::restore_one(s, caller, snapshot_id, &opts).await?;
+    crate::audit(
+        s,
+        caller,
+        "sandbox.restore",
+        Some(&made.sandbox.id),
+        serde_json::json!({"snapshot": snapshot_id, "restore": made.restore}),
+    );
+    let mut info = made.sandbox;
+    info.restore = Some(serde_json::to_value(&made.restore).unwrap_or_default());
+    Ok((StatusCode::CREATED, Json(info)))
 }
 
 /// Pauses the sandbox: every process in it freezes (no CPU; memory, processes and kernel

@@ -442,6 +442,40 @@ pub async fn fork(
             "'count' must be 1 to {MAX_FORKS}, got {count}"
         )));
     }
+    let opts = CreateOptions {
+        spec: SandboxSpec::default(),
+        labels: req.labels.clone(),
+        metadata: req.metadata.clone(),
+        idle_timeout_ms: req
+            .idle_timeout_secs
+            .map(|v| secs_to_ms("idle_timeout_secs", v))
+            .transpose()?,
+        lifetime_ms: req
+            .timeout_secs
+            .map(|v| secs_to_ms("timeout_secs", v))
+            .transpose()?,
+        ephemeral: false,
+    };
+    let made = make_from(&s, &caller, &rec, count, &opts).await?;
+    crate::audit(
+        &s,
+        &caller,
+        "snapshot.fork",
+        Some(&rec.id),
+        serde_json::json!({"sandboxes": made.iter().map(|f| f.sandbox.id.clone()).collect::<Vec<_>>()}),
+    );
+    Ok((StatusCode::CREATED, Json(ForkResult { sandboxes: made })))
+}
+
+/// Makes `count` sandboxes from snapshot `rec` with `opts` (whose spec is replaced by the
+/// snapshot's); all or none: a failure ends the ones made so far.
+async fn make_from(
+    s: &AppState,
+    caller: &Caller,
+    rec: &SnapshotRecord,
+    count: u32,
+    opts: &CreateOptions,
+) -> ApiResult<Vec<Forked>> {
     let kept: Kept = serde_json::from_value(rec.manifest.clone()).map_err(|e| {
         ApiError::new(
             StatusCode::CONFLICT,
@@ -449,30 +483,15 @@ pub async fn fork(
             format!("the snapshot's record cannot be read: {e}"),
         )
     })?;
-    let opts = || -> ApiResult<CreateOptions> {
-        Ok(CreateOptions {
-            spec: kept.spec.clone(),
-            labels: req.labels.clone(),
-            metadata: req.metadata.clone(),
-            idle_timeout_ms: req
-                .idle_timeout_secs
-                .map(|v| secs_to_ms("idle_timeout_secs", v))
-                .transpose()?,
-            lifetime_ms: req
-                .timeout_secs
-                .map(|v| secs_to_ms("timeout_secs", v))
-                .transpose()?,
-            ephemeral: false,
-        })
-    };
     let dir = PathBuf::from(&rec.path);
     let mut made = Vec::new();
     for _ in 0..count {
-        let created = s.fleet.create(&caller.owner, opts()?).await;
-        let record = match created {
+        let mut o = opts.clone();
+        o.spec = kept.spec.clone();
+        let record = match s.fleet.create(&caller.owner, o).await {
             Ok(c) => c.record,
             Err(e) => {
-                undo(&s, &caller, &made).await;
+                undo(s, caller, &made).await;
                 return Err(e.into());
             }
         };
@@ -494,19 +513,25 @@ pub async fn fork(
             }
             Err(e) => {
                 let _ = s.fleet.delete(&caller.owner, &record.id).await;
-                undo(&s, &caller, &made).await;
+                undo(s, caller, &made).await;
                 return Err(e);
             }
         }
     }
-    crate::audit(
-        &s,
-        &caller,
-        "snapshot.fork",
-        Some(&rec.id),
-        serde_json::json!({"sandboxes": made.iter().map(|f| f.sandbox.id.clone()).collect::<Vec<_>>()}),
-    );
-    Ok((StatusCode::CREATED, Json(ForkResult { sandboxes: made })))
+    Ok(made)
+}
+
+/// `POST /v1/sandboxes` with a `snapshot_id`: one sandbox restored from it.
+pub(crate) async fn restore_one(
+    s: &AppState,
+    caller: &Caller,
+    snapshot_id: &str,
+    opts: &CreateOptions,
+) -> ApiResult<Forked> {
+    let rec = own_snapshot(s, caller, snapshot_id)?;
+    let mut made = make_from(s, caller, &rec, 1, opts).await?;
+    made.pop()
+        .ok_or_else(|| ApiError::internal("the restore made no sandbox"))
 }
 
 /// Ends the sandboxes a failed fork made so far.

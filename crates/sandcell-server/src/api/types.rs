@@ -173,6 +173,9 @@ pub struct CreateSandbox {
     /// Kernels to start during creation, so the first code in them runs at once.
     #[serde(default)]
     pub kernels: Vec<Lang>,
+    /// Restore a snapshot: the new sandbox gets the snapshot's settings and files (then
+    /// `template`, `size`, `limits`, `env`, `network` and `kernels` must not be given).
+    pub snapshot_id: Option<String>,
 }
 
 impl CreateSandbox {
@@ -274,6 +277,10 @@ pub struct SandboxInfo {
     pub backend: String,
     /// The template it was made from.
     pub template: String,
+    /// Only when it was just restored from a snapshot: what came back (fidelity, files,
+    /// what was not carried).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<serde_json::Value>,
 }
 
 /// Limits in force.
@@ -302,6 +309,7 @@ impl From<&SandboxRecord> for SandboxInfo {
         let l = &r.spec.limits;
         Self {
             id: r.id.clone(),
+            restore: None,
             state: r.state.as_str().to_string(),
             reason: r.reason.clone(),
             created_at: rfc3339(r.created_at_ms),

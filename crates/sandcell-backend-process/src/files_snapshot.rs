@@ -23,9 +23,12 @@ pub(crate) fn capture(root: &Path, dirs: &[&str], out: impl Write) -> io::Result
     let mut captured = FilesCapture::default();
     for dir in dirs {
         let path = root.join(dir);
-        let meta = fs::symlink_metadata(&path)?;
-        if !meta.is_dir() {
-            continue;
+        match fs::symlink_metadata(&path) {
+            Ok(meta) if meta.is_dir() => {}
+            // Absent (no kernel state), or not a real folder: nothing to carry there.
+            Ok(_) => continue,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(e),
         }
         walk(&mut tar, &path, Path::new(dir), 0, &mut captured)?;
     }

@@ -18,7 +18,6 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open, pidfd_send_signal};
-use sandcell_engine::snapshot::CARRIED_DIRS;
 use sandcell_engine::{
     Backend, BackendCapabilities, BackendInstance, BackendKind, EngineError, LaunchedSandbox,
     NetworkPolicy, ResourceCounters, SandboxSpec,
@@ -880,9 +879,10 @@ impl BackendInstance for ProcessInstance {
 
     fn capture_files(
         &self,
+        dirs: &[&str],
         out: &mut dyn std::io::Write,
     ) -> Result<sandcell_engine::FilesCapture, EngineError> {
-        files_snapshot::capture(&self.fs_root(), &CARRIED_DIRS, out)
+        files_snapshot::capture(&self.fs_root(), dirs, out)
             .map_err(|e| EngineError::io("read the sandbox's files", e))
     }
 

@@ -133,10 +133,11 @@ pub trait BackendInstance: Send + Sync {
     fn frozen(&self) -> Option<bool> {
         None
     }
-    /// Writes the sandbox's carried folders ([`crate::snapshot::CARRIED_DIRS`]) to `out` as
-    /// a tar archive. The caller has paused the sandbox.
+    /// Writes the sandbox's folders `dirs` (relative to its root, e.g. `workspace`) to `out`
+    /// as a tar archive. The caller has paused the sandbox.
     fn capture_files(
         &self,
+        _dirs: &[&str],
         _out: &mut dyn std::io::Write,
     ) -> Result<crate::snapshot::FilesCapture, EngineError> {
         Err(EngineError::Unsupported(

@@ -11,11 +11,21 @@ use std::path::Path;
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
+use sandcell_protocol::code::{FailedVariable, SkippedVariable};
+use sandcell_protocol::{GuestMessage, HostMessage, Language};
+
 use crate::error::EngineError;
-use crate::sandbox::Sandbox;
+use crate::sandbox::{Sandbox, unexpected};
 
 /// The folders of a sandbox a snapshot carries, relative to its root.
 pub const CARRIED_DIRS: [&str; 2] = ["workspace", "home/sandbox"];
+
+/// Where kernels write their state during a snapshot (relative to the sandbox's root); it
+/// travels in the archive and is removed after.
+pub const STATE_DIR: &str = "tmp/.sandcell-state";
+
+/// Everything an archive may hold: the carried folders and the kernels' state.
+const ARCHIVED: [&str; 3] = [CARRIED_DIRS[0], CARRIED_DIRS[1], STATE_DIR];
 
 /// The archive of the carried folders, in a snapshot's folder.
 pub const FILES_ARCHIVE: &str = "files.tar";
@@ -60,8 +70,41 @@ pub struct SnapshotManifest {
     pub archive_bytes: u64,
     /// What the archive holds.
     pub files: FilesCapture,
+    /// The kernels whose state it carries (language fidelity).
+    #[serde(default)]
+    pub kernels: Vec<KernelState>,
     /// What a snapshot of this fidelity never carries.
     pub not_carried: Vec<String>,
+}
+
+/// One kernel's state in a snapshot.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KernelState {
+    /// Its context.
+    pub context: String,
+    /// Its language.
+    pub language: Language,
+    /// Its state file in the sandbox (under [`STATE_DIR`]).
+    pub path: String,
+    /// Variables carried.
+    pub saved: Vec<String>,
+    /// Variables left out, and why.
+    pub skipped: Vec<SkippedVariable>,
+}
+
+/// One kernel brought back by a restore.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KernelRestore {
+    /// Its context.
+    pub context: String,
+    /// Its language.
+    pub language: Language,
+    /// Variables restored.
+    pub restored: Vec<String>,
+    /// Variables that could not be, and why.
+    pub failed: Vec<FailedVariable>,
+    /// Variables the snapshot had left out.
+    pub skipped: Vec<SkippedVariable>,
 }
 
 /// What a restore brought back.
@@ -71,16 +114,24 @@ pub struct RestoreReport {
     pub fidelity: String,
     /// The files written.
     pub files: FilesRestore,
+    /// The kernels restored, variable by variable.
+    pub kernels: Vec<KernelRestore>,
     /// What the snapshot did not carry.
     pub not_carried: Vec<String>,
 }
 
-/// What `files` fidelity leaves behind.
-fn files_fidelity_gaps() -> Vec<String> {
+/// What a snapshot without process checkpoints leaves behind.
+fn fidelity_gaps(language: bool) -> Vec<String> {
     vec![
-        "running processes and kernels: their memory is not carried (files fidelity); code \
-         runs again in fresh kernels"
-            .into(),
+        if language {
+            "processes: kernels come back from their variables (language fidelity: see each \
+             kernel's skipped list); other processes are not restarted"
+                .into()
+        } else {
+            "running processes and kernels: their memory is not carried (files fidelity); \
+             code runs again in fresh kernels"
+                .into()
+        },
         "/tmp and everything outside /workspace and /home/sandbox".into(),
     ]
 }
@@ -132,6 +183,7 @@ impl Sandbox {
     /// unless it was paused before). Returns the manifest to keep with it.
     pub async fn snapshot_to(&self, dir: &Path) -> Result<SnapshotManifest, EngineError> {
         self.check_alive()?;
+        let (kernels, mut gaps) = self.dump_kernels().await?;
         let was_paused = self.is_paused();
         if !was_paused {
             self.pause().await?;
@@ -149,7 +201,9 @@ impl Sandbox {
                 sha: Sha256::new(),
                 bytes: 0,
             };
-            let files = sandbox.backend_instance().capture_files(&mut out)?;
+            let files = sandbox
+                .backend_instance()
+                .capture_files(&ARCHIVED, &mut out)?;
             out.flush()
                 .map_err(|e| EngineError::io("write the snapshot archive", e))?;
             let file = out
@@ -167,15 +221,22 @@ impl Sandbox {
         if !was_paused {
             self.resume()?;
         }
+        if !kernels.is_empty() {
+            let _ = self.remove(&format!("/{STATE_DIR}"), true).await;
+        }
         let (files, sha256, archive_bytes) = written??;
+        let language = !kernels.is_empty();
+        let mut not_carried = fidelity_gaps(language);
+        not_carried.append(&mut gaps);
         Ok(SnapshotManifest {
             format: MANIFEST_FORMAT,
-            fidelity: "files".into(),
+            fidelity: if language { "language" } else { "files" }.into(),
             archive: FILES_ARCHIVE.into(),
             sha256,
             archive_bytes,
             files,
-            not_carried: files_fidelity_gaps(),
+            kernels,
+            not_carried,
         })
     }
 
@@ -268,11 +329,78 @@ impl Sandbox {
                 ));
             }
         }
+        let mut kernels = Vec::new();
+        for k in &manifest.kernels {
+            let reply = self
+                .simple_call(HostMessage::LoadKernelState {
+                    context: k.context.clone(),
+                    language: k.language,
+                    path: k.path.clone(),
+                })
+                .await?;
+            match reply {
+                GuestMessage::KernelStateLoaded { restored, failed } => {
+                    kernels.push(KernelRestore {
+                        context: k.context.clone(),
+                        language: k.language,
+                        restored,
+                        failed,
+                        skipped: k.skipped.clone(),
+                    });
+                }
+                other => return Err(unexpected(other)),
+            }
+        }
+        if !manifest.kernels.is_empty() {
+            let _ = self.remove(&format!("/{STATE_DIR}"), true).await;
+        }
         Ok(RestoreReport {
             fidelity: manifest.fidelity.clone(),
+            kernels,
             files: restored,
             not_carried: manifest.not_carried.clone(),
         })
+    }
+}
+
+impl Sandbox {
+    /// Has every running Python and Node kernel write its state under [`STATE_DIR`];
+    /// returns them, and a note for each that could not.
+    async fn dump_kernels(&self) -> Result<(Vec<KernelState>, Vec<String>), EngineError> {
+        let mut kernels = Vec::new();
+        let mut gaps = Vec::new();
+        let contexts = self.list_contexts().await?;
+        let live: Vec<_> = contexts
+            .into_iter()
+            .filter(|c| c.pid.is_some() && matches!(c.language, Language::Python | Language::Node))
+            .collect();
+        if live.is_empty() {
+            return Ok((kernels, gaps));
+        }
+        self.make_dir(&format!("/{STATE_DIR}")).await?;
+        for c in live {
+            let path = format!("/{STATE_DIR}/{}.state", c.id);
+            let reply = self
+                .simple_call(HostMessage::DumpKernelState {
+                    context: c.id.clone(),
+                    path: path.clone(),
+                })
+                .await;
+            match reply {
+                Ok(GuestMessage::KernelStateSaved { saved, skipped, .. }) => {
+                    kernels.push(KernelState {
+                        context: c.id,
+                        language: c.language,
+                        path,
+                        saved,
+                        skipped,
+                    });
+                }
+                Ok(other) => return Err(unexpected(other)),
+                Err(e) => gaps.push(format!("the {} kernel's state: {e}", c.id)),
+            }
+        }
+        Ok((kernels, gaps))
     }
 }
 
@@ -300,7 +428,7 @@ fn read_archive(path: &Path, tx: &tokio::sync::mpsc::Sender<Item>) -> io::Result
         let plain = name
             .components()
             .all(|c| matches!(c, std::path::Component::Normal(_)));
-        if !plain || !CARRIED_DIRS.iter().any(|d| name.starts_with(d)) {
+        if !plain || !ARCHIVED.iter().any(|d| name.starts_with(d)) {
             send(Item::Skipped(format!(
                 "{}: outside the carried folders",
                 name.display()

@@ -42,6 +42,14 @@ fn daemon_snapshots_fork_independent_sandboxes_and_survive_a_restart() {
          && echo scratch > /tmp/not-carried && cat /workspace/sum",
     );
     let sum = out["stdout"].as_str().unwrap().trim().to_string();
+    // Kernel state: ~50 MB of list, a function, a class and its instance, and an open file
+    // (which cannot be carried).
+    let r = d.code(
+        &src,
+        "big = list(range(6_000_000))\ndef f(x): return x * 2\nclass C:\n    def v(self): return 7\n\
+         c = C()\nfh = open('/workspace/run.sh')",
+    );
+    assert_eq!(r["done"]["status"], "ok", "{r}");
 
     let r = snapshot(
         &d,
@@ -50,16 +58,29 @@ fn daemon_snapshots_fork_independent_sandboxes_and_survive_a_restart() {
     );
     assert_eq!(r.status, 201, "{}", r.body);
     let snap = r.body["id"].as_str().unwrap().to_string();
-    assert_eq!(r.body["fidelity"], "files", "{}", r.body);
+    assert_eq!(r.body["fidelity"], "language", "{}", r.body);
+    let kernel = &r.body["manifest"]["kernels"][0];
+    assert_eq!(kernel["context"], "python", "{}", r.body);
+    for name in ["big", "f", "C", "c"] {
+        assert!(
+            kernel["saved"].to_string().contains(&format!("\"{name}\"")),
+            "{kernel}"
+        );
+    }
+    assert_eq!(kernel["skipped"][0]["name"], "fh", "{kernel}");
     assert_eq!(
         (r.body["name"].clone(), r.body["tags"]["k"].clone()),
         (json!("base"), json!("v"))
     );
-    assert_eq!(r.body["files"], 4, "{}", r.body);
-    assert!(r.body["size"].as_u64().unwrap() > 3_000_000);
+    // Four files, and the kernel's state file.
+    assert_eq!(r.body["files"], 5, "{}", r.body);
+    assert!(r.body["size"].as_u64().unwrap() > 10_000_000);
     assert!(r.body["manifest"]["sha256"].as_str().unwrap().len() == 64);
     let gaps = r.body["manifest"]["not_carried"].to_string();
-    assert!(gaps.contains("memory") && gaps.contains("/tmp"), "{gaps}");
+    assert!(
+        gaps.contains("language fidelity") && gaps.contains("/tmp"),
+        "{gaps}"
+    );
     // The source runs on, unchanged.
     assert_eq!(d.sandbox(&src)["state"], "running");
     assert_eq!(d.exec(&src, "echo still")["stdout"], "still\n");
@@ -70,11 +91,22 @@ fn daemon_snapshots_fork_independent_sandboxes_and_survive_a_restart() {
     let forks = fork_ids(&r);
     assert_eq!(forks.len(), 3);
     assert_eq!(
-        r.body["sandboxes"][0]["restore"]["files"]["files"], 4,
+        r.body["sandboxes"][0]["restore"]["files"]["files"], 5,
         "{}",
         r.body
     );
-    assert_eq!(r.body["sandboxes"][0]["restore"]["fidelity"], "files");
+    let restore = &r.body["sandboxes"][0]["restore"];
+    assert_eq!(restore["fidelity"], "language");
+    assert!(
+        restore["kernels"][0]["restored"]
+            .to_string()
+            .contains("\"big\""),
+        "{restore}"
+    );
+    assert_eq!(
+        restore["kernels"][0]["skipped"][0]["name"], "fh",
+        "{restore}"
+    );
     for (i, f) in forks.iter().enumerate() {
         assert_ne!(f, &src);
         let out = d.exec(
@@ -88,6 +120,17 @@ fn daemon_snapshots_fork_independent_sandboxes_and_survive_a_restart() {
             "{out}"
         );
         d.exec(f, &format!("echo fork{i} > /workspace/mine"));
+        let v = d.code(f, "(len(big), big[-1], f(21), c.v(), isinstance(c, C))");
+        assert_eq!(
+            v["result"]["text/plain"], "(6000000, 5999999, 42, 7, True)",
+            "{v}"
+        );
+        d.code(f, &format!("big.append({i})"));
+    }
+    // Each fork's kernel is its own.
+    for (i, f) in forks.iter().enumerate() {
+        let v = d.code(f, "big[-1]");
+        assert_eq!(v["result"]["text/plain"], i.to_string(), "{v}");
     }
     for (i, f) in forks.iter().enumerate() {
         assert_eq!(
@@ -118,7 +161,9 @@ fn daemon_snapshots_fork_independent_sandboxes_and_survive_a_restart() {
     d.delete(&format!("/v1/snapshots/{snap}"))
         .expect_error(409, "has_children");
 
-    // kill -9 and a restart: the snapshots are still there and still fork.
+    // The source destroyed, the daemon killed with -9 and restarted: the snapshot is still
+    // there and restores the kernel's values.
+    assert_eq!(d.delete(&format!("/v1/sandboxes/{src}")).status, 204);
     d.kill9();
     d.restart(&[]);
     let listed = d.get(&format!("/v1/snapshots?sandbox={src}"));
@@ -135,6 +180,21 @@ fn daemon_snapshots_fork_independent_sandboxes_and_survive_a_restart() {
         d.exec(again, "cat /workspace/sum")["stdout"],
         format!("{sum}\n")
     );
+    let v = d.code(again, "(len(big), f(21), c.v())");
+    assert_eq!(v["result"]["text/plain"], "(6000000, 42, 7)", "{v}");
+    // POST /v1/sandboxes with snapshot_id restores one, and says what came back.
+    let r = d.post(
+        "/v1/sandboxes",
+        json!({ "snapshot_id": snap, "labels": {"from": "snap"} }),
+    );
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(r.body["restore"]["fidelity"], "language", "{}", r.body);
+    assert_eq!(r.body["labels"]["from"], "snap");
+    d.post(
+        "/v1/sandboxes",
+        json!({ "snapshot_id": snap, "template": "node" }),
+    )
+    .expect_error(400, "invalid_argument");
 
     // Another owner sees none of it.
     let (bob, _) = d.key_for("bob");

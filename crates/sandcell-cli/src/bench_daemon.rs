@@ -167,6 +167,12 @@ async fn measure(
         "pause and resume: {pauses} each, HTTP and embedded, with a busy kernel"
     ));
     rows.extend(pause_resume(d, engine, pauses).await?);
+    let snaps = args.cold_runs.clamp(3, 10);
+    progress(&format!(
+        "snapshots: {snaps} each of snapshot and restore with 5 MB and 100 MB of Python state, \
+         and a fork of 10"
+    ));
+    rows.extend(snapshots(d, snaps).await?);
     progress(&format!(
         "create to first result: {} each, cold{}",
         args.cold_runs,
@@ -362,6 +368,109 @@ async fn pause_resume(d: &Daemon, engine: &Engine, runs: usize) -> anyhow::Resul
     }
     sb.destroy().await.context("destroy the embedded sandbox")?;
     d.delete(&id).await?;
+    Ok(rows)
+}
+
+/// Snapshot and restore (`POST /v1/sandboxes` with `snapshot_id`, until the restored
+/// kernel answers) of a Python sandbox holding ~5 MB and ~100 MB of state, and one fork of
+/// 10 sandboxes (its wall time is one sample); the sizes go in the row names.
+async fn snapshots(d: &Daemon, runs: usize) -> anyhow::Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    for (label, mb) in [("5 MB", 5), ("100 MB", 100)] {
+        let id = d
+            .create(&json!({"template": "python", "env": {"SANDCELL_BENCH": "snapshot"}}))
+            .await?;
+        let code = format!(
+            "state = bytearray({mb} * 2**20)\nfor i in range(0, len(state), 4096): state[i] = i % 251"
+        );
+        d.code_ok(
+            &format!("/v1/sandboxes/{id}/code"),
+            &json!({ "code": code }),
+        )
+        .await?;
+        let mut snap_row = Row::new("", "");
+        let mut restore_row = Row::new("", "");
+        let mut size = 0;
+        let mut last = String::new();
+        for _ in 0..runs {
+            let t = Instant::now();
+            let v = d
+                .expect(
+                    Method::POST,
+                    &format!("/v1/sandboxes/{id}/snapshots"),
+                    Some(&json!({})),
+                    201,
+                )
+                .await?;
+            snap_row.samples.push(t.elapsed());
+            size = v["size"].as_u64().unwrap_or(0);
+            let snap = v["id"].as_str().unwrap_or_default().to_string();
+            let t = Instant::now();
+            let r = d
+                .expect(
+                    Method::POST,
+                    "/v1/sandboxes",
+                    Some(&json!({ "snapshot_id": snap })),
+                    201,
+                )
+                .await?;
+            let restored = r["id"].as_str().unwrap_or_default().to_string();
+            d.code_ok(
+                &format!("/v1/sandboxes/{restored}/code"),
+                &json!({"code": "len(state)"}),
+            )
+            .await?;
+            restore_row.samples.push(t.elapsed());
+            d.delete(&restored).await?;
+            if !last.is_empty() {
+                d.expect(Method::DELETE, &format!("/v1/snapshots/{last}"), None, 204)
+                    .await?;
+            }
+            last = snap;
+        }
+        let name = |what: &str| -> &'static str {
+            Box::leak(
+                format!("{what}, python {label} ({} MB on disk)", size >> 20).into_boxed_str(),
+            )
+        };
+        snap_row.key = if mb == 5 {
+            "snapshot_5mb"
+        } else {
+            "snapshot_100mb"
+        };
+        snap_row.name = name("snapshot");
+        restore_row.key = if mb == 5 {
+            "restore_5mb"
+        } else {
+            "restore_100mb"
+        };
+        restore_row.name = name("restore to first result");
+        if mb == 5 {
+            // Ten sandboxes from one snapshot in one request.
+            let mut fork_row = Row::new("fork_10", "fork of 10 from the 5 MB snapshot (wall time)");
+            let t = Instant::now();
+            let v = d
+                .expect(
+                    Method::POST,
+                    &format!("/v1/snapshots/{last}/fork"),
+                    Some(&json!({"count": 10})),
+                    201,
+                )
+                .await?;
+            fork_row.samples.push(t.elapsed());
+            for f in v["sandboxes"].as_array().into_iter().flatten() {
+                if let Some(fid) = f["sandbox"]["id"].as_str() {
+                    d.delete(fid).await?;
+                }
+            }
+            rows.extend([snap_row, restore_row, fork_row]);
+        } else {
+            rows.extend([snap_row, restore_row]);
+        }
+        d.expect(Method::DELETE, &format!("/v1/snapshots/{last}"), None, 204)
+            .await?;
+        d.delete(&id).await?;
+    }
     Ok(rows)
 }
 

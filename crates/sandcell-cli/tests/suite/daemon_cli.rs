@@ -265,7 +265,7 @@ fn daemon_cli_client_commands() {
     assert_eq!(code, 0, "{err}");
     let snap = out.trim().to_string();
     assert!(
-        snap.starts_with("sn-") && err.contains("files fidelity"),
+        snap.starts_with("sn-") && err.contains(" fidelity, "),
         "{out} {err}"
     );
     let (code, out, _) = cli(h, &["snapshot", "ls", "--sandbox", &id]);

@@ -179,15 +179,16 @@ fn digest_file(path: &Path) -> io::Result<(String, u64)> {
 
 impl Sandbox {
     /// Writes a snapshot of this sandbox into `dir` (which must exist and be empty): the
-    /// carried folders as one archive, read while the sandbox is paused (it is resumed after,
-    /// unless it was paused before). Returns the manifest to keep with it.
+    /// kernels' state, then the carried folders as one archive read while the sandbox is
+    /// paused (it runs again after, unless it was paused before, when it stays paused).
+    /// Returns the manifest to keep with it.
     pub async fn snapshot_to(&self, dir: &Path) -> Result<SnapshotManifest, EngineError> {
+        let was_paused = self.is_paused();
+        // A paused sandbox runs for the moment its kernels write their state, and is paused
+        // again after.
         self.check_alive()?;
         let (kernels, mut gaps) = self.dump_kernels().await?;
-        let was_paused = self.is_paused();
-        if !was_paused {
-            self.pause().await?;
-        }
+        self.pause().await?;
         let sandbox = self.clone();
         let path = dir.join(FILES_ARCHIVE);
         let written = tokio::task::spawn_blocking(move || {

@@ -122,6 +122,7 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(snapshots::list))
         .routes(routes!(snapshots::get, snapshots::delete))
         .routes(routes!(snapshots::fork))
+        .routes(routes!(snapshots::get_auto, snapshots::set_auto))
         .routes(routes!(system::system))
 }
 

@@ -302,6 +302,8 @@ async fn lifecycle_loop(s: AppState, mut stop: watch::Receiver<bool>) {
             _ = tokio::time::sleep(every) => {}
             _ = stop.wait_for(|v| *v) => return,
         }
+        // Snapshots the sandboxes asked for first: some are about to be stopped.
+        crate::api::snapshots::auto_round(&s).await;
         for (id, why) in s.fleet.collect_expired().await {
             s.metrics.expired.fetch_add(1, Ordering::Relaxed);
             tracing::info!(sandbox = %id, reason = %why, "sandbox stopped by its lifecycle");

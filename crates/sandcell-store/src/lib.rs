@@ -42,8 +42,8 @@ mod store;
 pub use error::StoreError;
 pub use keys::hash_secret;
 pub use records::{
-    ApiKeyRecord, AuditEvent, ContextRecord, ExportKind, ExportRecord, Page, SandboxEvent,
-    SandboxQuery, SandboxRecord, SnapshotRecord,
+    ApiKeyRecord, AuditEvent, AutoSnapshotRecord, ContextRecord, ExportKind, ExportRecord, Page,
+    SandboxEvent, SandboxQuery, SandboxRecord, SnapshotRecord,
 };
 pub use schema::{LATEST_SCHEMA_VERSION, migrations};
 pub use store::{BUSY_TIMEOUT, Durability, Store};

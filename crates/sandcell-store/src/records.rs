@@ -185,6 +185,23 @@ pub struct SnapshotRecord {
     pub path: String,
 }
 
+/// When a sandbox is snapshotted on its own.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AutoSnapshotRecord {
+    /// The sandbox.
+    pub sandbox_id: String,
+    /// Its owner.
+    pub owner: String,
+    /// Every this many ms (None: not on an interval).
+    pub interval_ms: Option<u64>,
+    /// Just before it is stopped for idleness or its lifetime.
+    pub before_reclaim: bool,
+    /// Interval snapshots kept (older ones are deleted).
+    pub keep: u32,
+    /// When the last interval snapshot was taken (ms).
+    pub last_at: Option<i64>,
+}
+
 /// One entry of the audit log.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct AuditEvent {

@@ -157,6 +157,20 @@ CREATE INDEX sandbox_origins_by_snapshot ON sandbox_origins (snapshot_id);
 
 const V6_DOWN: &str = "DROP TABLE sandbox_origins; DROP TABLE snapshots;";
 
+/// Step 7: automatic snapshots per sandbox (on an interval, before it is reclaimed).
+const V7_AUTO_SNAPSHOTS: &str = r#"
+CREATE TABLE auto_snapshots (
+    sandbox_id     TEXT    NOT NULL PRIMARY KEY,
+    owner          TEXT    NOT NULL,
+    interval_ms    INTEGER CHECK (interval_ms IS NULL OR interval_ms > 0),
+    before_reclaim INTEGER NOT NULL CHECK (before_reclaim IN (0, 1)),
+    keep           INTEGER NOT NULL CHECK (keep > 0),
+    last_at        INTEGER
+) STRICT;
+"#;
+
+const V7_DOWN: &str = "DROP TABLE auto_snapshots;";
+
 const STEPS: &[M<'static>] = &[
     M::up(V1_SANDBOXES).down(V1_DOWN),
     M::up(V2_API_KEYS).down(V2_DOWN),
@@ -164,6 +178,7 @@ const STEPS: &[M<'static>] = &[
     M::up(V4_AUDIT).down(V4_DOWN),
     M::up(V5_CONTEXTS).down(V5_DOWN),
     M::up(V6_SNAPSHOTS).down(V6_DOWN),
+    M::up(V7_AUTO_SNAPSHOTS).down(V7_DOWN),
 ];
 
 /// The store's migrations, oldest first; version N is the schema after step N.

@@ -4,7 +4,7 @@ use rusqlite::types::Value as SqlValue;
 use rusqlite::{OptionalExtension, Row, params, params_from_iter};
 
 use crate::error::{StoreError, is_unique_violation};
-use crate::records::SnapshotRecord;
+use crate::records::{AutoSnapshotRecord, SnapshotRecord};
 use crate::store::{Store, parse_json, string_map_json, u64_from_sql, u64_to_sql};
 
 const COLUMNS: &str = "id, owner, sandbox_id, parent_id, name, description, tags, fidelity, \
@@ -174,4 +174,70 @@ impl Store {
             .query_row([sandbox_id], |row| row.get(0))
             .optional()?)
     }
+
+    /// Sets (replaces) a sandbox's automatic snapshots.
+    pub fn set_auto_snapshot(&self, a: &AutoSnapshotRecord) -> Result<(), StoreError> {
+        self.conn()
+            .prepare_cached(
+                "INSERT OR REPLACE INTO auto_snapshots \
+                 (sandbox_id, owner, interval_ms, before_reclaim, keep, last_at) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6)",
+            )?
+            .execute(params![
+                a.sandbox_id,
+                a.owner,
+                u64_to_sql(a.interval_ms)?,
+                a.before_reclaim,
+                a.keep,
+                a.last_at,
+            ])?;
+        Ok(())
+    }
+
+    /// A sandbox's automatic snapshots, if it has any.
+    pub fn auto_snapshot(
+        &self,
+        sandbox_id: &str,
+    ) -> Result<Option<AutoSnapshotRecord>, StoreError> {
+        Ok(self
+            .conn()
+            .prepare_cached(
+                "SELECT sandbox_id, owner, interval_ms, before_reclaim, keep, last_at \
+                 FROM auto_snapshots WHERE sandbox_id = ?1",
+            )?
+            .query_row([sandbox_id], auto_from_row)
+            .optional()?)
+    }
+
+    /// Every sandbox's automatic snapshots.
+    pub fn auto_snapshots(&self) -> Result<Vec<AutoSnapshotRecord>, StoreError> {
+        let conn = self.conn();
+        let mut stmt = conn.prepare_cached(
+            "SELECT sandbox_id, owner, interval_ms, before_reclaim, keep, last_at \
+             FROM auto_snapshots ORDER BY sandbox_id",
+        )?;
+        let rows = stmt.query_map([], auto_from_row)?;
+        Ok(rows.collect::<Result<Vec<_>, _>>()?)
+    }
+
+    /// Forgets a sandbox's automatic snapshots (not the snapshots).
+    pub fn delete_auto_snapshot(&self, sandbox_id: &str) -> Result<bool, StoreError> {
+        let changed = self
+            .conn()
+            .prepare_cached("DELETE FROM auto_snapshots WHERE sandbox_id = ?1")?
+            .execute([sandbox_id])?;
+        Ok(changed > 0)
+    }
+}
+
+fn auto_from_row(row: &Row<'_>) -> rusqlite::Result<AutoSnapshotRecord> {
+    let interval: Option<i64> = row.get(2)?;
+    Ok(AutoSnapshotRecord {
+        sandbox_id: row.get(0)?,
+        owner: row.get(1)?,
+        interval_ms: interval.and_then(|v| u64::try_from(v).ok()),
+        before_reclaim: row.get(3)?,
+        keep: row.get(4)?,
+        last_at: row.get(5)?,
+    })
 }

@@ -696,6 +696,8 @@ const V1_ROUTES: &[(&str, &str)] = &[
     ("get", "/v1/snapshots/{snapshot_id}"),
     ("delete", "/v1/snapshots/{snapshot_id}"),
     ("post", "/v1/snapshots/{snapshot_id}/fork"),
+    ("get", "/v1/sandboxes/{id}/auto-snapshot"),
+    ("put", "/v1/sandboxes/{id}/auto-snapshot"),
 ];
 
 #[test]

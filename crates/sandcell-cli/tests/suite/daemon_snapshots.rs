@@ -278,6 +278,13 @@ fn daemon_corrupt_snapshot_is_refused_and_others_still_restore() {
         d.exec(&fork_ids(&r)[0], "cat /workspace/f")["stdout"],
         "two\n"
     );
+
+    // A snapshot of a paused sandbox leaves it paused.
+    let r = d.call(Method::POST, &format!("/v1/sandboxes/{id}/pause"), None);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(snapshot(&d, &id, json!({})).status, 201);
+    assert_eq!(d.sandbox(&id)["state"], "paused");
+    assert_eq!(d.get(&format!("/v1/sandboxes/{id}/metrics")).status, 200);
 }
 
 #[test]
@@ -319,4 +326,67 @@ fn nix_is_root() -> bool {
         .find(|l| l.starts_with("Uid:"))
         .and_then(|l| l.split_whitespace().nth(2))
         == Some("0")
+}
+
+#[test]
+fn daemon_auto_snapshots_on_an_interval_and_before_reclaim() {
+    let d = Daemon::start(&["limits.gc_interval_secs=1"]);
+    let every = d.create_id(json!({"auto_snapshot": {"interval_secs": 1, "keep": 2}}));
+    d.exec(&every, "echo a > /workspace/a");
+    let idle =
+        d.create_id(json!({"idle_timeout_secs": 2, "auto_snapshot": {"before_reclaim": true}}));
+    d.exec(&idle, "echo kept > /workspace/b");
+    let a = d.get(&format!("/v1/sandboxes/{every}/auto-snapshot"));
+    assert_eq!(
+        a.body,
+        json!({"interval_secs": 1, "before_reclaim": false, "keep": 2}),
+        "{}",
+        a.body
+    );
+
+    let stopped = super::daemon::wait_for(std::time::Duration::from_secs(20), || {
+        (d.sandbox(&idle)["state"] == "stopped").then_some(())
+    });
+    assert!(stopped.is_some(), "the idle sandbox was not reclaimed");
+    std::thread::sleep(std::time::Duration::from_secs(3));
+
+    // Interval snapshots: taken every round, the oldest pruned to `keep`.
+    let list = d.get(&format!("/v1/snapshots?sandbox={every}"));
+    let snaps = list.body["snapshots"].as_array().unwrap();
+    assert_eq!(snaps.len(), 2, "{}", list.body);
+    assert!(
+        snaps.iter().all(|s| s["tags"]["auto"] == "interval"),
+        "{}",
+        list.body
+    );
+
+    // Before reclaim: one snapshot, and it brings the files back.
+    let list = d.get(&format!("/v1/snapshots?sandbox={idle}"));
+    let snaps = list.body["snapshots"].as_array().unwrap();
+    assert_eq!(snaps.len(), 1, "{}", list.body);
+    assert_eq!(snaps[0]["tags"]["auto"], "before-reclaim");
+    assert!(
+        snaps[0]["name"].as_str().unwrap().contains("idle"),
+        "{}",
+        list.body
+    );
+    let r = fork(&d, snaps[0]["id"].as_str().unwrap(), 1);
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(
+        d.exec(&fork_ids(&r)[0], "cat /workspace/b")["stdout"],
+        "kept\n"
+    );
+
+    // Settings: replaced by PUT, checked.
+    let path = format!("/v1/sandboxes/{every}/auto-snapshot");
+    let r = d.call(Method::PUT, &path, Some(json!({"before_reclaim": true})));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["interval_secs"], Value::Null);
+    d.call(Method::PUT, &path, Some(json!({"keep": 0})))
+        .expect_error(400, "invalid_argument");
+    d.post(
+        "/v1/sandboxes",
+        json!({"auto_snapshot": {"interval_secs": 0}}),
+    )
+    .expect_error(400, "invalid_argument");
 }

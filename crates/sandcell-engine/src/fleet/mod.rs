@@ -721,19 +721,7 @@ impl Fleet {
                 // Its clocks did not run while it was paused.
                 continue;
             }
-            let idle = now - l.last_active.load(Ordering::Relaxed);
-            let why = if record.expires_at_ms.is_some_and(|t| now >= t) {
-                Some("its lifetime ended".to_string())
-            } else if record
-                .idle_timeout_ms
-                .is_some_and(|t| idle >= i64::try_from(t).unwrap_or(i64::MAX))
-            {
-                Some(format!("idle for {} s", idle / 1000))
-            } else if l.sandbox.is_gone() {
-                Some("its agent went away".to_string())
-            } else {
-                None
-            };
+            let why = expiry(&record, &l, now);
             if let Some(why) = why
                 && self.stop(&id, &why).await.is_ok()
             {
@@ -741,6 +729,25 @@ impl Fleet {
             }
         }
         ended
+    }
+
+    /// The sandboxes [`Self::collect_expired`] would stop now for idleness or their
+    /// lifetime, as (id, owner, why), without stopping them (to snapshot them first).
+    pub fn expiring(&self) -> Vec<(String, String, String)> {
+        let now = now_ms();
+        let live: Vec<(String, Arc<Live>)> = lock(&self.live)
+            .iter()
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect();
+        live.into_iter()
+            .filter_map(|(id, l)| {
+                let record = self.ledger.get(&id).ok()??;
+                if record.state == SandboxState::Paused || l.sandbox.is_gone() {
+                    return None;
+                }
+                expiry(&record, &l, now).map(|why| (id, l.owner.clone(), why))
+            })
+            .collect()
     }
 
     /// Ends every sandbox (for a service stopping with nothing to come back to).
@@ -860,6 +867,23 @@ impl Fleet {
     /// Sandboxes running now.
     pub fn running(&self) -> usize {
         lock(&self.live).len()
+    }
+}
+
+/// Why a running sandbox should stop now, if it should.
+fn expiry(record: &SandboxRecord, l: &Live, now: Millis) -> Option<String> {
+    let idle = now - l.last_active.load(Ordering::Relaxed);
+    if record.expires_at_ms.is_some_and(|t| now >= t) {
+        Some("its lifetime ended".to_string())
+    } else if record
+        .idle_timeout_ms
+        .is_some_and(|t| idle >= i64::try_from(t).unwrap_or(i64::MAX))
+    {
+        Some(format!("idle for {} s", idle / 1000))
+    } else if l.sandbox.is_gone() {
+        Some("its agent went away".to_string())
+    } else {
+        None
     }
 }
 

@@ -34,9 +34,34 @@ pub async fn create(
     caller: Caller,
     ApiJson(req): ApiJson<CreateSandbox>,
 ) -> ApiResult<(StatusCode, Json<SandboxInfo>)> {
-    if let Some(snapshot_id) = &req.snapshot_id {
-        return restore(&s, &caller, snapshot_id, &req).await;
+    // Checked before anything is made.
+    let auto = req
+        .auto_snapshot
+        .as_ref()
+        .map(|a| a.record(&caller.owner, ""))
+        .transpose()?;
+    let (status, Json(info)) = if let Some(snapshot_id) = &req.snapshot_id {
+        restore(&s, &caller, snapshot_id, &req).await?
+    } else {
+        create_new(&s, &caller, req).await?
+    };
+    if let Some(mut auto) = auto {
+        auto.sandbox_id = info.id.clone();
+        // Recorded before the sandbox is handed out; unrecorded, it is not kept.
+        if let Err(e) = s.store.set_auto_snapshot(&auto) {
+            let _ = s.fleet.delete(&caller.owner, &info.id).await;
+            return Err(e.into());
+        }
     }
+    Ok((status, Json(info)))
+}
+
+/// `POST /v1/sandboxes` without a snapshot.
+async fn create_new(
+    s: &AppState,
+    caller: &Caller,
+    req: CreateSandbox,
+) -> ApiResult<(StatusCode, Json<SandboxInfo>)> {
     let spec = req.spec()?;
     let opts = CreateOptions {
         spec,
@@ -70,8 +95,8 @@ pub async fn create(
     }
     let record = created?.record;
     crate::audit(
-        &s,
-        &caller,
+        s,
+        caller,
         "sandbox.create",
         Some(&record.id),
         serde_json::Value::Null,

@@ -219,55 +219,7 @@ pub async fn create(
         )));
     }
     check_tags(&req.tags)?;
-    let record = s.fleet.get(&caller.owner, &id)?;
-    let sandbox = s.fleet.sandbox_as_is(&caller.owner, &id)?;
-    let snapshot_id = new_snapshot_id()?;
-    let dir = snapshots_dir(&s).join(&snapshot_id);
-    std::fs::create_dir_all(&dir).map_err(|e| disk_error("create the snapshot folder", e))?;
-    let taken = async {
-        let manifest = sandbox.snapshot_to(&dir).await.map_err(|e| match e {
-            sandcell_engine::EngineError::Io { op, source } => disk_error(&op, source),
-            other => other.into(),
-        })?;
-        let kept = Kept {
-            manifest,
-            spec: record.spec.clone(),
-        };
-        let manifest_json = serde_json::to_value(&kept)
-            .map_err(|e| ApiError::internal(format!("the snapshot's manifest: {e}")))?;
-        std::fs::write(dir.join("manifest.json"), manifest_json.to_string())
-            .map_err(|e| disk_error("write the snapshot's manifest", e))?;
-        let now = sandcell_engine::fleet::now_ms();
-        let rec = SnapshotRecord {
-            id: snapshot_id.clone(),
-            owner: caller.owner.clone(),
-            sandbox_id: id.clone(),
-            parent_id: s.store.sandbox_origin(&id)?,
-            name: if name.is_empty() {
-                format!("{id} at {}", rfc3339(now))
-            } else {
-                name.clone()
-            },
-            description: req.description.clone(),
-            tags: req.tags.clone(),
-            fidelity: kept.manifest.fidelity.clone(),
-            created_at: now,
-            size: kept.manifest.archive_bytes,
-            manifest: manifest_json,
-            path: dir.display().to_string(),
-        };
-        s.store.insert_snapshot(&rec)?;
-        Ok::<_, ApiError>(rec)
-    }
-    .await;
-    let rec = match taken {
-        Ok(r) => r,
-        Err(e) => {
-            // No half snapshot stays behind.
-            let _ = std::fs::remove_dir_all(&dir);
-            return Err(e);
-        }
-    };
+    let rec = take(&s, &caller.owner, &id, name, req.description, req.tags).await?;
     crate::audit(
         &s,
         &caller,
@@ -291,6 +243,63 @@ fn check_tags(tags: &BTreeMap<String, String>) -> ApiResult<()> {
         }
     }
     Ok(())
+}
+
+/// Takes a snapshot of `owner`'s sandbox `id` (for a request, or on its own schedule).
+pub(crate) async fn take(
+    s: &AppState,
+    owner: &str,
+    id: &str,
+    name: String,
+    description: String,
+    tags: BTreeMap<String, String>,
+) -> ApiResult<SnapshotRecord> {
+    let record = s.fleet.get(owner, id)?;
+    let sandbox = s.fleet.sandbox_as_is(owner, id)?;
+    let snapshot_id = new_snapshot_id()?;
+    let dir = snapshots_dir(s).join(&snapshot_id);
+    std::fs::create_dir_all(&dir).map_err(|e| disk_error("create the snapshot folder", e))?;
+    let taken = async {
+        let manifest = sandbox.snapshot_to(&dir).await.map_err(|e| match e {
+            sandcell_engine::EngineError::Io { op, source } => disk_error(&op, source),
+            other => other.into(),
+        })?;
+        let kept = Kept {
+            manifest,
+            spec: record.spec.clone(),
+        };
+        let manifest_json = serde_json::to_value(&kept)
+            .map_err(|e| ApiError::internal(format!("the snapshot's manifest: {e}")))?;
+        std::fs::write(dir.join("manifest.json"), manifest_json.to_string())
+            .map_err(|e| disk_error("write the snapshot's manifest", e))?;
+        let now = sandcell_engine::fleet::now_ms();
+        let rec = SnapshotRecord {
+            id: snapshot_id.clone(),
+            owner: owner.to_string(),
+            sandbox_id: id.to_string(),
+            parent_id: s.store.sandbox_origin(id)?,
+            name: if name.is_empty() {
+                format!("{id} at {}", rfc3339(now))
+            } else {
+                name
+            },
+            description,
+            tags,
+            fidelity: kept.manifest.fidelity.clone(),
+            created_at: now,
+            size: kept.manifest.archive_bytes,
+            manifest: manifest_json,
+            path: dir.display().to_string(),
+        };
+        s.store.insert_snapshot(&rec)?;
+        Ok::<_, ApiError>(rec)
+    }
+    .await;
+    if taken.is_err() {
+        // No half snapshot stays behind.
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    taken
 }
 
 /// A host I/O error; a full disk is `507 no_space`.
@@ -538,5 +547,230 @@ pub(crate) async fn restore_one(
 async fn undo(s: &AppState, caller: &Caller, made: &[Forked]) {
     for f in made {
         let _ = s.fleet.delete(&caller.owner, &f.sandbox.id).await;
+    }
+}
+
+/// Automatic snapshots of one sandbox (`auto_snapshot` at creation, or
+/// `PUT /v1/sandboxes/{id}/auto-snapshot`).
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AutoSnapshot {
+    /// Take one every this many seconds while it runs (none: no interval snapshots).
+    pub interval_secs: Option<u64>,
+    /// Take one just before it is stopped for idleness or its lifetime.
+    #[serde(default)]
+    pub before_reclaim: bool,
+    /// Interval snapshots kept (the oldest go; default 3, at most 100).
+    pub keep: Option<u32>,
+}
+
+/// Interval snapshots kept when `keep` is not given.
+const DEFAULT_KEEP: u32 = 3;
+
+impl AutoSnapshot {
+    /// The record to keep for `owner`'s sandbox `id`.
+    pub(crate) fn record(
+        &self,
+        owner: &str,
+        id: &str,
+    ) -> ApiResult<sandcell_store::AutoSnapshotRecord> {
+        let keep = self.keep.unwrap_or(DEFAULT_KEEP);
+        if !(1..=100).contains(&keep) {
+            return Err(ApiError::invalid(format!(
+                "'keep' must be 1 to 100, got {keep}"
+            )));
+        }
+        let interval_ms = self
+            .interval_secs
+            .map(|v| {
+                if v == 0 {
+                    Err(ApiError::invalid("'interval_secs' must be positive"))
+                } else {
+                    secs_to_ms("interval_secs", v)
+                }
+            })
+            .transpose()?;
+        Ok(sandcell_store::AutoSnapshotRecord {
+            sandbox_id: id.to_string(),
+            owner: owner.to_string(),
+            interval_ms,
+            before_reclaim: self.before_reclaim,
+            keep,
+            last_at: None,
+        })
+    }
+
+    fn of(r: &sandcell_store::AutoSnapshotRecord) -> Self {
+        Self {
+            interval_secs: r.interval_ms.map(|ms| ms / 1000),
+            before_reclaim: r.before_reclaim,
+            keep: Some(r.keep),
+        }
+    }
+}
+
+/// A sandbox's automatic snapshots.
+#[utoipa::path(
+    get, path = "/v1/sandboxes/{id}/auto-snapshot", tag = "snapshots",
+    params(("id" = String, Path, description = "Sandbox id")),
+    responses(
+        (status = 200, body = AutoSnapshot),
+        (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn get_auto(
+    State(s): State<AppState>,
+    caller: Caller,
+    ApiPath(id): ApiPath<String>,
+) -> ApiResult<Json<AutoSnapshot>> {
+    check_sandbox_id(&id)?;
+    s.fleet.get(&caller.owner, &id)?;
+    Ok(Json(
+        s.store
+            .auto_snapshot(&id)?
+            .map(|r| AutoSnapshot::of(&r))
+            .unwrap_or_default(),
+    ))
+}
+
+/// Sets a sandbox's automatic snapshots (replacing what it had).
+#[utoipa::path(
+    put, path = "/v1/sandboxes/{id}/auto-snapshot", tag = "snapshots",
+    params(("id" = String, Path, description = "Sandbox id")),
+    request_body = AutoSnapshot,
+    responses(
+        (status = 200, body = AutoSnapshot),
+        (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+        (status = 409, description = "The sandbox is not active", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn set_auto(
+    State(s): State<AppState>,
+    caller: Caller,
+    ApiPath(id): ApiPath<String>,
+    ApiJson(req): ApiJson<AutoSnapshot>,
+) -> ApiResult<Json<AutoSnapshot>> {
+    check_sandbox_id(&id)?;
+    let record = s.fleet.get(&caller.owner, &id)?;
+    if !record.state.is_active() {
+        return Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "sandbox_gone",
+            format!("sandbox {id} is {}", record.state.as_str()),
+        ));
+    }
+    let auto = req.record(&caller.owner, &id)?;
+    s.store.set_auto_snapshot(&auto)?;
+    Ok(Json(AutoSnapshot::of(&auto)))
+}
+
+/// The tag automatic snapshots carry (`interval` or `before-reclaim`).
+pub const AUTO_TAG: &str = "auto";
+
+/// One round of automatic snapshots, run by the lifecycle loop before it stops idle and
+/// expired sandboxes: the ones about to be stopped that asked for it, then the interval
+/// ones that are due (pruned to their `keep`).
+pub(crate) async fn auto_round(s: &AppState) {
+    for (id, owner, why) in s.fleet.expiring() {
+        let wanted = s
+            .store
+            .auto_snapshot(&id)
+            .ok()
+            .flatten()
+            .is_some_and(|a| a.before_reclaim);
+        if wanted {
+            let tags = BTreeMap::from([(AUTO_TAG.to_string(), "before-reclaim".to_string())]);
+            match take(
+                s,
+                &owner,
+                &id,
+                format!("before reclaim: {why}"),
+                String::new(),
+                tags,
+            )
+            .await
+            {
+                Ok(rec) => {
+                    tracing::info!(sandbox = %id, snapshot = %rec.id, "snapshot before reclaim")
+                }
+                Err(e) => {
+                    tracing::warn!(sandbox = %id, error = %e.body().message, "snapshot before reclaim failed")
+                }
+            }
+        }
+    }
+    let Ok(autos) = s.store.auto_snapshots() else {
+        return;
+    };
+    let now = sandcell_engine::fleet::now_ms();
+    for mut a in autos {
+        let state = s.fleet.get(&a.owner, &a.sandbox_id).map(|r| r.state);
+        match state {
+            // A paused sandbox does not change: nothing new to keep.
+            Ok(sandcell_engine::fleet::SandboxState::Paused) => continue,
+            Ok(st) if st.is_active() => {}
+            // Gone: its settings go too (its snapshots stay).
+            _ => {
+                let _ = s.store.delete_auto_snapshot(&a.sandbox_id);
+                continue;
+            }
+        }
+        let Some(every) = a.interval_ms else {
+            continue;
+        };
+        let due = a
+            .last_at
+            .is_none_or(|t| now - t >= i64::try_from(every).unwrap_or(i64::MAX));
+        if !due {
+            continue;
+        }
+        let tags = BTreeMap::from([(AUTO_TAG.to_string(), "interval".to_string())]);
+        match take(
+            s,
+            &a.owner,
+            &a.sandbox_id,
+            "interval".into(),
+            String::new(),
+            tags,
+        )
+        .await
+        {
+            Ok(_) => {
+                a.last_at = Some(now);
+                let _ = s.store.set_auto_snapshot(&a);
+                prune(s, &a);
+            }
+            Err(e) => {
+                tracing::warn!(sandbox = %a.sandbox_id, error = %e.body().message, "interval snapshot failed")
+            }
+        }
+    }
+}
+
+/// Deletes the oldest interval snapshots of a sandbox beyond its `keep` (not ones with
+/// children).
+fn prune(s: &AppState, a: &sandcell_store::AutoSnapshotRecord) {
+    let Ok(list) = s.store.list_snapshots(Some(&a.owner), Some(&a.sandbox_id)) else {
+        return;
+    };
+    let interval: Vec<_> = list
+        .into_iter()
+        .filter(|r| r.tags.get(AUTO_TAG).is_some_and(|v| v == "interval"))
+        .collect();
+    let extra = interval.len().saturating_sub(a.keep as usize);
+    for old in interval.into_iter().take(extra) {
+        if s.store
+            .snapshot_children(&old.id)
+            .is_ok_and(|c| c.is_empty())
+            && s.store.delete_snapshot(&old.id).is_ok()
+        {
+            let _ = std::fs::remove_dir_all(&old.path);
+        }
     }
 }

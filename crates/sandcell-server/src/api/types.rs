@@ -173,6 +173,8 @@ pub struct CreateSandbox {
     /// Kernels to start during creation, so the first code in them runs at once.
     #[serde(default)]
     pub kernels: Vec<Lang>,
+    /// Automatic snapshots: on an interval, and/or just before it is reclaimed.
+    pub auto_snapshot: Option<super::snapshots::AutoSnapshot>,
     /// Restore a snapshot: the new sandbox gets the snapshot's settings and files (then
     /// `template`, `size`, `limits`, `env`, `network` and `kernels` must not be given).
     pub snapshot_id: Option<String>,

@@ -1,6 +1,6 @@
 //! Snapshot records and their lineage.
 
-use sandcell_store::{SnapshotRecord, Store, StoreError};
+use sandcell_store::{AutoSnapshotRecord, SnapshotRecord, Store, StoreError};
 
 fn snapshot(
     id: &str,
@@ -67,4 +67,28 @@ fn snapshots_are_kept_listed_and_traced_to_their_parents() {
     assert!(store.delete_snapshot("sn-2").unwrap());
     assert!(!store.delete_snapshot("sn-2").unwrap());
     assert!(store.snapshot_children("sn-1").unwrap().is_empty());
+}
+
+#[test]
+fn automatic_snapshot_settings_are_kept_per_sandbox() {
+    let store = Store::open_in_memory().unwrap();
+    let a = AutoSnapshotRecord {
+        sandbox_id: "sb-1".into(),
+        owner: "alice".into(),
+        interval_ms: Some(60_000),
+        before_reclaim: true,
+        keep: 3,
+        last_at: None,
+    };
+    store.set_auto_snapshot(&a).unwrap();
+    assert_eq!(store.auto_snapshot("sb-1").unwrap(), Some(a.clone()));
+    let later = AutoSnapshotRecord {
+        last_at: Some(5),
+        interval_ms: None,
+        ..a
+    };
+    store.set_auto_snapshot(&later).unwrap();
+    assert_eq!(store.auto_snapshots().unwrap(), [later]);
+    assert!(store.delete_auto_snapshot("sb-1").unwrap());
+    assert_eq!(store.auto_snapshot("sb-1").unwrap(), None);
 }

@@ -56,12 +56,20 @@ fn start_reader(language: Language) -> mpsc::UnboundedSender<Ask> {
             let history = history_file(language);
             if let Some(h) = &history {
                 let _ = editor.load_history(h);
+                if let Some(dir) = h.parent() {
+                    let _ = std::fs::create_dir_all(dir);
+                }
             }
             while let Some(ask) = rx.blocking_recv() {
                 let input = match editor.readline(&ask.prompt) {
                     Ok(line) => {
                         if !line.trim().is_empty() {
                             let _ = editor.add_history_entry(line.as_str());
+                            // Saved as it grows: the session may end (the process exit)
+                            // before this thread gets another turn.
+                            if let Some(h) = &history {
+                                let _ = editor.save_history(h);
+                            }
                         }
                         Input::Line(line)
                     }
@@ -69,12 +77,6 @@ fn start_reader(language: Language) -> mpsc::UnboundedSender<Ask> {
                     Err(_) => Input::Eof,
                 };
                 let _ = ask.reply.send(input);
-            }
-            if let Some(h) = &history {
-                if let Some(dir) = h.parent() {
-                    let _ = std::fs::create_dir_all(dir);
-                }
-                let _ = editor.save_history(h);
             }
             return;
         }

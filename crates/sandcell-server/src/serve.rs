@@ -303,8 +303,10 @@ async fn lifecycle_loop(s: AppState, mut stop: watch::Receiver<bool>) {
             _ = stop.wait_for(|v| *v) => return,
         }
         // Snapshots the sandboxes asked for first: some are about to be stopped.
-        crate::api::snapshots::auto_round(&s).await;
-        for (id, why) in s.fleet.collect_expired().await {
+        // One instant for both, so no sandbox is stopped that was not snapshotted first.
+        let now = sandcell_engine::fleet::now_ms();
+        crate::api::snapshots::auto_round(&s, now).await;
+        for (id, why) in s.fleet.collect_expired_at(now).await {
             s.metrics.expired.fetch_add(1, Ordering::Relaxed);
             tracing::info!(sandbox = %id, reason = %why, "sandbox stopped by its lifecycle");
         }

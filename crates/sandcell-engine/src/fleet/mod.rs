@@ -702,7 +702,12 @@ impl Fleet {
     /// Stops every sandbox past its idle timeout or lifetime; returns (id, reason) of each.
     /// Also notices sandboxes that died on their own (their agent went away).
     pub async fn collect_expired(&self) -> Vec<(String, String)> {
-        let now = now_ms();
+        self.collect_expired_at(now_ms()).await
+    }
+
+    /// As [`Self::collect_expired`], judging idleness and lifetimes as of `now` (the same
+    /// instant an [`Self::expiring`] before it used, so nothing it did not name is stopped).
+    pub async fn collect_expired_at(&self, now: Millis) -> Vec<(String, String)> {
         let live: Vec<(String, Arc<Live>)> = lock(&self.live)
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
@@ -731,10 +736,9 @@ impl Fleet {
         ended
     }
 
-    /// The sandboxes [`Self::collect_expired`] would stop now for idleness or their
-    /// lifetime, as (id, owner, why), without stopping them (to snapshot them first).
-    pub fn expiring(&self) -> Vec<(String, String, String)> {
-        let now = now_ms();
+    /// The sandboxes [`Self::collect_expired_at`] would stop as of `now` for idleness or
+    /// their lifetime, as (id, owner, why), without stopping them (to snapshot them first).
+    pub fn expiring(&self, now: Millis) -> Vec<(String, String, String)> {
         let live: Vec<(String, Arc<Live>)> = lock(&self.live)
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))

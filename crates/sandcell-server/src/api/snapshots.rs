@@ -674,10 +674,10 @@ pub async fn set_auto(
 pub const AUTO_TAG: &str = "auto";
 
 /// One round of automatic snapshots, run by the lifecycle loop before it stops idle and
-/// expired sandboxes: the ones about to be stopped that asked for it, then the interval
-/// ones that are due (pruned to their `keep`).
-pub(crate) async fn auto_round(s: &AppState) {
-    for (id, owner, why) in s.fleet.expiring() {
+/// expired sandboxes as of `now`: the ones it will stop that asked for it, then the
+/// interval ones that are due (pruned to their `keep`).
+pub(crate) async fn auto_round(s: &AppState, now: i64) {
+    for (id, owner, why) in s.fleet.expiring(now) {
         let wanted = s
             .store
             .auto_snapshot(&id)

@@ -332,6 +332,9 @@ pub struct CreateArgs {
     /// nano, small, medium or large.
     #[arg(long, short)]
     size: Option<String>,
+    /// The isolation backend (default: process).
+    #[arg(long)]
+    backend: Option<String>,
     /// A label (repeatable).
     #[arg(long = "label", short = 'l', value_name = "KEY=VALUE")]
     labels: Vec<String>,
@@ -408,6 +411,7 @@ pub async fn sandbox(args: &ClientArgs, cmd: SandboxCommand) -> anyhow::Result<E
             for (k, v) in [
                 ("template", a.template.map(Value::from)),
                 ("size", a.size.map(Value::from)),
+                ("backend", a.backend.map(Value::from)),
                 ("timeout_secs", a.timeout.map(Value::from)),
                 ("idle_timeout_secs", a.idle_timeout.map(Value::from)),
                 ("network", a.network.map(Value::from)),
@@ -1001,7 +1005,8 @@ pub enum SnapshotCommand {
         #[arg(required = true)]
         ids: Vec<String>,
     },
-    /// Make new sandboxes from a snapshot and print their ids.
+    /// Make new sandboxes from a snapshot and print their ids (`--json`: one sandbox's record
+    /// with what came back, or with `-n` above 1 every sandbox's).
     Fork {
         /// The snapshot id.
         id: String,
@@ -1111,6 +1116,18 @@ pub async fn snapshot(args: &ClientArgs, cmd: SnapshotCommand) -> anyhow::Result
             }
             if failed {
                 return Ok(ExitCode::FAILURE);
+            }
+        }
+        SnapshotCommand::Fork { id, count, labels } if count == 1 => {
+            // One sandbox: a restore, whose answer is the sandbox itself.
+            let body = json!({ "snapshot_id": id, "labels": pairs(&labels, "--label")? });
+            let v = c
+                .call(reqwest::Method::POST, "/v1/sandboxes", Some(&body))
+                .await?;
+            if c.json {
+                print_json(&v)?;
+            } else {
+                println!("{}", str_of(&v["id"]));
             }
         }
         SnapshotCommand::Fork { id, count, labels } => {

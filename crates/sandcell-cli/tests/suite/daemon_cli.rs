@@ -281,8 +281,12 @@ fn daemon_cli_client_commands() {
     for f in &forks {
         assert_eq!(d.exec(f, "cat /workspace/kept")["stdout"], "kept\n");
     }
+    // One fork is a restore: --json is that sandbox, with what came back.
+    let v = cli_json(h, &["snapshot", "fork", &snap, "--json"]);
+    assert!(v["id"].as_str().unwrap().starts_with("sb-"), "{v}");
+    assert!(v["restore"]["fidelity"].is_string(), "{v}");
     let v = cli_json(h, &["snapshot", "get", &snap]);
-    assert_eq!(v["sandboxes"].as_array().unwrap().len(), 2, "{v}");
+    assert_eq!(v["sandboxes"].as_array().unwrap().len(), 3, "{v}");
     assert_eq!(cli(h, &["snapshot", "rm", &snap]).0, 0);
     let (code, _, err) = cli(h, &["snapshot", "rm", &snap]);
     assert_eq!(code, 1);

@@ -277,10 +277,11 @@ async fn restore(
         || !req.env.is_empty()
         || req.network.is_some()
         || !req.kernels.is_empty()
+        || req.backend.is_some()
     {
         return Err(ApiError::invalid(
-            "a sandbox restored from a snapshot takes the snapshot's template, size, limits, \
-             env, network and kernels: give only labels, metadata, timeouts or ephemeral with \
+            "a sandbox restored from a snapshot takes the snapshot's backend, template, size, \
+             limits, env, network and kernels: give only labels, metadata, timeouts or ephemeral with \
              'snapshot_id'",
         ));
     }

@@ -4,7 +4,7 @@
 use std::collections::BTreeMap;
 
 use sandcell_engine::fleet::{Millis, SandboxRecord};
-use sandcell_engine::{NetworkPolicy, SandboxLimits, SandboxSpec};
+use sandcell_engine::{BackendKind, NetworkPolicy, SandboxLimits, SandboxSpec};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -173,6 +173,8 @@ pub struct CreateSandbox {
     /// Kernels to start during creation, so the first code in them runs at once.
     #[serde(default)]
     pub kernels: Vec<Lang>,
+    /// The isolation backend (default `process`; `GET /v1/system` lists those available).
+    pub backend: Option<String>,
     /// Automatic snapshots: on an interval, and/or just before it is reclaimed.
     pub auto_snapshot: Option<super::snapshots::AutoSnapshot>,
     /// Restore a snapshot: the new sandbox gets the snapshot's settings and files (then
@@ -183,6 +185,13 @@ pub struct CreateSandbox {
 impl CreateSandbox {
     /// The engine spec this asks for.
     pub fn spec(&self) -> Result<SandboxSpec, ApiError> {
+        if let Some(b) = self.backend.as_deref()
+            && b != BackendKind::Process.as_str()
+        {
+            return Err(ApiError::invalid(format!(
+                "backend '{b}' is not available in this service (available: process)"
+            )));
+        }
         let template = self.template.as_deref().unwrap_or(DEFAULT_TEMPLATE);
         let mut warm_kernels: Vec<sandcell_protocol::Language> = template_kernels(template)
             .ok_or_else(|| ApiError::not_found("template", template))?

@@ -1118,7 +1118,11 @@ pub async fn snapshot(args: &ClientArgs, cmd: SnapshotCommand) -> anyhow::Result
                 return Ok(ExitCode::FAILURE);
             }
         }
-        SnapshotCommand::Fork { id, count, labels } if count == 1 => {
+        SnapshotCommand::Fork {
+            id,
+            count: 1,
+            labels,
+        } => {
             // One sandbox: a restore, whose answer is the sandbox itself.
             let body = json!({ "snapshot_id": id, "labels": pairs(&labels, "--label")? });
             let v = c

@@ -10,7 +10,7 @@ use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
 mod files_snapshot;
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -265,7 +265,7 @@ impl ProcessBackend {
                 "not root: each sandbox makes its own network namespace and cgroup".into(),
             )
         };
-        vec![skeleton, spares]
+        vec![skeleton, spares, criu_feature()]
     }
 
     /// The launcher configuration for one sandbox (its root skeleton is built on first use).
@@ -415,6 +415,45 @@ fn outside_ids() -> (u32, u32) {
     (id, id)
 }
 
+/// Whether a working CRIU is on this host (`criu check`), for process-fidelity snapshots
+/// (not used yet: see docs/snapshots.md).
+fn criu_feature() -> Feature {
+    let (state, detail) = match Command::new("criu")
+        .arg("check")
+        .stdin(Stdio::null())
+        .output()
+    {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (
+            FeatureState::Unavailable,
+            "criu is not installed (process-fidelity snapshots on this backend would need it)"
+                .to_string(),
+        ),
+        Err(e) => (FeatureState::Unavailable, format!("criu check: {e}")),
+        Ok(out) if out.status.success() => (
+            FeatureState::Active,
+            "criu check passes (process-fidelity snapshots through CRIU are not implemented yet)"
+                .to_string(),
+        ),
+        Ok(out) => {
+            let text = String::from_utf8_lossy(&out.stderr);
+            let last = text
+                .lines()
+                .rev()
+                .find(|l| !l.trim().is_empty())
+                .unwrap_or("");
+            (
+                FeatureState::Unavailable,
+                format!("criu check fails on this kernel: {}", last.trim()),
+            )
+        }
+    };
+    Feature {
+        name: "criu".into(),
+        state,
+        detail,
+    }
+}
+
 fn etc_files(hostname: &str) -> Vec<(String, String)> {
     let u = SANDBOX_UID;
     vec![
@@ -464,7 +503,9 @@ impl Backend for ProcessBackend {
             available,
             isolation_level: "container".into(),
             supports_pause,
-            checkpoint_fidelity: "none".into(),
+            // Files and each kernel's variables (see sandcell_engine::snapshot); process
+            // checkpoints need CRIU, which `doctor` checks.
+            checkpoint_fidelity: "language".into(),
             host,
         }
     }

@@ -139,6 +139,10 @@ fn doctor_reports_features() {
         "landlock",
         "cgroups",
         "runs as uid 65532",
+        "pause yes",
+        "snapshots language",
+        // Whether a working CRIU is here, one way or the other.
+        "criu",
     ] {
         assert!(out.contains(word), "doctor output lacks {word}: {out}");
     }

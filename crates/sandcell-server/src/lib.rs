@@ -54,6 +54,7 @@ use crate::error::{ApiError, ErrorTag};
         (name = "processes", description = "Background processes and terminals"),
         (name = "code", description = "Code in live kernels (contexts)"),
         (name = "files", description = "Files in a sandbox"),
+        (name = "snapshots", description = "Snapshots: take, list, fork, restore, automatic"),
         (name = "keys", description = "API keys"),
         (name = "system", description = "The service itself"),
     )

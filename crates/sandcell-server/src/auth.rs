@@ -172,7 +172,8 @@ pub fn check_owner(owner: &str) -> Result<(), ApiError> {
     }
 }
 
-fn random_bytes(n: usize) -> Result<Vec<u8>, ApiError> {
+/// `n` bytes from the kernel's random source.
+pub(crate) fn random_bytes(n: usize) -> Result<Vec<u8>, ApiError> {
     let mut buf = vec![0u8; n];
     std::fs::File::open("/dev/urandom")
         .and_then(|mut f| f.read_exact(&mut buf))
@@ -180,7 +181,8 @@ fn random_bytes(n: usize) -> Result<Vec<u8>, ApiError> {
     Ok(buf)
 }
 
-fn hex(bytes: &[u8]) -> String {
+/// Lowercase hex.
+pub(crate) fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 

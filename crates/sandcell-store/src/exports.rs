@@ -1,11 +1,10 @@
 //! Exports: files and directories copied out of sandboxes.
 
-use rusqlite::types::Value as SqlValue;
 use rusqlite::{OptionalExtension, Row, params, params_from_iter};
 
 use crate::error::{StoreError, is_unique_violation};
 use crate::records::{ExportKind, ExportRecord};
-use crate::store::{Store, u64_from_sql, u64_to_sql};
+use crate::store::{Store, owner_and_sandbox, u64_from_sql, u64_to_sql};
 
 const WHAT: &str = "export";
 
@@ -94,22 +93,7 @@ impl Store {
         owner: Option<&str>,
         sandbox_id: Option<&str>,
     ) -> Result<Vec<ExportRecord>, StoreError> {
-        let mut conditions = Vec::new();
-        let mut values = Vec::new();
-        if let Some(owner) = owner {
-            conditions.push("owner = ?");
-            values.push(SqlValue::Text(owner.to_owned()));
-        }
-        if let Some(sandbox_id) = sandbox_id {
-            conditions.push("sandbox_id = ?");
-            values.push(SqlValue::Text(sandbox_id.to_owned()));
-        }
-        let where_clause = if conditions.is_empty() {
-            String::new()
-        } else {
-            format!(" WHERE {}", conditions.join(" AND "))
-        };
-        // Four shapes at most, so the statement cache serves them all.
+        let (where_clause, values) = owner_and_sandbox(owner, sandbox_id);
         let sql = format!("SELECT {COLUMNS} FROM exports{where_clause} ORDER BY created_at, id");
         let raws = {
             let conn = self.conn();

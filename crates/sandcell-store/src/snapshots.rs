@@ -1,11 +1,12 @@
 //! Snapshots, their lineage, and the snapshot each sandbox came from.
 
-use rusqlite::types::Value as SqlValue;
 use rusqlite::{OptionalExtension, Row, params, params_from_iter};
 
 use crate::error::{StoreError, is_unique_violation};
 use crate::records::{AutoSnapshotRecord, SnapshotRecord};
-use crate::store::{Store, parse_json, string_map_json, u64_from_sql, u64_to_sql};
+use crate::store::{
+    Store, owner_and_sandbox, parse_json, string_map_json, u64_from_sql, u64_to_sql,
+};
 
 const COLUMNS: &str = "id, owner, sandbox_id, parent_id, name, description, tags, fidelity, \
                        created_at, size, manifest, path";
@@ -98,21 +99,7 @@ impl Store {
         owner: Option<&str>,
         sandbox_id: Option<&str>,
     ) -> Result<Vec<SnapshotRecord>, StoreError> {
-        let mut conditions = Vec::new();
-        let mut values = Vec::new();
-        if let Some(owner) = owner {
-            conditions.push("owner = ?");
-            values.push(SqlValue::Text(owner.to_owned()));
-        }
-        if let Some(sandbox_id) = sandbox_id {
-            conditions.push("sandbox_id = ?");
-            values.push(SqlValue::Text(sandbox_id.to_owned()));
-        }
-        let where_clause = if conditions.is_empty() {
-            String::new()
-        } else {
-            format!(" WHERE {}", conditions.join(" AND "))
-        };
+        let (where_clause, values) = owner_and_sandbox(owner, sandbox_id);
         let sql = format!("SELECT {COLUMNS} FROM snapshots{where_clause} ORDER BY created_at, id");
         let raws = {
             let conn = self.conn();

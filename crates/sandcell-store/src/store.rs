@@ -218,3 +218,27 @@ pub(crate) fn page_size(limit: u32) -> u32 {
         n => n.min(crate::MAX_PAGE_SIZE),
     }
 }
+
+/// The `WHERE` clause (with its leading space, or empty) and values of a listing filtered
+/// by owner and/or sandbox; four shapes at most, so the statement cache serves them all.
+pub(crate) fn owner_and_sandbox(
+    owner: Option<&str>,
+    sandbox_id: Option<&str>,
+) -> (String, Vec<rusqlite::types::Value>) {
+    let mut conditions = Vec::new();
+    let mut values = Vec::new();
+    if let Some(owner) = owner {
+        conditions.push("owner = ?");
+        values.push(rusqlite::types::Value::Text(owner.to_owned()));
+    }
+    if let Some(sandbox_id) = sandbox_id {
+        conditions.push("sandbox_id = ?");
+        values.push(rusqlite::types::Value::Text(sandbox_id.to_owned()));
+    }
+    let clause = if conditions.is_empty() {
+        String::new()
+    } else {
+        format!(" WHERE {}", conditions.join(" AND "))
+    };
+    (clause, values)
+}

@@ -55,11 +55,16 @@ fn daemon_pause_freezes_processes_and_resume_continues_them() {
     let expires_paused = r.body["expires_at"].as_str().unwrap().to_string();
     assert_eq!(d.sandbox(&id)["state"], "paused");
     let cpu = |d: &Daemon| {
-        d.get(&format!("/v1/sandboxes/{id}/metrics")).body["cpu_usage_us"]
-            .as_u64()
-            .unwrap_or(0)
+        let m = d.get(&format!("/v1/sandboxes/{id}/metrics")).body;
+        m["cpu_seconds"]
+            .as_f64()
+            .unwrap_or_else(|| panic!("no cpu figure: {m}"))
     };
     let cpu_paused = cpu(&d);
+    assert!(
+        cpu_paused > 0.0,
+        "the counting loop used no CPU before the pause"
+    );
     std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(cpu(&d), cpu_paused, "a paused sandbox used CPU");
     assert_eq!(d.sandbox(&id)["state"], "paused", "reading metrics woke it");

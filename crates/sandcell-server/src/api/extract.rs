@@ -65,3 +65,26 @@ pub fn check_sandbox_id(id: &str) -> Result<(), ApiError> {
         )))
     }
 }
+
+/// A new id of a service-made record: `prefix` and 16 random hex digits (`ex-…`, `sn-…`).
+pub fn new_record_id(prefix: &str) -> Result<String, ApiError> {
+    Ok(format!(
+        "{prefix}-{}",
+        crate::auth::hex(&crate::auth::random_bytes(8)?)
+    ))
+}
+
+/// Checks the shape of a [`new_record_id`] id; `what` names it in the error.
+pub fn check_record_id(id: &str, prefix: &str, what: &str) -> Result<(), ApiError> {
+    let ok = id
+        .strip_prefix(prefix)
+        .and_then(|r| r.strip_prefix('-'))
+        .is_some_and(|r| r.len() == 16 && r.chars().all(|c| c.is_ascii_hexdigit()));
+    if ok {
+        Ok(())
+    } else {
+        Err(ApiError::invalid(format!(
+            "'{id}' is not {what} id (they look like {prefix}-0123456789abcdef)"
+        )))
+    }
+}

@@ -7,10 +7,12 @@ use std::time::Instant;
 use axum::Json;
 use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
-use sandcell_engine::fleet::{CreateOptions, RecordQuery, SandboxState};
+use sandcell_engine::fleet::{RecordQuery, SandboxState};
 
 use super::extract::{ApiJson, ApiPath, check_sandbox_id, query_pairs};
-use super::types::{CreateSandbox, SandboxInfo, SandboxList, SetTimeout, secs_to_ms};
+use super::types::{
+    CreateSandbox, SandboxInfo, SandboxList, SetTimeout, create_options, secs_to_ms,
+};
 use crate::auth::Caller;
 use crate::error::{ApiError, ApiResult, ErrorBody};
 use crate::state::AppState;
@@ -62,21 +64,14 @@ async fn create_new(
     caller: &Caller,
     req: CreateSandbox,
 ) -> ApiResult<(StatusCode, Json<SandboxInfo>)> {
-    let spec = req.spec()?;
-    let opts = CreateOptions {
-        spec,
-        labels: req.labels,
-        metadata: req.metadata,
-        idle_timeout_ms: req
-            .idle_timeout_secs
-            .map(|v| secs_to_ms("idle_timeout_secs", v))
-            .transpose()?,
-        lifetime_ms: req
-            .timeout_secs
-            .map(|v| secs_to_ms("timeout_secs", v))
-            .transpose()?,
-        ephemeral: req.ephemeral,
-    };
+    let opts = create_options(
+        req.spec()?,
+        req.labels,
+        req.metadata,
+        req.idle_timeout_secs,
+        req.timeout_secs,
+        req.ephemeral,
+    )?;
     let start = Instant::now();
     let created = s.fleet.create(&caller.owner, opts).await;
     match &created {
@@ -285,20 +280,14 @@ async fn restore(
              'snapshot_id'",
         ));
     }
-    let opts = CreateOptions {
-        spec: Default::default(),
-        labels: req.labels.clone(),
-        metadata: req.metadata.clone(),
-        idle_timeout_ms: req
-            .idle_timeout_secs
-            .map(|v| secs_to_ms("idle_timeout_secs", v))
-            .transpose()?,
-        lifetime_ms: req
-            .timeout_secs
-            .map(|v| secs_to_ms("timeout_secs", v))
-            .transpose()?,
-        ephemeral: req.ephemeral,
-    };
+    let opts = create_options(
+        Default::default(),
+        req.labels.clone(),
+        req.metadata.clone(),
+        req.idle_timeout_secs,
+        req.timeout_secs,
+        req.ephemeral,
+    )?;
     let made = super::snapshots::restore_one(s, caller, snapshot_id, &opts).await?;
     crate::audit(
         s,

@@ -2,7 +2,6 @@
 //! delete, and fork (restore into new sandboxes).
 
 use std::collections::BTreeMap;
-use std::io::Read;
 use std::path::PathBuf;
 
 use axum::Json;
@@ -15,7 +14,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use super::extract::{ApiJson, ApiPath, check_sandbox_id, query_pairs};
-use super::types::{SandboxInfo, rfc3339, secs_to_ms};
+use super::types::{SandboxInfo, create_options, rfc3339, secs_to_ms};
 use crate::auth::Caller;
 use crate::error::{ApiError, ApiResult, ErrorBody};
 use crate::state::AppState;
@@ -129,27 +128,11 @@ fn snapshots_dir(s: &AppState) -> PathBuf {
 }
 
 fn new_snapshot_id() -> Result<String, ApiError> {
-    let mut buf = [0u8; 8];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut buf))
-        .map_err(|e| ApiError::internal(format!("read /dev/urandom: {e}")))?;
-    Ok(format!(
-        "sn-{}",
-        buf.iter().map(|b| format!("{b:02x}")).collect::<String>()
-    ))
+    super::extract::new_record_id("sn")
 }
 
 fn check_snapshot_id(id: &str) -> Result<(), ApiError> {
-    let ok = id
-        .strip_prefix("sn-")
-        .is_some_and(|r| r.len() == 16 && r.chars().all(|c| c.is_ascii_hexdigit()));
-    if ok {
-        Ok(())
-    } else {
-        Err(ApiError::invalid(format!(
-            "'{id}' is not a snapshot id (they look like sn-0123456789abcdef)"
-        )))
-    }
+    super::extract::check_record_id(id, "sn", "a snapshot")
 }
 
 fn info(r: &SnapshotRecord) -> SnapshotInfo {
@@ -451,20 +434,14 @@ pub async fn fork(
             "'count' must be 1 to {MAX_FORKS}, got {count}"
         )));
     }
-    let opts = CreateOptions {
-        spec: SandboxSpec::default(),
-        labels: req.labels.clone(),
-        metadata: req.metadata.clone(),
-        idle_timeout_ms: req
-            .idle_timeout_secs
-            .map(|v| secs_to_ms("idle_timeout_secs", v))
-            .transpose()?,
-        lifetime_ms: req
-            .timeout_secs
-            .map(|v| secs_to_ms("timeout_secs", v))
-            .transpose()?,
-        ephemeral: false,
-    };
+    let opts = create_options(
+        SandboxSpec::default(),
+        req.labels.clone(),
+        req.metadata.clone(),
+        req.idle_timeout_secs,
+        req.timeout_secs,
+        false,
+    )?;
     let made = make_from(&s, &caller, &rec, count, &opts).await?;
     crate::audit(
         &s,

@@ -3,7 +3,6 @@
 //! the first one is gone), imports (from an allowed host path, inline text or base64, or an
 //! export), and the artifacts folder.
 
-use std::io::Read;
 use std::path::{Component, Path, PathBuf};
 
 use axum::Json;
@@ -177,27 +176,11 @@ fn too_large(cap: u64) -> ApiError {
 }
 
 fn new_export_id() -> Result<String, ApiError> {
-    let mut buf = [0u8; 8];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut buf))
-        .map_err(|e| io_error("read /dev/urandom", e))?;
-    Ok(format!(
-        "ex-{}",
-        buf.iter().map(|b| format!("{b:02x}")).collect::<String>()
-    ))
+    super::extract::new_record_id("ex")
 }
 
 fn check_export_id(id: &str) -> Result<(), ApiError> {
-    let ok = id
-        .strip_prefix("ex-")
-        .is_some_and(|r| r.len() == 16 && r.chars().all(|c| c.is_ascii_hexdigit()));
-    if ok {
-        Ok(())
-    } else {
-        Err(ApiError::invalid(format!(
-            "'{id}' is not an export id (they look like ex-0123456789abcdef)"
-        )))
-    }
+    super::extract::check_record_id(id, "ex", "an export")
 }
 
 /// Copies a sandbox file to `dest` on the host; returns (size, sha256).

@@ -252,6 +252,30 @@ impl CreateSandbox {
 }
 
 /// Seconds to milliseconds, refusing what would overflow.
+/// The fleet's create options from a request's own settings (seconds as the API takes
+/// them, checked).
+pub fn create_options(
+    spec: SandboxSpec,
+    labels: BTreeMap<String, String>,
+    metadata: BTreeMap<String, String>,
+    idle_timeout_secs: Option<u64>,
+    timeout_secs: Option<u64>,
+    ephemeral: bool,
+) -> Result<sandcell_engine::fleet::CreateOptions, ApiError> {
+    Ok(sandcell_engine::fleet::CreateOptions {
+        spec,
+        labels,
+        metadata,
+        idle_timeout_ms: idle_timeout_secs
+            .map(|v| secs_to_ms("idle_timeout_secs", v))
+            .transpose()?,
+        lifetime_ms: timeout_secs
+            .map(|v| secs_to_ms("timeout_secs", v))
+            .transpose()?,
+        ephemeral,
+    })
+}
+
 pub fn secs_to_ms(field: &str, secs: u64) -> Result<u64, ApiError> {
     secs.checked_mul(1000)
         .ok_or_else(|| ApiError::invalid(format!("{field} {secs} is too large")))

@@ -27,42 +27,12 @@ use sandcell_jail::config::SparesConfig;
 use sandcell_jail::rootfs::skeleton::{self, RootLayout};
 use sandcell_jail::{JailConfig, JailError, Limits, NetworkMode, TmpfsMount};
 use sandcell_protocol::{
-    Feature, FeatureState, Frame, FrameDecoder, GuestMessage, HEADER_LEN, SANDBOX_UID,
-    encode_message,
+    Feature, FeatureState, Frame, FrameDecoder, GuestMessage, HEADER_LEN, encode_message,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
-/// Host paths bound read-only into every sandbox when present: the system, plus the few
-/// `/etc` entries programs need that hold no secrets.
-pub const DEFAULT_SYSTEM_PATHS: &[&str] = &[
-    "/usr",
-    "/bin",
-    "/sbin",
-    "/lib",
-    "/lib32",
-    "/lib64",
-    "/libx32",
-    "/etc/alternatives",
-    "/etc/ld.so.cache",
-    "/etc/ld.so.conf",
-    "/etc/ld.so.conf.d",
-    "/etc/ssl",
-    "/etc/ca-certificates",
-    "/etc/localtime",
-    "/etc/timezone",
-    "/etc/mime.types",
-    "/etc/os-release",
-    "/etc/debian_version",
-    "/etc/bash.bashrc",
-    "/etc/profile",
-    "/etc/inputrc",
-    "/etc/python3",
-    "/etc/python3.11",
-    "/etc/matplotlibrc",
-    "/etc/fonts",
-    "/etc/R",
-];
+pub use sandcell_jail::rootfs::skeleton::DEFAULT_SYSTEM_PATHS;
 
 /// How long the launcher may take to report.
 const LAUNCH_TIMEOUT: Duration = Duration::from_secs(15);
@@ -191,7 +161,7 @@ impl ProcessBackend {
         let tmpfs = ["/workspace", "/home/sandbox", "/tmp"];
         let layout = RootLayout {
             system_paths: &self.config.system_paths,
-            etc_files: &etc_files(HOSTNAME),
+            etc_files: &skeleton::sandbox_etc_files(HOSTNAME),
             tmpfs_paths: &tmpfs,
         };
         let feature = |name: &str, state, detail: String| Feature {
@@ -294,7 +264,7 @@ impl ProcessBackend {
             &self.config.runtime_dir.join("rootfs"),
             &RootLayout {
                 system_paths: &self.config.system_paths,
-                etc_files: &etc_files(HOSTNAME),
+                etc_files: &skeleton::sandbox_etc_files(HOSTNAME),
                 tmpfs_paths: &tmpfs_paths,
             },
             // Only root can mount in the host's mount namespace.
@@ -452,30 +422,6 @@ fn criu_feature() -> Feature {
         state,
         detail,
     }
-}
-
-fn etc_files(hostname: &str) -> Vec<(String, String)> {
-    let u = SANDBOX_UID;
-    vec![
-        (
-            "passwd".into(),
-            format!(
-                "root:x:0:0:root:/root:/usr/sbin/nologin\nsandbox:x:{u}:{u}:sandbox:/home/sandbox:/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
-            ),
-        ),
-        ("group".into(), format!("root:x:0:\nsandbox:x:{u}:\nnogroup:x:65534:\n")),
-        ("hostname".into(), format!("{hostname}\n")),
-        (
-            "hosts".into(),
-            format!("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{hostname}\n"),
-        ),
-        // No network: point resolvers at loopback so lookups fail fast instead of hanging.
-        ("resolv.conf".into(), "# sandcell: no outside network\nnameserver 127.0.0.1\n".into()),
-        (
-            "nsswitch.conf".into(),
-            "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\nnetworks: files\nprotocols: files\nservices: files\n".into(),
-        ),
-    ]
 }
 
 #[async_trait]

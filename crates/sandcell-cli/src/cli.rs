@@ -158,7 +158,11 @@ fn run_command(command: Command) -> anyhow::Result<ExitCode> {
         // Best effort: without it the launcher is executed instead.
         let _ = backend.prefork(crate::serve_guest, &prepared.id, &prepared.spec);
     }
-    let engine = Engine::builder().backend(backend).build();
+    let mut engine = Engine::builder().backend(backend);
+    if one_shot.is_none() {
+        engine = engine.backend(gvisor_backend()?);
+    }
+    let engine = engine.build();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -180,4 +184,15 @@ fn run_command(command: Command) -> anyhow::Result<ExitCode> {
 pub fn backend_config() -> anyhow::Result<ProcessBackendConfig> {
     let exe = std::env::current_exe().context("find the sandcell binary")?;
     Ok(ProcessBackendConfig::new(exe))
+}
+
+/// The `gvisor` backend over the same runtime folder as the process backend's.
+pub fn gvisor_backend() -> anyhow::Result<sandcell_backend_gvisor::GvisorBackend> {
+    let exe = std::env::current_exe().context("find the sandcell binary")?;
+    Ok(sandcell_backend_gvisor::GvisorBackend::new(
+        sandcell_backend_gvisor::GvisorBackendConfig::new(
+            exe,
+            sandcell_backend_process::default_runtime_dir(),
+        ),
+    ))
 }

@@ -81,6 +81,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
         .backend(sandcell_backend_process::ProcessBackend::new(
             backend_config,
         ))
+        .backend(crate::cli::gvisor_backend()?)
         .build();
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()

@@ -1,4 +1,4 @@
-//! The `sandcell` binary. Hidden entry points (`__jail`) are dispatched before anything
+//! The `sandcell` binary. Hidden entry points (`__jail`, `__gvisor-guest`) are dispatched before anything
 //! else runs, because the launcher must still be single-threaded when it clones.
 
 use std::process::ExitCode;
@@ -18,6 +18,12 @@ fn main() -> ExitCode {
     if std::env::args_os().nth(1).is_some_and(|a| a == "__jail") {
         return jail();
     }
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == "__gvisor-guest")
+    {
+        return gvisor_guest();
+    }
     cli::main()
 }
 
@@ -34,6 +40,21 @@ fn jail() -> ExitCode {
         } => serve_guest_with(socket, isolation, listener),
     };
     ExitCode::from(u8::try_from(code).unwrap_or(1))
+}
+
+/// `sandcell __gvisor-guest`: the guest agent as PID 1 of a gVisor sandbox, its host
+/// connection on stdin (see `sandcell-backend-gvisor`).
+fn gvisor_guest() -> ExitCode {
+    match sandcell_jail::gvisor_guest::enter() {
+        Ok(socket) => {
+            let isolation = sandcell_protocol::IsolationReport::default();
+            ExitCode::from(u8::try_from(serve_guest(socket, isolation)).unwrap_or(1))
+        }
+        Err(e) => {
+            eprintln!("sandcell __gvisor-guest: {e}");
+            ExitCode::from(1)
+        }
+    }
 }
 
 /// Serves the guest agent as the sandbox's PID 1; returns the exit code.

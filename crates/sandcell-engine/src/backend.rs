@@ -60,6 +60,11 @@ pub trait Backend: Send + Sync {
     fn kind(&self) -> BackendKind;
     /// What it offers on this host.
     fn capabilities(&self) -> BackendCapabilities;
+    /// Why it cannot start sandboxes on this host now (a cheap check, made before each
+    /// create); `None` when it can.
+    fn unavailable(&self) -> Option<String> {
+        None
+    }
     /// Starts a sandbox running the guest agent.
     async fn launch(&self, id: &str, spec: &SandboxSpec) -> Result<LaunchedSandbox, EngineError>;
     /// Reaches a sandbox a previous process launched, from its [`BackendInstance::runtime`]
@@ -77,6 +82,22 @@ pub trait Backend: Send + Sync {
                 self.kind().as_str()
             ),
         })
+    }
+    /// Starts sandbox `id` from the process checkpoint in `image` (written by
+    /// [`BackendInstance::checkpoint`]): its processes continue where they were. The stream
+    /// needs a handshake; the agent already had one, so the client must not reuse its
+    /// request ids (as after a reattach).
+    async fn restore(
+        &self,
+        id: &str,
+        spec: &SandboxSpec,
+        image: &std::path::Path,
+    ) -> Result<LaunchedSandbox, EngineError> {
+        let _ = (id, spec, image);
+        Err(EngineError::Unsupported(format!(
+            "the {} backend cannot restore process checkpoints",
+            self.kind().as_str()
+        )))
     }
     /// Ends whatever is left of a sandbox that cannot be reattached, from its runtime
     /// record, so that nothing is orphaned; returns what it found.
@@ -132,6 +153,22 @@ pub trait BackendInstance: Send + Sync {
     /// Whether the sandbox is frozen now (`None`: the backend cannot tell).
     fn frozen(&self) -> Option<bool> {
         None
+    }
+    /// Whether [`Self::checkpoint`] works: snapshots are then of `process` fidelity.
+    fn checkpoints(&self) -> bool {
+        false
+    }
+    /// Writes a checkpoint of every process and the sandbox's memory-backed folders into the
+    /// empty folder `image`; the sandbox runs on after. Returns the agent's new connection
+    /// when the backend had to give it one (it restored the sandbox from `image` in place).
+    fn checkpoint(
+        &self,
+        image: &std::path::Path,
+    ) -> Result<Option<std::os::unix::net::UnixStream>, EngineError> {
+        let _ = image;
+        Err(EngineError::Unsupported(
+            "this backend cannot checkpoint processes".into(),
+        ))
     }
     /// Writes the sandbox's folders `dirs` (relative to its root, e.g. `workspace`) to `out`
     /// as a tar archive. The caller has paused the sandbox.

@@ -34,6 +34,9 @@ type Pending = Arc<StdMutex<PendingState>>;
 struct PendingState {
     routes: HashMap<u32, mpsc::UnboundedSender<Reply>>,
     closed: Option<String>,
+    /// Which stream is current (see [`GuestClient::reconnect`]): an older stream's end
+    /// closes nothing.
+    generation: u64,
 }
 
 /// What the agent said in its handshake.
@@ -52,12 +55,14 @@ pub struct GuestClient {
     writer: Mutex<OwnedWriteHalf>,
     pending: Pending,
     next_id: AtomicU32,
-    reader: JoinHandle<()>,
+    reader: StdMutex<JoinHandle<()>>,
 }
 
 impl Drop for GuestClient {
     fn drop(&mut self) {
-        self.reader.abort();
+        if let Ok(reader) = self.reader.lock() {
+            reader.abort();
+        }
     }
 }
 
@@ -164,12 +169,57 @@ impl GuestClient {
     pub fn start_at(stream: UnixStream, first_id: u32) -> Self {
         let (read, write) = stream.into_split();
         let pending: Pending = Arc::default();
-        let reader = tokio::spawn(read_loop(read, pending.clone()));
+        let reader = tokio::spawn(read_loop(read, pending.clone(), 0));
         Self {
             writer: Mutex::new(write),
             pending,
             next_id: AtomicU32::new(first_id.max(1)),
-            reader,
+            reader: StdMutex::new(reader),
+        }
+    }
+
+    /// Before the agent's connection is replaced (its sandbox is checkpointed and restored in
+    /// place): the end of the current stream no longer closes the client. Follow with
+    /// [`Self::reconnect`] or [`Self::cancel_reconnect`].
+    pub fn expect_reconnect(&self) {
+        if let Ok(mut p) = self.pending.lock() {
+            p.generation += 1;
+        }
+    }
+
+    /// The connection was not replaced after all: its end closes the client again (now, if
+    /// it has ended meanwhile).
+    pub fn cancel_reconnect(&self) {
+        let ended = self.reader.lock().map_or(true, |r| r.is_finished());
+        if let Ok(mut p) = self.pending.lock() {
+            if ended {
+                let reason = "the guest agent closed the connection (during a checkpoint)";
+                p.closed = Some(reason.into());
+                for (_, tx) in p.routes.drain() {
+                    let _ = tx.send(Reply::Closed(reason.into()));
+                }
+            } else {
+                p.generation -= 1;
+            }
+        }
+    }
+
+    /// Continues on `stream`, a new connection to the same agent (whose memory was
+    /// checkpointed and restored with it), after [`Self::expect_reconnect`]: requests in
+    /// progress keep their ids and get the rest of their replies there. What the old stream
+    /// still holds is read to its end.
+    pub async fn reconnect(&self, stream: UnixStream) {
+        let (read, write) = stream.into_split();
+        let mut writer = self.writer.lock().await;
+        let generation = match self.pending.lock() {
+            Ok(p) => p.generation,
+            Err(_) => return,
+        };
+        let reader = tokio::spawn(read_loop(read, self.pending.clone(), generation));
+        *writer = write;
+        if let Ok(mut slot) = self.reader.lock() {
+            // The old reader ends by itself at its stream's end.
+            *slot = reader;
         }
     }
 
@@ -238,7 +288,7 @@ impl GuestClient {
     }
 }
 
-async fn read_loop(mut read: tokio::net::unix::OwnedReadHalf, pending: Pending) {
+async fn read_loop(mut read: tokio::net::unix::OwnedReadHalf, pending: Pending, generation: u64) {
     let mut decoder = FrameDecoder::default();
     // Filled without zeroing first: a zeroed 64 KiB buffer costs 16 page faults up front.
     let mut buf = Vec::with_capacity(64 * 1024);
@@ -268,7 +318,9 @@ async fn read_loop(mut read: tokio::net::unix::OwnedReadHalf, pending: Pending) 
             break reason;
         }
     };
-    if let Ok(mut p) = pending.lock() {
+    if let Ok(mut p) = pending.lock()
+        && p.generation == generation
+    {
         p.closed = Some(reason.clone());
         for (_, tx) in p.routes.drain() {
             let _ = tx.send(Reply::Closed(reason.clone()));

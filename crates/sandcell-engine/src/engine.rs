@@ -10,6 +10,7 @@ use crate::backend::{Backend, BackendCapabilities, BackendInstance};
 use crate::client::{Call, GuestClient};
 use crate::error::EngineError;
 use crate::sandbox::{ExecStream, Sandbox, Timings, prepare_exec};
+use crate::snapshot::{RestoreReport, SnapshotManifest};
 use crate::spec::SandboxSpec;
 
 /// How long a fresh agent may take to answer the handshake.
@@ -134,6 +135,60 @@ impl Engine {
         Ok(sandbox)
     }
 
+    /// Creates sandbox `id` from the process checkpoint of the snapshot in `dir` (checked
+    /// against its checksum first): its processes and kernels continue where the source's
+    /// were, with new random streams. Returns it and what came back.
+    pub async fn restore_checkpoint(
+        &self,
+        id: String,
+        spec: SandboxSpec,
+        dir: &std::path::Path,
+        manifest: &SnapshotManifest,
+    ) -> Result<(Sandbox, RestoreReport), EngineError> {
+        validate_id(&id)?;
+        spec.validate()?;
+        let backend = self.backend(&spec)?;
+        let archive = crate::snapshot::verify(dir, manifest).await?;
+        let start = Instant::now();
+        let image = dir.join(format!("restore-{id}"));
+        let unpacked = {
+            let (archive, image) = (archive.clone(), image.clone());
+            tokio::task::spawn_blocking(move || {
+                std::fs::create_dir(&image)
+                    .map_err(|e| EngineError::io("create the restore folder", e))?;
+                crate::snapshot::unpack_checkpoint(&archive, &image)
+            })
+            .await
+            .map_err(|e| EngineError::io("restore", std::io::Error::other(e)))
+        };
+        let launched = match unpacked {
+            Ok(Ok(())) => backend.restore(&id, &spec, &image).await,
+            Ok(Err(e)) | Err(e) => Err(e),
+        };
+        // The backend has read the image into the new sandbox (or failed): not needed again.
+        let _ = std::fs::remove_dir_all(&image);
+        let launched = launched?;
+        let launch = Launch {
+            id,
+            spec,
+            // The restored agent may still hold requests of its source's host.
+            client: GuestClient::start_at(launched.stream, reattach_first_id()),
+            instance: launched.instance,
+            isolation: launched.isolation,
+            launched_at: start.elapsed(),
+            start,
+        };
+        let hello = launch.client.send_hello().await;
+        let sandbox = launch.finish(hello).await?;
+        match sandbox.after_checkpoint_restore(manifest).await {
+            Ok(report) => Ok((sandbox, report)),
+            Err(e) => {
+                let _ = sandbox.destroy().await;
+                Err(e)
+            }
+        }
+    }
+
     /// Ends whatever is left of a sandbox that cannot be reattached; says what it found.
     pub fn kill_orphan(&self, spec: &SandboxSpec, runtime: &serde_json::Value) -> String {
         match self.backend(spec) {
@@ -143,9 +198,23 @@ impl Engine {
     }
 
     fn backend(&self, spec: &SandboxSpec) -> Result<&Arc<dyn Backend>, EngineError> {
-        self.backends
-            .get(&spec.backend)
-            .ok_or_else(|| EngineError::BackendUnavailable(spec.backend.as_str().into()))
+        self.backends.get(&spec.backend).ok_or_else(|| {
+            let mut have: Vec<&str> = self.backends.keys().map(|k| k.as_str()).collect();
+            have.sort_unstable();
+            EngineError::BackendUnavailable(format!(
+                "backend '{}' is not available in this service (available: {})",
+                spec.backend.as_str(),
+                have.join(", ")
+            ))
+        })
+    }
+
+    /// Fails as creating a sandbox of `spec` would if its backend is not here.
+    pub fn check_backend(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
+        match self.backend(spec)?.unavailable() {
+            Some(why) => Err(EngineError::BackendUnavailable(why)),
+            None => Ok(()),
+        }
     }
 
     /// Starts the backend's sandbox and the client on its agent's stream.

@@ -12,7 +12,7 @@ pub enum EngineError {
     #[error("invalid request: {0}")]
     InvalidRequest(String),
     /// No backend of this kind was given to the engine.
-    #[error("backend '{0}' is not available in this engine")]
+    #[error("{0}")]
     BackendUnavailable(String),
     /// The sandbox could not be started.
     #[error("sandbox failed to start at stage '{stage}': {message}")]

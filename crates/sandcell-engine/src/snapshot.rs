@@ -30,6 +30,9 @@ const ARCHIVED: [&str; 3] = [CARRIED_DIRS[0], CARRIED_DIRS[1], STATE_DIR];
 /// The archive of the carried folders, in a snapshot's folder.
 pub const FILES_ARCHIVE: &str = "files.tar";
 
+/// The archive of a process checkpoint (the backend's image folder), in a snapshot's folder.
+pub const CHECKPOINT_ARCHIVE: &str = "checkpoint.tar";
+
 /// The manifest's format; a different one is refused rather than misread.
 pub const MANIFEST_FORMAT: u32 = 1;
 
@@ -136,6 +139,16 @@ fn fidelity_gaps(language: bool) -> Vec<String> {
     ]
 }
 
+/// What a process checkpoint leaves behind.
+fn checkpoint_gaps() -> Vec<String> {
+    vec![
+        "connections to the host: the agent is reached again on a new one; a download or \
+         attachment in progress at the snapshot does not continue"
+            .into(),
+        "the hostname: a restored sandbox keeps its source's (the checkpoint holds it)".into(),
+    ]
+}
+
 /// A writer that hashes and counts what passes through.
 struct Hashing<W> {
     inner: W,
@@ -183,6 +196,9 @@ impl Sandbox {
     /// paused (it runs again after, unless it was paused before, when it stays paused).
     /// Returns the manifest to keep with it.
     pub async fn snapshot_to(&self, dir: &Path) -> Result<SnapshotManifest, EngineError> {
+        if self.backend_instance().checkpoints() {
+            return self.checkpoint_to(dir).await;
+        }
         let was_paused = self.is_paused();
         // A paused sandbox runs for the moment its kernels write their state, and is paused
         // again after.
@@ -241,6 +257,76 @@ impl Sandbox {
         })
     }
 
+    /// A process checkpoint of the whole sandbox (its backend's), archived with a checksum.
+    async fn checkpoint_to(&self, dir: &Path) -> Result<SnapshotManifest, EngineError> {
+        let was_paused = self.is_paused();
+        self.check_alive()?;
+        let sandbox = self.clone();
+        let dir = dir.to_path_buf();
+        // The backend may restore the sandbox in place: its old connection ends.
+        self.client().expect_reconnect();
+        let written = tokio::task::spawn_blocking(move || {
+            let image = dir.join("image");
+            std::fs::create_dir(&image)
+                .map_err(|e| EngineError::io("create the checkpoint folder", e))?;
+            let checkpointed = sandbox.backend_instance().checkpoint(&image);
+            let archived = match &checkpointed {
+                Ok(_) => archive_folder(&image, &dir.join(CHECKPOINT_ARCHIVE)).map(Some),
+                Err(_) => Ok(None),
+            };
+            let _ = std::fs::remove_dir_all(&image);
+            Ok::<_, EngineError>((checkpointed, archived))
+        })
+        .await
+        .map_err(|e| EngineError::io("snapshot", io::Error::other(e)));
+        let (checkpointed, archived) = match written.and_then(|w| w) {
+            Ok(w) => w,
+            Err(e) => {
+                self.client().cancel_reconnect();
+                return Err(e);
+            }
+        };
+        match checkpointed {
+            Ok(Some(stream)) => {
+                let connected = stream
+                    .set_nonblocking(true)
+                    .and_then(|()| tokio::net::UnixStream::from_std(stream));
+                match connected {
+                    Ok(stream) => self.client().reconnect(stream).await,
+                    Err(e) => {
+                        self.client().cancel_reconnect();
+                        return Err(EngineError::io("use the restored agent's connection", e));
+                    }
+                }
+            }
+            // Checkpointed without touching the connection.
+            Ok(None) => self.client().cancel_reconnect(),
+            Err(e) => {
+                self.client().cancel_reconnect();
+                return Err(e);
+            }
+        }
+        if was_paused {
+            self.pause().await?;
+        }
+        let Some((files, sha256, archive_bytes)) = archived? else {
+            return Err(EngineError::io(
+                "snapshot",
+                io::Error::other("the checkpoint was not archived"),
+            ));
+        };
+        Ok(SnapshotManifest {
+            format: MANIFEST_FORMAT,
+            fidelity: "process".into(),
+            archive: CHECKPOINT_ARCHIVE.into(),
+            sha256,
+            archive_bytes,
+            files,
+            kernels: Vec::new(),
+            not_carried: checkpoint_gaps(),
+        })
+    }
+
     /// Checks the snapshot in `dir` against its manifest (a changed or truncated archive is
     /// refused) and writes its files into this sandbox, which should be fresh.
     pub async fn restore_from(
@@ -248,27 +334,13 @@ impl Sandbox {
         dir: &Path,
         manifest: &SnapshotManifest,
     ) -> Result<RestoreReport, EngineError> {
-        if manifest.format != MANIFEST_FORMAT {
-            return Err(EngineError::Corrupt(format!(
-                "unknown snapshot format {} (this build reads {MANIFEST_FORMAT})",
-                manifest.format
-            )));
+        if manifest.fidelity == "process" {
+            return Err(EngineError::InvalidRequest(
+                "a process checkpoint is restored into a new sandbox (Engine::restore_checkpoint)"
+                    .into(),
+            ));
         }
-        let path = dir.join(&manifest.archive);
-        let (sha256, bytes) = {
-            let p = path.clone();
-            tokio::task::spawn_blocking(move || digest_file(&p))
-                .await
-                .map_err(|e| EngineError::io("check the snapshot", io::Error::other(e)))?
-                .map_err(|e| EngineError::Corrupt(format!("its archive cannot be read: {e}")))?
-        };
-        if sha256 != manifest.sha256 || bytes != manifest.archive_bytes {
-            return Err(EngineError::Corrupt(format!(
-                "its archive does not match its checksum ({bytes} bytes, sha256 {sha256}; \
-                 recorded {} bytes, sha256 {})",
-                manifest.archive_bytes, manifest.sha256
-            )));
-        }
+        let path = verify(dir, manifest).await?;
         // Written through the agent, as the sandbox's user: what the archive says is
         // created inside, with the sandbox's own view of paths.
         let (tx, mut rx) = tokio::sync::mpsc::channel::<Item>(8);
@@ -360,6 +432,184 @@ impl Sandbox {
             kernels,
             files: restored,
             not_carried: manifest.not_carried.clone(),
+        })
+    }
+}
+
+/// Checks the archive of the snapshot in `dir` against its manifest (a changed or truncated
+/// archive is refused); returns its path.
+pub(crate) async fn verify(
+    dir: &Path,
+    manifest: &SnapshotManifest,
+) -> Result<std::path::PathBuf, EngineError> {
+    if manifest.format != MANIFEST_FORMAT {
+        return Err(EngineError::Corrupt(format!(
+            "unknown snapshot format {} (this build reads {MANIFEST_FORMAT})",
+            manifest.format
+        )));
+    }
+    let path = dir.join(&manifest.archive);
+    let (sha256, bytes) = {
+        let p = path.clone();
+        tokio::task::spawn_blocking(move || digest_file(&p))
+            .await
+            .map_err(|e| EngineError::io("check the snapshot", io::Error::other(e)))?
+            .map_err(|e| EngineError::Corrupt(format!("its archive cannot be read: {e}")))?
+    };
+    if sha256 != manifest.sha256 || bytes != manifest.archive_bytes {
+        return Err(EngineError::Corrupt(format!(
+            "its archive does not match its checksum ({bytes} bytes, sha256 {sha256}; \
+             recorded {} bytes, sha256 {})",
+            manifest.archive_bytes, manifest.sha256
+        )));
+    }
+    Ok(path)
+}
+
+/// Archives the flat folder `image` (a backend's checkpoint) into `out`, hashed and made
+/// durable; returns what it holds, the SHA-256 and the archive's length.
+fn archive_folder(image: &Path, out: &Path) -> Result<(FilesCapture, String, u64), EngineError> {
+    let io_err = |e| EngineError::io("write the checkpoint archive", e);
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(out)
+        .map_err(io_err)?;
+    let mut builder = tar::Builder::new(Hashing {
+        inner: io::BufWriter::new(file),
+        sha: Sha256::new(),
+        bytes: 0,
+    });
+    let mut capture = FilesCapture::default();
+    let mut entries: Vec<_> = std::fs::read_dir(image)
+        .map_err(io_err)?
+        .collect::<Result<_, _>>()
+        .map_err(io_err)?;
+    entries.sort_by_key(std::fs::DirEntry::file_name);
+    for entry in entries {
+        let meta = entry.metadata().map_err(io_err)?;
+        if !meta.is_file() {
+            capture.skipped.push(format!(
+                "{}: not a regular file",
+                entry.file_name().to_string_lossy()
+            ));
+            continue;
+        }
+        capture.files += 1;
+        capture.bytes += meta.len();
+        builder
+            .append_path_with_name(entry.path(), entry.file_name())
+            .map_err(io_err)?;
+    }
+    let mut out = builder.into_inner().map_err(io_err)?;
+    out.flush().map_err(io_err)?;
+    let sha256 = hex(&out.sha.finalize_reset());
+    let bytes = out.bytes;
+    let file = out.inner.into_inner().map_err(|e| io_err(e.into_error()))?;
+    file.sync_all().map_err(io_err)?;
+    Ok((capture, sha256, bytes))
+}
+
+/// Unpacks a checkpoint archive (verified) into the empty folder `into`.
+pub(crate) fn unpack_checkpoint(archive: &Path, into: &Path) -> Result<(), EngineError> {
+    let file = std::fs::File::open(archive)
+        .map_err(|e| EngineError::Corrupt(format!("its archive cannot be read: {e}")))?;
+    let mut tar = tar::Archive::new(io::BufReader::new(file));
+    for entry in tar
+        .entries()
+        .map_err(|e| EngineError::Corrupt(format!("its archive cannot be read: {e}")))?
+    {
+        let mut entry =
+            entry.map_err(|e| EngineError::Corrupt(format!("its archive cannot be read: {e}")))?;
+        let name = entry
+            .path()
+            .map_err(|e| EngineError::Corrupt(format!("its archive cannot be read: {e}")))?
+            .into_owned();
+        // The archive is flat: one plain name per entry, nothing that could leave `into`.
+        let mut parts = name.components();
+        let (Some(std::path::Component::Normal(file_name)), None) = (parts.next(), parts.next())
+        else {
+            return Err(EngineError::Corrupt(format!(
+                "unexpected entry {} in the checkpoint",
+                name.display()
+            )));
+        };
+        entry
+            .unpack(into.join(file_name))
+            .map_err(|e| EngineError::io("unpack the checkpoint", e))?;
+    }
+    Ok(())
+}
+
+impl Sandbox {
+    /// After a process checkpoint came back: new random streams in the kernels (the restored
+    /// memory holds its source's), and what each kernel holds.
+    pub(crate) async fn after_checkpoint_restore(
+        &self,
+        manifest: &SnapshotManifest,
+    ) -> Result<RestoreReport, EngineError> {
+        let mut kernels = Vec::new();
+        let mut not_carried = manifest.not_carried.clone();
+        for c in self.list_contexts().await? {
+            if c.pid.is_none() {
+                continue;
+            }
+            let reseed = match c.language {
+                Language::Python => Some(
+                    "__import__('random').seed(__import__('os').urandom(32)); \
+                     __import__('sys').modules.get('numpy') and \
+                     __import__('numpy').random.seed(int.from_bytes(__import__('os').urandom(4), 'little'))",
+                ),
+                Language::Node => Some(
+                    "{ const c = require('crypto'); \
+                     Math.random = () => c.randomInt(0, 2 ** 48) / 2 ** 48; undefined }",
+                ),
+                _ => None,
+            };
+            if let Some(code) = reseed {
+                let req = sandcell_protocol::code::RunCodeRequest {
+                    context: Some(c.id.clone()),
+                    language: None,
+                    code: code.into(),
+                    timeout_ms: Some(10_000),
+                };
+                match self.run_code(req).await {
+                    Ok(run) if run.error.is_none() => {}
+                    Ok(run) => not_carried.push(format!(
+                        "{}: its random stream could not be reseeded ({})",
+                        c.id,
+                        run.error
+                            .map(|e| format!("{}: {}", e.ename, e.evalue))
+                            .unwrap_or_default()
+                    )),
+                    Err(e) => not_carried.push(format!(
+                        "{}: its random stream could not be reseeded ({e})",
+                        c.id
+                    )),
+                }
+            }
+            let restored = self
+                .list_variables(&c.id)
+                .await
+                .map(|vars| vars.into_iter().map(|v| v.name).collect())
+                .unwrap_or_default();
+            kernels.push(KernelRestore {
+                context: c.id,
+                language: c.language,
+                restored,
+                failed: Vec::new(),
+                skipped: Vec::new(),
+            });
+        }
+        Ok(RestoreReport {
+            fidelity: manifest.fidelity.clone(),
+            files: FilesRestore {
+                files: manifest.files.files,
+                bytes: manifest.files.bytes,
+                skipped: Vec::new(),
+            },
+            kernels,
+            not_carried,
         })
     }
 }

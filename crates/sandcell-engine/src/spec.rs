@@ -16,6 +16,9 @@ pub enum BackendKind {
     /// Linux namespaces, seccomp, Landlock and cgroups around the guest agent.
     #[default]
     Process,
+    /// gVisor's `runsc`: a user-space kernel between the sandbox and the host, with full
+    /// process checkpoints.
+    Gvisor,
 }
 
 impl BackendKind {
@@ -23,6 +26,7 @@ impl BackendKind {
     pub fn as_str(self) -> &'static str {
         match self {
             Self::Process => "process",
+            Self::Gvisor => "gvisor",
         }
     }
 }

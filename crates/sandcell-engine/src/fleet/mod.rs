@@ -287,6 +287,17 @@ pub struct CreateOptions {
     pub lifetime_ms: Option<u64>,
     /// Forget the record when it stops.
     pub ephemeral: bool,
+    /// Start it from this process checkpoint instead of fresh (never from a warm pool).
+    pub checkpoint: Option<Checkpoint>,
+}
+
+/// A snapshot holding a process checkpoint, to start a sandbox from.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Checkpoint {
+    /// The snapshot's folder.
+    pub dir: std::path::PathBuf,
+    /// Its manifest.
+    pub manifest: crate::snapshot::SnapshotManifest,
 }
 
 /// Labels and metadata: at most this many entries each, keys and values this long.
@@ -324,6 +335,8 @@ pub struct Created {
     pub record: SandboxRecord,
     /// It came ready from a warm pool.
     pub from_pool: bool,
+    /// What came back, when it was started from a checkpoint.
+    pub restore: Option<crate::snapshot::RestoreReport>,
 }
 
 /// What [`Fleet::recover`] did.
@@ -395,6 +408,7 @@ impl Fleet {
         check_tags("label", &opts.labels)?;
         check_tags("metadata", &opts.metadata)?;
         opts.spec.validate()?;
+        self.engine.check_backend(&opts.spec)?;
         let lifetime = match (opts.lifetime_ms, self.limits.max_lifetime_ms) {
             (Some(asked), Some(max)) if asked > max => {
                 return Err(EngineError::InvalidRequest(format!(
@@ -434,21 +448,32 @@ impl Fleet {
         };
         let admitted = self.admission.lock().await;
         self.check_caps(owner)?;
-        if let Some(record) = self.claim_from_pool(record.clone())? {
+        if opts.checkpoint.is_none()
+            && let Some(record) = self.claim_from_pool(record.clone())?
+        {
             return Ok(Created {
                 record,
                 from_pool: true,
+                restore: None,
             });
         }
         self.ledger.insert(&record).map_err(persistence)?;
         drop(admitted);
         let mut record = record;
-        match self
-            .engine
-            .create_with_id(record.id.clone(), record.spec.clone())
-            .await
-        {
-            Ok(sandbox) => {
+        let made = match &opts.checkpoint {
+            Some(c) => self
+                .engine
+                .restore_checkpoint(record.id.clone(), record.spec.clone(), &c.dir, &c.manifest)
+                .await
+                .map(|(sandbox, report)| (sandbox, Some(report))),
+            None => self
+                .engine
+                .create_with_id(record.id.clone(), record.spec.clone())
+                .await
+                .map(|sandbox| (sandbox, None)),
+        };
+        match made {
+            Ok((sandbox, restore)) => {
                 record.state = SandboxState::Running;
                 record.updated_at_ms = now_ms();
                 record.runtime = sandbox.runtime();
@@ -465,6 +490,7 @@ impl Fleet {
                 Ok(Created {
                     record,
                     from_pool: false,
+                    restore,
                 })
             }
             Err(e) => {

@@ -472,6 +472,62 @@ fn remove_stale_builds(cache_dir: &Path) {
     }
 }
 
+/// Host paths bound read-only into every sandbox when present: the system, plus the few
+/// `/etc` entries programs need that hold no secrets.
+pub const DEFAULT_SYSTEM_PATHS: &[&str] = &[
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/etc/alternatives",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/ssl",
+    "/etc/ca-certificates",
+    "/etc/localtime",
+    "/etc/timezone",
+    "/etc/mime.types",
+    "/etc/os-release",
+    "/etc/debian_version",
+    "/etc/bash.bashrc",
+    "/etc/profile",
+    "/etc/inputrc",
+    "/etc/python3",
+    "/etc/python3.11",
+    "/etc/matplotlibrc",
+    "/etc/fonts",
+    "/etc/R",
+];
+
+/// The files synthesized under a sandbox's `/etc`: users, groups, host name, resolver.
+pub fn sandbox_etc_files(hostname: &str) -> Vec<(String, String)> {
+    let u = sandcell_protocol::SANDBOX_UID;
+    vec![
+        (
+            "passwd".into(),
+            format!(
+                "root:x:0:0:root:/root:/usr/sbin/nologin\nsandbox:x:{u}:{u}:sandbox:/home/sandbox:/bin/bash\nnobody:x:65534:65534:nobody:/nonexistent:/usr/sbin/nologin\n"
+            ),
+        ),
+        ("group".into(), format!("root:x:0:\nsandbox:x:{u}:\nnogroup:x:65534:\n")),
+        ("hostname".into(), format!("{hostname}\n")),
+        (
+            "hosts".into(),
+            format!("127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n127.0.1.1\t{hostname}\n"),
+        ),
+        // No network: point resolvers at loopback so lookups fail fast instead of hanging.
+        ("resolv.conf".into(), "# sandcell: no outside network\nnameserver 127.0.0.1\n".into()),
+        (
+            "nsswitch.conf".into(),
+            "passwd: files\ngroup: files\nshadow: files\nhosts: files dns\nnetworks: files\nprotocols: files\nservices: files\n".into(),
+        ),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -7,7 +7,7 @@ use std::path::PathBuf;
 use axum::Json;
 use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
-use sandcell_engine::fleet::CreateOptions;
+use sandcell_engine::fleet::{Checkpoint, CreateOptions};
 use sandcell_engine::{RestoreReport, SandboxSpec, SnapshotManifest};
 use sandcell_store::SnapshotRecord;
 use serde::{Deserialize, Serialize};
@@ -474,21 +474,38 @@ async fn make_from(
     for _ in 0..count {
         let mut o = opts.clone();
         o.spec = kept.spec.clone();
-        let record = match s.fleet.create(&caller.owner, o).await {
-            Ok(c) => c.record,
+        // A process checkpoint is where the new sandbox starts from; other snapshots are
+        // written into a fresh one.
+        let whole = kept.manifest.fidelity == "process";
+        if whole {
+            o.checkpoint = Some(Checkpoint {
+                dir: dir.clone(),
+                manifest: kept.manifest.clone(),
+            });
+        }
+        let (record, report) = match s.fleet.create(&caller.owner, o).await {
+            Ok(c) => (c.record, c.restore),
             Err(e) => {
                 undo(s, caller, &made).await;
-                return Err(e.into());
+                return Err(corrupt(e));
             }
         };
-        let restored = async {
-            let sandbox = s.fleet.sandbox(&caller.owner, &record.id)?;
-            sandbox
-                .restore_from(&dir, &kept.manifest)
+        let restored = match report {
+            Some(report) => Ok(report),
+            None if whole => Err(ApiError::internal(
+                "the checkpoint's restore reported nothing",
+            )),
+            None => {
+                async {
+                    let sandbox = s.fleet.sandbox(&caller.owner, &record.id)?;
+                    sandbox
+                        .restore_from(&dir, &kept.manifest)
+                        .await
+                        .map_err(corrupt)
+                }
                 .await
-                .map_err(corrupt)
-        }
-        .await;
+            }
+        };
         match restored {
             Ok(report) => {
                 s.store.set_sandbox_origin(&record.id, &rec.id)?;

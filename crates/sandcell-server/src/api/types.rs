@@ -185,13 +185,17 @@ pub struct CreateSandbox {
 impl CreateSandbox {
     /// The engine spec this asks for.
     pub fn spec(&self) -> Result<SandboxSpec, ApiError> {
-        if let Some(b) = self.backend.as_deref()
-            && b != BackendKind::Process.as_str()
-        {
-            return Err(ApiError::invalid(format!(
-                "backend '{b}' is not available in this service (available: process)"
-            )));
-        }
+        let backend = match self.backend.as_deref() {
+            None => BackendKind::Process,
+            Some(b) => [BackendKind::Process, BackendKind::Gvisor]
+                .into_iter()
+                .find(|k| k.as_str() == b)
+                .ok_or_else(|| {
+                    ApiError::invalid(format!(
+                        "unknown backend '{b}' (Sandcell has: process, gvisor)"
+                    ))
+                })?,
+        };
         let template = self.template.as_deref().unwrap_or(DEFAULT_TEMPLATE);
         let mut warm_kernels: Vec<sandcell_protocol::Language> = template_kernels(template)
             .ok_or_else(|| ApiError::not_found("template", template))?
@@ -244,6 +248,7 @@ impl CreateSandbox {
             env: self.env.clone(),
             warm_kernels,
             template: Some(template.to_string()),
+            backend,
             ..SandboxSpec::default()
         };
         spec.validate()?;
@@ -273,6 +278,7 @@ pub fn create_options(
             .map(|v| secs_to_ms("timeout_secs", v))
             .transpose()?,
         ephemeral,
+        checkpoint: None,
     })
 }
 

@@ -1,0 +1,156 @@
+//! The OCI bundle of one sandbox: `config.json` for `runsc`, over the root skeleton the
+//! `process` backend uses too (read-only system binds, synthesized `/etc`, tmpfs for the
+//! writable folders), with the Sandcell binary bound at [`GUEST_DIR`].
+
+use serde_json::{Value, json};
+
+use sandcell_engine::SandboxSpec;
+use sandcell_protocol::SANDBOX_UID;
+
+/// Where the Sandcell binary is bound inside (read-only).
+pub const GUEST_DIR: &str = "/.sandcell";
+
+/// The tmpfs folders every sandbox gets, with their permission bits.
+pub const TMPFS: [(&str, &str); 3] = [
+    ("/workspace", "755"),
+    ("/home/sandbox", "755"),
+    ("/tmp", "1777"),
+];
+
+/// Host memory gVisor's own kernel needs besides the sandbox's: the cgroup limit is the
+/// sandbox's plus this (the whole sandbox, gVisor included, is what the host limits).
+pub const MEMORY_OVERHEAD: u64 = 128 * 1024 * 1024;
+
+/// Host tasks gVisor's own kernel needs besides the sandbox's processes (its threads; under
+/// the ptrace platform each sandbox process is one host task too).
+pub const PIDS_OVERHEAD: u64 = 256;
+
+/// What a bundle is made from besides the spec.
+#[derive(Debug, Clone)]
+pub struct BundleInputs<'a> {
+    /// The root skeleton (host folder), bound read-only as `/`.
+    pub root: &'a str,
+    /// Host system paths bound read-only at the same place.
+    pub binds: &'a [String],
+    /// The host folder holding the Sandcell binary (bound at [`GUEST_DIR`]).
+    pub guest_dir: &'a str,
+    /// The cgroup path (relative to each hierarchy's root).
+    pub cgroup_path: &'a str,
+    /// The hostname inside.
+    pub hostname: &'a str,
+}
+
+/// The bundle's `config.json` for sandbox `spec`.
+pub fn config(spec: &SandboxSpec, inputs: &BundleInputs<'_>) -> Value {
+    let l = &spec.limits;
+    let uid = SANDBOX_UID;
+    let mut mounts = vec![json!({"destination": "/proc", "type": "proc", "source": "proc"})];
+    for (path, mode) in TMPFS {
+        let size = match path {
+            "/workspace" => l.disk_bytes,
+            "/home/sandbox" => l.home_bytes,
+            _ => l.tmp_bytes,
+        };
+        let mut options = vec![format!("mode={mode}"), format!("size={size}")];
+        if path != "/tmp" {
+            options.push(format!("uid={uid}"));
+            options.push(format!("gid={uid}"));
+        }
+        mounts.push(json!({
+            "destination": path, "type": "tmpfs", "source": "tmpfs", "options": options,
+        }));
+    }
+    for path in inputs.binds {
+        mounts.push(json!({
+            "destination": path, "type": "bind", "source": path, "options": ["rbind", "ro"],
+        }));
+    }
+    mounts.push(json!({
+        "destination": GUEST_DIR, "type": "bind", "source": inputs.guest_dir,
+        "options": ["rbind", "ro"],
+    }));
+    let mut resources = json!({});
+    if let Some(m) = l.memory_bytes {
+        let limit = m.saturating_add(MEMORY_OVERHEAD);
+        resources["memory"] = json!({"limit": limit, "swap": limit});
+    }
+    if let Some(p) = l.pids {
+        resources["pids"] = json!({"limit": p.saturating_add(PIDS_OVERHEAD)});
+    }
+    if let Some(c) = l.cpus {
+        let period: u64 = 100_000;
+        resources["cpu"] = json!({"quota": (c * period as f64).round() as i64, "period": period});
+    }
+    json!({
+        "ociVersion": "1.0.2",
+        "process": {
+            "terminal": false,
+            "user": {"uid": uid, "gid": uid},
+            "args": [format!("{GUEST_DIR}/sandcell"), "__gvisor-guest"],
+            "env": ["PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/home/sandbox"],
+            "cwd": "/workspace",
+            "noNewPrivileges": true,
+            "capabilities": {"bounding": [], "effective": [], "inheritable": [], "permitted": [], "ambient": []},
+            "rlimits": [
+                {"type": "RLIMIT_NOFILE", "hard": l.open_files, "soft": l.open_files},
+            ],
+        },
+        "root": {"path": inputs.root, "readonly": true},
+        "hostname": inputs.hostname,
+        "mounts": mounts,
+        "linux": {
+            "cgroupsPath": inputs.cgroup_path,
+            "resources": resources,
+            "namespaces": [
+                {"type": "pid"}, {"type": "ipc"}, {"type": "uts"}, {"type": "mount"},
+                {"type": "network"},
+            ],
+        },
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inputs() -> BundleInputs<'static> {
+        BundleInputs {
+            root: "/run/sandcell/rootfs/root-x",
+            binds: &[],
+            guest_dir: "/run/sandcell/gvisor/bin",
+            cgroup_path: "/sandcell/sb-1",
+            hostname: "sandcell",
+        }
+    }
+
+    #[test]
+    fn limits_reach_the_bundle_with_gvisors_own_share() {
+        let spec = SandboxSpec::default();
+        let c = config(&spec, &inputs());
+        let mem = spec.limits.memory_bytes.unwrap();
+        assert_eq!(
+            c["linux"]["resources"]["memory"]["limit"],
+            json!(mem + MEMORY_OVERHEAD)
+        );
+        assert_eq!(
+            c["linux"]["resources"]["pids"]["limit"],
+            json!(spec.limits.pids.unwrap() + PIDS_OVERHEAD)
+        );
+        let ws = c["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["destination"] == "/workspace")
+            .unwrap();
+        let opts: Vec<&str> = ws["options"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|o| o.as_str().unwrap())
+            .collect();
+        assert!(opts.contains(&format!("size={}", spec.limits.disk_bytes).as_str()));
+        assert!(opts.contains(&format!("uid={SANDBOX_UID}").as_str()));
+        assert_eq!(c["process"]["user"]["uid"], json!(SANDBOX_UID));
+        assert_eq!(c["root"]["readonly"], json!(true));
+    }
+}

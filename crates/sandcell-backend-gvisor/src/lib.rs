@@ -1,0 +1,716 @@
+//! The `gvisor` backend: the guest agent as PID 1 of an OCI bundle run by gVisor's `runsc`
+//! (a user-space kernel between the sandbox and the host), with full process checkpoints.
+//!
+//! Each sandbox is one `runsc` container over the same root skeleton the `process` backend
+//! builds (read-only system binds, synthesized `/etc`), tmpfs for `/workspace`,
+//! `/home/sandbox` and `/tmp` (in gVisor's memory, so a checkpoint holds them), and the
+//! Sandcell binary bound read-only. The agent's connection is one end of a socketpair given
+//! to `runsc` as the container's stdin; a restore is given a new one, which is how one
+//! checkpoint becomes many sandboxes.
+
+mod bundle;
+mod runsc;
+
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use sandcell_engine::{
+    Backend, BackendCapabilities, BackendInstance, BackendKind, EngineError, LaunchedSandbox,
+    NetworkPolicy, ResourceCounters, SandboxSpec,
+};
+use sandcell_jail::cgroup::{CgroupVersion, SandboxCgroup};
+use sandcell_jail::rootfs::skeleton::{self, RootLayout};
+use sandcell_protocol::{Feature, FeatureState, IsolationReport};
+
+pub use bundle::{GUEST_DIR, MEMORY_OVERHEAD, PIDS_OVERHEAD};
+use runsc::Runsc;
+
+/// The hostname inside every sandbox.
+const HOSTNAME: &str = "sandcell";
+
+/// Settings of the gvisor backend.
+#[derive(Debug, Clone)]
+pub struct GvisorBackendConfig {
+    /// The `runsc` executable (`None`: not found; the backend is then unavailable).
+    pub runsc: Option<PathBuf>,
+    /// The Sandcell binary (copied next to the bundles and run inside as the agent).
+    pub binary: PathBuf,
+    /// Where bundles, runsc's state and the root skeleton live.
+    pub runtime_dir: PathBuf,
+    /// Host paths bound read-only into the sandbox.
+    pub system_paths: Vec<String>,
+    /// Parent cgroup (relative to each hierarchy's root) for sandbox cgroups.
+    pub cgroup_parent: String,
+    /// runsc's `--platform`: `ptrace` (works everywhere) or `kvm`.
+    pub platform: String,
+    /// Keep runsc's debug logs (in each bundle's folder).
+    pub debug: bool,
+}
+
+impl GvisorBackendConfig {
+    /// Defaults: `runsc` from `$PATH`, `binary` as the agent, the shared runtime folder.
+    pub fn new(binary: impl Into<PathBuf>, runtime_dir: impl Into<PathBuf>) -> Self {
+        Self {
+            runsc: find_on_path("runsc"),
+            binary: binary.into(),
+            runtime_dir: runtime_dir.into(),
+            system_paths: skeleton::DEFAULT_SYSTEM_PATHS
+                .iter()
+                .map(|s| s.to_string())
+                .collect(),
+            cgroup_parent: std::env::var("SANDCELL_CGROUP_PARENT")
+                .unwrap_or_else(|_| "sandcell".into()),
+            platform: std::env::var("SANDCELL_GVISOR_PLATFORM").unwrap_or_else(|_| "ptrace".into()),
+            debug: std::env::var_os("SANDCELL_DEBUG").is_some(),
+        }
+    }
+}
+
+/// The first `name` in `$PATH` that is a file.
+fn find_on_path(name: &str) -> Option<PathBuf> {
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .chain([PathBuf::from("/usr/sbin"), PathBuf::from("/usr/bin")])
+        .map(|d| d.join(name))
+        .find(|p| p.is_file())
+}
+
+/// What every sandbox shares, made on first use.
+#[derive(Debug, Clone)]
+struct Shared {
+    /// The root skeleton.
+    root: String,
+    /// System paths bound into it.
+    binds: Vec<String>,
+    /// The folder holding the agent binary.
+    guest_dir: String,
+}
+
+/// The `gvisor` backend.
+#[derive(Debug, Clone)]
+pub struct GvisorBackend {
+    config: GvisorBackendConfig,
+    shared: Arc<Mutex<Option<Shared>>>,
+    version: Arc<std::sync::OnceLock<Option<String>>>,
+}
+
+impl GvisorBackend {
+    /// A backend with these settings.
+    pub fn new(config: GvisorBackendConfig) -> Self {
+        Self {
+            config,
+            shared: Arc::default(),
+            version: Arc::default(),
+        }
+    }
+
+    /// `runsc --version`'s first line (asked once, when first needed).
+    fn version(&self) -> Option<&str> {
+        self.version
+            .get_or_init(|| {
+                let program = self.config.runsc.as_ref()?;
+                let out = std::process::Command::new(program)
+                    .arg("--version")
+                    .stdin(std::process::Stdio::null())
+                    .output()
+                    .ok()
+                    .filter(|o| o.status.success())?;
+                String::from_utf8_lossy(&out.stdout)
+                    .lines()
+                    .next()
+                    .map(str::to_string)
+            })
+            .as_deref()
+    }
+
+    fn dir(&self) -> PathBuf {
+        self.config.runtime_dir.join("gvisor")
+    }
+
+    /// Why this backend cannot run here, if it cannot.
+    fn unavailable(&self) -> Option<String> {
+        if self.config.runsc.is_none() {
+            return Some("runsc is not installed (Debian package `runsc`)".into());
+        }
+        if self.version().is_none() {
+            return Some("runsc --version fails".into());
+        }
+        if !rustix::process::geteuid().is_root() {
+            return Some("runsc needs root here".into());
+        }
+        if !self.config.binary.is_file() {
+            return Some(format!(
+                "the agent binary {} is missing",
+                self.config.binary.display()
+            ));
+        }
+        None
+    }
+
+    fn runsc(&self, bundle: Option<&Path>) -> Result<Runsc, EngineError> {
+        let program = self
+            .config
+            .runsc
+            .clone()
+            .ok_or_else(|| EngineError::BackendUnavailable("runsc is not installed".into()))?;
+        Ok(Runsc {
+            program,
+            root: self.dir().join("state"),
+            platform: self.config.platform.clone(),
+            debug_log: if self.config.debug {
+                bundle.map(|b| b.join("debug"))
+            } else {
+                None
+            },
+        })
+    }
+
+    /// The root skeleton and the agent binary's folder (made once).
+    fn shared(&self) -> Result<Shared, EngineError> {
+        let mut slot = self.shared.lock().map_err(|_| {
+            EngineError::io(
+                "prepare the gvisor backend",
+                std::io::Error::other("its state is poisoned"),
+            )
+        })?;
+        if let Some(s) = slot.as_ref() {
+            return Ok(s.clone());
+        }
+        let launch_err = |stage: &str, message: String| EngineError::Launch {
+            stage: stage.into(),
+            message,
+        };
+        let tmpfs: Vec<&str> = bundle::TMPFS
+            .iter()
+            .map(|(p, _)| *p)
+            .chain([GUEST_DIR])
+            .collect();
+        let skeleton = skeleton::prepare(
+            &self.config.runtime_dir.join("rootfs"),
+            &RootLayout {
+                system_paths: &self.config.system_paths,
+                etc_files: &etc_files(),
+                tmpfs_paths: &tmpfs,
+            },
+            // runsc binds each system path itself: nothing mounted in the host's namespace.
+            false,
+        )
+        .map_err(|e| launch_err("root skeleton", e.to_string()))?;
+        let guest_dir = self.dir().join("bin");
+        install_binary(&self.config.binary, &guest_dir)
+            .map_err(|e| launch_err("agent binary", e))?;
+        for d in ["state", "bundles"] {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(self.dir().join(d))
+                .map_err(|e| {
+                    EngineError::io(format!("create {}", self.dir().join(d).display()), e)
+                })?;
+        }
+        let shared = Shared {
+            root: skeleton.dir.display().to_string(),
+            binds: skeleton.binds,
+            guest_dir: guest_dir.display().to_string(),
+        };
+        *slot = Some(shared.clone());
+        Ok(shared)
+    }
+
+    fn cgroup_path(&self, id: &str) -> String {
+        format!("/{}/{id}", self.config.cgroup_parent.trim_matches('/'))
+    }
+
+    /// Writes sandbox `id`'s bundle; returns its folder.
+    fn write_bundle(&self, id: &str, spec: &SandboxSpec) -> Result<PathBuf, EngineError> {
+        let shared = self.shared()?;
+        let dir = self.dir().join("bundles").join(id);
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(&dir)
+            .map_err(|e| EngineError::io(format!("create {}", dir.display()), e))?;
+        let config = bundle::config(
+            spec,
+            &bundle::BundleInputs {
+                root: &shared.root,
+                binds: &shared.binds,
+                guest_dir: &shared.guest_dir,
+                cgroup_path: &self.cgroup_path(id),
+                hostname: HOSTNAME,
+            },
+        );
+        std::fs::write(dir.join("config.json"), config.to_string())
+            .map_err(|e| EngineError::io("write the bundle's config.json", e))?;
+        Ok(dir)
+    }
+
+    /// Starts (or restores from `image`) sandbox `id` and connects to its agent.
+    async fn start(
+        &self,
+        id: &str,
+        spec: &SandboxSpec,
+        image: Option<&Path>,
+    ) -> Result<LaunchedSandbox, EngineError> {
+        if let Some(why) = self.unavailable() {
+            return Err(EngineError::BackendUnavailable(format!(
+                "the gvisor backend cannot run here: {why}"
+            )));
+        }
+        let bundle = self.write_bundle(id, spec)?;
+        let runsc = self.runsc(Some(&bundle))?;
+        let (host, child) =
+            UnixStream::pair().map_err(|e| EngineError::io("create the agent socketpair", e))?;
+        let stage = if image.is_some() {
+            "runsc restore"
+        } else {
+            "runsc run"
+        };
+        let started = {
+            let (runsc, id, bundle) = (runsc.clone(), id.to_string(), bundle.clone());
+            let image = image.map(Path::to_path_buf);
+            tokio::task::spawn_blocking(move || {
+                // A container of that name left by a crash would block the new one.
+                let _ = runsc.delete(&id);
+                runsc.start(
+                    &id,
+                    &bundle,
+                    image.as_deref(),
+                    child,
+                    &bundle.join("console.log"),
+                )?;
+                runsc.state(&id)
+            })
+            .await
+            .map_err(|e| EngineError::io(stage, std::io::Error::other(e)))?
+        };
+        let state = match started {
+            Ok(s) => s,
+            Err(message) => {
+                let _ = runsc.delete(id);
+                let _ = std::fs::remove_dir_all(&bundle);
+                return Err(EngineError::Launch {
+                    stage: stage.into(),
+                    message,
+                });
+            }
+        };
+        let instance = GvisorInstance {
+            id: id.to_string(),
+            runsc,
+            bundle,
+            host_pid: AtomicI32::new(state.pid),
+            cgroup: Mutex::new(open_cgroup(&self.cgroup_path(id))),
+            cgroup_path: self.cgroup_path(id),
+            destroyed: AtomicBool::new(false),
+        };
+        host.set_nonblocking(true)
+            .map_err(|e| EngineError::io("use the agent socket", e))?;
+        let stream = tokio::net::UnixStream::from_std(host)
+            .map_err(|e| EngineError::io("use the agent socket", e))?;
+        Ok(LaunchedSandbox {
+            stream,
+            instance: Box::new(instance),
+            isolation: self.isolation(spec),
+        })
+    }
+
+    /// The isolation a sandbox of `spec` gets outside the agent.
+    fn isolation(&self, spec: &SandboxSpec) -> IsolationReport {
+        let mut r = IsolationReport::default();
+        r.set(
+            "gvisor",
+            FeatureState::Active,
+            format!(
+                "{} ({} platform): the sandbox's syscalls are served by gVisor's kernel, not the host's",
+                self.version().unwrap_or("runsc"),
+                self.config.platform
+            ),
+        );
+        r.set(
+            "network",
+            match spec.network {
+                NetworkPolicy::Loopback => FeatureState::Active,
+                NetworkPolicy::Off => FeatureState::Degraded,
+            },
+            match spec.network {
+                NetworkPolicy::Loopback => "loopback only (runsc --network=none)",
+                NetworkPolicy::Off => {
+                    "loopback only (runsc --network=none): inet sockets on loopback still work"
+                }
+            },
+        );
+        let limits = &spec.limits;
+        r.set(
+            "cgroup_limits",
+            FeatureState::Active,
+            format!(
+                "memory {} + {} MiB for gVisor's kernel, pids {} + {} for its threads, on the \
+                 host cgroup of the whole sandbox",
+                limits
+                    .memory_bytes
+                    .map_or("unlimited".into(), |m| format!("{} MiB", m >> 20)),
+                MEMORY_OVERHEAD >> 20,
+                limits.pids.map_or("unlimited".into(), |p| p.to_string()),
+                PIDS_OVERHEAD
+            ),
+        );
+        r
+    }
+
+    /// What this backend cannot do that the `process` backend can (for `GET /v1/system`).
+    fn limitations() -> Vec<Feature> {
+        let line = |name: &str, detail: &str| Feature {
+            name: name.into(),
+            state: FeatureState::Unavailable,
+            detail: detail.into(),
+        };
+        vec![
+            line(
+                "survive_service_restart",
+                "a sandbox ends when the service that started it stops (its agent's \
+                 connection is the container's stdin); after a restart it is recorded lost",
+            ),
+            line(
+                "network_off",
+                "`network: off` cannot also refuse inet sockets: the sandbox keeps loopback",
+            ),
+            line(
+                "oom_per_process",
+                "memory is limited for the whole sandbox: going over ends the sandbox (the \
+                 host kills gVisor's kernel), not one process",
+            ),
+            line(
+                "exact_pids_limit",
+                "the pids limit counts host tasks, gVisor's own threads included (the spec's \
+                 limit + 256)",
+            ),
+            line(
+                "new_hostname_after_restore",
+                "a sandbox restored from a checkpoint keeps its source's hostname",
+            ),
+            line(
+                "statx_no_automount",
+                "this runsc refuses statx/fstatat with AT_NO_AUTOMOUNT: dynamically linked \
+                 programs get a preloaded library that drops the flag (/etc/ld.so.preload); \
+                 static binaries that pass it get EINVAL",
+            ),
+        ]
+    }
+}
+
+/// The preload library that drops `AT_NO_AUTOMOUNT` from `statx`/`fstatat` (this runsc
+/// refuses it; see shim/gvisor_compat.c), built by build.rs.
+const COMPAT_LIBRARY: &[u8] =
+    include_bytes!(concat!(env!("OUT_DIR"), "/libsandcell-gvisor-compat.so"));
+
+/// Its file name in [`GUEST_DIR`].
+const COMPAT_NAME: &str = "libsandcell-gvisor-compat.so";
+
+/// The skeleton's `/etc` for gVisor: the process backend's, plus the preload.
+fn etc_files() -> Vec<(String, String)> {
+    let mut files = skeleton::sandbox_etc_files(HOSTNAME);
+    files.push((
+        "ld.so.preload".into(),
+        format!("{GUEST_DIR}/{COMPAT_NAME}\n"),
+    ));
+    files
+}
+
+/// Writes `bytes` to `path` (mode 0755) unless it holds them already; written beside and
+/// renamed, so that running sandboxes keep the file they started with.
+fn install_file(path: &Path, bytes: &[u8]) -> Result<(), String> {
+    if std::fs::read(path).is_ok_and(|have| have == bytes) {
+        return Ok(());
+    }
+    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    std::fs::write(&tmp, bytes).map_err(|e| format!("write {}: {e}", tmp.display()))?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| format!("chmod {}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, path).map_err(|e| format!("install {}: {e}", path.display()))
+}
+
+/// Copies the agent binary to `dir/sandcell` (readable and executable by the sandbox user)
+/// unless an identical-looking copy is there, and the preload library beside it.
+fn install_binary(binary: &Path, dir: &Path) -> Result<(), String> {
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(dir)
+        .map_err(|e| format!("create {}: {e}", dir.display()))?;
+    let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755));
+    install_file(&dir.join(COMPAT_NAME), COMPAT_LIBRARY)?;
+    let target = dir.join("sandcell");
+    let src = std::fs::metadata(binary).map_err(|e| format!("{}: {e}", binary.display()))?;
+    if let Ok(have) = std::fs::metadata(&target)
+        && have.len() == src.len()
+        && have.modified().ok() >= src.modified().ok()
+    {
+        return Ok(());
+    }
+    // Written beside and renamed: running sandboxes keep the file they started from.
+    let tmp = dir.join(format!(".sandcell.{}", std::process::id()));
+    std::fs::copy(binary, &tmp).map_err(|e| format!("copy {}: {e}", binary.display()))?;
+    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))
+        .map_err(|e| format!("chmod {}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, &target).map_err(|e| format!("install {}: {e}", target.display()))
+}
+
+/// The cgroup runsc made for a sandbox at `path` (under each v1 hierarchy, or v2), if found.
+fn open_cgroup(path: &str) -> Option<SandboxCgroup> {
+    let root = Path::new("/sys/fs/cgroup");
+    let rel = path.trim_start_matches('/');
+    let support = sandcell_jail::cgroup::detect(root);
+    let paths: Vec<PathBuf> = match support.version? {
+        CgroupVersion::V2 => vec![root.join(rel)],
+        CgroupVersion::V1 => std::fs::read_dir(root)
+            .ok()?
+            .filter_map(Result::ok)
+            .map(|e| e.path().join(rel))
+            .filter(|p| p.join("tasks").is_file())
+            .collect(),
+    };
+    SandboxCgroup::open(&paths).ok()
+}
+
+#[async_trait]
+impl Backend for GvisorBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Gvisor
+    }
+
+    fn capabilities(&self) -> BackendCapabilities {
+        let why = self.unavailable();
+        let mut host = IsolationReport::default();
+        match &why {
+            None => host.set(
+                "runsc",
+                FeatureState::Active,
+                format!(
+                    "{} ({} platform)",
+                    self.version().unwrap_or("runsc"),
+                    self.config.platform
+                ),
+            ),
+            Some(why) => host.set("runsc", FeatureState::Unavailable, why.clone()),
+        }
+        host.features.extend(Self::limitations());
+        BackendCapabilities {
+            kind: BackendKind::Gvisor,
+            available: why.is_none(),
+            isolation_level: "user-space kernel".into(),
+            supports_pause: true,
+            checkpoint_fidelity: "process".into(),
+            host,
+        }
+    }
+
+    async fn launch(&self, id: &str, spec: &SandboxSpec) -> Result<LaunchedSandbox, EngineError> {
+        self.start(id, spec, None).await
+    }
+
+    async fn restore(
+        &self,
+        id: &str,
+        spec: &SandboxSpec,
+        image: &Path,
+    ) -> Result<LaunchedSandbox, EngineError> {
+        self.start(id, spec, Some(image)).await
+    }
+
+    fn unavailable(&self) -> Option<String> {
+        GvisorBackend::unavailable(self)
+            .map(|why| format!("the gvisor backend cannot run here: {why}"))
+    }
+
+    fn kill_orphan(&self, runtime: &serde_json::Value) -> String {
+        let Some(id) = runtime.get("container").and_then(|v| v.as_str()) else {
+            return "no container recorded".into();
+        };
+        let Ok(runsc) = self.runsc(None) else {
+            return "runsc is not installed".into();
+        };
+        let found = runsc.state(id).map(|s| s.status);
+        let _ = runsc.delete(id);
+        if let Some(bundle) = runtime.get("bundle").and_then(|v| v.as_str()) {
+            let _ = std::fs::remove_dir_all(bundle);
+        }
+        match found {
+            Ok(status) => format!("its gVisor container was {status}; deleted"),
+            Err(_) => "its gVisor container was gone".into(),
+        }
+    }
+}
+
+/// One running gVisor sandbox.
+struct GvisorInstance {
+    id: String,
+    runsc: Runsc,
+    bundle: PathBuf,
+    host_pid: AtomicI32,
+    cgroup: Mutex<Option<SandboxCgroup>>,
+    cgroup_path: String,
+    destroyed: AtomicBool,
+}
+
+impl GvisorInstance {
+    fn with_cgroup<T>(&self, f: impl FnOnce(&SandboxCgroup) -> T) -> Option<T> {
+        self.cgroup.lock().ok()?.as_ref().map(f)
+    }
+
+    fn failed(op: &str, e: String) -> EngineError {
+        EngineError::Launch {
+            stage: op.into(),
+            message: e,
+        }
+    }
+
+    fn end(&self) {
+        self.destroyed.store(true, Ordering::SeqCst);
+        let _ = self.runsc.delete(&self.id);
+        let _ = std::fs::remove_dir_all(&self.bundle);
+    }
+}
+
+impl Drop for GvisorInstance {
+    fn drop(&mut self) {
+        if !self.destroyed.load(Ordering::SeqCst) {
+            self.kill();
+        }
+    }
+}
+
+#[async_trait]
+impl BackendInstance for GvisorInstance {
+    fn counters(&self) -> ResourceCounters {
+        self.with_cgroup(|cg| {
+            let c = cg.limit_counters();
+            ResourceCounters {
+                oom_kills: Some(c.oom_kills),
+                pids_limit_hits: Some(c.pids_limit_hits),
+                memory_bytes: c.memory_bytes,
+                ..ResourceCounters::default()
+            }
+        })
+        .unwrap_or_default()
+    }
+
+    fn usage(&self) -> ResourceCounters {
+        self.with_cgroup(|cg| {
+            let c = cg.counters();
+            ResourceCounters {
+                oom_kills: Some(c.oom_kills),
+                pids_limit_hits: Some(c.pids_limit_hits),
+                memory_bytes: c.memory_bytes,
+                memory_peak_bytes: c.memory_peak_bytes,
+                cpu_usage_us: c.cpu_usage_us,
+                pids_current: c.pids_current,
+            }
+        })
+        .unwrap_or_default()
+    }
+
+    fn host_pid(&self) -> Option<i32> {
+        Some(self.host_pid.load(Ordering::Relaxed)).filter(|p| *p > 0)
+    }
+
+    async fn destroy(&self) -> Result<(), EngineError> {
+        self.destroyed.store(true, Ordering::SeqCst);
+        let (runsc, id, bundle) = (self.runsc.clone(), self.id.clone(), self.bundle.clone());
+        tokio::task::spawn_blocking(move || {
+            let r = runsc.delete(&id);
+            let _ = std::fs::remove_dir_all(&bundle);
+            r
+        })
+        .await
+        .map_err(|e| EngineError::io("runsc delete", std::io::Error::other(e)))?
+        .map_err(|e| Self::failed("runsc delete", e))
+    }
+
+    fn kill(&self) {
+        if self.destroyed.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let (runsc, id, bundle) = (self.runsc.clone(), self.id.clone(), self.bundle.clone());
+        std::thread::spawn(move || {
+            let _ = runsc.delete(&id);
+            let _ = std::fs::remove_dir_all(&bundle);
+        });
+    }
+
+    fn runtime(&self) -> serde_json::Value {
+        serde_json::json!({
+            "container": self.id,
+            "bundle": self.bundle,
+            "cgroup": self.cgroup_path,
+        })
+    }
+
+    fn pause(&self) -> Result<(), EngineError> {
+        self.runsc
+            .run(&["pause", &self.id])
+            .map(|_| ())
+            .map_err(|e| Self::failed("runsc pause", e))
+    }
+
+    fn resume(&self) -> Result<(), EngineError> {
+        self.runsc
+            .run(&["resume", &self.id])
+            .map(|_| ())
+            .map_err(|e| Self::failed("runsc resume", e))
+    }
+
+    fn frozen(&self) -> Option<bool> {
+        self.runsc
+            .state(&self.id)
+            .ok()
+            .map(|s| s.status == "paused")
+    }
+
+    fn checkpoints(&self) -> bool {
+        true
+    }
+
+    /// `runsc checkpoint` stops the container; it is restored in place from the same image
+    /// with a new connection (`--leave-running` would restore it with runsc's own stdio and
+    /// then wait for the container to end).
+    fn checkpoint(&self, image: &Path) -> Result<Option<UnixStream>, EngineError> {
+        // runsc cannot checkpoint a paused container (it crashes): let it run for this.
+        if self.frozen() == Some(true) {
+            self.resume()?;
+        }
+        let image_arg = image.display().to_string();
+        self.runsc
+            .run(&["checkpoint", "--image-path", &image_arg, &self.id])
+            .map_err(|e| Self::failed("runsc checkpoint", e))?;
+        let (host, child) =
+            UnixStream::pair().map_err(|e| EngineError::io("create the agent socketpair", e))?;
+        let restored = self.runsc.delete(&self.id).and_then(|()| {
+            self.runsc.start(
+                &self.id,
+                &self.bundle,
+                Some(image),
+                child,
+                &self.bundle.join("console.log"),
+            )
+        });
+        if let Err(e) = restored {
+            self.end();
+            return Err(EngineError::Launch {
+                stage: "runsc restore (after its checkpoint)".into(),
+                message: e,
+            });
+        }
+        if let Ok(state) = self.runsc.state(&self.id) {
+            self.host_pid.store(state.pid, Ordering::Relaxed);
+        }
+        if let Ok(mut cg) = self.cgroup.lock() {
+            *cg = open_cgroup(&self.cgroup_path);
+        }
+        Ok(Some(host))
+    }
+}

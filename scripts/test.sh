@@ -11,4 +11,9 @@ echo "== fmt"; cargo fmt --all -- --check
 echo "== clippy"; cargo clippy --workspace --all-targets --quiet -- -D warnings
 echo "== release build"; cargo build --release --quiet
 echo "== tests"; cargo test --workspace --quiet
+# The foundation and kernel suites again, every sandbox on gVisor (what it cannot do is
+# skipped by name, as GET /v1/system lists it).
+echo "== tests on gvisor"
+SANDCELL_TEST_BACKEND=gvisor cargo test -p sandcell-cli --test all --quiet -- \
+  exec:: files:: kernels:: processes:: limits:: attacks::
 echo "== schemathesis"; scripts/schemathesis.sh

@@ -394,6 +394,11 @@ impl GvisorBackend {
                 "a sandbox restored from a checkpoint keeps its source's hostname",
             ),
             line(
+                "pty_foreground_exec",
+                "an exec on a terminal in the foreground does not end under this runsc; \
+                 terminals of background processes (and the WebSocket terminal) work",
+            ),
+            line(
                 "statx_no_automount",
                 "this runsc refuses statx/fstatat with AT_NO_AUTOMOUNT: dynamically linked \
                  programs get a preloaded library that drops the flag (/etc/ld.so.preload); \
@@ -427,7 +432,7 @@ fn install_file(path: &Path, bytes: &[u8]) -> Result<(), String> {
     if std::fs::read(path).is_ok_and(|have| have == bytes) {
         return Ok(());
     }
-    let tmp = path.with_extension(format!("tmp{}", std::process::id()));
+    let tmp = path.with_extension(unique_suffix());
     std::fs::write(&tmp, bytes).map_err(|e| format!("write {}: {e}", tmp.display()))?;
     std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))
         .map_err(|e| format!("chmod {}: {e}", tmp.display()))?;
@@ -453,11 +458,21 @@ fn install_binary(binary: &Path, dir: &Path) -> Result<(), String> {
         return Ok(());
     }
     // Written beside and renamed: running sandboxes keep the file they started from.
-    let tmp = dir.join(format!(".sandcell.{}", std::process::id()));
+    let tmp = dir.join(format!(".sandcell.{}", unique_suffix()));
     std::fs::copy(binary, &tmp).map_err(|e| format!("copy {}: {e}", binary.display()))?;
     std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))
         .map_err(|e| format!("chmod {}: {e}", tmp.display()))?;
     std::fs::rename(&tmp, &target).map_err(|e| format!("install {}: {e}", target.display()))
+}
+
+/// A name part no other writer (process, or backend in this process) uses at once.
+fn unique_suffix() -> String {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    format!(
+        "tmp{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    )
 }
 
 /// The cgroup runsc made for a sandbox at `path` (under each v1 hierarchy, or v2), if found.

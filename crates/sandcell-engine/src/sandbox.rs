@@ -628,6 +628,8 @@ impl Sandbox {
         let counters = self.inner.instance.counters();
         let hint = if counters.oom_kills.unwrap_or(0) > 0 {
             " (the memory limit was hit: the oom killer ended the agent)"
+        } else if counters.pids_limit_hits.unwrap_or(0) > 0 {
+            " (the process limit was hit: the sandbox could not start a task it needed)"
         } else {
             ""
         };

@@ -293,6 +293,16 @@ impl Input {
 /// Writes all of `bytes` to a (non-blocking) terminal master.
 async fn write_pty(fd: &AsyncFd<OwnedFd>, mut bytes: &[u8]) -> std::io::Result<()> {
     while !bytes.is_empty() {
+        // Tried before waiting: a terminal has room almost always, and gVisor's kernel does
+        // not report a fresh master as writable to epoll until something changes.
+        match rustix::io::write(fd.get_ref(), bytes) {
+            Ok(n) => {
+                bytes = &bytes[n..];
+                continue;
+            }
+            Err(rustix::io::Errno::AGAIN) => {}
+            Err(e) => return Err(e.into()),
+        }
         let mut guard = fd.writable().await?;
         match guard.try_io(|inner| rustix::io::write(inner.get_ref(), bytes).map_err(Into::into)) {
             Ok(Ok(n)) => bytes = &bytes[n..],

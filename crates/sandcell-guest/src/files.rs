@@ -489,8 +489,14 @@ fn temp_name() -> String {
     format!(".sandcell-write-{}-{n}-{nanos}.tmp", std::process::id())
 }
 
+/// Set once `openat2` answered `ENOSYS` (gVisor's kernel has none): lookups walk instead.
+static NO_OPENAT2: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
 /// `openat2` beneath `root`: symlinks may be followed but never out of it.
 fn beneath(root: &OwnedFd, rel: &str, flags: OFlags, mode: Mode) -> Result<OwnedFd, Errno> {
+    if NO_OPENAT2.load(Ordering::Relaxed) {
+        return walk_beneath(root, rel, flags, mode);
+    }
     let resolve = ResolveFlags::BENEATH | ResolveFlags::NO_MAGICLINKS;
     let mut tries = 0;
     loop {
@@ -498,9 +504,81 @@ fn beneath(root: &OwnedFd, rel: &str, flags: OFlags, mode: Mode) -> Result<Owned
             // A concurrent rename made the kernel unsure the lookup stayed beneath: retry.
             Err(Errno::AGAIN) if tries < 16 => tries += 1,
             Err(Errno::INTR) => {}
+            Err(Errno::NOSYS) => {
+                NO_OPENAT2.store(true, Ordering::Relaxed);
+                return walk_beneath(root, rel, flags, mode);
+            }
             other => return other,
         }
     }
+}
+
+/// Symlinks one lookup may follow (as the kernel's limit).
+const MAX_SYMLINKS: usize = 40;
+
+/// What `openat2(RESOLVE_BENEATH)` does, one component at a time for kernels without it:
+/// every component is opened with `O_NOFOLLOW`; a symlink met on the way is read and its
+/// (relative) target spliced in, `..` may not climb above `root`, and an absolute target is
+/// refused (`EXDEV`, as `openat2` says).
+fn walk_beneath(root: &OwnedFd, rel: &str, flags: OFlags, mode: Mode) -> Result<OwnedFd, Errno> {
+    let dir_flags = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    // Directories walked so far (the last is where the next component is looked up).
+    let mut stack: Vec<OwnedFd> = vec![openat(root, ".", dir_flags, Mode::empty())?];
+    let mut todo: std::collections::VecDeque<String> = components(rel)
+        .filter(|c| *c != ".")
+        .map(str::to_string)
+        .collect();
+    let mut links = 0;
+    while let Some(name) = todo.pop_front() {
+        let here = stack.last().ok_or(Errno::XDEV)?;
+        if name == "." {
+            continue;
+        }
+        if name == ".." {
+            if stack.len() == 1 {
+                return Err(Errno::XDEV);
+            }
+            stack.pop();
+            continue;
+        }
+        let last = todo.is_empty();
+        let st = match statat(here, name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
+            Ok(st) => Some(st),
+            // Created by the final open.
+            Err(Errno::NOENT) if last && flags.contains(OFlags::CREATE) => None,
+            Err(e) => return Err(e),
+        };
+        let is_link = st.is_some_and(|st| FileType::from_raw_mode(st.st_mode) == FileType::Symlink);
+        if is_link && !(last && flags.contains(OFlags::NOFOLLOW)) {
+            links += 1;
+            if links > MAX_SYMLINKS {
+                return Err(Errno::LOOP);
+            }
+            let target = readlinkat(here, name.as_str(), Vec::new())?;
+            let target = target.to_string_lossy().into_owned();
+            if target.starts_with('/') {
+                return Err(Errno::XDEV);
+            }
+            let parts: Vec<&str> = components(&target).collect();
+            for c in parts.into_iter().rev() {
+                todo.push_front(c.to_string());
+            }
+            continue;
+        }
+        if last {
+            return openat(
+                here,
+                name.as_str(),
+                flags | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                mode,
+            );
+        }
+        let next = openat(here, name.as_str(), dir_flags, Mode::empty())?;
+        stack.push(next);
+    }
+    // The path named a directory already walked (the root itself, or after `..`).
+    let here = stack.last().ok_or(Errno::XDEV)?;
+    openat(here, ".", flags | OFlags::CLOEXEC, mode)
 }
 
 fn open_dir(root: &OwnedFd, rel: &str, display: &str) -> Result<OwnedFd, WireError> {
@@ -837,6 +915,45 @@ mod tests {
             PathBuf::from("/home/sandbox"),
             PathBuf::from("/tmp"),
         ])
+    }
+
+    #[test]
+    fn the_walk_follows_links_beneath_the_root_and_never_out() {
+        let dir = tempfile::tempdir().unwrap();
+        let base = dir.path();
+        std::fs::create_dir_all(base.join("root/a/b")).unwrap();
+        std::fs::write(base.join("root/a/b/f"), "in").unwrap();
+        std::fs::write(base.join("secret"), "out").unwrap();
+        std::os::unix::fs::symlink("a/b", base.join("root/inside")).unwrap();
+        std::os::unix::fs::symlink("../../secret", base.join("root/a/up")).unwrap();
+        std::os::unix::fs::symlink("/etc/passwd", base.join("root/abs")).unwrap();
+        std::os::unix::fs::symlink("loop", base.join("root/loop")).unwrap();
+        let root: OwnedFd = File::open(base.join("root")).unwrap().into();
+        let read = |rel: &str| {
+            walk_beneath(&root, rel, OFlags::RDONLY, Mode::empty()).map(|fd| {
+                let mut s = String::new();
+                File::from(fd).read_to_string(&mut s).unwrap();
+                s
+            })
+        };
+        assert_eq!(read("a/b/f").unwrap(), "in");
+        assert_eq!(read("inside/f").unwrap(), "in");
+        assert_eq!(read("a/../a/b/f").unwrap(), "in");
+        assert_eq!(read("a/up").unwrap_err(), Errno::XDEV);
+        assert_eq!(read("abs").unwrap_err(), Errno::XDEV);
+        assert_eq!(read("../secret").unwrap_err(), Errno::XDEV);
+        assert_eq!(read("loop").unwrap_err(), Errno::LOOP);
+        assert_eq!(read("missing").unwrap_err(), Errno::NOENT);
+        // A new file through a link to a folder beneath.
+        let fd = walk_beneath(
+            &root,
+            "inside/new",
+            OFlags::WRONLY | OFlags::CREATE,
+            Mode::from_raw_mode(0o644),
+        )
+        .unwrap();
+        drop(fd);
+        assert!(base.join("root/a/b/new").exists());
     }
 
     #[test]

@@ -1,22 +1,52 @@
 //! Shared helpers: an engine whose launcher is the freshly built binary.
 
-use sandcell_backend_process::{ProcessBackend, ProcessBackendConfig};
-use sandcell_engine::{Engine, ExecOutput, Sandbox, SandboxSpec};
+use sandcell_backend_gvisor::{GvisorBackend, GvisorBackendConfig};
+use sandcell_backend_process::{ProcessBackend, ProcessBackendConfig, default_runtime_dir};
+use sandcell_engine::{BackendKind, Engine, ExecOutput, Sandbox, SandboxSpec};
 use sandcell_protocol::ExecRequest;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_sandcell");
 
+/// The backend the engine-level suites (exec, files, kernels, limits, processes, attacks)
+/// run on: `SANDCELL_TEST_BACKEND`, `process` unless it says `gvisor` (scripts/test.sh runs
+/// them once per backend).
+pub fn backend() -> BackendKind {
+    match std::env::var("SANDCELL_TEST_BACKEND").as_deref() {
+        Ok("gvisor") => BackendKind::Gvisor,
+        _ => BackendKind::Process,
+    }
+}
+
+/// Whether the suites run on gVisor: the few checks of what it cannot do (as `GET
+/// /v1/system` lists) are skipped there, saying so.
+pub fn on_gvisor() -> bool {
+    backend() == BackendKind::Gvisor
+}
+
 pub fn engine() -> Engine {
     Engine::builder()
         .backend(ProcessBackend::new(ProcessBackendConfig::new(BIN)))
+        .backend(GvisorBackend::new(GvisorBackendConfig::new(
+            BIN,
+            default_runtime_dir(),
+        )))
         .build()
+}
+
+/// The default spec on the backend under test.
+pub fn spec() -> SandboxSpec {
+    SandboxSpec {
+        backend: backend(),
+        ..SandboxSpec::default()
+    }
 }
 
 pub async fn sandbox() -> Sandbox {
     sandbox_with(SandboxSpec::default()).await
 }
 
-pub async fn sandbox_with(spec: SandboxSpec) -> Sandbox {
+pub async fn sandbox_with(mut spec: SandboxSpec) -> Sandbox {
+    spec.backend = backend();
     engine().create(spec).await.expect("create sandbox")
 }
 

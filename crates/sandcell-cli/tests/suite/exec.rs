@@ -152,7 +152,7 @@ async fn bad_requests_get_clear_errors_and_lose_nothing() {
 
 #[tokio::test]
 async fn invalid_specs_are_refused() {
-    let mut spec = SandboxSpec::default();
+    let mut spec = spec();
     spec.limits.memory_bytes = Some(10);
     let err = engine().create(spec).await.err().unwrap();
     assert_eq!(err.code(), ErrorCode::InvalidArgument);
@@ -226,10 +226,7 @@ async fn a_sandbox_that_dies_mid_exec_gives_a_clear_error() {
 #[tokio::test]
 async fn create_and_exec_runs_the_first_command_and_keeps_the_sandbox() {
     let env = std::collections::BTreeMap::from([("GREETING".to_string(), "hi".to_string())]);
-    let spec = SandboxSpec {
-        env,
-        ..SandboxSpec::default()
-    };
+    let spec = SandboxSpec { env, ..spec() };
     let (sb, stream) = engine()
         .create_and_exec(
             sandcell_engine::new_sandbox_id(),
@@ -251,11 +248,7 @@ async fn create_and_exec_runs_the_first_command_and_keeps_the_sandbox() {
 async fn create_and_exec_refuses_a_bad_request_before_starting() {
     let bad = ExecRequest::argv(Vec::<String>::new());
     let err = engine()
-        .create_and_exec(
-            sandcell_engine::new_sandbox_id(),
-            SandboxSpec::default(),
-            bad,
-        )
+        .create_and_exec(sandcell_engine::new_sandbox_id(), spec(), bad)
         .await
         .err()
         .expect("an empty argv must be refused");

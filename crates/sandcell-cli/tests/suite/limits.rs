@@ -14,6 +14,24 @@ async fn memory_bomb_is_reported_as_oom_killed() {
     let mut spec = SandboxSpec::default();
     spec.limits.memory_bytes = Some(64 * MIB);
     let sb = sandbox_with(spec).await;
+    if on_gvisor() {
+        // The host's limit is on gVisor's kernel with the sandbox in it: going over ends the
+        // whole sandbox (listed in /v1/system), with the cause said; others are untouched.
+        let err = sb
+            .exec(ExecRequest::argv([
+                "/usr/bin/python3",
+                "-c",
+                "a = bytearray(400 * 2**20); a[::4096] = b'x' * len(a[::4096])",
+            ]))
+            .await
+            .expect_err("the bomb ends the gVisor sandbox");
+        assert!(err.to_string().contains("memory limit"), "{err}");
+        let other = sandbox().await;
+        assert_eq!(text(&sh(&other, "echo alive").await.stdout), "alive\n");
+        other.destroy().await.unwrap();
+        let _ = sb.destroy().await;
+        return;
+    }
     let out = py(&sb, "a = bytearray(400 * 2**20)").await;
     if cgroups_active(&sb) {
         assert_eq!(out.result.cause, ExitCause::OomKilled, "{:?}", out.result);
@@ -51,6 +69,16 @@ async fn fork_bomb_is_contained_and_reported() {
         (ok, t.elapsed())
     };
     let (out, (host_ok, host_latency)) = tokio::join!(bomb, host_check);
+    if on_gvisor() {
+        // gVisor's kernel needs host tasks too: at the limit the whole sandbox ends, saying
+        // why (listed in /v1/system); the host stayed responsive.
+        assert!(host_ok, "host stalled {host_latency:?}");
+        if let Err(e) = &out {
+            assert!(e.to_string().contains("process limit"), "{e}");
+        }
+        let _ = sb.destroy().await;
+        return;
+    }
     let out = out.unwrap();
     assert!(
         host_ok && host_latency < Duration::from_secs(2),
@@ -172,8 +200,9 @@ async fn a_neighbour_keeps_working_while_one_sandbox_bombs() {
     ]);
     memory_bomb.timeout_ms = Some(3000);
     let bombs = async {
-        let a = bomber.exec(fork_bomb).await.unwrap();
-        let b = bomber.exec(memory_bomb).await.unwrap();
+        // On gVisor a bomb may end the whole bomber (see the tests above): an error then.
+        let a = bomber.exec(fork_bomb).await.map(|o| o.result.success());
+        let b = bomber.exec(memory_bomb).await.map(|o| o.result.success());
         (a, b)
     };
     let neighbour_work = async {
@@ -187,7 +216,7 @@ async fn a_neighbour_keeps_working_while_one_sandbox_bombs() {
         answers
     };
     let ((fork, memory), answers) = tokio::join!(bombs, neighbour_work);
-    assert!(!fork.result.success() && !memory.result.success());
+    assert!(!fork.unwrap_or(false) && !memory.unwrap_or(false));
     for (i, (out, took)) in answers.iter().enumerate() {
         assert_eq!(out, &format!("{i}\n"));
         assert!(
@@ -195,7 +224,7 @@ async fn a_neighbour_keeps_working_while_one_sandbox_bombs() {
             "neighbour exec {i} took {took:?}"
         );
     }
-    bomber.destroy().await.unwrap();
+    let _ = bomber.destroy().await;
     neighbour.destroy().await.unwrap();
 }
 

@@ -214,6 +214,12 @@ async fn stdin_by_pid_and_lost_output() {
 
 #[tokio::test]
 async fn a_pty_exec_has_a_terminal_that_echoes_and_resizes() {
+    if on_gvisor() {
+        eprintln!(
+            "skipped on gvisor: a foreground exec on a terminal does not end there (listed in /v1/system)"
+        );
+        return;
+    }
     let sb = sandbox().await;
     let mut req = ExecRequest::argv(["tty"]);
     pty(&mut req);
@@ -246,6 +252,12 @@ async fn a_pty_exec_has_a_terminal_that_echoes_and_resizes() {
 
 #[tokio::test]
 async fn ctrl_c_on_a_pty_interrupts_its_process() {
+    if on_gvisor() {
+        eprintln!(
+            "skipped on gvisor: a foreground exec on a terminal does not end there (listed in /v1/system)"
+        );
+        return;
+    }
     let sb = sandbox().await;
     let mut req = ExecRequest::argv(["sleep", "100"]);
     pty(&mut req);

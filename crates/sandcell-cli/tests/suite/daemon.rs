@@ -350,6 +350,18 @@ impl Daemon {
                     rt.kill();
                     found.push(rec.id.clone());
                 }
+                // A gVisor sandbox: its container, by name.
+                if let Some(container) = rec.runtime["container"].as_str() {
+                    let gone = std::process::Command::new("runsc")
+                        .args(["--root", "/run/sandcell/gvisor/state", "delete", "-force"])
+                        .arg(container)
+                        .stdin(std::process::Stdio::null())
+                        .output()
+                        .is_ok_and(|o| o.status.success());
+                    if gone && matches!(rec.state.as_str(), "running" | "paused" | "creating") {
+                        found.push(rec.id.clone());
+                    }
+                }
             }
             match page.next_cursor {
                 Some(c) => cursor = Some(c),

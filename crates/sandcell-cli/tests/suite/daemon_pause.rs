@@ -10,7 +10,7 @@ use serde_json::json;
 use super::daemon::Daemon;
 
 /// Starts a loop in the background that counts about 200 times a second into /tmp/n.
-fn start_counter(d: &Daemon, id: &str) {
+pub(super) fn start_counter(d: &Daemon, id: &str) {
     let r = d.post(
         &format!("/v1/sandboxes/{id}/processes"),
         json!({
@@ -25,7 +25,7 @@ fn start_counter(d: &Daemon, id: &str) {
     }
 }
 
-fn count(d: &Daemon, id: &str) -> Option<u64> {
+pub(super) fn count(d: &Daemon, id: &str) -> Option<u64> {
     d.exec(id, "cat /tmp/n 2>/dev/null")["stdout"]
         .as_str()
         .and_then(|s| s.trim().parse().ok())

@@ -234,14 +234,14 @@ fn daemon_snapshots_fork_independent_sandboxes_and_survive_a_restart() {
     fork(&d, &s2, 0).expect_error(400, "invalid_argument");
     fork(&d, &s2, 17).expect_error(400, "invalid_argument");
     snapshot(&d, &other, json!({"nope": 1})).expect_error(400, "invalid_argument");
-    // Backends: process is the one there is.
-    let r = d.post("/v1/sandboxes", json!({"backend": "gvisor"}));
+    // Backends: an unknown one is refused, saying which there are.
+    let r = d.post("/v1/sandboxes", json!({"backend": "firecracker"}));
     r.expect_error(400, "invalid_argument");
     assert!(
         r.body["message"]
             .as_str()
             .unwrap()
-            .contains("available: process"),
+            .contains("process, gvisor"),
         "{}",
         r.body
     );

@@ -5,6 +5,7 @@ mod daemon;
 mod daemon_api;
 mod daemon_cli;
 mod daemon_files;
+mod daemon_gvisor;
 mod daemon_life;
 mod daemon_pause;
 mod daemon_processes;

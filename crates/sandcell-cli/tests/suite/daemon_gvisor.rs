@@ -1,0 +1,169 @@
+//! The `gvisor` backend through the daemon: pause really stops a loop, and a snapshot is a
+//! process checkpoint — restored, the same interpreter goes on (even an open file), each
+//! fork independent with its own random stream, across a daemon restart.
+
+use std::time::{Duration, Instant};
+
+use reqwest::Method;
+use serde_json::json;
+
+use super::daemon::Daemon;
+use super::daemon_pause::{count, start_counter};
+
+/// The daemon lists gvisor as available here (setup installs runsc); it says what it
+/// cannot do.
+fn check_available(d: &Daemon) {
+    let sys = d.get("/v1/system").body;
+    let gvisor = sys["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|b| b["kind"] == "gvisor")
+        .cloned()
+        .unwrap_or_else(|| panic!("no gvisor backend in {sys}"));
+    assert_eq!(gvisor["available"], true, "{gvisor}");
+    assert_eq!(gvisor["checkpoint_fidelity"], "process", "{gvisor}");
+    assert_eq!(gvisor["isolation_level"], "user-space kernel");
+    let unavailable: Vec<&str> = gvisor["host"]["features"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|f| f["state"] == "unavailable")
+        .filter_map(|f| f["name"].as_str())
+        .collect();
+    for gap in ["survive_service_restart", "network_off", "oom_per_process"] {
+        assert!(unavailable.contains(&gap), "{gap} not listed: {gvisor}");
+    }
+}
+
+#[test]
+fn daemon_gvisor_pause_stops_a_loop_and_resume_continues_it() {
+    let d = Daemon::start(&[]);
+    check_available(&d);
+    let id = d.create_id(json!({"backend": "gvisor", "template": "python"}));
+    assert_eq!(d.sandbox(&id)["backend"], "gvisor");
+    start_counter(&d, &id);
+    // About 200 counts a second while it runs; a second paused adds none.
+    let before = count(&d, &id).unwrap();
+    let r = d.call(Method::POST, &format!("/v1/sandboxes/{id}/pause"), None);
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["state"], "paused");
+    std::thread::sleep(Duration::from_secs(1));
+    let r = d.call(Method::POST, &format!("/v1/sandboxes/{id}/resume"), None);
+    assert_eq!(r.status, 200, "{}", r.body);
+    let after = count(&d, &id).unwrap();
+    assert!(
+        after >= before && after - before < 100,
+        "the loop ran while paused: {before} -> {after}"
+    );
+    // It goes on from where it stopped.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while count(&d, &id).unwrap() < after + 50 {
+        assert!(Instant::now() < deadline, "the loop did not continue");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_eq!(d.delete(&format!("/v1/sandboxes/{id}")).status, 204);
+}
+
+#[test]
+fn daemon_gvisor_snapshots_restore_the_same_process_forks_and_survive_a_restart() {
+    let mut d = Daemon::start(&[]);
+    let src = d.create_id(json!({"backend": "gvisor", "template": "python"}));
+    d.exec(&src, "echo base > /workspace/base && echo tmp > /tmp/kept");
+    // ~50 MB of list, a function, a class and its instance, and an open file: a process
+    // checkpoint carries them all (language fidelity could not carry the file).
+    let r = d.code(
+        &src,
+        "import random\nbig = list(range(6_000_000))\ndef f(x): return x * 2\n\
+         class C:\n    def v(self): return 7\nc = C()\nfh = open('/workspace/base')",
+    );
+    assert_eq!(r["done"]["status"], "ok", "{r}");
+    let r = d.post(
+        &format!("/v1/sandboxes/{src}/snapshots"),
+        json!({"name": "gv"}),
+    );
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(r.body["fidelity"], "process", "{}", r.body);
+    assert!(r.body["manifest"]["sha256"].as_str().unwrap().len() == 64);
+    let snap = r.body["id"].as_str().unwrap().to_string();
+    // The source runs on with its kernel and files.
+    let v = d.code(&src, "(len(big), f(21))");
+    assert_eq!(v["result"]["text/plain"], "(6000000, 42)", "{v}");
+    assert_eq!(d.exec(&src, "cat /tmp/kept")["stdout"], "tmp\n");
+
+    let r = d.post(&format!("/v1/snapshots/{snap}/fork"), json!({"count": 3}));
+    assert_eq!(r.status, 201, "{}", r.body);
+    let forks: Vec<String> = r.body["sandboxes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["sandbox"]["id"].as_str().unwrap().to_string())
+        .collect();
+    let restore = &r.body["sandboxes"][0]["restore"];
+    assert_eq!(restore["fidelity"], "process", "{restore}");
+    assert!(
+        restore["kernels"][0]["restored"]
+            .to_string()
+            .contains("\"fh\""),
+        "{restore}"
+    );
+    for (i, f) in forks.iter().enumerate() {
+        assert_eq!(d.sandbox(f)["backend"], "gvisor");
+        // The same interpreter: the open file reads on, /tmp came too.
+        let v = d.code(
+            f,
+            "(len(big), big[-1], f(21), c.v(), isinstance(c, C), fh.read().strip())",
+        );
+        assert_eq!(
+            v["result"]["text/plain"], "(6000000, 5999999, 42, 7, True, 'base')",
+            "{v}"
+        );
+        assert_eq!(d.exec(f, "cat /tmp/kept")["stdout"], "tmp\n");
+        d.exec(f, &format!("echo fork{i} > /workspace/mine"));
+        d.code(f, &format!("big.append({i})"));
+    }
+    for (i, f) in forks.iter().enumerate() {
+        let v = d.code(f, "big[-1]");
+        assert_eq!(v["result"]["text/plain"], i.to_string(), "{v}");
+        assert_eq!(
+            d.exec(f, "cat /workspace/mine")["stdout"],
+            format!("fork{i}\n")
+        );
+    }
+    let draws: std::collections::BTreeSet<String> = forks
+        .iter()
+        .map(|f| d.code(f, "random.random()")["result"]["text/plain"].to_string())
+        .collect();
+    assert_eq!(draws.len(), 3, "forks share a random stream: {draws:?}");
+
+    // Source destroyed, daemon killed with -9 and restarted: the snapshot still restores
+    // the same process.
+    assert_eq!(d.delete(&format!("/v1/sandboxes/{src}")).status, 204);
+    d.kill9();
+    d.restart(&[]);
+    let r = d.post("/v1/sandboxes", json!({ "snapshot_id": snap }));
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(r.body["backend"], "gvisor", "{}", r.body);
+    let again = r.body["id"].as_str().unwrap().to_string();
+    let v = d.code(&again, "(len(big), f(21), c.v())");
+    assert_eq!(v["result"]["text/plain"], "(6000000, 42, 7)", "{v}");
+    // The forks ended with the daemon that served them (listed in /v1/system): lost now.
+    assert_eq!(
+        d.sandbox(&forks[0])["state"],
+        "lost",
+        "{}",
+        d.sandbox(&forks[0])
+    );
+    // A corrupted checkpoint is refused by its checksum.
+    let archive = d
+        .home()
+        .join("snapshots")
+        .join(&snap)
+        .join("checkpoint.tar");
+    let mut bytes = std::fs::read(&archive).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xff;
+    std::fs::write(&archive, bytes).unwrap();
+    d.post("/v1/sandboxes", json!({ "snapshot_id": snap }))
+        .expect_error(409, "snapshot_corrupt");
+}

@@ -29,7 +29,8 @@ use sandcell_protocol::{Feature, FeatureState, IsolationReport};
 pub use bundle::{GUEST_DIR, MEMORY_OVERHEAD, PIDS_OVERHEAD};
 use runsc::Runsc;
 
-/// The hostname inside every sandbox.
+/// The name in the shared `/etc/hostname` and `/etc/hosts` (each sandbox's own hostname is
+/// its id).
 const HOSTNAME: &str = "sandcell";
 
 /// Settings of the gvisor backend.
@@ -241,7 +242,7 @@ impl GvisorBackend {
                 binds: &shared.binds,
                 guest_dir: &shared.guest_dir,
                 cgroup_path: &self.cgroup_path(id),
-                hostname: HOSTNAME,
+                hostname: id,
             },
         );
         std::fs::write(dir.join("config.json"), config.to_string())

@@ -276,7 +276,8 @@ impl ProcessBackend {
         })?;
         Ok(JailConfig {
             sandbox_id: id.to_string(),
-            hostname: HOSTNAME.into(),
+            // Each sandbox is its own host: its id (a restored or forked one gets a new one).
+            hostname: id.to_string(),
             root_skeleton: skeleton.dir.display().to_string(),
             root_premounted: skeleton.mounted,
             ro_binds: if skeleton.mounted {
@@ -370,7 +371,8 @@ fn process_start_time(pid: i32) -> Option<u64> {
     rest.split(' ').nth(19)?.parse().ok()
 }
 
-/// The hostname inside every sandbox.
+/// The name in the shared `/etc/hostname` and `/etc/hosts` (each sandbox's own hostname,
+/// from `uname`, is its id).
 const HOSTNAME: &str = "sandcell";
 /// Spare network namespaces and cgroups each launcher keeps ready for the next sandboxes.
 const SPARES: usize = 2;

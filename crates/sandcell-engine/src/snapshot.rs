@@ -145,7 +145,9 @@ fn checkpoint_gaps() -> Vec<String> {
         "connections to the host: the agent is reached again on a new one; a download or \
          attachment in progress at the snapshot does not continue"
             .into(),
-        "the hostname: a restored sandbox keeps its source's (the checkpoint holds it)".into(),
+        "the hostname: a restored sandbox keeps its source's (its id; the checkpoint holds \
+         it)"
+            .into(),
     ]
 }
 

@@ -119,6 +119,8 @@ fn daemon_snapshots_fork_independent_sandboxes_and_survive_a_restart() {
             format!("{sum}\n750\ndata/deep/blob\nrc\nsandbox\n"),
             "{out}"
         );
+        // A new identity: its own hostname.
+        assert_eq!(d.exec(f, "hostname")["stdout"], format!("{f}\n"));
         d.exec(f, &format!("echo fork{i} > /workspace/mine"));
         let v = d.code(f, "(len(big), big[-1], f(21), c.v(), isinstance(c, C))");
         assert_eq!(

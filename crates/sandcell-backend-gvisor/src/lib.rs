@@ -14,7 +14,7 @@ mod runsc;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -226,28 +226,72 @@ impl GvisorBackend {
         format!("/{}/{id}", self.config.cgroup_parent.trim_matches('/'))
     }
 
-    /// Writes sandbox `id`'s bundle; returns its folder.
-    fn write_bundle(&self, id: &str, spec: &SandboxSpec) -> Result<PathBuf, EngineError> {
-        let shared = self.shared()?;
-        let dir = self.dir().join("bundles").join(id);
+    /// Writes the bundle of container `container` of sandbox `id`; returns its folder.
+    fn write_bundle(
+        &self,
+        id: &str,
+        container: &str,
+        spec: &SandboxSpec,
+    ) -> Result<PathBuf, String> {
+        let shared = self.shared().map_err(|e| e.to_string())?;
+        let dir = self.dir().join("bundles").join(container);
         std::fs::DirBuilder::new()
             .recursive(true)
             .mode(0o700)
             .create(&dir)
-            .map_err(|e| EngineError::io(format!("create {}", dir.display()), e))?;
+            .map_err(|e| format!("create {}: {e}", dir.display()))?;
         let config = bundle::config(
             spec,
             &bundle::BundleInputs {
                 root: &shared.root,
                 binds: &shared.binds,
                 guest_dir: &shared.guest_dir,
-                cgroup_path: &self.cgroup_path(id),
+                cgroup_path: &self.cgroup_path(container),
                 hostname: id,
             },
         );
         std::fs::write(dir.join("config.json"), config.to_string())
-            .map_err(|e| EngineError::io("write the bundle's config.json", e))?;
+            .map_err(|e| format!("write the bundle's config.json: {e}"))?;
         Ok(dir)
+    }
+
+    /// Starts (or restores from `image`) container `container` of sandbox `id` with `agent`
+    /// as its connection, and waits until it runs. Blocking; on failure nothing is left.
+    fn run_container(
+        &self,
+        id: &str,
+        container: &str,
+        spec: &SandboxSpec,
+        image: Option<&Path>,
+        agent: UnixStream,
+    ) -> Result<Container, String> {
+        let bundle = self.write_bundle(id, container, spec)?;
+        let runsc = self.runsc(Some(&bundle)).map_err(|e| e.to_string())?;
+        // A container of that name left by a crash would block the new one.
+        let _ = runsc.delete(container);
+        let started = runsc
+            .start(
+                container,
+                &bundle,
+                image,
+                agent,
+                &bundle.join("console.log"),
+            )
+            .and_then(|()| runsc.state(container));
+        match started {
+            Ok(state) => Ok(Container {
+                name: container.to_string(),
+                cgroup: open_cgroup(&self.cgroup_path(container)),
+                cgroup_path: self.cgroup_path(container),
+                bundle,
+                pid: state.pid,
+            }),
+            Err(e) => {
+                let _ = runsc.delete(container);
+                let _ = std::fs::remove_dir_all(&bundle);
+                Err(e)
+            }
+        }
     }
 
     /// Starts (or restores from `image`) sandbox `id` and connects to its agent.
@@ -262,8 +306,7 @@ impl GvisorBackend {
                 "the gvisor backend cannot run here: {why}"
             )));
         }
-        let bundle = self.write_bundle(id, spec)?;
-        let runsc = self.runsc(Some(&bundle))?;
+        self.shared()?;
         let (host, child) =
             UnixStream::pair().map_err(|e| EngineError::io("create the agent socketpair", e))?;
         let stage = if image.is_some() {
@@ -272,41 +315,25 @@ impl GvisorBackend {
             "runsc run"
         };
         let started = {
-            let (runsc, id, bundle) = (runsc.clone(), id.to_string(), bundle.clone());
+            let (backend, id, spec) = (self.clone(), id.to_string(), spec.clone());
             let image = image.map(Path::to_path_buf);
             tokio::task::spawn_blocking(move || {
-                // A container of that name left by a crash would block the new one.
-                let _ = runsc.delete(&id);
-                runsc.start(
-                    &id,
-                    &bundle,
-                    image.as_deref(),
-                    child,
-                    &bundle.join("console.log"),
-                )?;
-                runsc.state(&id)
+                backend.run_container(&id, &container_name(&id, 0), &spec, image.as_deref(), child)
             })
             .await
             .map_err(|e| EngineError::io(stage, std::io::Error::other(e)))?
         };
-        let state = match started {
-            Ok(s) => s,
-            Err(message) => {
-                let _ = runsc.delete(id);
-                let _ = std::fs::remove_dir_all(&bundle);
-                return Err(EngineError::Launch {
-                    stage: stage.into(),
-                    message,
-                });
-            }
-        };
+        let container = started.map_err(|message| EngineError::Launch {
+            stage: stage.into(),
+            message,
+        })?;
         let instance = GvisorInstance {
+            backend: self.clone(),
+            runsc: self.runsc(None)?,
             id: id.to_string(),
-            runsc,
-            bundle,
-            host_pid: AtomicI32::new(state.pid),
-            cgroup: Mutex::new(open_cgroup(&self.cgroup_path(id))),
-            cgroup_path: self.cgroup_path(id),
+            spec: spec.clone(),
+            current: Mutex::new(container),
+            restores: AtomicU32::new(0),
             destroyed: AtomicBool::new(false),
         };
         host.set_nonblocking(true)
@@ -562,20 +589,51 @@ impl Backend for GvisorBackend {
     }
 }
 
+/// runsc's name for the container of sandbox `id` after its `n`-th checkpoint: `<id>.<n>.`.
+/// runsc finds containers by prefix and refuses an ambiguous one, so no name may be the
+/// prefix of another (the closing dot sees to it: `.1.` is no prefix of `.10.`).
+fn container_name(id: &str, n: u32) -> String {
+    format!("{id}.{n}.")
+}
+
+/// One gVisor container: a sandbox runs in one at a time (a checkpoint moves it to the next).
+struct Container {
+    /// runsc's name for it (see [`container_name`]).
+    name: String,
+    bundle: PathBuf,
+    cgroup_path: String,
+    cgroup: Option<SandboxCgroup>,
+    /// The sandbox process on the host (gVisor's kernel).
+    pid: i32,
+}
+
+/// How long a pause may wait for the sandbox's tasks to stop.
+const PAUSE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// One running gVisor sandbox.
 struct GvisorInstance {
-    id: String,
+    backend: GvisorBackend,
     runsc: Runsc,
-    bundle: PathBuf,
-    host_pid: AtomicI32,
-    cgroup: Mutex<Option<SandboxCgroup>>,
-    cgroup_path: String,
+    id: String,
+    spec: SandboxSpec,
+    current: Mutex<Container>,
+    /// Checkpoints taken so far (each moves the sandbox to a new container).
+    restores: AtomicU32,
     destroyed: AtomicBool,
 }
 
 impl GvisorInstance {
+    fn with_current<T>(&self, f: impl FnOnce(&Container) -> T) -> Option<T> {
+        self.current.lock().ok().map(|c| f(&c))
+    }
+
     fn with_cgroup<T>(&self, f: impl FnOnce(&SandboxCgroup) -> T) -> Option<T> {
-        self.cgroup.lock().ok()?.as_ref().map(f)
+        self.with_current(|c| c.cgroup.as_ref().map(f)).flatten()
+    }
+
+    fn name(&self) -> String {
+        self.with_current(|c| c.name.clone())
+            .unwrap_or_else(|| self.id.clone())
     }
 
     fn failed(op: &str, e: String) -> EngineError {
@@ -585,17 +643,22 @@ impl GvisorInstance {
         }
     }
 
+    /// Deletes the current container and its bundle (blocking).
     fn end(&self) {
         self.destroyed.store(true, Ordering::SeqCst);
-        let _ = self.runsc.delete(&self.id);
-        let _ = std::fs::remove_dir_all(&self.bundle);
+        if let Some((name, bundle)) = self.with_current(|c| (c.name.clone(), c.bundle.clone())) {
+            let _ = self.runsc.delete(&name);
+            let _ = std::fs::remove_dir_all(bundle);
+        }
     }
 }
 
 impl Drop for GvisorInstance {
     fn drop(&mut self) {
+        // Synchronously (a few tens of ms): a thread could be cut short by the process
+        // exiting, leaving the container behind.
         if !self.destroyed.load(Ordering::SeqCst) {
-            self.kill();
+            self.end();
         }
     }
 }
@@ -631,14 +694,17 @@ impl BackendInstance for GvisorInstance {
     }
 
     fn host_pid(&self) -> Option<i32> {
-        Some(self.host_pid.load(Ordering::Relaxed)).filter(|p| *p > 0)
+        self.with_current(|c| c.pid).filter(|p| *p > 0)
     }
 
     async fn destroy(&self) -> Result<(), EngineError> {
         self.destroyed.store(true, Ordering::SeqCst);
-        let (runsc, id, bundle) = (self.runsc.clone(), self.id.clone(), self.bundle.clone());
+        let runsc = self.runsc.clone();
+        let Some((name, bundle)) = self.with_current(|c| (c.name.clone(), c.bundle.clone())) else {
+            return Ok(());
+        };
         tokio::task::spawn_blocking(move || {
-            let r = runsc.delete(&id);
+            let r = runsc.delete(&name);
             let _ = std::fs::remove_dir_all(&bundle);
             r
         })
@@ -651,38 +717,58 @@ impl BackendInstance for GvisorInstance {
         if self.destroyed.swap(true, Ordering::SeqCst) {
             return;
         }
-        let (runsc, id, bundle) = (self.runsc.clone(), self.id.clone(), self.bundle.clone());
-        std::thread::spawn(move || {
-            let _ = runsc.delete(&id);
-            let _ = std::fs::remove_dir_all(&bundle);
-        });
+        // The sandbox's processes go at once (its kernel is one host process); runsc's
+        // record of it is deleted on a thread.
+        if let Some(pid) = self.host_pid().and_then(rustix::process::Pid::from_raw) {
+            let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
+        }
+        let runsc = self.runsc.clone();
+        if let Some((name, bundle)) = self.with_current(|c| (c.name.clone(), c.bundle.clone())) {
+            std::thread::spawn(move || {
+                let _ = runsc.delete(&name);
+                let _ = std::fs::remove_dir_all(&bundle);
+            });
+        }
     }
 
     fn runtime(&self) -> serde_json::Value {
-        serde_json::json!({
-            "container": self.id,
-            "bundle": self.bundle,
-            "cgroup": self.cgroup_path,
+        self.with_current(|c| {
+            serde_json::json!({
+                "container": c.name,
+                "bundle": c.bundle,
+                "cgroup": c.cgroup_path,
+            })
         })
+        .unwrap_or(serde_json::Value::Null)
     }
 
+    /// The freezer of the sandbox's cgroup (as on `process`, ~1 ms), else `runsc pause`.
     fn pause(&self) -> Result<(), EngineError> {
+        if let Some(r) = self.with_cgroup(|cg| cg.pause(PAUSE_TIMEOUT)) {
+            return r.map_err(|e| Self::failed("pause", e.to_string()));
+        }
         self.runsc
-            .run(&["pause", &self.id])
+            .run(&["pause", &self.name()])
             .map(|_| ())
             .map_err(|e| Self::failed("runsc pause", e))
     }
 
     fn resume(&self) -> Result<(), EngineError> {
+        if self.with_cgroup(SandboxCgroup::resume).is_some() {
+            return Ok(());
+        }
         self.runsc
-            .run(&["resume", &self.id])
+            .run(&["resume", &self.name()])
             .map(|_| ())
             .map_err(|e| Self::failed("runsc resume", e))
     }
 
     fn frozen(&self) -> Option<bool> {
+        if let Some(frozen) = self.with_cgroup(SandboxCgroup::paused).flatten() {
+            return Some(frozen);
+        }
         self.runsc
-            .state(&self.id)
+            .state(&self.name())
             .ok()
             .map(|s| s.status == "paused")
     }
@@ -691,42 +777,69 @@ impl BackendInstance for GvisorInstance {
         true
     }
 
-    /// `runsc checkpoint` stops the container; it is restored in place from the same image
-    /// with a new connection (`--leave-running` would restore it with runsc's own stdio and
-    /// then wait for the container to end).
+    /// `runsc checkpoint` stops the container; the sandbox goes on in a new container
+    /// restored from the same image with a new connection (`--leave-running` would restore
+    /// it with runsc's own stdio and then wait for it to end). The old container is deleted
+    /// on a thread: that takes runsc about 2 s.
     fn checkpoint(&self, image: &Path) -> Result<Option<UnixStream>, EngineError> {
         // runsc cannot checkpoint a paused container (it crashes): let it run for this.
         if self.frozen() == Some(true) {
             self.resume()?;
         }
+        let old = self.name();
         let image_arg = image.display().to_string();
         self.runsc
-            .run(&["checkpoint", "--image-path", &image_arg, &self.id])
+            .run(&["checkpoint", "--image-path", &image_arg, &old])
             .map_err(|e| Self::failed("runsc checkpoint", e))?;
         let (host, child) =
             UnixStream::pair().map_err(|e| EngineError::io("create the agent socketpair", e))?;
-        let restored = self.runsc.delete(&self.id).and_then(|()| {
-            self.runsc.start(
-                &self.id,
-                &self.bundle,
-                Some(image),
-                child,
-                &self.bundle.join("console.log"),
-            )
+        let n = self.restores.fetch_add(1, Ordering::SeqCst) + 1;
+        let next = container_name(&self.id, n);
+        let restored = self
+            .backend
+            .run_container(&self.id, &next, &self.spec, Some(image), child);
+        let old_bundle = self.with_current(|c| c.bundle.clone());
+        let runsc = self.runsc.clone();
+        std::thread::spawn(move || {
+            let _ = runsc.delete(&old);
+            if let Some(b) = old_bundle {
+                let _ = std::fs::remove_dir_all(b);
+            }
         });
-        if let Err(e) = restored {
-            self.end();
-            return Err(EngineError::Launch {
-                stage: "runsc restore (after its checkpoint)".into(),
-                message: e,
-            });
+        match restored {
+            Ok(container) => {
+                if let Ok(mut current) = self.current.lock() {
+                    *current = container;
+                }
+                Ok(Some(host))
+            }
+            Err(e) => {
+                self.destroyed.store(true, Ordering::SeqCst);
+                Err(EngineError::Launch {
+                    stage: "runsc restore (after its checkpoint)".into(),
+                    message: e,
+                })
+            }
         }
-        if let Ok(state) = self.runsc.state(&self.id) {
-            self.host_pid.store(state.pid, Ordering::Relaxed);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_container_name_is_the_prefix_of_another() {
+        let names: Vec<String> = (0..200)
+            .flat_map(|n| [container_name("sb-aaaa", n), container_name("sb-aaaab", n)])
+            .collect();
+        for a in &names {
+            for b in &names {
+                assert!(
+                    a == b || !b.starts_with(a.as_str()),
+                    "{a} is a prefix of {b}"
+                );
+            }
         }
-        if let Ok(mut cg) = self.cgroup.lock() {
-            *cg = open_cgroup(&self.cgroup_path);
-        }
-        Ok(Some(host))
     }
 }

@@ -1,9 +1,10 @@
 //! `sandcell bench daemon`: the daemon over real HTTP on loopback. It starts its own
 //! `sandcell serve` on a temporary home and measures, in one run: exec and Python `x = 1`
 //! round trips in a warm sandbox, side by side with the same calls through the embedded
-//! engine; create-to-first-result cold and from a warm pool, next to a `python3 -c` process
-//! on the host; and many concurrent clients doing exec for a while (throughput, latency,
-//! errors). The daemon gets SIGTERM at the end and must leave no sandbox running.
+//! engine; pause/resume and snapshot/restore/fork on each backend `GET /v1/system` reports
+//! available; create-to-first-result cold and from a warm pool, next to a `python3 -c`
+//! process on the host; and many concurrent clients doing exec for a while (throughput,
+//! latency, errors). The daemon gets SIGTERM at the end and must leave no sandbox running.
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode, Stdio};
@@ -55,21 +56,34 @@ const START_TIMEOUT: Duration = Duration::from_secs(120);
 const STOP_TIMEOUT: Duration = Duration::from_secs(60);
 /// How many load-test errors are shown.
 const SHOWN_ERRORS: usize = 5;
+/// The daemon's default backend: its rows keep their keys without a suffix.
+const DEFAULT_BACKEND: &str = "process";
 
 /// One timed scenario.
 struct Row {
-    key: &'static str,
-    name: &'static str,
+    key: String,
+    name: String,
     samples: Vec<Duration>,
 }
 
 impl Row {
-    fn new(key: &'static str, name: &'static str) -> Self {
+    fn new(key: impl Into<String>, name: impl Into<String>) -> Self {
         Self {
-            key,
-            name,
+            key: key.into(),
+            name: name.into(),
             samples: Vec::new(),
         }
+    }
+
+    /// A row of a scenario run on `backend`: the key gets `_<backend>` (none for the
+    /// default backend), the name ` (<backend>)`.
+    fn on(backend: &str, key: &str, name: &str) -> Self {
+        let key = if backend == DEFAULT_BACKEND {
+            key.to_string()
+        } else {
+            format!("{key}_{backend}")
+        };
+        Self::new(key, format!("{name} ({backend})"))
     }
 
     fn median(&self) -> f64 {
@@ -110,6 +124,14 @@ impl Load {
     fn throughput(&self) -> f64 {
         self.latencies.len() as f64 / self.elapsed.as_secs_f64().max(1e-9)
     }
+}
+
+/// A backend the daemon can run here (`GET /v1/system`).
+struct Backend {
+    kind: String,
+    supports_pause: bool,
+    /// Its snapshots carry more than nothing (`checkpoint_fidelity` is not `none`).
+    snapshots: bool,
 }
 
 /// Where the CPU went during the load test, in cores (1.0 = one core busy all the time).
@@ -162,17 +184,41 @@ async fn measure(
         args.runs
     ));
     let mut rows = round_trips(d, engine, args.runs).await?;
+    let backends = d.backends().await?;
     let pauses = (args.runs / 10).max(10);
-    progress(&format!(
-        "pause and resume: {pauses} each, HTTP and embedded, with a busy kernel"
-    ));
-    rows.extend(pause_resume(d, engine, pauses).await?);
+    for b in &backends {
+        if !b.supports_pause {
+            progress(&format!(
+                "pause and resume: not on {} (no pause here)",
+                b.kind
+            ));
+            continue;
+        }
+        let embedded = (b.kind == DEFAULT_BACKEND).then_some(engine);
+        progress(&format!(
+            "pause and resume on {}: {pauses} each, HTTP{}, with a busy kernel",
+            b.kind,
+            if embedded.is_some() {
+                " and embedded"
+            } else {
+                ""
+            }
+        ));
+        rows.extend(pause_resume(d, embedded, &b.kind, pauses).await?);
+    }
     let snaps = args.cold_runs.clamp(3, 10);
-    progress(&format!(
-        "snapshots: {snaps} each of snapshot and restore with 5 MB and 100 MB of Python state, \
-         and a fork of 10"
-    ));
-    rows.extend(snapshots(d, snaps).await?);
+    for b in &backends {
+        if !b.snapshots {
+            progress(&format!("snapshots: not on {} (no snapshots here)", b.kind));
+            continue;
+        }
+        progress(&format!(
+            "snapshots on {}: {snaps} each of snapshot and restore with 5 MB and 100 MB of \
+             Python state, and a fork of 10",
+            b.kind
+        ));
+        rows.extend(snapshots(d, &b.kind, snaps).await?);
+    }
     progress(&format!(
         "create to first result: {} each, cold{}",
         args.cold_runs,
@@ -306,17 +352,30 @@ async fn round_trips(d: &Daemon, engine: &Engine, runs: usize) -> anyhow::Result
     Ok(rows)
 }
 
-/// Pause and resume of a sandbox whose Python kernel holds state and whose loop is busy,
-/// over HTTP and through the embedded engine; after each resume the kernel must answer.
-async fn pause_resume(d: &Daemon, engine: &Engine, runs: usize) -> anyhow::Result<Vec<Row>> {
+/// Pause and resume of a sandbox on `backend` whose Python kernel holds state and whose
+/// loop is busy, over HTTP and, given an `engine`, through the embedded engine (its default
+/// backend); after each resume the kernel must answer.
+async fn pause_resume(
+    d: &Daemon,
+    engine: Option<&Engine>,
+    backend: &str,
+    runs: usize,
+) -> anyhow::Result<Vec<Row>> {
     let env = [("SANDCELL_BENCH", "pause")];
     let id = d
-        .create(&json!({"template": "python", "env": {"SANDCELL_BENCH": "pause"}}))
+        .create(&json!({
+            "template": "python", "backend": backend, "env": {"SANDCELL_BENCH": "pause"},
+        }))
         .await?;
-    let sb = engine
-        .create(python_spec(&env)?)
-        .await
-        .context("create an embedded sandbox")?;
+    let sb = match engine {
+        Some(engine) => Some(
+            engine
+                .create(python_spec(&env)?)
+                .await
+                .context("create an embedded sandbox")?,
+        ),
+        None => None,
+    };
     // Something to freeze: a process that wakes up every millisecond.
     let busy = "import subprocess; subprocess.Popen(['sh', '-c', 'while :; do sleep 0.001; done'])";
     d.code_ok(
@@ -324,15 +383,19 @@ async fn pause_resume(d: &Daemon, engine: &Engine, runs: usize) -> anyhow::Resul
         &json!({ "code": busy }),
     )
     .await?;
-    sb.run_code(x_equals_1(busy))
-        .await
-        .context("embedded busy loop")?;
     let mut rows = vec![
-        Row::new("pause_http", "pause, HTTP"),
-        Row::new("resume_http", "resume, HTTP"),
-        Row::new("pause_embedded", "pause, embedded engine"),
-        Row::new("resume_embedded", "resume, embedded engine"),
+        Row::on(backend, "pause_http", "pause, HTTP"),
+        Row::on(backend, "resume_http", "resume, HTTP"),
     ];
+    if let Some(sb) = &sb {
+        sb.run_code(x_equals_1(busy))
+            .await
+            .context("embedded busy loop")?;
+        rows.extend([
+            Row::on(backend, "pause_embedded", "pause, embedded engine"),
+            Row::on(backend, "resume_embedded", "resume, embedded engine"),
+        ]);
+    }
     let (pause, resume) = (
         format!("/v1/sandboxes/{id}/pause"),
         format!("/v1/sandboxes/{id}/resume"),
@@ -346,39 +409,45 @@ async fn pause_resume(d: &Daemon, engine: &Engine, runs: usize) -> anyhow::Resul
         d.expect(Method::POST, &resume, None, 200).await?;
         let resume_http = t.elapsed();
         d.code_ok(&code_path, &json!({"code": "x = 1"})).await?;
+        let mut samples = vec![pause_http, resume_http];
 
-        let t = Instant::now();
-        sb.pause().await.context("embedded pause")?;
-        let pause_embedded = t.elapsed();
-        let t = Instant::now();
-        sb.resume().context("embedded resume")?;
-        let resume_embedded = t.elapsed();
-        sb.run_code(x_equals_1("x = 1"))
-            .await
-            .context("embedded x = 1 after resume")?;
+        if let Some(sb) = &sb {
+            let t = Instant::now();
+            sb.pause().await.context("embedded pause")?;
+            let pause_embedded = t.elapsed();
+            let t = Instant::now();
+            sb.resume().context("embedded resume")?;
+            let resume_embedded = t.elapsed();
+            sb.run_code(x_equals_1("x = 1"))
+                .await
+                .context("embedded x = 1 after resume")?;
+            samples.extend([pause_embedded, resume_embedded]);
+        }
         // The first two are warm-up.
         if i >= 2 {
-            for (row, sample) in
-                rows.iter_mut()
-                    .zip([pause_http, resume_http, pause_embedded, resume_embedded])
-            {
+            for (row, sample) in rows.iter_mut().zip(samples) {
                 row.samples.push(sample);
             }
         }
     }
-    sb.destroy().await.context("destroy the embedded sandbox")?;
+    if let Some(sb) = sb {
+        sb.destroy().await.context("destroy the embedded sandbox")?;
+    }
     d.delete(&id).await?;
     Ok(rows)
 }
 
 /// Snapshot and restore (`POST /v1/sandboxes` with `snapshot_id`, until the restored
-/// kernel answers) of a Python sandbox holding ~5 MB and ~100 MB of state, and one fork of
-/// 10 sandboxes (its wall time is one sample); the sizes go in the row names.
-async fn snapshots(d: &Daemon, runs: usize) -> anyhow::Result<Vec<Row>> {
+/// kernel answers) of a Python sandbox on `backend` holding ~5 MB and ~100 MB of state, and
+/// one fork of 10 sandboxes (its wall time is one sample); the sizes the API gives for the
+/// snapshots (`size`: what they take on disk) go in the row names.
+async fn snapshots(d: &Daemon, backend: &str, runs: usize) -> anyhow::Result<Vec<Row>> {
     let mut rows = Vec::new();
     for (label, mb) in [("5 MB", 5), ("100 MB", 100)] {
         let id = d
-            .create(&json!({"template": "python", "env": {"SANDCELL_BENCH": "snapshot"}}))
+            .create(&json!({
+                "template": "python", "backend": backend, "env": {"SANDCELL_BENCH": "snapshot"},
+            }))
             .await?;
         let code = format!(
             "state = bytearray({mb} * 2**20)\nfor i in range(0, len(state), 4096): state[i] = i % 251"
@@ -388,8 +457,8 @@ async fn snapshots(d: &Daemon, runs: usize) -> anyhow::Result<Vec<Row>> {
             &json!({ "code": code }),
         )
         .await?;
-        let mut snap_row = Row::new("", "");
-        let mut restore_row = Row::new("", "");
+        let mut snap_samples = Vec::new();
+        let mut restore_samples = Vec::new();
         let mut size = 0;
         let mut last = String::new();
         for _ in 0..runs {
@@ -402,7 +471,7 @@ async fn snapshots(d: &Daemon, runs: usize) -> anyhow::Result<Vec<Row>> {
                     201,
                 )
                 .await?;
-            snap_row.samples.push(t.elapsed());
+            snap_samples.push(t.elapsed());
             size = v["size"].as_u64().unwrap_or(0);
             let snap = v["id"].as_str().unwrap_or_default().to_string();
             let t = Instant::now();
@@ -420,7 +489,7 @@ async fn snapshots(d: &Daemon, runs: usize) -> anyhow::Result<Vec<Row>> {
                 &json!({"code": "len(state)"}),
             )
             .await?;
-            restore_row.samples.push(t.elapsed());
+            restore_samples.push(t.elapsed());
             d.delete(&restored).await?;
             if !last.is_empty() {
                 d.expect(Method::DELETE, &format!("/v1/snapshots/{last}"), None, 204)
@@ -428,26 +497,23 @@ async fn snapshots(d: &Daemon, runs: usize) -> anyhow::Result<Vec<Row>> {
             }
             last = snap;
         }
-        let name = |what: &str| -> &'static str {
-            Box::leak(
-                format!("{what}, python {label} ({} MB on disk)", size >> 20).into_boxed_str(),
+        let row = |key: &str, what: &str, samples: Vec<Duration>| Row {
+            samples,
+            ..Row::on(
+                backend,
+                &format!("{key}_{mb}mb"),
+                &format!("{what}, python {label}, {} MB on disk", size >> 20),
             )
         };
-        snap_row.key = if mb == 5 {
-            "snapshot_5mb"
-        } else {
-            "snapshot_100mb"
-        };
-        snap_row.name = name("snapshot");
-        restore_row.key = if mb == 5 {
-            "restore_5mb"
-        } else {
-            "restore_100mb"
-        };
-        restore_row.name = name("restore to first result");
+        let snap_row = row("snapshot", "snapshot", snap_samples);
+        let restore_row = row("restore", "restore to first result", restore_samples);
         if mb == 5 {
             // Ten sandboxes from one snapshot in one request.
-            let mut fork_row = Row::new("fork_10", "fork of 10 from the 5 MB snapshot (wall time)");
+            let mut fork_row = Row::on(
+                backend,
+                "fork_10",
+                "fork of 10 from the 5 MB snapshot, wall time",
+            );
             let t = Instant::now();
             let v = d
                 .expect(
@@ -744,10 +810,17 @@ fn report(args: &DaemonArgs, rows: &[Row], pool_hits: Option<u64>, load: &Load) 
             5.0,
         ));
     }
-    let targets: Vec<(&str, f64, f64)> = targets
+    let mut targets: Vec<(&str, f64, f64)> = targets
         .into_iter()
         .filter_map(|(name, key, limit)| Some((name, limit, row(key)?.median())))
         .collect();
+    if let (Some(snap), Some(restore)) = (row("snapshot_5mb_gvisor"), row("restore_5mb_gvisor")) {
+        targets.push((
+            "snapshot + restore of the 5 MB kernel on gvisor, sum of medians",
+            300.0,
+            snap.median() + restore.median(),
+        ));
+    }
     let build = if cfg!(debug_assertions) {
         "debug"
     } else {
@@ -796,13 +869,19 @@ fn report(args: &DaemonArgs, rows: &[Row], pool_hits: Option<u64>, load: &Load) 
         if cfg!(debug_assertions) {
             println!("(a debug build: build with --release for figures worth publishing)");
         }
+        let width = rows
+            .iter()
+            .map(|r| r.name.chars().count())
+            .max()
+            .unwrap_or(0)
+            .max(48);
         println!(
-            "{:<48} {:>6} {:>9} {:>9} {:>9}",
+            "{:<width$} {:>6} {:>9} {:>9} {:>9}",
             "scenario", "runs", "median", "p99", "mean"
         );
         for r in rows {
             println!(
-                "{:<48} {:>6} {:>9.3} {:>9.3} {:>9.3}",
+                "{:<width$} {:>6} {:>9.3} {:>9.3} {:>9.3}",
                 r.name,
                 r.samples.len(),
                 r.median(),
@@ -1075,6 +1154,36 @@ impl Daemon {
             .as_str()
             .map(str::to_string)
             .with_context(|| format!("no id in the created sandbox: {v}"))
+    }
+
+    /// The backends `GET /v1/system` reports available: the default first, then the
+    /// others in its order.
+    async fn backends(&self) -> anyhow::Result<Vec<Backend>> {
+        let v = self.expect(Method::GET, "/v1/system", None, 200).await?;
+        let list = v["backends"]
+            .as_array()
+            .with_context(|| format!("no backends in GET /v1/system: {v}"))?;
+        let mut backends = Vec::new();
+        for b in list {
+            if b["available"] != Value::Bool(true) {
+                continue;
+            }
+            let kind = b["kind"]
+                .as_str()
+                .with_context(|| format!("a backend without a kind in GET /v1/system: {b}"))?;
+            backends.push(Backend {
+                kind: kind.to_string(),
+                supports_pause: b["supports_pause"] == Value::Bool(true),
+                snapshots: b["checkpoint_fidelity"]
+                    .as_str()
+                    .is_some_and(|f| f != "none"),
+            });
+        }
+        if backends.is_empty() {
+            bail!("GET /v1/system reports no available backend: {v}");
+        }
+        backends.sort_by_key(|b| b.kind != DEFAULT_BACKEND);
+        Ok(backends)
     }
 
     async fn delete(&self, id: &str) -> anyhow::Result<()> {

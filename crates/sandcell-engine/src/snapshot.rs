@@ -147,7 +147,7 @@ fn checkpoint_gaps() -> Vec<String> {
             .into(),
         "the hostname: a restored sandbox keeps its source's (its id; the checkpoint holds \
          it)"
-            .into(),
+        .into(),
     ]
 }
 

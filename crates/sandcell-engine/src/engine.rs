@@ -6,7 +6,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use sandcell_protocol::{ExecRequest, HostMessage, IsolationReport};
 
-use crate::backend::{Backend, BackendCapabilities, BackendInstance};
+use crate::backend::{Backend, BackendCapabilities, BackendInstance, LaunchedSandbox};
 use crate::client::{Call, GuestClient};
 use crate::error::EngineError;
 use crate::sandbox::{ExecStream, Sandbox, Timings, prepare_exec};
@@ -118,15 +118,7 @@ impl Engine {
         if was_paused {
             launched.instance.resume()?;
         }
-        let launch = Launch {
-            id,
-            spec,
-            client: GuestClient::start_at(launched.stream, reattach_first_id()),
-            instance: launched.instance,
-            isolation: launched.isolation,
-            start,
-            launched_at: start.elapsed(),
-        };
+        let launch = Launch::greeted_before(id, spec, launched, start);
         let hello = launch.client.send_hello().await;
         let sandbox = launch.finish_keeping(hello).await?;
         if was_paused {
@@ -168,16 +160,8 @@ impl Engine {
         // The backend has read the image into the new sandbox (or failed): not needed again.
         let _ = std::fs::remove_dir_all(&image);
         let launched = launched?;
-        let launch = Launch {
-            id,
-            spec,
-            // The restored agent may still hold requests of its source's host.
-            client: GuestClient::start_at(launched.stream, reattach_first_id()),
-            instance: launched.instance,
-            isolation: launched.isolation,
-            launched_at: start.elapsed(),
-            start,
-        };
+        // The restored agent may still hold requests of its source's host.
+        let launch = Launch::greeted_before(id, spec, launched, start);
         let hello = launch.client.send_hello().await;
         let sandbox = launch.finish(hello).await?;
         match sandbox.after_checkpoint_restore(manifest).await {
@@ -249,6 +233,26 @@ struct Launch {
 }
 
 impl Launch {
+    /// A sandbox whose agent already served a host (reattached, or restored from a
+    /// checkpoint): the client numbers its requests away from that host's, whose late
+    /// replies must match none of them.
+    fn greeted_before(
+        id: String,
+        spec: SandboxSpec,
+        launched: LaunchedSandbox,
+        start: Instant,
+    ) -> Self {
+        Self {
+            id,
+            spec,
+            client: GuestClient::start_at(launched.stream, reattach_first_id()),
+            instance: launched.instance,
+            isolation: launched.isolation,
+            launched_at: start.elapsed(),
+            start,
+        }
+    }
+
     /// Sends the kernels' settings right behind the handshake, without waiting: kernels
     /// asked for start while the rest of creation goes on. A failure there shows on the
     /// first execution.

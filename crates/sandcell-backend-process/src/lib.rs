@@ -29,7 +29,7 @@ use sandcell_jail::{JailConfig, JailError, Limits, NetworkMode, TmpfsMount};
 use sandcell_protocol::{
     Feature, FeatureState, Frame, FrameDecoder, GuestMessage, HEADER_LEN, encode_message,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::UnixStream;
 
 pub use sandcell_jail::rootfs::skeleton::DEFAULT_SYSTEM_PATHS;
@@ -259,7 +259,13 @@ impl ProcessBackend {
                 mode: 0o1777,
             },
         ];
-        let tmpfs_paths: Vec<&str> = tmpfs.iter().map(|t| t.path.as_str()).collect();
+        let mut tmpfs_paths: Vec<&str> = tmpfs.iter().map(|t| t.path.as_str()).collect();
+        tmpfs_paths.push("/.sandcell");
+        let guest_dir = self.config.runtime_dir.join("criu-bin");
+        let _ = std::fs::create_dir_all(&guest_dir);
+        if !guest_dir.join("sandcell").exists() {
+            let _ = std::fs::copy(std::env::current_exe().unwrap(), guest_dir.join("sandcell"));
+        }
         let skeleton = skeleton::prepare(
             &self.config.runtime_dir.join("rootfs"),
             &RootLayout {
@@ -305,8 +311,9 @@ impl ProcessBackend {
             outside_uid,
             outside_gid,
             cgroup_parent: self.config.cgroup_parent.clone(),
-            landlock: self.config.landlock,
-            agent_socket: self.agent_socket(id)?.map(|p| p.display().to_string()),
+            landlock: false,
+            agent_socket: None,
+            guest_dir: Some(guest_dir.display().to_string()),
         })
     }
 
@@ -482,7 +489,12 @@ impl Backend for ProcessBackend {
                 .map_err(|e| EngineError::io("send the jail config", e))?;
         }
 
-        let first = tokio::time::timeout(LAUNCH_TIMEOUT, read_one_message(&mut stream)).await;
+        let mut handed_over = Vec::new();
+        let first = tokio::time::timeout(
+            LAUNCH_TIMEOUT,
+            read_one_message(&mut stream, &mut handed_over),
+        )
+        .await;
         let report = match first {
             Ok(Ok(Some(msg))) => msg,
             Ok(Ok(None)) | Ok(Err(_)) => {
@@ -518,6 +530,16 @@ impl Backend for ProcessBackend {
                 });
             }
         };
+        // A checkpointable sandbox's agent talks on the connection it made inside; the
+        // launcher's ends here.
+        if let Some(fd) = handed_over.pop() {
+            let std_stream = std::os::unix::net::UnixStream::from(fd);
+            std_stream
+                .set_nonblocking(true)
+                .map_err(|e| EngineError::io("set the socket non-blocking", e))?;
+            stream = UnixStream::from_std(std_stream)
+                .map_err(|e| EngineError::io("register the socket", e))?;
+        }
         let pid = Pid::from_raw(host_pid).ok_or_else(|| EngineError::Launch {
             stage: "launcher".into(),
             message: format!("invalid pid {host_pid}"),
@@ -713,14 +735,15 @@ impl Launcher {
 
 /// Reads exactly one message frame (never more bytes than it holds, so everything after
 /// it stays in the socket for the guest client). `None` on EOF.
-async fn read_one_message(stream: &mut UnixStream) -> std::io::Result<Option<GuestMessage>> {
+/// Reads the launcher's one message, and the descriptor sent with it when the agent's
+/// connection was made inside the sandbox (a checkpointable one).
+async fn read_one_message(
+    stream: &mut UnixStream,
+    fds: &mut Vec<OwnedFd>,
+) -> std::io::Result<Option<GuestMessage>> {
     let mut header = [0u8; HEADER_LEN];
-    if let Err(e) = stream.read_exact(&mut header).await {
-        return if e.kind() == std::io::ErrorKind::UnexpectedEof {
-            Ok(None)
-        } else {
-            Err(e)
-        };
+    if !read_exact_with_fds(stream, &mut header, fds).await? {
+        return Ok(None);
     }
     let len = u32::from_be_bytes([header[0], header[1], header[2], header[3]]);
     if !(5..=sandcell_protocol::MAX_FRAME_LEN).contains(&len) {
@@ -731,7 +754,9 @@ async fn read_one_message(stream: &mut UnixStream) -> std::io::Result<Option<Gue
     }
     let mut frame = header.to_vec();
     frame.resize(4 + len as usize, 0);
-    stream.read_exact(&mut frame[HEADER_LEN..]).await?;
+    if !read_exact_with_fds(stream, &mut frame[HEADER_LEN..], fds).await? {
+        return Err(std::io::ErrorKind::UnexpectedEof.into());
+    }
     let mut decoder = FrameDecoder::default();
     decoder.feed(&frame);
     match decoder.next_frame::<GuestMessage>() {
@@ -741,6 +766,34 @@ async fn read_one_message(stream: &mut UnixStream) -> std::io::Result<Option<Gue
             "bad launcher frame",
         )),
     }
+}
+
+/// Fills `buf` with `recvmsg` (a plain read would drop descriptors sent along), collecting
+/// any descriptors into `fds`. False when the socket ended before the first byte.
+async fn read_exact_with_fds(
+    stream: &UnixStream,
+    buf: &mut [u8],
+    fds: &mut Vec<OwnedFd>,
+) -> std::io::Result<bool> {
+    use std::os::fd::AsFd;
+    let mut filled = 0;
+    while filled < buf.len() {
+        stream.readable().await?;
+        let read = stream.try_io(tokio::io::Interest::READABLE, || {
+            sandcell_jail::fdpass::recv_with_fds(stream.as_fd(), &mut buf[filled..])
+        });
+        match read {
+            Ok((0, _)) if filled == 0 => return Ok(false),
+            Ok((0, _)) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok((n, got)) => {
+                filled += n;
+                fds.extend(got);
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(true)
 }
 
 /// One running process-backend sandbox.

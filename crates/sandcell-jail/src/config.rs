@@ -86,6 +86,13 @@ impl SparesConfig {
     }
 }
 
+impl JailConfig {
+    /// Whether CRIU can checkpoint this sandbox (see [`JailConfig::guest_dir`]).
+    pub fn is_checkpointable(&self) -> bool {
+        self.guest_dir.is_some()
+    }
+}
+
 /// Everything the launcher needs to build one sandbox.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct JailConfig {
@@ -127,4 +134,9 @@ pub struct JailConfig {
     /// first connection. The launcher binds it on the host before the namespaces are made.
     #[serde(default)]
     pub agent_socket: Option<String>,
+    /// A host folder holding the Sandcell binary, bound read-only at `/.sandcell`; the
+    /// sandbox's PID 1 then executes the agent from there instead of running it in the
+    /// launcher's copy (a checkpointable sandbox: CRIU can only dump what its namespace sees).
+    #[serde(default)]
+    pub guest_dir: Option<String>,
 }

@@ -121,20 +121,24 @@ fn run_on(from: RawFd, config: Option<JailConfig>, single_threaded: bool) -> Out
             listener,
         },
         Ok(Side::Launcher {
+            handover,
             pid,
             report,
             cgroup,
             netns,
             spares,
         }) => {
-            send(
-                &mut socket,
-                &GuestMessage::Launched {
-                    host_pid: pid.as_raw(),
-                    report,
-                    cgroup: cgroup.as_ref().map(SandboxCgroup::record),
-                },
-            );
+            let launched = GuestMessage::Launched {
+                host_pid: pid.as_raw(),
+                report,
+                cgroup: cgroup.as_ref().map(SandboxCgroup::record),
+            };
+            match &handover {
+                // If the host is gone there is nobody to tell; the exit code says the rest.
+                Some(fd) => drop(send_with_fd(&socket, &launched, fd)),
+                None => send(&mut socket, &launched),
+            }
+            drop(handover);
             // Close our copy: the socket is the agent's alone, and the host must see EOF as
             // soon as the agent is gone.
             drop(socket);
@@ -182,6 +186,8 @@ enum Side {
         listener: Option<UnixListener>,
     },
     Launcher {
+        /// The host's end of the agent's connection, made inside the sandbox (checkpointable).
+        handover: Option<File>,
         pid: Pid,
         report: IsolationReport,
         cgroup: Option<SandboxCgroup>,
@@ -331,7 +337,11 @@ fn launch(
     // The go channel: a datagram socket pair, so the cgroup's files can travel with the flags.
     let (go_child, go_launcher) = at("go channel", go_channel())?;
     let spares = config.spares.as_ref().filter(|_| root);
-    let pooled_netns = spares.and_then(enter_pooled_netns);
+    let checkpointable = config.is_checkpointable();
+    // CRIU dumps only namespaces owned by the sandbox's user namespace: no pooled one.
+    let pooled_netns = spares
+        .filter(|_| !checkpointable)
+        .and_then(enter_pooled_netns);
     // Bound here, on the host, before the namespaces: the host can reach it by its path.
     let listener = at(
         "agent socket",
@@ -349,6 +359,9 @@ fn launch(
         drop(go_launcher);
         let isolation = sandbox_side(go_child, &config, pooled_netns.is_some())?;
         report.merge(&isolation);
+        if config.guest_dir.is_some() {
+            return Err(("exec the agent".into(), exec_agent(&report)));
+        }
         return Ok(Side::Sandbox {
             isolation: report,
             config: Box::new(config),
@@ -358,7 +371,7 @@ fn launch(
     drop(go_child);
     // The agent's alone: the launcher never accepts on it.
     drop(listener);
-    if let Err(e) = write_id_maps(pid, outside_uid, outside_gid) {
+    if let Err(e) = write_id_maps(pid, outside_uid, outside_gid, checkpointable) {
         let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
         let _ = waitpid(pid, None);
         return Err(("id maps".into(), e));
@@ -389,7 +402,24 @@ fn launch(
     }
     let fds: Vec<RawFd> = self_join.iter().flatten().map(AsRawFd::as_raw_fd).collect();
     let _ = go_send(&go_launcher, flags, &fds);
+    let handover = if checkpointable {
+        match go_receive(&go_launcher) {
+            Some((HANDOVER, mut files)) if files.len() == 1 => files.pop(),
+            _ => {
+                let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+                let _ = waitpid(pid, None);
+                if let Some(cg) = &cgroup {
+                    let _ = cg.remove();
+                }
+                let e = JailError::Config("the sandbox did not hand over its connection".into());
+                return Err(("host connection".into(), e));
+            }
+        }
+    } else {
+        None
+    };
     Ok(Side::Launcher {
+        handover,
         pid,
         report,
         cgroup,
@@ -399,6 +429,32 @@ fn launch(
             .filter(|_| root)
             .map(|s| (s, config.cgroup_parent)),
     })
+}
+
+/// Replaces this process with the agent from `/.sandcell`, the host socket kept on
+/// [`SOCKET_FD`] and the isolation report in `SANDCELL_ISOLATION`. Returns only on failure.
+fn exec_agent(report: &IsolationReport) -> JailError {
+    use std::ffi::CString;
+    let json = match serde_json::to_string(report) {
+        Ok(j) => j,
+        Err(e) => return JailError::Config(format!("encode the isolation report: {e}")),
+    };
+    // SAFETY: fcntl F_SETFD on the socket we own; no memory is passed.
+    if unsafe { libc::fcntl(SOCKET_FD, libc::F_SETFD, 0) } < 0 {
+        return JailError::last_os("keep the host socket across exec");
+    }
+    let (Ok(path), Ok(entry), Ok(env)) = (
+        CString::new("/.sandcell/sandcell"),
+        CString::new("__guest"),
+        CString::new(format!("SANDCELL_ISOLATION={json}")),
+    ) else {
+        return JailError::Config("a nul byte in the agent's arguments".into());
+    };
+    let argv = [path.as_ptr(), entry.as_ptr(), std::ptr::null()];
+    let envp = [env.as_ptr(), std::ptr::null()];
+    // SAFETY: both arrays are NULL-terminated and point at CStrings alive for the call.
+    unsafe { libc::execve(path.as_ptr(), argv.as_ptr(), envp.as_ptr()) };
+    JailError::last_os("exec /.sandcell/sandcell")
 }
 
 /// Binds the agent's listening socket at `path` (replacing a stale one), readable and
@@ -486,6 +542,47 @@ fn go_receive(socket: &OwnedFd) -> Option<(u8, Vec<File>)> {
 
 /// First message on the go channel: the id maps are written.
 const GO: u8 = b'g';
+/// From the child: the host's end of the agent's new connection (a checkpointable sandbox).
+const HANDOVER: u8 = b'h';
+
+/// Makes the agent's connection anew inside the sandbox's network namespace, its host end
+/// going to the launcher (which passes it on with `Launched`) and its own end replacing
+/// [`SOCKET_FD`]. CRIU can dump a socket only from the namespaces it dumps; the one the
+/// host made lives in the host's.
+fn hand_over_connection(go: &OwnedFd) -> Result<(), JailError> {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, socketpair};
+    let (agent, host) = socketpair(
+        AddressFamily::Unix,
+        SockType::Stream,
+        None,
+        SockFlag::SOCK_CLOEXEC,
+    )?;
+    go_send(go, HANDOVER, &[host.as_raw_fd()])?;
+    dup_onto(agent.as_raw_fd(), SOCKET_FD)?;
+    set_cloexec(SOCKET_FD)
+}
+
+/// Sends `msg` with `fd` attached: the host's end of a checkpointable sandbox's connection.
+fn send_with_fd(socket: &UnixStream, msg: &GuestMessage, fd: &File) -> Result<(), JailError> {
+    use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
+    let bytes = encode_message(0, msg);
+    let fds = [fd.as_raw_fd()];
+    let mut sent = 0;
+    while sent < bytes.len() {
+        let iov = [io::IoSlice::new(&bytes[sent..])];
+        // The descriptor rides on the first byte only.
+        let rights = [ControlMessage::ScmRights(&fds)];
+        let cmsgs: &[ControlMessage] = if sent == 0 { &rights } else { &[] };
+        sent += sendmsg::<()>(
+            socket.as_raw_fd(),
+            &iov,
+            cmsgs,
+            MsgFlags::MSG_NOSIGNAL,
+            None,
+        )?;
+    }
+    Ok(())
+}
 /// Bits of the second message: which limits the cgroup enforces (the rest falls to rlimits).
 const MEMORY_BY_CGROUP: u8 = 1;
 const PIDS_BY_CGROUP: u8 = 2;
@@ -614,15 +711,25 @@ fn raw_clone(flags: libc::c_int) -> io::Result<Option<Pid>> {
     }
 }
 
-fn write_id_maps(pid: Pid, uid: u32, gid: u32) -> Result<(), JailError> {
+/// Maps the sandbox user to `uid`/`gid`. A checkpointable sandbox also maps ids 0 and 1 to
+/// the two unprivileged host ids after them: CRIU acts as the namespace's root, and the
+/// default `ping_group_range` ("1 0") it restores names both.
+fn write_id_maps(pid: Pid, uid: u32, gid: u32, checkpointable: bool) -> Result<(), JailError> {
     let proc = format!("/proc/{pid}");
     let write = |file: &str, contents: String| {
         std::fs::write(format!("{proc}/{file}"), contents)
             .map_err(|e| JailError::io(format!("write {file} of the sandbox"), e))
     };
     write("setgroups", "deny".into())?;
-    write("uid_map", format!("{SANDBOX_UID} {uid} 1\n"))?;
-    write("gid_map", format!("{SANDBOX_UID} {gid} 1\n"))?;
+    let map = |outside: u32| {
+        let mut lines = format!("{SANDBOX_UID} {outside} 1\n");
+        if checkpointable {
+            lines.push_str(&format!("0 {} 2\n", outside + 1));
+        }
+        lines
+    };
+    write("uid_map", map(uid))?;
+    write("gid_map", map(gid))?;
     Ok(())
 }
 
@@ -671,6 +778,9 @@ fn sandbox_side(go: OwnedFd, config: &JailConfig, net_ready: bool) -> StageResul
         Some((GO, _)) => {}
         _ => return Err(gone()),
     }
+    if config.is_checkpointable() {
+        at("host connection", hand_over_connection(&go))?;
+    }
     // Files we create must be owned by a mapped id (else EOVERFLOW). Uid 0 is not mapped
     // in this namespace, so the kernel keeps our capabilities across this switch.
     at(
@@ -681,6 +791,14 @@ fn sandbox_side(go: OwnedFd, config: &JailConfig, net_ready: bool) -> StageResul
     let mut report = IsolationReport::default();
     for f in at("rootfs", rootfs::setup(config))? {
         report.set(&f.name, f.state, f.detail);
+    }
+    let _ = nix::unistd::setsid();
+    if let Ok(devnull) = File::options().read(true).write(true).open("/dev/null") {
+        let _ = dup_onto(devnull.as_raw_fd(), 0);
+        let _ = dup_onto(devnull.as_raw_fd(), 1);
+        if std::env::var_os("SANDCELL_DEBUG").is_none() {
+            let _ = dup_onto(devnull.as_raw_fd(), 2);
+        }
     }
     at(
         "hostname",
@@ -716,7 +834,12 @@ fn sandbox_side(go: OwnedFd, config: &JailConfig, net_ready: bool) -> StageResul
         at("cgroup", crate::cgroup::join_self(self_join))?;
     }
     // In its cgroup now (moved by itself or by the launcher): make that the root of its view.
-    match nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP) {
+    let cgroup_ns = if config.is_checkpointable() {
+        Err(nix::errno::Errno::ENOTSUP)
+    } else {
+        nix::sched::unshare(nix::sched::CloneFlags::CLONE_NEWCGROUP)
+    };
+    match cgroup_ns {
         Ok(()) => report.set(
             "cgroup_ns",
             FeatureState::Active,

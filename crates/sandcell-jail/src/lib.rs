@@ -8,6 +8,7 @@ pub mod caps;
 pub mod cgroup;
 pub mod config;
 pub mod error;
+pub mod fdpass;
 pub mod gvisor_guest;
 pub mod landlock_policy;
 pub mod launch;

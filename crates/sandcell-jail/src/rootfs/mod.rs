@@ -123,6 +123,23 @@ pub fn setup(config: &JailConfig) -> Result<Vec<Feature>, JailError> {
             &format!("mount tmpfs on {}", t.path),
         )?;
     }
+    if let Some(dir) = &config.guest_dir {
+        let target = format!("{root}/.sandcell");
+        do_mount(
+            Some(dir),
+            &target,
+            None,
+            MsFlags::MS_BIND,
+            None,
+            "bind the guest binary",
+        )?;
+        set_attrs(
+            &target,
+            mount_attr::RDONLY | mount_attr::NOSUID,
+            false,
+            "/.sandcell",
+        )?;
+    }
     std::env::set_current_dir(root).map_err(|e| JailError::io("chdir into the new root", e))?;
     pivot_root(".", ".")?;
     // The old root (the host's) is now stacked on "/": detach it and everything under it.

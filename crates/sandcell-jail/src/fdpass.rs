@@ -1,0 +1,61 @@
+//! Receiving descriptors sent over a Unix socket (`SCM_RIGHTS`), for hosts that read a
+//! launcher's messages.
+
+use std::io;
+use std::os::fd::{BorrowedFd, FromRawFd, OwnedFd, RawFd};
+
+/// Reads up to `buf.len()` bytes from `socket` with `recvmsg`, keeping any descriptors sent
+/// with them (close-on-exec). Returns the byte count (0 at the end) and the descriptors.
+pub fn recv_with_fds(socket: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usize, Vec<OwnedFd>)> {
+    use nix::sys::socket::{ControlMessageOwned, MsgFlags, recvmsg};
+    let mut iov = [io::IoSliceMut::new(buf)];
+    let mut space = nix::cmsg_space!([RawFd; 4]);
+    let msg = recvmsg::<()>(
+        std::os::fd::AsRawFd::as_raw_fd(&socket),
+        &mut iov,
+        Some(&mut space),
+        MsgFlags::MSG_CMSG_CLOEXEC,
+    )
+    .map_err(io::Error::from)?;
+    let mut fds = Vec::new();
+    for cmsg in msg.cmsgs().map_err(io::Error::from)? {
+        if let ControlMessageOwned::ScmRights(received) = cmsg {
+            // SAFETY: SCM_RIGHTS just installed these descriptors in our table; nothing else
+            // owns them.
+            fds.extend(
+                received
+                    .into_iter()
+                    .map(|fd| unsafe { OwnedFd::from_raw_fd(fd) }),
+            );
+        }
+    }
+    Ok((msg.bytes, fds))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::fd::AsFd;
+    use std::os::unix::net::UnixStream;
+
+    #[test]
+    fn a_descriptor_sent_with_bytes_arrives_with_them() {
+        use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
+        let (a, b) = UnixStream::pair().unwrap();
+        let (passed, _keep) = UnixStream::pair().unwrap();
+        let fds = [std::os::fd::AsRawFd::as_raw_fd(&passed)];
+        let iov = [io::IoSlice::new(b"hi")];
+        sendmsg::<()>(
+            std::os::fd::AsRawFd::as_raw_fd(&a),
+            &iov,
+            &[ControlMessage::ScmRights(&fds)],
+            MsgFlags::empty(),
+            None,
+        )
+        .unwrap();
+        let mut buf = [0u8; 8];
+        let (n, got) = recv_with_fds(b.as_fd(), &mut buf).unwrap();
+        assert_eq!(&buf[..n], b"hi");
+        assert_eq!(got.len(), 1);
+    }
+}

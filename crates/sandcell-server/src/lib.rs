@@ -142,6 +142,7 @@ pub fn app(state: AppState) -> Router {
     let tools = sandcell_mcp::RouterApi::new(rest.clone(), None, None);
     let mcp = Router::new()
         .nest_service("/mcp", sandcell_mcp::http_service(Arc::new(tools)))
+        .layer(middleware::from_fn(sandcell_mcp::screen_http))
         .layer(middleware::from_fn_with_state(state, require_key));
     rest.merge(mcp)
 }

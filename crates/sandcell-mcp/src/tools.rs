@@ -29,6 +29,9 @@ pub const SESSION_LABEL: &str = "mcp";
 pub struct SandcellMcp {
     api: Arc<dyn Api>,
     tool_router: ToolRouter<Self>,
+    /// The session tools use when a call names none: made on first need, one per
+    /// connection (per MCP session over HTTP).
+    default_session: Arc<tokio::sync::Mutex<Option<String>>>,
 }
 
 impl std::fmt::Debug for SandcellMcp {
@@ -108,8 +111,8 @@ pub struct SessionRef {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExecuteCode {
-    /// The session id.
-    pub session_id: String,
+    /// The session id (default: this connection's default session, made on first use).
+    pub session_id: Option<String>,
     /// The code. State (variables, imports, functions) persists between calls, like notebook cells.
     pub code: String,
     /// Its language (default python).
@@ -124,7 +127,8 @@ pub struct ExecuteCode {
 pub struct ExecutePython {
     /// Python code; state persists between calls in the same session.
     pub code: String,
-    /// The session id; omit it to create a new Python session (its id is in the answer).
+    /// The session id (default: this connection's default session, made on first use; its
+    /// id is in the answer).
     pub session_id: Option<String>,
     /// Seconds before the execution is interrupted.
     pub timeout_secs: Option<f64>,
@@ -134,8 +138,8 @@ pub struct ExecutePython {
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ExecuteTerminal {
-    /// The session id.
-    pub session_id: String,
+    /// The session id (default: this connection's default session, made on first use).
+    pub session_id: Option<String>,
     /// A shell command line, run by `bash -c` (each call is a fresh shell; use `execute_code`
     /// with language bash for a persistent one).
     pub command: String,
@@ -263,6 +267,7 @@ impl SandcellMcp {
         Self {
             api,
             tool_router: Self::tool_router(),
+            default_session: Arc::default(),
         }
     }
 
@@ -326,8 +331,14 @@ impl SandcellMcp {
     ) -> ToolResult {
         let key = caller_key(&ctx);
         let lang = p.language.unwrap_or(Runtime::Python);
-        self.run_code(key.as_deref(), &p.session_id, lang, p.code, p.timeout_secs)
-            .await
+        let (session, created) = match self.session_or_default(key.as_deref(), p.session_id).await {
+            Ok(s) => s,
+            Err(failure) => return Ok(failure),
+        };
+        let result = self
+            .run_code(key.as_deref(), &session, lang, p.code, p.timeout_secs)
+            .await?;
+        Ok(announce(result, &session, created))
     }
 
     #[tool(
@@ -339,21 +350,11 @@ impl SandcellMcp {
         ctx: RequestContext<RoleServer>,
     ) -> ToolResult {
         let key = caller_key(&ctx);
-        let (session, created) = match p.session_id {
-            Some(id) => (id, false),
-            None => {
-                let body = json!({"template": "python", "labels": {SESSION_LABEL: "true"}});
-                let reply = self
-                    .post(key.as_deref(), "/v1/sandboxes".into(), body)
-                    .await?;
-                if !reply.ok() {
-                    return Ok(api_failure(&reply));
-                }
-                let id = reply.body["id"].as_str().unwrap_or_default().to_string();
-                (id, true)
-            }
+        let (session, created) = match self.session_or_default(key.as_deref(), p.session_id).await {
+            Ok(s) => s,
+            Err(failure) => return Ok(failure),
         };
-        let mut result = self
+        let result = self
             .run_code(
                 key.as_deref(),
                 &session,
@@ -362,15 +363,7 @@ impl SandcellMcp {
                 p.timeout_secs,
             )
             .await?;
-        if created {
-            result.content.insert(
-                0,
-                ContentBlock::text(format!(
-                    "session_id: {session} (new session; pass it to later calls to keep the state)"
-                )),
-            );
-        }
-        Ok(result)
+        Ok(announce(result, &session, created))
     }
 
     #[tool(
@@ -382,16 +375,24 @@ impl SandcellMcp {
         ctx: RequestContext<RoleServer>,
     ) -> ToolResult {
         let key = caller_key(&ctx);
+        let (session, created) = match self.session_or_default(key.as_deref(), p.session_id).await {
+            Ok(s) => s,
+            Err(failure) => return Ok(failure),
+        };
         let mut body = json!({"cmd": p.command});
         set_opt(&mut body, "cwd", p.cwd);
         set_opt(&mut body, "env", p.env);
         set_opt(&mut body, "timeout_secs", p.timeout_secs);
-        let path = format!("/v1/sandboxes/{}/exec", seg(&p.session_id));
+        let path = format!("/v1/sandboxes/{}/exec", seg(&session));
         let reply = self.post(key.as_deref(), path, body).await?;
         if !reply.ok() {
             return Ok(api_failure(&reply));
         }
-        Ok(output::exec_result(&reply.body))
+        Ok(announce(
+            output::exec_result(&reply.body),
+            &session,
+            created,
+        ))
     }
 
     #[tool(
@@ -672,6 +673,45 @@ impl SandcellMcp {
 }
 
 impl SandcellMcp {
+    /// `session` when given; else this connection's default session, made now (with `true`)
+    /// when there is none yet or the one there was has ended.
+    async fn session_or_default(
+        &self,
+        key: Option<&str>,
+        session: Option<String>,
+    ) -> Result<(String, bool), CallToolResult> {
+        if let Some(id) = session {
+            return Ok((id, false));
+        }
+        let mut slot = self.default_session.lock().await;
+        if let Some(id) = slot.clone() {
+            let alive = self
+                .get(key, format!("/v1/sandboxes/{}", seg(&id)))
+                .await
+                .is_ok_and(|r| {
+                    r.ok()
+                        && matches!(
+                            r.body["state"].as_str(),
+                            Some("running" | "paused" | "creating")
+                        )
+                });
+            if alive {
+                return Ok((id, false));
+            }
+        }
+        let body = json!({"template": "python", "labels": {SESSION_LABEL: "true"}});
+        let reply = self
+            .post(key, "/v1/sandboxes".into(), body)
+            .await
+            .map_err(|e| tool_error(&e.message))?;
+        if !reply.ok() {
+            return Err(api_failure(&reply));
+        }
+        let id = reply.body["id"].as_str().unwrap_or_default().to_string();
+        *slot = Some(id.clone());
+        Ok((id, true))
+    }
+
     async fn run_code(
         &self,
         key: Option<&str>,
@@ -846,6 +886,19 @@ fn set_opt<T: serde::Serialize>(body: &mut Value, key: &str, value: Option<T>) {
     if let Some(v) = value {
         body[key] = json!(v);
     }
+}
+
+/// `result` with a first line naming the session, when it was made for this call.
+fn announce(mut result: CallToolResult, session: &str, created: bool) -> CallToolResult {
+    if created {
+        result.content.insert(
+            0,
+            ContentBlock::text(format!(
+                "session_id: {session} (new session, this connection's default: calls without a session_id use it)"
+            )),
+        );
+    }
+    result
 }
 
 /// A tool error with `text`.

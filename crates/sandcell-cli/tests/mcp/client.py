@@ -94,6 +94,12 @@ async def scenario(session):
     r = await session.call_tool("execute_python", {"code": "import os; os.getcwd()"})
     check("execute_python makes a session", "session_id: sb-" in text_of(r) and "/workspace" in text_of(r), text_of(r))
     other = text_of(r).split("session_id: ")[1].split()[0]
+    r = await session.call_tool("execute_python", {"code": "y = 6 * 7"})
+    r = await session.call_tool("execute_terminal", {"command": "echo terminal-default"})
+    check("calls without a session use the default one", "session_id" not in text_of(r)
+          and "terminal-default" in text_of(r), text_of(r))
+    r = await session.call_tool("execute_code", {"code": "y", "language": "python"})
+    check("the default session keeps its state", "42" in text_of(r), text_of(r))
     r = await session.call_tool("import_files", {"session_id": other, "files": [{"path": "copy.txt", "export_id": export_id}]})
     check("import another session's export", not r.is_error, text_of(r))
     r = await session.call_tool("execute_terminal", {"session_id": other, "command": "cat copy.txt"})

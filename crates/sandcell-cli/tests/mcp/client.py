@@ -8,6 +8,7 @@ Runs every check and prints one JSON line per check; exits non-zero on the first
 import asyncio
 import base64
 import json
+import os
 import sys
 
 from mcp import ClientSession, StdioServerParameters
@@ -67,6 +68,17 @@ async def scenario(session):
     check("import", not r.is_error, text_of(r))
     r = await session.call_tool("execute_terminal", {"session_id": sid, "command": "cat notes.txt; wc -c < blob.bin"})
     check("imported contents", "hello file" in text_of(r) and "256" in text_of(r), text_of(r))
+    host_file = os.environ.get("SANDCELL_TEST_HOST_FILE")
+    if host_file:
+        # From the server's host: inside the import allow-list, and refused outside it.
+        r = await session.call_tool("import_files", {"session_id": sid, "files": [
+            {"path": "from-host.txt", "host_path": host_file}]})
+        check("import a host path", not r.is_error, text_of(r))
+        r = await session.call_tool("execute_terminal", {"session_id": sid, "command": "cat from-host.txt"})
+        check("host file arrived", "from the host" in text_of(r), text_of(r))
+        r = await session.call_tool("import_files", {"session_id": sid, "files": [
+            {"path": "passwd", "host_path": "/etc/passwd"}]})
+        check("a host path outside the allow-list is refused", r.is_error and "permission_denied" in text_of(r), text_of(r))
     r = r_export = await session.call_tool("export_files", {"session_id": sid, "paths": ["notes.txt"], "include_content": True})
     check("export", not r.is_error and "hello file" in text_of(r) and "ex-" in text_of(r), text_of(r))
     if HTTP:

@@ -34,7 +34,16 @@ fn script(name: &str) -> PathBuf {
 
 /// Runs a scenario and asserts it reached its end with every check passing.
 fn run(name: &str, args: &[&str]) -> Output {
-    let out = Command::new(python())
+    run_with(name, args, None)
+}
+
+/// As [`run`], telling the scenario a host file it may import (inside the allow-list).
+fn run_with(name: &str, args: &[&str], host_file: Option<&std::path::Path>) -> Output {
+    let mut cmd = Command::new(python());
+    if let Some(f) = host_file {
+        cmd.env("SANDCELL_TEST_HOST_FILE", f);
+    }
+    let out = cmd
         .arg(script(name))
         .args(args)
         .env_remove("SANDCELL_API_URL")
@@ -74,13 +83,20 @@ fn mcp_over_stdio_with_the_engine_embedded() {
 
 #[test]
 fn mcp_over_stdio_through_a_daemon_and_over_streamable_http() {
-    let d = Daemon::start(&[]);
+    let allowed = tempfile::tempdir().unwrap();
+    let host_file = allowed.path().join("shared.txt");
+    std::fs::write(&host_file, "from the host\n").unwrap();
+    let d = Daemon::start(&[&format!(
+        "import.allowed_paths={}",
+        allowed.path().display()
+    )]);
     let mcp_url = format!("{}/mcp", d.url);
     let out = run("client.py", &["stdio-daemon", BIN, &d.url, &d.key]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("reconnect to a session by id"));
-    let out = run("client.py", &["http", &mcp_url, &d.key]);
+    let out = run_with("client.py", &["http", &mcp_url, &d.key], Some(&host_file));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("download link"), "{stdout}");
+    assert!(stdout.contains("host file arrived"), "{stdout}");
     assert!(stdout.contains("reconnect to a session by id"), "{stdout}");
     // Every session the scenarios made was destroyed by them.
     let left = d.get("/v1/sandboxes");

@@ -97,6 +97,11 @@ pub struct CreateSession {
     pub snapshot_id: Option<String>,
     /// Backend: `process` (default) or `gvisor` (stronger isolation, full-memory snapshots).
     pub backend: Option<String>,
+    /// Packages the session needs, by their install name (`pandas`, `scikit-learn` for
+    /// python; `lodash` for node; `ggplot2` for r). Each is checked in the session's runtime;
+    /// sandboxes cannot download packages (no network beyond loopback), so when any is not
+    /// installed on the server the session is not made and the error names them.
+    pub dependencies: Option<Vec<String>>,
 }
 
 /// A session to act on.
@@ -317,6 +322,21 @@ impl SandcellMcp {
             .await?;
         if !reply.ok() {
             return Ok(api_failure(&reply));
+        }
+        let deps = p.dependencies.unwrap_or_default();
+        if !deps.is_empty() {
+            let id = reply.body["id"].as_str().unwrap_or_default().to_string();
+            let runtime = p.runtime.unwrap_or(Runtime::Python);
+            if let Some(failure) = self
+                .check_dependencies(key.as_deref(), &id, runtime, &deps)
+                .await?
+            {
+                let path = format!("/v1/sandboxes/{}", seg(&id));
+                let _ = self
+                    .api_call(key.as_deref(), http::Method::DELETE, path, None)
+                    .await;
+                return Ok(failure);
+            }
         }
         Ok(output::session_created(&reply.body))
     }
@@ -712,6 +732,60 @@ impl SandcellMcp {
         Ok((id, true))
     }
 
+    /// Checks that every package in `deps` is installed for `runtime` in session `id`; the
+    /// tool error naming the missing ones when some are not.
+    async fn check_dependencies(
+        &self,
+        key: Option<&str>,
+        id: &str,
+        runtime: Runtime,
+        deps: &[String],
+    ) -> Result<Option<CallToolResult>, ErrorData> {
+        if let Some(bad) = deps.iter().find(|d| !valid_package_name(d)) {
+            return Ok(Some(tool_error(&format!(
+                "invalid_argument: {bad:?} is not a package name"
+            ))));
+        }
+        let list = serde_json::to_string(deps).unwrap_or_default();
+        // Each snippet prints the missing names, one per line.
+        let code = match runtime {
+            Runtime::Python => format!(
+                "import importlib.metadata as _m\nfor _d in {list}:\n    try:\n        _m.version(_d)\n    except _m.PackageNotFoundError:\n        print(_d)"
+            ),
+            Runtime::Node => format!(
+                "for (const d of {list}) {{ try {{ require.resolve(d) }} catch (e) {{ console.log(d) }} }}"
+            ),
+            Runtime::R => format!(
+                "for (d in c({})) if (!requireNamespace(d, quietly = TRUE)) cat(d, '\\n')",
+                list.trim_start_matches('[').trim_end_matches(']')
+            ),
+            Runtime::Bash => deps
+                .iter()
+                .map(|d| format!("command -v {d} >/dev/null || echo {d}"))
+                .collect::<Vec<_>>()
+                .join("\n"),
+        };
+        let body = json!({"code": code, "language": runtime.name()});
+        let path = format!("/v1/sandboxes/{}/code", seg(id));
+        let reply = self.post(key, path, body).await?;
+        if !reply.ok() {
+            return Ok(Some(api_failure(&reply)));
+        }
+        let missing: Vec<&str> = reply.body["stdout"]
+            .as_str()
+            .unwrap_or_default()
+            .split_whitespace()
+            .collect();
+        if missing.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(tool_error(&format!(
+            "missing_dependencies: {} not installed for {} on this server, and sandboxes cannot download packages (no network beyond loopback); use what is installed, or ask the server's operator to add them",
+            missing.join(", "),
+            runtime.name()
+        ))))
+    }
+
     async fn run_code(
         &self,
         key: Option<&str>,
@@ -886,6 +960,16 @@ fn set_opt<T: serde::Serialize>(body: &mut Value, key: &str, value: Option<T>) {
     if let Some(v) = value {
         body[key] = json!(v);
     }
+}
+
+/// A package name as package managers write them: letters, digits, `-`, `_`, `.`, `@`, `/`
+/// (scoped npm packages), nothing a shell or a language would interpret.
+fn valid_package_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 214
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '@' | '/'))
 }
 
 /// `result` with a first line naming the session, when it was made for this call.

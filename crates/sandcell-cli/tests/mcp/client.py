@@ -39,7 +39,9 @@ async def scenario(session):
         schema = t.input_schema
         check(f"schema {t.name}", schema.get("type") == "object" and t.description, schema)
 
-    r = await session.call_tool("create_session", {"runtime": "python"})
+    r = await session.call_tool("create_session", {"runtime": "python", "dependencies": ["no-such-package-xyz", "pandas"]})
+    check("a missing dependency is named", r.is_error and "missing_dependencies: no-such-package-xyz not" in text_of(r), text_of(r))
+    r = await session.call_tool("create_session", {"runtime": "python", "dependencies": ["matplotlib", "pandas"]})
     check("create_session", not r.is_error, text_of(r))
     sid = text_of(r).split("session_id: ")[1].split()[0]
 

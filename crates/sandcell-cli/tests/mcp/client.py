@@ -35,9 +35,12 @@ async def scenario(session):
                 "destroy_session", "import_files", "export_files", "pause_session",
                 "resume_session", "snapshot_session", "fork_snapshot", "list_snapshots"}
     check("tools listed", expected <= names, sorted(names))
+    from jsonschema import Draft202012Validator  # in the tools venv (schemathesis needs it)
     for t in tools:
         schema = t.input_schema
-        check(f"schema {t.name}", schema.get("type") == "object" and t.description, schema)
+        Draft202012Validator.check_schema(schema)  # raises on an invalid schema
+        check(f"schema {t.name}", schema.get("type") == "object" and t.description
+              and all(p.get("description") for p in schema.get("properties", {}).values()), schema)
 
     r = await session.call_tool("create_session", {"runtime": "python", "dependencies": ["no-such-package-xyz", "pandas"]})
     check("a missing dependency is named", r.is_error and "missing_dependencies: no-such-package-xyz not" in text_of(r), text_of(r))

@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Python tools the test suite drives (schemathesis, from PyPI) in a virtualenv under
-# target/tools. Idempotent: installs only what is missing or at another version.
+# Python tools the test suite drives (schemathesis; the official MCP client, package `mcp`;
+# from PyPI) in a virtualenv under target/tools. Idempotent: installs only what is missing or
+# at another version.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SCHEMATHESIS=4.32.5
+MCP=2.3.0
 venv=target/tools/venv
 if ! /usr/bin/python3 -c 'import ensurepip, venv' >/dev/null 2>&1; then
   SUDO=""
@@ -16,4 +18,8 @@ fi
 if [ "$("$venv/bin/schemathesis" --version 2>/dev/null | awk '{print $NF}')" != "$SCHEMATHESIS" ]; then
   echo "tools: installing schemathesis $SCHEMATHESIS" >&2
   "$venv/bin/pip" install -q --disable-pip-version-check "schemathesis==$SCHEMATHESIS"
+fi
+if [ "$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("mcp"))' 2>/dev/null)" != "$MCP" ]; then
+  echo "tools: installing mcp $MCP" >&2
+  "$venv/bin/pip" install -q --disable-pip-version-check "mcp==$MCP"
 fi

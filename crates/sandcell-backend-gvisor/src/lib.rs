@@ -423,9 +423,11 @@ impl GvisorBackend {
                 "a sandbox restored from a checkpoint keeps its source's hostname",
             ),
             line(
-                "pty_foreground_exec",
-                "an exec on a terminal in the foreground does not end under this runsc; \
-                 terminals of background processes (and the WebSocket terminal) work",
+                "terminal_control_characters",
+                "this runsc's terminals ignore control characters typed into them: ^C (VINTR) \
+                 sends no SIGINT and ^D (VEOF) ends no read, so closing a terminal's stdin \
+                 does not end a program reading it (cat); interrupt with a signal instead. \
+                 Everything else on terminals works (echo, size, resize, output)",
             ),
             line(
                 "statx_no_automount",

@@ -34,6 +34,8 @@ enum Command {
     Bench(bench::BenchArgs),
     /// Run the daemon: the REST API (and docs at /docs) on 127.0.0.1:7070.
     Serve(daemon::ServeArgs),
+    /// Serve MCP tools on stdio (sandboxes in this process, or through a running daemon).
+    Mcp(crate::mcp::McpArgs),
     /// Write a commented config file with every default.
     Init(daemon::InitArgs),
     /// The daemon's settings.
@@ -127,6 +129,7 @@ fn run_command(command: Command) -> anyhow::Result<ExitCode> {
     };
     let command = match command {
         Command::Serve(args) => return daemon::serve(args).map(|()| ExitCode::SUCCESS),
+        Command::Mcp(args) => return crate::mcp::mcp(args).map(|()| ExitCode::SUCCESS),
         Command::Init(args) => return daemon::init(args).map(|()| ExitCode::SUCCESS),
         Command::Config(cmd) => return daemon::config_command(cmd).map(|()| ExitCode::SUCCESS),
         Command::Key(cmd) => return daemon::key_command(cmd).map(|()| ExitCode::SUCCESS),

@@ -9,6 +9,7 @@ mod cli;
 mod client;
 mod daemon;
 mod doctor;
+mod mcp;
 mod options;
 mod render;
 mod repl;

@@ -30,7 +30,8 @@ use utoipa_axum::router::OpenApiRouter;
 use utoipa_axum::routes;
 
 pub use serve::{
-    ADMIN_OWNER, DaemonInfo, ServeError, ServeOptions, admin_key_path, daemon_info_path, serve,
+    ADMIN_OWNER, DaemonInfo, Embedded, ServeError, ServeOptions, admin_key_path, daemon_info_path,
+    embedded, serve,
 };
 pub use state::AppState;
 
@@ -134,8 +135,25 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
     doc
 }
 
-/// The whole service as a router over `state`.
+/// The whole service as a router over `state`: the REST API and, at `/mcp`, the same
+/// capabilities as MCP tools over streamable HTTP (with the same API keys).
 pub fn app(state: AppState) -> Router {
+    let rest = rest_app(state.clone());
+    let tools = sandcell_mcp::RouterApi::new(rest.clone(), None, None);
+    let mcp = Router::new()
+        .nest_service("/mcp", sandcell_mcp::http_service(Arc::new(tools)))
+        .layer(middleware::from_fn(sandcell_mcp::screen_http))
+        .layer(middleware::from_fn_with_state(state, require_key));
+    rest.merge(mcp)
+}
+
+/// Lets a request through only with a valid API key (its tools then act as that key).
+async fn require_key(_caller: Caller, req: Request, next: Next) -> Response {
+    next.run(req).await
+}
+
+/// The REST API, docs and metrics.
+fn rest_app(state: AppState) -> Router {
     let (api, mut doc) = api_routes().split_for_parts();
     openapi::complete(&mut doc);
     let doc_json: Arc<str> = doc.to_json().unwrap_or_else(|_| "{}".into()).into();

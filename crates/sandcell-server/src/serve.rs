@@ -97,15 +97,73 @@ fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> ServeEr
     move |source| ServeError::Io { what, path, source }
 }
 
+/// The service without listeners, for a process that answers API requests itself
+/// (`sandcell mcp` with the engine embedded): its router, the admin key, and its loops.
+pub struct Embedded {
+    /// The whole service, `/mcp` included.
+    pub app: axum::Router,
+    /// The admin key's secret (from `<home>/admin.key`).
+    pub admin_key: String,
+    state: AppState,
+    stop: watch::Sender<bool>,
+    loops: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl Embedded {
+    /// Stops the loops and every sandbox.
+    pub async fn shutdown(self) {
+        let _ = self.stop.send(true);
+        for task in self.loops {
+            let _ = task.await;
+        }
+        self.state.fleet.drain_pools().await;
+        self.state
+            .fleet
+            .stop_all("the embedded service stopped")
+            .await;
+    }
+}
+
+/// Starts the service in this process without listening anywhere (see [`Embedded`]).
+pub async fn embedded(config: Config, engine: Engine) -> Result<Embedded, ServeError> {
+    let state = prepare(config, engine).await?;
+    let path = admin_key_path(&state.config.home);
+    let admin_key = std::fs::read_to_string(&path)
+        .map_err(io("read the admin key", &path))?
+        .trim()
+        .to_string();
+    let (stop, stop_rx) = watch::channel(false);
+    let loops = vec![
+        tokio::spawn(lifecycle_loop(state.clone(), stop_rx.clone())),
+        tokio::spawn(pool_loop(state.fleet.clone(), stop_rx)),
+    ];
+    Ok(Embedded {
+        app: crate::app(state.clone()),
+        admin_key,
+        state,
+        stop,
+        loops,
+    })
+}
+
 /// Runs the service until SIGTERM or SIGINT.
 pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
-    let config = opts.config;
+    let state = prepare(opts.config, opts.engine).await?;
+    let config = (*state.config).clone();
+    let fleet = state.fleet.clone();
+    let app = crate::app(state.clone());
+    listen(state, config, fleet, app, opts.on_ready).await
+}
+
+/// Opens the store, makes the first admin key, recovers the last run's sandboxes.
+async fn prepare(config: Config, engine: Engine) -> Result<AppState, ServeError> {
     std::fs::create_dir_all(&config.home).map_err(io("create", &config.home))?;
+
     let store = Arc::new(Store::open(&config.database)?);
     ensure_admin_key(&store, &config.home)?;
 
     let fleet = Arc::new(Fleet::new(
-        opts.engine,
+        engine,
         Arc::new(StoreLedger::new(store.clone())),
         config.fleet_limits(),
     ));
@@ -122,7 +180,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
         );
     }
 
-    let state = AppState {
+    Ok(AppState {
         fleet: fleet.clone(),
         store: store.clone(),
         keys: Arc::new(KeyCache::default()),
@@ -136,9 +194,17 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
             &crate::signed_url::key_path(&config.home),
         ))?),
         seen_contexts: Arc::default(),
-    };
-    let app = crate::app(state.clone());
+    })
+}
 
+/// Continues [`serve`] once the state is ready: listeners, loops, the end.
+async fn listen(
+    state: AppState,
+    config: Config,
+    fleet: Arc<Fleet>,
+    app: axum::Router,
+    on_ready: Option<tokio::sync::oneshot::Sender<SocketAddr>>,
+) -> Result<(), ServeError> {
     let tcp = tokio::net::TcpListener::bind(&config.listen)
         .await
         .map_err(|source| ServeError::Listen {
@@ -175,7 +241,7 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
     };
     write_daemon_info(&config.home, &info)?;
     tracing::info!(url = %info.url, unix_socket = ?info.unix_socket, "sandcell is serving");
-    if let Some(tx) = opts.on_ready {
+    if let Some(tx) = on_ready {
         let _ = tx.send(addr);
     }
 

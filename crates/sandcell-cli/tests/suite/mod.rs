@@ -14,5 +14,6 @@ mod exec;
 mod files;
 mod kernels;
 mod limits;
+mod mcp;
 mod processes;
 mod rootless;

@@ -1,0 +1,93 @@
+//! `sandcell mcp`: the MCP server over stdio, with the engine in this process, or as a client
+//! of a running daemon (`--daemon URL`, or the daemon found running on the same home).
+
+use std::sync::Arc;
+
+use anyhow::Context;
+use clap::Args;
+
+use crate::daemon::ConfigArgs;
+
+/// `sandcell mcp`.
+#[derive(Debug, Args)]
+pub struct McpArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Use the daemon at this URL instead of running sandboxes in this process (default: the
+    /// daemon running on the same home, if any).
+    #[arg(long, value_name = "URL")]
+    pub daemon: Option<String>,
+    /// The API key for the daemon (default: $SANDCELL_API_KEY, else <home>/admin.key).
+    #[arg(long, value_name = "KEY")]
+    pub api_key: Option<String>,
+    /// Print the tools as Markdown (the list in docs/mcp.md) and exit.
+    #[arg(long)]
+    pub tools_markdown: bool,
+}
+
+/// Serves MCP on stdin/stdout until the client closes them.
+pub fn mcp(args: McpArgs) -> anyhow::Result<()> {
+    if args.tools_markdown {
+        print!("{}", sandcell_mcp::docs::tools_markdown());
+        return Ok(());
+    }
+    let (config, _) = args.config.load(Vec::new())?;
+    // stdout carries the protocol: logs go to stderr, warnings only unless asked.
+    let filter = tracing_subscriber::EnvFilter::try_from_env("SANDCELL_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .init();
+    let home = args.config.home();
+    let key = args
+        .api_key
+        .clone()
+        .or_else(|| std::env::var("SANDCELL_API_KEY").ok())
+        .or_else(|| {
+            std::fs::read_to_string(sandcell_server::admin_key_path(&home))
+                .ok()
+                .map(|k| k.trim().to_string())
+        });
+    let daemon = args.daemon.clone().or_else(|| running_daemon(&home));
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("start the async runtime")?;
+    rt.block_on(async move {
+        if let Some(url) = daemon {
+            eprintln!("sandcell mcp: using the daemon at {url}");
+            let api = sandcell_mcp::HttpApi::new(&url, key);
+            return sandcell_mcp::serve_stdio(Arc::new(api))
+                .await
+                .context("serve MCP on stdio");
+        }
+        let engine = sandcell_engine::Engine::builder()
+            .backend(sandcell_backend_process::ProcessBackend::new(
+                crate::cli::backend_config()?,
+            ))
+            .backend(crate::cli::gvisor_backend()?)
+            .build();
+        let embedded = sandcell_server::embedded(config, engine)
+            .await
+            .context("start the embedded engine")?;
+        let api = sandcell_mcp::RouterApi::new(
+            embedded.app.clone(),
+            Some(embedded.admin_key.clone()),
+            None,
+        );
+        let served = sandcell_mcp::serve_stdio(Arc::new(api)).await;
+        // Sessions end with this process: nothing else could reach them.
+        embedded.shutdown().await;
+        served.context("serve MCP on stdio")
+    })
+}
+
+/// The URL of a daemon running on `home`, if its process is alive.
+fn running_daemon(home: &std::path::Path) -> Option<String> {
+    let text = std::fs::read_to_string(sandcell_server::daemon_info_path(home)).ok()?;
+    let info: sandcell_server::DaemonInfo = serde_json::from_str(&text).ok()?;
+    std::path::Path::new(&format!("/proc/{}", info.pid))
+        .exists()
+        .then_some(info.url)
+}

@@ -1,0 +1,62 @@
+//! The tool list as Markdown, for docs/mcp.md (a test checks the doc holds the current one).
+
+use std::sync::Arc;
+
+use crate::api::{Api, ApiError, ApiReply, ApiRequest};
+use crate::tools::SandcellMcp;
+
+/// Markdown listing every tool with its description and parameters.
+pub fn tools_markdown() -> String {
+    let server = SandcellMcp::new(Arc::new(NoApi));
+    let mut out = String::new();
+    for tool in server.tools() {
+        out.push_str(&format!("### `{}`\n\n", tool.name));
+        if let Some(d) = &tool.description {
+            out.push_str(&format!("{d}\n\n"));
+        }
+        let schema = serde_json::Value::Object((*tool.input_schema).clone());
+        let required: Vec<&str> = schema["required"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|v| v.as_str())
+            .collect();
+        let props = schema["properties"]
+            .as_object()
+            .cloned()
+            .unwrap_or_default();
+        if props.is_empty() {
+            out.push_str("No parameters.\n\n");
+            continue;
+        }
+        out.push_str("| parameter | required | description |\n|---|---|---|\n");
+        for (name, p) in props {
+            let desc = p["description"]
+                .as_str()
+                .unwrap_or_default()
+                .replace('\n', " ");
+            let req = if required.contains(&name.as_str()) {
+                "yes"
+            } else {
+                ""
+            };
+            out.push_str(&format!("| `{name}` | {req} | {desc} |\n"));
+        }
+        out.push('\n');
+    }
+    out
+}
+
+/// An API that answers nothing: listing tools needs none.
+struct NoApi;
+
+#[async_trait::async_trait]
+impl Api for NoApi {
+    async fn call(&self, _req: ApiRequest<'_>) -> Result<ApiReply, ApiError> {
+        Err(ApiError::Unreachable("no API in this context".into()))
+    }
+
+    fn public_base(&self) -> Option<String> {
+        None
+    }
+}

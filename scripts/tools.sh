@@ -23,3 +23,6 @@ if [ "$("$venv/bin/python" -c 'import importlib.metadata as m; print(m.version("
   echo "tools: installing mcp $MCP" >&2
   "$venv/bin/pip" install -q --disable-pip-version-check "mcp==$MCP"
 fi
+# CRIU 4 for process-fidelity snapshots on the process backend (optional: its tests skip with
+# the reason when it could not be built).
+scripts/criu.sh || echo "tools: CRIU was not built; the tests that need it will skip" >&2

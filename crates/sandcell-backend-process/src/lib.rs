@@ -9,8 +9,9 @@ use std::os::fd::OwnedFd;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 
+mod criu;
 mod files_snapshot;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -103,6 +104,8 @@ impl ProcessBackendConfig {
 pub struct ProcessBackend {
     config: ProcessBackendConfig,
     preforked: Arc<Mutex<Option<Preforked>>>,
+    /// A working CRIU, looked for on first need.
+    criu: Arc<std::sync::OnceLock<Result<criu::Criu, String>>>,
 }
 
 /// A launcher forked ahead of time for one sandbox, already building it.
@@ -120,6 +123,7 @@ impl ProcessBackend {
         Self {
             config,
             preforked: Arc::default(),
+            criu: Arc::default(),
         }
     }
 
@@ -235,7 +239,31 @@ impl ProcessBackend {
                 "not root: each sandbox makes its own network namespace and cgroup".into(),
             )
         };
-        vec![skeleton, spares, criu_feature()]
+        vec![skeleton, spares, self.criu_feature()]
+    }
+
+    /// The jail's limits for `spec`.
+    fn jail_limits(&self, spec: &SandboxSpec) -> Limits {
+        let l = &spec.limits;
+        Limits {
+            memory_bytes: l.memory_bytes,
+            pids: l.pids,
+            cpu_millis: l.cpus.map(|c| (c * 1000.0).round() as u64),
+            nofile: l.open_files,
+            fsize_bytes: None,
+        }
+    }
+
+    /// The CRIU checkpointable sandboxes need, or why there is none.
+    fn criu(&self) -> Result<&criu::Criu, EngineError> {
+        self.criu
+            .get_or_init(criu::Criu::find)
+            .as_ref()
+            .map_err(|why| {
+                EngineError::InvalidRequest(format!(
+                    "a checkpointable sandbox needs a working criu: {why}"
+                ))
+            })
     }
 
     /// The launcher configuration for one sandbox (its root skeleton is built on first use).
@@ -260,12 +288,15 @@ impl ProcessBackend {
             },
         ];
         let mut tmpfs_paths: Vec<&str> = tmpfs.iter().map(|t| t.path.as_str()).collect();
-        tmpfs_paths.push("/.sandcell");
-        let guest_dir = self.config.runtime_dir.join("criu-bin");
-        let _ = std::fs::create_dir_all(&guest_dir);
-        if !guest_dir.join("sandcell").exists() {
-            let _ = std::fs::copy(std::env::current_exe().unwrap(), guest_dir.join("sandcell"));
-        }
+        // A checkpointable sandbox runs its agent from a binary it can see, and has a root
+        // without submounts on the host (CRIU binds it as the restored root).
+        let guest_dir = if spec.checkpointable {
+            self.criu()?;
+            tmpfs_paths.push(criu::GUEST_MOUNT);
+            Some(criu::guest_dir(&self.config.runtime_dir)?)
+        } else {
+            None
+        };
         let skeleton = skeleton::prepare(
             &self.config.runtime_dir.join("rootfs"),
             &RootLayout {
@@ -274,7 +305,7 @@ impl ProcessBackend {
                 tmpfs_paths: &tmpfs_paths,
             },
             // Only root can mount in the host's mount namespace.
-            rustix::process::geteuid().is_root(),
+            rustix::process::geteuid().is_root() && !spec.checkpointable,
         )
         .map_err(|e| EngineError::Launch {
             stage: "root skeleton".into(),
@@ -301,19 +332,18 @@ impl ProcessBackend {
                 dir: self.config.runtime_dir.display().to_string(),
                 count: SPARES,
             }),
-            limits: Limits {
-                memory_bytes: l.memory_bytes,
-                pids: l.pids,
-                cpu_millis: l.cpus.map(|c| (c * 1000.0).round() as u64),
-                nofile: l.open_files,
-                fsize_bytes: None,
-            },
+            limits: self.jail_limits(spec),
             outside_uid,
             outside_gid,
             cgroup_parent: self.config.cgroup_parent.clone(),
-            landlock: false,
-            agent_socket: None,
-            guest_dir: Some(guest_dir.display().to_string()),
+            // CRIU cannot carry a Landlock domain; the report says so.
+            landlock: self.config.landlock && !spec.checkpointable,
+            agent_socket: if spec.checkpointable {
+                None
+            } else {
+                self.agent_socket(id)?.map(|p| p.display().to_string())
+            },
+            guest_dir: guest_dir.map(|d| d.display().to_string()),
         })
     }
 
@@ -396,40 +426,27 @@ fn outside_ids() -> (u32, u32) {
 
 /// Whether a working CRIU is on this host (`criu check`), for process-fidelity snapshots
 /// (not used yet: see docs/snapshots.md).
-fn criu_feature() -> Feature {
-    let (state, detail) = match Command::new("criu")
-        .arg("check")
-        .stdin(Stdio::null())
-        .output()
-    {
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => (
-            FeatureState::Unavailable,
-            "criu is not installed (process-fidelity snapshots on this backend would need it)"
-                .to_string(),
-        ),
-        Err(e) => (FeatureState::Unavailable, format!("criu check: {e}")),
-        Ok(out) if out.status.success() => (
-            FeatureState::Active,
-            "criu check passes (process-fidelity snapshots through CRIU are not implemented yet)"
-                .to_string(),
-        ),
-        Ok(out) => {
-            let text = String::from_utf8_lossy(&out.stderr);
-            let last = text
-                .lines()
-                .rev()
-                .find(|l| !l.trim().is_empty())
-                .unwrap_or("");
-            (
+impl ProcessBackend {
+    /// Whether checkpointable sandboxes can be made here (a working CRIU), and why not.
+    fn criu_feature(&self) -> Feature {
+        let (state, detail) = match self.criu.get_or_init(criu::Criu::find) {
+            Ok(c) => (
+                FeatureState::Active,
+                format!(
+                    "{} passes criu check: sandboxes created with checkpointable: true get process-fidelity snapshots (and run without Landlock)",
+                    c.path().display()
+                ),
+            ),
+            Err(why) => (
                 FeatureState::Unavailable,
-                format!("criu check fails on this kernel: {}", last.trim()),
-            )
+                format!("{why}; snapshots on this backend are of language fidelity"),
+            ),
+        };
+        Feature {
+            name: "criu".into(),
+            state,
+            detail,
         }
-    };
-    Feature {
-        name: "criu".into(),
-        state,
-        detail,
     }
 }
 
@@ -440,10 +457,12 @@ impl Backend for ProcessBackend {
     }
 
     fn capabilities(&self) -> BackendCapabilities {
-        let host = sandcell_jail::probe::host_report(
+        let mut host = sandcell_jail::probe::host_report(
             Path::new("/sys/fs/cgroup"),
             &self.config.cgroup_parent,
         );
+        let criu = self.criu_feature();
+        host.set(&criu.name, criu.state, criu.detail);
         let available = self.config.launcher.exists() && host.is_active("user_ns");
         // Pausing freezes the sandbox's cgroup: v1 needs the freezer hierarchy.
         let cgroups = sandcell_jail::cgroup::detect(Path::new("/sys/fs/cgroup"));
@@ -458,8 +477,8 @@ impl Backend for ProcessBackend {
             available,
             isolation_level: "container".into(),
             supports_pause,
-            // Files and each kernel's variables (see sandcell_engine::snapshot); process
-            // checkpoints need CRIU, which `doctor` checks.
+            // Files and each kernel's variables (see sandcell_engine::snapshot); every
+            // process of a sandbox made checkpointable, with CRIU (the `criu` line).
             checkpoint_fidelity: "language".into(),
             host,
         }
@@ -482,6 +501,14 @@ impl Backend for ProcessBackend {
             .map_err(|e| EngineError::io("set the socket non-blocking", e))?;
         let mut stream =
             UnixStream::from_std(host).map_err(|e| EngineError::io("register the socket", e))?;
+        // A checkpointable sandbox is dumped by CRIU, its root skeleton noted for the restore.
+        let checkpoint = match config.as_ref().filter(|c| c.is_checkpointable()) {
+            Some(c) => Some(Checkpointing {
+                criu: self.criu()?.clone(),
+                root: c.root_skeleton.clone(),
+            }),
+            None => None,
+        };
         if let Some(jail) = config {
             stream
                 .write_all(&encode_message(0, &jail))
@@ -553,7 +580,10 @@ impl Backend for ProcessBackend {
         let runtime = RuntimeRecord {
             host_pid,
             start_time: process_start_time(host_pid),
-            agent_socket: self.agent_socket(id)?,
+            agent_socket: match checkpoint {
+                Some(_) => None,
+                None => self.agent_socket(id)?,
+            },
             cgroup: cgroup.clone(),
             isolation: isolation.clone(),
         };
@@ -566,6 +596,93 @@ impl Backend for ProcessBackend {
             destroyed: AtomicBool::new(false),
             detached: AtomicBool::new(false),
             runtime,
+            checkpoint,
+            owns_cgroup: false,
+        };
+        Ok(LaunchedSandbox {
+            stream,
+            instance: Box::new(instance),
+            isolation,
+        })
+    }
+
+    async fn restore(
+        &self,
+        id: &str,
+        spec: &SandboxSpec,
+        image: &Path,
+    ) -> Result<LaunchedSandbox, EngineError> {
+        let criu = self.criu()?.clone();
+        let limits = self.jail_limits(spec);
+        let (cgroup, features) = SandboxCgroup::create(
+            Path::new("/sys/fs/cgroup"),
+            &self.config.cgroup_parent,
+            id,
+            &limits,
+        )
+        .map_err(|e| EngineError::Launch {
+            stage: "cgroup".into(),
+            message: format!("a CRIU restore needs its own cgroup: {e}"),
+        })?;
+        let (host, agent) = std::os::unix::net::UnixStream::pair()
+            .map_err(|e| EngineError::io("create the sandbox socketpair", e))?;
+        let roots = cgroup.criu_roots();
+        let image = image.to_path_buf();
+        let restored =
+            tokio::task::spawn_blocking(move || criu.restore(&image, &roots, OwnedFd::from(agent)))
+                .await
+                .map_err(|e| EngineError::io("criu restore", std::io::Error::other(e)))
+                .and_then(|r| r);
+        let host_pid = match restored {
+            Ok(pid) => pid,
+            Err(e) => {
+                let _ = cgroup.kill_all();
+                let _ = cgroup.remove();
+                return Err(e);
+            }
+        };
+        let pidfd = Pid::from_raw(host_pid)
+            .ok_or_else(|| EngineError::io("criu restore", std::io::Error::other("bad pid")))
+            .and_then(|pid| {
+                pidfd_open(pid, PidfdFlags::empty())
+                    .map_err(|e| EngineError::io("open a pidfd for the restored sandbox", e.into()))
+            })?;
+        let mut isolation = sandcell_protocol::IsolationReport::default();
+        for f in features {
+            isolation.set(&f.name, f.state, f.detail);
+        }
+        isolation.set(
+            "criu_restore",
+            FeatureState::Active,
+            "restored by CRIU: namespaces, id maps, seccomp filters, no_new_privs and dropped capabilities come back as dumped; a new cgroup with this sandbox's limits",
+        );
+        isolation.set(
+            "landlock",
+            FeatureState::Disabled,
+            "a checkpointable sandbox runs without Landlock (CRIU cannot carry a Landlock domain)",
+        );
+        host.set_nonblocking(true)
+            .map_err(|e| EngineError::io("set the socket non-blocking", e))?;
+        let stream =
+            UnixStream::from_std(host).map_err(|e| EngineError::io("register the socket", e))?;
+        let runtime = RuntimeRecord {
+            host_pid,
+            start_time: process_start_time(host_pid),
+            agent_socket: None,
+            cgroup: Some(cgroup.record()),
+            isolation: isolation.clone(),
+        };
+        let instance = ProcessInstance {
+            host_pid,
+            pidfd,
+            cgroup: Some(cgroup),
+            // CRIU detached it: init reaps it.
+            launcher: Launcher(0),
+            destroyed: AtomicBool::new(false),
+            detached: AtomicBool::new(false),
+            runtime,
+            checkpoint: None,
+            owns_cgroup: true,
         };
         Ok(LaunchedSandbox {
             stream,
@@ -611,6 +728,8 @@ impl Backend for ProcessBackend {
             destroyed: AtomicBool::new(false),
             detached: AtomicBool::new(false),
             runtime: record.clone(),
+            checkpoint: None,
+            owns_cgroup: false,
         };
         Ok(LaunchedSandbox {
             stream,
@@ -796,8 +915,21 @@ async fn read_exact_with_fds(
     Ok(true)
 }
 
+/// What dumping a checkpointable sandbox takes.
+#[derive(Debug, Clone)]
+struct Checkpointing {
+    criu: criu::Criu,
+    /// Its root skeleton (the restored root).
+    root: String,
+}
+
 /// One running process-backend sandbox.
 struct ProcessInstance {
+    /// Set for a sandbox made checkpointable (not for one restored from a checkpoint: its
+    /// connection lives in the host's network namespace, which CRIU cannot dump).
+    checkpoint: Option<Checkpointing>,
+    /// No launcher removes its cgroup when it ends (a CRIU restore): destroy does.
+    owns_cgroup: bool,
     host_pid: i32,
     pidfd: OwnedFd,
     cgroup: Option<SandboxCgroup>,
@@ -919,6 +1051,37 @@ impl BackendInstance for ProcessInstance {
         self.cgroup.as_ref().and_then(SandboxCgroup::paused)
     }
 
+    fn checkpoints(&self) -> bool {
+        self.checkpoint.is_some()
+    }
+
+    fn checkpoint(
+        &self,
+        image: &Path,
+    ) -> Result<Option<std::os::unix::net::UnixStream>, EngineError> {
+        let Some(c) = &self.checkpoint else {
+            return Err(EngineError::Unsupported(
+                "this sandbox cannot be checkpointed (it was not made checkpointable, or was restored from a checkpoint)".into(),
+            ));
+        };
+        let ino = criu::socket_inode(self.host_pid, sandcell_jail::launch::SOCKET_FD).ok_or_else(
+            || EngineError::Launch {
+                stage: "criu dump".into(),
+                message: "cannot find the agent's connection".into(),
+            },
+        )?;
+        // CRIU stops the tasks itself; frozen ones would never answer it.
+        let frozen = self.frozen() == Some(true);
+        if frozen {
+            self.resume()?;
+        }
+        let dumped = c.criu.dump(self.host_pid, ino, &c.root, image);
+        if frozen {
+            self.pause()?;
+        }
+        dumped.map(|()| None)
+    }
+
     fn capture_files(
         &self,
         dirs: &[&str],
@@ -950,6 +1113,12 @@ impl BackendInstance for ProcessInstance {
         match waited {
             Ok(n) if n > 0 => {
                 self.launcher.reap_later();
+                if self.owns_cgroup
+                    && let Some(cg) = &self.cgroup
+                {
+                    let _ = cg.kill_all();
+                    let _ = cg.remove();
+                }
                 if let Some(path) = &self.runtime.agent_socket {
                     let _ = std::fs::remove_file(path);
                 }

@@ -335,6 +335,9 @@ pub struct CreateArgs {
     /// The isolation backend (default: process).
     #[arg(long)]
     backend: Option<String>,
+    /// Make it checkpointable by CRIU (process backend): snapshots keep every process.
+    #[arg(long)]
+    checkpointable: bool,
     /// A label (repeatable).
     #[arg(long = "label", short = 'l', value_name = "KEY=VALUE")]
     labels: Vec<String>,
@@ -412,6 +415,10 @@ pub async fn sandbox(args: &ClientArgs, cmd: SandboxCommand) -> anyhow::Result<E
                 ("template", a.template.map(Value::from)),
                 ("size", a.size.map(Value::from)),
                 ("backend", a.backend.map(Value::from)),
+                (
+                    "checkpointable",
+                    a.checkpointable.then_some(Value::Bool(true)),
+                ),
                 ("timeout_secs", a.timeout.map(Value::from)),
                 ("idle_timeout_secs", a.idle_timeout.map(Value::from)),
                 ("network", a.network.map(Value::from)),

@@ -34,16 +34,15 @@ fn main() -> ExitCode {
 /// `sandcell __guest`: the agent executed by a checkpointable sandbox's PID 1, its host
 /// socket on fd 3 and its isolation report in `SANDCELL_ISOLATION`.
 fn exec_guest() -> ExitCode {
-    use std::os::fd::FromRawFd;
-    let isolation = std::env::var("SANDCELL_ISOLATION")
-        .ok()
-        .and_then(|j| serde_json::from_str(&j).ok())
-        .unwrap_or_default();
-    // SAFETY: the launcher leaves the host socket open on this fd across exec, and nothing
-    // else in this fresh process owns it.
-    let socket =
-        unsafe { std::os::unix::net::UnixStream::from_raw_fd(sandcell_jail::launch::SOCKET_FD) };
-    ExitCode::from(u8::try_from(serve_guest(socket, isolation)).unwrap_or(1))
+    match sandcell_jail::launch::executed_agent() {
+        Ok((socket, isolation)) => {
+            ExitCode::from(u8::try_from(serve_guest(socket, isolation)).unwrap_or(1))
+        }
+        Err(e) => {
+            eprintln!("sandcell __guest: {e}");
+            ExitCode::from(1)
+        }
+    }
 }
 
 /// `sandcell __jail`: the per-sandbox launcher, which becomes the guest agent inside.

@@ -100,6 +100,11 @@ pub struct SandboxSpec {
     /// The template it was made from, when a service made it from one.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub template: Option<String>,
+    /// Made so that CRIU can checkpoint its processes (`process` backend, with a working
+    /// `criu`): its snapshots then have `process` fidelity. It runs without Landlock, which
+    /// CRIU cannot carry.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub checkpointable: bool,
 }
 
 impl SandboxSpec {
@@ -107,6 +112,12 @@ impl SandboxSpec {
     pub fn validate(&self) -> Result<(), EngineError> {
         let l = &self.limits;
         let bad = |m: String| Err(EngineError::InvalidSpec(m));
+        if self.checkpointable && self.backend != BackendKind::Process {
+            return bad(format!(
+                "checkpointable is for the process backend ({} checkpoints every sandbox)",
+                self.backend.as_str()
+            ));
+        }
         if let Some(m) = l.memory_bytes
             && m < 16 * MIB
         {

@@ -32,6 +32,30 @@ pub fn recv_with_fds(socket: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usiz
     Ok((msg.bytes, fds))
 }
 
+/// Makes `cmd`'s process start with `fd` open as descriptor `target` (and only there: the
+/// original stays close-on-exec, so no other child inherits it).
+pub fn pass_fd(cmd: &mut std::process::Command, fd: OwnedFd, target: RawFd) {
+    use std::os::fd::AsRawFd;
+    use std::os::unix::process::CommandExt;
+    let source = fd.as_raw_fd();
+    // SAFETY: the closure runs in the forked child before exec and calls only dup2 and fcntl,
+    // which are async-signal-safe; `fd` is moved into the closure, so it stays open in the
+    // parent until the Command (and the closure) is dropped, after the spawn.
+    unsafe {
+        cmd.pre_exec(move || {
+            let _keep = &fd;
+            if source == target {
+                if libc::fcntl(target, libc::F_SETFD, 0) < 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            } else if libc::dup2(source, target) < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok(())
+        })
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -431,6 +431,27 @@ fn launch(
     })
 }
 
+/// First thing in the agent [`exec_agent`] started (`sandcell __guest`): makes it
+/// non-dumpable again (exec made it dumpable, which would let the sandbox's processes, of the
+/// same uid, read its memory), and takes its host socket and isolation report.
+pub fn executed_agent() -> Result<(UnixStream, IsolationReport), JailError> {
+    nix::sys::prctl::set_dumpable(false)?;
+    let isolation = std::env::var(ISOLATION_ENV)
+        .ok()
+        .and_then(|j| serde_json::from_str(&j).ok())
+        .unwrap_or_default();
+    // SAFETY: this process has one thread (nothing has started any), so nothing reads the
+    // environment concurrently.
+    unsafe { std::env::remove_var(ISOLATION_ENV) };
+    set_cloexec(SOCKET_FD)?;
+    // SAFETY: exec_agent left the host socket open on SOCKET_FD across exec, and nothing else
+    // in this fresh process owns it.
+    Ok((unsafe { UnixStream::from_raw_fd(SOCKET_FD) }, isolation))
+}
+
+/// The environment variable carrying the isolation report across [`exec_agent`].
+const ISOLATION_ENV: &str = "SANDCELL_ISOLATION";
+
 /// Replaces this process with the agent from `/.sandcell`, the host socket kept on
 /// [`SOCKET_FD`] and the isolation report in `SANDCELL_ISOLATION`. Returns only on failure.
 fn exec_agent(report: &IsolationReport) -> JailError {
@@ -446,7 +467,7 @@ fn exec_agent(report: &IsolationReport) -> JailError {
     let (Ok(path), Ok(entry), Ok(env)) = (
         CString::new("/.sandcell/sandcell"),
         CString::new("__guest"),
-        CString::new(format!("SANDCELL_ISOLATION={json}")),
+        CString::new(format!("{ISOLATION_ENV}={json}")),
     ) else {
         return JailError::Config("a nul byte in the agent's arguments".into());
     };

@@ -134,7 +134,13 @@ impl Daemon {
             .append(true)
             .open(self.home().join("daemon.log"))
             .unwrap();
-        let mut child = Command::new(BIN)
+        let mut cmd = Command::new(BIN);
+        // The CRIU scripts/tools.sh builds, for checkpointable sandboxes.
+        let criu = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../target/tools/criu/criu");
+        if criu.exists() {
+            cmd.env("SANDCELL_CRIU", criu);
+        }
+        let mut child = cmd
             .args(&args)
             .env_remove("SANDCELL_API_URL")
             .env_remove("SANDCELL_API_KEY")

@@ -4,6 +4,7 @@ mod common;
 mod daemon;
 mod daemon_api;
 mod daemon_cli;
+mod daemon_criu;
 mod daemon_files;
 mod daemon_gvisor;
 mod daemon_life;

@@ -256,6 +256,22 @@ impl SandboxCgroup {
         self.paths = self.dirs.iter().map(|d| d.path.clone()).collect();
     }
 
+    /// `--cgroup-root` arguments that make CRIU restore processes into this cgroup:
+    /// `controllers:/path` per v1 hierarchy, `/path` on v2.
+    pub fn criu_roots(&self) -> Vec<String> {
+        self.dirs
+            .iter()
+            .filter_map(|d| {
+                let rel = d.path.strip_prefix(&d.hierarchy).ok()?;
+                let rel = format!("/{}", rel.display());
+                Some(match self.version {
+                    CgroupVersion::V1 => format!("{}:{rel}", d.controllers.join(",")),
+                    CgroupVersion::V2 => rel,
+                })
+            })
+            .collect()
+    }
+
     /// This cgroup as JSON, for [`Self::from_record`] in another process.
     pub fn record(&self) -> serde_json::Value {
         serde_json::to_value(self).unwrap_or_default()

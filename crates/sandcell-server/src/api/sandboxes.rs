@@ -273,6 +273,7 @@ async fn restore(
         || req.network.is_some()
         || !req.kernels.is_empty()
         || req.backend.is_some()
+        || req.checkpointable
     {
         return Err(ApiError::invalid(
             "a sandbox restored from a snapshot takes the snapshot's backend, template, size, \

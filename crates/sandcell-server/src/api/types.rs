@@ -175,6 +175,11 @@ pub struct CreateSandbox {
     pub kernels: Vec<Lang>,
     /// The isolation backend (default `process`; `GET /v1/system` lists those available).
     pub backend: Option<String>,
+    /// On the `process` backend: make the sandbox so that CRIU can checkpoint every process
+    /// (snapshots of `process` fidelity; needs a working `criu`, see `GET /v1/system`). Such a
+    /// sandbox runs without Landlock.
+    #[serde(default)]
+    pub checkpointable: bool,
     /// Automatic snapshots: on an interval, and/or just before it is reclaimed.
     pub auto_snapshot: Option<super::snapshots::AutoSnapshot>,
     /// Restore a snapshot: the new sandbox gets the snapshot's settings and files (then
@@ -249,6 +254,7 @@ impl CreateSandbox {
             warm_kernels,
             template: Some(template.to_string()),
             backend,
+            checkpointable: self.checkpointable,
             ..SandboxSpec::default()
         };
         spec.validate()?;

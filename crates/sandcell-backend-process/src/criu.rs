@@ -1,0 +1,202 @@
+//! Process checkpoints on the `process` backend through CRIU, for sandboxes made
+//! checkpointable (see [`sandcell_jail::JailConfig::guest_dir`]): `criu dump` of the running
+//! sandbox into a snapshot's image folder, and `criu restore` of it as a new sandbox, in a
+//! new cgroup, talking on a new connection.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use sandcell_engine::EngineError;
+
+/// Where the Sandcell binary is bound in a checkpointable sandbox.
+pub const GUEST_MOUNT: &str = "/.sandcell";
+/// The descriptor the restored agent's connection is given to CRIU on.
+const INHERITED_FD: i32 = 3;
+/// In a checkpoint's folder: the inode of the agent's end of its connection at the dump
+/// (CRIU names the socket by it), and where its root skeleton was.
+const AGENT_SOCKET_FILE: &str = "sandcell-agent-socket";
+const ROOT_FILE: &str = "sandcell-root";
+
+/// A `criu` binary that passed `criu check`.
+#[derive(Debug, Clone)]
+pub struct Criu {
+    path: PathBuf,
+}
+
+impl Criu {
+    /// `$SANDCELL_CRIU`, else `criu` on the PATH, if `criu check` passes; else why not.
+    pub fn find() -> Result<Self, String> {
+        let path = std::env::var_os("SANDCELL_CRIU")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("criu"));
+        let out = Command::new(&path)
+            .arg("check")
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| match e.kind() {
+                std::io::ErrorKind::NotFound => format!(
+                    "{} is not installed (scripts/tools.sh builds CRIU 4 from Debian's source; point $SANDCELL_CRIU at it)",
+                    path.display()
+                ),
+                _ => format!("{} check: {e}", path.display()),
+            })?;
+        if out.status.success() {
+            return Ok(Self { path });
+        }
+        let text = String::from_utf8_lossy(&out.stderr);
+        let last = text
+            .lines()
+            .rev()
+            .find(|l| l.contains("Error"))
+            .or_else(|| text.lines().last())
+            .unwrap_or("no output")
+            .trim()
+            .to_string();
+        Err(format!("{} check fails here: {last}", path.display()))
+    }
+
+    /// Where it is.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Dumps the sandbox whose PID 1 is `pid` into `image`, leaving it running. `agent_ino`
+    /// is the inode of the agent's end of its host connection; `root` its root skeleton.
+    pub fn dump(
+        &self,
+        pid: i32,
+        agent_ino: u64,
+        root: &str,
+        image: &Path,
+    ) -> Result<(), EngineError> {
+        std::fs::write(image.join(AGENT_SOCKET_FILE), agent_ino.to_string())
+            .and_then(|()| std::fs::write(image.join(ROOT_FILE), root))
+            .map_err(|e| EngineError::io("write the checkpoint's notes", e))?;
+        let mut cmd = Command::new(&self.path);
+        cmd.arg("dump")
+            .args(["-t", &pid.to_string(), "-D"])
+            .arg(image)
+            .args([
+                "--leave-running",
+                "--network-lock",
+                "skip",
+                "--external",
+                "mnt[]",
+            ])
+            .args(["--external", &format!("unix[{agent_ino}]")])
+            .args(["-o", "dump.log", "-v2"]);
+        run(cmd, image, "dump.log", "criu dump")
+    }
+
+    /// Restores the checkpoint in `image` as a new sandbox whose processes go into the cgroup
+    /// named by `cgroup_roots` (see `SandboxCgroup::criu_roots`) and whose agent talks on
+    /// `connection`. Returns the host pid of its PID 1.
+    pub fn restore(
+        &self,
+        image: &Path,
+        cgroup_roots: &[String],
+        connection: std::os::fd::OwnedFd,
+    ) -> Result<i32, EngineError> {
+        let read = |name: &str| {
+            std::fs::read_to_string(image.join(name))
+                .map(|s| s.trim().to_string())
+                .map_err(|e| EngineError::io(format!("read {name} of the checkpoint"), e))
+        };
+        let agent_ino = read(AGENT_SOCKET_FILE)?;
+        let root = read(ROOT_FILE)?;
+        if !Path::new(&root).is_dir() {
+            return Err(EngineError::Launch {
+                stage: "criu restore".into(),
+                message: format!(
+                    "the sandbox root {root} of this checkpoint is gone from this host"
+                ),
+            });
+        }
+        let pidfile = image.join("restored.pid");
+        let _ = std::fs::remove_file(&pidfile);
+        let mut cmd = Command::new(&self.path);
+        cmd.arg("restore")
+            .arg("-D")
+            .arg(image)
+            .args(["--restore-detached", "--external", "mnt[]", "--root", &root])
+            .args(["--manage-cgroups=soft"])
+            .args([
+                "--inherit-fd",
+                &format!("fd[{INHERITED_FD}]:socket:[{agent_ino}]"),
+            ])
+            .arg("--pidfile")
+            .arg(&pidfile)
+            .args(["-o", "restore.log", "-v2"]);
+        for root in cgroup_roots {
+            cmd.args(["--cgroup-root", root]);
+        }
+        sandcell_jail::fdpass::pass_fd(&mut cmd, connection, INHERITED_FD);
+        run(cmd, image, "restore.log", "criu restore")?;
+        let pid = read("restored.pid")?;
+        pid.parse().map_err(|_| EngineError::Launch {
+            stage: "criu restore".into(),
+            message: format!("criu wrote a bad pid {pid:?}"),
+        })
+    }
+}
+
+/// Runs a criu command; on failure the error carries the last errors of its log.
+fn run(mut cmd: Command, image: &Path, log: &str, what: &str) -> Result<(), EngineError> {
+    let out = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .map_err(|e| EngineError::io(format!("run {what}"), e))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    let text = std::fs::read_to_string(image.join(log)).unwrap_or_default();
+    let errors: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains("Error") && !l.contains("RLIMIT_NOFILE"))
+        .collect();
+    let tail = errors[errors.len().saturating_sub(3)..].join("; ");
+    Err(EngineError::Launch {
+        stage: what.into(),
+        message: format!("{what} failed ({}): {tail}", out.status),
+    })
+}
+
+/// The inode of the socket on `fd` of process `pid` (`/proc/PID/fd/N` -> `socket:[INO]`).
+pub fn socket_inode(pid: i32, fd: i32) -> Option<u64> {
+    let link = std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).ok()?;
+    let s = link.to_str()?;
+    s.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
+}
+
+/// A copy of this binary in `runtime_dir`, bound into checkpointable sandboxes at
+/// `/.sandcell` (refreshed when this binary changes size or time).
+pub fn guest_dir(runtime_dir: &Path) -> Result<PathBuf, EngineError> {
+    let dir = runtime_dir.join("criu").join("bin");
+    let exe = std::env::current_exe().map_err(|e| EngineError::io("find this binary", e))?;
+    let target = dir.join("sandcell");
+    let stamp = |p: &Path| {
+        std::fs::metadata(p)
+            .ok()
+            .map(|m| (m.len(), m.modified().ok()))
+    };
+    if stamp(&exe) != stamp(&target) {
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| EngineError::io(format!("create {}", dir.display()), e))?;
+        let tmp = dir.join(format!("sandcell.{}", std::process::id()));
+        std::fs::copy(&exe, &tmp)
+            .and_then(|_| {
+                let mtime = std::fs::metadata(&exe)?.modified()?;
+                std::fs::File::options()
+                    .write(true)
+                    .open(&tmp)?
+                    .set_modified(mtime)
+            })
+            .and_then(|()| std::fs::rename(&tmp, &target))
+            .map_err(|e| {
+                EngineError::io("install the agent binary for checkpointable sandboxes", e)
+            })?;
+    }
+    Ok(dir)
+}

@@ -1,0 +1,130 @@
+//! Process-fidelity snapshots on the process backend through CRIU (`checkpointable: true`),
+//! with the CRIU scripts/tools.sh builds. Skipped, with the reason, where no working CRIU is.
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+use super::daemon::Daemon;
+
+/// The daemon's CRIU line, or `None` (after saying why) when it has no working CRIU.
+fn criu_ready(d: &Daemon) -> bool {
+    let system = d.get("/v1/system").body;
+    let text = system.to_string();
+    let ok = text.contains("passes criu check");
+    if !ok {
+        eprintln!("skipped: no working criu on this host (run scripts/tools.sh): {text:.400}");
+    }
+    ok
+}
+
+fn stdout(v: &Value) -> String {
+    v["stdout"].as_str().unwrap_or_default().to_string()
+}
+
+#[test]
+fn a_checkpointable_sandbox_is_snapshotted_with_every_process_and_forks_keep_them() {
+    let d = Daemon::start(&[]);
+    if !criu_ready(&d) {
+        return;
+    }
+    let id = d.create_id(json!({"checkpointable": true}));
+    let r = d.code(
+        &id,
+        "import random\nbig = list(range(1_500_000))\ndef triple(a): return a * 3\nclass Box:\n    size = 7\nseed = random.random()",
+    );
+    assert!(r["error"].is_null(), "{r}");
+    // A background process: with process fidelity it keeps running in every fork.
+    let bg = d.post(
+        &format!("/v1/sandboxes/{id}/processes"),
+        json!({"cmd": "n=0; while true; do n=$((n+1)); echo $n > /tmp/counter; sleep 0.05; done"}),
+    );
+    assert_eq!(bg.status, 201, "{:?}", bg.body);
+    d.exec(&id, "echo source > /workspace/who");
+    std::thread::sleep(Duration::from_millis(300));
+
+    let snap = d.post(
+        &format!("/v1/sandboxes/{id}/snapshots"),
+        json!({"name": "criu"}),
+    );
+    assert_eq!(snap.status, 201, "{:?}", snap.body);
+    assert_eq!(snap.body["fidelity"], "process", "{:?}", snap.body);
+    let snap_id = snap.body["id"].as_str().unwrap().to_string();
+    // The source runs on.
+    assert_eq!(stdout(&d.code(&id, "print(triple(2))")), "6\n");
+
+    let fork = d.post(
+        &format!("/v1/snapshots/{snap_id}/fork"),
+        json!({"count": 2}),
+    );
+    assert_eq!(fork.status, 201, "{:?}", fork.body);
+    let forks: Vec<String> = fork.body["sandboxes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            assert_eq!(s["restore"]["fidelity"], "process", "{s}");
+            s["sandbox"]["id"].as_str().unwrap().to_string()
+        })
+        .collect();
+    let mut streams = Vec::new();
+    for f in &forks {
+        let out = stdout(&d.code(f, "print(len(big), triple(5), Box.size, seed)"));
+        let source = stdout(&d.code(&id, "print(len(big), triple(5), Box.size, seed)"));
+        assert_eq!(out, source, "fork {f} has the source's interpreter state");
+        // The background loop came back running: its counter moves.
+        let a = stdout(&d.exec(f, "cat /tmp/counter"));
+        std::thread::sleep(Duration::from_millis(300));
+        let b = stdout(&d.exec(f, "cat /tmp/counter"));
+        assert!(
+            b.trim().parse::<u64>().unwrap() > a.trim().parse::<u64>().unwrap(),
+            "the background process runs on in {f}: {a} then {b}"
+        );
+        streams.push(stdout(&d.code(f, "import random; print(random.random())")));
+        d.exec(f, &format!("echo {f} > /workspace/who"));
+    }
+    assert_ne!(
+        streams[0], streams[1],
+        "forks have their own random streams"
+    );
+    for f in &forks {
+        assert_eq!(
+            stdout(&d.exec(f, "cat /workspace/who")).trim(),
+            f,
+            "forks are independent"
+        );
+    }
+    assert_eq!(stdout(&d.exec(&id, "cat /workspace/who")).trim(), "source");
+    // Each fork has a cgroup of its own.
+    let cg = stdout(&d.exec(&forks[0], "cat /proc/self/cgroup"));
+    assert!(cg.contains(&forks[0]), "{cg}");
+
+    // A fork's own snapshots are of language fidelity (its connection is the host's).
+    let again = d.post(&format!("/v1/sandboxes/{}/snapshots", forks[0]), json!({}));
+    assert_eq!(again.status, 201, "{:?}", again.body);
+    assert_eq!(again.body["fidelity"], "language");
+
+    // The source gone, the snapshot still restores.
+    assert_eq!(d.delete(&format!("/v1/sandboxes/{id}")).status, 204);
+    let restored = d.create(json!({"snapshot_id": snap_id}));
+    let rid = restored["id"].as_str().unwrap();
+    assert_eq!(stdout(&d.code(rid, "print(triple(7))")), "21\n");
+}
+
+#[test]
+fn checkpointable_is_refused_where_it_does_not_apply() {
+    let d = Daemon::start(&[]);
+    let r = d.post(
+        "/v1/sandboxes",
+        json!({"checkpointable": true, "backend": "gvisor"}),
+    );
+    r.expect_error(400, "invalid_argument");
+    assert!(
+        r.body["message"]
+            .as_str()
+            .unwrap()
+            .contains("checkpointable"),
+        "{:?}",
+        r.body
+    );
+}

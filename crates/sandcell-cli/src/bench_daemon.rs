@@ -132,6 +132,8 @@ struct Backend {
     supports_pause: bool,
     /// Its snapshots carry more than nothing (`checkpoint_fidelity` is not `none`).
     snapshots: bool,
+    /// It has a working CRIU (checkpointable sandboxes: process-fidelity snapshots).
+    criu: bool,
 }
 
 /// Where the CPU went during the load test, in cores (1.0 = one core busy all the time).
@@ -217,7 +219,14 @@ async fn measure(
              Python state, and a fork of 10",
             b.kind
         ));
-        rows.extend(snapshots(d, &b.kind, snaps).await?);
+        rows.extend(snapshots(d, &b.kind, false, snaps).await?);
+        if b.kind == "process" && b.criu {
+            progress(&format!(
+                "snapshots on process with CRIU (checkpointable): {snaps} each of snapshot and \
+                 restore with 5 MB and 100 MB of Python state, and a fork of 10"
+            ));
+            rows.extend(snapshots(d, &b.kind, true, snaps).await?);
+        }
     }
     progress(&format!(
         "create to first result: {} each, cold{}",
@@ -441,14 +450,28 @@ async fn pause_resume(
 /// kernel answers) of a Python sandbox on `backend` holding ~5 MB and ~100 MB of state, and
 /// one fork of 10 sandboxes (its wall time is one sample); the sizes the API gives for the
 /// snapshots (`size`: what they take on disk) go in the row names.
-async fn snapshots(d: &Daemon, backend: &str, runs: usize) -> anyhow::Result<Vec<Row>> {
+async fn snapshots(
+    d: &Daemon,
+    backend: &str,
+    checkpointable: bool,
+    runs: usize,
+) -> anyhow::Result<Vec<Row>> {
     let mut rows = Vec::new();
+    // Rows of checkpointable sandboxes are told apart by their backend label.
+    let label_backend = if checkpointable {
+        format!("{backend}-criu")
+    } else {
+        backend.to_string()
+    };
+    let backend_label = label_backend.as_str();
     for (label, mb) in [("5 MB", 5), ("100 MB", 100)] {
-        let id = d
-            .create(&json!({
-                "template": "python", "backend": backend, "env": {"SANDCELL_BENCH": "snapshot"},
-            }))
-            .await?;
+        let mut body = json!({
+            "template": "python", "backend": backend, "env": {"SANDCELL_BENCH": "snapshot"},
+        });
+        if checkpointable {
+            body["checkpointable"] = json!(true);
+        }
+        let id = d.create(&body).await?;
         let code = format!(
             "state = bytearray({mb} * 2**20)\nfor i in range(0, len(state), 4096): state[i] = i % 251"
         );
@@ -500,7 +523,7 @@ async fn snapshots(d: &Daemon, backend: &str, runs: usize) -> anyhow::Result<Vec
         let row = |key: &str, what: &str, samples: Vec<Duration>| Row {
             samples,
             ..Row::on(
-                backend,
+                backend_label,
                 &format!("{key}_{mb}mb"),
                 &format!("{what}, python {label}, {} MB on disk", size >> 20),
             )
@@ -510,7 +533,7 @@ async fn snapshots(d: &Daemon, backend: &str, runs: usize) -> anyhow::Result<Vec
         if mb == 5 {
             // Ten sandboxes from one snapshot in one request.
             let mut fork_row = Row::on(
-                backend,
+                backend_label,
                 "fork_10",
                 "fork of 10 from the 5 MB snapshot, wall time",
             );
@@ -1177,6 +1200,11 @@ impl Daemon {
                 snapshots: b["checkpoint_fidelity"]
                     .as_str()
                     .is_some_and(|f| f != "none"),
+                criu: b["host"]["features"]
+                    .as_array()
+                    .into_iter()
+                    .flatten()
+                    .any(|f| f["name"] == "criu" && f["state"] == "active"),
             });
         }
         if backends.is_empty() {

@@ -540,6 +540,17 @@ impl SandcellMcp {
     }
 
     #[tool(
+        description = "Stop a session: the same as destroy_session (the name some agent setups use)."
+    )]
+    async fn stop_session(
+        &self,
+        params: Parameters<SessionRef>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
+        self.destroy_session(params, ctx).await
+    }
+
+    #[tool(
         description = "Put files into a session. Each file gives a path and one source: text, base64, host_path (a path on the server's host inside its import allow-list; folders too) or export_id (something export_files exported from another session)."
     )]
     async fn import_files(

@@ -33,7 +33,7 @@ async def scenario(session):
     expected = {"create_session", "execute_code", "execute_python", "execute_terminal",
                 "get_repl_context", "set_repl_context", "clear_repl_context", "list_sessions",
                 "destroy_session", "import_files", "export_files", "pause_session",
-                "resume_session", "snapshot_session", "fork_snapshot", "list_snapshots"}
+                "resume_session", "snapshot_session", "fork_snapshot", "list_snapshots", "stop_session"}
     check("tools listed", expected <= names, sorted(names))
     from jsonschema import Draft202012Validator  # in the tools venv (schemathesis needs it)
     for t in tools:
@@ -139,7 +139,8 @@ async def scenario(session):
         r = await session.call_tool("execute_python", {"session_id": f, "code": "kept"})
         check("fork has the state", "across a fork" in text_of(r), text_of(r))
         await session.call_tool("destroy_session", {"session_id": f})
-    await session.call_tool("destroy_session", {"session_id": other})
+    r = await session.call_tool("stop_session", {"session_id": other})
+    check("stop_session", not r.is_error and "destroyed" in text_of(r), text_of(r))
     return sid
 
 

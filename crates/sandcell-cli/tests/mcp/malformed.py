@@ -64,7 +64,7 @@ def stdio(binary, home):
         msg = answer(want)
         check(f"{name}: JSON-RPC error", "error" in msg or msg.get("result", {}).get("isError"), msg)
     send(json.dumps(LIST).encode())
-    check("tools/list after the bad frames", len(answer(9)["result"]["tools"]) >= 16)
+    check("tools/list after the bad frames", len(answer(9)["result"]["tools"]) >= 17)
     p.stdin.close()
     p.wait(timeout=30)
 
@@ -100,7 +100,7 @@ def http(url, key):
         check(f"{name}: error answer", ok, (status, body))
     status, _, body = post(json.dumps(LIST).encode(), extra)
     tools = [m for m in messages(body) if m.get("id") == 9]
-    check("tools/list after the bad frames", status == 200 and len(tools[0]["result"]["tools"]) >= 16, body[:300])
+    check("tools/list after the bad frames", status == 200 and len(tools[0]["result"]["tools"]) >= 17, body[:300])
     status, _, body = post(json.dumps(LIST).encode(), {"x-api-key": "sc_wrong"})
     check("a wrong key is refused", status == 401, (status, body))
 

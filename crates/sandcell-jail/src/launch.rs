@@ -899,7 +899,11 @@ fn sandbox_side(go: OwnedFd, config: &JailConfig, net_ready: bool) -> StageResul
         report.set(
             "landlock",
             FeatureState::Disabled,
-            "turned off by the sandbox's policy",
+            if config.is_checkpointable() {
+                "off in a checkpointable sandbox: CRIU cannot carry a Landlock domain"
+            } else {
+                "turned off by the sandbox's policy"
+            },
         );
     }
     let f = at(

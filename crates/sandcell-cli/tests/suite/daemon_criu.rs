@@ -29,6 +29,18 @@ fn a_checkpointable_sandbox_is_snapshotted_with_every_process_and_forks_keep_the
         return;
     }
     let id = d.create_id(json!({"checkpointable": true}));
+    // It says what it runs without.
+    let ps = d.exec(&id, "cat /proc/self/status | grep NoNewPrivs");
+    assert!(stdout(&ps).contains("1"), "{ps}");
+    // Attack: the agent here was exec'd (which makes a process dumpable); it must not be
+    // readable by the sandbox's processes, which share its uid.
+    for file in ["environ", "mem", "maps"] {
+        let r = d.exec(&id, &format!("cat /proc/1/{file} > /dev/null"));
+        assert_ne!(
+            r["exit_code"], 0,
+            "/proc/1/{file} of the agent was readable: {r}"
+        );
+    }
     let r = d.code(
         &id,
         "import random\nbig = list(range(1_500_000))\ndef triple(a): return a * 3\nclass Box:\n    size = 7\nseed = random.random()",
@@ -95,6 +107,17 @@ fn a_checkpointable_sandbox_is_snapshotted_with_every_process_and_forks_keep_the
         );
     }
     assert_eq!(stdout(&d.exec(&id, "cat /workspace/who")).trim(), "source");
+    // A restore keeps the agent unreadable, and the sandbox user without privileges.
+    let r = d.exec(&forks[0], "cat /proc/1/mem > /dev/null");
+    assert_ne!(
+        r["exit_code"], 0,
+        "the restored agent's memory was readable: {r}"
+    );
+    let caps = stdout(&d.exec(&forks[0], "grep -E 'CapEff|NoNewPrivs' /proc/self/status"));
+    assert!(
+        caps.contains("0000000000000000") && caps.contains("NoNewPrivs:\t1"),
+        "{caps}"
+    );
     // Each fork has a cgroup of its own.
     let cg = stdout(&d.exec(&forks[0], "cat /proc/self/cgroup"));
     assert!(cg.contains(&forks[0]), "{cg}");

@@ -97,6 +97,9 @@ pub struct CreateSession {
     pub snapshot_id: Option<String>,
     /// Backend: `process` (default) or `gvisor` (stronger isolation, full-memory snapshots).
     pub backend: Option<String>,
+    /// On the process backend, where the server has a working CRIU: snapshots keep every
+    /// process with its memory (the session then runs without Landlock).
+    pub checkpointable: Option<bool>,
     /// Packages the session needs, by their install name (`pandas`, `scikit-learn` for
     /// python; `lodash` for node; `ggplot2` for r). Each is checked in the session's runtime;
     /// sandboxes cannot download packages (no network beyond loopback), so when any is not
@@ -317,6 +320,7 @@ impl SandcellMcp {
         set_opt(&mut body, "env", p.env);
         set_opt(&mut body, "snapshot_id", p.snapshot_id);
         set_opt(&mut body, "backend", p.backend);
+        set_opt(&mut body, "checkpointable", p.checkpointable);
         let reply = self
             .post(key.as_deref(), "/v1/sandboxes".into(), body)
             .await?;

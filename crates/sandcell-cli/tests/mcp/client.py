@@ -141,6 +141,14 @@ async def scenario(session):
         await session.call_tool("destroy_session", {"session_id": f})
     r = await session.call_tool("stop_session", {"session_id": other})
     check("stop_session", not r.is_error and "destroyed" in text_of(r), text_of(r))
+    if os.environ.get("SANDCELL_TEST_CRIU"):
+        # The server has a working CRIU: a checkpointable session's snapshot keeps processes.
+        r = await session.call_tool("create_session", {"checkpointable": True})
+        check("checkpointable session", not r.is_error, text_of(r))
+        cid = text_of(r).split("session_id: ")[1].split()[0]
+        r = await session.call_tool("snapshot_session", {"session_id": cid})
+        check("process-fidelity snapshot", '"fidelity":"process"' in text_of(r), text_of(r)[:300])
+        await session.call_tool("destroy_session", {"session_id": cid})
     return sid
 
 

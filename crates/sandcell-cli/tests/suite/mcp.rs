@@ -42,6 +42,11 @@ fn run_with(name: &str, args: &[&str], host_file: Option<&std::path::Path>) -> O
     let mut cmd = Command::new(python());
     if let Some(f) = host_file {
         cmd.env("SANDCELL_TEST_HOST_FILE", f);
+        // The daemon of that scenario has the CRIU scripts/tools.sh builds, if it built.
+        let criu = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../target/tools/criu/criu");
+        if criu.exists() {
+            cmd.env("SANDCELL_TEST_CRIU", "1");
+        }
     }
     let out = cmd
         .arg(script(name))
@@ -97,6 +102,12 @@ fn mcp_over_stdio_through_a_daemon_and_over_streamable_http() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("download link"), "{stdout}");
     assert!(stdout.contains("host file arrived"), "{stdout}");
+    if PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../target/tools/criu/criu")
+        .exists()
+    {
+        assert!(stdout.contains("process-fidelity snapshot"), "{stdout}");
+    }
     assert!(stdout.contains("reconnect to a session by id"), "{stdout}");
     // Every session the scenarios made was destroyed by them.
     let left = d.get("/v1/sandboxes");

@@ -95,13 +95,8 @@ pub fn exec_result(body: &Value) -> CallToolResult {
     if body["stdout_truncated"] == true || body["stderr_truncated"] == true {
         text.push_str("\n[output was longer than the server keeps; the start is shown]");
     }
-    let content = vec![ContentBlock::text(text)];
-    if body["ok"] == true {
-        CallToolResult::success(content)
-    } else {
-        // A failing command is still a result the model should read, not a tool failure.
-        CallToolResult::success(content)
-    }
+    // A failing command is still a result the model should read, not a tool failure.
+    CallToolResult::success(vec![ContentBlock::text(text)])
 }
 
 /// The answer to `execute_code` / `execute_python`: text, then each image output.

@@ -244,8 +244,8 @@ pub struct SnapshotSession {
     pub name: Option<String>,
     /// What it holds.
     pub description: Option<String>,
-    /// Tags.
-    pub tags: Option<Vec<String>>,
+    /// Tags: name -> value.
+    pub tags: Option<BTreeMap<String, String>>,
 }
 
 /// `fork_snapshot`.

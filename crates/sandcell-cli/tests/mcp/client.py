@@ -126,8 +126,10 @@ async def scenario(session):
     r = await session.call_tool("resume_session", {"session_id": other})
     check("resume", not r.is_error and "running" in text_of(r), text_of(r))
     r = await session.call_tool("execute_python", {"session_id": other, "code": "kept = 'across a fork'"})
-    r = await session.call_tool("snapshot_session", {"session_id": other, "name": "before-fork"})
-    check("snapshot", not r.is_error and "sn-" in text_of(r), text_of(r))
+    r = await session.call_tool("snapshot_session", {"session_id": other, "name": "before-fork",
+                                                     "tags": {"stage": "1"}})
+    check("snapshot", not r.is_error and "sn-" in text_of(r)
+          and json.loads(text_of(r))["tags"] == {"stage": "1"}, text_of(r))
     snap = json.loads(text_of(r))["id"]
     r = await session.call_tool("list_snapshots", {"session_id": other})
     check("list snapshots", snap in text_of(r), text_of(r))

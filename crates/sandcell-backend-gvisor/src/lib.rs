@@ -473,27 +473,8 @@ fn install_file(path: &Path, bytes: &[u8]) -> Result<(), String> {
 /// Copies the agent binary to `dir/sandcell` (readable and executable by the sandbox user)
 /// unless an identical-looking copy is there, and the preload library beside it.
 fn install_binary(binary: &Path, dir: &Path) -> Result<(), String> {
-    std::fs::DirBuilder::new()
-        .recursive(true)
-        .mode(0o755)
-        .create(dir)
-        .map_err(|e| format!("create {}: {e}", dir.display()))?;
-    let _ = std::fs::set_permissions(dir, std::fs::Permissions::from_mode(0o755));
-    install_file(&dir.join(COMPAT_NAME), COMPAT_LIBRARY)?;
-    let target = dir.join("sandcell");
-    let src = std::fs::metadata(binary).map_err(|e| format!("{}: {e}", binary.display()))?;
-    if let Ok(have) = std::fs::metadata(&target)
-        && have.len() == src.len()
-        && have.modified().ok() >= src.modified().ok()
-    {
-        return Ok(());
-    }
-    // Written beside and renamed: running sandboxes keep the file they started from.
-    let tmp = dir.join(format!(".sandcell.{}", unique_suffix()));
-    std::fs::copy(binary, &tmp).map_err(|e| format!("copy {}: {e}", binary.display()))?;
-    std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755))
-        .map_err(|e| format!("chmod {}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, &target).map_err(|e| format!("install {}: {e}", target.display()))
+    skeleton::install_binary(binary, dir).map_err(|e| e.to_string())?;
+    install_file(&dir.join(COMPAT_NAME), COMPAT_LIBRARY)
 }
 
 /// A name part no other writer (process, or backend in this process) uses at once.

@@ -170,33 +170,11 @@ pub fn socket_inode(pid: i32, fd: i32) -> Option<u64> {
     s.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
 }
 
-/// A copy of this binary in `runtime_dir`, bound into checkpointable sandboxes at
-/// `/.sandcell` (refreshed when this binary changes size or time).
-pub fn guest_dir(runtime_dir: &Path) -> Result<PathBuf, EngineError> {
+/// The folder bound at [`GUEST_MOUNT`] in checkpointable sandboxes: a copy of `binary` (the
+/// Sandcell binary) in `runtime_dir`.
+pub fn guest_dir(binary: &Path, runtime_dir: &Path) -> Result<PathBuf, EngineError> {
     let dir = runtime_dir.join("criu").join("bin");
-    let exe = std::env::current_exe().map_err(|e| EngineError::io("find this binary", e))?;
-    let target = dir.join("sandcell");
-    let stamp = |p: &Path| {
-        std::fs::metadata(p)
-            .ok()
-            .map(|m| (m.len(), m.modified().ok()))
-    };
-    if stamp(&exe) != stamp(&target) {
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| EngineError::io(format!("create {}", dir.display()), e))?;
-        let tmp = dir.join(format!("sandcell.{}", std::process::id()));
-        std::fs::copy(&exe, &tmp)
-            .and_then(|_| {
-                let mtime = std::fs::metadata(&exe)?.modified()?;
-                std::fs::File::options()
-                    .write(true)
-                    .open(&tmp)?
-                    .set_modified(mtime)
-            })
-            .and_then(|()| std::fs::rename(&tmp, &target))
-            .map_err(|e| {
-                EngineError::io("install the agent binary for checkpointable sandboxes", e)
-            })?;
-    }
+    sandcell_jail::rootfs::skeleton::install_binary(binary, &dir)
+        .map_err(|e| EngineError::io("install the agent binary for checkpointable sandboxes", e))?;
     Ok(dir)
 }

@@ -293,7 +293,10 @@ impl ProcessBackend {
         let guest_dir = if spec.checkpointable {
             self.criu()?;
             tmpfs_paths.push(criu::GUEST_MOUNT);
-            Some(criu::guest_dir(&self.config.runtime_dir)?)
+            Some(criu::guest_dir(
+                &self.config.launcher,
+                &self.config.runtime_dir,
+            )?)
         } else {
             None
         };

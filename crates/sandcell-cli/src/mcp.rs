@@ -71,11 +71,8 @@ pub fn mcp(args: McpArgs) -> anyhow::Result<()> {
         let embedded = sandcell_server::embedded(config, engine)
             .await
             .context("start the embedded engine")?;
-        let api = sandcell_mcp::RouterApi::new(
-            embedded.app.clone(),
-            Some(embedded.admin_key.clone()),
-            None,
-        );
+        let api =
+            sandcell_mcp::RouterApi::new(embedded.app.clone(), Some(embedded.admin_key.clone()));
         let served = sandcell_mcp::serve_stdio(Arc::new(api)).await;
         // Sessions end with this process: nothing else could reach them.
         embedded.shutdown().await;

@@ -359,7 +359,7 @@ fn launch(
         drop(go_launcher);
         let isolation = sandbox_side(go_child, &config, pooled_netns.is_some())?;
         report.merge(&isolation);
-        if config.guest_dir.is_some() {
+        if checkpointable {
             return Err(("exec the agent".into(), exec_agent(&report)));
         }
         return Ok(Side::Sandbox {

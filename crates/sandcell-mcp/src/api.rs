@@ -61,18 +61,12 @@ pub trait Api: Send + Sync {
 pub struct RouterApi {
     router: axum::Router,
     key: Option<String>,
-    public_base: Option<String>,
 }
 
 impl RouterApi {
-    /// Requests go to `router` with `key` unless a call names its own; `public_base` is
-    /// where the same API is reachable from outside (the daemon's URL), if anywhere.
-    pub fn new(router: axum::Router, key: Option<String>, public_base: Option<String>) -> Self {
-        Self {
-            router,
-            key,
-            public_base,
-        }
+    /// Requests go to `router` with `key` unless a call names its own.
+    pub fn new(router: axum::Router, key: Option<String>) -> Self {
+        Self { router, key }
     }
 }
 
@@ -108,8 +102,9 @@ impl Api for RouterApi {
         Ok(reply(status, bytes))
     }
 
+    /// None: links are made from the MCP request's own Host when it came over HTTP.
     fn public_base(&self) -> Option<String> {
-        self.public_base.clone()
+        None
     }
 }
 

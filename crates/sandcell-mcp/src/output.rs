@@ -76,17 +76,21 @@ pub fn session_list(body: &Value) -> CallToolResult {
     CallToolResult::success(vec![ContentBlock::text(lines.join("\n"))])
 }
 
+/// An answer's non-empty `stdout` and `stderr`, each cut at its limit.
+fn streams(body: &Value) -> String {
+    let mut text = String::new();
+    for (name, limit) in [("stdout", STDOUT_LIMIT), ("stderr", STDERR_LIMIT)] {
+        let s = body[name].as_str().unwrap_or_default();
+        if !s.is_empty() {
+            text.push_str(&format!("{name}:\n{}\n", truncate(s, limit)));
+        }
+    }
+    text
+}
+
 /// The answer to `execute_terminal`.
 pub fn exec_result(body: &Value) -> CallToolResult {
-    let mut text = String::new();
-    let stdout = body["stdout"].as_str().unwrap_or_default();
-    let stderr = body["stderr"].as_str().unwrap_or_default();
-    if !stdout.is_empty() {
-        text.push_str(&format!("stdout:\n{}\n", truncate(stdout, STDOUT_LIMIT)));
-    }
-    if !stderr.is_empty() {
-        text.push_str(&format!("stderr:\n{}\n", truncate(stderr, STDERR_LIMIT)));
-    }
+    let mut text = streams(body);
     text.push_str(&format!(
         "exit_code: {}\n{}",
         body["exit_code"],
@@ -101,16 +105,8 @@ pub fn exec_result(body: &Value) -> CallToolResult {
 
 /// The answer to `execute_code` / `execute_python`: text, then each image output.
 pub fn code_result(body: &Value) -> CallToolResult {
-    let mut text = String::new();
+    let mut text = streams(body);
     let mut images = Vec::new();
-    let stdout = body["stdout"].as_str().unwrap_or_default();
-    let stderr = body["stderr"].as_str().unwrap_or_default();
-    if !stdout.is_empty() {
-        text.push_str(&format!("stdout:\n{}\n", truncate(stdout, STDOUT_LIMIT)));
-    }
-    if !stderr.is_empty() {
-        text.push_str(&format!("stderr:\n{}\n", truncate(stderr, STDERR_LIMIT)));
-    }
     for out in body["outputs"].as_array().into_iter().flatten() {
         let data = &out["data"];
         let mut shown = false;

@@ -428,23 +428,15 @@ impl SandcellMcp {
         ctx: RequestContext<RoleServer>,
     ) -> ToolResult {
         let key = caller_key(&ctx);
-        let context = self
-            .context_of(key.as_deref(), &p.session_id, p.language)
-            .await;
-        let context = match context {
-            Ok(c) => c,
-            Err(failure) => return Ok(failure),
-        };
-        let mut path = format!(
-            "/v1/sandboxes/{}/contexts/{}/variables",
-            seg(&p.session_id),
-            seg(&context)
-        );
-        if let Some(names) = p.names.filter(|n| !n.is_empty()) {
-            path.push_str(&format!("?names={}", seg(&names.join(","))));
-        }
-        let reply = self.get(key.as_deref(), path).await?;
-        Ok(json_or_failure(&reply))
+        self.variables(
+            key.as_deref(),
+            &p.session_id,
+            p.language,
+            p.names,
+            http::Method::GET,
+            None,
+        )
+        .await
     }
 
     #[tool(description = "Set variables in a session's kernel from JSON values.")]
@@ -454,27 +446,16 @@ impl SandcellMcp {
         ctx: RequestContext<RoleServer>,
     ) -> ToolResult {
         let key = caller_key(&ctx);
-        let context = match self
-            .context_of(key.as_deref(), &p.session_id, p.language)
-            .await
-        {
-            Ok(c) => c,
-            Err(failure) => return Ok(failure),
-        };
-        let path = format!(
-            "/v1/sandboxes/{}/contexts/{}/variables",
-            seg(&p.session_id),
-            seg(&context)
-        );
-        let reply = self
-            .api_call(
-                key.as_deref(),
-                http::Method::PUT,
-                path,
-                Some(json!({"values": p.variables})),
-            )
-            .await?;
-        Ok(json_or_failure(&reply))
+        let values = json!({"values": p.variables});
+        self.variables(
+            key.as_deref(),
+            &p.session_id,
+            p.language,
+            None,
+            http::Method::PUT,
+            Some(values),
+        )
+        .await
     }
 
     #[tool(
@@ -486,25 +467,15 @@ impl SandcellMcp {
         ctx: RequestContext<RoleServer>,
     ) -> ToolResult {
         let key = caller_key(&ctx);
-        let context = match self
-            .context_of(key.as_deref(), &p.session_id, p.language)
-            .await
-        {
-            Ok(c) => c,
-            Err(failure) => return Ok(failure),
-        };
-        let mut path = format!(
-            "/v1/sandboxes/{}/contexts/{}/variables",
-            seg(&p.session_id),
-            seg(&context)
-        );
-        if let Some(names) = p.names.filter(|n| !n.is_empty()) {
-            path.push_str(&format!("?names={}", seg(&names.join(","))));
-        }
-        let reply = self
-            .api_call(key.as_deref(), http::Method::DELETE, path, None)
-            .await?;
-        Ok(json_or_failure(&reply))
+        self.variables(
+            key.as_deref(),
+            &p.session_id,
+            p.language,
+            p.names,
+            http::Method::DELETE,
+            None,
+        )
+        .await
     }
 
     #[tool(
@@ -817,6 +788,33 @@ impl SandcellMcp {
             return Ok(api_failure(&reply));
         }
         Ok(output::code_result(&reply.body))
+    }
+
+    /// A request on the variables of `session`'s default `language` kernel, for `names`
+    /// (all when `None` or empty).
+    async fn variables(
+        &self,
+        key: Option<&str>,
+        session: &str,
+        language: Option<Runtime>,
+        names: Option<Vec<String>>,
+        method: http::Method,
+        body: Option<Value>,
+    ) -> ToolResult {
+        let context = match self.context_of(key, session, language).await {
+            Ok(c) => c,
+            Err(failure) => return Ok(failure),
+        };
+        let mut path = format!(
+            "/v1/sandboxes/{}/contexts/{}/variables",
+            seg(session),
+            seg(&context)
+        );
+        if let Some(names) = names.filter(|n| !n.is_empty()) {
+            path.push_str(&format!("?names={}", seg(&names.join(","))));
+        }
+        let reply = self.api_call(key, method, path, body).await?;
+        Ok(json_or_failure(&reply))
     }
 
     /// The id of the default context of `language` in `session` (the kernel `execute_code`

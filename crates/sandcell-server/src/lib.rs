@@ -139,7 +139,7 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 /// capabilities as MCP tools over streamable HTTP (with the same API keys).
 pub fn app(state: AppState) -> Router {
     let rest = rest_app(state.clone());
-    let tools = sandcell_mcp::RouterApi::new(rest.clone(), None, None);
+    let tools = sandcell_mcp::RouterApi::new(rest.clone(), None);
     let mcp = Router::new()
         .nest_service("/mcp", sandcell_mcp::http_service(Arc::new(tools)))
         .layer(middleware::from_fn(sandcell_mcp::screen_http))

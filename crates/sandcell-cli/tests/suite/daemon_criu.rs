@@ -29,7 +29,7 @@ fn a_checkpointable_sandbox_is_snapshotted_with_every_process_and_forks_keep_the
         return;
     }
     let id = d.create_id(json!({"checkpointable": true}));
-    // It says what it runs without.
+    // Its processes still run with no_new_privs.
     let ps = d.exec(&id, "cat /proc/self/status | grep NoNewPrivs");
     assert!(stdout(&ps).contains("1"), "{ps}");
     // Attack: the agent here was exec'd (which makes a process dumpable); it must not be

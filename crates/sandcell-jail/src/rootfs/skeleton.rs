@@ -528,6 +528,38 @@ pub fn sandbox_etc_files(hostname: &str) -> Vec<(String, String)> {
     ]
 }
 
+/// Copies `binary` to `dir/sandcell` (mode 0755, `dir` too, so the sandbox user can run it)
+/// unless a copy of the same size, no older, is there; written beside and renamed, so that
+/// running sandboxes keep the file they started from. For backends that bind the agent
+/// binary into sandboxes. Returns the copy's path.
+pub fn install_binary(binary: &Path, dir: &Path) -> io::Result<PathBuf> {
+    let fail = |what: &str, path: &Path, e: io::Error| {
+        io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))
+    };
+    fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o755)
+        .create(dir)
+        .map_err(|e| fail("create", dir, e))?;
+    let _ = fs::set_permissions(dir, fs::Permissions::from_mode(0o755));
+    let target = dir.join("sandcell");
+    let src = fs::metadata(binary).map_err(|e| fail("read", binary, e))?;
+    if let Ok(have) = fs::metadata(&target)
+        && have.len() == src.len()
+        && have.modified().ok() >= src.modified().ok()
+    {
+        return Ok(target);
+    }
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let tmp = dir.join(format!(".sandcell.tmp{}-{n}", std::process::id()));
+    fs::copy(binary, &tmp).map_err(|e| fail("copy", binary, e))?;
+    fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755))
+        .map_err(|e| fail("chmod", &tmp, e))?;
+    fs::rename(&tmp, &target).map_err(|e| fail("install", &target, e))?;
+    Ok(target)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

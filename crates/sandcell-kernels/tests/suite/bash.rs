@@ -11,26 +11,22 @@ fn start() -> Kernel {
     Kernel::start(Language::Bash)
 }
 
-/// Waits (up to 2 s) until the kernel's fd 1 output contains `needle`; fd 1 is read by
-/// another thread, so it may lag behind `done`.
-fn wait_stdout(k: &Kernel, needle: &str) -> String {
-    let deadline = Instant::now() + Duration::from_secs(2);
-    loop {
-        let out = k.stdout_text();
-        if out.contains(needle) || Instant::now() > deadline {
-            return out;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
 /// Runs `code` and returns its `done` event and what it wrote to fd 1, which must end with
 /// `marker` (the cell's last command echoes it).
 fn run_capture(k: &mut Kernel, code: &str, marker: &str) -> (serde_json::Value, String) {
     let before = k.stdout_text().len();
     let events = k.execute(code);
-    let out = wait_stdout(k, marker);
-    let out = out[before..].to_string();
+    // fd 1 is read apart from the protocol: wait for the marker's whole line, not just the
+    // marker (a cell's last `echo` can arrive in two reads).
+    let deadline = Instant::now() + Duration::from_secs(2);
+    let out = loop {
+        let out = k.stdout_text()[before..].to_string();
+        let complete = out.find(marker).is_some_and(|at| out[at..].contains('\n'));
+        if complete || Instant::now() > deadline {
+            break out;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
     assert!(
         out.contains(marker),
         "no {marker:?} in {out:?}; events {events:?}"

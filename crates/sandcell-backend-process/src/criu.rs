@@ -88,15 +88,17 @@ impl Criu {
         run(cmd, image, "dump.log", "criu dump")
     }
 
-    /// Restores the checkpoint in `image` as a new sandbox whose processes go into the cgroup
-    /// named by `cgroup_roots` (see `SandboxCgroup::criu_roots`) and whose agent talks on
+    /// Restores the checkpoint in `image` as a new sandbox named `hostname` whose processes go
+    /// into the cgroup named by `cgroup_roots` (see `SandboxCgroup::criu_roots`) and whose agent talks on
     /// `connection`. Returns the host pid of its PID 1.
     pub fn restore(
         &self,
         image: &Path,
+        hostname: &str,
         cgroup_roots: &[String],
         connection: std::os::fd::OwnedFd,
     ) -> Result<i32, EngineError> {
+        set_hostname(image, hostname)?;
         let read = |name: &str| {
             std::fs::read_to_string(image.join(name))
                 .map(|s| s.trim().to_string())
@@ -163,6 +165,87 @@ fn run(mut cmd: Command, image: &Path, log: &str, what: &str) -> Result<(), Engi
     })
 }
 
+/// Renames the sandbox in the image: CRIU restores the UTS namespace as dumped, and a
+/// restored sandbox gets a new identity (its own hostname, as at creation).
+fn set_hostname(image: &Path, hostname: &str) -> Result<(), EngineError> {
+    let entries =
+        std::fs::read_dir(image).map_err(|e| EngineError::io("read the checkpoint image", e))?;
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if !(name.starts_with("utsns-") && name.ends_with(".img")) {
+            continue;
+        }
+        let path = entry.path();
+        let bytes =
+            std::fs::read(&path).map_err(|e| EngineError::io("read the image's utsns", e))?;
+        let renamed = rename_utsns(&bytes, hostname).ok_or_else(|| EngineError::Launch {
+            stage: "criu restore".into(),
+            message: format!("{name} of the checkpoint is not a UTS namespace image"),
+        })?;
+        std::fs::write(&path, renamed).map_err(|e| EngineError::io("rename the sandbox", e))?;
+    }
+    Ok(())
+}
+
+/// A CRIU `utsns` image (two magic words, then one length-prefixed `utsns_entry { string
+/// nodename = 1; string domainname = 2; }`) with `nodename` replaced; `None` if it is not one.
+fn rename_utsns(image: &[u8], nodename: &str) -> Option<Vec<u8>> {
+    let (magic, rest) = image.split_at_checked(8)?;
+    let (len, rest) = rest.split_at_checked(4)?;
+    let len = usize::try_from(u32::from_le_bytes(len.try_into().ok()?)).ok()?;
+    let mut entry = rest.get(..len)?;
+    let mut domainname: &[u8] = b"";
+    let mut saw_nodename = false;
+    while !entry.is_empty() {
+        let (&tag, rest) = entry.split_first()?;
+        let (field_len, rest) = read_varint(rest)?;
+        let field_len = usize::try_from(field_len).ok()?;
+        let value = rest.get(..field_len)?;
+        match tag {
+            0x0a => saw_nodename = true,
+            0x12 => domainname = value,
+            _ => return None,
+        }
+        entry = &rest[field_len..];
+    }
+    if !saw_nodename {
+        return None;
+    }
+    let mut body = Vec::new();
+    for (tag, value) in [(0x0a, nodename.as_bytes()), (0x12, domainname)] {
+        body.push(tag);
+        write_varint(&mut body, value.len() as u64);
+        body.extend_from_slice(value);
+    }
+    let mut out = magic.to_vec();
+    out.extend_from_slice(&u32::try_from(body.len()).ok()?.to_le_bytes());
+    out.extend_from_slice(&body);
+    // Anything after the one entry is kept as it was.
+    out.extend_from_slice(&rest[len..]);
+    Some(out)
+}
+
+/// A protobuf varint at the start of `bytes`, and what follows it.
+fn read_varint(bytes: &[u8]) -> Option<(u64, &[u8])> {
+    let mut value = 0u64;
+    for (i, &b) in bytes.iter().enumerate().take(10) {
+        value |= u64::from(b & 0x7f) << (7 * i);
+        if b & 0x80 == 0 {
+            return Some((value, &bytes[i + 1..]));
+        }
+    }
+    None
+}
+
+fn write_varint(out: &mut Vec<u8>, mut value: u64) {
+    while value >= 0x80 {
+        out.push((value as u8) | 0x80);
+        value >>= 7;
+    }
+    out.push(value as u8);
+}
+
 /// The inode of the socket on `fd` of process `pid` (`/proc/PID/fd/N` -> `socket:[INO]`).
 pub fn socket_inode(pid: i32, fd: i32) -> Option<u64> {
     let link = std::fs::read_link(format!("/proc/{pid}/fd/{fd}")).ok()?;
@@ -177,4 +260,43 @@ pub fn guest_dir(binary: &Path, runtime_dir: &Path) -> Result<PathBuf, EngineErr
     sandcell_jail::rootfs::skeleton::install_binary(binary, &dir)
         .map_err(|e| EngineError::io("install the agent binary for checkpointable sandboxes", e))?;
     Ok(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An image as CRIU writes it: magic words, length, `utsns_entry`.
+    fn image(nodename: &str, domainname: &str) -> Vec<u8> {
+        let mut body = vec![0x0a, nodename.len() as u8];
+        body.extend_from_slice(nodename.as_bytes());
+        body.extend_from_slice(&[0x12, domainname.len() as u8]);
+        body.extend_from_slice(domainname.as_bytes());
+        let mut out = 0x5456_4319u32.to_le_bytes().to_vec();
+        out.extend_from_slice(&0x5447_3203u32.to_le_bytes());
+        out.extend_from_slice(&(body.len() as u32).to_le_bytes());
+        out.extend_from_slice(&body);
+        out
+    }
+
+    #[test]
+    fn the_nodename_is_replaced_and_the_domainname_kept() {
+        let renamed = rename_utsns(&image("sb-aaaaaaaaaaaa", "(none)"), "sb-bbbbbbbbbbbb-long");
+        assert_eq!(renamed, Some(image("sb-bbbbbbbbbbbb-long", "(none)")));
+        let long = "h".repeat(200);
+        let renamed = rename_utsns(&image("x", ""), &long).unwrap();
+        assert_eq!(read_varint(&renamed[13..]).unwrap().0, 200);
+        assert!(renamed.ends_with(b"\x12\x00"));
+    }
+
+    #[test]
+    fn what_is_not_a_utsns_image_is_refused() {
+        assert_eq!(rename_utsns(b"short", "x"), None);
+        let mut wrong = image("a", "b");
+        wrong[12] = 0x1a;
+        assert_eq!(rename_utsns(&wrong, "x"), None);
+        let mut truncated = image("abc", "d");
+        truncated.truncate(14);
+        assert_eq!(rename_utsns(&truncated, "x"), None);
+    }
 }

@@ -631,11 +631,13 @@ impl Backend for ProcessBackend {
             .map_err(|e| EngineError::io("create the sandbox socketpair", e))?;
         let roots = cgroup.criu_roots();
         let image = image.to_path_buf();
-        let restored =
-            tokio::task::spawn_blocking(move || criu.restore(&image, &roots, OwnedFd::from(agent)))
-                .await
-                .map_err(|e| EngineError::io("criu restore", std::io::Error::other(e)))
-                .and_then(|r| r);
+        let hostname = id.to_string();
+        let restored = tokio::task::spawn_blocking(move || {
+            criu.restore(&image, &hostname, &roots, OwnedFd::from(agent))
+        })
+        .await
+        .map_err(|e| EngineError::io("criu restore", std::io::Error::other(e)))
+        .and_then(|r| r);
         let host_pid = match restored {
             Ok(pid) => pid,
             Err(e) => {

@@ -92,6 +92,8 @@ fn a_checkpointable_sandbox_is_snapshotted_with_every_process_and_forks_keep_the
             b.trim().parse::<u64>().unwrap() > a.trim().parse::<u64>().unwrap(),
             "the background process runs on in {f}: {a} then {b}"
         );
+        // A new identity: its own hostname.
+        assert_eq!(stdout(&d.exec(f, "hostname")), format!("{f}\n"));
         streams.push(stdout(&d.code(f, "import random; print(random.random())")));
         d.exec(f, &format!("echo {f} > /workspace/who"));
     }

@@ -2,11 +2,21 @@
 # Builds CRIU 4 from Debian's own source package into target/tools/criu (Debian 12's CRIU
 # 3.17 fails `criu check` on newer kernels; 4.x works). Optional: process-fidelity snapshots
 # on the process backend need it, and their tests skip with the reason when it is missing.
-# Idempotent: does nothing when target/tools/criu/criu passes `criu check`.
+# Idempotent: does nothing when target/tools/criu/criu passes `criu check` and carries the
+# patches below (their list is stamped next to it).
+#
+# One patch: `criu dump` skips check_user_ns, a sanity check that re-enters the sandbox's
+# namespaces as their root. A sandbox restored by CRIU has an agent that was never executed
+# inside it; non-dumpable (so its own sandbox cannot read its memory), its /proc/<pid>/ns stays
+# closed to that root, and the check would refuse to checkpoint it again. Sandcell's jail makes
+# every namespace of a checkpointable sandbox from its user namespace, which is what the check
+# verifies.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=target/tools/criu
-if [ -x "$out/criu" ] && "$out/criu" check >/dev/null 2>&1; then
+patches="skip-check-user-ns"
+if [ -x "$out/criu" ] && "$out/criu" check >/dev/null 2>&1 \
+   && [ "$(cat "$out/patches" 2>/dev/null)" = "$patches" ]; then
   exit 0
 fi
 SUDO=""
@@ -39,10 +49,14 @@ tarball="$work/criu_${upstream}.orig.tar.xz"
 [ -f "$tarball" ] || { echo "criu: could not download the source of criu $version" >&2; exit 1; }
 rm -rf "$work/criu-$upstream"
 tar -C "$work" -xf "$tarball"
+sed -i 's/^\tif (check_user_ns(pid))$/\tif (0 \&\& check_user_ns(pid))/' "$work/criu-$upstream/criu/namespaces.c"
+grep -q 'if (0 && check_user_ns(pid))' "$work/criu-$upstream/criu/namespaces.c" \
+  || { echo "criu: the check_user_ns patch no longer applies to criu $upstream" >&2; exit 1; }
 echo "criu: building criu $upstream" >&2
 make -C "$work/criu-$upstream" -j"$(nproc)" criu >"$work/build.log" 2>&1 \
   || { echo "criu: build failed, see $work/build.log" >&2; exit 1; }
 mkdir -p "$out"
 cp "$work/criu-$upstream/criu/criu" "$out/criu"
 "$out/criu" check >/dev/null 2>&1 || { echo "criu: the built criu fails criu check here" >&2; exit 1; }
+echo "$patches" > "$out/patches"
 echo "criu: $out/criu ready" >&2

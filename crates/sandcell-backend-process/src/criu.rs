@@ -142,6 +142,63 @@ impl Criu {
     }
 }
 
+/// The request id of the `Rehome` after a restore (the engine's client, reaching a restored
+/// agent, never uses ids this high).
+const REHOME_ID: u32 = u32::MAX - 16;
+
+/// Asks the restored agent on `host` to move to a connection made inside its sandbox;
+/// returns the host's end of it and the inode of the agent's end.
+pub fn rehome(
+    host: std::os::unix::net::UnixStream,
+) -> Result<(std::os::unix::net::UnixStream, u64), EngineError> {
+    use sandcell_protocol::{Frame, FrameDecoder, GuestMessage, HostMessage, encode_message};
+    use std::io::Write;
+    use std::os::fd::AsFd;
+    let fail = |m: String| EngineError::Launch {
+        stage: "rehome the restored agent".into(),
+        message: m,
+    };
+    host.set_read_timeout(Some(std::time::Duration::from_secs(10)))
+        .map_err(|e| fail(e.to_string()))?;
+    (&host)
+        .write_all(&encode_message(REHOME_ID, &HostMessage::Rehome))
+        .map_err(|e| fail(format!("send: {e}")))?;
+    let mut decoder = FrameDecoder::default();
+    let mut fds = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let (n, got) = sandcell_jail::fdpass::recv_with_fds(host.as_fd(), &mut buf)
+            .map_err(|e| fail(format!("no answer: {e}")))?;
+        if n == 0 {
+            return Err(fail("the restored agent closed its connection".into()));
+        }
+        fds.extend(got);
+        decoder.feed(&buf[..n]);
+        while let Some(frame) = decoder.next_frame::<GuestMessage>() {
+            match frame {
+                Ok(Frame::Message { id, msg }) if id == REHOME_ID => {
+                    return match (msg, fds.pop()) {
+                        (GuestMessage::Rehomed { inode }, Some(fd)) => {
+                            Ok((std::os::unix::net::UnixStream::from(fd), inode))
+                        }
+                        (other, _) => Err(fail(format!("unexpected answer {other:?}"))),
+                    };
+                }
+                // Nothing else is in flight on a freshly restored connection.
+                Ok(_) => {}
+                Err(e) => return Err(fail(e.to_string())),
+            }
+        }
+    }
+}
+
+/// The root skeleton a checkpoint's sandbox ran on.
+pub fn checkpoint_root(image: &Path) -> Result<String, EngineError> {
+    std::fs::read_to_string(image.join(ROOT_FILE))
+        .map(|s| s.trim().to_string())
+        .map_err(|e| EngineError::io("read the checkpoint's root", e))
+}
+
 /// Runs a criu command; on failure the error carries the last errors of its log.
 fn run(mut cmd: Command, image: &Path, log: &str, what: &str) -> Result<(), EngineError> {
     let out = cmd

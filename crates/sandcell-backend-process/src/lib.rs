@@ -509,6 +509,7 @@ impl Backend for ProcessBackend {
             Some(c) => Some(Checkpointing {
                 criu: self.criu()?.clone(),
                 root: c.root_skeleton.clone(),
+                agent_inode: None,
             }),
             None => None,
         };
@@ -630,16 +631,22 @@ impl Backend for ProcessBackend {
         let (host, agent) = std::os::unix::net::UnixStream::pair()
             .map_err(|e| EngineError::io("create the sandbox socketpair", e))?;
         let roots = cgroup.criu_roots();
-        let image = image.to_path_buf();
+        let image_dir = image.to_path_buf();
         let hostname = id.to_string();
+        let dumper = criu.clone();
+        // Restored, the agent is moved to a connection made inside its network namespace,
+        // so that CRIU can dump this sandbox again.
         let restored = tokio::task::spawn_blocking(move || {
-            criu.restore(&image, &hostname, &roots, OwnedFd::from(agent))
+            let pid = dumper.restore(&image_dir, &hostname, &roots, OwnedFd::from(agent))?;
+            let (host, inode) = criu::rehome(host)?;
+            let root = criu::checkpoint_root(&image_dir)?;
+            Ok::<_, EngineError>((pid, host, inode, root))
         })
         .await
         .map_err(|e| EngineError::io("criu restore", std::io::Error::other(e)))
         .and_then(|r| r);
-        let host_pid = match restored {
-            Ok(pid) => pid,
+        let (host_pid, host, agent_inode, root) = match restored {
+            Ok(r) => r,
             Err(e) => {
                 let _ = cgroup.kill_all();
                 let _ = cgroup.remove();
@@ -686,7 +693,11 @@ impl Backend for ProcessBackend {
             destroyed: AtomicBool::new(false),
             detached: AtomicBool::new(false),
             runtime,
-            checkpoint: None,
+            checkpoint: Some(Checkpointing {
+                criu,
+                root,
+                agent_inode: Some(agent_inode),
+            }),
             owns_cgroup: true,
         };
         Ok(LaunchedSandbox {
@@ -926,12 +937,15 @@ struct Checkpointing {
     criu: criu::Criu,
     /// Its root skeleton (the restored root).
     root: String,
+    /// The inode of the agent's end of its connection, when it is not on
+    /// [`sandcell_jail::launch::SOCKET_FD`] (after a `Rehome`).
+    agent_inode: Option<u64>,
 }
 
 /// One running process-backend sandbox.
 struct ProcessInstance {
-    /// Set for a sandbox made checkpointable (not for one restored from a checkpoint: its
-    /// connection lives in the host's network namespace, which CRIU cannot dump).
+    /// Set for a sandbox made checkpointable, and for one restored from a checkpoint (its
+    /// agent moved to a connection made inside it).
     checkpoint: Option<Checkpointing>,
     /// No launcher removes its cgroup when it ends (a CRIU restore): destroy does.
     owns_cgroup: bool,
@@ -1066,15 +1080,16 @@ impl BackendInstance for ProcessInstance {
     ) -> Result<Option<std::os::unix::net::UnixStream>, EngineError> {
         let Some(c) = &self.checkpoint else {
             return Err(EngineError::Unsupported(
-                "this sandbox cannot be checkpointed (it was not made checkpointable, or was restored from a checkpoint)".into(),
+                "this sandbox cannot be checkpointed (it was not made checkpointable)".into(),
             ));
         };
-        let ino = criu::socket_inode(self.host_pid, sandcell_jail::launch::SOCKET_FD).ok_or_else(
-            || EngineError::Launch {
+        let ino = c
+            .agent_inode
+            .or_else(|| criu::socket_inode(self.host_pid, sandcell_jail::launch::SOCKET_FD))
+            .ok_or_else(|| EngineError::Launch {
                 stage: "criu dump".into(),
                 message: "cannot find the agent's connection".into(),
-            },
-        )?;
+            })?;
         // CRIU stops the tasks itself; frozen ones would never answer it.
         let frozen = self.frozen() == Some(true);
         if frozen {

@@ -45,6 +45,8 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 
 enum Outgoing {
     Frame(Vec<u8>),
+    /// A frame with a descriptor attached (to its first byte).
+    FrameWithFd(Vec<u8>, std::os::fd::OwnedFd),
     Flush(oneshot::Sender<()>),
     /// The host connected again: write to this from now on.
     Attach(OwnedWriteHalf),
@@ -96,6 +98,35 @@ impl Out {
     }
 }
 
+/// Writes all of `bytes` on `sock`, the first byte carrying `fd`.
+async fn send_frame_with_fd(
+    sock: &OwnedWriteHalf,
+    bytes: &[u8],
+    fd: &std::os::fd::OwnedFd,
+) -> std::io::Result<()> {
+    use std::os::fd::AsFd;
+    let stream: &tokio::net::UnixStream = sock.as_ref();
+    let mut sent = loop {
+        stream.writable().await?;
+        match stream.try_io(tokio::io::Interest::WRITABLE, || {
+            sandcell_jail::fdpass::send_with_fd(stream.as_fd(), bytes, fd.as_fd())
+        }) {
+            Ok(n) => break n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    };
+    while sent < bytes.len() {
+        stream.writable().await?;
+        match stream.try_write(&bytes[sent..]) {
+            Ok(n) => sent += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
 async fn writer(mut sock: OwnedWriteHalf, mut rx: mpsc::Receiver<Outgoing>) {
     let mut broken = false;
     let mut batch: Vec<u8> = Vec::new();
@@ -107,6 +138,16 @@ async fn writer(mut sock: OwnedWriteHalf, mut rx: mpsc::Receiver<Outgoing>) {
                 Outgoing::Frame(bytes) if batch.is_empty() => batch = bytes,
                 Outgoing::Frame(bytes) => batch.extend_from_slice(&bytes),
                 Outgoing::Flush(tx) => flushes.push(tx),
+                Outgoing::FrameWithFd(bytes, fd) => {
+                    // Everything queued before it goes first, then it, by sendmsg.
+                    if !broken && !batch.is_empty() && sock.write_all(&batch).await.is_err() {
+                        broken = true;
+                    }
+                    batch.clear();
+                    if !broken && send_frame_with_fd(&sock, &bytes, &fd).await.is_err() {
+                        broken = true;
+                    }
+                }
                 Outgoing::Attach(new) => {
                     // Output meant for the host that went away is dropped with it.
                     batch.clear();
@@ -293,14 +334,32 @@ pub(crate) async fn run(
         None => None,
     };
     let mut read = read;
+    // A connection made by `Rehome` continues the greeted one.
+    let mut greeted = false;
     let result = loop {
         let mut conn = Conn {
             shared: shared.clone(),
-            hello: false,
+            hello: std::mem::take(&mut greeted),
             writes: HashMap::new(),
             stdin_writes: HashMap::new(),
         };
         let result = conn.serve(read).await;
+        // The same host, on a new connection: everything in progress goes on.
+        if let Ok(End::Rehome(new)) = result {
+            greeted = conn.hello;
+            let stream = new
+                .set_nonblocking(true)
+                .and_then(|()| tokio::net::UnixStream::from_std(new));
+            match stream {
+                Ok(stream) => {
+                    let (r, w) = stream.into_split();
+                    shared.out.attach(w).await;
+                    read = r;
+                    continue;
+                }
+                Err(e) => break Err(GuestError::Socket(e)),
+            }
+        }
         // Abandon unfinished writes (their temporary files are removed on drop).
         conn.writes.clear();
         let Some(listener) = &listener else {
@@ -352,6 +411,8 @@ pub(crate) async fn run(
             Ok(())
         }
         Ok(End::Eof) => Ok(()),
+        // Handled in the loop above; never the loop's result.
+        Ok(End::Rehome(_)) => Ok(()),
         Err(e) => Err(e),
     };
     let _ = tokio::time::timeout(FLUSH_LIMIT, shared.out.flush()).await;
@@ -361,6 +422,8 @@ pub(crate) async fn run(
 enum End {
     Eof,
     Shutdown(u32),
+    /// Go on over this connection (see `HostMessage::Rehome`).
+    Rehome(std::os::unix::net::UnixStream),
 }
 
 enum WriteState {
@@ -407,6 +470,36 @@ impl Conn {
                     }
                     Err(e) => self.bad_frame(e).await?,
                 }
+            }
+        }
+    }
+
+    /// Makes the new connection, sends the host its end, and ends this connection's loop.
+    async fn rehome(&self, id: u32) -> Option<End> {
+        let made = std::os::unix::net::UnixStream::pair().and_then(|(ours, theirs)| {
+            let inode = rustix::fs::fstat(&ours)?.st_ino;
+            Ok((ours, theirs, inode))
+        });
+        match made {
+            Ok((ours, theirs, inode)) => {
+                let frame = encode_message(id, &GuestMessage::Rehomed { inode });
+                let _ = self
+                    .shared
+                    .out
+                    .0
+                    .send(Outgoing::FrameWithFd(frame, theirs.into()))
+                    .await;
+                self.shared.out.flush().await;
+                Some(End::Rehome(ours))
+            }
+            Err(e) => {
+                self.error(
+                    id,
+                    ErrorCode::Internal,
+                    format!("make a new connection: {e}"),
+                )
+                .await;
+                None
             }
         }
     }
@@ -551,6 +644,7 @@ impl Conn {
                 self.reply(id, reply).await;
             }
             HostMessage::Ping => self.reply(id, GuestMessage::Pong).await,
+            HostMessage::Rehome => return self.rehome(id).await,
             HostMessage::Exec(req) => exec::start(&self.shared, id, req).await,
             HostMessage::Signal {
                 exec_id,

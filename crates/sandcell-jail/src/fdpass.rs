@@ -32,6 +32,23 @@ pub fn recv_with_fds(socket: BorrowedFd<'_>, buf: &mut [u8]) -> io::Result<(usiz
     Ok((msg.bytes, fds))
 }
 
+/// Sends as much of `bytes` as the socket takes now with `fd` attached (to the first byte);
+/// returns the count sent. Non-blocking sockets answer `WouldBlock` like `send`.
+pub fn send_with_fd(socket: BorrowedFd<'_>, bytes: &[u8], fd: BorrowedFd<'_>) -> io::Result<usize> {
+    use nix::sys::socket::{ControlMessage, MsgFlags, sendmsg};
+    use std::os::fd::AsRawFd;
+    let fds = [fd.as_raw_fd()];
+    let iov = [io::IoSlice::new(bytes)];
+    sendmsg::<()>(
+        socket.as_raw_fd(),
+        &iov,
+        &[ControlMessage::ScmRights(&fds)],
+        MsgFlags::MSG_NOSIGNAL,
+        None,
+    )
+    .map_err(io::Error::from)
+}
+
 /// Makes `cmd`'s process start with `fd` open as descriptor `target` (and only there: the
 /// original stays close-on-exec, so no other child inherits it).
 pub fn pass_fd(cmd: &mut std::process::Command, fd: OwnedFd, target: RawFd) {

@@ -21,6 +21,11 @@ pub enum HostMessage {
     Hello { protocol: u32, client: String },
     /// Liveness check; answered by [`GuestMessage::Pong`].
     Ping,
+    /// Make a new connection to the host inside the sandbox and move to it: answered by
+    /// [`GuestMessage::Rehomed`], with the host's end attached (`SCM_RIGHTS`); everything
+    /// after that goes over the new connection. (A sandbox restored by CRIU was given a
+    /// connection from the host's network namespace, which CRIU could not dump again.)
+    Rehome,
     /// Starts a process. Replies: `ExecStarted`, stdout/stderr chunks, then `ExecExited`;
     /// with `background`, only `ExecStarted`.
     Exec(ExecRequest),
@@ -190,6 +195,9 @@ pub enum GuestMessage {
     },
     /// Answers `Ping`.
     Pong,
+    /// The reply to [`HostMessage::Rehome`], carrying the host's end of the new connection;
+    /// `inode` is the agent's end's.
+    Rehomed { inode: u64 },
     /// The exec's process is running.
     ExecStarted { pid: i32 },
     /// The exec's process ended; all of its output was sent before this.

@@ -124,10 +124,29 @@ fn a_checkpointable_sandbox_is_snapshotted_with_every_process_and_forks_keep_the
     let cg = stdout(&d.exec(&forks[0], "cat /proc/self/cgroup"));
     assert!(cg.contains(&forks[0]), "{cg}");
 
-    // A fork's own snapshots are of language fidelity (its connection is the host's).
+    // A fork is checkpointable in turn (its agent moved to a connection made inside it), and
+    // a restore of that second checkpoint has the fork's own state.
+    d.code(&forks[0], "second = 'generation'");
     let again = d.post(&format!("/v1/sandboxes/{}/snapshots", forks[0]), json!({}));
     assert_eq!(again.status, 201, "{:?}", again.body);
-    assert_eq!(again.body["fidelity"], "language");
+    assert_eq!(again.body["fidelity"], "process", "{:?}", again.body);
+    let grand = d.create(json!({"snapshot_id": again.body["id"]}));
+    let gid = grand["id"].as_str().unwrap();
+    assert_eq!(stdout(&d.exec(gid, "hostname")), format!("{gid}\n"));
+    let r = d.exec(gid, "cat /proc/1/mem > /dev/null");
+    assert_ne!(r["exit_code"], 0, "the agent's memory was readable: {r}");
+    // And the third generation again.
+    let third = d.post(&format!("/v1/sandboxes/{gid}/snapshots"), json!({}));
+    assert_eq!(third.body["fidelity"], "process", "{:?}", third.body);
+    assert_eq!(
+        stdout(&d.code(gid, "print(second, triple(3))")),
+        "generation 9\n"
+    );
+    assert_eq!(
+        stdout(&d.code(&forks[0], "print(triple(4))")),
+        "12\n",
+        "the fork runs on"
+    );
 
     // The source gone, the snapshot still restores.
     assert_eq!(d.delete(&format!("/v1/sandboxes/{id}")).status, 204);

@@ -90,7 +90,9 @@ pub fn config(spec: &SandboxSpec, inputs: &BundleInputs<'_>) -> Value {
             "env": ["PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/home/sandbox"],
             "cwd": "/workspace",
             "noNewPrivileges": true,
-            "capabilities": {"bounding": [], "effective": [], "inheritable": [], "permitted": [], "ambient": []},
+            // The agent keeps CAP_SYS_ADMIN (in gVisor's kernel) only to rename a restored
+            // sandbox; with no bounding, inheritable or ambient set, nothing it starts has any.
+            "capabilities": {"bounding": [], "effective": ["CAP_SYS_ADMIN"], "inheritable": [], "permitted": ["CAP_SYS_ADMIN"], "ambient": []},
             "rlimits": [
                 {"type": "RLIMIT_NOFILE", "hard": l.open_files, "soft": l.open_files},
             ],

@@ -419,10 +419,6 @@ impl GvisorBackend {
                  limit + 256)",
             ),
             line(
-                "new_hostname_after_restore",
-                "a sandbox restored from a checkpoint keeps its source's hostname",
-            ),
-            line(
                 "terminal_control_characters",
                 "this runsc's terminals ignore control characters typed into them: ^C (VINTR) \
                  sends no SIGINT and ^D (VEOF) ends no read, so closing a terminal's stdin \

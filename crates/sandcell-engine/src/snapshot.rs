@@ -145,9 +145,6 @@ fn checkpoint_gaps() -> Vec<String> {
         "connections to the host: the agent is reached again on a new one; a download or \
          attachment in progress at the snapshot does not continue"
             .into(),
-        "the hostname: a restored sandbox keeps its source's (its id; the checkpoint holds \
-         it)"
-        .into(),
     ]
 }
 
@@ -552,6 +549,13 @@ impl Sandbox {
     ) -> Result<RestoreReport, EngineError> {
         let mut kernels = Vec::new();
         let mut not_carried = manifest.not_carried.clone();
+        // A new identity: the checkpoint held the source's hostname.
+        let rename = HostMessage::SetHostname {
+            name: self.id().to_string(),
+        };
+        if let Err(e) = self.expect_ok(rename).await {
+            not_carried.push(format!("hostname: it kept its source's ({e})"));
+        }
         for c in self.list_contexts().await? {
             if c.pid.is_none() {
                 continue;

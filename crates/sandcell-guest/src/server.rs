@@ -419,6 +419,26 @@ pub(crate) async fn run(
     result
 }
 
+/// Sets the UTS namespace's name, unless it is that already (a CRIU restore renamed it in
+/// the image; only a gVisor agent keeps the capability to rename its sandbox).
+fn set_hostname(name: &str) -> Result<(), WireError> {
+    if name.is_empty() || name.len() > 64 {
+        return Err(WireError::new(
+            ErrorCode::InvalidArgument,
+            format!("a hostname is 1 to 64 bytes, not {}", name.len()),
+        ));
+    }
+    if rustix::system::uname().nodename().to_bytes() == name.as_bytes() {
+        return Ok(());
+    }
+    rustix::system::sethostname(name.as_bytes()).map_err(|e| {
+        WireError::new(
+            ErrorCode::PermissionDenied,
+            format!("set the hostname to {name:?}: {e}"),
+        )
+    })
+}
+
 enum End {
     Eof,
     Shutdown(u32),
@@ -644,6 +664,10 @@ impl Conn {
                 self.reply(id, reply).await;
             }
             HostMessage::Ping => self.reply(id, GuestMessage::Pong).await,
+            HostMessage::SetHostname { name } => {
+                self.reply(id, reply_of(set_hostname(&name).map(|()| GuestMessage::Ok)))
+                    .await;
+            }
             HostMessage::Rehome => return self.rehome(id).await,
             HostMessage::Exec(req) => exec::start(&self.shared, id, req).await,
             HostMessage::Signal {

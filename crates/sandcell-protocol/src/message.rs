@@ -26,6 +26,9 @@ pub enum HostMessage {
     /// after that goes over the new connection. (A sandbox restored by CRIU was given a
     /// connection from the host's network namespace, which CRIU could not dump again.)
     Rehome,
+    /// Names the sandbox `name` (after a restore: the checkpoint held its source's name).
+    /// Reply: `Ok`, also when it already has that name.
+    SetHostname { name: String },
     /// Starts a process. Replies: `ExecStarted`, stdout/stderr chunks, then `ExecExited`;
     /// with `background`, only `ExecStarted`.
     Exec(ExecRequest),

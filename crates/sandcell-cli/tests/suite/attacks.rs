@@ -226,6 +226,36 @@ async fn capabilities_are_all_dropped() {
 }
 
 #[tokio::test]
+async fn the_agent_cannot_be_read_or_the_sandbox_renamed() {
+    // The agent (PID 1) holds the host connection; on gVisor it also keeps the one
+    // capability it needs to rename a restored sandbox, which its children never get.
+    let sb = sandbox().await;
+    let out = sh(
+        &sb,
+        "for f in mem environ maps; do cat /proc/1/$f > /dev/null 2>&1 && echo read:$f; done; \
+         hostname evil 2>/dev/null && echo renamed; hostname; \
+         grep -E '^Cap(Prm|Eff)' /proc/self/status",
+    )
+    .await;
+    let s = text(&out.stdout);
+    assert!(
+        !s.contains("read:mem"),
+        "the agent's memory was readable: {s}"
+    );
+    // gVisor's /proc lets a process of the same user read another's environ and maps (the
+    // agent's hold PATH and HOME, and its layout); the host kernel does not.
+    if !on_gvisor() {
+        assert!(!s.contains("read:"), "the agent was readable: {s}");
+    }
+    assert!(!s.contains("renamed"), "the sandbox was renamed: {s}");
+    assert!(s.contains(&format!("{}\n", sb.id())), "{s}");
+    for line in s.lines().filter(|l| l.starts_with("Cap")) {
+        assert!(line.ends_with("0000000000000000"), "capability: {line}");
+    }
+    sb.destroy().await.unwrap();
+}
+
+#[tokio::test]
 async fn signals_cannot_reach_host_processes() {
     let mut host = std::process::Command::new("sleep")
         .arg("60")

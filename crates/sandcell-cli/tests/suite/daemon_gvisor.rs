@@ -119,6 +119,8 @@ fn daemon_gvisor_snapshots_restore_the_same_process_forks_and_survive_a_restart(
             "{v}"
         );
         assert_eq!(d.exec(f, "cat /tmp/kept")["stdout"], "tmp\n");
+        // A new identity: its own hostname.
+        assert_eq!(d.exec(f, "hostname")["stdout"], format!("{f}\n"));
         d.exec(f, &format!("echo fork{i} > /workspace/mine"));
         d.code(f, &format!("big.append({i})"));
     }

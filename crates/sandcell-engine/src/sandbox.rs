@@ -295,15 +295,12 @@ impl Sandbox {
         exit: &ExecExit,
         timeout_ms: Option<u64>,
     ) -> ExecResult {
-        // The OOM counter only explains a SIGKILL: skip its read on other exits (each read is
-        // on every exec's critical path).
-        let after = if exit.signal == Some(9) {
-            self.inner.instance.counters()
-        } else {
-            ResourceCounters {
-                pids_limit_hits: self.inner.instance.pids_limit_hits(),
-                ..ResourceCounters::default()
-            }
+        // Only the two counters that explain an exit (each read is on every exec's critical
+        // path); the OOM one on every exit, since a shell survives its child's OOM kill.
+        let after = ResourceCounters {
+            oom_kills: self.inner.instance.oom_kills(),
+            pids_limit_hits: self.inner.instance.pids_limit_hits(),
+            ..ResourceCounters::default()
         };
         let delta = |a: Option<u64>, b: Option<u64>| a.unwrap_or(0).saturating_sub(b.unwrap_or(0));
         let oom_kills = delta(after.oom_kills, before.oom_kills);

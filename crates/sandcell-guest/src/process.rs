@@ -501,9 +501,13 @@ pub(crate) async fn flush_stdin(proc: &Proc, close: bool) -> Result<(), WireErro
     let pid = proc.pid;
     {
         let mut st = proc.state();
-        // When the queue is gone the marker is dropped with it, and `rx` says so.
-        if let Some(q) = &st.stdin {
-            let _ = q.send(StdinMsg::Flush(tx));
+        // When the queue is gone (closed, or the process ended) the marker is dropped here or
+        // with the queue, and `rx` says so; it must never outlive this block unsent.
+        match &st.stdin {
+            Some(q) => {
+                let _ = q.send(StdinMsg::Flush(tx));
+            }
+            None => drop(tx),
         }
         if close && let Some(q) = st.stdin.take() {
             let _ = q.send(StdinMsg::Close);
@@ -517,7 +521,9 @@ pub(crate) async fn flush_stdin(proc: &Proc, close: bool) -> Result<(), WireErro
         )),
         Err(_) => Err(WireError::new(
             ErrorCode::InvalidState,
-            format!("the stdin of pid {pid} was closed (or it ended) before the input was written"),
+            format!(
+                "the stdin of pid {pid} was closed, or it ended, before the input was confirmed written"
+            ),
         )),
     }
 }

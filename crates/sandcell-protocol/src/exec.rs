@@ -174,7 +174,8 @@ pub struct ExecResult {
     pub signal: Option<i32>,
     /// Signal name (`SIGKILL`) when a signal ended it.
     pub signal_name: Option<String>,
-    /// The memory cgroup's OOM-kill counter rose during the exec.
+    /// The memory cgroup's OOM-kill counter rose during the exec (the process itself, or any
+    /// other of the sandbox, was killed for memory).
     pub oom_killed: bool,
     /// The timeout passed.
     pub timed_out: bool,
@@ -205,7 +206,10 @@ impl ExecResult {
     ) -> Self {
         let name = exit.signal.map(signal_name);
         let sig_text = |s: i32| format!("killed by {} ({s})", signal_name(s));
-        let oom_killed = oom_kills > 0 && exit.signal == Some(9);
+        // Any OOM kill in the sandbox while it ran counts: with a shell line the victim is
+        // usually a child, and the shell reports it as 137 or carries on.
+        let oom_killed = oom_kills > 0;
+        let oom_ended_it = oom_killed && (exit.signal == Some(9) || exit.exit_code == Some(137));
         let pids_limit_hit = pids_limit_hits > 0;
         let (cause, mut message) = if exit.timed_out {
             let after = timeout_ms
@@ -215,12 +219,15 @@ impl ExecResult {
                 ExitCause::Timeout,
                 format!("timed out: passed its timeout{after}; the whole process tree was killed"),
             )
-        } else if oom_killed {
+        } else if oom_ended_it {
+            let how = match exit.exit_code {
+                Some(code) => format!("exited with code {code} (a child killed by SIGKILL)"),
+                None => sig_text(9),
+            };
             (
                 ExitCause::OomKilled,
                 format!(
-                    "{}: out of memory (the sandbox hit its memory limit and the kernel's oom killer ended the process)",
-                    sig_text(9)
+                    "{how}: out of memory (the sandbox hit its memory limit and the kernel's oom killer ended the process)"
                 ),
             )
         } else if exit.killed {
@@ -252,6 +259,10 @@ impl ExecResult {
             let code = exit.exit_code.unwrap_or(-1);
             (ExitCause::Exited, format!("exited with code {code}"))
         };
+        if oom_killed && cause != ExitCause::OomKilled {
+            message
+                .push_str("; the kernel's oom killer ended a process of the sandbox while it ran");
+        }
         if pids_limit_hit && cause != ExitCause::PidsLimit {
             message.push_str("; the process limit was hit while it ran");
         }
@@ -414,6 +425,17 @@ mod tests {
         assert_eq!(timeout.shell_status(), 124);
         let bomb = ExecResult::classify(&exit(Some(2), None), 0, 5, None);
         assert_eq!(bomb.cause, ExitCause::PidsLimit);
+        // A shell whose child the OOM killer ended: 137, or it carried on.
+        let shell = ExecResult::classify(&exit(Some(137), None), 1, 0, None);
+        assert_eq!(shell.cause, ExitCause::OomKilled);
+        assert!(
+            shell.message.starts_with("exited with code 137"),
+            "{}",
+            shell.message
+        );
+        let went_on = ExecResult::classify(&exit(Some(0), None), 1, 0, None);
+        assert_eq!(went_on.cause, ExitCause::Exited);
+        assert!(went_on.oom_killed && went_on.message.contains("oom killer"));
         // A SIGKILL without an OOM count is a plain signal, not an OOM.
         assert_eq!(
             ExecResult::classify(&exit(None, Some(9)), 0, 0, None).cause,

@@ -152,11 +152,20 @@ fn daemon_terminal_over_websocket() {
     );
     let (mut ws, resp) = tungstenite::connect(&ws_url).unwrap();
     assert_eq!(resp.status(), 101);
+    // The answer names the terminal's process, to join it again later.
+    let pid: i32 = resp.headers()["x-sandcell-pid"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
     let mut seen = String::new();
     ws.send(Message::Binary(
-        b"stty size; echo T=$TERM; tty\n".to_vec().into(),
+        b"stty size; echo T=$TERM; tty; echo shell=$$\n"
+            .to_vec()
+            .into(),
     ))
     .unwrap();
+    read_until(&mut ws, &format!("shell={pid}"), &mut seen);
     read_until(&mut ws, "/dev/pts/", &mut seen);
     assert!(seen.contains("30 100"), "{seen:?}");
     assert!(seen.contains("T=xterm-256color"), "{seen:?}");

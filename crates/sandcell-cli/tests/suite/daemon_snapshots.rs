@@ -233,6 +233,23 @@ fn daemon_snapshots_fork_independent_sandboxes_and_survive_a_restart() {
         .as_str()
         .unwrap()
         .to_string();
+    // Ephemeral forks leave no record once deleted.
+    let r = d.post(
+        &format!("/v1/snapshots/{s2}/fork"),
+        json!({"count": 1, "ephemeral": true}),
+    );
+    assert_eq!(r.status, 201, "{}", r.body);
+    let eph = fork_ids(&r).remove(0);
+    assert_eq!(d.sandbox(&eph)["ephemeral"], true);
+    assert_eq!(d.delete(&format!("/v1/sandboxes/{eph}")).status, 204);
+    d.get(&format!("/v1/sandboxes/{eph}"))
+        .expect_error(404, "not_found");
+    // Never set: automatic snapshots off, shown with the default `keep`.
+    let a = d.get(&format!("/v1/sandboxes/{other}/auto-snapshot"));
+    assert_eq!(
+        a.body,
+        json!({"interval_secs": null, "before_reclaim": false, "keep": 3})
+    );
     fork(&d, &s2, 0).expect_error(400, "invalid_argument");
     fork(&d, &s2, 17).expect_error(400, "invalid_argument");
     snapshot(&d, &other, json!({"nope": 1})).expect_error(400, "invalid_argument");

@@ -36,6 +36,23 @@ async fn memory_bomb_is_reported_as_oom_killed() {
     if cgroups_active(&sb) {
         assert_eq!(out.result.cause, ExitCause::OomKilled, "{:?}", out.result);
         assert!(out.result.message.contains("out of memory"));
+        // In a shell line the victim is a child: the shell's 137 is still an OOM, and a
+        // line that carries on after it says so too.
+        let bomb = "python3 -c 'a = bytearray(400 * 2**20)'";
+        let out = sh(&sb, bomb).await;
+        assert_eq!(out.result.cause, ExitCause::OomKilled, "{:?}", out.result);
+        let out = sh(&sb, &format!("{bomb}; echo after")).await;
+        assert_eq!(text(&out.stdout), "after\n");
+        assert!(
+            out.result.success() && out.result.oom_killed,
+            "{:?}",
+            out.result
+        );
+        assert!(
+            out.result.message.contains("oom killer"),
+            "{:?}",
+            out.result
+        );
     } else {
         // Rootless: RLIMIT_DATA makes the allocation fail inside Python instead.
         assert!(!out.result.success());

@@ -246,6 +246,30 @@ fn stdin_by_pid_reaches_a_background_process() {
 }
 
 #[test]
+fn stdin_to_a_process_that_ended_while_it_was_written_is_answered() {
+    // The process reads the first chunk and ends before the request's end arrives: the
+    // request must still be answered (the process is gone), never left waiting.
+    let mut agent = Agent::start();
+    let mut req = ExecRequest::shell("read x; echo got:$x");
+    req.stdin = true;
+    let (_, pid) = agent.spawn_bg(req);
+    let id = agent.new_id();
+    agent.send(id, &HostMessage::ProcessStdin { pid });
+    agent.send_data(id, Channel::Stdin, 0, b"v\n");
+    assert!(wait_dead(pid, Duration::from_secs(5)));
+    // The agent has seen it end too (its exit is in the list).
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while list(&mut agent).iter().any(|p| p.pid == pid && !p.exited) {
+        assert!(Instant::now() < deadline, "the agent never saw {pid} end");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    agent.send(id, &HostMessage::EndOfData);
+    let msg = expect_code(agent.reply(id), ErrorCode::InvalidState);
+    assert!(msg.contains(&pid.to_string()), "{msg}");
+    assert_eq!(agent.call(HostMessage::Ping), GuestMessage::Pong);
+}
+
+#[test]
 fn stdin_by_pid_ended_with_stdin_close_closes_it() {
     let mut agent = Agent::start();
     let mut req = ExecRequest::shell("wc -c");

@@ -459,13 +459,16 @@ fn pty_query(raw: Option<&str>) -> Result<PtyQuery, ApiError> {
     Ok(q)
 }
 
+/// The header of a terminal's 101 answer that carries its pid.
+pub const PTY_PID_HEADER: &str = "x-sandcell-pid";
+
 /// A terminal over a WebSocket: starts `cmd` (default an interactive `bash -l`) on a new
 /// terminal, or with `pid` joins a running terminal process (its recent output is replayed).
 /// Binary (or text) frames from the client are typed into the terminal; text frames that
 /// are JSON `{"type": "resize", "rows": R, "cols": C}` resize it. The server sends the
 /// terminal's bytes as binary frames and, when the process ends, a text frame
-/// `{"type": "exit", …}` before closing. The process survives a dropped connection: join it
-/// again with `pid`.
+/// `{"type": "exit", …}` before closing. The 101 answer names the process in
+/// `X-Sandcell-Pid`; it survives a dropped connection: join it again with `pid`.
 #[utoipa::path(
     get, path = "/v1/sandboxes/{id}/pty", tag = "processes",
     params(
@@ -516,9 +519,14 @@ pub async fn pty(
     };
     // Attached before the upgrade, so a wrong pid is an HTTP error, not a closed socket.
     let attach = sandbox.attach(pid, from).await?;
-    Ok(ws
+    let mut response = ws
         .on_upgrade(move |socket| terminal(socket, sandbox, attach))
-        .into_response())
+        .into_response();
+    // The terminal's pid, so that a client that started it can join it again.
+    response
+        .headers_mut()
+        .insert(PTY_PID_HEADER, axum::http::HeaderValue::from(pid));
+    Ok(response)
 }
 
 /// Pumps a terminal both ways until the process ends or the client goes.

@@ -97,6 +97,9 @@ pub struct ForkSnapshot {
     pub timeout_secs: Option<u64>,
     /// Idle timeout in seconds.
     pub idle_timeout_secs: Option<u64>,
+    /// Forget each new sandbox's record when it stops.
+    #[serde(default)]
+    pub ephemeral: bool,
 }
 
 /// One sandbox made from a snapshot, and what came back.
@@ -440,7 +443,7 @@ pub async fn fork(
         req.metadata.clone(),
         req.idle_timeout_secs,
         req.timeout_secs,
-        false,
+        req.ephemeral,
     )?;
     let made = make_from(&s, &caller, &rec, count, &opts).await?;
     crate::audit(
@@ -626,7 +629,11 @@ pub async fn get_auto(
         s.store
             .auto_snapshot(&id)?
             .map(|r| AutoSnapshot::of(&r))
-            .unwrap_or_default(),
+            // Never set: nothing automatic, shown as a `PUT {}` would answer it.
+            .unwrap_or(AutoSnapshot {
+                keep: Some(DEFAULT_KEEP),
+                ..AutoSnapshot::default()
+            }),
     ))
 }
 

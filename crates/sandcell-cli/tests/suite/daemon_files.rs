@@ -689,9 +689,11 @@ fn daemon_import_only_from_allowed_host_paths() {
         d.exec(&id, "cat /workspace/a.txt")["stdout"],
         "from the host"
     );
-    let r = d.post(&import, json!({"path": "/workspace/tree", "host_path": a}));
+    let r = d.post(&import, json!({"path": "tree", "host_path": a}));
     assert_eq!(r.status, 201, "{}", r.body);
     assert_eq!(r.body["files"], 2, "{}", r.body);
+    // A relative path is answered resolved, as every file route answers it.
+    assert_eq!(r.body["path"], "/workspace/tree", "{}", r.body);
     let out = d.exec(&id, "cd /workspace/tree && find . | sort && cat sub/b.txt");
     // The link is not followed out of the allowed folder.
     assert_eq!(

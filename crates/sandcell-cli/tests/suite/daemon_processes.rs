@@ -195,6 +195,7 @@ fn daemon_terminal_over_websocket() {
         .unwrap();
     let exit = read_until(&mut ws, "\u{0}never", &mut seen).expect("an exit message");
     assert_eq!(exit["exit_code"], 3, "{exit}");
+    assert_eq!(exit["ok"], false, "{exit}");
 
     // A terminal process started over HTTP, joined (twice) over the socket: it outlives a
     // dropped connection.

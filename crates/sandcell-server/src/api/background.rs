@@ -538,9 +538,14 @@ async fn terminal(socket: WebSocket, sandbox: Sandbox, mut attach: AttachStream)
     // Keystrokes and resizes, in order, while output flows the other way.
     let reader = tokio::spawn(async move {
         let _gone = gone_tx;
+        // A keystroke that cannot be written (the process just ended on the one before) does
+        // not end the socket: the process's exit frame is still to come from the other side.
         while let Some(Ok(msg)) = rx.next().await {
             let done = match msg {
-                Message::Binary(b) => input.write_process_stdin(pid, &b).await.is_err(),
+                Message::Binary(b) => {
+                    let _ = input.write_process_stdin(pid, &b).await;
+                    false
+                }
                 Message::Text(t) => match serde_json::from_str::<serde_json::Value>(&t) {
                     Ok(v) if v["type"] == "resize" => {
                         let rows = v["rows"].as_u64().and_then(|r| u16::try_from(r).ok());
@@ -550,7 +555,10 @@ async fn terminal(socket: WebSocket, sandbox: Sandbox, mut attach: AttachStream)
                         }
                         false
                     }
-                    _ => input.write_process_stdin(pid, t.as_bytes()).await.is_err(),
+                    _ => {
+                        let _ = input.write_process_stdin(pid, t.as_bytes()).await;
+                        false
+                    }
                 },
                 Message::Close(_) => true,
                 Message::Ping(_) | Message::Pong(_) => false,
@@ -572,6 +580,7 @@ async fn terminal(socket: WebSocket, sandbox: Sandbox, mut attach: AttachStream)
                         let body = serde_json::json!({
                             "type": "exit",
                             "exit_code": result.exit_code,
+                            "ok": result.success(),
                             "result": ExitInfo::from(&result),
                         });
                         let _ = tx.send(Message::Text(body.to_string().into())).await;

@@ -131,7 +131,7 @@ pub struct ImportRequest {
 /// What an import wrote.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ImportResult {
-    /// Where it went.
+    /// Where it went (absolute).
     pub path: String,
     /// Files written.
     pub files: u64,
@@ -769,20 +769,18 @@ pub async fn import(
         let (f, b) = upload_host_tree(&sandbox, &stored, &req.path, req.mode, cap).await?;
         (f, b, serde_json::json!({"export_id": export.id}))
     };
+    // Answered as every file route answers a path: absolute, as the sandbox resolved it.
+    let path = sandbox.stat(&req.path).await?.path;
     crate::audit(
         &s,
         &caller,
         "import",
         Some(&id),
-        serde_json::json!({"path": req.path, "source": source, "files": files, "bytes": bytes}),
+        serde_json::json!({"path": path, "source": source, "files": files, "bytes": bytes}),
     );
     Ok((
         StatusCode::CREATED,
-        Json(ImportResult {
-            path: req.path,
-            files,
-            bytes,
-        }),
+        Json(ImportResult { path, files, bytes }),
     ))
 }
 

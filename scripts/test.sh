@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, the release build, unit + integration +
-# end-to-end tests (real sandboxes, real binary). The acceptance floors run separately
-# (scripts/acceptance.sh).
+# end-to-end tests (real sandboxes, real binary), then the Python and TypeScript SDKs'
+# suites. The acceptance floors run separately (scripts/acceptance.sh).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/setup.sh
@@ -17,3 +17,6 @@ echo "== tests on gvisor"
 SANDCELL_TEST_BACKEND=gvisor cargo test -p sandcell-cli --test all --quiet -- \
   exec:: files:: kernels:: processes:: limits:: attacks::
 echo "== schemathesis"; scripts/schemathesis.sh
+# The SDKs, each against a real daemon of the release build (their scripts install their own
+# tools: a virtualenv, npm packages).
+echo "== python sdk"; sdk/python/test.sh -q

@@ -1,0 +1,741 @@
+"""Every API request as data (method, path, query, body, how to read the answer), shared by the
+sync and async clients so that each of their methods only sends what is built here."""
+
+from __future__ import annotations
+
+import base64
+import enum
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Generic, Literal, TypeVar
+from urllib.parse import quote
+
+import httpx
+
+from ._models import (
+    Artifact,
+    AutoSnapshot,
+    CodeEvent,
+    CommandResult,
+    Context,
+    Execution,
+    ExecutionDone,
+    ExecutionError,
+    ExitStatus,
+    ExportInfo,
+    FileInfo,
+    ImportResult,
+    Metrics,
+    OutputEvent,
+    ProcessInfo,
+    ProcessOutput,
+    Result,
+    SandboxInfo,
+    SnapshotInfo,
+    Variables,
+)
+from ._sse import SseEvent
+from .errors import error_from_body
+
+T = TypeVar("T")
+
+# Seconds added to a command's own timeout before the HTTP read gives up: the daemon answers
+# once the command is killed, which takes a moment after its timeout.
+_TIMEOUT_MARGIN = 30.0
+
+
+class Default(enum.Enum):
+    """Marks "the client's own request timeout"."""
+
+    TIMEOUT = 0
+
+
+ReadTimeout = float | None | Default
+
+
+@dataclass(frozen=True)
+class Call(Generic[T]):
+    """One request and how to turn its (successful) answer into a value."""
+
+    method: str
+    path: str
+    parse: Callable[[httpx.Response], T]
+    params: Sequence[tuple[str, str]] = ()
+    json: Any = None
+    content: bytes | None = None
+    read_timeout: ReadTimeout = Default.TIMEOUT
+
+
+@dataclass(frozen=True)
+class StreamCall(Generic[T]):
+    """A request answered with server-sent events, and how each event becomes a value (None:
+    skipped; an API error event raises)."""
+
+    method: str
+    path: str
+    convert: Callable[[SseEvent], T | None]
+    params: Sequence[tuple[str, str]] = ()
+    json: Any = None
+
+
+def _json(resp: httpx.Response) -> Any:
+    return resp.json()
+
+
+def _nothing(_resp: httpx.Response) -> None:
+    return None
+
+
+def _sb(sandbox_id: str, rest: str = "") -> str:
+    return f"/v1/sandboxes/{quote(sandbox_id, safe='')}{rest}"
+
+
+def _ctx(sandbox_id: str, context: str, rest: str = "") -> str:
+    return _sb(sandbox_id, f"/contexts/{quote(context, safe='')}{rest}")
+
+
+def _drop_none(body: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in body.items() if v is not None}
+
+
+def _pairs(what: str, value: Mapping[str, str] | str | None) -> list[tuple[str, str]]:
+    """`label=k:v` query pairs from a mapping or one "k:v" string."""
+    if value is None:
+        return []
+    if isinstance(value, str):
+        return [(what, value)]
+    return [(what, f"{k}:{v}") for k, v in value.items()]
+
+
+def _whole_secs(value: float | timedelta | None) -> int | None:
+    if value is None:
+        return None
+    secs = value.total_seconds() if isinstance(value, timedelta) else float(value)
+    return math.ceil(secs)
+
+
+def _command(cmd: str | Sequence[str]) -> dict[str, Any]:
+    if isinstance(cmd, str):
+        return {"cmd": cmd}
+    return {"argv": list(cmd)}
+
+
+def _wait_for(timeout: float | None, default_secs: float | None) -> ReadTimeout:
+    """The HTTP read timeout of a request that waits for a command of this timeout."""
+    secs = timeout if timeout is not None else default_secs
+    return None if secs is None else secs + _TIMEOUT_MARGIN
+
+
+# --- sandboxes ---------------------------------------------------------------------------
+
+
+def create_sandbox(
+    *,
+    template: str | None,
+    size: str | None,
+    timeout: float | timedelta | None,
+    ttl: float | timedelta | None,
+    idle_timeout: float | timedelta | None,
+    ephemeral: bool,
+    labels: Mapping[str, str] | None,
+    metadata: Mapping[str, str] | None,
+    env: Mapping[str, str] | None,
+    network: str | None,
+    snapshot_id: str | None,
+    backend: str | None,
+    limits: Mapping[str, float] | None,
+    kernels: Sequence[str] | None,
+    checkpointable: bool,
+    auto_snapshot: AutoSnapshot | None,
+) -> Call[SandboxInfo]:
+    """`POST /v1/sandboxes`."""
+    if timeout is not None and ttl is not None:
+        raise ValueError("give timeout or ttl (both are the sandbox's lifetime), not both")
+    body = _drop_none(
+        {
+            "template": template,
+            "size": size,
+            "timeout_secs": _whole_secs(timeout if timeout is not None else ttl),
+            "idle_timeout_secs": _whole_secs(idle_timeout),
+            "ephemeral": ephemeral or None,
+            "labels": dict(labels) if labels else None,
+            "metadata": dict(metadata) if metadata else None,
+            "env": dict(env) if env else None,
+            "network": network,
+            "snapshot_id": snapshot_id,
+            "backend": backend,
+            "limits": dict(limits) if limits else None,
+            "kernels": list(kernels) if kernels else None,
+            "checkpointable": checkpointable or None,
+            "auto_snapshot": auto_snapshot.to_json() if auto_snapshot else None,
+        }
+    )
+    return Call("POST", "/v1/sandboxes", lambda r: SandboxInfo.from_json(r.json()), json=body)
+
+
+def get_sandbox(sandbox_id: str) -> Call[SandboxInfo]:
+    """`GET /v1/sandboxes/{id}`."""
+    return Call("GET", _sb(sandbox_id), lambda r: SandboxInfo.from_json(r.json()))
+
+
+def list_sandboxes(
+    *,
+    label: Mapping[str, str] | str | None,
+    metadata: Mapping[str, str] | str | None,
+    state: str | Sequence[str] | None,
+    cursor: str | None,
+) -> Call[tuple[list[SandboxInfo], str | None]]:
+    """`GET /v1/sandboxes`: one page and the cursor of the next."""
+    params = _pairs("label", label) + _pairs("metadata", metadata)
+    if state is not None:
+        params.append(("state", state if isinstance(state, str) else ",".join(state)))
+    params.append(("limit", "1000"))
+    if cursor:
+        params.append(("cursor", cursor))
+
+    def parse(r: httpx.Response) -> tuple[list[SandboxInfo], str | None]:
+        d = r.json()
+        return [SandboxInfo.from_json(i) for i in d["items"]], d.get("next_cursor")
+
+    return Call("GET", "/v1/sandboxes", parse, params=params)
+
+
+def delete_sandbox(sandbox_id: str) -> Call[None]:
+    """`DELETE /v1/sandboxes/{id}`."""
+    return Call("DELETE", _sb(sandbox_id), _nothing)
+
+
+def sandbox_action(sandbox_id: str, action: str) -> Call[SandboxInfo]:
+    """`POST /v1/sandboxes/{id}/pause` or `…/resume`."""
+    return Call("POST", _sb(sandbox_id, f"/{action}"), lambda r: SandboxInfo.from_json(r.json()))
+
+
+def set_timeout(sandbox_id: str, timeout: float | timedelta) -> Call[SandboxInfo]:
+    """`POST /v1/sandboxes/{id}/timeout`."""
+    return Call(
+        "POST",
+        _sb(sandbox_id, "/timeout"),
+        lambda r: SandboxInfo.from_json(r.json()),
+        json={"timeout_secs": _whole_secs(timeout)},
+    )
+
+
+def metrics(sandbox_id: str) -> Call[Metrics]:
+    """`GET /v1/sandboxes/{id}/metrics`."""
+    return Call("GET", _sb(sandbox_id, "/metrics"), lambda r: Metrics.from_json(r.json()))
+
+
+def system() -> Call[dict[str, Any]]:
+    """`GET /v1/system`."""
+    return Call("GET", "/v1/system", _json)
+
+
+# --- commands and processes -------------------------------------------------------------
+
+
+def _exec_body(
+    cmd: str | Sequence[str],
+    env: Mapping[str, str] | None,
+    cwd: str | None,
+    timeout: float | None,
+) -> dict[str, Any]:
+    return _command(cmd) | _drop_none(
+        {"env": dict(env) if env else None, "cwd": cwd, "timeout_secs": timeout}
+    )
+
+
+def exec_command(
+    sandbox_id: str,
+    cmd: str | Sequence[str],
+    *,
+    env: Mapping[str, str] | None,
+    cwd: str | None,
+    timeout: float | None,
+    stdin: str | None,
+    default_timeout: float | None,
+) -> Call[CommandResult]:
+    """`POST /v1/sandboxes/{id}/exec`."""
+    body = _exec_body(cmd, env, cwd, timeout) | _drop_none({"stdin": stdin})
+    return Call(
+        "POST",
+        _sb(sandbox_id, "/exec"),
+        lambda r: CommandResult.from_json(r.json()),
+        json=body,
+        read_timeout=_wait_for(timeout, default_timeout),
+    )
+
+
+def output_event(ev: SseEvent) -> OutputEvent | None:
+    """An exec or background-process stream event (an `error` event raises)."""
+    d = ev.data
+    if ev.name in ("stdout", "stderr"):
+        stream: Literal["stdout", "stderr"] = "stdout" if ev.name == "stdout" else "stderr"
+        return OutputEvent(stream, data=d["data"], offset=d.get("offset"), bytes=d.get("bytes"))
+    if ev.name == "lost":
+        return OutputEvent("lost", offset=d["offset"], bytes=d["bytes"], channel=d["channel"])
+    if ev.name == "exit":
+        return OutputEvent("done", exit=ExitStatus.from_json(d))
+    if ev.name == "error":
+        raise error_from_body(d, None)
+    return None
+
+
+def exec_stream(
+    sandbox_id: str,
+    cmd: str | Sequence[str],
+    *,
+    env: Mapping[str, str] | None,
+    cwd: str | None,
+    timeout: float | None,
+    stdin: str | None,
+) -> StreamCall[OutputEvent]:
+    """`POST /v1/sandboxes/{id}/exec/stream`."""
+    body = _exec_body(cmd, env, cwd, timeout) | _drop_none({"stdin": stdin})
+    return StreamCall("POST", _sb(sandbox_id, "/exec/stream"), output_event, json=body)
+
+
+def start_process(
+    sandbox_id: str,
+    cmd: str | Sequence[str],
+    *,
+    env: Mapping[str, str] | None,
+    cwd: str | None,
+    timeout: float | None,
+    stdin: bool,
+    pty: tuple[int, int] | None,
+    buffer_bytes: int | None,
+) -> Call[tuple[int, int]]:
+    """`POST /v1/sandboxes/{id}/processes`: answers (pid, exec_id)."""
+    body = _exec_body(cmd, env, cwd, timeout) | _drop_none(
+        {
+            "stdin": stdin or None,
+            "pty": {"rows": pty[0], "cols": pty[1]} if pty else None,
+            "buffer_bytes": buffer_bytes,
+        }
+    )
+
+    def parse(r: httpx.Response) -> tuple[int, int]:
+        d = r.json()
+        return d["pid"], d["exec_id"]
+
+    return Call("POST", _sb(sandbox_id, "/processes"), parse, json=body)
+
+
+def _offsets(stdout_from: int | None, stderr_from: int | None) -> list[tuple[str, str]]:
+    params = []
+    if stdout_from is not None:
+        params.append(("stdout_from", str(stdout_from)))
+    if stderr_from is not None:
+        params.append(("stderr_from", str(stderr_from)))
+    return params
+
+
+def process_stream(
+    sandbox_id: str, pid: int, stdout_from: int | None, stderr_from: int | None
+) -> StreamCall[OutputEvent]:
+    """`GET /v1/sandboxes/{id}/processes/{pid}/stream`."""
+    return StreamCall(
+        "GET",
+        _sb(sandbox_id, f"/processes/{pid}/stream"),
+        output_event,
+        params=_offsets(stdout_from, stderr_from),
+    )
+
+
+def process_output(
+    sandbox_id: str, pid: int, stdout_from: int | None, stderr_from: int | None
+) -> Call[ProcessOutput]:
+    """`GET /v1/sandboxes/{id}/processes/{pid}/output`: waits for the end (no read timeout:
+    a background process may run for hours)."""
+    return Call(
+        "GET",
+        _sb(sandbox_id, f"/processes/{pid}/output"),
+        lambda r: ProcessOutput.from_json(r.json()),
+        params=_offsets(stdout_from, stderr_from),
+        read_timeout=None,
+    )
+
+
+def process_stdin(sandbox_id: str, pid: int, data: str | bytes, close: bool) -> Call[None]:
+    """`POST /v1/sandboxes/{id}/processes/{pid}/stdin`."""
+    return Call(
+        "POST",
+        _sb(sandbox_id, f"/processes/{pid}/stdin"),
+        _nothing,
+        params=[("close", "true")] if close else [],
+        content=data.encode() if isinstance(data, str) else data,
+    )
+
+
+def process_resize(sandbox_id: str, pid: int, rows: int, cols: int) -> Call[None]:
+    """`POST /v1/sandboxes/{id}/processes/{pid}/resize`."""
+    return Call(
+        "POST", _sb(sandbox_id, f"/processes/{pid}/resize"), _nothing, json={"rows": rows, "cols": cols}
+    )
+
+
+def list_processes(sandbox_id: str) -> Call[list[ProcessInfo]]:
+    """`GET /v1/sandboxes/{id}/processes`."""
+    return Call(
+        "GET",
+        _sb(sandbox_id, "/processes"),
+        lambda r: [ProcessInfo.from_json(p) for p in r.json()["processes"]],
+    )
+
+
+def kill_process(sandbox_id: str, pid: int, signal: str | int, tree: bool) -> Call[None]:
+    """`DELETE /v1/sandboxes/{id}/processes/{pid}`."""
+    params = [("signal", str(signal))] + ([("tree", "true")] if tree else [])
+    return Call("DELETE", _sb(sandbox_id, f"/processes/{pid}"), _nothing, params=params)
+
+
+# --- code -------------------------------------------------------------------------------
+
+
+def _code_body(code: str, language: str | None, context: str | None, timeout: float | None) -> dict[str, Any]:
+    return _drop_none({"code": code, "language": language, "context": context, "timeout_secs": timeout})
+
+
+def run_code(
+    sandbox_id: str,
+    code: str,
+    *,
+    language: str | None,
+    context: str | None,
+    timeout: float | None,
+    default_timeout: float | None,
+) -> Call[Execution]:
+    """`POST /v1/sandboxes/{id}/code`."""
+    return Call(
+        "POST",
+        _sb(sandbox_id, "/code"),
+        lambda r: Execution.from_json(r.json()),
+        json=_code_body(code, language, context, timeout),
+        read_timeout=_wait_for(timeout, default_timeout),
+    )
+
+
+def code_event(ev: SseEvent) -> CodeEvent | None:
+    """A code stream event. `error` names both the code's exception (`name`, `value`,
+    `traceback`) and a failure of the request itself (`code`, `message`): the latter raises."""
+    d = ev.data
+    if ev.name in ("stdout", "stderr"):
+        return CodeEvent("stdout" if ev.name == "stdout" else "stderr", text=d["text"])
+    if ev.name in ("display", "result"):
+        kind: Literal["display", "result"] = "display" if ev.name == "display" else "result"
+        return CodeEvent(kind, result=Result(kind, d.get("data") or {}))
+    if ev.name == "error":
+        if "traceback" not in d and "code" in d:
+            raise error_from_body(d, None)
+        return CodeEvent("error", error=ExecutionError.from_json(d))
+    if ev.name == "done":
+        return CodeEvent("done", done=ExecutionDone.from_json(d))
+    return None
+
+
+def run_code_stream(
+    sandbox_id: str, code: str, *, language: str | None, context: str | None, timeout: float | None
+) -> StreamCall[CodeEvent]:
+    """`POST /v1/sandboxes/{id}/code/stream`."""
+    return StreamCall(
+        "POST", _sb(sandbox_id, "/code/stream"), code_event, json=_code_body(code, language, context, timeout)
+    )
+
+
+def create_context(
+    sandbox_id: str, language: str, cwd: str | None, env: Mapping[str, str] | None
+) -> Call[Context]:
+    """`POST /v1/sandboxes/{id}/contexts`."""
+    body = _drop_none({"language": language, "cwd": cwd, "env": dict(env) if env else None})
+    return Call("POST", _sb(sandbox_id, "/contexts"), lambda r: Context.from_json(r.json()), json=body)
+
+
+def list_contexts(sandbox_id: str) -> Call[list[Context]]:
+    """`GET /v1/sandboxes/{id}/contexts`."""
+    return Call("GET", _sb(sandbox_id, "/contexts"), lambda r: [Context.from_json(c) for c in r.json()])
+
+
+def delete_context(sandbox_id: str, context: str) -> Call[None]:
+    """`DELETE /v1/sandboxes/{id}/contexts/{context}`."""
+    return Call("DELETE", _ctx(sandbox_id, context), _nothing)
+
+
+def interrupt(sandbox_id: str, context: str) -> Call[None]:
+    """`POST …/contexts/{context}/interrupt`."""
+    return Call("POST", _ctx(sandbox_id, context, "/interrupt"), _nothing)
+
+
+def restart(sandbox_id: str, context: str) -> Call[Context]:
+    """`POST …/contexts/{context}/restart`."""
+    return Call("POST", _ctx(sandbox_id, context, "/restart"), lambda r: Context.from_json(r.json()))
+
+
+def _names(names: Sequence[str] | None) -> list[tuple[str, str]]:
+    return [] if names is None else [("names", ",".join(names))]
+
+
+def get_variables(sandbox_id: str, context: str, names: Sequence[str] | None) -> Call[Variables]:
+    """`GET …/contexts/{context}/variables`."""
+    return Call(
+        "GET",
+        _ctx(sandbox_id, context, "/variables"),
+        lambda r: Variables.from_json(r.json()),
+        params=_names(names),
+    )
+
+
+def set_variables(sandbox_id: str, context: str, values: Mapping[str, Any]) -> Call[list[str]]:
+    """`PUT …/contexts/{context}/variables`: answers the names set."""
+    return Call(
+        "PUT",
+        _ctx(sandbox_id, context, "/variables"),
+        lambda r: list(r.json()["names"]),
+        json={"values": dict(values)},
+    )
+
+
+def clear_variables(sandbox_id: str, context: str, names: Sequence[str] | None) -> Call[list[str]]:
+    """`DELETE …/contexts/{context}/variables`: answers the names cleared."""
+    return Call(
+        "DELETE",
+        _ctx(sandbox_id, context, "/variables"),
+        lambda r: list(r.json()["names"]),
+        params=_names(names),
+    )
+
+
+# --- files ------------------------------------------------------------------------------
+
+
+def _file_info(r: httpx.Response) -> FileInfo:
+    return FileInfo.from_json(r.json())
+
+
+def upload(
+    sandbox_id: str, path: str, mode: int | None, append: bool, data: str | bytes | None = None
+) -> Call[FileInfo]:
+    """`PUT /v1/sandboxes/{id}/files/content` with `data`, or a body streamed when it is sent."""
+    params = [("path", path)]
+    if mode is not None:
+        params.append(("mode", format(mode, "o")))
+    if append:
+        params.append(("append", "true"))
+    content = data.encode() if isinstance(data, str) else data
+    return Call("PUT", _sb(sandbox_id, "/files/content"), _file_info, params=params, content=content)
+
+
+def file_content(sandbox_id: str, path: str) -> Call[bytes]:
+    """`GET /v1/sandboxes/{id}/files/content` (whole, for `read_file`; `download` streams it)."""
+    return Call("GET", _sb(sandbox_id, "/files/content"), lambda r: r.content, params=[("path", path)])
+
+
+def list_dir(sandbox_id: str, path: str) -> Call[list[FileInfo]]:
+    """`GET /v1/sandboxes/{id}/files`."""
+    return Call(
+        "GET",
+        _sb(sandbox_id, "/files"),
+        lambda r: [FileInfo.from_json(e) for e in r.json()["entries"]],
+        params=[("path", path)],
+    )
+
+
+def stat(sandbox_id: str, path: str) -> Call[FileInfo]:
+    """`GET /v1/sandboxes/{id}/files/stat`."""
+    return Call("GET", _sb(sandbox_id, "/files/stat"), _file_info, params=[("path", path)])
+
+
+def mkdir(sandbox_id: str, path: str) -> Call[FileInfo]:
+    """`POST /v1/sandboxes/{id}/files/mkdir`."""
+    return Call("POST", _sb(sandbox_id, "/files/mkdir"), _file_info, json={"path": path})
+
+
+def rename(sandbox_id: str, src: str, dst: str) -> Call[FileInfo]:
+    """`POST /v1/sandboxes/{id}/files/rename`."""
+    return Call("POST", _sb(sandbox_id, "/files/rename"), _file_info, json={"from": src, "to": dst})
+
+
+def remove(sandbox_id: str, path: str, recursive: bool) -> Call[None]:
+    """`DELETE /v1/sandboxes/{id}/files`."""
+    params = [("path", path)] + ([("recursive", "true")] if recursive else [])
+    return Call("DELETE", _sb(sandbox_id, "/files"), _nothing, params=params)
+
+
+def import_files(
+    sandbox_id: str,
+    path: str,
+    *,
+    text: str | None,
+    data: bytes | None,
+    host_path: str | None,
+    export_id: str | None,
+    mode: int | None,
+) -> Call[ImportResult]:
+    """`POST /v1/sandboxes/{id}/import`."""
+    sources = [s for s in (text, data, host_path, export_id) if s is not None]
+    if len(sources) != 1:
+        raise ValueError("give exactly one of text, data, host_path and export_id")
+    body = _drop_none(
+        {
+            "path": path,
+            "text": text,
+            "base64": base64.b64encode(data).decode("ascii") if data is not None else None,
+            "host_path": host_path,
+            "export_id": export_id,
+            "mode": mode,
+        }
+    )
+    return Call("POST", _sb(sandbox_id, "/import"), lambda r: ImportResult.from_json(r.json()), json=body)
+
+
+def create_export(sandbox_id: str, path: str) -> Call[ExportInfo]:
+    """`POST /v1/sandboxes/{id}/exports`."""
+    return Call(
+        "POST", _sb(sandbox_id, "/exports"), lambda r: ExportInfo.from_json(r.json()), json={"path": path}
+    )
+
+
+def list_exports(sandbox_id: str | None) -> Call[list[ExportInfo]]:
+    """`GET /v1/exports`."""
+    return Call(
+        "GET",
+        "/v1/exports",
+        lambda r: [ExportInfo.from_json(e) for e in r.json()["exports"]],
+        params=[("sandbox_id", sandbox_id)] if sandbox_id else [],
+    )
+
+
+def get_export(export_id: str) -> Call[ExportInfo]:
+    """`GET /v1/exports/{export_id}`."""
+    return Call("GET", f"/v1/exports/{quote(export_id, safe='')}", lambda r: ExportInfo.from_json(r.json()))
+
+
+def delete_export(export_id: str) -> Call[None]:
+    """`DELETE /v1/exports/{export_id}`."""
+    return Call("DELETE", f"/v1/exports/{quote(export_id, safe='')}", _nothing)
+
+
+def export_content(export_id: str) -> Call[None]:
+    """`GET /v1/exports/{export_id}/content` (streamed by the transport)."""
+    return Call("GET", f"/v1/exports/{quote(export_id, safe='')}/content", _nothing)
+
+
+def artifacts(sandbox_id: str) -> Call[list[Artifact]]:
+    """`GET /v1/sandboxes/{id}/artifacts`."""
+    return Call(
+        "GET",
+        _sb(sandbox_id, "/artifacts"),
+        lambda r: [Artifact.from_json(a) for a in r.json()["artifacts"]],
+    )
+
+
+# --- snapshots --------------------------------------------------------------------------
+
+
+def _snapshot(r: httpx.Response) -> SnapshotInfo:
+    return SnapshotInfo.from_json(r.json())
+
+
+def create_snapshot(
+    sandbox_id: str, name: str | None, description: str | None, tags: Mapping[str, str] | None
+) -> Call[SnapshotInfo]:
+    """`POST /v1/sandboxes/{id}/snapshots`."""
+    body = _drop_none({"name": name, "description": description, "tags": dict(tags) if tags else None})
+    return Call("POST", _sb(sandbox_id, "/snapshots"), _snapshot, json=body, read_timeout=None)
+
+
+def list_snapshots(sandbox_id: str | None) -> Call[list[SnapshotInfo]]:
+    """`GET /v1/snapshots`."""
+    return Call(
+        "GET",
+        "/v1/snapshots",
+        lambda r: [SnapshotInfo.from_json(s) for s in r.json()["snapshots"]],
+        params=[("sandbox", sandbox_id)] if sandbox_id else [],
+    )
+
+
+def get_snapshot(snapshot_id: str) -> Call[SnapshotInfo]:
+    """`GET /v1/snapshots/{id}`."""
+    return Call("GET", f"/v1/snapshots/{quote(snapshot_id, safe='')}", _snapshot)
+
+
+def delete_snapshot(snapshot_id: str) -> Call[None]:
+    """`DELETE /v1/snapshots/{id}`."""
+    return Call("DELETE", f"/v1/snapshots/{quote(snapshot_id, safe='')}", _nothing)
+
+
+def fork(
+    snapshot_id: str,
+    *,
+    count: int,
+    labels: Mapping[str, str] | None,
+    metadata: Mapping[str, str] | None,
+    timeout: float | timedelta | None,
+    idle_timeout: float | timedelta | None,
+    ephemeral: bool,
+) -> Call[list[SandboxInfo]]:
+    """`POST /v1/snapshots/{id}/fork`: the new sandboxes, each with its `restore` report."""
+    body = _drop_none(
+        {
+            "count": count,
+            "ephemeral": ephemeral or None,
+            "labels": dict(labels) if labels else None,
+            "metadata": dict(metadata) if metadata else None,
+            "timeout_secs": _whole_secs(timeout),
+            "idle_timeout_secs": _whole_secs(idle_timeout),
+        }
+    )
+
+    def parse(r: httpx.Response) -> list[SandboxInfo]:
+        made = []
+        for f in r.json()["sandboxes"]:
+            info = SandboxInfo.from_json(f["sandbox"])
+            info.restore = f.get("restore")
+            made.append(info)
+        return made
+
+    return Call(
+        "POST", f"/v1/snapshots/{quote(snapshot_id, safe='')}/fork", parse, json=body, read_timeout=None
+    )
+
+
+def get_auto_snapshot(sandbox_id: str) -> Call[AutoSnapshot]:
+    """`GET /v1/sandboxes/{id}/auto-snapshot`."""
+    return Call("GET", _sb(sandbox_id, "/auto-snapshot"), lambda r: AutoSnapshot.from_json(r.json()))
+
+
+def set_auto_snapshot(sandbox_id: str, settings: AutoSnapshot) -> Call[AutoSnapshot]:
+    """`PUT /v1/sandboxes/{id}/auto-snapshot`."""
+    return Call(
+        "PUT",
+        _sb(sandbox_id, "/auto-snapshot"),
+        lambda r: AutoSnapshot.from_json(r.json()),
+        json=settings.to_json(),
+    )
+
+
+def check_status(resp: httpx.Response) -> None:
+    """Raises the mapped `SandcellError` for an error answer (its body must have been read)."""
+    if resp.status_code < 400:
+        return
+    try:
+        body: Any = resp.json()
+    except ValueError:
+        body = resp.text
+    raise error_from_body(body, resp.status_code, resp.headers.get("x-request-id"))
+
+
+def pty_path(sandbox_id: str) -> str:
+    """The path of `GET /v1/sandboxes/{id}/pty` (a WebSocket)."""
+    return _sb(sandbox_id, "/pty")
+
+
+def pty_query(
+    *, cmd: str | None = None, cwd: str | None = None, rows: int = 24, cols: int = 80, pid: int | None = None
+) -> dict[str, str]:
+    """The query of `GET /v1/sandboxes/{id}/pty`: join `pid`, or start `cmd` on a new terminal
+    (the 101 answer names its pid in `X-Sandcell-Pid`)."""
+    if pid is not None:
+        return {"pid": str(pid)}
+    return _drop_none({"cmd": cmd, "cwd": cwd, "rows": str(rows), "cols": str(cols)})

@@ -1,0 +1,720 @@
+"""Typed views of the API's answers (dataclasses), each built from the JSON the daemon sends."""
+
+from __future__ import annotations
+
+import base64
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any, Literal
+
+JsonDict = dict[str, Any]
+
+
+def _strs(value: Any) -> dict[str, str]:
+    return {str(k): str(v) for k, v in (value or {}).items()}
+
+
+def _known(cls: type, d: JsonDict) -> JsonDict:
+    """The entries of `d` that are fields of the dataclass `cls` (newer answers may hold more)."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in d.items() if k in names}
+
+
+@dataclass
+class Limits:
+    """A sandbox's resource limits."""
+
+    memory_mb: int | None
+    cpus: float | None
+    pids: int | None
+    disk_mb: int
+    tmp_mb: int
+    home_mb: int
+    open_files: int
+    exec_timeout_secs: int | None
+
+    @classmethod
+    def from_json(cls, d: JsonDict) -> Limits:
+        """Parses the API's `limits` object."""
+        return cls(
+            memory_mb=d.get("memory_mb"),
+            cpus=d.get("cpus"),
+            pids=d.get("pids"),
+            disk_mb=d.get("disk_mb", 0),
+            tmp_mb=d.get("tmp_mb", 0),
+            home_mb=d.get("home_mb", 0),
+            open_files=d.get("open_files", 0),
+            exec_timeout_secs=d.get("exec_timeout_secs"),
+        )
+
+
+@dataclass
+class SandboxInfo:
+    """A sandbox's record: state, times, limits, labels (`restore` only right after a restore)."""
+
+    id: str
+    state: str
+    template: str
+    backend: str
+    network: str
+    ephemeral: bool
+    created_at: str
+    last_active_at: str
+    limits: Limits
+    labels: dict[str, str] = field(default_factory=dict)
+    metadata: dict[str, str] = field(default_factory=dict)
+    expires_at: str | None = None
+    idle_timeout_secs: int | None = None
+    reason: str | None = None
+    restore: JsonDict | None = None
+
+    @classmethod
+    def from_json(cls, d: JsonDict) -> SandboxInfo:
+        """Parses a `SandboxInfo` answer."""
+        return cls(
+            id=d["id"],
+            state=d["state"],
+            template=d.get("template", ""),
+            backend=d.get("backend", ""),
+            network=d.get("network", ""),
+            ephemeral=bool(d.get("ephemeral", False)),
+            created_at=d.get("created_at", ""),
+            last_active_at=d.get("last_active_at", ""),
+            limits=Limits.from_json(d.get("limits") or {}),
+            labels=_strs(d.get("labels")),
+            metadata=_strs(d.get("metadata")),
+            expires_at=d.get("expires_at"),
+            idle_timeout_secs=d.get("idle_timeout_secs"),
+            reason=d.get("reason"),
+            restore=d.get("restore"),
+        )
+
+
+@dataclass
+class ExitStatus:
+    """How a command or process ended: `cause` is exited, signaled, oom_killed, timeout,
+    pids_limit or killed; `message` says it in a sentence."""
+
+    exit_code: int | None
+    ok: bool
+    cause: str
+    message: str
+    signal: int | None = None
+    signal_name: str | None = None
+    oom_killed: bool = False
+    timed_out: bool = False
+    pids_limit_hit: bool = False
+    stdout_truncated: bool = False
+    stderr_truncated: bool = False
+    duration_ms: float = 0.0
+
+    @classmethod
+    def from_json(cls, d: JsonDict) -> ExitStatus:
+        """Parses the API's exit information (`exit_code`, `cause`, … at the top level)."""
+        return cls(**_exit_fields(d))
+
+
+def _exit_fields(d: JsonDict) -> JsonDict:
+    exit_code = d.get("exit_code")
+    return {
+        "exit_code": exit_code,
+        "ok": bool(d.get("ok", exit_code == 0)),
+        "cause": d.get("cause", ""),
+        "message": d.get("message", ""),
+        "signal": d.get("signal"),
+        "signal_name": d.get("signal_name"),
+        "oom_killed": bool(d.get("oom_killed", False)),
+        "timed_out": bool(d.get("timed_out", False)),
+        "pids_limit_hit": bool(d.get("pids_limit_hit", False)),
+        "stdout_truncated": bool(d.get("stdout_truncated", False)),
+        "stderr_truncated": bool(d.get("stderr_truncated", False)),
+        "duration_ms": float(d.get("duration_ms", 0.0)),
+    }
+
+
+@dataclass
+class CommandResult(ExitStatus):
+    """A finished command: its output and how it ended."""
+
+    stdout: str = ""
+    stderr: str = ""
+
+    @classmethod
+    def from_json(cls, d: JsonDict) -> CommandResult:
+        """Parses an `exec` answer."""
+        return cls(stdout=d.get("stdout", ""), stderr=d.get("stderr", ""), **_exit_fields(d))
+
+
+@dataclass
+class ProcessOutput(CommandResult):
+    """A background process's output once it ended; `*_lost` bytes had left its buffer."""
+
+    stdout_lost: int = 0
+    stderr_lost: int = 0
+
+    @classmethod
+    def from_json(cls, d: JsonDict) -> ProcessOutput:
+        """Parses a `processes/{pid}/output` answer."""
+        return cls(
+            stdout=d.get("stdout", ""),
+            stderr=d.get("stderr", ""),
+            stdout_lost=d.get("stdout_lost", 0),
+            stderr_lost=d.get("stderr_lost", 0),
+            **_exit_fields(d),
+        )
+
+
+@dataclass
+class OutputEvent:
+    """One event of a streamed command or background process, in the order it happened.
+
+    `type` is `stdout` or `stderr` (`data` holds the text; for a background process `offset`
+    is the byte offset of its first byte and `end` the offset to reconnect from), `lost`
+    (`bytes` bytes of `channel` from `offset` left the buffer before they were read), or
+    `done`, always last, with `exit`.
+    """
+
+    type: Literal["stdout", "stderr", "lost", "done"]
+    data: str = ""
+    offset: int | None = None
+    bytes: int | None = None
+    channel: str | None = None
+    exit: ExitStatus | None = None
+
+    @property
+    def end(self) -> int | None:
+        """The offset just past this chunk: where a reconnect carries on."""
+        if self.offset is None or self.bytes is None:
+            return None
+        return self.offset + self.bytes
+
+
+class CommandBuilder:
+    """Collects a streamed command's events into the `CommandResult` `exec` would give, and
+    hands its output to the callbacks, if any, as it comes."""
+
+    def __init__(
+        self,
+        on_stdout: Callable[[str], object] | None = None,
+        on_stderr: Callable[[str], object] | None = None,
+    ) -> None:
+        self.on_stdout = on_stdout
+        self.on_stderr = on_stderr
+        self._stdout: list[str] = []
+        self._stderr: list[str] = []
+        self._exit: ExitStatus | None = None
+
+    def feed(self, event: OutputEvent) -> object:
+        """Adds one event; returns what its callback returned (an awaitable, for async ones)."""
+        if event.type == "stdout":
+            self._stdout.append(event.data)
+            return self.on_stdout(event.data) if self.on_stdout else None
+        if event.type == "stderr":
+            self._stderr.append(event.data)
+            return self.on_stderr(event.data) if self.on_stderr else None
+        if event.exit is not None:
+            self._exit = event.exit
+        return None
+
+    def build(self) -> CommandResult:
+        """The result, once the exit was fed."""
+        if self._exit is None:
+            raise RuntimeError("the command stream ended without its exit event")
+        return CommandResult(
+            stdout="".join(self._stdout), stderr="".join(self._stderr), **asdict(self._exit)
+        )
+
+
+@dataclass
+class ProcessInfo:
+    """A process in a sandbox (those Sandcell started carry their output counters and exit)."""
+
+    pid: int
+    ppid: int
+    pgid: int
+    state: str
+    cmdline: str
+    rss_bytes: int
+    tracked: bool
+    background: bool
+    pty: bool
+    exited: bool
+    exec_id: int | None = None
+    exit_code: int | None = None
+    exit_signal: int | None = None
+    stdout_bytes: int | None = None
+    stderr_bytes: int | None = None
+    started_at_ms: int | None = None
+
+    @classmethod
+    def from_json(cls, d: JsonDict) -> ProcessInfo:
+        """Parses one entry of `GET /processes`."""
+        return cls(**_known(cls, d))
+
+
+@dataclass
+class Metrics:
+    """A sandbox's resource use from its cgroups (None where the host cannot tell)."""
+
+    cpu_percent: float | None = None
+    cpu_seconds: float | None = None
+    cpu_limit: float | None = None
+    memory_bytes: int | None = None
+    memory_peak_bytes: int | None = None
+    memory_limit_bytes: int | None = None
+    pids: int | None = None
+    pids_limit: int | None = None
+    oom_kills: int | None = None
+    pids_limit_hits: int | None = None
+
+    @classmethod
+    def from_json(cls, d: JsonDict) -> Metrics:
+        """Parses a `metrics` answer."""
+        return cls(**_known(cls, d))
+
+
+@dataclass
+class FileInfo:
+    """A file, folder or link in a sandbox."""
+
+    name: str
+    path: str
+    size: int
+    kind: str
+    is_dir: bool
+    mode: int
+    mtime: int
+    link_target: str | None = None
+
+    @classmethod
+    def from_json(cls, d: JsonDict) -> FileInfo:
+        """Parses a `FileInfo` answer."""
+        return cls(**_known(cls, d))
+
+
+@dataclass
+class ImportResult:
+    """Where an import went, and how much was written."""
+
+    path: str
+    files: int
+    bytes: int
+
+    @classmethod
+    def from_json(cls, d: JsonDict) -> ImportResult:
+        """Parses an `import` answer."""
+        return cls(path=d["path"], files=d["files"], bytes=d["bytes"])
+
+
+@dataclass
+class ExportInfo:
+    """A file or folder copied out of a sandbox and kept by the service."""
+
+    id: str
+    sandbox_id: str
+    path: str
+    kind: str
+    created_at: str
+    download_url: str
+    size: int | None = None
+    sha256: str | None = None
+    signed_url: str | None = None
+    signed_url_expires_at: str | None = None
+
+    @classmethod
+    def from_json(cls, d: JsonDict) -> ExportInfo:
+        """Parses an `ExportInfo` answer."""
+        return cls(**_known(cls, d))
+
+
+@dataclass
+class Artifact:
+    """A file code left in `/workspace/outputs` (`mtime` only in the artifacts listing)."""
+
+    path: str
+    size: int
+    mime: str
+    mtime: int | None = None
+
+    @classmethod
+    def from_json(cls, d: JsonDict) -> Artifact:
+        """Parses an artifact entry."""
+        return cls(path=d["path"], size=d["size"], mime=d["mime"], mtime=d.get("mtime"))
+
+
+@dataclass
+class SnapshotInfo:
+    """A durable snapshot: what it holds (`manifest`), its fidelity and lineage."""
+
+    id: str
+    sandbox_id: str
+    name: str
+    description: str
+    fidelity: str
+    created_at: str
+    size: int
+    files: int
+    tags: dict[str, str] = field(default_factory=dict)
+    manifest: JsonDict = field(default_factory=dict)
+    parent_id: str | None = None
+    children: list[str] | None = None
+    sandboxes: list[str] | None = None
+
+    @classmethod
+    def from_json(cls, d: JsonDict) -> SnapshotInfo:
+        """Parses a `SnapshotInfo` answer."""
+        known = _known(cls, d)
+        known["tags"] = _strs(d.get("tags"))
+        known["manifest"] = d.get("manifest") or {}
+        return cls(**known)
+
+
+@dataclass
+class AutoSnapshot:
+    """Automatic snapshots: every `interval_secs`, keeping `keep`, and/or `before_reclaim`."""
+
+    interval_secs: int | None = None
+    keep: int | None = None
+    before_reclaim: bool = False
+
+    @classmethod
+    def from_json(cls, d: JsonDict) -> AutoSnapshot:
+        """Parses an `AutoSnapshot` answer."""
+        return cls(
+            interval_secs=d.get("interval_secs"),
+            keep=d.get("keep"),
+            before_reclaim=bool(d.get("before_reclaim", False)),
+        )
+
+    def to_json(self) -> JsonDict:
+        """The request body."""
+        body: JsonDict = {"before_reclaim": self.before_reclaim}
+        if self.interval_secs is not None:
+            body["interval_secs"] = self.interval_secs
+        if self.keep is not None:
+            body["keep"] = self.keep
+        return body
+
+
+@dataclass
+class Context:
+    """A code context: a kernel with state of its own."""
+
+    id: str
+    language: str
+    execution_count: int = 0
+    busy: bool = False
+    pid: int | None = None
+    created_at: str | None = None
+    ended_at: str | None = None
+    end_reason: str | None = None
+
+    @classmethod
+    def from_json(cls, d: JsonDict) -> Context:
+        """Parses a `ContextView` answer."""
+        return cls(**_known(cls, d))
+
+
+@dataclass
+class Variables:
+    """A context's variables: JSON-exact `values`, the others as `{type, repr}`, and `missing`."""
+
+    values: JsonDict
+    unrepresentable: dict[str, JsonDict]
+    missing: list[str]
+
+    @classmethod
+    def from_json(cls, d: JsonDict) -> Variables:
+        """Parses a `VariablesView` answer."""
+        return cls(
+            values=d.get("values") or {},
+            unrepresentable=d.get("unrepresentable") or {},
+            missing=list(d.get("missing") or []),
+        )
+
+
+@dataclass
+class Result:
+    """A rich output as a MIME bundle: `kind` is `display` (shown during the run) or `result`
+    (the last expression's value)."""
+
+    kind: str
+    data: JsonDict
+
+    def _text(self, mime: str) -> str | None:
+        value = self.data.get(mime)
+        return value if isinstance(value, str) else None
+
+    def _image(self, mime: str) -> bytes | None:
+        value = self._text(mime)
+        return base64.b64decode(value) if value is not None else None
+
+    @property
+    def formats(self) -> list[str]:
+        """The MIME types this bundle holds."""
+        return list(self.data)
+
+    @property
+    def text(self) -> str | None:
+        """`text/plain`."""
+        return self._text("text/plain")
+
+    @property
+    def html(self) -> str | None:
+        """`text/html`."""
+        return self._text("text/html")
+
+    @property
+    def markdown(self) -> str | None:
+        """`text/markdown`."""
+        return self._text("text/markdown")
+
+    @property
+    def svg(self) -> str | None:
+        """`image/svg+xml`."""
+        return self._text("image/svg+xml")
+
+    @property
+    def json(self) -> Any:
+        """`application/json`, as decoded JSON."""
+        return self.data.get("application/json")
+
+    @property
+    def png(self) -> bytes | None:
+        """`image/png`, decoded from base64."""
+        return self._image("image/png")
+
+    @property
+    def jpeg(self) -> bytes | None:
+        """`image/jpeg`, decoded from base64."""
+        return self._image("image/jpeg")
+
+    def save_png(self, path: str | os.PathLike[str]) -> None:
+        """Writes the PNG image to `path` (ValueError when the bundle has none)."""
+        png = self.png
+        if png is None:
+            raise ValueError(f"this {self.kind} has no image/png (it has {self.formats})")
+        with open(path, "wb") as f:
+            f.write(png)
+
+
+@dataclass
+class ExecutionError:
+    """The error code raised: its type `name`, `value` and `traceback` lines."""
+
+    name: str
+    value: str
+    traceback: list[str]
+
+    @classmethod
+    def from_json(cls, d: JsonDict) -> ExecutionError:
+        """Parses a `CodeErrorInfo`."""
+        return cls(name=d.get("name", ""), value=d.get("value", ""), traceback=list(d.get("traceback") or []))
+
+    def __str__(self) -> str:
+        return "\n".join(self.traceback) or f"{self.name}: {self.value}"
+
+
+@dataclass
+class ExecutionDone:
+    """How a code execution ended: `status` is ok, error, interrupted, timeout or crashed."""
+
+    context: str
+    language: str
+    status: str
+    execution_count: int
+    duration_ms: float
+    state_lost: bool = False
+    kernel_restarted: bool = False
+    exit_code: int | None = None
+    crash: str | None = None
+    notice: str | None = None
+    artifacts: list[Artifact] = field(default_factory=list)
+    stdout_dropped: int = 0
+    stderr_dropped: int = 0
+
+    @classmethod
+    def from_json(cls, d: JsonDict) -> ExecutionDone:
+        """Parses a `CodeDoneInfo`."""
+        known = _known(cls, d)
+        known["artifacts"] = [Artifact.from_json(a) for a in d.get("artifacts") or []]
+        return cls(**known)
+
+
+@dataclass
+class CodeEvent:
+    """One event of a streamed code execution: `stdout`/`stderr` (`text`), `display`/`result`
+    (`result`), `error` (`error`), then `done` (`done`), always last."""
+
+    type: Literal["stdout", "stderr", "display", "result", "error", "done"]
+    text: str = ""
+    result: Result | None = None
+    error: ExecutionError | None = None
+    done: ExecutionDone | None = None
+
+
+@dataclass
+class Execution:
+    """A finished code execution: printed text, rich results in order, the error if any."""
+
+    stdout: str
+    stderr: str
+    results: list[Result]
+    error: ExecutionError | None
+    done: ExecutionDone
+
+    @classmethod
+    def from_json(cls, d: JsonDict) -> Execution:
+        """Parses a `CodeResult` answer."""
+        return cls(
+            stdout=d.get("stdout", ""),
+            stderr=d.get("stderr", ""),
+            results=[Result(o["kind"], o.get("data") or {}) for o in d.get("outputs") or []],
+            error=ExecutionError.from_json(d["error"]) if d.get("error") else None,
+            done=ExecutionDone.from_json(d["done"]),
+        )
+
+    @property
+    def status(self) -> str:
+        """ok, error, interrupted, timeout or crashed."""
+        return self.done.status
+
+    @property
+    def ok(self) -> bool:
+        """Whether it ran to the end without an error."""
+        return self.done.status == "ok"
+
+    @property
+    def result(self) -> Result | None:
+        """The value of the last expression, if it had one."""
+        return next((r for r in reversed(self.results) if r.kind == "result"), None)
+
+    @property
+    def text(self) -> str | None:
+        """The last expression's `text/plain`."""
+        return self.result.text if self.result else None
+
+    @property
+    def png(self) -> bytes | None:
+        """The first PNG image among the results (a matplotlib figure, …)."""
+        return next((r.png for r in self.results if "image/png" in r.data), None)
+
+    def save_png(self, path: str | os.PathLike[str]) -> None:
+        """Writes the first PNG image among the results to `path` (ValueError if none)."""
+        for r in self.results:
+            if "image/png" in r.data:
+                r.save_png(path)
+                return
+        raise ValueError("the execution produced no image/png")
+
+
+class ExecutionBuilder:
+    """Collects streamed code events into the `Execution` the collected route would give."""
+
+    def __init__(self) -> None:
+        self._stdout: list[str] = []
+        self._stderr: list[str] = []
+        self._results: list[Result] = []
+        self._error: ExecutionError | None = None
+        self._done: ExecutionDone | None = None
+
+    def feed(self, event: CodeEvent) -> None:
+        """Adds one event."""
+        if event.type == "stdout":
+            self._stdout.append(event.text)
+        elif event.type == "stderr":
+            self._stderr.append(event.text)
+        elif event.result is not None:
+            self._results.append(event.result)
+        elif event.error is not None:
+            self._error = event.error
+        elif event.done is not None:
+            self._done = event.done
+
+    def build(self) -> Execution:
+        """The execution, once `done` was fed."""
+        if self._done is None:
+            raise RuntimeError("the code stream ended without its done event")
+        return Execution(
+            stdout="".join(self._stdout),
+            stderr="".join(self._stderr),
+            results=self._results,
+            error=self._error,
+            done=self._done,
+        )
+
+
+@dataclass
+class RunOnceResult:
+    """What `run_once` gives: the execution and client-side timings in milliseconds."""
+
+    sandbox_id: str
+    execution: Execution
+    create_ms: float
+    run_ms: float
+    delete_ms: float
+    total_ms: float
+
+    @property
+    def stdout(self) -> str:
+        """What the code printed."""
+        return self.execution.stdout
+
+    @property
+    def text(self) -> str | None:
+        """The last expression's `text/plain`."""
+        return self.execution.text
+
+    @property
+    def ok(self) -> bool:
+        """Whether the code ran without an error."""
+        return self.execution.ok
+
+
+@dataclass
+class Offsets:
+    """The byte offsets a background process's output has been read to, per stream: where a
+    reconnect carries on (None: from the oldest byte still buffered)."""
+
+    stdout: int | None = None
+    stderr: int | None = None
+
+    def advance(self, event: OutputEvent) -> None:
+        """Moves past what `event` delivered (or reported lost)."""
+        channel = event.channel if event.type == "lost" else event.type
+        end = event.end
+        if end is None:
+            return
+        if channel == "stdout":
+            self.stdout = end
+        elif channel == "stderr":
+            self.stderr = end
+
+
+@dataclass
+class CodeCallbacks:
+    """The callbacks of a streamed code execution (each may be None; async ones may return an
+    awaitable, which the async client awaits)."""
+
+    on_stdout: Callable[[str], object] | None = None
+    on_stderr: Callable[[str], object] | None = None
+    on_result: Callable[[Result], object] | None = None
+    on_error: Callable[[ExecutionError], object] | None = None
+
+    @property
+    def any(self) -> bool:
+        """Whether any callback is set."""
+        return any((self.on_stdout, self.on_stderr, self.on_result, self.on_error))
+
+    def dispatch(self, event: CodeEvent) -> object:
+        """Calls the callback for `event` (displays and the result go to `on_result`)."""
+        if event.type == "stdout" and self.on_stdout:
+            return self.on_stdout(event.text)
+        if event.type == "stderr" and self.on_stderr:
+            return self.on_stderr(event.text)
+        if event.result is not None and self.on_result:
+            return self.on_result(event.result)
+        if event.error is not None and self.on_error:
+            return self.on_error(event.error)
+        return None

@@ -1,0 +1,877 @@
+"""The synchronous client: `Sandcell` (a connection to the daemon), `Sandbox` and `Process`.
+`async_sandbox` has the same shape with `async`; both only send what `_api` builds."""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import os
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import timedelta
+from types import TracebackType
+from typing import IO, Any, Literal, overload
+
+from . import _api
+from ._http import Config, SyncTransport, read_chunks
+from ._models import (
+    Artifact,
+    AutoSnapshot,
+    CodeCallbacks,
+    CodeEvent,
+    CommandBuilder,
+    CommandResult,
+    Context,
+    Execution,
+    ExecutionBuilder,
+    ExecutionError,
+    ExportInfo,
+    FileInfo,
+    ImportResult,
+    Metrics,
+    Offsets,
+    OutputEvent,
+    ProcessInfo,
+    ProcessOutput,
+    Result,
+    RunOnceResult,
+    SandboxInfo,
+    SnapshotInfo,
+    Variables,
+)
+from .errors import NotFoundError, SandboxGoneError
+from .terminal import Terminal
+
+PathOrFile = str | os.PathLike[str] | IO[bytes]
+
+
+def _context_id(context: str | Context) -> str:
+    return context.id if isinstance(context, Context) else context
+
+
+class Sandcell:
+    """A connection to a Sandcell daemon, and the calls that belong to no one sandbox.
+
+    Configured by the arguments, else `SANDCELL_API_URL` and `SANDCELL_API_KEY`, else what the
+    daemon left in its home (`$SANDCELL_HOME`, …): the URL in `daemon.json`, the key in `admin.key`.
+    """
+
+    def __init__(
+        self,
+        api_url: str | None = None,
+        api_key: str | None = None,
+        *,
+        request_timeout: float | None = None,
+        connect_timeout: float | None = None,
+    ) -> None:
+        self._setup(Config.resolve(api_url, api_key, request_timeout, connect_timeout))
+
+    def _setup(self, config: Config) -> None:
+        self.config = config
+        self._http = SyncTransport(config)
+
+    @classmethod
+    def _from_config(cls, config: Config) -> Sandcell:
+        """Another connection with the same configuration."""
+        made = cls.__new__(cls)
+        made._setup(config)
+        return made
+
+    def system(self) -> dict[str, Any]:
+        """The daemon's version, uptime, backends and what each offers, and the caller."""
+        return self._http.call(_api.system())
+
+    def list_snapshots(self, sandbox_id: str | None = None) -> list[SnapshotInfo]:
+        """Snapshots, oldest first (only one sandbox's with `sandbox_id`)."""
+        return self._http.call(_api.list_snapshots(sandbox_id))
+
+    def get_snapshot(self, snapshot_id: str) -> SnapshotInfo:
+        """One snapshot, with its lineage (`children`, `sandboxes`)."""
+        return self._http.call(_api.get_snapshot(snapshot_id))
+
+    def delete_snapshot(self, snapshot_id: str) -> None:
+        """Deletes a snapshot (refused with ConflictError while it has children)."""
+        self._http.call(_api.delete_snapshot(snapshot_id))
+
+    def list_exports(self, sandbox_id: str | None = None) -> list[ExportInfo]:
+        """Exports, newest first (only one sandbox's with `sandbox_id`)."""
+        return self._http.call(_api.list_exports(sandbox_id))
+
+    def get_export(self, export_id: str) -> ExportInfo:
+        """One export, with a fresh signed link."""
+        return self._http.call(_api.get_export(export_id))
+
+    def delete_export(self, export_id: str) -> None:
+        """Deletes an export and its stored copy."""
+        self._http.call(_api.delete_export(export_id))
+
+    def download_export(self, export_id: str, dest: PathOrFile) -> int:
+        """Streams an export (a folder as a tar archive) to a path or file; returns its size."""
+        return _download_to(self._http, _api.export_content(export_id), dest)
+
+    def close(self) -> None:
+        """Closes the connection pool."""
+        self._http.close()
+
+    def __enter__(self) -> Sandcell:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+
+def _download_to(http: SyncTransport, call: _api.Call[Any], dest: PathOrFile) -> int:
+    if not isinstance(dest, (str, os.PathLike)):
+        return http.download(call, dest)
+    try:
+        with open(dest, "wb") as f:
+            return http.download(call, f)
+    except BaseException:
+        # A failed download leaves no partial file behind.
+        with contextlib.suppress(OSError):
+            os.unlink(dest)
+        raise
+
+
+def _connect(client: Sandcell | None, api_url: str | None, api_key: str | None) -> tuple[Sandcell, bool]:
+    """The client to use, and whether the caller made it (and so must close it)."""
+    if client is not None:
+        return client, False
+    return Sandcell(api_url, api_key), True
+
+
+class Sandbox:
+    """One sandbox. Make one with `Sandbox.create()`; `with` deletes it at the end of the block."""
+
+    def __init__(self, info: SandboxInfo, client: Sandcell, *, owns_client: bool = False) -> None:
+        self.info = info
+        self.client = client
+        self._http = client._http
+        self._owns_client = owns_client
+        self.commands = Commands(self)
+        """Commands under E2B's names: `run`, `list`, `kill`, `connect`."""
+        self.files = Files(self)
+        """Files under E2B's names: `write`, `read`, `list`, `get_info`, `exists`, `make_dir`,
+        `remove`, `rename`."""
+
+    def __repr__(self) -> str:
+        return f"<Sandbox {self.id} {self.info.state} template={self.info.template}>"
+
+    @property
+    def id(self) -> str:
+        """The sandbox's id (`sb-…`)."""
+        return self.info.id
+
+    @property
+    def _exec_timeout(self) -> float | None:
+        secs = self.info.limits.exec_timeout_secs
+        return float(secs) if secs is not None else None
+
+    # --- making, finding, ending ---------------------------------------------------------
+
+    @classmethod
+    def create(
+        cls,
+        template: str | None = None,
+        *,
+        size: str | None = None,
+        timeout: float | timedelta | None = None,
+        ttl: float | timedelta | None = None,
+        idle_timeout: float | timedelta | None = None,
+        ephemeral: bool = False,
+        labels: Mapping[str, str] | None = None,
+        metadata: Mapping[str, str] | None = None,
+        env: Mapping[str, str] | None = None,
+        network: str | None = None,
+        snapshot_id: str | None = None,
+        backend: str | None = None,
+        limits: Mapping[str, float] | None = None,
+        kernels: Sequence[str] | None = None,
+        checkpointable: bool = False,
+        auto_snapshot: AutoSnapshot | None = None,
+        client: Sandcell | None = None,
+        api_url: str | None = None,
+        api_key: str | None = None,
+    ) -> Sandbox:
+        """Creates a sandbox (or restores `snapshot_id`); `timeout`/`ttl` is its lifetime in seconds."""
+        call = _api.create_sandbox(
+            template=template,
+            size=size,
+            timeout=timeout,
+            ttl=ttl,
+            idle_timeout=idle_timeout,
+            ephemeral=ephemeral,
+            labels=labels,
+            metadata=metadata,
+            env=env,
+            network=network,
+            snapshot_id=snapshot_id,
+            backend=backend,
+            limits=limits,
+            kernels=kernels,
+            checkpointable=checkpointable,
+            auto_snapshot=auto_snapshot,
+        )
+        sandcell, owned = _connect(client, api_url, api_key)
+        try:
+            return cls(sandcell._http.call(call), sandcell, owns_client=owned)
+        except BaseException:
+            if owned:
+                sandcell.close()
+            raise
+
+    @classmethod
+    def get(
+        cls,
+        sandbox_id: str,
+        *,
+        client: Sandcell | None = None,
+        api_url: str | None = None,
+        api_key: str | None = None,
+    ) -> Sandbox:
+        """Connects to an existing sandbox (NotFoundError if this key has none of that id)."""
+        sandcell, owned = _connect(client, api_url, api_key)
+        try:
+            return cls(sandcell._http.call(_api.get_sandbox(sandbox_id)), sandcell, owns_client=owned)
+        except BaseException:
+            if owned:
+                sandcell.close()
+            raise
+
+    @classmethod
+    def list(
+        cls,
+        *,
+        label: Mapping[str, str] | str | None = None,
+        metadata: Mapping[str, str] | str | None = None,
+        state: str | Sequence[str] | None = None,
+        client: Sandcell | None = None,
+        api_url: str | None = None,
+        api_key: str | None = None,
+    ) -> builtins.list[SandboxInfo]:
+        """Sandboxes whose labels and metadata match (`{"team": "ml"}` or `"team:ml"`); active
+        ones unless `state` says otherwise (`"all"`, `"stopped"`, …)."""
+        sandcell, owned = _connect(client, api_url, api_key)
+        try:
+            found: builtins.list[SandboxInfo] = []
+            cursor: str | None = None
+            while True:
+                page, cursor = sandcell._http.call(
+                    _api.list_sandboxes(label=label, metadata=metadata, state=state, cursor=cursor)
+                )
+                found += page
+                if not cursor:
+                    return found
+        finally:
+            if owned:
+                sandcell.close()
+
+    @classmethod
+    def fork(
+        cls,
+        snapshot_id: str,
+        count: int = 1,
+        *,
+        labels: Mapping[str, str] | None = None,
+        metadata: Mapping[str, str] | None = None,
+        timeout: float | timedelta | None = None,
+        idle_timeout: float | timedelta | None = None,
+        ephemeral: bool = False,
+        client: Sandcell | None = None,
+        api_url: str | None = None,
+        api_key: str | None = None,
+    ) -> builtins.list[Sandbox]:
+        """Makes `count` independent sandboxes from a snapshot (all or none); each `info.restore`
+        says what came back. Ephemeral ones leave no record once deleted."""
+        call = _api.fork(
+            snapshot_id,
+            count=count,
+            labels=labels,
+            metadata=metadata,
+            timeout=timeout,
+            idle_timeout=idle_timeout,
+            ephemeral=ephemeral,
+        )
+        sandcell, owned = _connect(client, api_url, api_key)
+        try:
+            infos = sandcell._http.call(call)
+        finally:
+            if owned:
+                sandcell.close()
+        if not owned:
+            return [cls(info, sandcell) for info in infos]
+        # Each fork gets a connection of its own, closed with it.
+        return [
+            cls(info, Sandcell._from_config(sandcell.config), owns_client=True)
+            for info in infos
+        ]
+
+    @classmethod
+    def run_once(
+        cls,
+        code: str,
+        *,
+        template: str = "python",
+        language: str | None = None,
+        timeout: float | None = None,
+        client: Sandcell | None = None,
+        api_url: str | None = None,
+        api_key: str | None = None,
+    ) -> RunOnceResult:
+        """Runs `code` in a new ephemeral sandbox, deletes it, and returns the output with timings."""
+        started = time.perf_counter()
+        sandbox = cls.create(template, ephemeral=True, client=client, api_url=api_url, api_key=api_key)
+        created = time.perf_counter()
+        try:
+            execution = sandbox.run_code(code, language=language, timeout=timeout)
+            ran = time.perf_counter()
+        finally:
+            sandbox.kill()
+            sandbox.close()
+        ended = time.perf_counter()
+        return RunOnceResult(
+            sandbox_id=sandbox.id,
+            execution=execution,
+            create_ms=(created - started) * 1000,
+            run_ms=(ran - created) * 1000,
+            delete_ms=(ended - ran) * 1000,
+            total_ms=(ended - started) * 1000,
+        )
+
+    def refresh(self) -> SandboxInfo:
+        """Reads the sandbox's record again (state, reason, expiry)."""
+        self.info = self._http.call(_api.get_sandbox(self.id))
+        return self.info
+
+    def is_running(self) -> bool:
+        """Whether it is running now."""
+        return self.refresh().state == "running"
+
+    def kill(self) -> None:
+        """Stops and deletes the sandbox (an ephemeral one leaves no record)."""
+        self._http.call(_api.delete_sandbox(self.id))
+
+    def close(self) -> None:
+        """Closes this object's connection if it made it; the sandbox runs on."""
+        if self._owns_client:
+            self.client.close()
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        try:
+            self.kill()
+        except (NotFoundError, SandboxGoneError):
+            pass
+        finally:
+            self.close()
+
+    def pause(self) -> SandboxInfo:
+        """Freezes every process (no CPU; memory and state kept)."""
+        self.info = self._http.call(_api.sandbox_action(self.id, "pause"))
+        return self.info
+
+    def resume(self) -> SandboxInfo:
+        """Lets a paused sandbox go on where it stopped."""
+        self.info = self._http.call(_api.sandbox_action(self.id, "resume"))
+        return self.info
+
+    def set_timeout(self, timeout: float | timedelta) -> SandboxInfo:
+        """Gives the sandbox a new lifetime of `timeout` seconds from now."""
+        self.info = self._http.call(_api.set_timeout(self.id, timeout))
+        return self.info
+
+    def metrics(self) -> Metrics:
+        """CPU, memory and process counts from the sandbox's cgroups."""
+        return self._http.call(_api.metrics(self.id))
+
+    # --- commands and processes ----------------------------------------------------------
+
+    def exec(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        stdin: str | None = None,
+        on_stdout: Callable[[str], object] | None = None,
+        on_stderr: Callable[[str], object] | None = None,
+    ) -> CommandResult:
+        """Runs a command (a shell line, or an argv list) and waits for it to end; the
+        callbacks, if any, get its output as it comes."""
+        if on_stdout is None and on_stderr is None:
+            return self._http.call(
+                _api.exec_command(
+                    self.id,
+                    cmd,
+                    env=env,
+                    cwd=cwd,
+                    timeout=timeout,
+                    stdin=stdin,
+                    default_timeout=self._exec_timeout,
+                )
+            )
+        builder = CommandBuilder(on_stdout, on_stderr)
+        for event in self.exec_stream(cmd, env=env, cwd=cwd, timeout=timeout, stdin=stdin):
+            builder.feed(event)
+        return builder.build()
+
+    def exec_stream(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        stdin: str | None = None,
+    ) -> Iterator[OutputEvent]:
+        """Runs a command and yields its stdout/stderr events as they happen, then `done`."""
+        return self._http.stream(
+            _api.exec_stream(self.id, cmd, env=env, cwd=cwd, timeout=timeout, stdin=stdin)
+        )
+
+    def start_process(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        stdin: bool = False,
+        pty: tuple[int, int] | None = None,
+        buffer_bytes: int | None = None,
+    ) -> Process:
+        """Starts a background process (`stdin=True` to feed it; `pty=(rows, cols)` for a terminal)."""
+        pid, exec_id = self._http.call(
+            _api.start_process(
+                self.id,
+                cmd,
+                env=env,
+                cwd=cwd,
+                timeout=timeout,
+                stdin=stdin,
+                pty=pty,
+                buffer_bytes=buffer_bytes,
+            )
+        )
+        return Process(self, pid, exec_id)
+
+    def process(self, pid: int) -> Process:
+        """A handle on a background process started earlier (by this client or another)."""
+        return Process(self, pid)
+
+    def processes(self) -> builtins.list[ProcessInfo]:
+        """Every process in the sandbox."""
+        return self._http.call(_api.list_processes(self.id))
+
+    def kill_process(self, pid: int, signal: str | int = "KILL", *, tree: bool = False) -> None:
+        """Sends `signal` to a process (and its descendants with `tree=True`)."""
+        self._http.call(_api.kill_process(self.id, pid, signal, tree))
+
+    def pty(
+        self,
+        cmd: str | None = None,
+        *,
+        rows: int = 24,
+        cols: int = 80,
+        cwd: str | None = None,
+        env: Mapping[str, str] | None = None,
+        pid: int | None = None,
+    ) -> Terminal:
+        """Opens an interactive terminal running `cmd` (default a login bash), or joins the
+        terminal process `pid`; `Terminal.pid` names it either way."""
+        if pid is None and env:
+            # The WebSocket route takes no environment: start the process, then join it.
+            pid = (self.start_process(cmd or "exec bash -l", cwd=cwd, env=env, pty=(rows, cols))).pid
+        query = _api.pty_query(cmd=cmd, cwd=cwd, rows=rows, cols=cols, pid=pid)
+        return Terminal.connect(self.client.config, _api.pty_path(self.id), query)
+
+    # --- code ----------------------------------------------------------------------------
+
+    def run_code(
+        self,
+        code: str,
+        *,
+        language: str | None = None,
+        context: str | Context | None = None,
+        timeout: float | None = None,
+        on_stdout: Callable[[str], object] | None = None,
+        on_stderr: Callable[[str], object] | None = None,
+        on_result: Callable[[Result], object] | None = None,
+        on_error: Callable[[ExecutionError], object] | None = None,
+    ) -> Execution:
+        """Runs code in a kernel whose state persists (default: Python's default context); the
+        callbacks, if any, get the output as it comes."""
+        ctx = _context_id(context) if context is not None else None
+        callbacks = CodeCallbacks(on_stdout, on_stderr, on_result, on_error)
+        if not callbacks.any:
+            return self._http.call(
+                _api.run_code(
+                    self.id,
+                    code,
+                    language=language,
+                    context=ctx,
+                    timeout=timeout,
+                    default_timeout=self._exec_timeout,
+                )
+            )
+        builder = ExecutionBuilder()
+        for event in self.run_code_stream(code, language=language, context=ctx, timeout=timeout):
+            builder.feed(event)
+            callbacks.dispatch(event)
+        return builder.build()
+
+    def run_code_stream(
+        self,
+        code: str,
+        *,
+        language: str | None = None,
+        context: str | Context | None = None,
+        timeout: float | None = None,
+    ) -> Iterator[CodeEvent]:
+        """Runs code and yields its events in order, `done` last."""
+        ctx = _context_id(context) if context is not None else None
+        return self._http.stream(
+            _api.run_code_stream(self.id, code, language=language, context=ctx, timeout=timeout)
+        )
+
+    def run_python(self, code: str, *, timeout: float | None = None) -> Execution:
+        """Runs Python code in the default Python context."""
+        return self.run_code(code, language="python", timeout=timeout)
+
+    def run_node(self, code: str, *, timeout: float | None = None) -> Execution:
+        """Runs JavaScript in the default Node.js context."""
+        return self.run_code(code, language="node", timeout=timeout)
+
+    def create_context(
+        self, language: str = "python", *, cwd: str | None = None, env: Mapping[str, str] | None = None
+    ) -> Context:
+        """Makes a new context: a kernel with state of its own."""
+        return self._http.call(_api.create_context(self.id, language, cwd, env))
+
+    def list_contexts(self) -> builtins.list[Context]:
+        """The sandbox's contexts."""
+        return self._http.call(_api.list_contexts(self.id))
+
+    def delete_context(self, context: str | Context) -> None:
+        """Ends a context and its kernel."""
+        self._http.call(_api.delete_context(self.id, _context_id(context)))
+
+    def interrupt(self, context: str | Context = "python") -> None:
+        """Interrupts the context's running execution; its state is kept."""
+        self._http.call(_api.interrupt(self.id, _context_id(context)))
+
+    def restart(self, context: str | Context = "python") -> Context:
+        """Replaces the context's kernel with a fresh one (empty state)."""
+        return self._http.call(_api.restart(self.id, _context_id(context)))
+
+    def get_variables(
+        self, names: Sequence[str] | None = None, *, context: str | Context = "python"
+    ) -> Variables:
+        """A context's variables (all, or `names`)."""
+        return self._http.call(_api.get_variables(self.id, _context_id(context), names))
+
+    def set_variables(
+        self, values: Mapping[str, Any], *, context: str | Context = "python"
+    ) -> builtins.list[str]:
+        """Sets variables from JSON values; returns the names set."""
+        return self._http.call(_api.set_variables(self.id, _context_id(context), values))
+
+    def clear_variables(
+        self, names: Sequence[str] | None = None, *, context: str | Context = "python"
+    ) -> builtins.list[str]:
+        """Deletes variables (all, or `names`); returns the names cleared."""
+        return self._http.call(_api.clear_variables(self.id, _context_id(context), names))
+
+    # --- files ---------------------------------------------------------------------------
+
+    def write_file(
+        self, path: str, data: str | bytes, *, mode: int | None = None, append: bool = False
+    ) -> FileInfo:
+        """Writes text or bytes to a file (relative paths are under /workspace)."""
+        return self._http.call(_api.upload(self.id, path, mode, append, data))
+
+    @overload
+    def read_file(self, path: str, *, format: Literal["text"] = "text") -> str: ...
+
+    @overload
+    def read_file(self, path: str, *, format: Literal["bytes"]) -> bytes: ...
+
+    def read_file(self, path: str, *, format: Literal["text", "bytes"] = "text") -> str | bytes:
+        """Reads a whole file as text (UTF-8) or, with `format="bytes"`, as bytes."""
+        data = self._http.call(_api.file_content(self.id, path))
+        return data if format == "bytes" else data.decode()
+
+    def ls(self, path: str = "/workspace") -> builtins.list[FileInfo]:
+        """The entries of a folder, by name."""
+        return self._http.call(_api.list_dir(self.id, path))
+
+    def stat(self, path: str) -> FileInfo:
+        """One entry."""
+        return self._http.call(_api.stat(self.id, path))
+
+    def exists(self, path: str) -> bool:
+        """Whether the path exists."""
+        try:
+            self.stat(path)
+        except NotFoundError:
+            return False
+        return True
+
+    def mkdir(self, path: str) -> FileInfo:
+        """Makes a folder and its missing parents."""
+        return self._http.call(_api.mkdir(self.id, path))
+
+    def remove(self, path: str, *, recursive: bool = False) -> None:
+        """Removes a file, or a folder (with its contents when `recursive`)."""
+        self._http.call(_api.remove(self.id, path, recursive))
+
+    def rename(self, src: str, dst: str) -> FileInfo:
+        """Moves a file or folder (`dst` must not exist)."""
+        return self._http.call(_api.rename(self.id, src, dst))
+
+    def upload(self, src: PathOrFile, dst: str, *, mode: int | None = None) -> FileInfo:
+        """Streams a local file (path or binary file object) into the sandbox, any size."""
+        call = _api.upload(self.id, dst, mode, False)
+        if isinstance(src, (str, os.PathLike)):
+            with open(src, "rb") as f:
+                return self._http.call(call, read_chunks(f))
+        return self._http.call(call, read_chunks(src))
+
+    def download(self, src: str, dst: PathOrFile) -> int:
+        """Streams a file out of the sandbox to a local path or file; returns its size."""
+        return _download_to(self._http, _api.file_content(self.id, src), dst)
+
+    def import_files(
+        self,
+        path: str,
+        *,
+        text: str | None = None,
+        data: bytes | None = None,
+        host_path: str | None = None,
+        export_id: str | None = None,
+        mode: int | None = None,
+    ) -> ImportResult:
+        """Puts files at `path` from one source: `text`, `data`, a host path the daemon allows,
+        or an export (of any of this key's sandboxes, even gone ones)."""
+        return self._http.call(
+            _api.import_files(
+                self.id, path, text=text, data=data, host_path=host_path, export_id=export_id, mode=mode
+            )
+        )
+
+    def export_files(self, path: str) -> ExportInfo:
+        """Copies a file or folder out; the service keeps it after the sandbox is gone."""
+        return self._http.call(_api.create_export(self.id, path))
+
+    def artifacts(self) -> builtins.list[Artifact]:
+        """Files code left in /workspace/outputs."""
+        return self._http.call(_api.artifacts(self.id))
+
+    # --- snapshots -----------------------------------------------------------------------
+
+    def create_snapshot(
+        self,
+        name: str | None = None,
+        *,
+        description: str | None = None,
+        tags: Mapping[str, str] | None = None,
+    ) -> SnapshotInfo:
+        """Takes a durable snapshot (files, and Python/Node variables; see its `fidelity`)."""
+        return self._http.call(_api.create_snapshot(self.id, name, description, tags))
+
+    def list_snapshots(self) -> builtins.list[SnapshotInfo]:
+        """This sandbox's snapshots, oldest first."""
+        return self._http.call(_api.list_snapshots(self.id))
+
+    def get_auto_snapshot(self) -> AutoSnapshot:
+        """The sandbox's automatic snapshot settings."""
+        return self._http.call(_api.get_auto_snapshot(self.id))
+
+    def set_auto_snapshot(
+        self, *, interval: int | None = None, keep: int | None = None, before_reclaim: bool = False
+    ) -> AutoSnapshot:
+        """Sets automatic snapshots: every `interval` seconds (keeping `keep`), and/or one just
+        before the sandbox is reclaimed."""
+        settings = AutoSnapshot(interval_secs=interval, keep=keep, before_reclaim=before_reclaim)
+        return self._http.call(_api.set_auto_snapshot(self.id, settings))
+
+
+class Process:
+    """A background process: follow its output (and come back to it), feed it, signal it."""
+
+    def __init__(self, sandbox: Sandbox, pid: int, exec_id: int | None = None) -> None:
+        self.sandbox = sandbox
+        self.pid = pid
+        self.exec_id = exec_id
+        self.offsets = Offsets()
+
+    def __repr__(self) -> str:
+        return f"<Process {self.pid} in {self.sandbox.id}>"
+
+    def stream(
+        self, *, stdout_from: int | None = None, stderr_from: int | None = None
+    ) -> Iterator[OutputEvent]:
+        """Yields its output from these byte offsets (default: all still buffered), then `done`."""
+        call = _api.process_stream(self.sandbox.id, self.pid, stdout_from, stderr_from)
+        for event in self.sandbox._http.stream(call):
+            self.offsets.advance(event)
+            yield event
+
+    def reconnect(self) -> Iterator[OutputEvent]:
+        """Carries on streaming from where this handle's last stream stopped."""
+        return self.stream(stdout_from=self.offsets.stdout, stderr_from=self.offsets.stderr)
+
+    def wait(self, *, stdout_from: int | None = None, stderr_from: int | None = None) -> ProcessOutput:
+        """Waits for it to end; returns its output (from these offsets) and how it ended."""
+        return self.sandbox._http.call(
+            _api.process_output(self.sandbox.id, self.pid, stdout_from, stderr_from)
+        )
+
+    def send_stdin(self, data: str | bytes, *, close: bool = False) -> None:
+        """Writes to its stdin (or terminal); `close=True` closes stdin afterwards."""
+        self.sandbox._http.call(_api.process_stdin(self.sandbox.id, self.pid, data, close))
+
+    def close_stdin(self) -> None:
+        """Closes its stdin (end of input)."""
+        self.sandbox._http.call(_api.process_stdin(self.sandbox.id, self.pid, b"", True))
+
+    def resize(self, rows: int, cols: int) -> None:
+        """Resizes its terminal."""
+        self.sandbox._http.call(_api.process_resize(self.sandbox.id, self.pid, rows, cols))
+
+    def kill(self, signal: str | int = "KILL", *, tree: bool = False) -> None:
+        """Sends it a signal (default KILL)."""
+        self.sandbox.kill_process(self.pid, signal, tree=tree)
+
+    def terminal(self) -> Terminal:
+        """Joins its terminal over a WebSocket (recent output is replayed first)."""
+        return self.sandbox.pty(pid=self.pid)
+
+
+class Commands:
+    """`sb.commands`: the command calls under E2B's names, each handing over to a `Sandbox`
+    method (`exec`, `start_process`, `processes`, `kill_process`, `process`)."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self._sandbox = sandbox
+
+    @overload
+    def run(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        background: Literal[False] = False,
+        envs: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        on_stdout: Callable[[str], object] | None = None,
+        on_stderr: Callable[[str], object] | None = None,
+    ) -> CommandResult: ...
+
+    @overload
+    def run(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        background: Literal[True],
+        envs: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+    ) -> Process: ...
+
+    def run(
+        self,
+        cmd: str | Sequence[str],
+        *,
+        background: bool = False,
+        envs: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        timeout: float | None = None,
+        on_stdout: Callable[[str], object] | None = None,
+        on_stderr: Callable[[str], object] | None = None,
+    ) -> CommandResult | Process:
+        """`exec` (waits; a non-zero exit is `result.ok == False`, not an exception), or with
+        `background=True` `start_process` (returns the `Process` at once)."""
+        if not background:
+            return self._sandbox.exec(
+                cmd, env=envs, cwd=cwd, timeout=timeout, on_stdout=on_stdout, on_stderr=on_stderr
+            )
+        if on_stdout is not None or on_stderr is not None:
+            raise ValueError(
+                "on_stdout/on_stderr follow a command run in the foreground; follow a background "
+                "one with process.stream()"
+            )
+        return self._sandbox.start_process(cmd, env=envs, cwd=cwd, timeout=timeout)
+
+    def list(self) -> builtins.list[ProcessInfo]:
+        """`processes()`: every process in the sandbox, exited background ones included."""
+        return self._sandbox.processes()
+
+    def kill(self, pid: int, signal: str | int = "KILL") -> bool:
+        """`kill_process(pid)`; False if there is no such process (any more)."""
+        try:
+            self._sandbox.kill_process(pid, signal)
+        except NotFoundError:
+            return False
+        return True
+
+    def connect(self, pid: int) -> Process:
+        """`process(pid)`: a handle on a background process started earlier."""
+        return self._sandbox.process(pid)
+
+
+class Files:
+    """`sb.files`: the file calls under E2B's names, each handing over to a `Sandbox` method
+    (`write_file`, `read_file`, `ls`, `stat`, `exists`, `mkdir`, `remove`, `rename`)."""
+
+    def __init__(self, sandbox: Sandbox) -> None:
+        self._sandbox = sandbox
+
+    def write(
+        self, path: str, data: str | bytes, *, mode: int | None = None, append: bool = False
+    ) -> FileInfo:
+        """`write_file`."""
+        return self._sandbox.write_file(path, data, mode=mode, append=append)
+
+    @overload
+    def read(self, path: str, *, format: Literal["text"] = "text") -> str: ...
+
+    @overload
+    def read(self, path: str, *, format: Literal["bytes"]) -> bytes: ...
+
+    def read(self, path: str, *, format: Literal["text", "bytes"] = "text") -> str | bytes:
+        """`read_file`: text, or bytes with `format="bytes"`."""
+        if format == "bytes":
+            return self._sandbox.read_file(path, format="bytes")
+        return self._sandbox.read_file(path, format="text")
+
+    def list(self, path: str = "/workspace") -> builtins.list[FileInfo]:
+        """`ls`."""
+        return self._sandbox.ls(path)
+
+    def get_info(self, path: str) -> FileInfo:
+        """`stat`."""
+        return self._sandbox.stat(path)
+
+    def exists(self, path: str) -> bool:
+        """`exists`."""
+        return self._sandbox.exists(path)
+
+    def make_dir(self, path: str) -> FileInfo:
+        """`mkdir` (with missing parents; an existing folder is fine)."""
+        return self._sandbox.mkdir(path)
+
+    def remove(self, path: str, *, recursive: bool = False) -> None:
+        """`remove` (a folder with contents needs `recursive=True`)."""
+        self._sandbox.remove(path, recursive=recursive)
+
+    def rename(self, old_path: str, new_path: str) -> FileInfo:
+        """`rename`."""
+        return self._sandbox.rename(old_path, new_path)

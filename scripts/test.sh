@@ -20,3 +20,4 @@ echo "== schemathesis"; scripts/schemathesis.sh
 # The SDKs, each against a real daemon of the release build (their scripts install their own
 # tools: a virtualenv, npm packages).
 echo "== python sdk"; sdk/python/test.sh -q
+echo "== typescript sdk"; sdk/typescript/test.sh

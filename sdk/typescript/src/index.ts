@@ -1,0 +1,88 @@
+/**
+ * Sandcell's TypeScript SDK: stateful isolated sandboxes for AI agents, on a `sandcell serve`
+ * daemon. Start with `Sandbox.create()`.
+ */
+
+export { Sandbox } from "./sandbox.js";
+export type {
+  CreateSandboxOptions,
+  ListSandboxesOptions,
+  RunOnceMetrics,
+  RunOnceOptions,
+  RunOnceResult,
+  SandboxMetrics,
+} from "./sandbox.js";
+export { Snapshot } from "./snapshots.js";
+export type {
+  AutoSnapshotSettings,
+  CreateSnapshotOptions,
+  ForkOptions,
+  KernelState,
+  SnapshotManifest,
+} from "./snapshots.js";
+export { BackgroundProcess } from "./commands.js";
+export type {
+  Command,
+  ExecCallbacks,
+  ExecEvent,
+  ExecOptions,
+  ExecResult,
+  KillOptions,
+  OutputFrom,
+  ProcessEvent,
+  ProcessInfo,
+  ProcessOutput,
+  StartProcessOptions,
+} from "./commands.js";
+export { Execution, Result } from "./code.js";
+export type {
+  ArtifactInfo,
+  CodeDone,
+  ContextInfo,
+  ContextRef,
+  CreateContextOptions,
+  ExecutionError,
+  MimeBundle,
+  RunCodeOptions,
+  Variables,
+  VariablesOptions,
+} from "./code.js";
+export { FileExport } from "./files.js";
+export type { Artifact, FileInfo, ImportResult, ImportSource, UploadSource, WriteOptions } from "./files.js";
+export { Commands, Files } from "./namespaces.js";
+export type { RunCommandOptions } from "./namespaces.js";
+export { Terminal } from "./pty.js";
+export type { AttachTerminalOptions, TerminalOptions } from "./pty.js";
+export { system } from "./system.js";
+export type { BackendInfo, SystemInfo } from "./system.js";
+export { DEFAULT_API_URL } from "./config.js";
+export type { ClientOptions } from "./config.js";
+export {
+  AuthenticationError,
+  ConflictError,
+  ConnectionError,
+  InvalidArgumentError,
+  LimitExceededError,
+  NotFoundError,
+  PermissionDeniedError,
+  SandboxGoneError,
+  SandcellError,
+  ServerError,
+  TimeoutError,
+} from "./errors.js";
+export type { ErrorBody } from "./errors.js";
+export type {
+  ExitCause,
+  ExitInfo,
+  KernelRestore,
+  Language,
+  LimitsInput,
+  Network,
+  RestoreReport,
+  SandboxInfo,
+  SandboxLimits,
+  SandboxState,
+  Size,
+  SkippedVariable,
+  StringMap,
+} from "./types.js";

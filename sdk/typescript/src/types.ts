@@ -1,0 +1,279 @@
+/**
+ * Types shared by several modules: a sandbox's description and how a process ended. The API
+ * speaks snake_case JSON; each `Wire*` type is its answer as sent, each public type the
+ * camelCase form this SDK hands out (mapped field by field, so user data — labels, env,
+ * variables, MIME bundles — is never renamed).
+ */
+
+/** A language with a kernel. */
+export type Language = "python" | "node" | "bash" | "r";
+
+/** A named set of limits. */
+export type Size = "nano" | "small" | "medium" | "large";
+
+/** Network policy: `loopback` (the default: only the sandbox's own loopback) or `off`. */
+export type Network = "loopback" | "off";
+
+/** Where a sandbox is in its life. */
+export type SandboxState = "creating" | "running" | "paused" | "stopped" | "failed" | "lost";
+
+/** String keys to string values: labels, metadata, env, tags. */
+export type StringMap = Record<string, string>;
+
+/** Limits in force in a sandbox. */
+export interface SandboxLimits {
+  /** Memory in MiB. */
+  memoryMb: number | null;
+  /** CPUs. */
+  cpus: number | null;
+  /** Processes and threads. */
+  pids: number | null;
+  /** `/workspace` size in MiB. */
+  diskMb: number;
+  /** `/tmp` size in MiB. */
+  tmpMb: number;
+  /** `/home/sandbox` size in MiB. */
+  homeMb: number;
+  /** Open files per process. */
+  openFiles: number;
+  /** Default exec timeout in seconds. */
+  execTimeoutSecs: number | null;
+}
+
+/** Limits to override a size's at creation (all optional). */
+export type LimitsInput = Partial<SandboxLimits>;
+
+/** A variable a snapshot could not carry. */
+export interface SkippedVariable {
+  /** Its name. */
+  name: string;
+  /** Its type, in the language's words. */
+  type: string;
+  /** Why it was left out. */
+  reason: string;
+}
+
+/** One kernel brought back by a restore. */
+export interface KernelRestore {
+  /** Its context. */
+  context: string;
+  /** Its language. */
+  language: Language;
+  /** Variables restored. */
+  restored: string[];
+  /** Variables that could not be, and why. */
+  failed: { name: string; reason: string }[];
+  /** Variables the snapshot had left out. */
+  skipped: SkippedVariable[];
+}
+
+/** What a restore from a snapshot brought back. */
+export interface RestoreReport {
+  /** `files`, `language` or `process`. */
+  fidelity: string;
+  /** The files written. */
+  files: { files: number; bytes: number; skipped: string[] };
+  /** The kernels restored, variable by variable. */
+  kernels: KernelRestore[];
+  /** What the snapshot did not carry. */
+  notCarried: string[];
+}
+
+/** A sandbox as the API describes it. */
+export interface SandboxInfo {
+  /** Its id (`sb-…`). */
+  id: string;
+  /** Where it is in its life. */
+  state: SandboxState;
+  /** Why it stopped, failed, was lost, paused or resumed. */
+  reason: string | null;
+  /** When it was created. */
+  createdAt: Date;
+  /** When it was last used. */
+  lastActiveAt: Date;
+  /** When its lifetime ends, if it has an end. */
+  expiresAt: Date | null;
+  /** Idle timeout in seconds, if any. */
+  idleTimeoutSecs: number | null;
+  /** Its record goes when it stops. */
+  ephemeral: boolean;
+  /** Labels. */
+  labels: StringMap;
+  /** Metadata. */
+  metadata: StringMap;
+  /** Limits in force. */
+  limits: SandboxLimits;
+  /** Network policy. */
+  network: Network;
+  /** Isolation backend (`process`, `gvisor`). */
+  backend: string;
+  /** The template it was made from. */
+  template: string;
+  /** Only right after a restore or fork: what came back. */
+  restore?: RestoreReport;
+}
+
+/** How a process ended: `exited`, `signaled`, `oom_killed`, `timeout`, `pids_limit` or `killed`. */
+export type ExitCause = "exited" | "signaled" | "oom_killed" | "timeout" | "pids_limit" | "killed";
+
+/** How a command or process ended. */
+export interface ExitInfo {
+  /** The exit code, when it exited. */
+  exitCode: number | null;
+  /** Exited with code 0. */
+  ok: boolean;
+  /** How it ended. */
+  cause: ExitCause;
+  /** The signal that ended it. */
+  signal: number | null;
+  /** Its name (`SIGKILL`). */
+  signalName: string | null;
+  /** Killed by the OOM killer: the sandbox hit its memory limit. */
+  oomKilled: boolean;
+  /** Ran past its timeout; the whole tree was killed. */
+  timedOut: boolean;
+  /** The sandbox's process limit refused a fork. */
+  pidsLimitHit: boolean;
+  /** The cause in a sentence. */
+  message: string;
+  /** Stdout went over the limit and was cut. */
+  stdoutTruncated: boolean;
+  /** Stderr went over the limit and was cut. */
+  stderrTruncated: boolean;
+  /** Milliseconds from start to exit. */
+  durationMs: number;
+}
+
+/** `SandboxLimits` as sent. */
+export interface WireLimits {
+  memory_mb: number | null;
+  cpus: number | null;
+  pids: number | null;
+  disk_mb: number;
+  tmp_mb: number;
+  home_mb: number;
+  open_files: number;
+  exec_timeout_secs: number | null;
+}
+
+/** `RestoreReport` as sent. */
+export interface WireRestore {
+  fidelity: string;
+  files: { files: number; bytes: number; skipped: string[] };
+  kernels: KernelRestore[];
+  not_carried: string[];
+}
+
+/** `SandboxInfo` as sent. */
+export interface WireSandbox {
+  id: string;
+  state: SandboxState;
+  reason?: string | null;
+  created_at: string;
+  last_active_at: string;
+  expires_at?: string | null;
+  idle_timeout_secs?: number | null;
+  ephemeral: boolean;
+  labels: StringMap;
+  metadata: StringMap;
+  limits: WireLimits;
+  network: Network;
+  backend: string;
+  template: string;
+  restore?: WireRestore | null;
+}
+
+/** `ExitInfo` as sent (the exec answer, an `exit` event, a process's output). */
+export interface WireExit {
+  exit_code?: number | null;
+  ok: boolean;
+  cause: ExitCause;
+  signal?: number | null;
+  signal_name?: string | null;
+  oom_killed: boolean;
+  timed_out: boolean;
+  pids_limit_hit: boolean;
+  message: string;
+  stdout_truncated: boolean;
+  stderr_truncated: boolean;
+  duration_ms: number;
+}
+
+/** An RFC 3339 time, or null. */
+export function toDate(value: string | null | undefined): Date | null {
+  return value === null || value === undefined ? null : new Date(value);
+}
+
+/** Maps a limits object from the wire. */
+export function toLimits(l: WireLimits): SandboxLimits {
+  return {
+    memoryMb: l.memory_mb,
+    cpus: l.cpus,
+    pids: l.pids,
+    diskMb: l.disk_mb,
+    tmpMb: l.tmp_mb,
+    homeMb: l.home_mb,
+    openFiles: l.open_files,
+    execTimeoutSecs: l.exec_timeout_secs,
+  };
+}
+
+/** Maps limits to the wire (only those given). */
+export function fromLimits(l: LimitsInput): Partial<WireLimits> {
+  return {
+    memory_mb: l.memoryMb,
+    cpus: l.cpus,
+    pids: l.pids,
+    disk_mb: l.diskMb,
+    tmp_mb: l.tmpMb,
+    home_mb: l.homeMb,
+    open_files: l.openFiles,
+    exec_timeout_secs: l.execTimeoutSecs,
+  };
+}
+
+/** Maps a restore report from the wire. */
+export function toRestore(r: WireRestore): RestoreReport {
+  return { fidelity: r.fidelity, files: r.files, kernels: r.kernels, notCarried: r.not_carried };
+}
+
+/** Maps a sandbox from the wire. */
+export function toSandboxInfo(s: WireSandbox): SandboxInfo {
+  const info: SandboxInfo = {
+    id: s.id,
+    state: s.state,
+    reason: s.reason ?? null,
+    createdAt: new Date(s.created_at),
+    lastActiveAt: new Date(s.last_active_at),
+    expiresAt: toDate(s.expires_at),
+    idleTimeoutSecs: s.idle_timeout_secs ?? null,
+    ephemeral: s.ephemeral,
+    labels: s.labels,
+    metadata: s.metadata,
+    limits: toLimits(s.limits),
+    network: s.network,
+    backend: s.backend,
+    template: s.template,
+  };
+  if (s.restore !== undefined && s.restore !== null) info.restore = toRestore(s.restore);
+  return info;
+}
+
+/** Maps how a process ended from the wire. */
+export function toExitInfo(e: WireExit): ExitInfo {
+  return {
+    exitCode: e.exit_code ?? null,
+    ok: e.ok,
+    cause: e.cause,
+    signal: e.signal ?? null,
+    signalName: e.signal_name ?? null,
+    oomKilled: e.oom_killed,
+    timedOut: e.timed_out,
+    pidsLimitHit: e.pids_limit_hit,
+    message: e.message,
+    stdoutTruncated: e.stdout_truncated,
+    stderrTruncated: e.stderr_truncated,
+    durationMs: e.duration_ms,
+  };
+}
+

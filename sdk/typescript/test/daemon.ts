@@ -1,0 +1,95 @@
+/** Starts and stops a real `sandcell serve` on a temporary home, for the tests. */
+
+import { spawn, type ChildProcess } from "node:child_process";
+import { existsSync, mkdtempSync, readFileSync, rmSync, mkdirSync } from "node:fs";
+import { tmpdir } from "node:os";
+import { join, resolve } from "node:path";
+import { fileURLToPath } from "node:url";
+
+/** A running daemon. */
+export interface Daemon {
+  /** Its base URL. */
+  url: string;
+  /** Its admin key. */
+  key: string;
+  /** Its home folder. */
+  home: string;
+  /** A host folder the daemon may import from (`import.allowed_paths`). */
+  importDir: string;
+  /** Stops it (SIGTERM: its sandboxes are stopped with it) and removes its home. */
+  stop(): Promise<void>;
+}
+
+/** The repository's root, from this file compiled into `sdk/typescript/build/`. */
+const REPO = resolve(fileURLToPath(import.meta.url), "../../../..");
+
+/** The binary: `$SANDCELL_BIN`, else the release build of this repository. */
+export function binaryPath(): string {
+  return process.env["SANDCELL_BIN"] ?? join(REPO, "target/release/sandcell");
+}
+
+async function waitFor<T>(what: string, child: ChildProcess, log: () => string, probe: () => T | undefined): Promise<T> {
+  const deadline = Date.now() + 20_000;
+  for (;;) {
+    const value = probe();
+    if (value !== undefined) return value;
+    if (child.exitCode !== null) throw new Error(`sandcell serve exited (${child.exitCode}) before ${what}:\n${log()}`);
+    if (Date.now() > deadline) throw new Error(`sandcell serve: no ${what} after 20 s:\n${log()}`);
+    await new Promise((r) => setTimeout(r, 50));
+  }
+}
+
+/** Starts a daemon listening on a free port of 127.0.0.1. */
+export async function startDaemon(): Promise<Daemon> {
+  const bin = binaryPath();
+  if (!existsSync(bin)) {
+    throw new Error(`the sandcell binary is not at ${bin}: build it (cargo build --release) or set SANDCELL_BIN`);
+  }
+  const home = mkdtempSync(join(tmpdir(), "sandcell-ts-"));
+  const importDir = join(home, "import");
+  mkdirSync(importDir);
+  const child = spawn(
+    bin,
+    [
+      "serve",
+      "--home", home,
+      "--listen", "127.0.0.1:0",
+      "--set", "shutdown.sandboxes=stop",
+      // The test files run side by side: room for all their sandboxes at once.
+      "--set", "limits.max_per_owner=60",
+    ],
+    {
+      env: { ...process.env, SANDCELL_IMPORT_ALLOWED_PATHS: importDir, SANDCELL_LOG: "warn" },
+      stdio: ["ignore", "ignore", "pipe"],
+    },
+  );
+  let stderr = "";
+  child.stderr?.on("data", (c: Buffer) => {
+    stderr = (stderr + c.toString()).slice(-20_000);
+  });
+  const log = (): string => stderr;
+  const url = await waitFor("daemon.json", child, log, () => {
+    try {
+      return (JSON.parse(readFileSync(join(home, "daemon.json"), "utf8")) as { url: string }).url;
+    } catch {
+      return undefined;
+    }
+  });
+  const key = readFileSync(join(home, "admin.key"), "utf8").trim();
+  return {
+    url,
+    key,
+    home,
+    importDir,
+    async stop() {
+      if (child.exitCode === null) {
+        const exited = new Promise((r) => child.once("exit", r));
+        child.kill("SIGTERM");
+        const timer = setTimeout(() => child.kill("SIGKILL"), 15_000);
+        await exited;
+        clearTimeout(timer);
+      }
+      rmSync(home, { recursive: true, force: true });
+    },
+  };
+}

@@ -120,6 +120,10 @@ fn read_until(
     seen: &mut String,
 ) -> Option<Value> {
     let deadline = Instant::now() + Duration::from_secs(20);
+    // A read waits at most that long too: a missing output fails the test, never hangs it.
+    if let tungstenite::stream::MaybeTlsStream::Plain(s) = ws.get_ref() {
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    }
     while Instant::now() < deadline {
         match ws.read() {
             Ok(Message::Binary(b)) => {
@@ -165,8 +169,9 @@ fn daemon_terminal_over_websocket() {
             .into(),
     ))
     .unwrap();
+    // Printed last: everything before it has come too.
     read_until(&mut ws, &format!("shell={pid}"), &mut seen);
-    read_until(&mut ws, "/dev/pts/", &mut seen);
+    assert!(seen.contains("/dev/pts/"), "{seen:?}");
     assert!(seen.contains("30 100"), "{seen:?}");
     assert!(seen.contains("T=xterm-256color"), "{seen:?}");
 

@@ -88,16 +88,16 @@ impl Criu {
         run(cmd, image, "dump.log", "criu dump")
     }
 
-    /// Restores the checkpoint in `image` as a new sandbox named `hostname` whose processes go
-    /// into the cgroup named by `cgroup_roots` (see `SandboxCgroup::criu_roots`) and whose agent talks on
-    /// `connection`. Returns the host pid of its PID 1.
+    /// Restores the checkpoint in `image` as a new sandbox named `hostname` whose processes
+    /// go into the cgroup named by `cgroup_roots` (see `SandboxCgroup::criu_roots`) and whose
+    /// agent talks on `connection`. Returns the host pid of its PID 1 and its root skeleton.
     pub fn restore(
         &self,
         image: &Path,
         hostname: &str,
         cgroup_roots: &[String],
         connection: std::os::fd::OwnedFd,
-    ) -> Result<i32, EngineError> {
+    ) -> Result<(i32, String), EngineError> {
         set_hostname(image, hostname)?;
         let read = |name: &str| {
             std::fs::read_to_string(image.join(name))
@@ -135,10 +135,11 @@ impl Criu {
         sandcell_jail::fdpass::pass_fd(&mut cmd, connection, INHERITED_FD);
         run(cmd, image, "restore.log", "criu restore")?;
         let pid = read("restored.pid")?;
-        pid.parse().map_err(|_| EngineError::Launch {
+        let pid = pid.parse().map_err(|_| EngineError::Launch {
             stage: "criu restore".into(),
             message: format!("criu wrote a bad pid {pid:?}"),
-        })
+        })?;
+        Ok((pid, root))
     }
 }
 
@@ -190,13 +191,6 @@ pub fn rehome(
             }
         }
     }
-}
-
-/// The root skeleton a checkpoint's sandbox ran on.
-pub fn checkpoint_root(image: &Path) -> Result<String, EngineError> {
-    std::fs::read_to_string(image.join(ROOT_FILE))
-        .map(|s| s.trim().to_string())
-        .map_err(|e| EngineError::io("read the checkpoint's root", e))
 }
 
 /// Runs a criu command; on failure the error carries the last errors of its log.
@@ -295,6 +289,7 @@ fn read_varint(bytes: &[u8]) -> Option<(u64, &[u8])> {
     None
 }
 
+/// Appends `value` as a protobuf varint.
 fn write_varint(out: &mut Vec<u8>, mut value: u64) {
     while value >= 0x80 {
         out.push((value as u8) | 0x80);

@@ -637,9 +637,9 @@ impl Backend for ProcessBackend {
         // Restored, the agent is moved to a connection made inside its network namespace,
         // so that CRIU can dump this sandbox again.
         let restored = tokio::task::spawn_blocking(move || {
-            let pid = dumper.restore(&image_dir, &hostname, &roots, OwnedFd::from(agent))?;
+            let (pid, root) =
+                dumper.restore(&image_dir, &hostname, &roots, OwnedFd::from(agent))?;
             let (host, inode) = criu::rehome(host)?;
-            let root = criu::checkpoint_root(&image_dir)?;
             Ok::<_, EngineError>((pid, host, inode, root))
         })
         .await

@@ -529,6 +529,17 @@ pub async fn pty(
     Ok(response)
 }
 
+/// For a `{"type": "resize", "rows": R, "cols": C}` text frame, the size it asks for (none
+/// when it names no valid one); `None` for any other text, which is typed.
+fn resize_of(text: &str) -> Option<Option<(u16, u16)>> {
+    let v: serde_json::Value = serde_json::from_str(text).ok()?;
+    if v["type"] != "resize" {
+        return None;
+    }
+    let dim = |k: &str| v[k].as_u64().and_then(|n| u16::try_from(n).ok());
+    Some(dim("rows").zip(dim("cols")))
+}
+
 /// Pumps a terminal both ways until the process ends or the client goes.
 async fn terminal(socket: WebSocket, sandbox: Sandbox, mut attach: AttachStream) {
     let pid = attach.pid();
@@ -541,31 +552,21 @@ async fn terminal(socket: WebSocket, sandbox: Sandbox, mut attach: AttachStream)
         // A keystroke that cannot be written (the process just ended on the one before) does
         // not end the socket: the process's exit frame is still to come from the other side.
         while let Some(Ok(msg)) = rx.next().await {
-            let done = match msg {
-                Message::Binary(b) => {
-                    let _ = input.write_process_stdin(pid, &b).await;
-                    false
-                }
-                Message::Text(t) => match serde_json::from_str::<serde_json::Value>(&t) {
-                    Ok(v) if v["type"] == "resize" => {
-                        let rows = v["rows"].as_u64().and_then(|r| u16::try_from(r).ok());
-                        let cols = v["cols"].as_u64().and_then(|c| u16::try_from(c).ok());
-                        if let (Some(rows), Some(cols)) = (rows, cols) {
+            let keys = match &msg {
+                Message::Binary(b) => b.as_ref(),
+                Message::Text(t) => match resize_of(t) {
+                    Some(size) => {
+                        if let Some((rows, cols)) = size {
                             let _ = input.resize_pty(pid, rows, cols).await;
                         }
-                        false
+                        continue;
                     }
-                    _ => {
-                        let _ = input.write_process_stdin(pid, t.as_bytes()).await;
-                        false
-                    }
+                    None => t.as_bytes(),
                 },
-                Message::Close(_) => true,
-                Message::Ping(_) | Message::Pong(_) => false,
+                Message::Close(_) => break,
+                Message::Ping(_) | Message::Pong(_) => continue,
             };
-            if done {
-                break;
-            }
+            let _ = input.write_process_stdin(pid, keys).await;
         }
     });
     loop {

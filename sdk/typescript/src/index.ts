@@ -6,6 +6,7 @@
 export { Sandbox } from "./sandbox.js";
 export type {
   CreateSandboxOptions,
+  EnableAutoSnapshotOptions,
   ListSandboxesOptions,
   RunOnceMetrics,
   RunOnceOptions,

@@ -132,10 +132,22 @@ export interface RunOnceMetrics {
 export interface RunOnceResult {
   /** The execution (output, results, error, status). */
   execution: code.Execution;
+  /** What the code printed: `execution.stdout`, under other sandbox SDKs' name. */
+  output: string;
   /** The sandbox it ran in (deleted since). */
   sandboxId: string;
   /** Timings. */
   metrics: RunOnceMetrics;
+}
+
+/** Options of `enableAutoSnapshot`. */
+export interface EnableAutoSnapshotOptions {
+  /** One snapshot every this many minutes while it runs. */
+  intervalMins: number;
+  /** Interval snapshots kept (default 3, at most 100). */
+  keep?: number | null;
+  /** One snapshot just before it is stopped for idleness or its lifetime. */
+  beforeReclaim?: boolean;
 }
 
 interface WireMetrics {
@@ -249,6 +261,7 @@ export class Sandbox {
       const t3 = performance.now();
       return {
         execution,
+        output: execution.stdout,
         sandboxId: sandbox.id,
         metrics: {
           startupMs: t1 - t0,
@@ -283,6 +296,16 @@ export class Sandbox {
   /** Ends it at the end of an `await using` block. */
   async [Symbol.asyncDispose](): Promise<void> {
     await this.kill();
+  }
+
+  /** `kill()`, under other sandbox SDKs' name. */
+  delete(): Promise<void> {
+    return this.kill();
+  }
+
+  /** `kill()`, for code that closes what it opened (this client holds no connection of its own). */
+  close(): Promise<void> {
+    return this.kill();
   }
 
   /** Sets a new lifetime, in seconds from now. */
@@ -347,6 +370,11 @@ export class Sandbox {
   /** Every process in the sandbox. */
   processes(): Promise<commands.ProcessInfo[]> {
     return commands.listProcesses(this.http, this.id);
+  }
+
+  /** `processes()`, under other sandbox SDKs' name. */
+  getProcesses(): Promise<commands.ProcessInfo[]> {
+    return this.processes();
   }
 
   /** Sends a signal (default KILL) to a process. */
@@ -525,6 +553,20 @@ export class Sandbox {
       body: { json: fromAutoSnapshot(settings) },
     });
     return toAutoSnapshot(a);
+  }
+
+  /**
+   * `setAutoSnapshot({ intervalSecs: intervalMins * 60, … })`: other sandbox SDKs' name, with
+   * the interval in minutes (rounded to whole seconds); the settings are replaced.
+   */
+  enableAutoSnapshot(options: EnableAutoSnapshotOptions): Promise<AutoSnapshotSettings> {
+    const { intervalMins, ...rest } = options;
+    return this.setAutoSnapshot({ ...rest, intervalSecs: Math.round(intervalMins * 60) });
+  }
+
+  /** `setAutoSnapshot({})`: no automatic snapshots from now on (those taken stay). */
+  disableAutoSnapshot(): Promise<AutoSnapshotSettings> {
+    return this.setAutoSnapshot({});
   }
 
   private path(rest = ""): string {

@@ -645,6 +645,19 @@ class ExecutionBuilder:
         )
 
 
+@dataclass(frozen=True)
+class RunOnceMetrics:
+    """The timings of a `run_once`, in milliseconds: `startup_ms` (creating the sandbox),
+    `run_ms` (running the code, request to answer), `execution_ms` (the run as the kernel
+    measured it), `cleanup_ms` (deleting the sandbox) and `total_ms`."""
+
+    startup_ms: float
+    run_ms: float
+    execution_ms: float
+    cleanup_ms: float
+    total_ms: float
+
+
 @dataclass
 class RunOnceResult:
     """What `run_once` gives: the execution and client-side timings in milliseconds."""
@@ -670,6 +683,23 @@ class RunOnceResult:
     def ok(self) -> bool:
         """Whether the code ran without an error."""
         return self.execution.ok
+
+    @property
+    def output(self) -> str:
+        """What the code printed (`stdout`), under other sandbox SDKs' name."""
+        return self.execution.stdout
+
+    @property
+    def metrics(self) -> RunOnceMetrics:
+        """The timings grouped as other sandbox SDKs give them (`create_ms` is `startup_ms`,
+        `delete_ms` is `cleanup_ms`; `execution_ms` is the kernel's own measure)."""
+        return RunOnceMetrics(
+            startup_ms=self.create_ms,
+            run_ms=self.run_ms,
+            execution_ms=self.execution.done.duration_ms,
+            cleanup_ms=self.delete_ms,
+            total_ms=self.total_ms,
+        )
 
 
 @dataclass

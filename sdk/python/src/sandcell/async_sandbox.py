@@ -362,6 +362,14 @@ class AsyncSandbox:
         if self._owns_client:
             await self.client.close()
 
+    async def delete(self) -> None:
+        """`kill()`, then `close()`: ends the sandbox and lets go of the connection (other
+        sandbox SDKs' name; `close()` alone keeps the sandbox running)."""
+        try:
+            await self.kill()
+        finally:
+            await self.close()
+
     async def __aenter__(self) -> AsyncSandbox:
         return self
 
@@ -475,6 +483,10 @@ class AsyncSandbox:
     async def processes(self) -> builtins.list[ProcessInfo]:
         """Every process in the sandbox."""
         return await self._http.call(_api.list_processes(self.id))
+
+    async def get_processes(self) -> builtins.list[ProcessInfo]:
+        """`processes()`, under other sandbox SDKs' name."""
+        return await self.processes()
 
     async def kill_process(self, pid: int, signal: str | int = "KILL", *, tree: bool = False) -> None:
         """Sends `signal` to a process (and its descendants with `tree=True`)."""
@@ -709,6 +721,19 @@ class AsyncSandbox:
         before the sandbox is reclaimed."""
         settings = AutoSnapshot(interval_secs=interval, keep=keep, before_reclaim=before_reclaim)
         return await self._http.call(_api.set_auto_snapshot(self.id, settings))
+
+    async def enable_auto_snapshot(
+        self, interval_mins: float, *, keep: int | None = None, before_reclaim: bool = False
+    ) -> AutoSnapshot:
+        """`set_auto_snapshot(interval=interval_mins * 60, …)`: other sandbox SDKs' name, with
+        the interval in minutes (rounded to whole seconds)."""
+        return await self.set_auto_snapshot(
+            interval=round(interval_mins * 60), keep=keep, before_reclaim=before_reclaim
+        )
+
+    async def disable_auto_snapshot(self) -> AutoSnapshot:
+        """`set_auto_snapshot()` with nothing set: no more automatic snapshots (those taken stay)."""
+        return await self.set_auto_snapshot()
 
 
 class AsyncProcess:

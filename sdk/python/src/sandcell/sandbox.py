@@ -358,6 +358,14 @@ class Sandbox:
         if self._owns_client:
             self.client.close()
 
+    def delete(self) -> None:
+        """`kill()`, then `close()`: ends the sandbox and lets go of the connection (other
+        sandbox SDKs' name; `close()` alone keeps the sandbox running)."""
+        try:
+            self.kill()
+        finally:
+            self.close()
+
     def __enter__(self) -> Sandbox:
         return self
 
@@ -469,6 +477,10 @@ class Sandbox:
     def processes(self) -> builtins.list[ProcessInfo]:
         """Every process in the sandbox."""
         return self._http.call(_api.list_processes(self.id))
+
+    def get_processes(self) -> builtins.list[ProcessInfo]:
+        """`processes()`, under other sandbox SDKs' name."""
+        return self.processes()
 
     def kill_process(self, pid: int, signal: str | int = "KILL", *, tree: bool = False) -> None:
         """Sends `signal` to a process (and its descendants with `tree=True`)."""
@@ -701,6 +713,19 @@ class Sandbox:
         before the sandbox is reclaimed."""
         settings = AutoSnapshot(interval_secs=interval, keep=keep, before_reclaim=before_reclaim)
         return self._http.call(_api.set_auto_snapshot(self.id, settings))
+
+    def enable_auto_snapshot(
+        self, interval_mins: float, *, keep: int | None = None, before_reclaim: bool = False
+    ) -> AutoSnapshot:
+        """`set_auto_snapshot(interval=interval_mins * 60, …)`: other sandbox SDKs' name, with
+        the interval in minutes (rounded to whole seconds)."""
+        return self.set_auto_snapshot(
+            interval=round(interval_mins * 60), keep=keep, before_reclaim=before_reclaim
+        )
+
+    def disable_auto_snapshot(self) -> AutoSnapshot:
+        """`set_auto_snapshot()` with nothing set: no more automatic snapshots (those taken stay)."""
+        return self.set_auto_snapshot()
 
 
 class Process:

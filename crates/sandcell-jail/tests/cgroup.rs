@@ -618,3 +618,30 @@ fn real_pause_stops_a_cpu_loop_and_resume_continues_it() {
     cg.kill_all().unwrap();
     assert_eq!(child.wait().unwrap().signal(), Some(libc::SIGKILL));
 }
+
+/// A shell that forks `sleep` every millisecond (dash forks with vfork): on cgroup v1 a
+/// freeze that catches a vforked child before its exec never completed on its own, and
+/// one pause in ~60 failed after a whole second. Every pause must succeed, quickly.
+#[test]
+fn real_pause_succeeds_every_time_on_a_forking_shell_loop() {
+    if !real_cgroups("real_pause_succeeds_every_time_on_a_forking_shell_loop") {
+        return;
+    }
+    let (cg, _) = create_real("pause-forks", &limits(None, Some(64), None));
+    let cg = &cg.0;
+    let mut child = spawn_in(cg, "while :; do sleep 0.001; done");
+    assert!(wait_until(Duration::from_secs(5), || cg.pids().len() > 1));
+    let mut slowest = Duration::ZERO;
+    for i in 0..400 {
+        let started = Instant::now();
+        cg.pause(Duration::from_secs(1))
+            .unwrap_or_else(|e| panic!("pause {i}: {e}"));
+        slowest = slowest.max(started.elapsed());
+        assert_eq!(cg.paused(), Some(true));
+        cg.resume();
+        sleep(Duration::from_millis(2));
+    }
+    eprintln!("400 pauses of a forking loop, the slowest {slowest:?}");
+    cg.kill_all().unwrap();
+    let _ = child.wait();
+}

@@ -1,4 +1,5 @@
-//! A sandbox's carried folders into a tar archive on the host, read through
+//! A sandbox's carried folders (the engine's `snapshot::CARRIED_DIRS`, named by the caller)
+//! into a tar archive on the host, read through
 //! `/proc/<pid>/root` while the sandbox is frozen (the engine pauses it first). Restores go
 //! the other way through the agent, as the sandbox's user.
 //!
@@ -97,12 +98,13 @@ fn walk(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use sandcell_engine::snapshot::archived_dirs;
     use std::os::unix::fs::PermissionsExt;
 
-    /// A fake sandbox root with the carried folders.
+    /// A fake sandbox root with the carried folders, and a writable one that is not.
     fn root() -> tempfile::TempDir {
         let dir = tempfile::tempdir().unwrap();
-        for d in ["workspace", "home/sandbox", "tmp"] {
+        for d in archived_dirs().into_iter().chain(["dev/shm"]) {
             fs::create_dir_all(dir.path().join(d)).unwrap();
         }
         dir
@@ -118,12 +120,14 @@ mod tests {
         fs::set_permissions(ws.join("run.sh"), fs::Permissions::from_mode(0o750)).unwrap();
         std::os::unix::fs::symlink("/etc/passwd", ws.join("link")).unwrap();
         fs::write(src.path().join("home/sandbox/.rc"), "x=1").unwrap();
-        fs::write(src.path().join("tmp/not-carried"), "").unwrap();
+        fs::create_dir_all(src.path().join("tmp/n/e")).unwrap();
+        fs::write(src.path().join("tmp/n/e/data.csv"), "a,b\n").unwrap();
+        fs::write(src.path().join("dev/shm/not-carried"), "").unwrap();
         std::os::unix::net::UnixListener::bind(ws.join("sock")).unwrap();
 
         let mut archive = Vec::new();
-        let c = capture(src.path(), &["workspace", "home/sandbox"], &mut archive).unwrap();
-        assert_eq!((c.files, c.bytes), (3, 100_000 + 7 + 3));
+        let c = capture(src.path(), &archived_dirs(), &mut archive).unwrap();
+        assert_eq!((c.files, c.bytes), (4, 100_000 + 7 + 3 + 4));
         assert!(
             c.skipped.iter().any(|s| s.contains("sock")),
             "{:?}",
@@ -150,6 +154,8 @@ mod tests {
         assert_eq!(find("workspace/link").1, tar::EntryType::Symlink);
         assert_eq!(find("workspace/link").3.as_deref(), Some("/etc/passwd"));
         assert_eq!(find("home/sandbox/.rc").1, tar::EntryType::Regular);
-        assert!(!seen.iter().any(|s| s.0.starts_with("tmp")), "{seen:?}");
+        assert_eq!(find("tmp/n/e/data.csv").1, tar::EntryType::Regular);
+        assert_eq!(find("tmp").1, tar::EntryType::Directory);
+        assert!(!seen.iter().any(|s| s.0.starts_with("dev")), "{seen:?}");
     }
 }

@@ -17,15 +17,24 @@ use sandcell_protocol::{GuestMessage, HostMessage, Language};
 use crate::error::EngineError;
 use crate::sandbox::{Sandbox, unexpected};
 
-/// The folders of a sandbox a snapshot carries, relative to its root.
-pub const CARRIED_DIRS: [&str; 2] = ["workspace", "home/sandbox"];
+/// The folders of a sandbox a snapshot carries (absolute, inside it): every writable folder
+/// it has, which are the file API's roots, since a restore writes through that API. Not
+/// `/dev/shm`: its content is processes' shared memory, meaningless without the processes
+/// (only a process checkpoint carries those, and it carries `/dev/shm` with them).
+pub const CARRIED_DIRS: &[&str] = sandcell_protocol::FILE_ROOTS;
 
 /// Where kernels write their state during a snapshot (relative to the sandbox's root); it
-/// travels in the archive and is removed after.
+/// travels in the archive (inside the carried `/tmp`) and is removed after.
 pub const STATE_DIR: &str = "tmp/.sandcell-state";
 
-/// Everything an archive may hold: the carried folders and the kernels' state.
-const ARCHIVED: [&str; 3] = [CARRIED_DIRS[0], CARRIED_DIRS[1], STATE_DIR];
+/// The carried folders relative to the sandbox's root, as archives name them (`tmp`).
+/// Snapshots from before `/tmp` was carried hold [`STATE_DIR`] only there: it is under one.
+pub fn archived_dirs() -> Vec<&'static str> {
+    CARRIED_DIRS
+        .iter()
+        .map(|d| d.trim_start_matches('/'))
+        .collect()
+}
 
 /// The archive of the carried folders, in a snapshot's folder.
 pub const FILES_ARCHIVE: &str = "files.tar";
@@ -135,7 +144,10 @@ fn fidelity_gaps(language: bool) -> Vec<String> {
              code runs again in fresh kernels"
                 .into()
         },
-        "/tmp and everything outside /workspace and /home/sandbox".into(),
+        format!(
+            "everything outside {} (/dev/shm included: processes' shared memory)",
+            CARRIED_DIRS.join(", ")
+        ),
     ]
 }
 
@@ -219,7 +231,7 @@ impl Sandbox {
             };
             let files = sandbox
                 .backend_instance()
-                .capture_files(&ARCHIVED, &mut out)?;
+                .capture_files(&archived_dirs(), &mut out)?;
             out.flush()
                 .map_err(|e| EngineError::io("write the snapshot archive", e))?;
             let file = out
@@ -678,6 +690,7 @@ fn read_archive(path: &Path, tx: &tokio::sync::mpsc::Sender<Item>) -> io::Result
         tx.blocking_send(item)
             .map_err(|_| io::Error::other("the restore stopped"))
     };
+    let carried = archived_dirs();
     let mut archive = tar::Archive::new(io::BufReader::new(std::fs::File::open(path)?));
     for entry in archive.entries()? {
         let mut entry = entry?;
@@ -685,7 +698,7 @@ fn read_archive(path: &Path, tx: &tokio::sync::mpsc::Sender<Item>) -> io::Result
         let plain = name
             .components()
             .all(|c| matches!(c, std::path::Component::Normal(_)));
-        if !plain || !ARCHIVED.iter().any(|d| name.starts_with(d)) {
+        if !plain || !carried.iter().any(|d| name.starts_with(d)) {
             send(Item::Skipped(format!(
                 "{}: outside the carried folders",
                 name.display()
@@ -722,4 +735,77 @@ fn read_archive(path: &Path, tx: &tokio::sync::mpsc::Sender<Item>) -> io::Result
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn archive(entries: &[(&str, &[u8])]) -> tempfile::NamedTempFile {
+        let file = tempfile::NamedTempFile::new().unwrap();
+        let mut tar = tar::Builder::new(file.reopen().unwrap());
+        for (name, data) in entries {
+            let mut h = tar::Header::new_gnu();
+            h.set_entry_type(tar::EntryType::Regular);
+            h.set_mode(0o644);
+            h.set_size(data.len() as u64);
+            tar.append_data(&mut h, name, *data).unwrap();
+        }
+        tar.into_inner().unwrap();
+        file
+    }
+
+    /// What a restore would do with each entry: the paths written, and what it skipped.
+    fn read(file: &tempfile::NamedTempFile) -> (Vec<String>, Vec<String>) {
+        let (tx, mut rx) = tokio::sync::mpsc::channel(64);
+        read_archive(file.path(), &tx).unwrap();
+        drop(tx);
+        let (mut written, mut skipped) = (Vec::new(), Vec::new());
+        while let Ok(item) = rx.try_recv() {
+            match item {
+                Item::FileStart { path, .. } => written.push(path),
+                Item::Skipped(why) => skipped.push(why),
+                _ => {}
+            }
+        }
+        (written, skipped)
+    }
+
+    #[test]
+    fn every_file_root_is_carried_and_nothing_else() {
+        assert_eq!(archived_dirs(), ["workspace", "home/sandbox", "tmp"]);
+        let file = archive(&[
+            ("workspace/a", b"1"),
+            ("home/sandbox/.rc", b"2"),
+            ("tmp/n/e/data.bin", &[0, 159, 255]),
+            ("etc/passwd", b"x"),
+            ("tmpfoo/x", b"x"),
+        ]);
+        let (written, skipped) = read(&file);
+        assert_eq!(
+            written,
+            ["/workspace/a", "/home/sandbox/.rc", "/tmp/n/e/data.bin"]
+        );
+        assert_eq!(skipped.len(), 2, "{skipped:?}");
+    }
+
+    #[test]
+    fn a_snapshot_from_before_tmp_was_carried_still_restores() {
+        // Such archives held the two folders and, under /tmp, only the kernels' state.
+        let file = archive(&[
+            ("workspace/a", b"1"),
+            ("home/sandbox/.rc", b"2"),
+            ("tmp/.sandcell-state/python.state", b"s"),
+        ]);
+        let (written, skipped) = read(&file);
+        assert_eq!(
+            written,
+            [
+                "/workspace/a",
+                "/home/sandbox/.rc",
+                "/tmp/.sandcell-state/python.state"
+            ]
+        );
+        assert!(skipped.is_empty(), "{skipped:?}");
+    }
 }

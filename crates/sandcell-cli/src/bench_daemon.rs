@@ -1254,9 +1254,13 @@ impl Daemon {
         let resp = self
             .http
             .get(format!("{}/metrics", self.url))
+            .header("X-API-Key", &self.key)
             .send()
             .await
             .context("GET /metrics")?;
+        if !resp.status().is_success() {
+            bail!("GET /metrics answered {}", resp.status());
+        }
         let text = resp.text().await.context("read /metrics")?;
         Ok(text
             .lines()

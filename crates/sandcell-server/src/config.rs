@@ -117,6 +117,11 @@ const KEYS: &[Key] = &[
         default: |_| toml::Value::Array(Vec::new()),
     },
     Key {
+        name: "metrics.public",
+        help: "serve GET /metrics without an API key (for a scraper that cannot send one; the figures name no sandbox, but count every owner's)",
+        default: |_| toml::Value::Boolean(false),
+    },
+    Key {
         name: "shutdown.sandboxes",
         help: "on SIGTERM/SIGINT: \"keep\" them running for the next start, or \"stop\" them",
         default: |_| string("keep"),
@@ -145,8 +150,17 @@ pub struct Config {
     pub exports: ExportsConfig,
     /// Warm pools.
     pub pools: PoolsConfig,
+    /// Who may read `/metrics`.
+    pub metrics: MetricsConfig,
     /// What a stop does.
     pub shutdown: ShutdownConfig,
+}
+
+/// Who may read `/metrics`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MetricsConfig {
+    /// Served without a key (default: a key is required, as for the API).
+    pub public: bool,
 }
 
 /// Warm pools.
@@ -445,6 +459,11 @@ fn from_text(k: &Key, raw: &str) -> toml::Value {
             .parse::<i64>()
             .map(toml::Value::Integer)
             .unwrap_or_else(|_| string(raw)),
+        toml::Value::Boolean(_) => match raw.trim() {
+            "true" => toml::Value::Boolean(true),
+            "false" => toml::Value::Boolean(false),
+            _ => string(raw),
+        },
         toml::Value::Array(_) => toml::Value::Array(
             raw.split(',')
                 .map(str::trim)
@@ -469,7 +488,8 @@ fn coerce(k: &Key, value: toml::Value, origin: &str) -> Result<toml::Value, Conf
         (toml::Value::Integer(_), _) => {
             Err(bad(format!("expected a whole number ≥ 0, got {value}")))
         }
-        (toml::Value::String(_), toml::Value::String(_)) => Ok(value),
+        (toml::Value::String(_), toml::Value::String(_))
+        | (toml::Value::Boolean(_), toml::Value::Boolean(_)) => Ok(value),
         (toml::Value::Array(_), toml::Value::Array(items))
             if items.iter().all(|i| matches!(i, toml::Value::String(_))) =>
         {

@@ -283,7 +283,7 @@ fn daemon_caps_per_owner_and_in_all() {
     d.post("/v1/sandboxes", json!({}))
         .expect_error(429, "limit_exceeded");
     // Stopped sandboxes do not count; the metrics counted the refusals.
-    let metrics = send(d.req_as(None, Method::GET, "/metrics")).body;
+    let metrics = send(d.req_as(Some(&d.key), Method::GET, "/metrics")).body;
     let text = metrics.as_str().unwrap();
     assert!(
         text.contains("sandcell_errors_total{code=\"limit_exceeded\"} 3"),
@@ -813,9 +813,14 @@ fn daemon_openapi_docs_metrics_and_system() {
     assert_eq!(r.body["running"], 0);
     assert!(r.body["uptime_secs"].as_u64().is_some());
 
+    // /metrics needs a key (Bearer too, as scrapers send it) unless opened by a setting.
+    send(d.req_as(None, Method::GET, "/metrics")).expect_error(401, "unauthenticated");
+    send(d.req_as(Some("sc_nope"), Method::GET, "/metrics")).expect_error(401, "unauthenticated");
+    let bearer = d.req_as(None, Method::GET, "/metrics").bearer_auth(&d.key);
+    assert_eq!(send(bearer).status, 200);
     // /metrics: sandboxes by state, and the exec latency histogram once an exec ran.
     let metrics = || {
-        let r = send(d.req_as(None, Method::GET, "/metrics"));
+        let r = send(d.req_as(Some(&d.key), Method::GET, "/metrics"));
         assert_eq!(r.status, 200);
         assert!(
             r.headers["content-type"]
@@ -876,4 +881,31 @@ fn daemon_openapi_docs_metrics_and_system() {
             assert!(value.parse::<f64>().is_ok(), "{line}");
         }
     }
+}
+
+#[test]
+fn daemon_metrics_open_without_a_key_only_when_the_setting_says_so() {
+    let d = Daemon::start(&["metrics.public=true"]);
+    let r = send(d.req_as(None, Method::GET, "/metrics"));
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert!(
+        r.body
+            .as_str()
+            .unwrap()
+            .contains("sandcell_sandboxes{state=\"running\"} 0")
+    );
+    // Only /metrics: the API still needs a key.
+    send(d.req_as(None, Method::GET, "/v1/sandboxes")).expect_error(401, "unauthenticated");
+    // A value that is not a boolean is refused at start, naming the key.
+    let home = tempfile::tempdir().unwrap();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_sandcell"))
+        .args(["config", "show", "--set", "metrics.public=yes", "--home"])
+        .arg(home.path())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("metrics.public"),
+        "{err}"
+    );
 }

@@ -75,7 +75,7 @@ fn daemon_lifetime_idle_timeout_and_set_timeout_stop_sandboxes() {
         );
     }
     // The lifecycle shows in the metrics.
-    let m = super::daemon::send(d.req_as(None, Method::GET, "/metrics")).body;
+    let m = super::daemon::send(d.req_as(Some(&d.key), Method::GET, "/metrics")).body;
     assert!(
         m.as_str()
             .unwrap()

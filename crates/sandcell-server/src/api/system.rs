@@ -9,7 +9,7 @@ use serde::Serialize;
 use utoipa::ToSchema;
 
 use crate::auth::Caller;
-use crate::error::{ApiResult, ErrorBody};
+use crate::error::{ApiError, ApiResult, ErrorBody};
 use crate::state::AppState;
 
 /// The service.
@@ -63,7 +63,15 @@ pub async fn system(State(s): State<AppState>, caller: Caller) -> ApiResult<Json
 }
 
 /// Prometheus metrics (text exposition format).
-pub async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
+pub async fn metrics(
+    State(s): State<AppState>,
+    caller: Result<Caller, ApiError>,
+) -> ApiResult<impl IntoResponse> {
+    // The figures count every owner's sandboxes: a key is required unless the operator
+    // opened the route for a scraper that cannot send one.
+    if !s.config.metrics.public {
+        caller?;
+    }
     let mut states = Vec::new();
     for state in [
         SandboxState::Creating,
@@ -80,8 +88,8 @@ pub async fn metrics(State(s): State<AppState>) -> impl IntoResponse {
         states.push((state.as_str(), n));
     }
     let pools = s.fleet.pool_ready_counts();
-    (
+    Ok((
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
         s.metrics.render(&states, &pools),
-    )
+    ))
 }

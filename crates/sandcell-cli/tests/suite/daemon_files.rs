@@ -1067,3 +1067,61 @@ fn now_ms() -> i64 {
     )
     .unwrap()
 }
+
+/// A client that goes away in the middle of an upload (its connection closed after half the
+/// declared body, with and without chunked encoding, as a new file and over an old one):
+/// the agent is told to abandon the write, so no file and no temporary file is left, and an
+/// existing file keeps its content.
+#[test]
+fn daemon_files_an_upload_cut_off_mid_stream_leaves_no_file() {
+    let d = Daemon::start(&[]);
+    let id = d.create_id(json!({}));
+    d.exec(
+        &id,
+        "mkdir -p /workspace/up && echo old > /workspace/up/kept.txt",
+    );
+    let addr = d.url.trim_start_matches("http://").to_string();
+    let cut_off = |path: &str, chunked: bool| {
+        let mut conn = std::net::TcpStream::connect(&addr).unwrap();
+        let length = if chunked {
+            "Transfer-Encoding: chunked".to_string()
+        } else {
+            format!("Content-Length: {}", 8 << 20)
+        };
+        let head = format!(
+            "PUT /v1/sandboxes/{id}/files/content{} HTTP/1.1\r\nHost: {addr}\r\n\
+             X-API-Key: {}\r\nContent-Type: application/octet-stream\r\n{length}\r\n\r\n",
+            q(path, ""),
+            d.key
+        );
+        conn.write_all(head.as_bytes()).unwrap();
+        let half = vec![b'x'; 4 << 20];
+        if chunked {
+            conn.write_all(format!("{:x}\r\n", half.len()).as_bytes())
+                .unwrap();
+        }
+        conn.write_all(&half).unwrap();
+        // Some of it reached the sandbox before the client went away.
+        let temp_seen = wait_for(Duration::from_secs(10), || {
+            let out = d.exec(&id, "ls -A /workspace/up");
+            out["stdout"]
+                .as_str()
+                .unwrap()
+                .contains(".sandcell-write-")
+                .then_some(())
+        });
+        assert!(temp_seen.is_some(), "the upload never started writing");
+        drop(conn);
+    };
+    cut_off("/workspace/up/new.bin", false);
+    cut_off("/workspace/up/kept.txt", true);
+    let left = wait_for(Duration::from_secs(10), || {
+        let out = d.exec(&id, "ls -A /workspace/up");
+        let names = out["stdout"].as_str().unwrap().to_string();
+        (names == "kept.txt\n").then_some(names)
+    });
+    let now = d.exec(&id, "ls -A /workspace/up");
+    assert!(left.is_some(), "left behind: {now}");
+    let kept = d.exec(&id, "cat /workspace/up/kept.txt");
+    assert_eq!(kept["stdout"], "old\n", "{kept}");
+}

@@ -3,6 +3,7 @@
 //! HTTP, so they share its validation, ownership, limits and errors.
 
 pub mod api;
+pub mod args;
 pub mod docs;
 pub mod frames;
 pub mod output;

@@ -19,6 +19,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::api::{Api, ApiReply, ApiRequest};
+use crate::args::{self, Dependencies, Dependency, ExportFile, ImportFile};
 use crate::output;
 
 /// The label every session made through MCP carries.
@@ -101,10 +102,12 @@ pub struct CreateSession {
     /// process with its memory (the session then runs without Landlock).
     pub checkpointable: Option<bool>,
     /// Packages the session needs, by their install name (`pandas`, `scikit-learn` for
-    /// python; `lodash` for node; `ggplot2` for r). Each is checked in the session's runtime;
-    /// sandboxes cannot download packages (no network beyond loopback), so when any is not
-    /// installed on the server the session is not made and the error names them.
-    pub dependencies: Option<Vec<String>>,
+    /// python; `lodash` for node; `ggplot2` for r): a list of names, or a map of name to
+    /// version (`{"pandas": "2.2.3", "matplotlib": ""}`; `""` for any version, else exactly
+    /// that one). Each is checked in the session's runtime; sandboxes cannot download packages
+    /// (no network beyond loopback), so when any is not installed on the server (or not in
+    /// the version asked) the session is not made and the error names them.
+    pub dependencies: Option<Dependencies>,
 }
 
 /// A session to act on.
@@ -195,29 +198,17 @@ pub struct ClearContext {
     pub language: Option<Runtime>,
 }
 
-/// One file to put into a session: `path` plus exactly one source.
-#[derive(Debug, Deserialize, JsonSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ImportFile {
-    /// Where it goes (absolute under /workspace, /tmp or /home/sandbox, or relative to /workspace).
-    pub path: String,
-    /// Its contents as text.
-    pub text: Option<String>,
-    /// Its contents as base64.
-    pub base64: Option<String>,
-    /// A file or folder on the server's host, inside its import allow-list.
-    pub host_path: Option<String>,
-    /// An export made by `export_files` from another session.
-    pub export_id: Option<String>,
-}
-
 /// `import_files`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
 pub struct ImportFiles {
     /// The session id.
     pub session_id: String,
-    /// The files.
+    /// The files, each in one of three shapes: `{path, text|base64|host_path|export_id}` (exactly
+    /// one source); `{source, destination}` (a host path inside the import allow-list); or
+    /// `{session_id, path, destination}` (a file or folder of another session: the copy its
+    /// export_files kept, else as it is now).
+    #[serde(deserialize_with = "args::import_files")]
     pub files: Vec<ImportFile>,
 }
 
@@ -228,7 +219,9 @@ pub struct ExportFiles {
     /// The session id.
     pub session_id: String,
     /// Files or folders to export (a folder comes as a tar archive).
-    pub paths: Vec<String>,
+    pub paths: Option<Vec<String>>,
+    /// The same as `paths`, as entries `{"source": "data.csv"}`; either or both may be given.
+    pub files: Option<Vec<ExportFile>>,
     /// Also return each file's contents in the answer (text, or base64 for binary; files up
     /// to 1 MiB). Default: only when no download link can be given.
     pub include_content: Option<bool>,
@@ -293,8 +286,20 @@ impl SandcellMcp {
         ctx: RequestContext<RoleServer>,
     ) -> ToolResult {
         let key = caller_key(&ctx);
+        let runtime = p.runtime.unwrap_or(Runtime::Python);
+        // Checked before anything is made: a bad name or version is the caller's to fix.
+        let deps = match p.dependencies.map(Dependencies::resolve).transpose() {
+            Ok(d) => d.unwrap_or_default(),
+            Err(msg) => return Ok(tool_error(&format!("invalid_argument: {msg}"))),
+        };
+        if let (Runtime::Bash, Some(d)) = (runtime, deps.iter().find(|d| d.version.is_some())) {
+            return Ok(tool_error(&format!(
+                "invalid_argument: {}: bash dependencies are commands, whose versions cannot be checked; give \"\" for any",
+                d.name
+            )));
+        }
         let mut body = json!({
-            "template": p.runtime.map_or("python", Runtime::name),
+            "template": runtime.name(),
             "labels": { SESSION_LABEL: "true" },
         });
         let mut limits = serde_json::Map::new();
@@ -327,10 +332,8 @@ impl SandcellMcp {
         if !reply.ok() {
             return Ok(api_failure(&reply));
         }
-        let deps = p.dependencies.unwrap_or_default();
         if !deps.is_empty() {
             let id = reply.body["id"].as_str().unwrap_or_default().to_string();
-            let runtime = p.runtime.unwrap_or(Runtime::Python);
             if let Some(failure) = self
                 .check_dependencies(key.as_deref(), &id, runtime, &deps)
                 .await?
@@ -526,7 +529,7 @@ impl SandcellMcp {
     }
 
     #[tool(
-        description = "Put files into a session. Each file gives a path and one source: text, base64, host_path (a path on the server's host inside its import allow-list; folders too) or export_id (something export_files exported from another session)."
+        description = "Put files into a session. Each file gives a path and one source: text, base64, host_path (a path on the server's host inside its import allow-list; folders too) or export_id (something export_files exported from another session). Also accepted: {source, destination} for a host path, and {session_id, path, destination} for a file of another session."
     )]
     async fn import_files(
         &self,
@@ -539,13 +542,34 @@ impl SandcellMcp {
         }
         let mut lines = Vec::new();
         for f in p.files {
-            let mut body = json!({"path": f.path});
-            set_opt(&mut body, "text", f.text);
-            set_opt(&mut body, "base64", f.base64);
-            set_opt(&mut body, "host_path", f.host_path);
-            set_opt(&mut body, "export_id", f.export_id);
+            // Every shape comes down to the API's one: a target path and one source.
+            let (body, temporary) = match f {
+                ImportFile::Put(put) => (json!(put), None),
+                ImportFile::Copy(c) => {
+                    (json!({"path": c.destination, "host_path": c.source}), None)
+                }
+                ImportFile::FromSession(from) => {
+                    let (id, made) = match self
+                        .export_of(key.as_deref(), &from.session_id, &from.path)
+                        .await
+                    {
+                        Ok(e) => e,
+                        Err(failure) => return Ok(failure),
+                    };
+                    let body = json!({"path": from.destination, "export_id": id});
+                    (body, made.then_some(id))
+                }
+            };
             let path = format!("/v1/sandboxes/{}/import", seg(&p.session_id));
-            let reply = self.post(key.as_deref(), path, body).await?;
+            let reply = self.post(key.as_deref(), path, body).await;
+            if let Some(id) = temporary {
+                // Made for this copy only: the caller did not ask the server to keep it.
+                let path = format!("/v1/exports/{}", seg(&id));
+                let _ = self
+                    .api_call(key.as_deref(), http::Method::DELETE, path, None)
+                    .await;
+            }
+            let reply = reply?;
             if !reply.ok() {
                 return Ok(api_failure(&reply));
             }
@@ -565,13 +589,17 @@ impl SandcellMcp {
         ctx: RequestContext<RoleServer>,
     ) -> ToolResult {
         let key = caller_key(&ctx);
-        if p.paths.is_empty() {
-            return Ok(tool_error("invalid_argument: paths is empty"));
+        let mut paths = p.paths.unwrap_or_default();
+        paths.extend(p.files.unwrap_or_default().into_iter().map(|f| f.source));
+        if paths.is_empty() {
+            return Ok(tool_error(
+                "invalid_argument: nothing to export: give paths ([\"data.csv\"]) or files ([{\"source\": \"data.csv\"}])",
+            ));
         }
         let base = request_base(&ctx).or_else(|| self.api.public_base());
         let include = p.include_content.unwrap_or(base.is_none());
         let mut content = Vec::new();
-        for path in p.paths {
+        for path in paths {
             let url = format!("/v1/sandboxes/{}/exports", seg(&p.session_id));
             let reply = self
                 .post(key.as_deref(), url, json!({"path": path}))
@@ -718,36 +746,35 @@ impl SandcellMcp {
         Ok((id, true))
     }
 
-    /// Checks that every package in `deps` is installed for `runtime` in session `id`; the
-    /// tool error naming the missing ones when some are not.
+    /// Checks that every package in `deps` is installed for `runtime` in session `id` (in the
+    /// version asked, if any); the tool error naming the others when some are not.
     async fn check_dependencies(
         &self,
         key: Option<&str>,
         id: &str,
         runtime: Runtime,
-        deps: &[String],
+        deps: &[Dependency],
     ) -> Result<Option<CallToolResult>, ErrorData> {
-        if let Some(bad) = deps.iter().find(|d| !valid_package_name(d)) {
-            return Ok(Some(tool_error(&format!(
-                "invalid_argument: {bad:?} is not a package name"
-            ))));
-        }
-        let list = serde_json::to_string(deps).unwrap_or_default();
-        // Each snippet prints the missing names, one per line.
+        let names: Vec<&str> = deps.iter().map(|d| d.name.as_str()).collect();
+        // The names were checked (`args::valid_package_name`): safe inside a JSON list.
+        let list = serde_json::to_string(&names).unwrap_or_default();
+        // Each snippet prints `name<TAB>version` per package (version empty when missing, `?`
+        // when installed without one to tell), in a scope of its own so that nothing is left
+        // in the user's namespace.
         let code = match runtime {
             Runtime::Python => format!(
-                "import importlib.metadata as _m\nfor _d in {list}:\n    try:\n        _m.version(_d)\n    except _m.PackageNotFoundError:\n        print(_d)"
+                "def _sandcell_deps():\n    import importlib.metadata as m\n    for d in {list}:\n        try:\n            v = m.version(d) or '?'\n        except m.PackageNotFoundError:\n            v = ''\n        print(d + '\\t' + v)\n_sandcell_deps()\ndel _sandcell_deps"
             ),
             Runtime::Node => format!(
-                "for (const d of {list}) {{ try {{ require.resolve(d) }} catch (e) {{ console.log(d) }} }}"
+                "(() => {{ const path = require('path'), fs = require('fs'); for (const d of {list}) {{ let v = ''; try {{ let dir = path.dirname(require.resolve(d)); v = '?'; while (dir !== path.dirname(dir)) {{ const f = path.join(dir, 'package.json'); if (fs.existsSync(f)) {{ const j = JSON.parse(fs.readFileSync(f, 'utf8')); if (j.name === d) {{ v = j.version || '?'; break }} }} dir = path.dirname(dir) }} }} catch (e) {{}} console.log(d + '\\t' + v) }} }})()"
             ),
             Runtime::R => format!(
-                "for (d in c({})) if (!requireNamespace(d, quietly = TRUE)) cat(d, '\\n')",
+                "local(for (d in c({})) cat(d, '\\t', if (requireNamespace(d, quietly = TRUE)) as.character(packageVersion(d)) else '', '\\n', sep = ''))",
                 list.trim_start_matches('[').trim_end_matches(']')
             ),
-            Runtime::Bash => deps
+            Runtime::Bash => names
                 .iter()
-                .map(|d| format!("command -v {d} >/dev/null || echo {d}"))
+                .map(|d| format!("if command -v {d} >/dev/null; then printf '%s\\t?\\n' {d}; else printf '%s\\t\\n' {d}; fi"))
                 .collect::<Vec<_>>()
                 .join("\n"),
         };
@@ -757,19 +784,55 @@ impl SandcellMcp {
         if !reply.ok() {
             return Ok(Some(api_failure(&reply)));
         }
-        let missing: Vec<&str> = reply.body["stdout"]
-            .as_str()
-            .unwrap_or_default()
-            .split_whitespace()
-            .collect();
-        if missing.is_empty() {
+        let unmet = args::unmet(deps, reply.body["stdout"].as_str().unwrap_or_default());
+        if unmet.is_empty() {
             return Ok(None);
         }
         Ok(Some(tool_error(&format!(
             "missing_dependencies: {} not installed for {} on this server, and sandboxes cannot download packages (no network beyond loopback); use what is installed, or ask the server's operator to add them",
-            missing.join(", "),
+            unmet.join(", "),
             runtime.name()
         ))))
+    }
+
+    /// An export of `path` in session `from` to import from: the newest one that session
+    /// made with export_files (it outlives the session), else one made now (`true`: delete
+    /// it once imported).
+    async fn export_of(
+        &self,
+        key: Option<&str>,
+        from: &str,
+        path: &str,
+    ) -> Result<(String, bool), CallToolResult> {
+        let wanted = args::absolute(path);
+        let list = format!("/v1/exports?sandbox_id={}", seg(from));
+        let listed = self
+            .get(key, list)
+            .await
+            .map_err(|e| tool_error(&e.message))?;
+        // A list that fails (a malformed id) falls through: the export below says why.
+        if listed.ok()
+            && let Some(id) = listed.body["exports"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .find(|e| e["path"].as_str().map(args::absolute).as_deref() == Some(&wanted))
+                .and_then(|e| e["id"].as_str())
+        {
+            return Ok((id.to_string(), false));
+        }
+        let url = format!("/v1/sandboxes/{}/exports", seg(from));
+        let reply = self
+            .post(key, url, json!({"path": path}))
+            .await
+            .map_err(|e| tool_error(&e.message))?;
+        if !reply.ok() {
+            return Err(api_failure(&reply));
+        }
+        match reply.body["id"].as_str() {
+            Some(id) => Ok((id.to_string(), true)),
+            None => Err(tool_error("internal: the export's answer has no id")),
+        }
     }
 
     async fn run_code(
@@ -973,16 +1036,6 @@ fn set_opt<T: serde::Serialize>(body: &mut Value, key: &str, value: Option<T>) {
     if let Some(v) = value {
         body[key] = json!(v);
     }
-}
-
-/// A package name as package managers write them: letters, digits, `-`, `_`, `.`, `@`, `/`
-/// (scoped npm packages), nothing a shell or a language would interpret.
-fn valid_package_name(name: &str) -> bool {
-    !name.is_empty()
-        && name.len() <= 214
-        && name
-            .chars()
-            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.' | '@' | '/'))
 }
 
 /// `result` with a first line naming the session, when it was made for this call.

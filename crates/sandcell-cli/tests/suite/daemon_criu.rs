@@ -6,6 +6,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 use super::daemon::Daemon;
+use super::daemon_snapshots::{check_tmp, fill_tmp};
 
 /// The daemon's CRIU line, or `None` (after saying why) when it has no working CRIU.
 fn criu_ready(d: &Daemon) -> bool {
@@ -53,6 +54,9 @@ fn a_checkpointable_sandbox_is_snapshotted_with_every_process_and_forks_keep_the
     );
     assert_eq!(bg.status, 201, "{:?}", bg.body);
     d.exec(&id, "echo source > /workspace/who");
+    // Files in /tmp, and POSIX shared memory in /dev/shm: both in the checkpoint.
+    let tmp_sum = fill_tmp(&d, &id);
+    d.exec(&id, "echo seg > /dev/shm/seg");
     std::thread::sleep(Duration::from_millis(300));
 
     let snap = d.post(
@@ -94,6 +98,8 @@ fn a_checkpointable_sandbox_is_snapshotted_with_every_process_and_forks_keep_the
         );
         // A new identity: its own hostname.
         assert_eq!(stdout(&d.exec(f, "hostname")), format!("{f}\n"));
+        check_tmp(&d, f, &tmp_sum);
+        assert_eq!(stdout(&d.exec(f, "cat /dev/shm/seg")), "seg\n");
         streams.push(stdout(&d.code(f, "import random; print(random.random())")));
         d.exec(f, &format!("echo {f} > /workspace/who"));
     }
@@ -133,6 +139,7 @@ fn a_checkpointable_sandbox_is_snapshotted_with_every_process_and_forks_keep_the
     let grand = d.create(json!({"snapshot_id": again.body["id"]}));
     let gid = grand["id"].as_str().unwrap();
     assert_eq!(stdout(&d.exec(gid, "hostname")), format!("{gid}\n"));
+    check_tmp(&d, gid, &tmp_sum);
     let r = d.exec(gid, "cat /proc/1/mem > /dev/null");
     assert_ne!(r["exit_code"], 0, "the agent's memory was readable: {r}");
     // And the third generation again.
@@ -153,6 +160,7 @@ fn a_checkpointable_sandbox_is_snapshotted_with_every_process_and_forks_keep_the
     let restored = d.create(json!({"snapshot_id": snap_id}));
     let rid = restored["id"].as_str().unwrap();
     assert_eq!(stdout(&d.code(rid, "print(triple(7))")), "21\n");
+    check_tmp(&d, rid, &tmp_sum);
 }
 
 #[test]

@@ -39,7 +39,7 @@ fn daemon_snapshots_fork_independent_sandboxes_and_survive_a_restart() {
          && sha256sum /workspace/data/deep/blob | cut -c1-64 > /workspace/sum \
          && printf 'echo hi' > /workspace/run.sh && chmod 750 /workspace/run.sh \
          && ln -s data/deep/blob /workspace/link && printf rc > /home/sandbox/.rc \
-         && echo scratch > /tmp/not-carried && cat /workspace/sum",
+         && echo scratch > /tmp/scratch && cat /workspace/sum",
     );
     let sum = out["stdout"].as_str().unwrap().trim().to_string();
     // Kernel state: ~50 MB of list, a function, a class and its instance, and an open file
@@ -72,13 +72,14 @@ fn daemon_snapshots_fork_independent_sandboxes_and_survive_a_restart() {
         (r.body["name"].clone(), r.body["tags"]["k"].clone()),
         (json!("base"), json!("v"))
     );
-    // Four files, and the kernel's state file.
-    assert_eq!(r.body["files"], 5, "{}", r.body);
+    // Five files, and the kernel's state file.
+    assert_eq!(r.body["files"], 6, "{}", r.body);
     assert!(r.body["size"].as_u64().unwrap() > 10_000_000);
     assert!(r.body["manifest"]["sha256"].as_str().unwrap().len() == 64);
     let gaps = r.body["manifest"]["not_carried"].to_string();
     assert!(
-        gaps.contains("language fidelity") && gaps.contains("/tmp"),
+        gaps.contains("language fidelity")
+            && gaps.contains("outside /workspace, /home/sandbox, /tmp ("),
         "{gaps}"
     );
     // The source runs on, unchanged.
@@ -91,7 +92,7 @@ fn daemon_snapshots_fork_independent_sandboxes_and_survive_a_restart() {
     let forks = fork_ids(&r);
     assert_eq!(forks.len(), 3);
     assert_eq!(
-        r.body["sandboxes"][0]["restore"]["files"]["files"], 5,
+        r.body["sandboxes"][0]["restore"]["files"]["files"], 6,
         "{}",
         r.body
     );
@@ -116,7 +117,7 @@ fn daemon_snapshots_fork_independent_sandboxes_and_survive_a_restart() {
         );
         assert_eq!(
             out["stdout"],
-            format!("{sum}\n750\ndata/deep/blob\nrc\nsandbox\n"),
+            format!("{sum}\n750\ndata/deep/blob\nrc\nscratch\nsandbox\n"),
             "{out}"
         );
         // A new identity: its own hostname.
@@ -269,6 +270,96 @@ fn daemon_snapshots_fork_independent_sandboxes_and_survive_a_restart() {
             .status,
         201
     );
+}
+
+/// Writes a nested folder with a binary file and a CSV in `/tmp`; returns the binary's
+/// SHA-256.
+pub(super) fn fill_tmp(d: &Daemon, id: &str) -> String {
+    let out = d.exec(
+        id,
+        "mkdir -p /tmp/nest/deep && head -c 300000 /dev/urandom > /tmp/nest/deep/blob.bin \
+         && printf 'a,b\\n1,2\\n' > /tmp/data.csv && sha256sum /tmp/nest/deep/blob.bin | cut -c1-64",
+    );
+    assert_eq!(out["exit_code"], 0, "{out}");
+    out["stdout"].as_str().unwrap().trim().to_string()
+}
+
+/// What [`fill_tmp`] wrote is in sandbox `id`'s `/tmp`, and `/tmp` is still sticky.
+pub(super) fn check_tmp(d: &Daemon, id: &str, sum: &str) {
+    let out = d.exec(
+        id,
+        "sha256sum /tmp/nest/deep/blob.bin | cut -c1-64; cat /tmp/data.csv; stat -c %a /tmp",
+    );
+    assert_eq!(
+        out["stdout"],
+        format!("{sum}\na,b\n1,2\n1777\n"),
+        "/tmp of {id}: {out}"
+    );
+}
+
+#[test]
+fn daemon_snapshots_carry_tmp_at_files_and_language_fidelity() {
+    let d = Daemon::start(&[]);
+    for (fidelity, spec) in [
+        ("files", json!({})),
+        ("language", json!({"template": "python"})),
+    ] {
+        let src = d.create_id(spec);
+        if fidelity == "language" {
+            let r = d.code(&src, "x = 41");
+            assert_eq!(r["done"]["status"], "ok", "{r}");
+        }
+        let sum = fill_tmp(&d, &src);
+        let r = snapshot(&d, &src, json!({}));
+        assert_eq!(r.status, 201, "{}", r.body);
+        assert_eq!(r.body["fidelity"], fidelity, "{}", r.body);
+        let gaps = r.body["manifest"]["not_carried"].to_string();
+        assert!(
+            gaps.contains("outside /workspace, /home/sandbox, /tmp ("),
+            "{gaps}"
+        );
+        let snap = r.body["id"].as_str().unwrap().to_string();
+        // The source's /tmp is as it was (the kernel's state file removed).
+        check_tmp(&d, &src, &sum);
+        assert_eq!(d.exec(&src, "ls -A /tmp")["stdout"], "data.csv\nnest\n");
+
+        let r = fork(&d, &snap, 2);
+        assert_eq!(r.status, 201, "{}", r.body);
+        let restored = d.create_id(json!({ "snapshot_id": snap }));
+        for f in fork_ids(&r).iter().chain([&restored]) {
+            check_tmp(&d, f, &sum);
+            // Nothing else: the kernel's state file is gone again.
+            assert_eq!(d.exec(f, "ls -A /tmp")["stdout"], "data.csv\nnest\n");
+            if fidelity == "language" {
+                let v = d.code(f, "x + 1");
+                assert_eq!(v["result"]["text/plain"], "42", "{v}");
+            }
+        }
+    }
+
+    // /tmp is held to the target's size like every carried folder: content that no longer
+    // fits (a sparse file restores whole) is refused, and no sandbox is left behind.
+    let small = d.create_id(json!({"limits": {"tmp_mb": 2}}));
+    let out = d.exec(&small, "truncate -s 4M /tmp/sparse && echo ok");
+    assert_eq!(out["stdout"], "ok\n", "{out}");
+    let r = snapshot(&d, &small, json!({}));
+    assert_eq!(r.status, 201, "{}", r.body);
+    let before = d.get("/v1/sandboxes?state=running").body["items"]
+        .as_array()
+        .unwrap()
+        .len();
+    let r = fork(&d, r.body["id"].as_str().unwrap(), 1);
+    r.expect_error(507, "no_space");
+    assert!(
+        r.body["message"].as_str().unwrap().contains("/tmp/sparse"),
+        "{}",
+        r.body
+    );
+    let after = d.get("/v1/sandboxes?state=running").body["items"]
+        .as_array()
+        .unwrap()
+        .len();
+    assert_eq!(before, after, "a failed fork left a sandbox");
 }
 
 #[test]

@@ -363,6 +363,33 @@ fn daemon_snapshots_carry_tmp_at_files_and_language_fidelity() {
 }
 
 #[test]
+fn daemon_gvisor_checkpoints_carry_tmp() {
+    let d = Daemon::start(&[]);
+    let system = d.get("/v1/system").body;
+    let gvisor = system["backends"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|b| b["kind"] == "gvisor" && b["available"] == true);
+    if !gvisor {
+        eprintln!("skipped: gvisor is not available here");
+        return;
+    }
+    let src = d.create_id(json!({"backend": "gvisor"}));
+    let sum = fill_tmp(&d, &src);
+    let r = snapshot(&d, &src, json!({}));
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(r.body["fidelity"], "process", "{}", r.body);
+    let snap = r.body["id"].as_str().unwrap().to_string();
+    // Restored in place, and into a fork.
+    let r = fork(&d, &snap, 1);
+    assert_eq!(r.status, 201, "{}", r.body);
+    for id in [&src, &fork_ids(&r)[0]] {
+        check_tmp(&d, id, &sum);
+    }
+}
+
+#[test]
 fn daemon_corrupt_snapshot_is_refused_and_others_still_restore() {
     let d = Daemon::start(&[]);
     let id = d.create_id(json!({}));

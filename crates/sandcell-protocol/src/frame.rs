@@ -74,7 +74,7 @@ pub enum Frame<M> {
     Data { id: u32, chunk: DataChunk },
 }
 
-/// Why a frame could not be decoded. Every variant but [`FrameError::Truncated`] leaves the
+/// Why a frame could not be decoded. Every variant but [`FrameError::TooShort`] leaves the
 /// decoder in sync, so the stream can go on.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum FrameError {

@@ -979,7 +979,7 @@ mod tests {
 /// `sandcell snapshot …`.
 #[derive(Debug, Subcommand)]
 pub enum SnapshotCommand {
-    /// Snapshot a sandbox (its /workspace and /home/sandbox) and print the snapshot's id.
+    /// Snapshot a sandbox (its /workspace, /home/sandbox and /tmp) and print the snapshot's id.
     Create {
         /// The sandbox id.
         id: String,

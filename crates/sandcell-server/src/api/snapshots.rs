@@ -175,8 +175,9 @@ fn corrupt(e: sandcell_engine::EngineError) -> ApiError {
     }
 }
 
-/// Takes a snapshot: the sandbox's `/workspace` and `/home/sandbox`, read while it is
-/// paused for that moment, checksummed and kept on disk; listed only once whole.
+/// Takes a snapshot: the sandbox's `/workspace`, `/home/sandbox` and `/tmp` (and its
+/// kernels' variables), read while it is paused for that moment, or a process checkpoint
+/// where the sandbox has one; checksummed and kept on disk; listed only once whole.
 #[utoipa::path(
     post, path = "/v1/sandboxes/{id}/snapshots", tag = "snapshots",
     params(("id" = String, Path, description = "Sandbox id")),

@@ -1,19 +1,32 @@
 #!/usr/bin/env bash
 # Fuzzes the daemon's REST API from its own OpenAPI document with schemathesis: a bounded
-# number of generated requests per operation (SCHEMATHESIS_EXAMPLES, default 25); any 5xx,
-# undocumented status, wrong content type or answer that breaks its schema fails the run.
-# Runs against the release binary on a free loopback port with a scratch home.
+# number of generated requests per operation (SCHEMATHESIS_EXAMPLES, default 25) in the
+# examples, coverage and fuzzing phases, then the stateful phase (sequences chained by the
+# document's links); any 5xx, undocumented status, wrong content type or answer that breaks its
+# schema fails the run. Runs against the release binary on a free loopback port with a scratch
+# home.
+#
+# Every generated request reaches its handler: the run authenticates with the admin key, and
+# every `{id}`-like path parameter is a real resource made here first (a sandbox with a Python
+# context, a process, an export, a snapshot), so requests get past the 404 of unknown ids.
+# Operations that end a resource get a live one of their own before each call
+# (scripts/schemathesis_hooks.py), `DELETE /v1/keys/{key_id}` included: schemathesis reuses ids
+# it reads in answers, and once revoked the very key it authenticates with (listed by
+# `GET /v1/keys`), after which every request was a 401.
+# The run fails when schemathesis warns that operations answered only 401/403 or only 404.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/tools.sh
 BIN=${SANDCELL_BIN:-$PWD/target/release/sandcell}
 [ -x "$BIN" ] || { echo "schemathesis: no binary at $BIN (cargo build --release)" >&2; exit 1; }
+venv=$PWD/target/tools/venv
 scratch=$(mktemp -d "${TMPDIR:-/tmp}/sandcell-schemathesis.XXXXXX")
 port=$(/usr/bin/python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",0));print(s.getsockname()[1])')
-# Few sandboxes at a time (generated creates hit the cap and get 429, which is documented),
-# stopped with the daemon.
+base="http://127.0.0.1:$port"
+# Few sandboxes at a time (generated creates and forks hit the cap and get 429, which is
+# documented), stopped with the daemon.
 "$BIN" serve --home "$scratch/home" --listen "127.0.0.1:$port" \
-  --set limits.max_per_owner=4 --set shutdown.sandboxes=stop >"$scratch/serve.log" 2>&1 &
+  --set limits.max_per_owner=5 --set shutdown.sandboxes=stop >"$scratch/serve.log" 2>&1 &
 daemon=$!
 cleanup() {
   kill -TERM "$daemon" 2>/dev/null || true
@@ -22,14 +35,66 @@ cleanup() {
 }
 trap cleanup EXIT
 for _ in $(seq 100); do
-  curl -fs "http://127.0.0.1:$port/healthz" >/dev/null 2>&1 && break
+  curl -fs "$base/healthz" >/dev/null 2>&1 && break
   sleep 0.1
 done
 key=$(cat "$scratch/home/admin.key")
+
+# api METHOD PATH [JSON BODY] [FIELD]: the answer's FIELD (the whole answer without one).
+api() {
+  local out
+  out=$(curl -fsS -X "$1" "$base$2" -H "X-API-Key: $key" -H 'content-type: application/json' \
+    ${3:+--data-binary "$3"}) || { echo "schemathesis: seeding $1 $2 failed" >&2; exit 1; }
+  if [ -n "${4:-}" ]; then
+    printf '%s' "$out" | "$venv/bin/python" -c 'import json,sys; print(json.load(sys.stdin)[sys.argv[1]])' "$4"
+  else
+    printf '%s\n' "$out"
+  fi
+}
+
+# The resources the run works on: a sandbox with a Python context, a process that has ended
+# (its output and stream answer at once), a file, an export, a snapshot. Operations that end
+# resources get theirs from the hooks.
+sb=$(api POST /v1/sandboxes '{"template": "python"}' id)
+ctx=$(api POST "/v1/sandboxes/$sb/contexts" '{"language": "python"}' id)
+done_pid=$(api POST "/v1/sandboxes/$sb/processes" '{"cmd": "echo seeded"}' pid)
+api GET "/v1/sandboxes/$sb/processes/$done_pid/output" >/dev/null
+api POST "/v1/sandboxes/$sb/import" '{"path": "/workspace/seed.txt", "text": "seed\n"}' >/dev/null
+export_id=$(api POST "/v1/sandboxes/$sb/exports" '{"path": "/workspace/seed.txt"}' id)
+snapshot=$(api POST "/v1/sandboxes/$sb/snapshots" '{"name": "seed"}' id)
+# Only so that every path parameter has a value here: the hooks give
+# `DELETE /v1/keys/{key_id}` keys of its own.
+victim_key=$(api POST /v1/keys '{"name": "victim"}' id)
+
+cat >"$scratch/schemathesis.toml" <<EOF
+hooks = "$PWD/scripts/schemathesis_hooks.py"
+
+[parameters]
+"path.id" = "$sb"
+"path.context" = "$ctx"
+"path.pid" = $done_pid
+"path.export_id" = "$export_id"
+"path.snapshot_id" = "$snapshot"
+"path.key_id" = "$victim_key"
+EOF
+export SANDCELL_FUZZ_BASE=$base SANDCELL_FUZZ_KEY=$key SANDCELL_FUZZ_SANDBOX=$sb
+
 cd "$scratch"
-"$OLDPWD/target/tools/venv/bin/schemathesis" run "http://127.0.0.1:$port/openapi.json" \
+start=$(date +%s)
+status=0
+"$venv/bin/schemathesis" --config-file "$scratch/schemathesis.toml" run "$base/openapi.json" \
   -H "X-API-Key: $key" \
   --checks not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance \
-  --phases examples,coverage,fuzzing --max-examples "${SCHEMATHESIS_EXAMPLES:-25}" \
-  --workers 2 --request-timeout 60 --no-color \
-  || { echo "schemathesis: failures above; the daemon's log:"; tail -20 "$scratch/serve.log"; exit 1; }
+  --phases examples,coverage,fuzzing,stateful --max-examples "${SCHEMATHESIS_EXAMPLES:-25}" \
+  --workers 2 --request-timeout 60 --no-color 2>&1 | tee "$scratch/run.log" || status=$?
+echo "schemathesis: $(($(date +%s) - start)) s"
+if [ "$status" != 0 ]; then
+  echo "schemathesis: failures above; the daemon's log:"
+  tail -20 "$scratch/serve.log"
+  exit 1
+fi
+# Requests that never got past authentication or never found their resource test nothing.
+if grep -E 'returned only 401/403|returned only 404|repeatedly returned 404' "$scratch/run.log"; then
+  echo "schemathesis: operations above never reached their handlers (see the warnings)" >&2
+  exit 1
+fi

@@ -1,8 +1,10 @@
 //! Completes the OpenAPI document the handlers describe: the error answers any operation can
-//! give (every one of them is `ErrorBody`), and the shapes of path parameters, so that a client
-//! generated from the document, or a fuzzer such as schemathesis, sees exactly what the
-//! service accepts and returns.
+//! give (every one of them is `ErrorBody`), the shapes of path parameters, and links from each
+//! operation that makes a resource to the operations that take its id, so that a client
+//! generated from the document, or a fuzzer such as schemathesis (its stateful phase follows
+//! the links), sees exactly what the service accepts and returns.
 
+use utoipa::openapi::link::LinkBuilder;
 use utoipa::openapi::path::{Operation, ParameterIn};
 use utoipa::openapi::response::ResponseBuilder;
 use utoipa::openapi::schema::{ObjectBuilder, Type};
@@ -37,8 +39,20 @@ const PATH_PARAMS: &[(&str, Option<&str>)] = &[
     ("pid", None),
 ];
 
-/// Adds the error answers and parameter shapes to every operation.
+/// Operations that make a resource: (path of the `POST`, the path parameter its id fills in
+/// later operations, the field of its `201` body holding that id).
+const PRODUCERS: &[(&str, &str, &str)] = &[
+    ("/v1/sandboxes", "id", "id"),
+    ("/v1/sandboxes/{id}/contexts", "context", "id"),
+    ("/v1/sandboxes/{id}/processes", "pid", "pid"),
+    ("/v1/sandboxes/{id}/exports", "export_id", "id"),
+    ("/v1/sandboxes/{id}/snapshots", "snapshot_id", "id"),
+    ("/v1/keys", "key_id", "id"),
+];
+
+/// Adds the error answers, parameter shapes and links to every operation.
 pub fn complete(doc: &mut OpenApi) {
+    add_links(doc);
     for item in doc.paths.paths.values_mut() {
         for op in [
             item.get.as_mut(),
@@ -114,4 +128,72 @@ fn shape_path_params(op: &mut Operation) {
         };
         p.schema = Some(RefOr::T(Schema::Object(schema)));
     }
+}
+
+/// The `{name}` parameters of a path template, in order.
+fn path_params(path: &str) -> Vec<&str> {
+    path.split('/')
+        .filter_map(|seg| seg.strip_prefix('{').and_then(|s| s.strip_suffix('}')))
+        .collect()
+}
+
+/// Links each producer's `201` answer to every operation whose path parameters it can fill:
+/// the new id from the answer, the others from the producer's own path.
+fn add_links(doc: &mut OpenApi) {
+    let mut targets: Vec<(String, &'static str)> = Vec::new();
+    for (path, item) in &doc.paths.paths {
+        for (method, op) in [
+            ("get", &item.get),
+            ("put", &item.put),
+            ("post", &item.post),
+            ("delete", &item.delete),
+            ("patch", &item.patch),
+        ] {
+            if op.is_some() {
+                targets.push((path.clone(), method));
+            }
+        }
+    }
+    for (producer, made, field) in PRODUCERS {
+        let known = path_params(producer);
+        let Some(response) = doc
+            .paths
+            .paths
+            .get_mut(*producer)
+            .and_then(|item| item.post.as_mut())
+            .and_then(|op| op.responses.responses.get_mut("201"))
+        else {
+            continue;
+        };
+        let RefOr::T(response) = response else {
+            continue;
+        };
+        for (path, method) in &targets {
+            let params = path_params(path);
+            if !params.contains(made) || !params.iter().all(|p| p == made || known.contains(p)) {
+                continue;
+            }
+            let mut link = LinkBuilder::new()
+                .operation_ref(format!("#/paths/{}/{method}", pointer(path)))
+                .parameter(*made, format!("$response.body#/{field}"));
+            for p in params.iter().filter(|p| *p != made) {
+                link = link.parameter(*p, format!("$request.path.{p}"));
+            }
+            // Link names allow only letters, digits, `.`, `-` and `_`.
+            let name: String = format!("{method}{path}")
+                .chars()
+                .filter(|c| !matches!(c, '{' | '}'))
+                .map(|c| if c == '/' { '_' } else { c })
+                .collect();
+            response.links.insert(name, RefOr::T(link.build()));
+        }
+    }
+}
+
+/// A path as a URI fragment's JSON pointer token (`/` → `~1`, braces percent-encoded).
+fn pointer(path: &str) -> String {
+    path.replace('~', "~0")
+        .replace('/', "~1")
+        .replace('{', "%7B")
+        .replace('}', "%7D")
 }

@@ -204,10 +204,10 @@ pub struct ClearContext {
 pub struct ImportFiles {
     /// The session id.
     pub session_id: String,
-    /// The files, each in one of three shapes: `{path, text|base64|host_path|export_id}` (exactly
-    /// one source); `{source, destination}` (a host path inside the import allow-list); or
-    /// `{session_id, path, destination}` (a file or folder of another session: the copy its
-    /// export_files kept, else as it is now).
+    /// The files, each in one of three shapes: `path` with exactly one of `text`, `base64`,
+    /// `host_path`, `export_id`; `{source, destination}` (a host path inside the import
+    /// allow-list); or `{session_id, path, destination}` (a file or folder of another session:
+    /// the copy its export_files kept, else as it is now).
     #[serde(deserialize_with = "args::import_files")]
     pub files: Vec<ImportFile>,
 }
@@ -810,13 +810,15 @@ impl SandcellMcp {
             .get(key, list)
             .await
             .map_err(|e| tool_error(&e.message))?;
-        // A list that fails (a malformed id) falls through: the export below says why.
+        // A list that fails (a malformed id) falls through: the export below says why. The
+        // newest by its time (RFC 3339, same width: comparable as text), whatever the order.
         if listed.ok()
             && let Some(id) = listed.body["exports"]
                 .as_array()
                 .into_iter()
                 .flatten()
-                .find(|e| e["path"].as_str().map(args::absolute).as_deref() == Some(&wanted))
+                .filter(|e| e["path"].as_str().map(args::absolute).as_deref() == Some(&wanted))
+                .max_by_key(|e| e["created_at"].as_str().unwrap_or_default().to_string())
                 .and_then(|e| e["id"].as_str())
         {
             return Ok((id.to_string(), false));

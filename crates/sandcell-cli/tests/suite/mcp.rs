@@ -120,6 +120,57 @@ fn mcp_over_stdio_through_a_daemon_and_over_streamable_http() {
 }
 
 #[test]
+fn mcp_takes_the_argument_shapes_other_agent_setups_send() {
+    let allowed = tempfile::tempdir().unwrap();
+    let host_file = allowed.path().join("shared.txt");
+    std::fs::write(&host_file, "from the host\n").unwrap();
+    let d = Daemon::start(&[&format!(
+        "import.allowed_paths={}",
+        allowed.path().display()
+    )]);
+    let mcp_url = format!("{}/mcp", d.url);
+    let out = run_with("shapes.py", &["http", &mcp_url, &d.key], Some(&host_file));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    for check in [
+        "a pinned version that is installed passes",
+        "another version fails and is named",
+        "import_files with {session_id, path, destination}",
+        "import_files with {source, destination}",
+        "the newest export arrived",
+        "import from an ended session's export",
+    ] {
+        assert!(stdout.contains(check), "{check} did not run:\n{stdout}");
+    }
+    // The exports the scenario asked for stay; the ones made only to copy a live file from
+    // one session to another were deleted once imported.
+    let exports = d.get("/v1/exports");
+    let mut paths: Vec<&str> = exports.body["exports"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e["path"].as_str())
+        .collect();
+    paths.sort_unstable();
+    assert_eq!(
+        paths,
+        [
+            "/workspace/data.csv",
+            "/workspace/data.csv",
+            "/workspace/host.txt"
+        ],
+        "{:?}",
+        exports.body
+    );
+    let left = d.get("/v1/sandboxes");
+    assert_eq!(
+        left.body["items"].as_array().map(Vec::len),
+        Some(0),
+        "{:?}",
+        left.body
+    );
+}
+
+#[test]
 fn malformed_json_rpc_gets_errors_and_the_server_keeps_serving() {
     let home = tempfile::tempdir().unwrap();
     run(

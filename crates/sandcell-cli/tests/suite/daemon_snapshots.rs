@@ -325,6 +325,13 @@ fn daemon_snapshots_carry_tmp_at_files_and_language_fidelity() {
 
         let r = fork(&d, &snap, 2);
         assert_eq!(r.status, 201, "{}", r.body);
+        // Written whole: /tmp's own mode included, nothing skipped.
+        assert_eq!(
+            r.body["sandboxes"][0]["restore"]["files"]["skipped"],
+            json!([]),
+            "{}",
+            r.body
+        );
         let restored = d.create_id(json!({ "snapshot_id": snap }));
         for f in fork_ids(&r).iter().chain([&restored]) {
             check_tmp(&d, f, &sum);

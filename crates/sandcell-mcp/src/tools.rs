@@ -298,10 +298,12 @@ impl SandcellMcp {
                 d.name
             )));
         }
-        let mut body = json!({
-            "template": runtime.name(),
-            "labels": { SESSION_LABEL: "true" },
-        });
+        let mut body = json!({"labels": { SESSION_LABEL: "true" }});
+        // A restore takes the snapshot's template (the API refuses another): named only when
+        // the caller names one.
+        if p.snapshot_id.is_none() || p.runtime.is_some() {
+            body["template"] = json!(runtime.name());
+        }
         let mut limits = serde_json::Map::new();
         if let Some(m) = p.memory_mb {
             limits.insert("memory_mb".into(), json!(m));
@@ -334,6 +336,14 @@ impl SandcellMcp {
         }
         if !deps.is_empty() {
             let id = reply.body["id"].as_str().unwrap_or_default().to_string();
+            // Restored: the packages are looked up in the snapshot's runtime.
+            let runtime = match (p.runtime, reply.body["template"].as_str()) {
+                (Some(r), _) => r,
+                (None, Some("node")) => Runtime::Node,
+                (None, Some("bash")) => Runtime::Bash,
+                (None, Some("r")) => Runtime::R,
+                _ => Runtime::Python,
+            };
             if let Some(failure) = self
                 .check_dependencies(key.as_deref(), &id, runtime, &deps)
                 .await?

@@ -85,6 +85,25 @@ async def scenario(s):
     r = await s.call_tool("create_session", {"runtime": "bash", "dependencies": {"bash": "", "no-such-cmd-xyz": ""}})
     check("bash commands by map", r.is_error and "missing_dependencies: no-such-cmd-xyz not" in text_of(r), text_of(r))
 
+    # Node: a module's version from its package.json (found even when its exports hide it),
+    # in a session restored from a snapshot (which takes the snapshot's runtime).
+    r = await s.call_tool("create_session", {"runtime": "node"})
+    n = session_id(r)
+    r = await s.call_tool("import_files", {"session_id": n, "files": [
+        {"path": "node_modules/@acme/foo/package.json", "text": json.dumps(
+            {"name": "@acme/foo", "version": "1.2.3", "exports": {".": "./lib/index.js"}})},
+        {"path": "node_modules/@acme/foo/lib/index.js", "text": "module.exports = 1"}]})
+    check("a node module written", not r.is_error, text_of(r))
+    r = await s.call_tool("snapshot_session", {"session_id": n})
+    snap = json.loads(text_of(r))["id"]
+    await s.call_tool("destroy_session", {"session_id": n})
+    r = await s.call_tool("create_session", {"snapshot_id": snap, "dependencies": {"@acme/foo": "1.2.3"}})
+    check("node: the pinned version passes in a restored session", not r.is_error and "restored" in text_of(r), text_of(r))
+    await s.call_tool("destroy_session", {"session_id": session_id(r)})
+    r = await s.call_tool("create_session", {"snapshot_id": snap, "dependencies": {"@acme/foo": "2.0.0", "fs": ""}})
+    check("node: another version is named", r.is_error and
+          "missing_dependencies: @acme/foo==2.0.0 (installed: 1.2.3) not installed for node" in text_of(r), text_of(r))
+
     # export_files with files=[{"source": …}].
     r = await s.call_tool("import_files", {"session_id": a, "files": [{"path": "data.csv", "text": "a,b\n1,2\n"}]})
     check("file written", not r.is_error, text_of(r))

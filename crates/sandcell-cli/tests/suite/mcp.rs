@@ -134,6 +134,7 @@ fn mcp_takes_the_argument_shapes_other_agent_setups_send() {
     for check in [
         "a pinned version that is installed passes",
         "another version fails and is named",
+        "node: the pinned version passes in a restored session",
         "import_files with {session_id, path, destination}",
         "import_files with {source, destination}",
         "the newest export arrived",

@@ -22,13 +22,16 @@ use sandcell_kernels::{
 use sandcell_protocol::code::{RestoreReport, StateReport};
 use sandcell_protocol::{
     Artifact, CodeDone, CodeError, CodeStatus, Completeness, ContextInfo, ErrorCode, GuestMessage,
-    Language, MimeBundle, RunCodeRequest, Unrepresentable, VariableInfo, Variables, WireError,
-    signal_name,
+    Language, RunCodeRequest, Unrepresentable, VariableInfo, Variables, WireError, signal_name,
 };
 use serde_json::{Value, json};
-use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::unix::pipe;
 use tokio::sync::{mpsc, oneshot};
+
+mod events;
+
+use events::{EventLines, MAX_EVENT_LINE, belongs_to, event_message, read_done};
 
 use crate::procs::SESSION_VAR;
 use crate::reaper::Reaped;
@@ -387,19 +390,21 @@ async fn start_kernel(shared: &Arc<Shared>, ctx: &Context) -> Result<Kernel, Wir
 /// Merges a kernel's events, fd output and exit into one queue. Before a `done` event goes
 /// out, whatever the kernel wrote to fds 1/2 so far is drained, so it lands in its execution.
 async fn read_kernel(
-    events: pipe::Receiver,
+    mut events: pipe::Receiver,
     mut stdout: pipe::Receiver,
     mut stderr: pipe::Receiver,
     mut exited: oneshot::Receiver<Reaped>,
     tx: mpsc::UnboundedSender<KernelOutput>,
 ) {
-    let mut lines = BufReader::new(events).lines();
+    let mut lines = EventLines::new(MAX_EVENT_LINE);
     let (mut out_open, mut err_open, mut events_open) = (true, true, true);
     let mut out_buf = Vec::with_capacity(FD_CHUNK);
     let mut err_buf = Vec::with_capacity(FD_CHUNK);
+    let mut ev_buf = Vec::with_capacity(FD_CHUNK);
     loop {
         out_buf.clear();
         err_buf.clear();
+        ev_buf.clear();
         let item = tokio::select! {
             biased;
             n = stdout.read_buf(&mut out_buf), if out_open => match n {
@@ -410,11 +415,15 @@ async fn read_kernel(
                 Ok(n) if n > 0 => KernelOutput::Stderr(err_buf.clone()),
                 _ => { err_open = false; continue; }
             },
-            line = lines.next_line(), if events_open => match line {
-                Ok(Some(line)) => {
-                    let v: Value = serde_json::from_str(&line).unwrap_or_else(|e| {
-                        json!({"type": "garbled", "line": line, "error": e.to_string()})
-                    });
+            n = events.read_buf(&mut ev_buf), if events_open => {
+                let parsed = match n {
+                    Ok(n) if n > 0 => lines.feed(&ev_buf),
+                    _ => {
+                        events_open = false;
+                        lines.finish().into_iter().collect()
+                    }
+                };
+                for v in parsed {
                     if v["type"] == "done" {
                         for (fd, make) in [
                             (stdout.as_fd(), KernelOutput::Stdout as fn(Vec<u8>) -> KernelOutput),
@@ -426,9 +435,11 @@ async fn read_kernel(
                             }
                         }
                     }
-                    KernelOutput::Event(v)
+                    if tx.send(KernelOutput::Event(v)).is_err() {
+                        return;
+                    }
                 }
-                _ => { events_open = false; continue; }
+                continue;
             },
             r = &mut exited => {
                 let r = r.unwrap_or(Reaped { exit_code: None, signal: None, core_dumped: false, at: Instant::now() });
@@ -772,28 +783,20 @@ impl<'a> Run<'a> {
                 Some(KernelOutput::Stdout(b)) => self.fd_output(0, &b).await,
                 Some(KernelOutput::Stderr(b)) => self.fd_output(1, &b).await,
                 Some(KernelOutput::Event(v)) => {
-                    if v["id"] != json!(request) {
+                    if !belongs_to(&v, request) {
                         continue;
                     }
                     if v["type"] == "done" {
                         self.flush_partial().await;
-                        kernel.execution_count = v["execution_count"]
-                            .as_u64()
-                            .unwrap_or(kernel.execution_count + 1);
+                        let done = read_done(&v, kernel.execution_count, timed_out);
+                        kernel.execution_count = done.execution_count;
                         self.execution_count = Some(kernel.execution_count);
-                        for (i, name) in ["stdout", "stderr"].iter().enumerate() {
-                            self.dropped[i] += v["dropped"][name].as_u64().unwrap_or(0);
+                        for (total, more) in self.dropped.iter_mut().zip(done.dropped) {
+                            *total = total.saturating_add(more);
                         }
-                        let exit_code = v["exit_code"].as_i64().and_then(|c| i32::try_from(c).ok());
-                        let status = match (timed_out, v["status"].as_str()) {
-                            (true, Some("interrupted")) => CodeStatus::Timeout,
-                            (_, Some("ok")) => CodeStatus::Ok,
-                            (_, Some("interrupted")) => CodeStatus::Interrupted,
-                            _ => CodeStatus::Error,
-                        };
                         return Ended {
-                            status,
-                            exit_code,
+                            status: done.status,
+                            exit_code: done.exit_code,
                             crash: None,
                             crash_signal: None,
                             state_lost: false,
@@ -840,37 +843,7 @@ impl<'a> Run<'a> {
     }
 
     async fn event(&mut self, v: Value) {
-        let msg = match v["type"].as_str() {
-            Some("stream") => GuestMessage::CodeStream {
-                name: stream_name(&v["name"]),
-                text: v["text"].as_str().unwrap_or_default().to_string(),
-            },
-            Some("display") => GuestMessage::CodeDisplay {
-                data: bundle(&v["data"]),
-                metadata: object(&v["metadata"]),
-            },
-            Some("result") => GuestMessage::CodeResult {
-                data: bundle(&v["data"]),
-                metadata: object(&v["metadata"]),
-            },
-            Some("error") => GuestMessage::CodeError(CodeError {
-                ename: v["ename"].as_str().unwrap_or("Error").to_string(),
-                evalue: v["evalue"].as_str().unwrap_or_default().to_string(),
-                traceback: v["traceback"]
-                    .as_array()
-                    .map(|a| {
-                        a.iter()
-                            .filter_map(|l| l.as_str().map(str::to_string))
-                            .collect()
-                    })
-                    .unwrap_or_default(),
-            }),
-            // A line the kernel garbled is shown rather than lost.
-            _ => GuestMessage::CodeStream {
-                name: "stderr".into(),
-                text: format!("[sandcell: unexpected kernel message: {v}]\n"),
-            },
-        };
+        let msg = event_message(&v);
         self.out.msg(self.id, &msg).await;
     }
 
@@ -956,23 +929,6 @@ fn incomplete_tail(buf: &[u8]) -> usize {
         return if need > back { back } else { 0 };
     }
     0
-}
-
-fn stream_name(v: &Value) -> String {
-    match v.as_str() {
-        Some("stderr") => "stderr".into(),
-        _ => "stdout".into(),
-    }
-}
-
-fn bundle(v: &Value) -> MimeBundle {
-    v.as_object()
-        .map(|o| o.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
-        .unwrap_or_default()
-}
-
-fn object(v: &Value) -> serde_json::Map<String, Value> {
-    v.as_object().cloned().unwrap_or_default()
 }
 
 async fn sleep_until(at: Option<tokio::time::Instant>) {

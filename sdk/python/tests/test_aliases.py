@@ -36,10 +36,10 @@ def test_get_processes_and_kill_process(bare: Sandbox) -> None:
     assert next(p for p in bare.get_processes() if p.pid == job.pid).exited
 
 
-def test_delete_ends_the_sandbox_and_close_keeps_it(client: Sandcell) -> None:
+def test_close_and_delete_end_the_sandbox_and_disconnect_keeps_it(client: Sandcell) -> None:
     kept = Sandbox.create()
-    # close() lets go of the connection only, as before: the sandbox runs on.
-    kept.close()
+    # disconnect() lets go of the connection only: the sandbox runs on.
+    kept.disconnect()
     assert kept.client._http._client.is_closed
     again = Sandbox.get(kept.id)
     assert again.is_running()
@@ -51,6 +51,13 @@ def test_delete_ends_the_sandbox_and_close_keeps_it(client: Sandcell) -> None:
     gone.delete()
     with pytest.raises(NotFoundError):
         Sandbox.get(gone.id, client=client)
+    # close() ends it too, as other SDKs' close() does; closing twice is fine.
+    closed = Sandbox.create(ephemeral=True)
+    closed.close()
+    assert closed.client._http._client.is_closed
+    with pytest.raises(NotFoundError):
+        Sandbox.get(closed.id, client=client)
+    closed.close()
 
 
 def test_run_once_output_and_metrics() -> None:
@@ -77,12 +84,13 @@ async def test_async_aliases() -> None:
     assert job.pid in {p.pid for p in await asb.get_processes()}
     await asb.kill_process(job.pid)
     assert (await job.wait()).signal_name == "SIGKILL"
-    await asb.close()
+    await asb.disconnect()
     assert asb.client._http._client.is_closed
     again = await AsyncSandbox.get(asb.id)
     assert await again.is_running()
-    await again.delete()
+    await again.close()
     assert again.client._http._client.is_closed
+    assert (await AsyncSandbox.get(asb.id)).info.state == "stopped"
     async with AsyncSandcell() as c:
         assert (await AsyncSandbox.get(asb.id, client=c)).info.state == "stopped"
     out = await AsyncSandbox.run_once("print('async once')")

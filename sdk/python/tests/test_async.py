@@ -34,7 +34,7 @@ async def test_lifecycle_and_context_manager() -> None:
         assert [i.id for i in await AsyncSandbox.list(label={"case": "async"})] == [sb.id]
         again = await AsyncSandbox.get(sb.id)
         assert again.id == sb.id and await again.is_running()
-        await again.close()
+        await again.disconnect()
         assert (await sb.pause()).state == "paused"
         assert (await sb.resume()).state == "running"
         assert (await sb.set_timeout(300)).expires_at

@@ -61,7 +61,7 @@ def test_get_list_kill_and_context_manager() -> None:
     try:
         again = Sandbox.get(a.id)
         assert again.id == a.id and again.info.labels == label
-        again.close()
+        again.disconnect()
         assert {i.id for i in Sandbox.list(label=label)} == {a.id, b.id}
         assert [i.id for i in Sandbox.list(label="case:get-list", metadata={"n": "2"})] == [b.id]
         assert Sandbox.list(label={"case": "nothing-has-this"}) == []

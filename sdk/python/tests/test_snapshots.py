@@ -73,7 +73,7 @@ def test_ephemeral_fork_leaves_no_record(sb: Sandbox, client: Sandcell) -> None:
         assert gone.info.ephemeral and not kept.info.ephemeral
         for fork in (kept, gone):
             fork.kill()
-            fork.close()
+            fork.disconnect()
         assert Sandbox.get(kept.id, client=client).info.state == "stopped"
         with pytest.raises(NotFoundError):
             Sandbox.get(gone.id, client=client)

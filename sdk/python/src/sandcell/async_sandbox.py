@@ -154,6 +154,7 @@ class AsyncSandbox:
         self.client = client
         self._http = client._http
         self._owns_client = owns_client
+        self._closed = False
         self.commands = AsyncCommands(self)
         """Commands under E2B's names: `run`, `list`, `kill`, `connect`."""
         self.files = AsyncFiles(self)
@@ -333,7 +334,7 @@ class AsyncSandbox:
             ran = time.perf_counter()
         finally:
             await sandbox.kill()
-            await sandbox.close()
+            await sandbox.disconnect()
         ended = time.perf_counter()
         return RunOnceResult(
             sandbox_id=sandbox.id,
@@ -357,18 +358,32 @@ class AsyncSandbox:
         """Stops and deletes the sandbox (an ephemeral one leaves no record)."""
         await self._http.call(_api.delete_sandbox(self.id))
 
-    async def close(self) -> None:
-        """Closes this object's connection if it made it; the sandbox runs on."""
+    async def disconnect(self) -> None:
+        """Lets go of this object's connection if it made it; the sandbox runs on (for code
+        that only looked at a sandbox it does not own)."""
         if self._owns_client:
             await self.client.close()
 
+    async def close(self) -> None:
+        """Ends the sandbox (one already gone is fine) and lets go of the connection: what
+        other sandbox SDKs' `close()` does, and what leaving an `async with` block does."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            await self.kill()
+        except (NotFoundError, SandboxGoneError):
+            pass
+        finally:
+            await self.disconnect()
+
     async def delete(self) -> None:
-        """`kill()`, then `close()`: ends the sandbox and lets go of the connection (other
-        sandbox SDKs' name; `close()` alone keeps the sandbox running)."""
+        """`kill()`, then `disconnect()` (other sandbox SDKs' name): unlike `close()`, a
+        sandbox that is already gone is an error."""
         try:
             await self.kill()
         finally:
-            await self.close()
+            await self.disconnect()
 
     async def __aenter__(self) -> AsyncSandbox:
         return self
@@ -376,12 +391,7 @@ class AsyncSandbox:
     async def __aexit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        try:
-            await self.kill()
-        except (NotFoundError, SandboxGoneError):
-            pass
-        finally:
-            await self.close()
+        await self.close()
 
     async def pause(self) -> SandboxInfo:
         """Freezes every process (no CPU; memory and state kept)."""

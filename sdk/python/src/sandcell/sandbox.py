@@ -150,6 +150,7 @@ class Sandbox:
         self.client = client
         self._http = client._http
         self._owns_client = owns_client
+        self._closed = False
         self.commands = Commands(self)
         """Commands under E2B's names: `run`, `list`, `kill`, `connect`."""
         self.files = Files(self)
@@ -329,7 +330,7 @@ class Sandbox:
             ran = time.perf_counter()
         finally:
             sandbox.kill()
-            sandbox.close()
+            sandbox.disconnect()
         ended = time.perf_counter()
         return RunOnceResult(
             sandbox_id=sandbox.id,
@@ -353,18 +354,32 @@ class Sandbox:
         """Stops and deletes the sandbox (an ephemeral one leaves no record)."""
         self._http.call(_api.delete_sandbox(self.id))
 
-    def close(self) -> None:
-        """Closes this object's connection if it made it; the sandbox runs on."""
+    def disconnect(self) -> None:
+        """Lets go of this object's connection if it made it; the sandbox runs on (for code
+        that only looked at a sandbox it does not own)."""
         if self._owns_client:
             self.client.close()
 
+    def close(self) -> None:
+        """Ends the sandbox (one already gone is fine) and lets go of the connection: what
+        other sandbox SDKs' `close()` does, and what leaving a `with` block does."""
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.kill()
+        except (NotFoundError, SandboxGoneError):
+            pass
+        finally:
+            self.disconnect()
+
     def delete(self) -> None:
-        """`kill()`, then `close()`: ends the sandbox and lets go of the connection (other
-        sandbox SDKs' name; `close()` alone keeps the sandbox running)."""
+        """`kill()`, then `disconnect()` (other sandbox SDKs' name): unlike `close()`, a
+        sandbox that is already gone is an error."""
         try:
             self.kill()
         finally:
-            self.close()
+            self.disconnect()
 
     def __enter__(self) -> Sandbox:
         return self
@@ -372,12 +387,7 @@ class Sandbox:
     def __exit__(
         self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        try:
-            self.kill()
-        except (NotFoundError, SandboxGoneError):
-            pass
-        finally:
-            self.close()
+        self.close()
 
     def pause(self) -> SandboxInfo:
         """Freezes every process (no CPU; memory and state kept)."""

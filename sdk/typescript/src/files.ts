@@ -284,7 +284,7 @@ export class FileExport {
     return new FileExport(http, await http.json<WireExport>("GET", `/v1/exports/${exportId}`));
   }
 
-  /** Your exports, newest first (`sandboxId` narrows to one sandbox's). */
+  /** Your exports, oldest first (`sandboxId` narrows to one sandbox's). */
   static async list(options: ClientOptions & { sandboxId?: string } = {}): Promise<FileExport[]> {
     const http = clientFor(options);
     const list = await http.json<{ exports: WireExport[] }>("GET", "/v1/exports", {

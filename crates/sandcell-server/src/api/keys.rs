@@ -77,7 +77,7 @@ pub struct NewKey {
 /// Keys.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct KeyList {
-    /// Newest first.
+    /// Oldest first (in the order they were made).
     pub keys: Vec<KeyInfo>,
 }
 

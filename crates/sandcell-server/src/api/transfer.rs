@@ -106,7 +106,7 @@ fn unix_now() -> i64 {
 /// Exports.
 #[derive(Debug, Serialize, ToSchema)]
 pub struct ExportList {
-    /// Newest first.
+    /// Oldest first (in the order they were made).
     pub exports: Vec<ExportInfo>,
 }
 

@@ -95,7 +95,7 @@ class AsyncSandcell:
         await self._http.call(_api.delete_snapshot(snapshot_id))
 
     async def list_exports(self, sandbox_id: str | None = None) -> list[ExportInfo]:
-        """Exports, newest first (only one sandbox's with `sandbox_id`)."""
+        """Exports, oldest first (only one sandbox's with `sandbox_id`)."""
         return await self._http.call(_api.list_exports(sandbox_id))
 
     async def get_export(self, export_id: str) -> ExportInfo:

@@ -94,7 +94,7 @@ class Sandcell:
         self._http.call(_api.delete_snapshot(snapshot_id))
 
     def list_exports(self, sandbox_id: str | None = None) -> list[ExportInfo]:
-        """Exports, newest first (only one sandbox's with `sandbox_id`)."""
+        """Exports, oldest first (only one sandbox's with `sandbox_id`)."""
         return self._http.call(_api.list_exports(sandbox_id))
 
     def get_export(self, export_id: str) -> ExportInfo:

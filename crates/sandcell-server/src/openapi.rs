@@ -50,23 +50,14 @@ const PRODUCERS: &[(&str, &str, &str)] = &[
     ("/v1/keys", "key_id", "id"),
 ];
 
-/// Adds the error answers, parameter shapes and links to every operation.
+/// Adds the error answers, parameter shapes and links to every operation, and makes the
+/// operation ids unique.
 pub fn complete(doc: &mut OpenApi) {
     add_links(doc);
-    for item in doc.paths.paths.values_mut() {
-        for op in [
-            item.get.as_mut(),
-            item.put.as_mut(),
-            item.post.as_mut(),
-            item.delete.as_mut(),
-            item.patch.as_mut(),
-        ]
-        .into_iter()
-        .flatten()
-        {
-            add_errors(op);
-            shape_path_params(op);
-        }
+    unique_operation_ids(doc);
+    for op in operations(doc) {
+        add_errors(op);
+        shape_path_params(op);
     }
 }
 
@@ -196,4 +187,87 @@ fn pointer(path: &str) -> String {
         .replace('/', "~1")
         .replace('{', "%7B")
         .replace('}', "%7D")
+}
+
+/// Handlers of different resources share names (`get`, `list`, ...), which utoipa takes as
+/// operation ids; the ids must be unique, so a shared one is qualified by the operation's tag.
+fn unique_operation_ids(doc: &mut OpenApi) {
+    let mut seen: std::collections::HashMap<String, usize> = std::collections::HashMap::new();
+    for op in operations(doc) {
+        if let Some(id) = &op.operation_id {
+            *seen.entry(id.clone()).or_default() += 1;
+        }
+    }
+    for op in operations(doc) {
+        let (Some(id), Some(tag)) = (&op.operation_id, op.tags.as_ref().and_then(|t| t.first()))
+        else {
+            continue;
+        };
+        if seen.get(id).is_some_and(|n| *n > 1) {
+            op.operation_id = Some(format!("{tag}_{id}"));
+        }
+    }
+}
+
+fn operations(doc: &mut OpenApi) -> impl Iterator<Item = &mut Operation> {
+    doc.paths.paths.values_mut().flat_map(|item| {
+        [
+            item.get.as_mut(),
+            item.put.as_mut(),
+            item.post.as_mut(),
+            item.delete.as_mut(),
+            item.patch.as_mut(),
+        ]
+        .into_iter()
+        .flatten()
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use super::*;
+
+    #[test]
+    fn operation_ids_are_unique() {
+        let mut doc = crate::openapi();
+        let mut ids = HashSet::new();
+        for op in operations(&mut doc) {
+            let id = op.operation_id.clone().unwrap_or_default();
+            assert!(ids.insert(id.clone()), "operation id {id} twice");
+        }
+    }
+
+    #[test]
+    fn links_point_at_operations_and_fill_their_path() {
+        let doc = crate::openapi();
+        let mut links = 0;
+        for item in doc.paths.paths.values() {
+            let Some(post) = &item.post else { continue };
+            for response in post.responses.responses.values() {
+                let RefOr::T(response) = response else {
+                    continue;
+                };
+                for link in response.links.values() {
+                    let RefOr::T(link) = link else { continue };
+                    let (path, method) = doc
+                        .paths
+                        .paths
+                        .keys()
+                        .flat_map(|p| ["get", "put", "post", "delete"].map(|m| (p, m)))
+                        .find(|(p, m)| link.operation_ref == format!("#/paths/{}/{m}", pointer(p)))
+                        .unwrap_or_else(|| panic!("{} points nowhere", link.operation_ref));
+                    let mut want: Vec<&str> = path_params(path);
+                    let mut got: Vec<&str> = link.parameters.keys().map(String::as_str).collect();
+                    want.sort_unstable();
+                    got.sort_unstable();
+                    assert_eq!(got, want, "{method} {path}");
+                    links += 1;
+                }
+            }
+        }
+        // Every operation with a path parameter is reached from at least one producer.
+        assert!(links > 40, "{links} links");
+    }
 }

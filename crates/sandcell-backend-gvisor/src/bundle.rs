@@ -4,7 +4,8 @@
 
 use serde_json::{Value, json};
 
-use sandcell_engine::SandboxSpec;
+use sandcell_engine::{NetworkPolicy, SandboxSpec};
+use sandcell_jail::gvisor_guest::{NETWORK_LOOPBACK, NETWORK_OFF};
 use sandcell_protocol::SANDBOX_UID;
 
 /// Where the Sandcell binary is bound inside (read-only).
@@ -81,12 +82,17 @@ pub fn config(spec: &SandboxSpec, inputs: &BundleInputs<'_>) -> Value {
         let period: u64 = 100_000;
         resources["cpu"] = json!({"quota": (c * period as f64).round() as i64, "period": period});
     }
+    let network = match spec.network {
+        NetworkPolicy::Loopback => NETWORK_LOOPBACK,
+        NetworkPolicy::Off => NETWORK_OFF,
+    };
     json!({
         "ociVersion": "1.0.2",
         "process": {
             "terminal": false,
             "user": {"uid": uid, "gid": uid},
-            "args": [format!("{GUEST_DIR}/sandcell"), "__gvisor-guest"],
+            // The agent installs the seccomp filter for this policy before it serves.
+            "args": [format!("{GUEST_DIR}/sandcell"), "__gvisor-guest", network],
             "env": ["PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/home/sandbox"],
             "cwd": "/workspace",
             "noNewPrivileges": true,
@@ -154,5 +160,14 @@ mod tests {
         assert!(opts.contains(&format!("uid={SANDBOX_UID}").as_str()));
         assert_eq!(c["process"]["user"]["uid"], json!(SANDBOX_UID));
         assert_eq!(c["root"]["readonly"], json!(true));
+        assert_eq!(c["process"]["args"][2], json!(NETWORK_LOOPBACK));
+        let off = SandboxSpec {
+            network: NetworkPolicy::Off,
+            ..SandboxSpec::default()
+        };
+        assert_eq!(
+            config(&off, &inputs())["process"]["args"][2],
+            json!(NETWORK_OFF)
+        );
     }
 }

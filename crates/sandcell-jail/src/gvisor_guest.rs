@@ -4,20 +4,34 @@
 //! The `gvisor` backend starts `sandcell __gvisor-guest` with one end of a socketpair as its
 //! stdin (gVisor imports it as a connected Unix socket, and re-binds it to the new one a
 //! restore is given, which is what lets a checkpoint be restored many times).
+//!
+//! Before anything else it confines itself the way the `process` backend's sandbox does:
+//! `no_new_privs` and the seccomp filter (gVisor's kernel runs it on every syscall of the
+//! agent and of everything it starts; a checkpoint carries it).
 
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
+use crate::caps;
+use crate::config::NetworkMode;
 use crate::error::JailError;
+use crate::seccomp::{self, Profile};
 
-/// Takes the host connection (stdin), leaves `/dev/null` as stdin (children must not inherit
-/// the connection) and returns the agent's end of a relay to it.
+/// The argument after `__gvisor-guest` naming the sandbox's network policy.
+pub const NETWORK_LOOPBACK: &str = "--network=loopback";
+/// As [`NETWORK_LOOPBACK`], for `network: off` (seccomp refuses all but Unix sockets).
+pub const NETWORK_OFF: &str = "--network=off";
+
+/// Confines the agent, takes the host connection (stdin), leaves `/dev/null` as stdin
+/// (children must not inherit the connection) and returns the agent's end of a relay to it.
 ///
 /// The agent does not use the host socket itself: after a restore this gVisor build no
 /// longer reports readiness of a host-backed socket to epoll (blocking reads and writes
 /// still work), so two threads copy between it and a socketpair inside gVisor, whose
 /// readiness survives a restore like everything else in the sandbox's memory.
 pub fn enter() -> Result<UnixStream, JailError> {
+    // First, while this is the only thread: every thread and process after inherits it.
+    confine(network_of(std::env::args().nth(2).as_deref())?)?;
     let host = take_stdin()?;
     let (agent, relay) =
         UnixStream::pair().map_err(|e| JailError::io("create the agent's relay", e))?;
@@ -35,6 +49,25 @@ pub fn enter() -> Result<UnixStream, JailError> {
         .spawn(move || copy_until_end(relay, host))
         .map_err(|e| JailError::io("start the relay", e))?;
     Ok(agent)
+}
+
+/// The network policy named on the command line (none: loopback).
+fn network_of(arg: Option<&str>) -> Result<NetworkMode, JailError> {
+    match arg {
+        None | Some(NETWORK_LOOPBACK) => Ok(NetworkMode::Loopback),
+        Some(NETWORK_OFF) => Ok(NetworkMode::Off),
+        Some(other) => Err(JailError::Config(format!("unknown argument {other:?}"))),
+    }
+}
+
+/// `no_new_privs` (the bundle asks runsc for it too) and the `process` backend's seccomp
+/// filter with gVisor's additions. The agent keeps `CAP_SYS_ADMIN` in gVisor's kernel for
+/// `sethostname` after a restore, which the filter allows; with it gone from the bounding
+/// set, nothing the agent starts has it.
+fn confine(network: NetworkMode) -> Result<(), JailError> {
+    caps::set_no_new_privs()?;
+    let program = seccomp::build_profile(network, Profile::Gvisor)?;
+    seccomp::apply_filter(&program)
 }
 
 /// Copies `from` to `to` with blocking calls until `from` ends, then ends `to`'s writing side

@@ -13,6 +13,9 @@
 //!   to `clone` (which we can inspect) on `ENOSYS` but not on `EPERM`;
 //! - socket families -> `EAFNOSUPPORT`, which programs treat as "no such network".
 //!
+//! The `gvisor` backend's agent installs the same program inside gVisor ([`Profile::Gvisor`]),
+//! with one addition: device nodes, which gVisor's kernel lets any user make.
+//!
 //! Syscall numbers are found by a binary search over the sorted rules, so an allowed syscall
 //! costs about a dozen instructions.
 
@@ -186,8 +189,26 @@ pub fn native_arch() -> Result<u32, JailError> {
     }
 }
 
+/// Which kernel a filter is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Profile {
+    /// The host kernel (`process` backend): the deny-list alone.
+    #[default]
+    Process,
+    /// gVisor's kernel (`gvisor` backend): the deny-list, plus what the host kernel refuses
+    /// a process without capabilities and gVisor's does not: `clone`/`unshare` with any
+    /// namespace flag (gVisor makes mount, UTS, IPC, … namespaces for anyone) and
+    /// `mknod`/`mknodat` of character and block devices -> `EPERM`.
+    Gvisor,
+}
+
 /// Compiles the filter for `network`; apply it with [`apply_filter`].
 pub fn build_filter(network: NetworkMode) -> Result<SeccompProgram, JailError> {
+    build_profile(network, Profile::Process)
+}
+
+/// Compiles the filter of `profile` for `network`.
+pub fn build_profile(network: NetworkMode, profile: Profile) -> Result<SeccompProgram, JailError> {
     let arch = native_arch()?;
     let mut rules: BTreeMap<u32, Rule> = BTreeMap::new();
     for &(_, nr) in DENIED {
@@ -195,9 +216,16 @@ pub fn build_filter(network: NetworkMode) -> Result<SeccompProgram, JailError> {
     }
     // New user namespaces are the door to the kernel's namespaced-root attack surface; other
     // namespace flags need capabilities the sandbox no longer has.
-    let newuser = libc::CLONE_NEWUSER.unsigned_abs();
-    rules.insert(syscall_nr(libc::SYS_clone)?, Rule::FlagSet(0, newuser));
-    rules.insert(syscall_nr(libc::SYS_unshare)?, Rule::FlagSet(0, newuser));
+    let (clone_ns, unshare_ns) = match profile {
+        Profile::Process => {
+            let newuser = libc::CLONE_NEWUSER.unsigned_abs();
+            (newuser, newuser)
+        }
+        // CLONE_NEWTIME (0x80) is an exit-signal bit to clone, a namespace only to unshare.
+        Profile::Gvisor => (NAMESPACE_FLAGS, NAMESPACE_FLAGS | CLONE_NEWTIME),
+    };
+    rules.insert(syscall_nr(libc::SYS_clone)?, Rule::FlagSet(0, clone_ns));
+    rules.insert(syscall_nr(libc::SYS_unshare)?, Rule::FlagSet(0, unshare_ns));
     rules.insert(syscall_nr(libc::SYS_clone3)?, Rule::Errno(libc::ENOSYS));
     rules.insert(
         syscall_nr(libc::SYS_personality)?,
@@ -209,6 +237,11 @@ pub fn build_filter(network: NetworkMode) -> Result<SeccompProgram, JailError> {
         Rule::NotValues(1, &[TIOCSTI, TIOCLINUX]),
     );
     rules.insert(syscall_nr(libc::SYS_socket)?, Rule::Socket(network));
+    if profile == Profile::Gvisor {
+        #[cfg(target_arch = "x86_64")]
+        rules.insert(syscall_nr(libc::SYS_mknod)?, Rule::DeviceNode(1));
+        rules.insert(syscall_nr(libc::SYS_mknodat)?, Rule::DeviceNode(2));
+    }
 
     let mut asm = Asm::default();
     let (kill, eperm, allow) = (asm.label(), asm.label(), asm.label());
@@ -273,10 +306,22 @@ pub fn install(network: NetworkMode) -> Result<Feature, JailError> {
 
 /// The report line for a filter built for `network` and applied.
 pub fn feature(network: NetworkMode) -> Feature {
+    feature_of(network, Profile::Process)
+}
+
+/// The report line for a filter of `profile` built for `network` and applied.
+pub fn feature_of(network: NetworkMode, profile: Profile) -> Feature {
+    let mut detail = describe(network);
+    if profile == Profile::Gvisor {
+        detail.push_str(
+            "; clone/unshare with any namespace flag and mknod of character and block \
+             devices -> EPERM",
+        );
+    }
     Feature {
         name: "seccomp".into(),
         state: FeatureState::Active,
-        detail: describe(network),
+        detail,
     }
 }
 
@@ -338,6 +383,8 @@ enum Rule {
     NotValues(u32, &'static [u32]),
     /// `socket`: families (and netlink protocols) by network mode.
     Socket(NetworkMode),
+    /// `EPERM` when the file type in argument `.0` (a mode) is a character or block device.
+    DeviceNode(u32),
 }
 
 impl Rule {
@@ -384,9 +431,32 @@ impl Rule {
                 }
                 asm.ret(refuse);
             }
+            Rule::DeviceNode(arg) => {
+                // Of the file types (S_IFMT), exactly S_IFCHR (0o020000) and S_IFBLK
+                // (0o060000) have bit 0o020000 without 0o100000 (S_IFLNK has both); the
+                // unassigned 0o030000 and 0o070000, EINVAL anyway, are refused too.
+                asm.load(arg_offset(arg));
+                asm.jump(JSET_K, S_IFREG, To(allow), Next);
+                asm.jump(JSET_K, S_IFCHR, To(eperm), To(allow));
+            }
         }
     }
 }
+
+/// Every namespace flag of clone(2) (linux/sched.h).
+const NAMESPACE_FLAGS: u32 = (libc::CLONE_NEWNS
+    | libc::CLONE_NEWCGROUP
+    | libc::CLONE_NEWUTS
+    | libc::CLONE_NEWIPC
+    | libc::CLONE_NEWUSER
+    | libc::CLONE_NEWPID
+    | libc::CLONE_NEWNET)
+    .unsigned_abs();
+const CLONE_NEWTIME: u32 = 0x80;
+
+/// File type bits of a mode (linux/stat.h).
+const S_IFREG: u32 = 0o100_000;
+const S_IFCHR: u32 = 0o020_000;
 
 fn af(value: libc::c_int) -> u32 {
     value.unsigned_abs()
@@ -638,6 +708,60 @@ mod tests {
             Decision::Allow
         );
         assert_eq!(sock(&lo, libc::AF_NETLINK, libc::NETLINK_AUDIT), no);
+    }
+
+    #[test]
+    fn gvisor_also_refuses_device_nodes() {
+        let eperm = Decision::Errno(libc::EPERM);
+        let gvisor = build_profile(NetworkMode::Loopback, Profile::Gvisor).unwrap();
+        let process = build_filter(NetworkMode::Loopback).unwrap();
+        let kinds = [
+            (libc::S_IFBLK, true),
+            (libc::S_IFCHR, true),
+            (libc::S_IFREG, false),
+            (libc::S_IFIFO, false),
+            (libc::S_IFSOCK, false),
+            (libc::S_IFLNK, false),
+            (0, false),
+        ];
+        for (kind, refused) in kinds {
+            let mode = u64::from(kind | 0o600);
+            let at = decide(&gvisor, libc::SYS_mknodat, [0, 0, mode, 0, 0, 0]);
+            assert_eq!(at == eperm, refused, "mknodat {kind:o}");
+            #[cfg(target_arch = "x86_64")]
+            {
+                let d = decide(&gvisor, libc::SYS_mknod, [0, mode, 0, 0, 0, 0]);
+                assert_eq!(d == eperm, refused, "mknod {kind:o}");
+            }
+            // The process profile leaves them to the host kernel (no CAP_MKNOD).
+            let p = decide(&process, libc::SYS_mknodat, [0, 0, mode, 0, 0, 0]);
+            assert_eq!(p, Decision::Allow);
+        }
+        // Namespaces: every flag on gvisor, only a user namespace on process.
+        let newns = [libc::CLONE_NEWNS as u64, 0, 0, 0, 0, 0];
+        for nr in [libc::SYS_clone, libc::SYS_unshare] {
+            assert_eq!(decide(&gvisor, nr, newns), eperm);
+            assert_eq!(decide(&process, nr, newns), Decision::Allow);
+            let thread = [(libc::CLONE_VM | libc::CLONE_THREAD) as u64, 0, 0, 0, 0, 0];
+            assert_eq!(decide(&gvisor, nr, thread), Decision::Allow);
+        }
+        // Everything else is decided as for the process backend.
+        #[cfg(target_arch = "x86_64")]
+        let skip = [libc::SYS_mknodat as u32, libc::SYS_mknod as u32];
+        #[cfg(not(target_arch = "x86_64"))]
+        let skip = [libc::SYS_mknodat as u32];
+        for nr in 0..600u32 {
+            if skip.contains(&nr) {
+                continue;
+            }
+            let args = [u64::from(libc::CLONE_NEWUSER.unsigned_abs()), 0, 0, 0, 0, 0];
+            let (a, b) = (
+                gvisor.decide(native_arch().unwrap(), nr, args),
+                process.decide(native_arch().unwrap(), nr, args),
+            );
+            assert_eq!(a, b, "syscall {nr}");
+        }
+        assert!(gvisor.len() < 170, "{} instructions", gvisor.len());
     }
 
     #[test]

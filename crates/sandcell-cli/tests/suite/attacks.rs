@@ -94,12 +94,7 @@ async fn no_network_to_the_host() {
 
 #[tokio::test]
 async fn network_off_refuses_inet_sockets() {
-    if on_gvisor() {
-        eprintln!(
-            "skipped on gvisor: gVisor keeps loopback with network off (listed in /v1/system)"
-        );
-        return;
-    }
+    // On gvisor too: the agent's seccomp filter refuses them (gVisor itself would not).
     let spec = SandboxSpec {
         network: NetworkPolicy::Off,
         ..Default::default()
@@ -170,24 +165,101 @@ async fn mount_is_denied() {
 }
 
 #[tokio::test]
-async fn new_user_namespaces_are_denied() {
-    if on_gvisor() {
-        eprintln!("skipped on gvisor: user namespaces are gVisor's own, not the host kernel's");
-        return;
-    }
+async fn new_user_and_mount_namespaces_are_denied() {
+    // A user namespace would give back every capability inside it, and with it a mount
+    // namespace to mount in. Seccomp refuses CLONE_NEWUSER on both backends; the host kernel
+    // refuses the other namespaces to a process without capabilities, gVisor's makes them
+    // for anyone, so on gvisor seccomp refuses every namespace flag.
     let sb = sandbox().await;
-    let code = ctypes("libc.unshare(0x10000000)"); // CLONE_NEWUSER
+    for (flags, what) in [
+        ("0x10000000", "CLONE_NEWUSER"),
+        ("0x10020000", "CLONE_NEWUSER|CLONE_NEWNS"),
+        ("0x00020000", "CLONE_NEWNS"),
+        ("0x04000000", "CLONE_NEWUTS"),
+        ("0x08000000", "CLONE_NEWIPC"),
+    ] {
+        let out = py(&sb, &ctypes(&format!("libc.unshare({flags})"))).await;
+        assert!(
+            text(&out.stdout).starts_with("-1 Operation not permitted"),
+            "unshare({what}): {} {}",
+            text(&out.stdout),
+            text(&out.stderr)
+        );
+    }
+    let out = sh(
+        &sb,
+        "unshare -U true && echo escaped-user || echo denied; \
+         unshare -Um true && echo escaped-mount || echo denied",
+    )
+    .await;
+    assert_eq!(text(&out.stdout), "denied\ndenied\n");
+    sb.destroy().await.unwrap();
+}
+
+#[tokio::test]
+async fn device_nodes_cannot_be_made() {
+    // The host kernel refuses them without CAP_MKNOD; gVisor's makes them for anyone, so the
+    // gvisor agent's filter refuses them. A FIFO is still fine.
+    let sb = sandbox().await;
+    let code = [
+        "import os, stat",
+        "for name, kind, dev in (('blk', stat.S_IFBLK, os.makedev(8, 0)), ('chr', stat.S_IFCHR, os.makedev(1, 3))):",
+        "    try:",
+        "        os.mknod('/tmp/' + name, 0o600 | kind, dev); print(name, 'made')",
+        "    except OSError as e:",
+        "        print(name, e.errno)",
+        "os.mkfifo('/tmp/fifo'); print('fifo made')",
+    ]
+    .join("\n");
+    let out = py(&sb, &code).await;
+    assert_eq!(
+        text(&out.stdout),
+        format!("blk {0}\nchr {0}\nfifo made\n", libc::EPERM),
+        "{}",
+        text(&out.stderr)
+    );
+    let out = sh(&sb, "ls /tmp").await;
+    assert_eq!(text(&out.stdout), "fifo\n");
+    sb.destroy().await.unwrap();
+}
+
+#[tokio::test]
+async fn io_uring_cannot_be_set_up() {
+    // io_uring_setup(8, &params): a whole second syscall interface, refused by seccomp.
+    let sb = sandbox().await;
+    let code = ctypes("libc.syscall(425, 8, ctypes.create_string_buffer(120))");
     let out = py(&sb, &code).await;
     assert!(
         text(&out.stdout).starts_with("-1 Operation not permitted"),
-        "{}",
-        text(&out.stdout)
+        "{} {}",
+        text(&out.stdout),
+        text(&out.stderr)
     );
-    let out = sh(&sb, "unshare -U true && echo escaped || echo denied").await;
-    assert!(
-        text(&out.stdout).contains("denied"),
+    sb.destroy().await.unwrap();
+}
+
+#[tokio::test]
+async fn netlink_is_routing_and_socket_diagnostics_only() {
+    // Other families get EAFNOSUPPORT from seccomp: gVisor would open uevents and answer
+    // EPROTONOSUPPORT for the rest, the host kernel would open most of them.
+    let sb = sandbox().await;
+    let code = [
+        "import socket",
+        "for proto in (15, 9, 12, 16):",
+        "    try:",
+        "        socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, proto); print(proto, 'opened')",
+        "    except OSError as e:",
+        "        print(proto, e.errno)",
+        "socket.socket(socket.AF_NETLINK, socket.SOCK_RAW, 0); print('route opened')",
+    ]
+    .join("\n");
+    let out = py(&sb, &code).await;
+    let no = libc::EAFNOSUPPORT;
+    assert_eq!(
+        text(&out.stdout),
+        format!("15 {no}\n9 {no}\n12 {no}\n16 {no}\nroute opened\n"),
         "{}",
-        text(&out.stdout)
+        text(&out.stderr)
     );
     sb.destroy().await.unwrap();
 }
@@ -207,21 +279,21 @@ async fn capabilities_are_all_dropped() {
             "capability left: {line}"
         );
     }
+    // A filter (mode 2) and no_new_privs, on gvisor too (the agent's, inside gVisor).
+    assert!(s.contains("Seccomp:\t2"), "{s}");
     if on_gvisor() {
         // gVisor's /proc does not show it: asked directly (PR_GET_NO_NEW_PRIVS).
-        let nnp = py(
-            &sb,
-            "import ctypes; print(ctypes.CDLL(None).prctl(39, 0, 0, 0, 0))",
-        )
-        .await;
-        assert_eq!(text(&nnp.stdout), "1\n", "{nnp:?}");
+        assert!(!s.contains("NoNewPrivs:\t0"), "{s}");
     } else {
         assert!(s.contains("NoNewPrivs:\t1"), "{s}");
     }
-    // Under gVisor its kernel's own seccomp filter guards the host, outside the sandbox.
-    if !on_gvisor() {
-        assert!(s.contains("Seccomp:\t2"), "{s}");
-    }
+    // The kernel's own answers: PR_GET_NO_NEW_PRIVS, PR_GET_SECCOMP.
+    let out = py(
+        &sb,
+        "import ctypes; c = ctypes.CDLL(None); print(c.prctl(39, 0, 0, 0, 0), c.prctl(21, 0, 0, 0, 0))",
+    )
+    .await;
+    assert_eq!(text(&out.stdout), "1 2\n", "{out:?}");
     sb.destroy().await.unwrap();
 }
 
@@ -472,6 +544,12 @@ async fn gvisor_reports_its_boundary() {
         Some(host.trim()),
         "{out:?}"
     );
-    assert!(sb.isolation().is_active("gvisor"), "{:?}", sb.isolation());
+    for layer in ["gvisor", "seccomp", "no_new_privs"] {
+        assert!(
+            sb.isolation().is_active(layer),
+            "{layer}: {:?}",
+            sb.isolation()
+        );
+    }
     sb.destroy().await.unwrap();
 }

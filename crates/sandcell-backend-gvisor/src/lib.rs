@@ -24,6 +24,7 @@ use sandcell_engine::{
 };
 use sandcell_jail::cgroup::{CgroupVersion, SandboxCgroup};
 use sandcell_jail::rootfs::skeleton::{self, RootLayout};
+use sandcell_jail::{NetworkMode, seccomp};
 use sandcell_protocol::{Feature, FeatureState, IsolationReport};
 
 pub use bundle::{GUEST_DIR, MEMORY_OVERHEAD, PIDS_OVERHEAD};
@@ -71,6 +72,23 @@ impl GvisorBackendConfig {
     }
 }
 
+/// The agent folder the checkpoint in `image` was made with (`current` for a checkpoint
+/// that does not say: made before checkpoints named it).
+fn checkpoint_agent_dir(image: &Path, current: &str) -> Result<String, String> {
+    let dir = match std::fs::read_to_string(image.join(AGENT_DIR_FILE)) {
+        Ok(dir) => dir.trim().to_string(),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(current.to_string()),
+        Err(e) => return Err(format!("read the checkpoint's agent folder: {e}")),
+    };
+    if Path::new(&dir).join("sandcell").is_file() {
+        Ok(dir)
+    } else {
+        Err(format!(
+            "the Sandcell binary this checkpoint was made with ({dir}) is no longer installed"
+        ))
+    }
+}
+
 /// The first `name` in `$PATH` that is a file.
 fn find_on_path(name: &str) -> Option<PathBuf> {
     let path = std::env::var_os("PATH")?;
@@ -87,8 +105,28 @@ struct Shared {
     root: String,
     /// System paths bound into it.
     binds: Vec<String>,
-    /// The folder holding the agent binary.
+    /// The folder holding this binary as the agent (see [`agent_dir`]).
     guest_dir: String,
+}
+
+/// The file in a checkpoint image naming the agent folder its sandbox ran from.
+const AGENT_DIR_FILE: &str = "sandcell-agent-dir";
+
+/// The agent folder for `binary`: `<bin>/<size>-<mtime>-<inode>`, one per build.
+///
+/// A restored sandbox maps its agent's code from the file it ran from again (a checkpoint
+/// holds only the memory the process changed), so a checkpoint must find exactly that
+/// binary: replacing it in place (another build started a daemon meanwhile) restored the
+/// old process over the new code, which hung or crashed the agent.
+fn agent_dir(bin: &Path, binary: &Path) -> std::io::Result<PathBuf> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(binary)?;
+    let mtime = m
+        .modified()?
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    Ok(bin.join(format!("{:x}-{mtime:x}-{:x}", m.len(), m.ino())))
 }
 
 /// The `gvisor` backend.
@@ -201,7 +239,8 @@ impl GvisorBackend {
             false,
         )
         .map_err(|e| launch_err("root skeleton", e.to_string()))?;
-        let guest_dir = self.dir().join("bin");
+        let guest_dir = agent_dir(&self.dir().join("bin"), &self.config.binary)
+            .map_err(|e| launch_err("agent binary", e.to_string()))?;
         install_binary(&self.config.binary, &guest_dir)
             .map_err(|e| launch_err("agent binary", e))?;
         for d in ["state", "bundles"] {
@@ -226,12 +265,14 @@ impl GvisorBackend {
         format!("/{}/{id}", self.config.cgroup_parent.trim_matches('/'))
     }
 
-    /// Writes the bundle of container `container` of sandbox `id`; returns its folder.
+    /// Writes the bundle of container `container` of sandbox `id` with the agent from
+    /// `guest_dir`; returns its folder.
     fn write_bundle(
         &self,
         id: &str,
         container: &str,
         spec: &SandboxSpec,
+        guest_dir: &str,
     ) -> Result<PathBuf, String> {
         let shared = self.shared().map_err(|e| e.to_string())?;
         let dir = self.dir().join("bundles").join(container);
@@ -245,7 +286,7 @@ impl GvisorBackend {
             &bundle::BundleInputs {
                 root: &shared.root,
                 binds: &shared.binds,
-                guest_dir: &shared.guest_dir,
+                guest_dir,
                 cgroup_path: &self.cgroup_path(container),
                 hostname: id,
             },
@@ -256,7 +297,8 @@ impl GvisorBackend {
     }
 
     /// Starts (or restores from `image`) container `container` of sandbox `id` with `agent`
-    /// as its connection, and waits until it runs. Blocking; on failure nothing is left.
+    /// as its connection and the agent from `guest_dir`, and waits until it runs. Blocking;
+    /// on failure nothing is left.
     fn run_container(
         &self,
         id: &str,
@@ -264,8 +306,9 @@ impl GvisorBackend {
         spec: &SandboxSpec,
         image: Option<&Path>,
         agent: UnixStream,
+        guest_dir: &str,
     ) -> Result<Container, String> {
-        let bundle = self.write_bundle(id, container, spec)?;
+        let bundle = self.write_bundle(id, container, spec, guest_dir)?;
         let runsc = self.runsc(Some(&bundle)).map_err(|e| e.to_string())?;
         // Names are never reused (sandbox ids are random, checkpoints count up): no leftover
         // of that name can be in the way.
@@ -281,6 +324,7 @@ impl GvisorBackend {
         match started {
             Ok(state) => Ok(Container {
                 name: container.to_string(),
+                guest_dir: guest_dir.to_string(),
                 cgroup: open_cgroup(&self.cgroup_path(container)),
                 cgroup_path: self.cgroup_path(container),
                 bundle,
@@ -306,7 +350,7 @@ impl GvisorBackend {
                 "the gvisor backend cannot run here: {why}"
             )));
         }
-        self.shared()?;
+        let shared = self.shared()?;
         let (host, child) =
             UnixStream::pair().map_err(|e| EngineError::io("create the agent socketpair", e))?;
         let stage = if image.is_some() {
@@ -314,11 +358,28 @@ impl GvisorBackend {
         } else {
             "runsc run"
         };
+        // A checkpoint goes on with the agent binary it was made with.
+        let guest_dir = match image {
+            Some(image) => checkpoint_agent_dir(image, &shared.guest_dir).map_err(|message| {
+                EngineError::Launch {
+                    stage: stage.into(),
+                    message,
+                }
+            })?,
+            None => shared.guest_dir.clone(),
+        };
         let started = {
             let (backend, id, spec) = (self.clone(), id.to_string(), spec.clone());
             let image = image.map(Path::to_path_buf);
             tokio::task::spawn_blocking(move || {
-                backend.run_container(&id, &container_name(&id, 0), &spec, image.as_deref(), child)
+                backend.run_container(
+                    &id,
+                    &container_name(&id, 0),
+                    &spec,
+                    image.as_deref(),
+                    child,
+                    &guest_dir,
+                )
             })
             .await
             .map_err(|e| EngineError::io(stage, std::io::Error::other(e)))?
@@ -360,18 +421,28 @@ impl GvisorBackend {
                 self.config.platform
             ),
         );
+        let network = match spec.network {
+            NetworkPolicy::Loopback => NetworkMode::Loopback,
+            NetworkPolicy::Off => NetworkMode::Off,
+        };
         r.set(
             "network",
-            match spec.network {
-                NetworkPolicy::Loopback => FeatureState::Active,
-                NetworkPolicy::Off => FeatureState::Degraded,
-            },
-            match spec.network {
-                NetworkPolicy::Loopback => "loopback only (runsc --network=none)",
-                NetworkPolicy::Off => {
-                    "loopback only (runsc --network=none): inet sockets on loopback still work"
+            FeatureState::Active,
+            match network {
+                NetworkMode::Loopback => "loopback only (runsc --network=none)",
+                NetworkMode::Off => {
+                    "none (runsc --network=none; seccomp refuses all but Unix sockets)"
                 }
             },
+        );
+        // The agent installs both before it serves and exits if it cannot: a sandbox that
+        // answers the handshake has them (see sandcell_jail::gvisor_guest).
+        let filter = seccomp::feature_of(network, seccomp::Profile::Gvisor);
+        r.set(&filter.name, filter.state, filter.detail);
+        r.set(
+            "no_new_privs",
+            FeatureState::Active,
+            "set for the agent and everything it starts",
         );
         let limits = &spec.limits;
         r.set(
@@ -403,10 +474,6 @@ impl GvisorBackend {
                 "survive_service_restart",
                 "a sandbox ends when the service that started it stops (its agent's \
                  connection is the container's stdin); after a restart it is recorded lost",
-            ),
-            line(
-                "network_off",
-                "`network: off` cannot also refuse inet sockets: the sandbox keeps loopback",
             ),
             line(
                 "oom_per_process",
@@ -580,6 +647,8 @@ fn container_name(id: &str, n: u32) -> String {
 struct Container {
     /// runsc's name for it (see [`container_name`]).
     name: String,
+    /// The agent folder bound at [`GUEST_DIR`].
+    guest_dir: String,
     bundle: PathBuf,
     cgroup_path: String,
     cgroup: Option<SandboxCgroup>,
@@ -768,17 +837,23 @@ impl BackendInstance for GvisorInstance {
             self.resume()?;
         }
         let old = self.name();
+        let guest_dir = self.with_current(|c| c.guest_dir.clone()).ok_or_else(|| {
+            Self::failed("runsc checkpoint", "the sandbox's state is lost".into())
+        })?;
         let image_arg = image.display().to_string();
         self.runsc
             .run(&["checkpoint", "--image-path", &image_arg, &old])
             .map_err(|e| Self::failed("runsc checkpoint", e))?;
+        // Restores of this image need the same agent binary (see agent_dir). Unwritten, they
+        // take the current one, as before checkpoints named theirs.
+        let _ = std::fs::write(image.join(AGENT_DIR_FILE), &guest_dir);
         let (host, child) =
             UnixStream::pair().map_err(|e| EngineError::io("create the agent socketpair", e))?;
         let n = self.restores.fetch_add(1, Ordering::SeqCst) + 1;
         let next = container_name(&self.id, n);
-        let restored = self
-            .backend
-            .run_container(&self.id, &next, &self.spec, Some(image), child);
+        let restored =
+            self.backend
+                .run_container(&self.id, &next, &self.spec, Some(image), child, &guest_dir);
         let old_bundle = self.with_current(|c| c.bundle.clone());
         let runsc = self.runsc.clone();
         std::thread::spawn(move || {
@@ -808,6 +883,31 @@ impl BackendInstance for GvisorInstance {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_checkpoint_finds_the_agent_it_was_made_with() {
+        let tmp = tempfile::tempdir().unwrap();
+        let (image, agent) = (tmp.path().join("image"), tmp.path().join("bin-a"));
+        std::fs::create_dir_all(&image).unwrap();
+        // A checkpoint that names none (made before they did): the current agent.
+        assert_eq!(checkpoint_agent_dir(&image, "/cur").unwrap(), "/cur");
+        std::fs::write(image.join(AGENT_DIR_FILE), agent.display().to_string()).unwrap();
+        let err = checkpoint_agent_dir(&image, "/cur").unwrap_err();
+        assert!(err.contains("no longer installed"), "{err}");
+        std::fs::create_dir_all(&agent).unwrap();
+        std::fs::write(agent.join("sandcell"), b"x").unwrap();
+        assert_eq!(
+            checkpoint_agent_dir(&image, "/cur").unwrap(),
+            agent.display().to_string()
+        );
+        // Two builds of the binary get two folders.
+        let bin = tmp.path().join("sandcell");
+        std::fs::write(&bin, b"one").unwrap();
+        let first = agent_dir(tmp.path(), &bin).unwrap();
+        std::fs::remove_file(&bin).unwrap();
+        std::fs::write(&bin, b"other").unwrap();
+        assert_ne!(first, agent_dir(tmp.path(), &bin).unwrap());
+    }
 
     #[test]
     fn no_container_name_is_the_prefix_of_another() {

@@ -12,7 +12,7 @@ use sandcell_protocol::{
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 use tokio::net::unix::OwnedWriteHalf;
-use tokio::sync::{Mutex, mpsc};
+use tokio::sync::{Mutex, mpsc, watch};
 use tokio::task::JoinHandle;
 
 use crate::error::EngineError;
@@ -50,12 +50,27 @@ pub struct Hello {
     pub isolation: IsolationReport,
 }
 
+/// How long the agent restored in place gets to answer a ping on its new connection.
+const RECONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How long a write waits for a connection being replaced (its sandbox is being
+/// checkpointed) before it gives up.
+const REPLACE_TIMEOUT: Duration = Duration::from_secs(300);
+
+/// How long the new connection's reader waits for the old one to end, to take over the
+/// start of a frame the old stream cut off.
+const HANDOVER_TIMEOUT: Duration = Duration::from_secs(2);
+
 /// A connection to one guest agent.
 pub struct GuestClient {
     writer: Mutex<OwnedWriteHalf>,
     pending: Pending,
     next_id: AtomicU32,
-    reader: StdMutex<JoinHandle<()>>,
+    /// The reader task; it returns the bytes of a frame its stream ended in the middle of.
+    reader: StdMutex<JoinHandle<Vec<u8>>>,
+    /// Closed (false) while the connection is being replaced: nothing may be written to a
+    /// stream whose agent is being checkpointed (what it has not read is lost with it).
+    open: watch::Sender<bool>,
 }
 
 impl Drop for GuestClient {
@@ -169,57 +184,82 @@ impl GuestClient {
     pub fn start_at(stream: UnixStream, first_id: u32) -> Self {
         let (read, write) = stream.into_split();
         let pending: Pending = Arc::default();
-        let reader = tokio::spawn(read_loop(read, pending.clone(), 0));
+        let reader = tokio::spawn(read_loop(read, pending.clone(), 0, None));
         Self {
             writer: Mutex::new(write),
             pending,
             next_id: AtomicU32::new(first_id.max(1)),
             reader: StdMutex::new(reader),
+            open: watch::Sender::new(true),
         }
     }
 
     /// Before the agent's connection is replaced (its sandbox is checkpointed and restored in
-    /// place): the end of the current stream no longer closes the client. Follow with
-    /// [`Self::reconnect`] or [`Self::cancel_reconnect`].
-    pub fn expect_reconnect(&self) {
+    /// place): the end of the current stream no longer closes the client, and writes wait
+    /// (returns once a write in progress is done). Follow with [`Self::reconnect`] or
+    /// [`Self::cancel_reconnect`].
+    pub async fn expect_reconnect(&self) {
         if let Ok(mut p) = self.pending.lock() {
             p.generation += 1;
         }
+        self.open.send_replace(false);
+        drop(self.writer.lock().await);
     }
 
     /// The connection was not replaced after all: its end closes the client again (now, if
-    /// it has ended meanwhile).
+    /// it has ended meanwhile), and writes go on.
     pub fn cancel_reconnect(&self) {
         let ended = self.reader.lock().map_or(true, |r| r.is_finished());
-        if let Ok(mut p) = self.pending.lock() {
-            if ended {
-                let reason = "the guest agent closed the connection (during a checkpoint)";
-                p.closed = Some(reason.into());
-                for (_, tx) in p.routes.drain() {
-                    let _ = tx.send(Reply::Closed(reason.into()));
-                }
-            } else {
-                p.generation -= 1;
-            }
+        if ended {
+            self.fail_all("the guest agent closed the connection (during a checkpoint)");
+        } else if let Ok(mut p) = self.pending.lock() {
+            p.generation -= 1;
         }
+        self.open.send_replace(true);
     }
 
     /// Continues on `stream`, a new connection to the same agent (whose memory was
     /// checkpointed and restored with it), after [`Self::expect_reconnect`]: requests in
     /// progress keep their ids and get the rest of their replies there. What the old stream
-    /// still holds is read to its end.
+    /// still holds is read to its end; a frame it cut off is completed from the new one.
+    ///
+    /// The agent must then answer a ping within [`RECONNECT_TIMEOUT`]; if it does not, the
+    /// client is closed with the reason, so that no request waits for it forever.
     pub async fn reconnect(&self, stream: UnixStream) {
         let (read, write) = stream.into_split();
-        let mut writer = self.writer.lock().await;
-        let generation = match self.pending.lock() {
-            Ok(p) => p.generation,
-            Err(_) => return,
+        {
+            let mut writer = self.writer.lock().await;
+            let generation = match self.pending.lock() {
+                Ok(p) => p.generation,
+                Err(_) => return,
+            };
+            if let Ok(mut slot) = self.reader.lock() {
+                let old = std::mem::replace(&mut *slot, tokio::spawn(async { Vec::new() }));
+                *slot = tokio::spawn(read_loop(read, self.pending.clone(), generation, Some(old)));
+            }
+            *writer = write;
+        }
+        self.open.send_replace(true);
+        let answered = tokio::time::timeout(RECONNECT_TIMEOUT, self.call(&HostMessage::Ping)).await;
+        let why = match answered {
+            Ok(Ok(GuestMessage::Pong)) => return,
+            Ok(Ok(other)) => format!("it answered a ping with {other:?}"),
+            Ok(Err(e)) => e.to_string(),
+            Err(_) => format!("no answer to a ping within {RECONNECT_TIMEOUT:?}"),
         };
-        let reader = tokio::spawn(read_loop(read, self.pending.clone(), generation));
-        *writer = write;
-        if let Ok(mut slot) = self.reader.lock() {
-            // The old reader ends by itself at its stream's end.
-            *slot = reader;
+        self.fail_all(&format!(
+            "the guest agent did not answer on its new connection after the sandbox was \
+             checkpointed and restored in place: {why}"
+        ));
+    }
+
+    /// Closes the client for `reason`: every request waiting gets it, new ones fail with it.
+    fn fail_all(&self, reason: &str) {
+        if let Ok(mut p) = self.pending.lock() {
+            p.closed = Some(reason.into());
+            for (_, tx) in p.routes.drain() {
+                let _ = tx.send(Reply::Closed(reason.into()));
+            }
         }
     }
 
@@ -278,18 +318,55 @@ impl GuestClient {
     }
 
     async fn write(&self, bytes: &[u8]) -> Result<(), EngineError> {
-        let mut w = self.writer.lock().await;
-        w.write_all(bytes).await.map_err(|e| {
-            EngineError::Connection(
-                self.closed_reason()
-                    .unwrap_or_else(|| format!("write to the agent: {e}")),
-            )
-        })
+        let mut open = self.open.subscribe();
+        loop {
+            // While the connection is being replaced, wait for the new one.
+            match tokio::time::timeout(REPLACE_TIMEOUT, open.wait_for(|o| *o)).await {
+                Ok(Ok(_)) => {}
+                _ => {
+                    return Err(EngineError::Unresponsive(format!(
+                        "the sandbox's checkpoint did not end within {REPLACE_TIMEOUT:?}"
+                    )));
+                }
+            }
+            let mut w = self.writer.lock().await;
+            // Closed between the wait and the lock: wait again.
+            if !*self.open.borrow() {
+                continue;
+            }
+            return w.write_all(bytes).await.map_err(|e| {
+                EngineError::Connection(
+                    self.closed_reason()
+                        .unwrap_or_else(|| format!("write to the agent: {e}")),
+                )
+            });
+        }
     }
 }
 
-async fn read_loop(mut read: tokio::net::unix::OwnedReadHalf, pending: Pending, generation: u64) {
+/// Reads frames from `read` and routes them until the stream ends; returns the bytes of a
+/// frame the stream ended in the middle of. A reader that follows another (`before`, the
+/// stream its agent was on until a checkpoint) starts with that one's unfinished frame:
+/// the agent may have written a frame partly before the checkpoint and the rest after.
+async fn read_loop(
+    mut read: tokio::net::unix::OwnedReadHalf,
+    pending: Pending,
+    generation: u64,
+    before: Option<JoinHandle<Vec<u8>>>,
+) -> Vec<u8> {
     let mut decoder = FrameDecoder::default();
+    // The bytes the decoder holds (the start of a frame), kept to hand over at the end.
+    let mut unfinished: Vec<u8> = Vec::new();
+    if let Some(before) = before {
+        // The old stream ends with its agent's checkpoint; if it has not ended in time, it
+        // keeps routing what it reads itself.
+        if let Ok(Ok(rest)) = tokio::time::timeout(HANDOVER_TIMEOUT, before).await
+            && !rest.is_empty()
+        {
+            decoder.feed(&rest);
+            unfinished = rest;
+        }
+    }
     // Filled without zeroing first: a zeroed 64 KiB buffer costs 16 page faults up front.
     let mut buf = Vec::with_capacity(64 * 1024);
     let reason = loop {
@@ -317,6 +394,7 @@ async fn read_loop(mut read: tokio::net::unix::OwnedReadHalf, pending: Pending, 
         if let Some(reason) = fatal {
             break reason;
         }
+        keep_unfinished(&mut unfinished, &buf, decoder.buffered());
     };
     if let Ok(mut p) = pending.lock()
         && p.generation == generation
@@ -325,6 +403,22 @@ async fn read_loop(mut read: tokio::net::unix::OwnedReadHalf, pending: Pending, 
         for (_, tx) in p.routes.drain() {
             let _ = tx.send(Reply::Closed(reason.clone()));
         }
+    }
+    unfinished
+}
+
+/// Keeps in `unfinished` the last `held` bytes of everything fed so far (`read` last): what
+/// the decoder holds. Copies only those bytes (at most one frame), not the stream.
+fn keep_unfinished(unfinished: &mut Vec<u8>, read: &[u8], held: usize) {
+    if held == 0 {
+        unfinished.clear();
+    } else if held <= read.len() {
+        unfinished.clear();
+        unfinished.extend_from_slice(&read[read.len() - held..]);
+    } else {
+        unfinished.extend_from_slice(read);
+        let extra = unfinished.len().saturating_sub(held);
+        unfinished.drain(..extra);
     }
 }
 

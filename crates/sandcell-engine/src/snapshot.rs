@@ -275,7 +275,7 @@ impl Sandbox {
         let sandbox = self.clone();
         let dir = dir.to_path_buf();
         // The backend may restore the sandbox in place: its old connection ends.
-        self.client().expect_reconnect();
+        self.client().expect_reconnect().await;
         let written = tokio::task::spawn_blocking(move || {
             let image = dir.join("image");
             std::fs::create_dir(&image)

@@ -203,7 +203,8 @@ impl GuestClient {
             p.generation += 1;
         }
         self.open.send_replace(false);
-        drop(self.writer.lock().await);
+        // A write stuck on an agent that reads nothing must not hold the checkpoint up.
+        let _ = tokio::time::timeout(RECONNECT_TIMEOUT, self.writer.lock()).await;
     }
 
     /// The connection was not replaced after all: its end closes the client again (now, if

@@ -34,6 +34,7 @@ const ERRORS: &[(&str, &str)] = &[
 const PATH_PARAMS: &[(&str, Option<&str>)] = &[
     ("id", Some("^sb-[a-z0-9-]{1,64}$")),
     ("export_id", Some("^ex-[0-9a-f]{16}$")),
+    ("snapshot_id", Some("^sn-[0-9a-f]{16}$")),
     ("key_id", Some("^[0-9a-f]{1,64}$")),
     ("context", Some("^[A-Za-z0-9_.-]{1,64}$")),
     ("pid", None),

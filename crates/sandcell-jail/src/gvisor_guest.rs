@@ -80,13 +80,15 @@ fn copy_until_end(mut from: UnixStream, mut to: UnixStream) {
 /// The host connection, from stdin.
 fn take_stdin() -> Result<UnixStream, JailError> {
     let stdin = std::io::stdin().as_raw_fd();
+    // Close-on-exec: without it every process the agent starts held the host connection
+    // (fd 3 in every exec) and could talk to the host past the agent.
     // SAFETY: fd 0 is open (the backend always passes the socket there) and nothing else in
-    // this process owns it: the agent has not started; `dup` gives the stream its own fd.
-    let dup = unsafe { libc::dup(stdin) };
+    // this process owns it: the agent has not started; the duplicate is the stream's own fd.
+    let dup = unsafe { libc::fcntl(stdin, libc::F_DUPFD_CLOEXEC, 0) };
     if dup < 0 {
         return Err(JailError::last_os("take the host connection from stdin"));
     }
-    // SAFETY: `dup` was just returned by dup(2) and is owned by nobody else.
+    // SAFETY: `dup` was just returned by fcntl(F_DUPFD_CLOEXEC) and is owned by nobody else.
     let socket = UnixStream::from(unsafe { OwnedFd::from_raw_fd(dup) });
     let null = std::fs::File::open("/dev/null").map_err(|e| JailError::io("open /dev/null", e))?;
     // SAFETY: both fds are open; dup2 only replaces fd 0, which nothing else uses now.

@@ -293,6 +293,24 @@ async fn capabilities_are_all_dropped() {
 }
 
 #[tokio::test]
+async fn no_process_inherits_the_agents_connection() {
+    // The agent's connection to the host (on gvisor a host socket gVisor imports) is the
+    // agent's alone: a process holding it could talk to the host past the agent.
+    let sb = sandbox().await;
+    let out = sh(&sb, "for f in /proc/self/fd/*; do readlink $f; done").await;
+    let fds = text(&out.stdout);
+    assert!(!fds.contains("socket:") && !fds.contains("host:"), "{fds}");
+    let out = py(
+        &sb,
+        "import os\nfor f in os.listdir('/proc/self/fd'):\n    try: print(os.readlink('/proc/self/fd/' + f))\n    except OSError: pass",
+    )
+    .await;
+    let fds = text(&out.stdout);
+    assert!(!fds.contains("socket:") && !fds.contains("host:"), "{fds}");
+    sb.destroy().await.unwrap();
+}
+
+#[tokio::test]
 async fn the_agent_cannot_be_read_or_the_sandbox_renamed() {
     // The agent (PID 1) holds the host connection; on gVisor it also keeps the one
     // capability it needs to rename a restored sandbox, which its children never get.

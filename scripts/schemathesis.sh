@@ -4,7 +4,7 @@
 # examples, coverage and fuzzing phases, then the stateful phase (sequences chained by the
 # document's links); any 5xx, undocumented status, wrong content type or answer that breaks its
 # schema fails the run. Runs against the release binary on a free loopback port with a scratch
-# home.
+# home. Arguments go to `schemathesis run` (e.g. `--seed N` to repeat a run).
 #
 # Every generated request reaches its handler: the run authenticates with the admin key, and
 # every `{id}`-like path parameter is a real resource made here first (a sandbox with a Python
@@ -86,10 +86,11 @@ status=0
   -H "X-API-Key: $key" \
   --checks not_a_server_error,status_code_conformance,content_type_conformance,response_schema_conformance \
   --phases examples,coverage,fuzzing,stateful --max-examples "${SCHEMATHESIS_EXAMPLES:-25}" \
-  --workers 2 --request-timeout 60 --no-color 2>&1 | tee "$scratch/run.log" || status=$?
+  --workers 2 --request-timeout 60 --no-color "$@" 2>&1 | tee "$scratch/run.log" || status=$?
 echo "schemathesis: $(($(date +%s) - start)) s"
 if [ "$status" != 0 ]; then
-  echo "schemathesis: failures above; the daemon's log:"
+  cp "$scratch/serve.log" "$OLDPWD/target/schemathesis-serve.log"
+  echo "schemathesis: failures above; the daemon's log (all of it in target/schemathesis-serve.log):"
   tail -20 "$scratch/serve.log"
   exit 1
 fi

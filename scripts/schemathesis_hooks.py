@@ -2,8 +2,8 @@
 
 A fixed id in the config would be ended by the first request and answer 404 to every later
 one, so before each call to such an operation the id in its path is replaced by a resource of
-its own kind that is still alive, made anew when the previous one is gone. A rename gets a
-file to move. The daemon's address, the key and the sandbox the run works in come from the
+its own kind that is still alive, made anew when the previous one is gone (pause and resume
+get such a sandbox too). A rename gets a file to move. The daemon's address, the key and the sandbox the run works in come from the
 environment the script sets.
 """
 
@@ -108,10 +108,14 @@ KINDS = {
     "key": (key_alive, lambda: made("id")(call("POST", "/v1/keys", json={"name": "victim"}))),
 }
 
-# operation: (path parameter, kind of resource it ends or may end)
+# operation: (path parameter, kind of resource it ends or may end). Pause and resume go to
+# a sandbox of their own too: pausing the shared one would freeze the agent under requests
+# the other worker has in flight, which then wait (past the request timeout) for a resume.
 ENDS = {
     "DELETE /v1/sandboxes/{id}": ("id", "sandbox"),
     "POST /v1/sandboxes/{id}/timeout": ("id", "sandbox"),
+    "POST /v1/sandboxes/{id}/pause": ("id", "sandbox"),
+    "POST /v1/sandboxes/{id}/resume": ("id", "sandbox"),
     "DELETE /v1/sandboxes/{id}/contexts/{context}": ("context", "context"),
     "DELETE /v1/sandboxes/{id}/processes/{pid}": ("pid", "sleeper"),
     "POST /v1/sandboxes/{id}/processes/{pid}/stdin": ("pid", "terminal"),

@@ -340,14 +340,21 @@ pub async fn download(
     if entry.size > cap {
         return Err(too_large(cap));
     }
-    let download = sandbox.begin_download(&path).await?;
-    let chunks = futures_util::stream::unfold(download, |mut d| async move {
+    let mut download = sandbox.begin_download(&path).await?;
+    // The agent refuses what it will not read (a link leading out of the sandbox, a file gone
+    // since the stat) in its first answer: taken before the 200 goes out, the refusal is an
+    // error answer rather than a body cut short.
+    let first = match download.next_chunk().await {
+        Some(Err(e)) => return Err(e.into()),
+        first => first,
+    };
+    let rest = futures_util::stream::unfold(download, |mut d| async move {
         let next = d.next_chunk().await?;
-        Some((
-            next.map(Bytes::from)
-                .map_err(|e| std::io::Error::other(e.to_string())),
-            d,
-        ))
+        Some((next, d))
+    });
+    let chunks = futures_util::stream::iter(first).chain(rest).map(|next| {
+        next.map(Bytes::from)
+            .map_err(|e| std::io::Error::other(e.to_string()))
     });
     let mut resp = Body::from_stream(chunks).into_response();
     let headers = resp.headers_mut();
@@ -356,8 +363,11 @@ pub async fn download(
         HeaderValue::from_static("application/octet-stream"),
     );
     // The size at stat time: a file that changes while it streams ends the body early, and
-    // the client sees a length mismatch rather than silently short data.
-    headers.insert(header::CONTENT_LENGTH, HeaderValue::from(entry.size));
+    // the client sees a length mismatch rather than silently short data. A link's own size is
+    // not its file's, so a link's body goes without a length.
+    if entry.kind == FileKind::File {
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(entry.size));
+    }
     if let Ok(v) = HeaderValue::from_str(&format!(
         "attachment; filename=\"{}\"",
         entry.name.replace(['"', '\\', '\r', '\n'], "_")

@@ -61,6 +61,12 @@ pub fn config(spec: &SandboxSpec, inputs: &BundleInputs<'_>) -> Value {
             "destination": path, "type": "tmpfs", "source": "tmpfs", "options": options,
         }));
     }
+    // As on `process`: POSIX shared memory and semaphores (Python's multiprocessing) need a
+    // writable /dev/shm; gVisor's own is root's, mode 755.
+    mounts.push(json!({
+        "destination": "/dev/shm", "type": "tmpfs", "source": "shm",
+        "options": ["nosuid", "nodev", "mode=1777", format!("size={}", sandcell_jail::rootfs::SHM_BYTES)],
+    }));
     for path in inputs.binds {
         mounts.push(json!({
             "destination": path, "type": "bind", "source": path, "options": ["rbind", "ro"],
@@ -159,6 +165,18 @@ mod tests {
         assert!(opts.contains(&format!("size={}", spec.limits.disk_bytes).as_str()));
         assert!(opts.contains(&format!("uid={SANDBOX_UID}").as_str()));
         assert_eq!(c["process"]["user"]["uid"], json!(SANDBOX_UID));
+        let shm = c["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["destination"] == "/dev/shm")
+            .unwrap();
+        assert!(
+            shm["options"]
+                .as_array()
+                .unwrap()
+                .contains(&json!("mode=1777"))
+        );
         assert_eq!(c["root"]["readonly"], json!(true));
         assert_eq!(c["process"]["args"][2], json!(NETWORK_LOOPBACK));
         let off = SandboxSpec {

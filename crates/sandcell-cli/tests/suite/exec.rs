@@ -42,6 +42,25 @@ async fn languages_run() {
     sb.destroy().await.unwrap();
 }
 
+/// Every backend gives the sandbox user a writable, sticky /dev/shm: POSIX shared memory and
+/// the semaphores Python's multiprocessing needs.
+#[tokio::test]
+async fn dev_shm_is_writable_for_shared_memory_and_semaphores() {
+    let sb = sandbox().await;
+    let out = py(
+        &sb,
+        "import multiprocessing as m, os, stat\n\
+         from multiprocessing import shared_memory\n\
+         s = shared_memory.SharedMemory(create=True, size=4096); s.buf[0] = 7\n\
+         lock = m.Lock(); lock.acquire(); lock.release()\n\
+         print(oct(stat.S_IMODE(os.stat('/dev/shm').st_mode)), s.buf[0])\n\
+         s.close(); s.unlink()",
+    )
+    .await;
+    assert_eq!(text(&out.stdout), "0o1777 7\n", "{}", text(&out.stderr));
+    sb.destroy().await.unwrap();
+}
+
 #[tokio::test]
 async fn output_streams_in_order() {
     let sb = sandbox().await;

@@ -43,8 +43,8 @@ const DEV_SYMLINKS: &[(&str, &str)] = &[
 /// `/etc` files up to this size are copied into the skeleton rather than bind-mounted.
 const COPY_MAX: u64 = 256 * 1024;
 
-/// Size of `/dev/shm` inside the sandbox.
-const SHM_BYTES: u64 = 64 * 1024 * 1024;
+/// Size of `/dev/shm` inside the sandbox (every backend's).
+pub const SHM_BYTES: u64 = 64 * 1024 * 1024;
 
 /// Builds the root filesystem and pivots into it. The caller is in fresh user and mount
 /// namespaces with full capabilities there.

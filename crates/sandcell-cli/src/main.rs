@@ -65,8 +65,13 @@ fn jail() -> ExitCode {
 fn gvisor_guest() -> ExitCode {
     match sandcell_jail::gvisor_guest::enter() {
         Ok(socket) => {
-            let isolation = sandcell_protocol::IsolationReport::default();
-            ExitCode::from(u8::try_from(serve_guest(socket, isolation)).unwrap_or(1))
+            let config = sandcell_guest::GuestConfig {
+                isolation: sandcell_protocol::IsolationReport::default(),
+                pid1: true,
+                exec_waits_for_kernel_starts: true,
+                ..Default::default()
+            };
+            ExitCode::from(u8::try_from(run_guest(socket, config)).unwrap_or(1))
         }
         Err(e) => {
             eprintln!("sandcell __gvisor-guest: {e}");
@@ -95,6 +100,10 @@ fn serve_guest_with(
         listener: listener.map(std::sync::Arc::new),
         ..Default::default()
     };
+    run_guest(socket, config)
+}
+
+fn run_guest(socket: std::os::unix::net::UnixStream, config: sandcell_guest::GuestConfig) -> i32 {
     match sandcell_guest::serve(socket, config) {
         Ok(()) => 0,
         Err(_) => 1,

@@ -335,6 +335,9 @@ async fn read_pty(fd: &AsyncFd<OwnedFd>, buf: &mut Vec<u8>) -> usize {
 
 /// Starts an exec: spawns it, tracks it and runs its task. Errors are replied on `id`.
 pub(crate) async fn start(shared: &Arc<Shared>, id: u32, req: ExecRequest) {
+    if shared.config.exec_waits_for_kernel_starts {
+        crate::kernels::no_kernel_starting(shared).await;
+    }
     let tree = shared.processes.next_tree();
     let spawned = match spawn(shared, id, tree, &req) {
         Ok(s) => s,

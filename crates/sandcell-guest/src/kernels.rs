@@ -146,6 +146,45 @@ pub(crate) struct Kernels {
     outputs_seen: std::sync::atomic::AtomicUsize,
     /// The outputs folder's stamp when the last look found it empty (see [`DirStamp`]).
     outputs_empty: Mutex<Option<DirStamp>>,
+    /// Kernels being started now, and a wake-up when one is ready (or failed).
+    starting: std::sync::atomic::AtomicUsize,
+    started: tokio::sync::Notify,
+}
+
+/// Counts a kernel start while it lasts (from when it is decided, not only while it runs).
+struct StartingGuard(Arc<Shared>);
+
+impl StartingGuard {
+    fn new(shared: &Arc<Shared>) -> Self {
+        shared.kernels.starting.fetch_add(1, Ordering::SeqCst);
+        Self(shared.clone())
+    }
+}
+
+impl Drop for StartingGuard {
+    fn drop(&mut self) {
+        self.0.kernels.starting.fetch_sub(1, Ordering::SeqCst);
+        self.0.kernels.started.notify_waiters();
+    }
+}
+
+/// Waits (at most a kernel's start timeout) until no kernel is starting. On gVisor an exec
+/// waits so (`GuestConfig::exec_waits_for_kernel_starts`): a checkpoint taken after an
+/// exec overlapped a kernel's start restores, about one time in four with this runsc, an
+/// agent that never answers (docs/gvisor.md).
+pub(crate) async fn no_kernel_starting(shared: &Shared) {
+    let k = &shared.kernels;
+    let _ = tokio::time::timeout(START_TIMEOUT, async {
+        loop {
+            // Registered before the check, so a start ending in between still wakes us.
+            let woken = k.started.notified();
+            if k.starting.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            woken.await;
+        }
+    })
+    .await;
 }
 
 /// A directory's inode, size and modification time. While it is unchanged, an empty
@@ -268,6 +307,7 @@ fn inheritable(fd: &OwnedFd) -> Result<(), WireError> {
 
 /// Starts the kernel of `ctx` and waits until it is ready.
 async fn start_kernel(shared: &Arc<Shared>, ctx: &Context) -> Result<Kernel, WireError> {
+    let _starting = StartingGuard::new(shared);
     let outputs = outputs_dir();
     // Best effort: a kernel without the folder still runs; it just has no artifacts.
     let _ = std::fs::create_dir_all(&outputs);
@@ -612,8 +652,11 @@ pub(crate) fn prepare(
     *lock(&shared.kernels.env) = env;
     for language in languages {
         let ctx = shared.kernels.resolve(None, Some(language))?;
+        // Counted before the task runs, so an exec that comes right behind waits for it.
+        let starting = StartingGuard::new(shared);
         let shared = shared.clone();
         tokio::spawn(async move {
+            let _starting = starting;
             let mut slot = ctx.slot.lock().await;
             // A failure shows again, with its reason, on the first execution.
             let _ = ensure_kernel(&shared, &ctx, &mut slot).await;

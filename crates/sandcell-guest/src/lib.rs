@@ -45,6 +45,9 @@ pub struct GuestConfig {
     /// agent then keeps its kernels and processes and waits for the next connection instead
     /// of ending the sandbox. `None`: the first connection's end is the sandbox's end.
     pub listener: Option<std::sync::Arc<std::os::unix::net::UnixListener>>,
+    /// An exec waits while a kernel is starting (set on gVisor, whose checkpoints of an
+    /// agent where the two overlapped can restore it deadlocked: docs/gvisor.md).
+    pub exec_waits_for_kernel_starts: bool,
 }
 
 impl Default for GuestConfig {
@@ -69,6 +72,7 @@ impl Default for GuestConfig {
             isolation: IsolationReport::default(),
             pid1: false,
             listener: None,
+            exec_waits_for_kernel_starts: false,
         }
     }
 }

@@ -14,15 +14,7 @@ import sys
 from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 
-
-def text_of(result):
-    return "\n".join(c.text for c in result.content if getattr(c, "type", "") == "text")
-
-
-def check(name, ok, detail=""):
-    print(json.dumps({"check": name, "ok": bool(ok), "detail": str(detail)[:2000]}), flush=True)
-    if not ok:
-        raise SystemExit(f"check failed: {name}: {detail}")
+from checks import check, text_of
 
 
 async def scenario(session):

@@ -16,15 +16,7 @@ import httpx2
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 
-
-def text_of(result):
-    return "\n".join(c.text for c in result.content if getattr(c, "type", "") == "text")
-
-
-def check(name, ok, detail=""):
-    print(json.dumps({"check": name, "ok": bool(ok), "detail": str(detail)[:2000]}), flush=True)
-    if not ok:
-        raise SystemExit(f"check failed: {name}: {detail}")
+from checks import check, text_of
 
 
 def session_id(result):

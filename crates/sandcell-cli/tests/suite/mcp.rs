@@ -37,6 +37,19 @@ fn run(name: &str, args: &[&str]) -> Output {
     run_with(name, args, None)
 }
 
+/// A daemon whose import allow-list is a fresh folder holding one host file (kept while the
+/// folder is).
+fn daemon_with_a_host_file() -> (Daemon, tempfile::TempDir, PathBuf) {
+    let allowed = tempfile::tempdir().unwrap();
+    let host_file = allowed.path().join("shared.txt");
+    std::fs::write(&host_file, "from the host\n").unwrap();
+    let d = Daemon::start(&[&format!(
+        "import.allowed_paths={}",
+        allowed.path().display()
+    )]);
+    (d, allowed, host_file)
+}
+
 /// As [`run`], telling the scenario a host file it may import (inside the allow-list).
 fn run_with(name: &str, args: &[&str], host_file: Option<&std::path::Path>) -> Output {
     let mut cmd = Command::new(python());
@@ -88,13 +101,7 @@ fn mcp_over_stdio_with_the_engine_embedded() {
 
 #[test]
 fn mcp_over_stdio_through_a_daemon_and_over_streamable_http() {
-    let allowed = tempfile::tempdir().unwrap();
-    let host_file = allowed.path().join("shared.txt");
-    std::fs::write(&host_file, "from the host\n").unwrap();
-    let d = Daemon::start(&[&format!(
-        "import.allowed_paths={}",
-        allowed.path().display()
-    )]);
+    let (d, _allowed, host_file) = daemon_with_a_host_file();
     let mcp_url = format!("{}/mcp", d.url);
     let out = run("client.py", &["stdio-daemon", BIN, &d.url, &d.key]);
     assert!(String::from_utf8_lossy(&out.stdout).contains("reconnect to a session by id"));
@@ -121,13 +128,7 @@ fn mcp_over_stdio_through_a_daemon_and_over_streamable_http() {
 
 #[test]
 fn mcp_takes_the_argument_shapes_other_agent_setups_send() {
-    let allowed = tempfile::tempdir().unwrap();
-    let host_file = allowed.path().join("shared.txt");
-    std::fs::write(&host_file, "from the host\n").unwrap();
-    let d = Daemon::start(&[&format!(
-        "import.allowed_paths={}",
-        allowed.path().display()
-    )]);
+    let (d, _allowed, host_file) = daemon_with_a_host_file();
     let mcp_url = format!("{}/mcp", d.url);
     let out = run_with("shapes.py", &["http", &mcp_url, &d.key], Some(&host_file));
     let stdout = String::from_utf8_lossy(&out.stdout);

@@ -37,6 +37,13 @@ fn run(name: &str, args: &[&str]) -> Output {
     run_with(name, args, None)
 }
 
+/// Every named check of a scenario ran (and passed: a failing one ends the scenario).
+fn assert_ran(stdout: &str, checks: &[&str]) {
+    for check in checks {
+        assert!(stdout.contains(check), "{check} did not run:\n{stdout}");
+    }
+}
+
 /// A daemon whose import allow-list is a fresh folder holding one host file (kept while the
 /// folder is).
 fn daemon_with_a_host_file() -> (Daemon, tempfile::TempDir, PathBuf) {
@@ -89,14 +96,15 @@ fn mcp_over_stdio_with_the_engine_embedded() {
     let home = home.path().to_str().unwrap();
     let out = run("client.py", &["stdio", BIN, home]);
     let stdout = String::from_utf8_lossy(&out.stdout);
-    for check in [
-        "plot as image content",
-        "state kept",
-        "long output truncated",
-        "fork has the state",
-    ] {
-        assert!(stdout.contains(check), "{check} did not run:\n{stdout}");
-    }
+    assert_ran(
+        &stdout,
+        &[
+            "plot as image content",
+            "state kept",
+            "long output truncated",
+            "fork has the state",
+        ],
+    );
 }
 
 #[test]
@@ -132,17 +140,18 @@ fn mcp_takes_the_argument_shapes_other_agent_setups_send() {
     let mcp_url = format!("{}/mcp", d.url);
     let out = run_with("shapes.py", &["http", &mcp_url, &d.key], Some(&host_file));
     let stdout = String::from_utf8_lossy(&out.stdout);
-    for check in [
-        "a pinned version that is installed passes",
-        "another version fails and is named",
-        "node: the pinned version passes in a restored session",
-        "import_files with {session_id, path, destination}",
-        "import_files with {source, destination}",
-        "the newest export arrived",
-        "import from an ended session's export",
-    ] {
-        assert!(stdout.contains(check), "{check} did not run:\n{stdout}");
-    }
+    assert_ran(
+        &stdout,
+        &[
+            "a pinned version that is installed passes",
+            "another version fails and is named",
+            "node: the pinned version passes in a restored session",
+            "import_files with {session_id, path, destination}",
+            "import_files with {source, destination}",
+            "the newest export arrived",
+            "import from an ended session's export",
+        ],
+    );
     // The exports the scenario asked for stay; the ones made only to copy a live file from
     // one session to another were deleted once imported.
     let exports = d.get("/v1/exports");

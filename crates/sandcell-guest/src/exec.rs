@@ -25,13 +25,12 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::files::io_text;
-use crate::process::{NewProc, Proc, PtyMaster};
+use crate::process::{NewProc, OUTPUT_CHUNK, Proc, PtyMaster, StdinMsg};
 use crate::procs::{EXEC_ID_VAR, SESSION_VAR, TREE_VAR};
 use crate::reaper::Reaped;
-use crate::server::{ExecSlot, Shared, lock};
+use crate::shared::{ExecSlot, Shared};
+use crate::sync::lock;
 
-/// Largest stdout/stderr chunk forwarded in one frame.
-pub(crate) const OUTPUT_CHUNK: usize = 64 * 1024;
 /// `TERM` of a pty exec that does not set one.
 const PTY_TERM: &str = "xterm-256color";
 /// The terminal's default end-of-file character (^D), written when a pty's stdin is closed.
@@ -41,18 +40,6 @@ const DRAIN_IDLE: Duration = Duration::from_millis(100);
 /// After the process exits, output is forwarded for at most this long (a background
 /// process may hold the pipe open and keep writing).
 const DRAIN_MAX: Duration = Duration::from_secs(1);
-
-/// What the host sends to a process's stdin.
-#[derive(Debug)]
-pub(crate) enum StdinMsg {
-    /// Bytes to write.
-    Data(Vec<u8>),
-    /// End of input.
-    Close,
-    /// Answered once everything queued before it is written: false when the process closed
-    /// its stdin and input was dropped.
-    Flush(oneshot::Sender<bool>),
-}
 
 /// A freshly spawned process and its pipes or terminal.
 struct Spawned {

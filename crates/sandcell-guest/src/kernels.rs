@@ -35,7 +35,8 @@ use events::{EventLines, MAX_EVENT_LINE, belongs_to, event_message, read_done};
 
 use crate::procs::SESSION_VAR;
 use crate::reaper::Reaped;
-use crate::server::{Shared, lock};
+use crate::shared::Shared;
+use crate::sync::lock;
 
 /// How long a kernel may take to say it is ready (R is the slowest).
 const START_TIMEOUT: Duration = Duration::from_secs(60);
@@ -763,7 +764,7 @@ struct Ended {
 struct Run<'a> {
     ctx: &'a Context,
     id: u32,
-    out: crate::server::Out,
+    out: crate::out::Out,
     limit: u64,
     /// Bytes of fd-level output forwarded, per stream.
     forwarded: [u64; 2],
@@ -775,7 +776,7 @@ struct Run<'a> {
 }
 
 impl<'a> Run<'a> {
-    fn new(ctx: &'a Context, id: u32, out: crate::server::Out) -> Self {
+    fn new(ctx: &'a Context, id: u32, out: crate::out::Out) -> Self {
         Self {
             ctx,
             id,

@@ -17,14 +17,18 @@ use std::path::PathBuf;
 
 use sandcell_protocol::{FILE_ROOTS, FrameError, IsolationReport};
 
+mod attach;
 mod exec;
 mod files;
 mod kernels;
+mod out;
 mod process;
 mod procs;
 mod reads;
 mod reaper;
 mod server;
+mod shared;
+mod sync;
 mod workers;
 
 /// How the agent behaves: where files may be touched, how processes start, what to report.

@@ -1,6 +1,6 @@
 //! Tracked processes: every exec's main process, by pid, with ring buffers of its recent
 //! stdout and stderr, its stdin queue and terminal, and its exit once it has one; and the
-//! requests that use them by pid (attach, stdin, resize, release).
+//! requests that use them by pid (stdin, resize, release; attaching is [`crate::attach`]).
 //!
 //! Nothing here belongs to the request or the connection that started a process: its task
 //! writes into the entry, and requests read from the entry. An entry lives from the spawn
@@ -14,14 +14,26 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use sandcell_protocol::exec::EXITED_PROCESSES_KEPT;
-use sandcell_protocol::{
-    Channel, ErrorCode, ExecExit, GuestMessage, ProcessInfo, WireError, encode_data,
-};
+use sandcell_protocol::{ErrorCode, ExecExit, GuestMessage, ProcessInfo, WireError};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::{mpsc, oneshot, watch};
 
-use crate::exec::{OUTPUT_CHUNK, StdinMsg};
-use crate::server::{Shared, lock};
+use crate::sync::lock;
+
+/// Largest stdout/stderr chunk forwarded in one frame.
+pub(crate) const OUTPUT_CHUNK: usize = 64 * 1024;
+
+/// What the host sends to a process's stdin.
+#[derive(Debug)]
+pub(crate) enum StdinMsg {
+    /// Bytes to write.
+    Data(Vec<u8>),
+    /// End of input.
+    Close,
+    /// Answered once everything queued before it is written: false when the process closed
+    /// its stdin and input was dropped.
+    Flush(oneshot::Sender<bool>),
+}
 
 /// The last `cap` bytes of a stream, and how many it has had in all.
 #[derive(Debug)]
@@ -211,6 +223,11 @@ impl Proc {
         self.bump();
     }
 
+    /// Wakes up on every change after this call.
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+
     fn bump(&self) {
         self.changed.send_modify(|v| *v = v.wrapping_add(1));
     }
@@ -348,118 +365,9 @@ impl Processes {
     }
 }
 
-/// Where an attachment is in each stream.
-struct Cursor {
-    next: [u64; 2],
-    lost: [bool; 2],
-}
-
-/// Serves `Attach`: replays and follows `pid`'s output on request `id`, then its exit.
-pub(crate) async fn attach(
-    shared: &Arc<Shared>,
-    id: u32,
-    pid: i32,
-    from: [Option<u64>; 2],
-) -> Result<(), WireError> {
-    let proc = shared.processes.find(pid)?;
-    let mut rx = proc.changed.subscribe();
-    let next = {
-        let st = proc.state();
-        let at = |i: usize| {
-            let ring = &st.rings[i];
-            from[i].unwrap_or(ring.start()).min(ring.total())
-        };
-        [at(0), at(1)]
-    };
-    let attached = GuestMessage::Attached {
-        pid,
-        stdout_offset: next[0],
-        stderr_offset: next[1],
-        timeout_ms: proc.timeout_ms,
-    };
-    shared.out.msg(id, &attached).await;
-    let sh = shared.clone();
-    let task = tokio::spawn(async move {
-        let mut cursor = Cursor {
-            next,
-            lost: [false; 2],
-        };
-        let mut seq = 0u64;
-        loop {
-            rx.borrow_and_update();
-            let (slices, exit) = {
-                let st = proc.state();
-                let slices = [0, 1].map(|i| st.rings[i].read(cursor.next[i], OUTPUT_CHUNK));
-                let idle = slices.iter().all(|s| s.lost == 0 && s.bytes.is_empty());
-                (slices, if idle { st.exit.clone() } else { None })
-            };
-            let mut sent = false;
-            for (i, slice) in slices.into_iter().enumerate() {
-                let channel = if i == 0 {
-                    Channel::Stdout
-                } else {
-                    Channel::Stderr
-                };
-                if slice.lost > 0 {
-                    cursor.lost[i] = true;
-                    let lost = GuestMessage::OutputLost {
-                        channel,
-                        offset: cursor.next[i],
-                        bytes: slice.lost,
-                    };
-                    sh.out.msg(id, &lost).await;
-                    sent = true;
-                }
-                cursor.next[i] = slice.at + slice.bytes.len() as u64;
-                if !slice.bytes.is_empty() {
-                    sh.out
-                        .frame(encode_data(id, channel, seq, &slice.bytes))
-                        .await;
-                    seq += 1;
-                    sent = true;
-                }
-            }
-            if sent {
-                continue;
-            }
-            if let Some(mut exit) = exit {
-                // A `Detach` that got here first has taken the id over: send nothing more.
-                if lock(&sh.tables).attachments.remove(&id).is_none() {
-                    return;
-                }
-                exit.stdout_truncated = cursor.lost[0];
-                exit.stderr_truncated = cursor.lost[1];
-                sh.out.msg(id, &GuestMessage::ExecExited(exit)).await;
-                return;
-            }
-            // The sender lives in `proc`, which this task holds: this only waits.
-            let _ = rx.changed().await;
-        }
-    });
-    // The task cannot run before this (one thread, no await in between): the entry is there
-    // before it looks for it.
-    lock(&shared.tables)
-        .attachments
-        .insert(id, task.abort_handle());
-    Ok(())
-}
-
-/// Serves `Detach` on request `id`: ends its attachment. False when there is none.
-pub(crate) fn detach(shared: &Shared, id: u32) -> bool {
-    match lock(&shared.tables).attachments.remove(&id) {
-        Some(task) => {
-            // Single-threaded: the task is parked at an await and is never polled again, so
-            // nothing of it follows the `Detached` reply.
-            task.abort();
-            true
-        }
-        None => false,
-    }
-}
-
 /// The stdin queue of `pid`, for `ProcessStdin`.
-pub(crate) fn stdin_of(shared: &Shared, pid: i32) -> Result<Arc<Proc>, WireError> {
-    let proc = shared.processes.find(pid)?;
+pub(crate) fn stdin_of(processes: &Processes, pid: i32) -> Result<Arc<Proc>, WireError> {
+    let proc = processes.find(pid)?;
     let st = proc.state();
     if !st.has_stdin {
         return Err(WireError::new(
@@ -529,8 +437,8 @@ pub(crate) async fn flush_stdin(proc: &Proc, close: bool) -> Result<(), WireErro
 }
 
 /// Serves `ProcessStdinClose`.
-pub(crate) fn close_stdin(shared: &Shared, pid: i32) -> Result<GuestMessage, WireError> {
-    let proc = shared.processes.find(pid)?;
+pub(crate) fn close_stdin(processes: &Processes, pid: i32) -> Result<GuestMessage, WireError> {
+    let proc = processes.find(pid)?;
     if !proc.state().has_stdin {
         return Err(WireError::new(
             ErrorCode::InvalidState,
@@ -544,12 +452,12 @@ pub(crate) fn close_stdin(shared: &Shared, pid: i32) -> Result<GuestMessage, Wir
 
 /// Serves `Resize`.
 pub(crate) fn resize(
-    shared: &Shared,
+    processes: &Processes,
     pid: i32,
     rows: u16,
     cols: u16,
 ) -> Result<GuestMessage, WireError> {
-    let proc = shared.processes.find(pid)?;
+    let proc = processes.find(pid)?;
     if !proc.is_pty {
         return Err(WireError::new(
             ErrorCode::InvalidState,

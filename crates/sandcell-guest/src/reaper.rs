@@ -14,7 +14,7 @@ use rustix::process::{Pid, WaitOptions, WaitStatus, wait, waitpid};
 use tokio::signal::unix::Signal;
 use tokio::sync::oneshot;
 
-use crate::server::lock;
+use crate::sync::lock;
 
 /// How a child ended and when the agent noticed.
 #[derive(Debug, Clone, Copy)]

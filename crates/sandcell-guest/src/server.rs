@@ -1,8 +1,9 @@
 //! The connection: reads frames, enforces the handshake and request ids, dispatches, and
-//! writes every reply through one writer task so frames never interleave.
+//! sends every reply through the writer queue ([`crate::out`]); the state the handlers share
+//! is [`crate::shared`].
 
-use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use sandcell_protocol::frame::MAX_CHUNK;
@@ -10,280 +11,26 @@ use sandcell_protocol::{
     Channel, ErrorCode, Frame, FrameDecoder, FrameError, GuestMessage, HostMessage, ProcessInfo,
     SUPPORTED_VERSIONS, WireError, encode_data, encode_message,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::io::AsyncReadExt;
+use tokio::net::unix::OwnedReadHalf;
 use tokio::signal::unix::{SignalKind, signal};
-use tokio::sync::{mpsc, oneshot};
 
-use crate::exec::{self, StdinMsg};
-use crate::files::{Roots, WriteSession, read_chunk};
-use crate::kernels::{self, Kernels};
-use crate::process::{self, Proc, Processes};
+use crate::files::{WriteSession, read_chunk};
+use crate::out::Out;
+use crate::process::{self, Proc, StdinMsg};
 use crate::procs::{self, Tree};
-use crate::reads::{ReadWindows, Wait};
+use crate::reads::Wait;
 use crate::reaper::Reaper;
-use crate::workers::Workers;
-use crate::{GuestConfig, GuestError};
+use crate::shared::Shared;
+use crate::sync::lock;
+use crate::{GuestConfig, GuestError, attach, exec, kernels};
 
-/// Frames queued for the writer before senders wait (backpressure on output and reads).
-const OUT_QUEUE: usize = 64;
-/// Bytes the writer gathers into one write.
-const WRITE_BATCH: usize = 1024 * 1024;
 /// Bytes read from the socket at a time.
 const READ_BUF: usize = 256 * 1024;
 /// How long to wait for the last replies to be written when the connection ends.
 const FLUSH_LIMIT: Duration = Duration::from_secs(2);
-/// Worker threads for file operations and process listings (kills have their own).
-const GENERAL_WORKERS: usize = 2;
 /// How long to wait for killed children to be collected at the end.
 const REAP_LIMIT: Duration = Duration::from_secs(1);
-
-/// Locks a mutex, recovering the data if a panicking holder poisoned it.
-pub(crate) fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
-}
-
-enum Outgoing {
-    Frame(Vec<u8>),
-    /// A frame with a descriptor attached (to its first byte).
-    FrameWithFd(Vec<u8>, std::os::fd::OwnedFd),
-    Flush(oneshot::Sender<()>),
-    /// The host connected again: write to this from now on.
-    Attach(OwnedWriteHalf),
-}
-
-/// The sending side of the writer task.
-#[derive(Clone)]
-pub(crate) struct Out(mpsc::Sender<Outgoing>);
-
-impl Out {
-    /// Queues an encoded frame (waits while the queue is full).
-    pub async fn frame(&self, bytes: Vec<u8>) {
-        // A closed queue means the host is gone; the frame has nowhere to go.
-        let _ = self.0.send(Outgoing::Frame(bytes)).await;
-    }
-
-    /// Queues a control message.
-    pub async fn msg(&self, id: u32, msg: &GuestMessage) {
-        self.frame(encode_message(id, msg)).await;
-    }
-
-    /// Queues an error reply.
-    pub async fn error(&self, id: u32, e: WireError) {
-        self.msg(id, &GuestMessage::Error(e)).await;
-    }
-
-    /// True once the writer is gone (nothing queued goes anywhere).
-    pub fn is_closed(&self) -> bool {
-        self.0.is_closed()
-    }
-
-    /// Queues an encoded frame from a blocking thread; false once the writer is gone.
-    pub fn blocking_frame(&self, bytes: Vec<u8>) -> bool {
-        self.0.blocking_send(Outgoing::Frame(bytes)).is_ok()
-    }
-
-    /// Sends everything queued after this to a new connection (what was queued before it
-    /// went to the old one, or nowhere).
-    async fn attach(&self, sock: OwnedWriteHalf) {
-        let _ = self.0.send(Outgoing::Attach(sock)).await;
-    }
-
-    /// Waits until everything queued so far has been written (or the host is gone).
-    pub async fn flush(&self) {
-        let (tx, rx) = oneshot::channel();
-        if self.0.send(Outgoing::Flush(tx)).await.is_ok() {
-            let _ = rx.await;
-        }
-    }
-}
-
-/// Writes all of `bytes` on `sock`, the first byte carrying `fd`.
-async fn send_frame_with_fd(
-    sock: &OwnedWriteHalf,
-    bytes: &[u8],
-    fd: &std::os::fd::OwnedFd,
-) -> std::io::Result<()> {
-    use std::os::fd::AsFd;
-    let stream: &tokio::net::UnixStream = sock.as_ref();
-    let mut sent = loop {
-        stream.writable().await?;
-        match stream.try_io(tokio::io::Interest::WRITABLE, || {
-            sandcell_jail::fdpass::send_with_fd(stream.as_fd(), bytes, fd.as_fd())
-        }) {
-            Ok(n) => break n,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-            Err(e) => return Err(e),
-        }
-    };
-    while sent < bytes.len() {
-        stream.writable().await?;
-        match stream.try_write(&bytes[sent..]) {
-            Ok(n) => sent += n,
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => continue,
-            Err(e) => return Err(e),
-        }
-    }
-    Ok(())
-}
-
-async fn writer(mut sock: OwnedWriteHalf, mut rx: mpsc::Receiver<Outgoing>) {
-    let mut broken = false;
-    let mut batch: Vec<u8> = Vec::new();
-    let mut flushes = Vec::new();
-    while let Some(first) = rx.recv().await {
-        let mut next = Some(first);
-        while let Some(item) = next.take() {
-            match item {
-                Outgoing::Frame(bytes) if batch.is_empty() => batch = bytes,
-                Outgoing::Frame(bytes) => batch.extend_from_slice(&bytes),
-                Outgoing::Flush(tx) => flushes.push(tx),
-                Outgoing::FrameWithFd(bytes, fd) => {
-                    // Everything queued before it goes first, then it, by sendmsg.
-                    if !broken && !batch.is_empty() && sock.write_all(&batch).await.is_err() {
-                        broken = true;
-                    }
-                    batch.clear();
-                    if !broken && send_frame_with_fd(&sock, &bytes, &fd).await.is_err() {
-                        broken = true;
-                    }
-                }
-                Outgoing::Attach(new) => {
-                    // Output meant for the host that went away is dropped with it.
-                    batch.clear();
-                    sock = new;
-                    broken = false;
-                }
-            }
-            if batch.len() < WRITE_BATCH {
-                next = rx.try_recv().ok();
-            }
-        }
-        // Once the host stops reading for good, keep draining so senders never block.
-        if !broken && !batch.is_empty() && sock.write_all(&batch).await.is_err() {
-            broken = true;
-        }
-        batch.clear();
-        for tx in flushes.drain(..) {
-            let _ = tx.send(());
-        }
-    }
-}
-
-/// One running foreground exec, as the dispatcher and signal handling see it.
-#[derive(Debug)]
-pub(crate) struct ExecSlot {
-    /// Its tracked process (pid, stdin queue, kill flag).
-    pub proc: Arc<Proc>,
-}
-
-/// Requests in flight that tasks other than the dispatcher finish.
-#[derive(Debug, Default)]
-pub(crate) struct Tables {
-    /// Running foreground execs by request id.
-    pub execs: HashMap<u32, ExecSlot>,
-    /// Ids of other requests still being answered on a worker thread.
-    pub busy: HashSet<u32>,
-    /// Attachments by request id: their tasks, for `Detach`.
-    pub attachments: HashMap<u32, tokio::task::AbortHandle>,
-}
-
-/// State shared by the dispatcher and every task of one connection.
-pub(crate) struct Shared {
-    /// Threads for blocking work.
-    pub workers: Workers,
-    /// The agent's configuration.
-    pub config: GuestConfig,
-    /// Really PID 1 of a pid namespace (config asked for it and getpid() agrees).
-    pub pid1: bool,
-    /// The file roots.
-    pub roots: Roots,
-    /// Token in every exec's environment (`SANDCELL_SESSION`).
-    pub session: String,
-    /// The agent's pid.
-    pub me: i32,
-    /// The agent's process group (0 when it lies outside our pid namespace).
-    pub my_pgid: i32,
-    /// The writer queue.
-    pub out: Out,
-    /// The reaper.
-    pub reaper: Arc<Reaper>,
-    /// Requests in flight.
-    pub tables: Mutex<Tables>,
-    /// Every process started by an exec, by pid (outlives requests and connections).
-    pub processes: Processes,
-    /// Language kernels, by context.
-    pub kernels: Kernels,
-    /// Windows of the windowed file reads in flight.
-    pub reads: ReadWindows,
-}
-
-impl Shared {
-    /// The process tree of a tracked process.
-    pub fn proc_tree(&self, proc: &Proc) -> Tree {
-        // Once the main process is collected its pid may be reused: only the environment
-        // tag still identifies the tree then.
-        let live = if proc.state().reaped {
-            Vec::new()
-        } else {
-            vec![proc.pid]
-        };
-        Tree {
-            roots: live.clone(),
-            groups: live,
-            session: self.session.clone(),
-            tag: Some(proc.tree),
-            any_exec: false,
-            me: self.me,
-            my_pgid: self.my_pgid,
-        }
-    }
-
-    /// Every process this session started, for the final kill.
-    fn everything(&self) -> Tree {
-        let live = self.processes.live_pids();
-        Tree {
-            roots: live.clone(),
-            groups: live,
-            session: self.session.clone(),
-            tag: None,
-            any_exec: true,
-            me: self.me,
-            my_pgid: self.my_pgid,
-        }
-    }
-
-    /// Whether `pid` was started by this session (directly or as a descendant).
-    fn owns(&self, pid: i32) -> bool {
-        let mains: HashSet<i32> = self.processes.live_pids().into_iter().collect();
-        if procs::environ_exec_id(pid, &self.session).is_some() {
-            return true;
-        }
-        let mut cur = pid;
-        // Bounded walk up the parent chain.
-        for _ in 0..256 {
-            if mains.contains(&cur) {
-                return true;
-            }
-            match procs::read_stat(cur) {
-                Some(p) if p.ppid > 1 && p.ppid != self.me => cur = p.ppid,
-                _ => return false,
-            }
-        }
-        false
-    }
-}
-
-fn session_token(me: i32) -> String {
-    use std::sync::atomic::{AtomicU64, Ordering};
-    static COUNTER: AtomicU64 = AtomicU64::new(0);
-    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
-    format!("{me}-{n}-{nanos}")
-}
 
 /// The agent's listening socket as a tokio listener (a duplicate: the config keeps its own).
 fn reattach_listener(
@@ -308,27 +55,8 @@ pub(crate) async fn run(
     let reaper = Arc::new(Reaper::new(pid1));
     tokio::spawn(reaper.clone().run(sigchld));
     let (read, write) = stream.into_split();
-    let (tx, rx) = mpsc::channel(OUT_QUEUE);
-    tokio::spawn(writer(write, rx));
-    // As PID 1 our group usually lies outside the pid namespace: getpgid says 0 then, as
-    // /proc does (nix, unlike rustix, does not assert against it).
-    let my_pgid = nix::unistd::getpgid(None).map_or(0, |p| p.as_raw());
-    let workers = Workers::new(GENERAL_WORKERS);
-    let shared = Arc::new(Shared {
-        workers,
-        roots: Roots::new(&config.file_roots),
-        config,
-        pid1,
-        session: session_token(me),
-        me,
-        my_pgid,
-        out: Out(tx),
-        reaper,
-        tables: Mutex::new(Tables::default()),
-        processes: Processes::default(),
-        kernels: Kernels::default(),
-        reads: ReadWindows::default(),
-    });
+    let out = Out::start(write);
+    let shared = Arc::new(Shared::new(config, me, pid1, reaper, out));
     let listener = match &shared.config.listener {
         Some(l) => Some(reattach_listener(l)?),
         None => None,
@@ -503,12 +231,7 @@ impl Conn {
         match made {
             Ok((ours, theirs, inode)) => {
                 let frame = encode_message(id, &GuestMessage::Rehomed { inode });
-                let _ = self
-                    .shared
-                    .out
-                    .0
-                    .send(Outgoing::FrameWithFd(frame, theirs.into()))
-                    .await;
+                self.shared.out.frame_with_fd(frame, theirs.into()).await;
                 self.shared.out.flush().await;
                 Some(End::Rehome(ours))
             }
@@ -635,7 +358,7 @@ impl Conn {
             }
             HostMessage::Detach => {
                 // Nothing to answer when the attachment ended already (its exit was the end).
-                if process::detach(&self.shared, id) {
+                if attach::detach(&self.shared, id) {
                     self.reply(id, GuestMessage::Detached).await;
                 }
                 return None;
@@ -687,26 +410,28 @@ impl Conn {
                 stderr_from,
             } => {
                 if let Err(e) =
-                    process::attach(&self.shared, id, pid, [stdout_from, stderr_from]).await
+                    attach::attach(&self.shared, id, pid, [stdout_from, stderr_from]).await
                 {
                     self.shared.out.error(id, e).await;
                 }
             }
-            HostMessage::ProcessStdin { pid } => match process::stdin_of(&self.shared, pid) {
-                Ok(proc) => {
-                    self.stdin_writes.insert(id, StdinWrite::Active(proc));
+            HostMessage::ProcessStdin { pid } => {
+                match process::stdin_of(&self.shared.processes, pid) {
+                    Ok(proc) => {
+                        self.stdin_writes.insert(id, StdinWrite::Active(proc));
+                    }
+                    Err(e) => {
+                        self.stdin_writes.insert(id, StdinWrite::Failed);
+                        self.shared.out.error(id, e).await;
+                    }
                 }
-                Err(e) => {
-                    self.stdin_writes.insert(id, StdinWrite::Failed);
-                    self.shared.out.error(id, e).await;
-                }
-            },
+            }
             HostMessage::ProcessStdinClose { pid } => {
-                let reply = reply_of(process::close_stdin(&self.shared, pid));
+                let reply = reply_of(process::close_stdin(&self.shared.processes, pid));
                 self.reply(id, reply).await;
             }
             HostMessage::Resize { pid, rows, cols } => {
-                let reply = reply_of(process::resize(&self.shared, pid, rows, cols));
+                let reply = reply_of(process::resize(&self.shared.processes, pid, rows, cols));
                 self.reply(id, reply).await;
             }
             HostMessage::ReleaseProcess { pid } => {

@@ -14,7 +14,7 @@ use std::sync::{Arc, Mutex};
 
 use tokio::sync::oneshot;
 
-use crate::server::lock;
+use crate::sync::lock;
 
 type Job = Box<dyn FnOnce() + Send>;
 

@@ -22,6 +22,9 @@ pub enum BackendKind {
 }
 
 impl BackendKind {
+    /// Every backend Sandcell has, in the order it lists them.
+    pub const ALL: [BackendKind; 2] = [Self::Process, Self::Gvisor];
+
     /// The name used in specs and reports.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -5,7 +5,7 @@ use axum::Json;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use sandcell_engine::EngineError;
-use sandcell_protocol::ErrorCode;
+use sandcell_service::{ErrorKind, ServiceError};
 use serde::Serialize;
 use utoipa::ToSchema;
 
@@ -93,54 +93,53 @@ impl ApiError {
     }
 }
 
-/// The HTTP status and wire name of a shared error code.
-pub fn status_of(code: ErrorCode) -> (StatusCode, &'static str) {
-    use ErrorCode as C;
-    match code {
-        C::InvalidArgument => (StatusCode::BAD_REQUEST, "invalid_argument"),
-        C::PathOutsideSandbox => (StatusCode::BAD_REQUEST, "path_outside_sandbox"),
-        C::NotADirectory => (StatusCode::BAD_REQUEST, "not_a_directory"),
-        C::IsADirectory => (StatusCode::BAD_REQUEST, "is_a_directory"),
-        C::NotFound => (StatusCode::NOT_FOUND, "not_found"),
-        C::NoSuchProcess => (StatusCode::NOT_FOUND, "no_such_process"),
-        C::AlreadyExists => (StatusCode::CONFLICT, "already_exists"),
-        C::DirectoryNotEmpty => (StatusCode::CONFLICT, "directory_not_empty"),
-        C::InvalidState => (StatusCode::CONFLICT, "invalid_state"),
-        C::PermissionDenied => (StatusCode::FORBIDDEN, "permission_denied"),
-        C::NoSpace => (StatusCode::INSUFFICIENT_STORAGE, "no_space"),
-        C::SpawnFailed => (StatusCode::UNPROCESSABLE_ENTITY, "spawn_failed"),
-        C::LimitExceeded => (StatusCode::TOO_MANY_REQUESTS, "limit_exceeded"),
-        C::BadFrame
-        | C::FrameTooLarge
-        | C::UnsupportedVersion
-        | C::HandshakeRequired
-        | C::Io
-        | C::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+/// The HTTP status of each kind of service error: the only place that knows it.
+pub fn status_of(kind: ErrorKind) -> StatusCode {
+    use ErrorKind as K;
+    match kind {
+        K::InvalidArgument | K::PathOutsideSandbox | K::NotADirectory | K::IsADirectory => {
+            StatusCode::BAD_REQUEST
+        }
+        K::Unauthenticated => StatusCode::UNAUTHORIZED,
+        K::PermissionDenied => StatusCode::FORBIDDEN,
+        K::NotFound | K::NoSuchProcess => StatusCode::NOT_FOUND,
+        K::AlreadyExists
+        | K::DirectoryNotEmpty
+        | K::HasChildren
+        | K::InvalidState
+        | K::SandboxGone
+        | K::Unsupported
+        | K::SnapshotCorrupt => StatusCode::CONFLICT,
+        K::BodyTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+        K::SpawnFailed => StatusCode::UNPROCESSABLE_ENTITY,
+        K::LimitExceeded => StatusCode::TOO_MANY_REQUESTS,
+        K::Internal => StatusCode::INTERNAL_SERVER_ERROR,
+        K::NoSpace => StatusCode::INSUFFICIENT_STORAGE,
+        K::Unresponsive => StatusCode::GATEWAY_TIMEOUT,
+    }
+}
+
+impl From<ServiceError> for ApiError {
+    fn from(e: ServiceError) -> Self {
+        Self::new(status_of(e.kind), e.kind.wire_name(), e.message).with_details(e.details)
     }
 }
 
 impl From<EngineError> for ApiError {
     fn from(e: EngineError) -> Self {
-        let code = match &e {
-            EngineError::SandboxGone { .. } => {
-                return Self::new(StatusCode::CONFLICT, "sandbox_gone", e.to_string());
-            }
-            EngineError::Unresponsive(_) => {
-                return Self::new(StatusCode::GATEWAY_TIMEOUT, "unresponsive", e.to_string());
-            }
-            EngineError::Unsupported(_) => {
-                return Self::new(StatusCode::CONFLICT, "unsupported", e.to_string());
-            }
-            other => other.code(),
-        };
-        let (status, name) = status_of(code);
-        Self::new(status, name, e.to_string())
+        ServiceError::from(e).into()
     }
 }
 
 impl From<sandcell_store::StoreError> for ApiError {
     fn from(e: sandcell_store::StoreError) -> Self {
-        Self::internal(format!("the service's records: {e}"))
+        ServiceError::from(e).into()
+    }
+}
+
+impl From<sandcell_api::ValidationError> for ApiError {
+    fn from(e: sandcell_api::ValidationError) -> Self {
+        ServiceError::from(e).into()
     }
 }
 
@@ -163,6 +162,15 @@ pub type ApiResult<T> = Result<T, ApiError>;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_kind_has_a_status_and_its_wire_name() {
+        for kind in ErrorKind::ALL {
+            let e: ApiError = ServiceError::new(kind, "x").into();
+            assert_eq!(e.code(), kind.wire_name());
+            assert!(e.status().is_client_error() || e.status().is_server_error());
+        }
+    }
 
     #[test]
     fn engine_errors_get_their_statuses() {

@@ -6,14 +6,12 @@
 
 pub mod api;
 pub mod auth;
-pub mod config;
 pub mod error;
-pub mod ledger;
-pub mod metrics;
 mod openapi;
 mod serve;
-pub mod signed_url;
 pub mod state;
+
+pub use sandcell_service::{config, ledger, metrics, signed_url};
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -228,7 +226,7 @@ async fn observe(State(s): State<AppState>, mut req: Request, next: Next) -> Res
     resp
 }
 
-/// Records who did what (best effort: a failed audit write is logged, not fatal).
+/// Records who did what (see `Service::audit`).
 pub(crate) fn audit(
     s: &AppState,
     caller: &Caller,
@@ -236,19 +234,7 @@ pub(crate) fn audit(
     target: Option<&str>,
     detail: serde_json::Value,
 ) {
-    let event = sandcell_store::AuditEvent {
-        id: 0,
-        at: sandcell_engine::fleet::now_ms(),
-        owner: Some(caller.owner.clone()),
-        key_id: Some(caller.key_id.clone()),
-        action: action.to_string(),
-        target: target.map(str::to_string),
-        detail: (!detail.is_null()).then_some(detail),
-        request_id: caller.request_id.clone(),
-    };
-    if let Err(e) = s.store.audit(&event) {
-        tracing::warn!(action, error = %e, "could not record an audit event");
-    }
+    s.service.audit(caller, action, target, detail);
 }
 
 /// The `/docs` page: the OpenAPI document rendered in the browser by a few lines of script

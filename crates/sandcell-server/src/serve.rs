@@ -5,8 +5,8 @@ use std::net::SocketAddr;
 use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant};
+
+use std::time::Duration;
 
 use sandcell_engine::Engine;
 use sandcell_engine::fleet::Fleet;
@@ -14,12 +14,12 @@ use sandcell_store::Store;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
-use crate::auth::{KeyCache, new_key};
 use crate::config::Config;
 use crate::ledger::StoreLedger;
-use crate::metrics::Metrics;
 use crate::signed_url::UrlSigner;
 use crate::state::AppState;
+use sandcell_service::Service;
+use sandcell_service::caller::new_key;
 
 /// The owner of the key the first start creates.
 pub const ADMIN_OWNER: &str = "admin";
@@ -149,7 +149,7 @@ pub async fn embedded(config: Config, engine: Engine) -> Result<Embedded, ServeE
 /// Runs the service until SIGTERM or SIGINT.
 pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
     let state = prepare(opts.config, opts.engine).await?;
-    let config = (*state.config).clone();
+    let config = state.config.clone();
     let fleet = state.fleet.clone();
     let app = crate::app(state.clone());
     listen(state, config, fleet, app, opts.on_ready).await
@@ -180,21 +180,13 @@ async fn prepare(config: Config, engine: Engine) -> Result<AppState, ServeError>
         );
     }
 
-    Ok(AppState {
-        fleet: fleet.clone(),
-        store: store.clone(),
-        keys: Arc::new(KeyCache::default()),
-        metrics: Arc::new(Metrics::default()),
-        config: Arc::new(config.clone()),
-        started: Instant::now(),
-        cpu_samples: Arc::default(),
-        requests: Arc::new(AtomicU64::new(1)),
-        signer: Arc::new(UrlSigner::load_or_create(&config.home).map_err(io(
-            "read or create",
-            &crate::signed_url::key_path(&config.home),
-        ))?),
-        seen_contexts: Arc::default(),
-    })
+    let signer = UrlSigner::load_or_create(&config.home).map_err(io(
+        "read or create",
+        &crate::signed_url::key_path(&config.home),
+    ))?;
+    Ok(AppState::new(Arc::new(Service::new(
+        fleet, store, config, signer,
+    ))))
 }
 
 /// Continues [`serve`] once the state is ready: listeners, loops, the end.
@@ -322,21 +314,20 @@ fn pool_specs(config: &Config) -> Result<Vec<sandcell_engine::fleet::PoolSpec>, 
     let mut specs = Vec::new();
     for entry in &config.pools.warm {
         let pool = crate::config::parse_warm_pool(entry).map_err(ServeError::Pool)?;
-        let size: crate::api::types::Size =
+        let size: sandcell_api::sandboxes::Size =
             serde_json::from_value(serde_json::Value::String(pool.size.clone())).map_err(|_| {
                 ServeError::Pool(format!(
                     "'{entry}': size '{}' is not nano, small, medium or large",
                     pool.size
                 ))
             })?;
-        let req = crate::api::types::CreateSandbox {
+        let req = sandcell_api::sandboxes::CreateSandbox {
             template: Some(pool.template.clone()),
             size: Some(size),
             ..Default::default()
         };
-        let spec = req
-            .spec()
-            .map_err(|e| ServeError::Pool(format!("'{entry}': {}", e.body().message)))?;
+        let spec = sandcell_service::sandboxes::spec_of(&req)
+            .map_err(|e| ServeError::Pool(format!("'{entry}': {e}")))?;
         specs.push(sandcell_engine::fleet::PoolSpec {
             name: format!("{}/{}", pool.template, pool.size),
             spec,
@@ -368,14 +359,7 @@ async fn lifecycle_loop(s: AppState, mut stop: watch::Receiver<bool>) {
             _ = tokio::time::sleep(every) => {}
             _ = stop.wait_for(|v| *v) => return,
         }
-        // Snapshots the sandboxes asked for first: some are about to be stopped.
-        // One instant for both, so no sandbox is stopped that was not snapshotted first.
-        let now = sandcell_engine::fleet::now_ms();
-        crate::api::snapshots::auto_round(&s, now).await;
-        for (id, why) in s.fleet.collect_expired_at(now).await {
-            s.metrics.expired.fetch_add(1, Ordering::Relaxed);
-            tracing::info!(sandbox = %id, reason = %why, "sandbox stopped by its lifecycle");
-        }
+        s.service.tick(sandcell_engine::fleet::now_ms()).await;
     }
 }
 
@@ -386,7 +370,7 @@ fn ensure_admin_key(store: &Store, home: &Path) -> Result<(), ServeError> {
         return Ok(());
     }
     let (record, secret) = new_key(ADMIN_OWNER, "admin (first start)", true)
-        .map_err(|e| ServeError::AdminKey(e.body().message.clone()))?;
+        .map_err(|e| ServeError::AdminKey(e.message))?;
     let path = admin_key_path(home);
     write_private(&path, format!("{secret}\n").as_bytes())?;
     store.insert_key(&record)?;

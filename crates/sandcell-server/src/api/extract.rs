@@ -50,41 +50,17 @@ pub fn query_pairs(raw: Option<&str>) -> Result<Vec<(String, String)>, ApiError>
         .map_err(|e| ApiError::invalid(format!("bad query string: {e}")))
 }
 
-/// Checks a sandbox id's shape before any lookup (so junk is a 400, not a 404).
+/// Checks a sandbox id's shape (the rule: `sandcell_api::rules::check_sandbox_id`).
 pub fn check_sandbox_id(id: &str) -> Result<(), ApiError> {
-    let rest = id.strip_prefix("sb-").unwrap_or("");
-    let ok = (1..=64).contains(&rest.len())
-        && rest
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
-    if ok {
-        Ok(())
-    } else {
-        Err(ApiError::invalid(format!(
-            "'{id}' is not a sandbox id (they look like sb-1a2b3c4d5e6f)"
-        )))
-    }
+    Ok(sandcell_api::rules::check_sandbox_id(id)?)
 }
 
 /// A new id of a service-made record: `prefix` and 16 random hex digits (`ex-…`, `sn-…`).
 pub fn new_record_id(prefix: &str) -> Result<String, ApiError> {
-    Ok(format!(
-        "{prefix}-{}",
-        crate::auth::hex(&crate::auth::random_bytes(8)?)
-    ))
+    Ok(sandcell_service::caller::new_record_id(prefix)?)
 }
 
 /// Checks the shape of a [`new_record_id`] id; `what` names it in the error.
 pub fn check_record_id(id: &str, prefix: &str, what: &str) -> Result<(), ApiError> {
-    let ok = id
-        .strip_prefix(prefix)
-        .and_then(|r| r.strip_prefix('-'))
-        .is_some_and(|r| r.len() == 16 && r.chars().all(|c| c.is_ascii_hexdigit()));
-    if ok {
-        Ok(())
-    } else {
-        Err(ApiError::invalid(format!(
-            "'{id}' is not {what} id (they look like {prefix}-0123456789abcdef)"
-        )))
-    }
+    Ok(sandcell_api::rules::check_record_id(id, prefix, what)?)
 }

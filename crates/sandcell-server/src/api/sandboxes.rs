@@ -1,18 +1,15 @@
 //! `/v1/sandboxes`: create, get, list, delete, set the timeout.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::Ordering;
-use std::time::Instant;
 
 use axum::Json;
 use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
-use sandcell_engine::fleet::{RecordQuery, SandboxState};
+use sandcell_api::sandboxes::{CreateSandbox, SandboxInfo, SandboxList, SetTimeout};
+use sandcell_engine::fleet::SandboxState;
+use sandcell_service::sandboxes::ListSandboxes;
 
-use super::extract::{ApiJson, ApiPath, check_sandbox_id, query_pairs};
-use super::types::{
-    CreateSandbox, SandboxInfo, SandboxList, SetTimeout, create_options, secs_to_ms,
-};
+use super::extract::{ApiJson, ApiPath, query_pairs};
 use crate::auth::Caller;
 use crate::error::{ApiError, ApiResult, ErrorBody};
 use crate::state::AppState;
@@ -36,67 +33,8 @@ pub async fn create(
     caller: Caller,
     ApiJson(req): ApiJson<CreateSandbox>,
 ) -> ApiResult<(StatusCode, Json<SandboxInfo>)> {
-    // Checked before anything is made.
-    let auto = req
-        .auto_snapshot
-        .as_ref()
-        .map(|a| a.record(&caller.owner, ""))
-        .transpose()?;
-    let (status, Json(info)) = if let Some(snapshot_id) = &req.snapshot_id {
-        restore(&s, &caller, snapshot_id, &req).await?
-    } else {
-        create_new(&s, &caller, req).await?
-    };
-    if let Some(mut auto) = auto {
-        auto.sandbox_id = info.id.clone();
-        // Recorded before the sandbox is handed out; unrecorded, it is not kept.
-        if let Err(e) = s.store.set_auto_snapshot(&auto) {
-            let _ = s.fleet.delete(&caller.owner, &info.id).await;
-            return Err(e.into());
-        }
-    }
-    Ok((status, Json(info)))
-}
-
-/// `POST /v1/sandboxes` without a snapshot.
-async fn create_new(
-    s: &AppState,
-    caller: &Caller,
-    req: CreateSandbox,
-) -> ApiResult<(StatusCode, Json<SandboxInfo>)> {
-    let opts = create_options(
-        req.spec()?,
-        req.labels,
-        req.metadata,
-        req.idle_timeout_secs,
-        req.timeout_secs,
-        req.ephemeral,
-    )?;
-    let start = Instant::now();
-    let created = s.fleet.create(&caller.owner, opts).await;
-    match &created {
-        Ok(r) => {
-            s.metrics.creates_ok.fetch_add(1, Ordering::Relaxed);
-            if r.from_pool {
-                s.metrics.pool_hits.fetch_add(1, Ordering::Relaxed);
-            } else {
-                s.metrics.pool_misses.fetch_add(1, Ordering::Relaxed);
-            }
-            s.metrics.create_latency.observe(start.elapsed());
-        }
-        Err(_) => {
-            s.metrics.creates_failed.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-    let record = created?.record;
-    crate::audit(
-        s,
-        caller,
-        "sandbox.create",
-        Some(&record.id),
-        serde_json::Value::Null,
-    );
-    Ok((StatusCode::CREATED, Json(SandboxInfo::from(&record))))
+    let info = s.service.create_sandbox(&caller, req).await?;
+    Ok((StatusCode::CREATED, Json(info)))
 }
 
 /// One sandbox.
@@ -116,9 +54,7 @@ pub async fn get(
     caller: Caller,
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<Json<SandboxInfo>> {
-    check_sandbox_id(&id)?;
-    let record = s.fleet.get(&caller.owner, &id)?;
-    Ok(Json(SandboxInfo::from(&record)))
+    Ok(Json(s.service.get_sandbox(&caller, &id)?))
 }
 
 /// Lists sandboxes: by default the active ones (creating, running, paused).
@@ -143,14 +79,13 @@ pub async fn list(
     caller: Caller,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<Json<SandboxList>> {
-    let mut query = RecordQuery::default();
-    let mut all_states = false;
+    let mut req = ListSandboxes::default();
     for (k, v) in query_pairs(raw.as_deref())? {
         match k.as_str() {
             "state" => {
                 for name in v.split(',').map(str::trim).filter(|n| !n.is_empty()) {
                     if name == "all" {
-                        all_states = true;
+                        req.all_states = true;
                         continue;
                     }
                     let state = SandboxState::parse(name).ok_or_else(|| {
@@ -158,22 +93,21 @@ pub async fn list(
                             "state '{name}' is not one of creating, running, paused, stopped, failed, lost, all"
                         ))
                     })?;
-                    query.states.push(state);
+                    req.states.push(state);
                 }
             }
-            "label" => insert_pair(&mut query.labels, "label", &v)?,
-            "metadata" => insert_pair(&mut query.metadata, "metadata", &v)?,
+            "label" => insert_pair(&mut req.labels, "label", &v)?,
+            "metadata" => insert_pair(&mut req.metadata, "metadata", &v)?,
             "limit" => {
-                let n: u32 = v
+                req.limit = v
                     .parse()
                     .ok()
                     .filter(|n| (1..=1000).contains(n))
                     .ok_or_else(|| {
                         ApiError::invalid(format!("limit '{v}' must be a number from 1 to 1000"))
                     })?;
-                query.limit = n;
             }
-            "cursor" => query.cursor = Some(v),
+            "cursor" => req.cursor = Some(v),
             other => {
                 return Err(ApiError::invalid(format!(
                     "unknown query parameter '{other}' (state, label, metadata, limit, cursor)"
@@ -181,14 +115,7 @@ pub async fn list(
             }
         }
     }
-    if query.states.is_empty() && !all_states {
-        query.states = SandboxState::ACTIVE.to_vec();
-    }
-    let page = s.fleet.list(&caller.owner, query)?;
-    Ok(Json(SandboxList {
-        items: page.items.iter().map(SandboxInfo::from).collect(),
-        next_cursor: page.next_cursor,
-    }))
+    Ok(Json(s.service.list_sandboxes(&caller, req)?))
 }
 
 fn insert_pair(map: &mut BTreeMap<String, String>, what: &str, v: &str) -> Result<(), ApiError> {
@@ -220,15 +147,7 @@ pub async fn delete(
     caller: Caller,
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<StatusCode> {
-    check_sandbox_id(&id)?;
-    s.fleet.delete(&caller.owner, &id).await?;
-    crate::audit(
-        &s,
-        &caller,
-        "sandbox.delete",
-        Some(&id),
-        serde_json::Value::Null,
-    );
+    s.service.delete_sandbox(&caller, &id).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -252,54 +171,11 @@ pub async fn set_timeout(
     ApiPath(id): ApiPath<String>,
     ApiJson(req): ApiJson<SetTimeout>,
 ) -> ApiResult<Json<SandboxInfo>> {
-    check_sandbox_id(&id)?;
-    let ms = secs_to_ms("timeout_secs", req.timeout_secs)?;
-    let record = s.fleet.set_timeout(&caller.owner, &id, ms)?;
-    Ok(Json(SandboxInfo::from(&record)))
-}
-
-/// `POST /v1/sandboxes` with `snapshot_id`: the snapshot's settings and files in a new
-/// sandbox; what the request may add is its own labels, metadata, timeouts, ephemerality.
-async fn restore(
-    s: &AppState,
-    caller: &Caller,
-    snapshot_id: &str,
-    req: &CreateSandbox,
-) -> ApiResult<(StatusCode, Json<SandboxInfo>)> {
-    if req.template.is_some()
-        || req.size.is_some()
-        || req.limits.is_some()
-        || !req.env.is_empty()
-        || req.network.is_some()
-        || !req.kernels.is_empty()
-        || req.backend.is_some()
-        || req.checkpointable
-    {
-        return Err(ApiError::invalid(
-            "a sandbox restored from a snapshot takes the snapshot's backend, template, size, \
-             limits, env, network and kernels: give only labels, metadata, timeouts or ephemeral with \
-             'snapshot_id'",
-        ));
-    }
-    let opts = create_options(
-        Default::default(),
-        req.labels.clone(),
-        req.metadata.clone(),
-        req.idle_timeout_secs,
+    Ok(Json(s.service.set_sandbox_timeout(
+        &caller,
+        &id,
         req.timeout_secs,
-        req.ephemeral,
-    )?;
-    let made = super::snapshots::restore_one(s, caller, snapshot_id, &opts).await?;
-    crate::audit(
-        s,
-        caller,
-        "sandbox.restore",
-        Some(&made.sandbox.id),
-        serde_json::json!({"snapshot": snapshot_id, "restore": made.restore}),
-    );
-    let mut info = made.sandbox;
-    info.restore = Some(serde_json::to_value(&made.restore).unwrap_or_default());
-    Ok((StatusCode::CREATED, Json(info)))
+    )?))
 }
 
 /// Pauses the sandbox: every process in it freezes (no CPU; memory, processes and kernel
@@ -322,16 +198,7 @@ pub async fn pause(
     caller: Caller,
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<Json<SandboxInfo>> {
-    check_sandbox_id(&id)?;
-    let record = s.fleet.pause(&caller.owner, &id).await?;
-    crate::audit(
-        &s,
-        &caller,
-        "sandbox.pause",
-        Some(&id),
-        serde_json::Value::Null,
-    );
-    Ok(Json(SandboxInfo::from(&record)))
+    Ok(Json(s.service.pause_sandbox(&caller, &id).await?))
 }
 
 /// Resumes a paused sandbox where it stopped; its lifetime is extended by the time it spent
@@ -353,14 +220,5 @@ pub async fn resume(
     caller: Caller,
     ApiPath(id): ApiPath<String>,
 ) -> ApiResult<Json<SandboxInfo>> {
-    check_sandbox_id(&id)?;
-    let record = s.fleet.resume(&caller.owner, &id)?;
-    crate::audit(
-        &s,
-        &caller,
-        "sandbox.resume",
-        Some(&id),
-        serde_json::Value::Null,
-    );
-    Ok(Json(SandboxInfo::from(&record)))
+    Ok(Json(s.service.resume_sandbox(&caller, &id).await?))
 }

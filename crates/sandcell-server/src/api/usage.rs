@@ -1,7 +1,5 @@
 //! `GET /v1/sandboxes/{id}/metrics`: what a sandbox uses now, from its cgroup.
 
-use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use axum::Json;
@@ -14,25 +12,10 @@ use crate::auth::Caller;
 use crate::error::{ApiResult, ErrorBody};
 use crate::state::AppState;
 
-/// A CPU sample older than this is not used for the percentage (a fresh pair is taken).
-const SAMPLE_MAX_AGE: Duration = Duration::from_secs(60);
+use sandcell_service::usage::SAMPLE_MAX_AGE;
+
 /// The window of a fresh pair of samples.
 const SAMPLE_WINDOW: Duration = Duration::from_millis(100);
-
-/// The last CPU reading of each sandbox, so a percentage covers the time since the last call.
-#[derive(Debug, Default)]
-pub struct CpuSamples(Mutex<HashMap<String, (Instant, u64)>>);
-
-impl CpuSamples {
-    fn swap(&self, id: &str, now: (Instant, u64)) -> Option<(Instant, u64)> {
-        let mut map = self.0.lock().unwrap_or_else(|e| e.into_inner());
-        // Keeps the map from growing with sandboxes long gone.
-        if map.len() > 10_000 {
-            map.retain(|_, (at, _)| at.elapsed() < SAMPLE_MAX_AGE);
-        }
-        map.insert(id.to_string(), now)
-    }
-}
 
 /// A sandbox's resource use.
 #[derive(Debug, Serialize, ToSchema)]

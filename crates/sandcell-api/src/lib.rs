@@ -1,0 +1,15 @@
+//! The types of Sandcell's REST API: every request and response body, one module per
+//! resource, and the rules on their values ([`rules`]), each written once and used by the
+//! service, the engine and the typed client alike.
+//!
+//! With the `openapi` feature the types also derive their OpenAPI schemas (the server's
+//! document); clients leave it off and link only serde.
+
+#![forbid(unsafe_code)]
+
+pub mod rules;
+pub mod sandboxes;
+pub mod snapshots;
+pub mod time;
+
+pub use rules::ValidationError;

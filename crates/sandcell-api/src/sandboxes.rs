@@ -1,0 +1,248 @@
+//! `/v1/sandboxes`: create, get, list, set the timeout, and the settings a sandbox is made
+//! with (size, limits, network, kernels, templates).
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use crate::snapshots::AutoSnapshot;
+
+/// A named set of limits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum Size {
+    /// 256 MiB, 0.5 CPU, 64 processes, 256 MiB of workspace.
+    Nano,
+    /// 512 MiB, no CPU quota, 256 processes, 1 GiB of workspace (the default).
+    Small,
+    /// 2 GiB, 2 CPUs, 512 processes, 4 GiB of workspace.
+    Medium,
+    /// 8 GiB, 4 CPUs, 1024 processes, 16 GiB of workspace.
+    Large,
+}
+
+/// Limits that override the size's.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct LimitsInput {
+    /// Memory for the whole sandbox in MiB (swap excluded).
+    pub memory_mb: Option<u64>,
+    /// CPUs (fractions allowed).
+    pub cpus: Option<f64>,
+    /// Processes and threads.
+    pub pids: Option<u64>,
+    /// Size of `/workspace` in MiB.
+    pub disk_mb: Option<u64>,
+    /// Size of `/tmp` in MiB.
+    pub tmp_mb: Option<u64>,
+    /// Size of `/home/sandbox` in MiB.
+    pub home_mb: Option<u64>,
+    /// Open files per process.
+    pub open_files: Option<u64>,
+    /// Default timeout of an exec that sets none, in seconds.
+    pub exec_timeout_secs: Option<u64>,
+}
+
+/// Network policy.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum Network {
+    /// The sandbox's own loopback only.
+    Loopback,
+    /// No sockets but Unix sockets.
+    Off,
+}
+
+/// A language with a kernel.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum Lang {
+    /// Python 3.
+    Python,
+    /// Node.js.
+    Node,
+    /// Bash.
+    Bash,
+    /// R.
+    R,
+}
+
+impl From<Lang> for sandcell_protocol::Language {
+    fn from(l: Lang) -> Self {
+        match l {
+            Lang::Python => Self::Python,
+            Lang::Node => Self::Node,
+            Lang::Bash => Self::Bash,
+            Lang::R => Self::R,
+        }
+    }
+}
+
+impl From<sandcell_protocol::Language> for Lang {
+    fn from(l: sandcell_protocol::Language) -> Self {
+        match l {
+            sandcell_protocol::Language::Python => Self::Python,
+            sandcell_protocol::Language::Node => Self::Node,
+            sandcell_protocol::Language::Bash => Self::Bash,
+            sandcell_protocol::Language::R => Self::R,
+        }
+    }
+}
+
+/// The template a create request without one gets.
+pub const DEFAULT_TEMPLATE: &str = "default";
+
+/// The built-in templates: each is the host's system with some kernels started at creation.
+pub const TEMPLATES: &[(&str, &[Lang], &str)] = &[
+    (
+        "default",
+        &[],
+        "the host's system; kernels start on first use",
+    ),
+    (
+        "python",
+        &[Lang::Python],
+        "a Python kernel ready at creation",
+    ),
+    ("node", &[Lang::Node], "a Node.js kernel ready at creation"),
+    ("bash", &[Lang::Bash], "a Bash kernel ready at creation"),
+    ("r", &[Lang::R], "an R kernel ready at creation"),
+];
+
+/// The kernels a template starts, or `None` for an unknown template.
+pub fn template_kernels(name: &str) -> Option<&'static [Lang]> {
+    TEMPLATES
+        .iter()
+        .find(|(n, _, _)| *n == name)
+        .map(|(_, kernels, _)| *kernels)
+}
+
+/// `POST /v1/sandboxes`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CreateSandbox {
+    /// The template: `default` (the host's system), or `python`, `node`, `bash`, `r` (the
+    /// same with that kernel started during creation).
+    pub template: Option<String>,
+    /// A named size (default `small`).
+    pub size: Option<Size>,
+    /// Limits overriding the size's.
+    pub limits: Option<LimitsInput>,
+    /// Environment variables of every command and kernel.
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    /// Labels (filterable, e.g. `?label=team:ml`).
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// Metadata (filterable, e.g. `?metadata=run:42`).
+    #[serde(default)]
+    pub metadata: BTreeMap<String, String>,
+    /// Lifetime in seconds from now (default: the service's).
+    pub timeout_secs: Option<u64>,
+    /// Stopped after this many seconds without a request (default: the service's).
+    pub idle_timeout_secs: Option<u64>,
+    /// Forget the sandbox's record when it stops.
+    #[serde(default)]
+    pub ephemeral: bool,
+    /// Network policy (default `loopback`).
+    pub network: Option<Network>,
+    /// Kernels to start during creation, so the first code in them runs at once.
+    #[serde(default)]
+    pub kernels: Vec<Lang>,
+    /// The isolation backend (default `process`; `GET /v1/system` lists those available).
+    pub backend: Option<String>,
+    /// On the `process` backend: make the sandbox so that CRIU can checkpoint every process
+    /// (snapshots of `process` fidelity; needs a working `criu`, see `GET /v1/system`). Such a
+    /// sandbox runs without Landlock.
+    #[serde(default)]
+    pub checkpointable: bool,
+    /// Automatic snapshots: on an interval, and/or just before it is reclaimed.
+    pub auto_snapshot: Option<AutoSnapshot>,
+    /// Restore a snapshot: the new sandbox gets the snapshot's settings and files (then
+    /// `template`, `size`, `limits`, `env`, `network` and `kernels` must not be given).
+    pub snapshot_id: Option<String>,
+}
+
+/// A sandbox as the API shows it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SandboxInfo {
+    /// The id.
+    pub id: String,
+    /// `creating`, `running`, `paused`, `stopped`, `failed` or `lost`.
+    pub state: String,
+    /// Why it stopped, failed or was lost.
+    pub reason: Option<String>,
+    /// When it was created (RFC 3339).
+    pub created_at: String,
+    /// When it was last used (RFC 3339).
+    pub last_active_at: String,
+    /// When its lifetime ends (RFC 3339), if it has an end.
+    pub expires_at: Option<String>,
+    /// Idle timeout in seconds, if any.
+    pub idle_timeout_secs: Option<u64>,
+    /// Its record goes when it stops.
+    pub ephemeral: bool,
+    /// Labels.
+    pub labels: BTreeMap<String, String>,
+    /// Metadata.
+    pub metadata: BTreeMap<String, String>,
+    /// Its limits.
+    pub limits: LimitsInfo,
+    /// Its network policy.
+    pub network: Network,
+    /// The isolation backend.
+    pub backend: String,
+    /// The template it was made from.
+    pub template: String,
+    /// Only when it was just restored from a snapshot: what came back (fidelity, files,
+    /// what was not carried).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub restore: Option<serde_json::Value>,
+}
+
+/// Limits in force.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct LimitsInfo {
+    /// Memory in MiB.
+    pub memory_mb: Option<u64>,
+    /// CPUs.
+    pub cpus: Option<f64>,
+    /// Processes and threads.
+    pub pids: Option<u64>,
+    /// `/workspace` size in MiB.
+    pub disk_mb: u64,
+    /// `/tmp` size in MiB.
+    pub tmp_mb: u64,
+    /// `/home/sandbox` size in MiB.
+    pub home_mb: u64,
+    /// Open files per process.
+    pub open_files: u64,
+    /// Default exec timeout in seconds.
+    pub exec_timeout_secs: Option<u64>,
+}
+
+/// A page of sandboxes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SandboxList {
+    /// The sandboxes.
+    pub items: Vec<SandboxInfo>,
+    /// Pass as `cursor` for the next page; absent at the end.
+    pub next_cursor: Option<String>,
+}
+
+/// `POST /v1/sandboxes/{id}/timeout`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct SetTimeout {
+    /// Seconds from now until the sandbox is stopped.
+    pub timeout_secs: u64,
+}

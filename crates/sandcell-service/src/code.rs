@@ -1,0 +1,1 @@
+//! Operations: code (being moved here from the server's handlers).

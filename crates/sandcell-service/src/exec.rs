@@ -1,0 +1,1 @@
+//! Operations: exec (being moved here from the server's handlers).

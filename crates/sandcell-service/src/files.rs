@@ -1,0 +1,1 @@
+//! Operations: files (being moved here from the server's handlers).

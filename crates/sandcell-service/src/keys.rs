@@ -1,0 +1,1 @@
+//! Operations: keys (being moved here from the server's handlers).

@@ -1,0 +1,36 @@
+//! Sandcell's typed operations, under every front end.
+//!
+//! [`Service`] holds the fleet, the store, the metrics, the audit log and the settings; its
+//! operations (one module per resource) take typed requests from `sandcell-api` and a
+//! [`Caller`], and return typed responses or a [`ServiceError`] of a closed set of kinds. The
+//! REST server only extracts, calls and maps errors to HTTP; the in-process MCP tools, the
+//! CLI's embedded paths and the agent runtime call the same operations. [`Service::tick`]
+//! runs one round of the lifecycle (automatic snapshots, then expiry).
+//!
+//! A crate rather than a module tree of the server: the agent runtime and a second API
+//! dialect must reach these operations without linking axum or HTTP at all.
+
+#![forbid(unsafe_code)]
+
+pub mod caller;
+pub mod code;
+pub mod config;
+pub mod error;
+pub mod exec;
+pub mod files;
+pub mod keys;
+pub mod ledger;
+pub mod lifecycle;
+pub mod metrics;
+pub mod processes;
+pub mod sandboxes;
+pub mod signed_url;
+pub mod snapshots;
+pub mod transfer;
+pub mod usage;
+
+mod service;
+
+pub use caller::Caller;
+pub use error::{ErrorKind, ServiceError, ServiceResult};
+pub use service::{SeenContexts, Service};

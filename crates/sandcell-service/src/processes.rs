@@ -1,0 +1,1 @@
+//! Operations: processes (being moved here from the server's handlers).

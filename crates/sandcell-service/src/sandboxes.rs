@@ -1,0 +1,434 @@
+//! Sandboxes: create (new or from a snapshot), get, list, delete, timeout, pause, resume;
+//! and how a create request becomes the engine's spec.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+use sandcell_api::rules::{check_sandbox_id, secs_to_ms};
+use sandcell_api::sandboxes::{
+    CreateSandbox, DEFAULT_TEMPLATE, LimitsInfo, Network, SandboxInfo, SandboxList, Size,
+    template_kernels,
+};
+use sandcell_api::time::rfc3339;
+use sandcell_engine::fleet::{CreateOptions, RecordQuery, SandboxRecord, SandboxState};
+use sandcell_engine::{BackendKind, NetworkPolicy, SandboxLimits, SandboxSpec};
+
+use crate::{Caller, Service, ServiceError, ServiceResult};
+
+const MIB: u64 = 1024 * 1024;
+
+/// The limits a named size stands for.
+pub fn size_limits(size: Size) -> SandboxLimits {
+    let (memory_mb, cpus, pids, disk_mb) = match size {
+        Size::Nano => (256, Some(0.5), 64, 256),
+        Size::Small => (512, None, 256, 1024),
+        Size::Medium => (2048, Some(2.0), 512, 4096),
+        Size::Large => (8192, Some(4.0), 1024, 16384),
+    };
+    SandboxLimits {
+        memory_bytes: Some(memory_mb * MIB),
+        cpus,
+        pids: Some(pids),
+        disk_bytes: disk_mb * MIB,
+        ..SandboxLimits::default()
+    }
+}
+
+/// The engine spec a create request asks for (template, size, limits, env, network,
+/// kernels, backend), checked.
+pub fn spec_of(req: &CreateSandbox) -> ServiceResult<SandboxSpec> {
+    let backend = match req.backend.as_deref() {
+        None => BackendKind::Process,
+        Some(b) => BackendKind::ALL
+            .into_iter()
+            .find(|k| k.as_str() == b)
+            .ok_or_else(|| {
+                let known: Vec<&str> = BackendKind::ALL.iter().map(|k| k.as_str()).collect();
+                ServiceError::invalid(format!(
+                    "unknown backend '{b}' (Sandcell has: {})",
+                    known.join(", ")
+                ))
+            })?,
+    };
+    let template = req.template.as_deref().unwrap_or(DEFAULT_TEMPLATE);
+    let mut warm_kernels: Vec<sandcell_protocol::Language> = template_kernels(template)
+        .ok_or_else(|| ServiceError::not_found("template", template))?
+        .iter()
+        .map(|&l| l.into())
+        .collect();
+    for &k in &req.kernels {
+        let k = k.into();
+        if !warm_kernels.contains(&k) {
+            warm_kernels.push(k);
+        }
+    }
+    let mut limits = size_limits(req.size.unwrap_or(Size::Small));
+    if let Some(l) = &req.limits {
+        let mib = |name: &str, v: u64| {
+            v.checked_mul(MIB)
+                .ok_or_else(|| ServiceError::invalid(format!("limits.{name} {v} is too large")))
+        };
+        if let Some(v) = l.memory_mb {
+            limits.memory_bytes = Some(mib("memory_mb", v)?);
+        }
+        if let Some(v) = l.cpus {
+            limits.cpus = Some(v);
+        }
+        if let Some(v) = l.pids {
+            limits.pids = Some(v);
+        }
+        if let Some(v) = l.disk_mb {
+            limits.disk_bytes = mib("disk_mb", v)?;
+        }
+        if let Some(v) = l.tmp_mb {
+            limits.tmp_bytes = mib("tmp_mb", v)?;
+        }
+        if let Some(v) = l.home_mb {
+            limits.home_bytes = mib("home_mb", v)?;
+        }
+        if let Some(v) = l.open_files {
+            limits.open_files = v;
+        }
+        if let Some(v) = l.exec_timeout_secs {
+            limits.exec_timeout_ms = Some(secs_to_ms("limits.exec_timeout_secs", v)?);
+        }
+    }
+    let spec = SandboxSpec {
+        limits,
+        network: match req.network.unwrap_or(Network::Loopback) {
+            Network::Loopback => NetworkPolicy::Loopback,
+            Network::Off => NetworkPolicy::Off,
+        },
+        env: req.env.clone(),
+        warm_kernels,
+        template: Some(template.to_string()),
+        backend,
+        checkpointable: req.checkpointable,
+        ..SandboxSpec::default()
+    };
+    spec.validate()?;
+    Ok(spec)
+}
+
+/// The fleet's create options from a request's own settings (seconds as the API takes
+/// them, checked).
+pub fn create_options(
+    spec: SandboxSpec,
+    labels: BTreeMap<String, String>,
+    metadata: BTreeMap<String, String>,
+    idle_timeout_secs: Option<u64>,
+    timeout_secs: Option<u64>,
+    ephemeral: bool,
+) -> ServiceResult<CreateOptions> {
+    Ok(CreateOptions {
+        spec,
+        labels,
+        metadata,
+        idle_timeout_ms: idle_timeout_secs
+            .map(|v| secs_to_ms("idle_timeout_secs", v))
+            .transpose()?,
+        lifetime_ms: timeout_secs
+            .map(|v| secs_to_ms("timeout_secs", v))
+            .transpose()?,
+        ephemeral,
+        checkpoint: None,
+    })
+}
+
+/// A sandbox's record as the API shows it.
+pub fn sandbox_info(r: &SandboxRecord) -> SandboxInfo {
+    let l = &r.spec.limits;
+    SandboxInfo {
+        id: r.id.clone(),
+        restore: None,
+        state: r.state.as_str().to_string(),
+        reason: r.reason.clone(),
+        created_at: rfc3339(r.created_at_ms),
+        last_active_at: rfc3339(r.last_active_ms),
+        expires_at: r.expires_at_ms.map(rfc3339),
+        idle_timeout_secs: r.idle_timeout_ms.map(|ms| ms / 1000),
+        ephemeral: r.ephemeral,
+        labels: r.labels.clone(),
+        metadata: r.metadata.clone(),
+        limits: LimitsInfo {
+            memory_mb: l.memory_bytes.map(|b| b / MIB),
+            cpus: l.cpus,
+            pids: l.pids,
+            disk_mb: l.disk_bytes / MIB,
+            tmp_mb: l.tmp_bytes / MIB,
+            home_mb: l.home_bytes / MIB,
+            open_files: l.open_files,
+            exec_timeout_secs: l.exec_timeout_ms.map(|ms| ms / 1000),
+        },
+        network: match r.spec.network {
+            NetworkPolicy::Loopback => Network::Loopback,
+            NetworkPolicy::Off => Network::Off,
+        },
+        backend: r.spec.backend.as_str().to_string(),
+        template: r
+            .spec
+            .template
+            .clone()
+            .unwrap_or_else(|| DEFAULT_TEMPLATE.to_string()),
+    }
+}
+
+/// Which sandboxes a list asks for; `states` empty and `all_states` false: the active ones.
+#[derive(Debug, Clone, Default)]
+pub struct ListSandboxes {
+    /// Only these states.
+    pub states: Vec<SandboxState>,
+    /// Every state (overrides `states`).
+    pub all_states: bool,
+    /// Labels that must match.
+    pub labels: BTreeMap<String, String>,
+    /// Metadata that must match.
+    pub metadata: BTreeMap<String, String>,
+    /// At most this many (1 to 1000; 0: the default, 100).
+    pub limit: u32,
+    /// The previous page's `next_cursor`.
+    pub cursor: Option<String>,
+}
+
+impl Service {
+    /// Creates a sandbox: new, or restored from `snapshot_id`; with its automatic-snapshot
+    /// settings recorded before it is handed out (unrecorded, it is not kept).
+    pub async fn create_sandbox(
+        &self,
+        caller: &Caller,
+        req: CreateSandbox,
+    ) -> ServiceResult<SandboxInfo> {
+        // Checked before anything is made.
+        let auto = req
+            .auto_snapshot
+            .as_ref()
+            .map(|a| crate::snapshots::auto_record(a, &caller.owner, ""))
+            .transpose()?;
+        let info = if let Some(snapshot_id) = &req.snapshot_id {
+            self.restore_sandbox(caller, snapshot_id, &req).await?
+        } else {
+            self.create_new_sandbox(caller, req).await?
+        };
+        if let Some(mut auto) = auto {
+            auto.sandbox_id = info.id.clone();
+            if let Err(e) = self.store.set_auto_snapshot(&auto) {
+                let _ = self.fleet.delete(&caller.owner, &info.id).await;
+                return Err(e.into());
+            }
+        }
+        Ok(info)
+    }
+
+    async fn create_new_sandbox(
+        &self,
+        caller: &Caller,
+        req: CreateSandbox,
+    ) -> ServiceResult<SandboxInfo> {
+        let opts = create_options(
+            spec_of(&req)?,
+            req.labels,
+            req.metadata,
+            req.idle_timeout_secs,
+            req.timeout_secs,
+            req.ephemeral,
+        )?;
+        let start = Instant::now();
+        let created = self.fleet.create(&caller.owner, opts).await;
+        match &created {
+            Ok(r) => {
+                self.metrics.creates_ok.fetch_add(1, Ordering::Relaxed);
+                if r.from_pool {
+                    self.metrics.pool_hits.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    self.metrics.pool_misses.fetch_add(1, Ordering::Relaxed);
+                }
+                self.metrics.create_latency.observe(start.elapsed());
+            }
+            Err(_) => {
+                self.metrics.creates_failed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let record = created?.record;
+        self.audit(
+            caller,
+            "sandbox.create",
+            Some(&record.id),
+            serde_json::Value::Null,
+        );
+        Ok(sandbox_info(&record))
+    }
+
+    /// A create with `snapshot_id`: the snapshot's settings and files in a new sandbox; what
+    /// the request may add is its own labels, metadata, timeouts, ephemerality.
+    async fn restore_sandbox(
+        &self,
+        caller: &Caller,
+        snapshot_id: &str,
+        req: &CreateSandbox,
+    ) -> ServiceResult<SandboxInfo> {
+        if req.template.is_some()
+            || req.size.is_some()
+            || req.limits.is_some()
+            || !req.env.is_empty()
+            || req.network.is_some()
+            || !req.kernels.is_empty()
+            || req.backend.is_some()
+            || req.checkpointable
+        {
+            return Err(ServiceError::invalid(
+                "a sandbox restored from a snapshot takes the snapshot's backend, template, size, \
+                 limits, env, network and kernels: give only labels, metadata, timeouts or ephemeral with \
+                 'snapshot_id'",
+            ));
+        }
+        let opts = create_options(
+            SandboxSpec::default(),
+            req.labels.clone(),
+            req.metadata.clone(),
+            req.idle_timeout_secs,
+            req.timeout_secs,
+            req.ephemeral,
+        )?;
+        let made = self.restore_snapshot(caller, snapshot_id, &opts).await?;
+        self.audit(
+            caller,
+            "sandbox.restore",
+            Some(&made.sandbox.id),
+            serde_json::json!({"snapshot": snapshot_id, "restore": made.restore}),
+        );
+        let mut info = made.sandbox;
+        info.restore = Some(made.restore);
+        Ok(info)
+    }
+
+    /// One of the caller's sandboxes.
+    pub fn get_sandbox(&self, caller: &Caller, id: &str) -> ServiceResult<SandboxInfo> {
+        check_sandbox_id(id)?;
+        Ok(sandbox_info(&self.fleet.get(&caller.owner, id)?))
+    }
+
+    /// A page of the caller's sandboxes.
+    pub fn list_sandboxes(
+        &self,
+        caller: &Caller,
+        req: ListSandboxes,
+    ) -> ServiceResult<SandboxList> {
+        let mut query = RecordQuery {
+            states: req.states,
+            labels: req.labels,
+            metadata: req.metadata,
+            cursor: req.cursor,
+            ..RecordQuery::default()
+        };
+        if req.limit != 0 {
+            if !(1..=1000).contains(&req.limit) {
+                return Err(ServiceError::invalid(format!(
+                    "limit '{}' must be a number from 1 to 1000",
+                    req.limit
+                )));
+            }
+            query.limit = req.limit;
+        }
+        if req.all_states {
+            query.states.clear();
+        } else if query.states.is_empty() {
+            query.states = SandboxState::ACTIVE.to_vec();
+        }
+        let page = self.fleet.list(&caller.owner, query)?;
+        Ok(SandboxList {
+            items: page.items.iter().map(sandbox_info).collect(),
+            next_cursor: page.next_cursor,
+        })
+    }
+
+    /// Stops a sandbox and frees everything it holds (its record stays, `stopped`, unless it
+    /// is ephemeral).
+    pub async fn delete_sandbox(&self, caller: &Caller, id: &str) -> ServiceResult<()> {
+        check_sandbox_id(id)?;
+        self.fleet.delete(&caller.owner, id).await?;
+        self.audit(caller, "sandbox.delete", Some(id), serde_json::Value::Null);
+        Ok(())
+    }
+
+    /// Sets how long from now the sandbox may live.
+    pub fn set_sandbox_timeout(
+        &self,
+        caller: &Caller,
+        id: &str,
+        timeout_secs: u64,
+    ) -> ServiceResult<SandboxInfo> {
+        check_sandbox_id(id)?;
+        let ms = secs_to_ms("timeout_secs", timeout_secs)?;
+        Ok(sandbox_info(&self.fleet.set_timeout(
+            &caller.owner,
+            id,
+            ms,
+        )?))
+    }
+
+    /// Pauses the sandbox (its processes freeze, its clocks stop).
+    pub async fn pause_sandbox(&self, caller: &Caller, id: &str) -> ServiceResult<SandboxInfo> {
+        check_sandbox_id(id)?;
+        let record = self.fleet.pause(&caller.owner, id).await?;
+        self.audit(caller, "sandbox.pause", Some(id), serde_json::Value::Null);
+        Ok(sandbox_info(&record))
+    }
+
+    /// Resumes a paused sandbox where it stopped.
+    pub async fn resume_sandbox(&self, caller: &Caller, id: &str) -> ServiceResult<SandboxInfo> {
+        check_sandbox_id(id)?;
+        let record = self.fleet.resume(&caller.owner, id).await?;
+        self.audit(caller, "sandbox.resume", Some(id), serde_json::Value::Null);
+        Ok(sandbox_info(&record))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use sandcell_api::sandboxes::LimitsInput;
+
+    #[test]
+    fn sizes_and_limits_make_specs() {
+        let spec = spec_of(&CreateSandbox::default()).unwrap();
+        assert_eq!(spec.limits.memory_bytes, Some(512 * MIB));
+        let req = CreateSandbox {
+            size: Some(Size::Nano),
+            limits: Some(LimitsInput {
+                memory_mb: Some(128),
+                ..LimitsInput::default()
+            }),
+            ..CreateSandbox::default()
+        };
+        let spec = spec_of(&req).unwrap();
+        assert_eq!(
+            (spec.limits.memory_bytes, spec.limits.pids),
+            (Some(128 * MIB), Some(64))
+        );
+        let bad = CreateSandbox {
+            limits: Some(LimitsInput {
+                memory_mb: Some(1),
+                ..LimitsInput::default()
+            }),
+            ..CreateSandbox::default()
+        };
+        assert_eq!(spec_of(&bad).unwrap_err().code(), "invalid_argument");
+        let unknown = CreateSandbox {
+            template: Some("gpu".into()),
+            ..CreateSandbox::default()
+        };
+        assert_eq!(spec_of(&unknown).unwrap_err().code(), "not_found");
+        assert!(serde_json::from_str::<CreateSandbox>(r#"{"sise": "nano"}"#).is_err());
+        let backend = CreateSandbox {
+            backend: Some("vm".into()),
+            ..CreateSandbox::default()
+        };
+        assert!(
+            spec_of(&backend)
+                .unwrap_err()
+                .message
+                .contains("process, gvisor")
+        );
+    }
+}

@@ -1,0 +1,122 @@
+//! The service's state and what every operation shares (the audit log).
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
+
+use sandcell_engine::fleet::Fleet;
+use sandcell_store::Store;
+
+use crate::caller::{Caller, KeyCache};
+use crate::config::Config;
+use crate::metrics::Metrics;
+use crate::signed_url::UrlSigner;
+use crate::usage::CpuSamples;
+
+/// Everything the operations work on; cheap to share (`Arc<Service>`).
+pub struct Service {
+    /// The sandboxes.
+    pub fleet: Arc<Fleet>,
+    /// The records (keys, exports, snapshots, audit; the fleet's go through it too).
+    pub store: Arc<Store>,
+    /// API key lookups.
+    pub keys: KeyCache,
+    /// Counters for `/metrics`.
+    pub metrics: Metrics,
+    /// The settings in force (paths under `config.home`).
+    pub config: Config,
+    /// When the service started.
+    pub started: Instant,
+    /// The last CPU reading of each sandbox (for CPU percentages).
+    pub cpu_samples: CpuSamples,
+    /// Signs and checks export download links.
+    pub signer: UrlSigner,
+    /// Contexts recorded in the store already, so runs do not write them again.
+    pub seen_contexts: SeenContexts,
+}
+
+impl std::fmt::Debug for Service {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Service")
+            .field("home", &self.config.home)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Service {
+    /// A service over a fleet and a store, with these settings and this signing key.
+    pub fn new(fleet: Arc<Fleet>, store: Arc<Store>, config: Config, signer: UrlSigner) -> Self {
+        Self {
+            fleet,
+            store,
+            keys: KeyCache::default(),
+            metrics: Metrics::default(),
+            config,
+            started: Instant::now(),
+            cpu_samples: CpuSamples::default(),
+            signer,
+            seen_contexts: SeenContexts::default(),
+        }
+    }
+
+    /// Where snapshots are kept.
+    pub fn snapshots_dir(&self) -> PathBuf {
+        self.config.home.join("snapshots")
+    }
+
+    /// Records who did what (best effort: a failed audit write is logged, not fatal).
+    pub fn audit(
+        &self,
+        caller: &Caller,
+        action: &str,
+        target: Option<&str>,
+        detail: serde_json::Value,
+    ) {
+        let event = sandcell_store::AuditEvent {
+            id: 0,
+            at: sandcell_engine::fleet::now_ms(),
+            owner: Some(caller.owner.clone()),
+            key_id: Some(caller.key_id.clone()),
+            action: action.to_string(),
+            target: target.map(str::to_string),
+            detail: (!detail.is_null()).then_some(detail),
+            request_id: caller.request_id.clone(),
+        };
+        if let Err(e) = self.store.audit(&event) {
+            tracing::warn!(action, error = %e, "could not record an audit event");
+        }
+    }
+}
+
+/// (sandbox, context) pairs known to be recorded; forgotten wholesale past a bound (a
+/// forgotten pair costs one more idempotent write).
+#[derive(Debug, Default)]
+pub struct SeenContexts(Mutex<HashSet<(String, String)>>);
+
+impl SeenContexts {
+    const BOUND: usize = 100_000;
+
+    fn set(&self) -> MutexGuard<'_, HashSet<(String, String)>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Known to be recorded.
+    pub fn contains(&self, key: &(String, String)) -> bool {
+        self.set().contains(key)
+    }
+
+    /// Now recorded.
+    pub fn insert(&self, key: (String, String)) {
+        let mut set = self.set();
+        if set.len() >= Self::BOUND {
+            set.clear();
+        }
+        set.insert(key);
+    }
+
+    /// No longer open.
+    pub fn remove(&self, key: &(String, String)) {
+        self.set().remove(key);
+    }
+}

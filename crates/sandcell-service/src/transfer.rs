@@ -1,0 +1,1 @@
+//! Operations: transfer (being moved here from the server's handlers).

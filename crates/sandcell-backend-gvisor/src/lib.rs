@@ -18,9 +18,10 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
+use sandcell_engine::backend::{CheckpointSupport, Fidelity, GuestStream, IsolationLevel};
 use sandcell_engine::{
-    Backend, BackendCapabilities, BackendInstance, BackendKind, EngineError, LaunchedSandbox,
-    NetworkPolicy, ResourceCounters, SandboxSpec,
+    Backend, BackendCapabilities, BackendFeatures, BackendInstance, BackendKind, EngineError,
+    LaunchedSandbox, NetworkPolicy, ResourceCounters, SandboxSpec,
 };
 use sandcell_jail::cgroup::{CgroupVersion, SandboxCgroup};
 use sandcell_jail::rootfs::skeleton::{self, RootLayout};
@@ -388,7 +389,7 @@ impl GvisorBackend {
             stage: stage.into(),
             message,
         })?;
-        let instance = GvisorInstance {
+        let instance = GvisorState {
             backend: self.clone(),
             runsc: self.runsc(None)?,
             id: id.to_string(),
@@ -403,8 +404,8 @@ impl GvisorBackend {
         let stream = tokio::net::UnixStream::from_std(host)
             .map_err(|e| EngineError::io("use the agent socket", e))?;
         Ok(LaunchedSandbox {
-            stream,
-            instance: Box::new(instance),
+            stream: Box::new(stream),
+            instance: Box::new(GvisorInstance(Arc::new(instance))),
             isolation: self.isolation(spec),
         })
     }
@@ -592,10 +593,23 @@ impl Backend for GvisorBackend {
         BackendCapabilities {
             kind: BackendKind::Gvisor,
             available: why.is_none(),
-            isolation_level: "user-space kernel".into(),
+            isolation_level: IsolationLevel::UserSpaceKernel,
             supports_pause: true,
-            checkpoint_fidelity: "process".into(),
+            checkpoint_fidelity: Fidelity::Process,
             host,
+            features: self.features(),
+        }
+    }
+
+    fn features(&self) -> BackendFeatures {
+        BackendFeatures {
+            // Its containers outlive the service, but nothing finds them again yet.
+            reattach: false,
+            checkpoint: CheckpointSupport::Always,
+            // `runsc checkpoint` stops the container; the sandbox goes on in a new one.
+            checkpoint_rehomes: true,
+            capture_files: false,
+            limits: true,
         }
     }
 
@@ -659,8 +673,11 @@ struct Container {
 /// How long a freeze may take before `runsc pause` is used instead.
 const FREEZE_TIMEOUT: std::time::Duration = std::time::Duration::from_millis(100);
 
-/// One running gVisor sandbox.
-struct GvisorInstance {
+/// One running gVisor sandbox, shared with the blocking tasks that run `runsc` for it.
+struct GvisorInstance(Arc<GvisorState>);
+
+/// What a running gVisor sandbox is.
+struct GvisorState {
     backend: GvisorBackend,
     runsc: Runsc,
     id: String,
@@ -673,7 +690,7 @@ struct GvisorInstance {
     destroyed: AtomicBool,
 }
 
-impl GvisorInstance {
+impl GvisorState {
     fn with_current<T>(&self, f: impl FnOnce(&Container) -> T) -> Option<T> {
         self.current.lock().ok().map(|c| f(&c))
     }
@@ -701,7 +718,7 @@ impl GvisorInstance {
     }
 }
 
-impl Drop for GvisorInstance {
+impl Drop for GvisorState {
     fn drop(&mut self) {
         // Synchronously (a few tens of ms): a thread could be cut short by the process
         // exiting, leaving the container behind.
@@ -711,8 +728,7 @@ impl Drop for GvisorInstance {
     }
 }
 
-#[async_trait]
-impl BackendInstance for GvisorInstance {
+impl GvisorState {
     fn counters(&self) -> ResourceCounters {
         self.with_cgroup(|cg| {
             let c = cg.limit_counters();
@@ -793,7 +809,7 @@ impl BackendInstance for GvisorInstance {
     /// The freezer of the sandbox's cgroup (as on `process`, ~1 ms); `runsc pause` (~25 ms)
     /// where there is none or it does not settle quickly (a task of gVisor's kernel caught
     /// in a ptrace stop can hold a v1 freeze up).
-    fn pause(&self) -> Result<(), EngineError> {
+    fn pause_now(&self) -> Result<(), EngineError> {
         if let Some(Ok(())) = self.with_cgroup(|cg| cg.pause(FREEZE_TIMEOUT)) {
             return Ok(());
         }
@@ -804,7 +820,7 @@ impl BackendInstance for GvisorInstance {
         Ok(())
     }
 
-    fn resume(&self) -> Result<(), EngineError> {
+    fn resume_now(&self) -> Result<(), EngineError> {
         if self.paused_by_runsc.swap(false, Ordering::SeqCst) {
             return self
                 .runsc
@@ -823,18 +839,14 @@ impl BackendInstance for GvisorInstance {
         self.with_cgroup(SandboxCgroup::paused).flatten()
     }
 
-    fn checkpoints(&self) -> bool {
-        true
-    }
-
     /// `runsc checkpoint` stops the container; the sandbox goes on in a new container
     /// restored from the same image with a new connection (`--leave-running` would restore
     /// it with runsc's own stdio and then wait for it to end). The old container is deleted
     /// on a thread: that takes runsc about 2 s.
-    fn checkpoint(&self, image: &Path) -> Result<Option<UnixStream>, EngineError> {
+    fn checkpoint_now(&self, image: &Path) -> Result<Option<UnixStream>, EngineError> {
         // runsc cannot checkpoint a paused container (it crashes): let it run for this.
         if self.frozen() == Some(true) {
-            self.resume()?;
+            self.resume_now()?;
         }
         let old = self.name();
         let guest_dir = self.with_current(|c| c.guest_dir.clone()).ok_or_else(|| {
@@ -877,6 +889,77 @@ impl BackendInstance for GvisorInstance {
                 })
             }
         }
+    }
+}
+
+/// Runs `f` on the sandbox's state on a blocking thread (`runsc` and the freezer wait).
+async fn blocking<T: Send + 'static>(
+    state: &Arc<GvisorState>,
+    what: &'static str,
+    f: impl FnOnce(&GvisorState) -> Result<T, EngineError> + Send + 'static,
+) -> Result<T, EngineError> {
+    let state = state.clone();
+    tokio::task::spawn_blocking(move || f(&state))
+        .await
+        .map_err(|e| EngineError::io(what, std::io::Error::other(e)))?
+}
+
+#[async_trait]
+impl BackendInstance for GvisorInstance {
+    fn counters(&self) -> ResourceCounters {
+        self.0.counters()
+    }
+
+    fn usage(&self) -> ResourceCounters {
+        self.0.usage()
+    }
+
+    fn host_pid(&self) -> Option<i32> {
+        self.0.host_pid()
+    }
+
+    async fn destroy(&self) -> Result<(), EngineError> {
+        self.0.destroy().await
+    }
+
+    fn kill(&self) {
+        self.0.kill();
+    }
+
+    fn runtime(&self) -> serde_json::Value {
+        self.0.runtime()
+    }
+
+    async fn pause(&self) -> Result<(), EngineError> {
+        blocking(&self.0, "pause the sandbox", GvisorState::pause_now).await
+    }
+
+    async fn resume(&self) -> Result<(), EngineError> {
+        blocking(&self.0, "resume the sandbox", GvisorState::resume_now).await
+    }
+
+    fn frozen(&self) -> Option<bool> {
+        self.0.frozen()
+    }
+
+    fn checkpoints(&self) -> bool {
+        true
+    }
+
+    async fn checkpoint(&self, image: &Path) -> Result<Option<GuestStream>, EngineError> {
+        let image = image.to_path_buf();
+        let rehomed = blocking(&self.0, "checkpoint the sandbox", move |s| {
+            s.checkpoint_now(&image)
+        })
+        .await?;
+        let Some(stream) = rehomed else {
+            return Ok(None);
+        };
+        let stream = stream
+            .set_nonblocking(true)
+            .and_then(|()| tokio::net::UnixStream::from_std(stream))
+            .map_err(|e| EngineError::io("use the restored agent's connection", e))?;
+        Ok(Some(Box::new(stream)))
     }
 }
 

@@ -19,9 +19,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open, pidfd_send_signal};
+use sandcell_engine::backend::{CheckpointSupport, Fidelity, GuestStream, IsolationLevel};
 use sandcell_engine::{
-    Backend, BackendCapabilities, BackendInstance, BackendKind, EngineError, LaunchedSandbox,
-    NetworkPolicy, ResourceCounters, SandboxSpec,
+    Backend, BackendCapabilities, BackendFeatures, BackendInstance, BackendKind, EngineError,
+    LaunchedSandbox, NetworkPolicy, ResourceCounters, SandboxSpec,
 };
 use sandcell_jail::cgroup::{CgroupVersion, SandboxCgroup};
 use sandcell_jail::config::SparesConfig;
@@ -478,12 +479,24 @@ impl Backend for ProcessBackend {
         BackendCapabilities {
             kind: BackendKind::Process,
             available,
-            isolation_level: "container".into(),
+            isolation_level: IsolationLevel::Container,
             supports_pause,
             // Files and each kernel's variables (see sandcell_engine::snapshot); every
             // process of a sandbox made checkpointable, with CRIU (the `criu` line).
-            checkpoint_fidelity: "language".into(),
+            checkpoint_fidelity: Fidelity::Language,
             host,
+            features: self.features(),
+        }
+    }
+
+    fn features(&self) -> BackendFeatures {
+        BackendFeatures {
+            reattach: true,
+            checkpoint: CheckpointSupport::OnRequest,
+            // CRIU dumps and leaves the sandbox running on its connection.
+            checkpoint_rehomes: false,
+            capture_files: true,
+            limits: true,
         }
     }
 
@@ -591,7 +604,9 @@ impl Backend for ProcessBackend {
             cgroup: cgroup.clone(),
             isolation: isolation.clone(),
         };
-        let cgroup = cgroup.and_then(|record| SandboxCgroup::from_record(record).ok());
+        let cgroup = cgroup
+            .and_then(|record| SandboxCgroup::from_record(record).ok())
+            .map(Arc::new);
         let instance = ProcessInstance {
             host_pid,
             pidfd,
@@ -604,7 +619,7 @@ impl Backend for ProcessBackend {
             owns_cgroup: false,
         };
         Ok(LaunchedSandbox {
-            stream,
+            stream: Box::new(stream),
             instance: Box::new(instance),
             isolation,
         })
@@ -687,7 +702,7 @@ impl Backend for ProcessBackend {
         let instance = ProcessInstance {
             host_pid,
             pidfd,
-            cgroup: Some(cgroup),
+            cgroup: Some(Arc::new(cgroup)),
             // CRIU detached it: init reaps it.
             launcher: Launcher(0),
             destroyed: AtomicBool::new(false),
@@ -701,7 +716,7 @@ impl Backend for ProcessBackend {
             owns_cgroup: true,
         };
         Ok(LaunchedSandbox {
-            stream,
+            stream: Box::new(stream),
             instance: Box::new(instance),
             isolation,
         })
@@ -734,7 +749,8 @@ impl Backend for ProcessBackend {
         let cgroup = record
             .cgroup
             .clone()
-            .and_then(|r| SandboxCgroup::from_record(r).ok());
+            .and_then(|r| SandboxCgroup::from_record(r).ok())
+            .map(Arc::new);
         let instance = ProcessInstance {
             host_pid: record.host_pid,
             pidfd,
@@ -748,7 +764,7 @@ impl Backend for ProcessBackend {
             owns_cgroup: false,
         };
         Ok(LaunchedSandbox {
-            stream,
+            stream: Box::new(stream),
             instance: Box::new(instance),
             isolation: record.isolation,
         })
@@ -951,7 +967,8 @@ struct ProcessInstance {
     owns_cgroup: bool,
     host_pid: i32,
     pidfd: OwnedFd,
-    cgroup: Option<SandboxCgroup>,
+    /// Shared with the blocking tasks that freeze it.
+    cgroup: Option<Arc<SandboxCgroup>>,
     launcher: Launcher,
     destroyed: AtomicBool,
     /// Left running for a later process to reattach (not killed on drop).
@@ -971,6 +988,14 @@ impl Drop for ProcessInstance {
         // launcher outlives the sandbox by its cgroup clean-up.
         self.launcher.reap_if_done();
     }
+}
+
+/// Freezes `cg`, waiting (blocking) until its last task has stopped.
+fn freeze(cg: &SandboxCgroup) -> Result<(), EngineError> {
+    cg.pause(PAUSE_TIMEOUT).map_err(|e| match e {
+        JailError::Unsupported(why) => EngineError::Unsupported(format!("cannot pause: {why}")),
+        other => EngineError::io("pause the sandbox", std::io::Error::other(other)),
+    })
 }
 
 impl ProcessInstance {
@@ -1011,11 +1036,11 @@ impl BackendInstance for ProcessInstance {
     }
 
     fn pids_limit_hits(&self) -> Option<u64> {
-        self.cgroup.as_ref().map(SandboxCgroup::pids_limit_hits)
+        self.cgroup.as_ref().map(|cg| cg.pids_limit_hits())
     }
 
     fn oom_kills(&self) -> Option<u64> {
-        self.cgroup.as_ref().map(SandboxCgroup::oom_kills)
+        self.cgroup.as_ref().map(|cg| cg.oom_kills())
     }
 
     fn host_pid(&self) -> Option<i32> {
@@ -1046,20 +1071,20 @@ impl BackendInstance for ProcessInstance {
         }
     }
 
-    fn pause(&self) -> Result<(), EngineError> {
-        let Some(cg) = &self.cgroup else {
+    async fn pause(&self) -> Result<(), EngineError> {
+        let Some(cg) = self.cgroup.clone() else {
             return Err(EngineError::Unsupported(
                 "this sandbox has no cgroup (cgroups are not writable here), so it cannot be paused"
                     .into(),
             ));
         };
-        cg.pause(PAUSE_TIMEOUT).map_err(|e| match e {
-            JailError::Unsupported(why) => EngineError::Unsupported(format!("cannot pause: {why}")),
-            other => EngineError::io("pause the sandbox", std::io::Error::other(other)),
-        })
+        // Freezing waits (briefly) for the last task to stop.
+        tokio::task::spawn_blocking(move || freeze(&cg))
+            .await
+            .map_err(|e| EngineError::io("pause the sandbox", std::io::Error::other(e)))?
     }
 
-    fn resume(&self) -> Result<(), EngineError> {
+    async fn resume(&self) -> Result<(), EngineError> {
         if let Some(cg) = &self.cgroup {
             cg.resume();
         }
@@ -1067,18 +1092,15 @@ impl BackendInstance for ProcessInstance {
     }
 
     fn frozen(&self) -> Option<bool> {
-        self.cgroup.as_ref().and_then(SandboxCgroup::paused)
+        self.cgroup.as_ref().and_then(|cg| cg.paused())
     }
 
     fn checkpoints(&self) -> bool {
         self.checkpoint.is_some()
     }
 
-    fn checkpoint(
-        &self,
-        image: &Path,
-    ) -> Result<Option<std::os::unix::net::UnixStream>, EngineError> {
-        let Some(c) = &self.checkpoint else {
+    async fn checkpoint(&self, image: &Path) -> Result<Option<GuestStream>, EngineError> {
+        let Some(c) = self.checkpoint.clone() else {
             return Err(EngineError::Unsupported(
                 "this sandbox cannot be checkpointed (it was not made checkpointable)".into(),
             ));
@@ -1090,16 +1112,22 @@ impl BackendInstance for ProcessInstance {
                 stage: "criu dump".into(),
                 message: "cannot find the agent's connection".into(),
             })?;
-        // CRIU stops the tasks itself; frozen ones would never answer it.
-        let frozen = self.frozen() == Some(true);
-        if frozen {
-            self.resume()?;
-        }
-        let dumped = c.criu.dump(self.host_pid, ino, &c.root, image);
-        if frozen {
-            self.pause()?;
-        }
-        dumped.map(|()| None)
+        let (host_pid, cgroup, image) = (self.host_pid, self.cgroup.clone(), image.to_path_buf());
+        tokio::task::spawn_blocking(move || {
+            // CRIU stops the tasks itself; frozen ones would never answer it.
+            let frozen = cgroup.as_ref().filter(|cg| cg.paused() == Some(true));
+            if let Some(cg) = frozen {
+                cg.resume();
+            }
+            let dumped = c.criu.dump(host_pid, ino, &c.root, &image);
+            if let Some(cg) = frozen {
+                freeze(cg)?;
+            }
+            // The agent keeps its connection: CRIU dumps and leaves the sandbox running.
+            dumped.map(|()| None)
+        })
+        .await
+        .map_err(|e| EngineError::io("criu dump", std::io::Error::other(e)))?
     }
 
     fn capture_files(

@@ -425,7 +425,7 @@ async fn pause_resume(
             sb.pause().await.context("embedded pause")?;
             let pause_embedded = t.elapsed();
             let t = Instant::now();
-            sb.resume().context("embedded resume")?;
+            sb.resume().await.context("embedded resume")?;
             let resume_embedded = t.elapsed();
             sb.run_code(x_equals_1("x = 1"))
                 .await

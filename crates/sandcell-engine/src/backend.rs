@@ -1,13 +1,129 @@
 //! The `Backend` trait: how a sandbox's world is started and torn down.
 
+use std::fmt;
+
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
-use tokio::net::UnixStream;
+use tokio::io::{AsyncRead, AsyncWrite};
 
 use sandcell_protocol::IsolationReport;
 
 use crate::error::EngineError;
 use crate::spec::{BackendKind, SandboxSpec};
+
+/// A byte stream to a guest agent: a Unix socket today, anything that reads and writes
+/// (a vsock, a pipe pair, an in-memory duplex) for the next backend.
+pub trait GuestIo: AsyncRead + AsyncWrite + Send + Unpin + 'static {}
+
+impl<T: AsyncRead + AsyncWrite + Send + Unpin + 'static> GuestIo for T {}
+
+/// The guest agent's connection as the engine holds it.
+pub type GuestStream = Box<dyn GuestIo>;
+
+/// Strength of the boundary a backend puts around a sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+pub enum IsolationLevel {
+    /// None at all: the guest runs as the service's own user (test backends).
+    #[serde(rename = "none")]
+    None,
+    /// Namespaces, seccomp, Landlock and cgroups on the host's kernel.
+    #[serde(rename = "container")]
+    Container,
+    /// A kernel in user space between the sandbox and the host's (gVisor).
+    #[serde(rename = "user-space kernel")]
+    UserSpaceKernel,
+    /// A virtual machine with its own kernel.
+    #[serde(rename = "hardware vm")]
+    HardwareVm,
+}
+
+impl IsolationLevel {
+    /// The name used in reports (and on the wire).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Container => "container",
+            Self::UserSpaceKernel => "user-space kernel",
+            Self::HardwareVm => "hardware vm",
+        }
+    }
+}
+
+impl fmt::Display for IsolationLevel {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// What a snapshot carries, from least to most.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fidelity {
+    /// Nothing: the backend cannot snapshot.
+    None,
+    /// The sandbox's folders.
+    Files,
+    /// The folders and the kernels' variables.
+    Language,
+    /// Every process with its memory.
+    Process,
+}
+
+impl Fidelity {
+    /// The name used in manifests and reports (and on the wire).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::None => "none",
+            Self::Files => "files",
+            Self::Language => "language",
+            Self::Process => "process",
+        }
+    }
+
+    /// The fidelity named `name` (as [`Self::as_str`] writes it).
+    pub fn parse(name: &str) -> Option<Self> {
+        [Self::None, Self::Files, Self::Language, Self::Process]
+            .into_iter()
+            .find(|f| f.as_str() == name)
+    }
+}
+
+impl fmt::Display for Fidelity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Which sandboxes of a backend can have their processes checkpointed.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CheckpointSupport {
+    /// None.
+    #[default]
+    Never,
+    /// Those whose spec asks for it ([`SandboxSpec::checkpointable`]).
+    OnRequest,
+    /// Every sandbox: its snapshots are process checkpoints.
+    Always,
+}
+
+/// What the engine may count on from a backend, instead of knowing backends by name.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BackendFeatures {
+    /// A later process of the service can reach its sandboxes again
+    /// ([`Backend::reattach`]).
+    pub reattach: bool,
+    /// Which sandboxes can be checkpointed ([`BackendInstance::checkpoint`]).
+    pub checkpoint: CheckpointSupport,
+    /// A checkpoint restores the sandbox in place and hands the agent a new connection
+    /// (the client must expect its stream to be replaced while it runs).
+    pub checkpoint_rehomes: bool,
+    /// [`BackendInstance::capture_files`] works: snapshots of `files` (or `language`)
+    /// fidelity when a sandbox cannot be checkpointed.
+    pub capture_files: bool,
+    /// Resource limits (memory, CPU, processes, disk) are enforced.
+    pub limits: bool,
+}
 
 /// What a backend can do on this host.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -16,14 +132,17 @@ pub struct BackendCapabilities {
     pub kind: BackendKind,
     /// Whether it can run at all here.
     pub available: bool,
-    /// Strength of the boundary: `container`, `user-space kernel`, `hardware vm`.
-    pub isolation_level: String,
+    /// Strength of the boundary.
+    pub isolation_level: IsolationLevel,
     /// Whether `pause`/`resume` keep memory.
     pub supports_pause: bool,
-    /// Best snapshot fidelity: `none`, `files`, `language`, `process`.
-    pub checkpoint_fidelity: String,
+    /// Best snapshot fidelity.
+    pub checkpoint_fidelity: Fidelity,
     /// Feature-by-feature: what a sandbox would get on this host, and why not.
     pub host: IsolationReport,
+    /// What the engine may count on (not reported: the fields above say it for users).
+    #[serde(skip)]
+    pub features: BackendFeatures,
 }
 
 /// Resource counters of a running sandbox, for telling why an exec died.
@@ -46,7 +165,7 @@ pub struct ResourceCounters {
 /// A freshly started sandbox: the stream its guest agent speaks on, plus its handle.
 pub struct LaunchedSandbox {
     /// The guest agent's connection, before the handshake.
-    pub stream: UnixStream,
+    pub stream: GuestStream,
     /// Backend-specific handle.
     pub instance: Box<dyn BackendInstance>,
     /// Isolation set up outside the guest (namespaces, cgroups, id maps).
@@ -60,6 +179,10 @@ pub trait Backend: Send + Sync {
     fn kind(&self) -> BackendKind;
     /// What it offers on this host.
     fn capabilities(&self) -> BackendCapabilities;
+    /// What the engine may count on from it (a cheap call, made for every sandbox).
+    fn features(&self) -> BackendFeatures {
+        BackendFeatures::default()
+    }
     /// Why it cannot start sandboxes on this host now (a cheap check, made before each
     /// create); `None` when it can.
     fn unavailable(&self) -> Option<String> {
@@ -141,30 +264,32 @@ pub trait BackendInstance: Send + Sync {
     fn detach(&self) {}
     /// Freezes every process of the sandbox (no CPU; memory and processes kept), waiting
     /// until the last has stopped.
-    fn pause(&self) -> Result<(), EngineError> {
+    async fn pause(&self) -> Result<(), EngineError> {
         Err(EngineError::Unsupported(
             "this backend cannot pause a sandbox".into(),
         ))
     }
     /// Lets a paused sandbox's processes run again.
-    fn resume(&self) -> Result<(), EngineError> {
+    async fn resume(&self) -> Result<(), EngineError> {
         Ok(())
     }
     /// Whether the sandbox is frozen now (`None`: the backend cannot tell).
     fn frozen(&self) -> Option<bool> {
         None
     }
-    /// Whether [`Self::checkpoint`] works: snapshots are then of `process` fidelity.
+    /// Whether [`Self::checkpoint`] works for this sandbox (see
+    /// [`BackendFeatures::checkpoint`]): its snapshots are then of `process` fidelity.
     fn checkpoints(&self) -> bool {
         false
     }
     /// Writes a checkpoint of every process and the sandbox's memory-backed folders into the
     /// empty folder `image`; the sandbox runs on after. Returns the agent's new connection
-    /// when the backend had to give it one (it restored the sandbox from `image` in place).
-    fn checkpoint(
+    /// when the backend had to give it one (it restored the sandbox from `image` in place,
+    /// see [`BackendFeatures::checkpoint_rehomes`]).
+    async fn checkpoint(
         &self,
         image: &std::path::Path,
-    ) -> Result<Option<std::os::unix::net::UnixStream>, EngineError> {
+    ) -> Result<Option<GuestStream>, EngineError> {
         let _ = image;
         Err(EngineError::Unsupported(
             "this backend cannot checkpoint processes".into(),

@@ -9,12 +9,11 @@ use sandcell_protocol::{
     Channel, DataChunk, Frame, FrameDecoder, GuestMessage, HostMessage, IsolationReport,
     PROTOCOL_VERSION, encode_data, encode_message, frame::MAX_CHUNK,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::UnixStream;
-use tokio::net::unix::OwnedWriteHalf;
+use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::sync::{Mutex, mpsc, watch};
 use tokio::task::JoinHandle;
 
+use crate::backend::GuestStream;
 use crate::error::EngineError;
 
 /// Something the guest sent for one request.
@@ -63,7 +62,7 @@ const HANDOVER_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// A connection to one guest agent.
 pub struct GuestClient {
-    writer: Mutex<OwnedWriteHalf>,
+    writer: Mutex<WriteHalf<GuestStream>>,
     pending: Pending,
     next_id: AtomicU32,
     /// The reader task; it returns the bytes of a frame its stream ended in the middle of.
@@ -133,7 +132,7 @@ impl Call {
 impl GuestClient {
     /// Starts reading from `stream` and performs the handshake within `timeout`.
     pub async fn connect(
-        stream: UnixStream,
+        stream: GuestStream,
         timeout: Duration,
     ) -> Result<(Self, Hello), EngineError> {
         let client = Self::start(stream);
@@ -174,15 +173,15 @@ impl GuestClient {
     }
 
     /// Starts the reader task without a handshake.
-    pub fn start(stream: UnixStream) -> Self {
+    pub fn start(stream: GuestStream) -> Self {
         Self::start_at(stream, 1)
     }
 
     /// As [`Self::start`], numbering requests from `first_id`: a client reattaching to an
     /// agent starts far from where the previous one was, so that late replies to that one's
     /// requests match none of its own.
-    pub fn start_at(stream: UnixStream, first_id: u32) -> Self {
-        let (read, write) = stream.into_split();
+    pub fn start_at(stream: GuestStream, first_id: u32) -> Self {
+        let (read, write) = tokio::io::split(stream);
         let pending: Pending = Arc::default();
         let reader = tokio::spawn(read_loop(read, pending.clone(), 0, None));
         Self {
@@ -226,8 +225,8 @@ impl GuestClient {
     ///
     /// The agent must then answer a ping within [`RECONNECT_TIMEOUT`]; if it does not, the
     /// client is closed with the reason, so that no request waits for it forever.
-    pub async fn reconnect(&self, stream: UnixStream) {
-        let (read, write) = stream.into_split();
+    pub async fn reconnect(&self, stream: GuestStream) {
+        let (read, write) = tokio::io::split(stream);
         {
             let mut writer = self.writer.lock().await;
             let generation = match self.pending.lock() {
@@ -350,7 +349,7 @@ impl GuestClient {
 /// stream its agent was on until a checkpoint) starts with that one's unfinished frame:
 /// the agent may have written a frame partly before the checkpoint and the rest after.
 async fn read_loop(
-    mut read: tokio::net::unix::OwnedReadHalf,
+    mut read: ReadHalf<GuestStream>,
     pending: Pending,
     generation: u64,
     before: Option<JoinHandle<Vec<u8>>>,

@@ -245,7 +245,7 @@ impl Sandbox {
         &self,
         mut req: RunCodeRequest,
     ) -> Result<CodeStream, EngineError> {
-        self.check_alive()?;
+        self.check_alive().await?;
         validate(&req)?;
         if req.timeout_ms.is_none() {
             req.timeout_ms = self.spec().limits.exec_timeout_ms;

@@ -6,12 +6,15 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use sandcell_protocol::{ExecRequest, HostMessage, IsolationReport};
 
-use crate::backend::{Backend, BackendCapabilities, BackendInstance, LaunchedSandbox};
+use crate::backend::{
+    Backend, BackendCapabilities, BackendFeatures, BackendInstance, CheckpointSupport,
+    LaunchedSandbox,
+};
 use crate::client::{Call, GuestClient};
 use crate::error::EngineError;
 use crate::sandbox::{ExecStream, Sandbox, Timings, prepare_exec};
 use crate::snapshot::{RestoreReport, SnapshotManifest};
-use crate::spec::SandboxSpec;
+use crate::spec::{BackendKind, SandboxSpec};
 
 /// How long a fresh agent may take to answer the handshake.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(15);
@@ -52,6 +55,20 @@ impl Engine {
         let mut caps: Vec<_> = self.backends.values().map(|b| b.capabilities()).collect();
         caps.sort_by_key(|c| c.kind.as_str());
         caps
+    }
+
+    /// The kinds of backend this engine was given, in [`BackendKind::ALL`]'s order: what a
+    /// spec may name.
+    pub fn backend_kinds(&self) -> Vec<BackendKind> {
+        BackendKind::ALL
+            .into_iter()
+            .filter(|k| self.backends.contains_key(k))
+            .collect()
+    }
+
+    /// What the backend of `kind` lets the engine count on (`None`: no such backend here).
+    pub fn features(&self, kind: BackendKind) -> Option<BackendFeatures> {
+        self.backends.get(&kind).map(|b| b.features())
     }
 
     /// Creates a sandbox and waits until its agent answers.
@@ -116,9 +133,9 @@ impl Engine {
         // and is paused again.
         let was_paused = launched.instance.frozen() == Some(true);
         if was_paused {
-            launched.instance.resume()?;
+            launched.instance.resume().await?;
         }
-        let launch = Launch::greeted_before(id, spec, launched, start);
+        let launch = Launch::greeted_before(id, spec, launched, backend.features(), start);
         let hello = launch.client.send_hello().await;
         let sandbox = launch.finish_keeping(hello).await?;
         if was_paused {
@@ -161,7 +178,7 @@ impl Engine {
         let _ = std::fs::remove_dir_all(&image);
         let launched = launched?;
         // The restored agent may still hold requests of its source's host.
-        let launch = Launch::greeted_before(id, spec, launched, start);
+        let launch = Launch::greeted_before(id, spec, launched, backend.features(), start);
         let hello = launch.client.send_hello().await;
         let sandbox = launch.finish(hello).await?;
         match sandbox.after_checkpoint_restore(manifest).await {
@@ -193,9 +210,12 @@ impl Engine {
         })
     }
 
-    /// Fails as creating a sandbox of `spec` would if its backend is not here.
+    /// Fails as creating a sandbox of `spec` would if its backend is not here, or cannot
+    /// make what `spec` asks for.
     pub fn check_backend(&self, spec: &SandboxSpec) -> Result<(), EngineError> {
-        match self.backend(spec)?.unavailable() {
+        let backend = self.backend(spec)?;
+        check_features(spec, backend.features())?;
+        match backend.unavailable() {
             Some(why) => Err(EngineError::BackendUnavailable(why)),
             None => Ok(()),
         }
@@ -206,6 +226,8 @@ impl Engine {
         validate_id(&id)?;
         spec.validate()?;
         let backend = self.backend(&spec)?;
+        let features = backend.features();
+        check_features(&spec, features)?;
         let start = Instant::now();
         let launched = backend.launch(&id, &spec).await?;
         let launched_at = start.elapsed();
@@ -214,6 +236,7 @@ impl Engine {
             spec,
             client: GuestClient::start(launched.stream),
             instance: launched.instance,
+            features,
             isolation: launched.isolation,
             start,
             launched_at,
@@ -227,6 +250,7 @@ struct Launch {
     spec: SandboxSpec,
     client: GuestClient,
     instance: Box<dyn BackendInstance>,
+    features: BackendFeatures,
     isolation: IsolationReport,
     start: Instant,
     launched_at: Duration,
@@ -240,6 +264,7 @@ impl Launch {
         id: String,
         spec: SandboxSpec,
         launched: LaunchedSandbox,
+        features: BackendFeatures,
         start: Instant,
     ) -> Self {
         Self {
@@ -247,6 +272,7 @@ impl Launch {
             spec,
             client: GuestClient::start_at(launched.stream, reattach_first_id()),
             instance: launched.instance,
+            features,
             isolation: launched.isolation,
             launched_at: start.elapsed(),
             start,
@@ -314,10 +340,27 @@ impl Launch {
             self.spec,
             self.client,
             self.instance,
+            self.features,
             isolation,
             hello.agent_version,
             timings,
         ))
+    }
+}
+
+/// Fails when `spec` asks for what a backend with `features` cannot do.
+fn check_features(spec: &SandboxSpec, features: BackendFeatures) -> Result<(), EngineError> {
+    match features.checkpoint {
+        CheckpointSupport::OnRequest => Ok(()),
+        CheckpointSupport::Always if spec.checkpointable => Err(EngineError::InvalidSpec(format!(
+            "checkpointable is for the process backend ({} checkpoints every sandbox)",
+            spec.backend.as_str()
+        ))),
+        CheckpointSupport::Never if spec.checkpointable => Err(EngineError::InvalidSpec(format!(
+            "checkpointable: the {} backend cannot checkpoint sandboxes",
+            spec.backend.as_str()
+        ))),
+        _ => Ok(()),
     }
 }
 

@@ -17,7 +17,8 @@ pub mod spec;
 mod transfer;
 
 pub use backend::{
-    Backend, BackendCapabilities, BackendInstance, LaunchedSandbox, ResourceCounters,
+    Backend, BackendCapabilities, BackendFeatures, BackendInstance, CheckpointSupport, Fidelity,
+    GuestStream, IsolationLevel, LaunchedSandbox, ResourceCounters,
 };
 pub use code::{CodeEvent, CodeOutput, CodeRun, CodeStream, OutputKind};
 pub use engine::{Engine, EngineBuilder, new_sandbox_id};

@@ -264,7 +264,7 @@ impl Sandbox {
     /// timeout does not apply unless `req.timeout_ms` is set. With `req.stdin` (or
     /// `req.pty`) its stdin is written with [`Sandbox::write_process_stdin`].
     pub async fn spawn(&self, req: ExecRequest) -> Result<BackgroundProcess, EngineError> {
-        self.check_alive()?;
+        self.check_alive().await?;
         let req = prepare_spawn(self.spec(), req)?;
         let mut call = self
             .client()
@@ -284,7 +284,7 @@ impl Sandbox {
     /// what is buffered from `from`, then new output, then its exit (at once if it has
     /// ended). An unknown or released pid is a `no_such_process` error.
     pub async fn attach(&self, pid: i32, from: AttachFrom) -> Result<AttachStream, EngineError> {
-        self.check_alive()?;
+        self.check_alive().await?;
         let before = self.counters();
         let msg = HostMessage::Attach {
             pid,
@@ -318,7 +318,7 @@ impl Sandbox {
     /// Writes to a tracked process's stdin (a pipe, or its terminal) and returns once the
     /// bytes are written.
     pub async fn write_process_stdin(&self, pid: i32, bytes: &[u8]) -> Result<(), EngineError> {
-        self.check_alive()?;
+        self.check_alive().await?;
         let client = self.client();
         let mut call = client
             .request(&HostMessage::ProcessStdin { pid })

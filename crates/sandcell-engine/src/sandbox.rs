@@ -11,7 +11,7 @@ use sandcell_protocol::{
 };
 use serde::Serialize;
 
-use crate::backend::{BackendInstance, ResourceCounters};
+use crate::backend::{BackendFeatures, BackendInstance, ResourceCounters};
 use crate::client::{Call, GuestClient, Reply};
 use crate::error::EngineError;
 use crate::spec::{SandboxSpec, validate_env};
@@ -37,6 +37,8 @@ struct Inner {
     spec: SandboxSpec,
     client: GuestClient,
     instance: Box<dyn BackendInstance>,
+    /// What its backend can do.
+    features: BackendFeatures,
     isolation: IsolationReport,
     agent_version: String,
     timings: Timings,
@@ -202,11 +204,13 @@ impl ExecStream {
 }
 
 impl Sandbox {
+    #[allow(clippy::too_many_arguments)] // One of each part; called from one place.
     pub(crate) fn new(
         id: String,
         spec: SandboxSpec,
         client: GuestClient,
         instance: Box<dyn BackendInstance>,
+        features: BackendFeatures,
         isolation: IsolationReport,
         agent_version: String,
         timings: Timings,
@@ -216,6 +220,7 @@ impl Sandbox {
             spec,
             client,
             instance,
+            features,
             isolation,
             agent_version,
             timings,
@@ -313,7 +318,7 @@ impl Sandbox {
     /// it and [`ExecStream::resize`] sets its size. Background requests are refused: start
     /// those with [`Sandbox::spawn`].
     pub async fn exec_stream(&self, req: ExecRequest) -> Result<ExecStream, EngineError> {
-        self.check_alive()?;
+        self.check_alive().await?;
         let req = prepare_exec(&self.inner.spec, req)?;
         let call = self
             .inner
@@ -524,7 +529,7 @@ impl Sandbox {
     }
 
     pub(crate) async fn simple_call(&self, msg: HostMessage) -> Result<GuestMessage, EngineError> {
-        self.check_alive()?;
+        self.check_alive().await?;
         let mut call = self
             .inner
             .client
@@ -555,7 +560,7 @@ impl Sandbox {
 
     /// Fails when the sandbox is gone; resumes it when it is paused (asked to do something,
     /// a paused sandbox wakes up).
-    pub(crate) fn check_alive(&self) -> Result<(), EngineError> {
+    pub(crate) async fn check_alive(&self) -> Result<(), EngineError> {
         if self.is_destroyed() {
             return Err(self.gone("it was destroyed".into()));
         }
@@ -563,7 +568,7 @@ impl Sandbox {
             return Err(self.gone(reason));
         }
         if self.is_paused() {
-            self.resume()?;
+            self.resume().await?;
         }
         Ok(())
     }
@@ -578,23 +583,24 @@ impl Sandbox {
         if self.is_paused() {
             return Ok(());
         }
-        let sandbox = self.clone();
-        // Freezing waits (briefly) for the last task to stop.
-        tokio::task::spawn_blocking(move || sandbox.inner.instance.pause())
-            .await
-            .map_err(|e| EngineError::io("pause the sandbox", std::io::Error::other(e)))??;
+        self.inner.instance.pause().await?;
         self.inner.paused.store(true, Ordering::SeqCst);
         Ok(())
     }
 
     /// Lets a paused sandbox's processes run on from where they stopped.
-    pub fn resume(&self) -> Result<(), EngineError> {
+    pub async fn resume(&self) -> Result<(), EngineError> {
         if self.is_destroyed() {
             return Err(self.gone("it was destroyed".into()));
         }
-        self.inner.instance.resume()?;
+        self.inner.instance.resume().await?;
         self.inner.paused.store(false, Ordering::SeqCst);
         Ok(())
+    }
+
+    /// What its backend can do.
+    pub fn features(&self) -> BackendFeatures {
+        self.inner.features
     }
 
     /// The backend's handle of this sandbox.

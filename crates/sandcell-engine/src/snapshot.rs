@@ -14,6 +14,7 @@ use sha2::{Digest, Sha256};
 use sandcell_protocol::code::{FailedVariable, SkippedVariable};
 use sandcell_protocol::{GuestMessage, HostMessage, Language};
 
+use crate::backend::Fidelity;
 use crate::error::EngineError;
 use crate::sandbox::{Sandbox, unexpected};
 
@@ -67,12 +68,19 @@ pub struct FilesRestore {
     pub skipped: Vec<String>,
 }
 
+impl SnapshotManifest {
+    /// Its fidelity as the enum (`None` for a name this engine does not know).
+    pub fn fidelity_kind(&self) -> Option<Fidelity> {
+        Fidelity::parse(&self.fidelity)
+    }
+}
+
 /// What a snapshot holds, with checksums; kept beside it and in its record.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SnapshotManifest {
     /// [`MANIFEST_FORMAT`].
     pub format: u32,
-    /// `files`, `language` or `process`.
+    /// `files`, `language` or `process` (see [`Self::fidelity_kind`]).
     pub fidelity: String,
     /// The archive's file name in the snapshot's folder.
     pub archive: String,
@@ -210,10 +218,15 @@ impl Sandbox {
         if self.backend_instance().checkpoints() {
             return self.checkpoint_to(dir).await;
         }
+        if !self.features().capture_files {
+            return Err(EngineError::Unsupported(
+                "this sandbox's backend cannot snapshot its files".into(),
+            ));
+        }
         let was_paused = self.is_paused();
         // A paused sandbox runs for the moment its kernels write their state, and is paused
         // again after.
-        self.check_alive()?;
+        self.check_alive().await?;
         let (kernels, mut gaps) = self.dump_kernels().await?;
         self.pause().await?;
         let sandbox = self.clone();
@@ -247,7 +260,7 @@ impl Sandbox {
         .map_err(|e| EngineError::io("snapshot", io::Error::other(e)));
         // Running again whatever happened, unless it was paused before.
         if !was_paused {
-            self.resume()?;
+            self.resume().await?;
         }
         if !kernels.is_empty() {
             let _ = self.remove(&format!("/{STATE_DIR}"), true).await;
@@ -258,7 +271,13 @@ impl Sandbox {
         not_carried.append(&mut gaps);
         Ok(SnapshotManifest {
             format: MANIFEST_FORMAT,
-            fidelity: if language { "language" } else { "files" }.into(),
+            fidelity: if language {
+                Fidelity::Language
+            } else {
+                Fidelity::Files
+            }
+            .as_str()
+            .into(),
             archive: FILES_ARCHIVE.into(),
             sha256,
             archive_bytes,
@@ -271,49 +290,47 @@ impl Sandbox {
     /// A process checkpoint of the whole sandbox (its backend's), archived with a checksum.
     async fn checkpoint_to(&self, dir: &Path) -> Result<SnapshotManifest, EngineError> {
         let was_paused = self.is_paused();
-        self.check_alive()?;
-        let sandbox = self.clone();
-        let dir = dir.to_path_buf();
-        // The backend may restore the sandbox in place: its old connection ends.
-        self.client().expect_reconnect().await;
-        let written = tokio::task::spawn_blocking(move || {
-            let image = dir.join("image");
-            std::fs::create_dir(&image)
-                .map_err(|e| EngineError::io("create the checkpoint folder", e))?;
-            let checkpointed = sandbox.backend_instance().checkpoint(&image);
-            let archived = match &checkpointed {
-                Ok(_) => archive_folder(&image, &dir.join(CHECKPOINT_ARCHIVE)).map(Some),
-                Err(_) => Ok(None),
-            };
-            let _ = std::fs::remove_dir_all(&image);
-            Ok::<_, EngineError>((checkpointed, archived))
-        })
-        .await
-        .map_err(|e| EngineError::io("snapshot", io::Error::other(e)));
-        let (checkpointed, archived) = match written.and_then(|w| w) {
-            Ok(w) => w,
-            Err(e) => {
-                self.client().cancel_reconnect();
-                return Err(e);
-            }
+        self.check_alive().await?;
+        let rehomes = self.features().checkpoint_rehomes;
+        let image = dir.join("image");
+        if rehomes {
+            // The backend restores the sandbox in place: its old connection ends.
+            self.client().expect_reconnect().await;
+        }
+        let checkpointed = match std::fs::create_dir(&image) {
+            Ok(()) => self.backend_instance().checkpoint(&image).await,
+            Err(e) => Err(EngineError::io("create the checkpoint folder", e)),
         };
+        let archived = match &checkpointed {
+            Ok(_) => {
+                let (image, archive) = (image.clone(), dir.join(CHECKPOINT_ARCHIVE));
+                tokio::task::spawn_blocking(move || archive_folder(&image, &archive).map(Some))
+                    .await
+                    .map_err(|e| EngineError::io("snapshot", io::Error::other(e)))
+                    .and_then(|r| r)
+            }
+            Err(_) => Ok(None),
+        };
+        let removed = image.clone();
+        let _ = tokio::task::spawn_blocking(move || std::fs::remove_dir_all(removed)).await;
         match checkpointed {
-            Ok(Some(stream)) => {
-                let connected = stream
-                    .set_nonblocking(true)
-                    .and_then(|()| tokio::net::UnixStream::from_std(stream));
-                match connected {
-                    Ok(stream) => self.client().reconnect(stream).await,
-                    Err(e) => {
-                        self.client().cancel_reconnect();
-                        return Err(EngineError::io("use the restored agent's connection", e));
-                    }
-                }
+            Ok(Some(stream)) if rehomes => self.client().reconnect(stream).await,
+            Ok(Some(_)) => {
+                return Err(EngineError::Connection(
+                    "the backend replaced the agent's connection, which it says it never does"
+                        .into(),
+                ));
             }
             // Checkpointed without touching the connection.
-            Ok(None) => self.client().cancel_reconnect(),
+            Ok(None) => {
+                if rehomes {
+                    self.client().cancel_reconnect();
+                }
+            }
             Err(e) => {
-                self.client().cancel_reconnect();
+                if rehomes {
+                    self.client().cancel_reconnect();
+                }
                 return Err(e);
             }
         }
@@ -328,7 +345,7 @@ impl Sandbox {
         };
         Ok(SnapshotManifest {
             format: MANIFEST_FORMAT,
-            fidelity: "process".into(),
+            fidelity: Fidelity::Process.as_str().into(),
             archive: CHECKPOINT_ARCHIVE.into(),
             sha256,
             archive_bytes,
@@ -345,7 +362,7 @@ impl Sandbox {
         dir: &Path,
         manifest: &SnapshotManifest,
     ) -> Result<RestoreReport, EngineError> {
-        if manifest.fidelity == "process" {
+        if manifest.fidelity == Fidelity::Process.as_str() {
             return Err(EngineError::InvalidRequest(
                 "a process checkpoint is restored into a new sandbox (Engine::restore_checkpoint)"
                     .into(),

@@ -115,12 +115,6 @@ impl SandboxSpec {
     pub fn validate(&self) -> Result<(), EngineError> {
         let l = &self.limits;
         let bad = |m: String| Err(EngineError::InvalidSpec(m));
-        if self.checkpointable && self.backend != BackendKind::Process {
-            return bad(format!(
-                "checkpointable is for the process backend ({} checkpoints every sandbox)",
-                self.backend.as_str()
-            ));
-        }
         if let Some(m) = l.memory_bytes
             && m < 16 * MIB
         {

@@ -42,7 +42,7 @@ impl Sandbox {
         mode: Option<u32>,
         append: bool,
     ) -> Result<Upload, EngineError> {
-        self.check_alive()?;
+        self.check_alive().await?;
         let call = self
             .client()
             .request(&HostMessage::WriteFile {
@@ -62,7 +62,7 @@ impl Sandbox {
 
     /// Starts reading `path`.
     pub async fn begin_download(&self, path: &str) -> Result<Download, EngineError> {
-        self.check_alive()?;
+        self.check_alive().await?;
         let call = self
             .client()
             .request(&HostMessage::ReadFile {

@@ -567,8 +567,9 @@ impl Fleet {
     pub fn sandbox(&self, owner: &str, id: &str) -> Result<Sandbox, EngineError> {
         let live = self.live_of(owner, id)?;
         if live.sandbox.is_paused() {
-            // Asked to do something, a paused sandbox resumes.
-            self.resume_live(id, &live)?;
+            // Asked to do something, a paused sandbox resumes: its record now, its
+            // processes as the request reaches them.
+            self.record_resumed(id, &live)?;
         }
         live.last_active.store(now_ms(), Ordering::Relaxed);
         Ok(live.sandbox.clone())
@@ -598,7 +599,8 @@ impl Fleet {
         record.updated_at_ms = now;
         record.last_active_ms = live.last_active.load(Ordering::Relaxed);
         if let Err(e) = self.ledger.update(&record) {
-            let _ = live.sandbox.resume();
+            drop(_turn);
+            let _ = live.sandbox.resume().await;
             return Err(persistence(e));
         }
         live.paused_at.store(now, Ordering::SeqCst);
@@ -607,12 +609,19 @@ impl Fleet {
 
     /// Resumes `owner`'s paused sandbox `id` where it stopped; its lifetime is extended by
     /// the time it spent paused. Resuming a running sandbox changes nothing.
-    pub fn resume(&self, owner: &str, id: &str) -> Result<SandboxRecord, EngineError> {
+    pub async fn resume(&self, owner: &str, id: &str) -> Result<SandboxRecord, EngineError> {
         let live = self.live_of(owner, id)?;
-        self.resume_live(id, &live)
+        let record = self.record_resumed(id, &live)?;
+        if live.sandbox.is_paused() {
+            live.sandbox.resume().await?;
+        }
+        Ok(record)
     }
 
-    fn resume_live(&self, id: &str, live: &Live) -> Result<SandboxRecord, EngineError> {
+    /// Records `live` as running again (with its clocks moved by the time it was paused).
+    /// Its processes are thawed by the caller, or by the sandbox itself on its next request
+    /// (every request wakes a paused sandbox first).
+    fn record_resumed(&self, id: &str, live: &Live) -> Result<SandboxRecord, EngineError> {
         let _turn = lock(&live.transition);
         let mut record = self
             .ledger
@@ -620,9 +629,6 @@ impl Fleet {
             .map_err(persistence)?
             .ok_or_else(|| not_found(id))?;
         if record.state != SandboxState::Paused {
-            if live.sandbox.is_paused() {
-                live.sandbox.resume()?;
-            }
             return Ok(record);
         }
         let now = now_ms();
@@ -639,7 +645,6 @@ impl Fleet {
         // Recorded first: a sandbox running while its record says paused would have its
         // clocks stopped.
         self.ledger.update(&record).map_err(persistence)?;
-        live.sandbox.resume()?;
         live.last_active.store(now, Ordering::Relaxed);
         Ok(record)
     }
@@ -747,7 +752,7 @@ impl Fleet {
                 if !l.sandbox.is_paused() {
                     // Woken through a handle held since before its pause (a terminal, say):
                     // the record follows.
-                    let _ = self.resume_live(&id, &l);
+                    let _ = self.record_resumed(&id, &l);
                 }
                 // Its clocks did not run while it was paused.
                 continue;
@@ -838,7 +843,7 @@ impl Fleet {
                     if paused && !sandbox.is_paused() {
                         let _ = sandbox.pause().await;
                     } else if !paused && sandbox.is_paused() {
-                        let _ = sandbox.resume();
+                        let _ = sandbox.resume().await;
                     }
                     record.reason = Some(if paused {
                         "paused; reattached after a restart of the service".into()

@@ -225,12 +225,7 @@ fn validate(req: &RunCodeRequest) -> Result<(), EngineError> {
             "name a context or a language to run code in".into(),
         ));
     }
-    if req.code.len() > 8 * 1024 * 1024 {
-        return Err(EngineError::InvalidRequest(format!(
-            "code of {} bytes is over the 8 MiB limit",
-            req.code.len()
-        )));
-    }
+    sandcell_api::rules::check_code(&req.code).map_err(|e| EngineError::InvalidRequest(e.0))?;
     if req.timeout_ms == Some(0) {
         return Err(EngineError::InvalidRequest(
             "timeout_ms must be positive".into(),

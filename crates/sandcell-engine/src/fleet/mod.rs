@@ -300,11 +300,6 @@ pub struct Checkpoint {
     pub manifest: crate::snapshot::SnapshotManifest,
 }
 
-/// Labels and metadata: at most this many entries each, keys and values this long.
-const MAX_TAGS: usize = 64;
-const MAX_TAG_KEY: usize = 128;
-const MAX_TAG_VALUE: usize = 1024;
-
 struct Live {
     sandbox: Sandbox,
     /// Whose it is (checked without a read of the ledger on every request).
@@ -922,25 +917,7 @@ fn expiry(record: &SandboxRecord, l: &Live, now: Millis) -> Option<String> {
     }
 }
 
+/// The one tag rule (`sandcell_api::rules::check_tags`), as the engine's error.
 fn check_tags(what: &str, tags: &BTreeMap<String, String>) -> Result<(), EngineError> {
-    let bad = |m: String| Err(EngineError::InvalidRequest(m));
-    if tags.len() > MAX_TAGS {
-        return bad(format!(
-            "at most {MAX_TAGS} {what} entries, got {}",
-            tags.len()
-        ));
-    }
-    for (k, v) in tags {
-        if k.is_empty() || k.len() > MAX_TAG_KEY || k.chars().any(char::is_control) {
-            return bad(format!(
-                "{what} key {k:?} must be 1 to {MAX_TAG_KEY} bytes without control characters"
-            ));
-        }
-        if v.len() > MAX_TAG_VALUE || v.chars().any(char::is_control) {
-            return bad(format!(
-                "{what} value of {k:?} must be at most {MAX_TAG_VALUE} bytes without control characters"
-            ));
-        }
-    }
-    Ok(())
+    sandcell_api::rules::check_tags(what, tags).map_err(|e| EngineError::InvalidRequest(e.0))
 }

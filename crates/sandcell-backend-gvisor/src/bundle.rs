@@ -4,8 +4,8 @@
 
 use serde_json::{Value, json};
 
+use crate::guest::{NETWORK_LOOPBACK, NETWORK_OFF};
 use sandcell_engine::{NetworkPolicy, SandboxSpec};
-use sandcell_jail::gvisor_guest::{NETWORK_LOOPBACK, NETWORK_OFF};
 use sandcell_protocol::SANDBOX_UID;
 
 /// Where the Sandcell binary is bound inside (read-only).

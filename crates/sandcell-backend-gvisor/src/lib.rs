@@ -9,6 +9,7 @@
 //! checkpoint becomes many sandboxes.
 
 mod bundle;
+pub mod guest;
 mod runsc;
 
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
@@ -437,7 +438,7 @@ impl GvisorBackend {
             },
         );
         // The agent installs both before it serves and exits if it cannot: a sandbox that
-        // answers the handshake has them (see sandcell_jail::gvisor_guest).
+        // answers the handshake has them (see guest).
         let filter = seccomp::feature_of(network, seccomp::Profile::Gvisor);
         r.set(&filter.name, filter.state, filter.detail);
         r.set(

@@ -63,7 +63,7 @@ fn jail() -> ExitCode {
 /// `sandcell __gvisor-guest`: the guest agent as PID 1 of a gVisor sandbox, its host
 /// connection on stdin (see `sandcell-backend-gvisor`).
 fn gvisor_guest() -> ExitCode {
-    match sandcell_jail::gvisor_guest::enter() {
+    match sandcell_backend_gvisor::guest::enter() {
         Ok(socket) => {
             let config = sandcell_guest::GuestConfig {
                 isolation: sandcell_protocol::IsolationReport::default(),

@@ -9,7 +9,6 @@ pub mod cgroup;
 pub mod config;
 pub mod error;
 pub mod fdpass;
-pub mod gvisor_guest;
 pub mod landlock_policy;
 pub mod launch;
 mod mount_attr;
@@ -21,6 +20,7 @@ pub mod rlimits;
 pub mod rootfs;
 pub mod seccomp;
 pub mod spares;
+pub mod stdin;
 
 pub use config::{JailConfig, Limits, NetworkMode, TmpfsMount};
 pub use error::JailError;

@@ -9,13 +9,10 @@
 //! `no_new_privs` and the seccomp filter (gVisor's kernel runs it on every syscall of the
 //! agent and of everything it starts; a checkpoint carries it).
 
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::os::unix::net::UnixStream;
 
-use crate::caps;
-use crate::config::NetworkMode;
-use crate::error::JailError;
-use crate::seccomp::{self, Profile};
+use sandcell_jail::seccomp::{self, Profile};
+use sandcell_jail::{JailError, NetworkMode, caps};
 
 /// The argument after `__gvisor-guest` naming the sandbox's network policy.
 pub const NETWORK_LOOPBACK: &str = "--network=loopback";
@@ -32,7 +29,7 @@ pub const NETWORK_OFF: &str = "--network=off";
 pub fn enter() -> Result<UnixStream, JailError> {
     // First, while this is the only thread: every thread and process after inherits it.
     confine(network_of(std::env::args().nth(2).as_deref())?)?;
-    let host = take_stdin()?;
+    let host = sandcell_jail::stdin::take_socket()?;
     let (agent, relay) =
         UnixStream::pair().map_err(|e| JailError::io("create the agent's relay", e))?;
     let clone = |s: &UnixStream| {
@@ -75,25 +72,4 @@ fn confine(network: NetworkMode) -> Result<(), JailError> {
 fn copy_until_end(mut from: UnixStream, mut to: UnixStream) {
     let _ = std::io::copy(&mut from, &mut to);
     let _ = to.shutdown(std::net::Shutdown::Write);
-}
-
-/// The host connection, from stdin.
-fn take_stdin() -> Result<UnixStream, JailError> {
-    let stdin = std::io::stdin().as_raw_fd();
-    // Close-on-exec: without it every process the agent starts held the host connection
-    // (fd 3 in every exec) and could talk to the host past the agent.
-    // SAFETY: fd 0 is open (the backend always passes the socket there) and nothing else in
-    // this process owns it: the agent has not started; the duplicate is the stream's own fd.
-    let dup = unsafe { libc::fcntl(stdin, libc::F_DUPFD_CLOEXEC, 0) };
-    if dup < 0 {
-        return Err(JailError::last_os("take the host connection from stdin"));
-    }
-    // SAFETY: `dup` was just returned by fcntl(F_DUPFD_CLOEXEC) and is owned by nobody else.
-    let socket = UnixStream::from(unsafe { OwnedFd::from_raw_fd(dup) });
-    let null = std::fs::File::open("/dev/null").map_err(|e| JailError::io("open /dev/null", e))?;
-    // SAFETY: both fds are open; dup2 only replaces fd 0, which nothing else uses now.
-    if unsafe { libc::dup2(null.as_raw_fd(), stdin) } < 0 {
-        return Err(JailError::last_os("replace stdin"));
-    }
-    Ok(socket)
 }

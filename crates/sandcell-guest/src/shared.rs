@@ -76,6 +76,7 @@ impl Shared {
         Self {
             workers: Workers::new(GENERAL_WORKERS),
             roots: Roots::new(&config.file_roots),
+            kernels: Kernels::new(&config.default_cwd),
             config,
             pid1,
             session: session_token(me),
@@ -85,7 +86,6 @@ impl Shared {
             reaper,
             tables: Mutex::new(Tables::default()),
             processes: Processes::default(),
-            kernels: Kernels::default(),
             reads: ReadWindows::default(),
         }
     }

@@ -363,3 +363,12 @@ fn state_requests_fail_clearly() {
         other => panic!("{other:?}"),
     }
 }
+
+#[test]
+fn a_default_context_starts_in_the_configured_working_directory() {
+    // The agent's file roots are temporary here: a default context must not assume
+    // `/workspace` exists.
+    let mut a = Agent::start();
+    let cwd = value(&mut a, "python", "import os\nos.getcwd()");
+    assert_eq!(cwd, format!("'{}'", a.workspace().display()));
+}

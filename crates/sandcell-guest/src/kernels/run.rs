@@ -1,0 +1,366 @@
+//! One execution (`RunCode`): forwarding its events and output to the host as they come,
+//! the timeout (interrupt, then kill), and the final `CodeDone`.
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+use sandcell_kernels::DEFAULT_STREAM_LIMIT;
+use sandcell_protocol::{CodeDone, CodeError, CodeStatus, GuestMessage, RunCodeRequest};
+use serde_json::{Value, json};
+
+use crate::shared::Shared;
+use crate::sync::lock;
+
+use super::events::{belongs_to, event_message, read_done};
+use super::kernel::{KernelOutput, describe_death};
+use super::process::ensure_kernel;
+use super::table::{BusyGuard, Context, Slot};
+use super::try_slot;
+
+/// After an interrupt for a timeout, how long the kernel has to yield before it is killed.
+pub(super) const INTERRUPT_GRACE: Duration = Duration::from_secs(2);
+
+/// Serves `RunCode` on request `id`: events as they come, then `CodeDone`.
+pub(crate) async fn run_code(shared: Arc<Shared>, id: u32, req: RunCodeRequest) {
+    let out = shared.out.clone();
+    let ctx = match shared.kernels.resolve(req.context.as_deref(), req.language) {
+        Ok(c) => c,
+        Err(e) => return out.error(id, e).await,
+    };
+    let mut slot = match try_slot(&ctx).await {
+        Ok(s) => s,
+        Err(e) => return out.error(id, e).await,
+    };
+    ctx.busy.store(true, Ordering::SeqCst);
+    let _busy = BusyGuard(&ctx.busy);
+    let started = Instant::now();
+    let restarted_after = match ensure_kernel(&shared, &ctx, &mut slot).await {
+        Ok(r) => r,
+        Err(e) => return out.error(id, e).await,
+    };
+    let before = shared.kernels.outputs.snapshot(&shared.workers).await;
+    let mut run = Run::new(&ctx, id, out.clone());
+    let status = run
+        .execute(
+            &mut slot,
+            &req.code,
+            req.timeout_ms.map(Duration::from_millis),
+        )
+        .await;
+    let artifacts = match before {
+        Some(before) => {
+            shared
+                .kernels
+                .outputs
+                .changed(&shared.workers, before)
+                .await
+        }
+        None => Vec::new(),
+    };
+    let Ended {
+        status,
+        exit_code,
+        crash,
+        crash_signal,
+        state_lost,
+    } = status;
+    if state_lost {
+        slot.kernel = None;
+        // Reported by the next execution, which starts a fresh kernel.
+        slot.died = crash.clone();
+        ctx.pid.store(0, Ordering::SeqCst);
+    }
+    let mut notes = Vec::new();
+    if let Some(why) = &restarted_after {
+        notes.push(format!(
+            "the previous kernel had died ({why}); this ran in a fresh kernel, so earlier \
+             variables are gone"
+        ));
+    }
+    if let Some(why) = &crash {
+        notes.push(format!(
+            "the kernel died ({why}); its state is lost and the next execution starts a fresh one"
+        ));
+    }
+    for (name, dropped) in [("stdout", run.dropped[0]), ("stderr", run.dropped[1])] {
+        if dropped > 0 {
+            notes.push(format!(
+                "{dropped} bytes of {name} were dropped past the output limit"
+            ));
+        }
+    }
+    let count = slot.kernel.as_ref().map_or(0, |k| k.execution_count);
+    ctx.execution_count.store(count, Ordering::SeqCst);
+    let done = CodeDone {
+        context: ctx.id.clone(),
+        language: ctx.language,
+        status,
+        execution_count: run.execution_count.unwrap_or(count),
+        duration_ms: started.elapsed().as_secs_f64() * 1000.0,
+        exit_code,
+        state_lost,
+        kernel_restarted: restarted_after.is_some(),
+        crash,
+        crash_signal,
+        notice: (!notes.is_empty()).then(|| notes.join("; ")),
+        artifacts,
+        stdout_dropped: run.dropped[0],
+        stderr_dropped: run.dropped[1],
+    };
+    drop(slot);
+    out.msg(id, &GuestMessage::CodeDone(Box::new(done))).await;
+}
+
+/// How an execution ended, as the supervisor saw it.
+pub(super) struct Ended {
+    pub(super) status: CodeStatus,
+    pub(super) exit_code: Option<i32>,
+    pub(super) crash: Option<String>,
+    pub(super) crash_signal: Option<i32>,
+    pub(super) state_lost: bool,
+}
+
+/// One execution being forwarded to the host.
+pub(super) struct Run<'a> {
+    pub(super) ctx: &'a Context,
+    pub(super) id: u32,
+    pub(super) out: crate::out::Out,
+    pub(super) limit: u64,
+    /// Bytes of fd-level output forwarded, per stream.
+    pub(super) forwarded: [u64; 2],
+    /// Bytes dropped past the limit (the kernel's and ours), per stream.
+    pub(super) dropped: [u64; 2],
+    /// Incomplete UTF-8 sequences carried to the next chunk, per stream.
+    pub(super) partial: [Vec<u8>; 2],
+    pub(super) execution_count: Option<u64>,
+}
+
+impl<'a> Run<'a> {
+    pub(super) fn new(ctx: &'a Context, id: u32, out: crate::out::Out) -> Self {
+        Self {
+            ctx,
+            id,
+            out,
+            limit: DEFAULT_STREAM_LIMIT,
+            forwarded: [0; 2],
+            dropped: [0; 2],
+            partial: [Vec::new(), Vec::new()],
+            execution_count: None,
+        }
+    }
+
+    pub(super) async fn execute(
+        &mut self,
+        slot: &mut Slot,
+        code: &str,
+        timeout: Option<Duration>,
+    ) -> Ended {
+        let Some(kernel) = slot.kernel.as_mut() else {
+            return self.lost("no kernel", None).await;
+        };
+        for early in std::mem::take(&mut kernel.early) {
+            match early {
+                KernelOutput::Stdout(b) => self.fd_output(0, &b).await,
+                KernelOutput::Stderr(b) => self.fd_output(1, &b).await,
+                _ => {}
+            }
+        }
+        let request = match kernel.send(json!({"op": "execute", "code": code})).await {
+            Ok(r) => r,
+            Err(e) => return self.lost(&e.message, None).await,
+        };
+        let started = tokio::time::Instant::now();
+        let mut deadline = timeout.map(|t| started + t);
+        let mut timed_out = false;
+        loop {
+            let next = tokio::select! {
+                o = kernel.out.recv() => o,
+                () = sleep_until(deadline) => {
+                    if timed_out {
+                        // It did not yield to the interrupt: kill it.
+                        self.ctx.signal(libc::SIGKILL);
+                        deadline = None;
+                    } else {
+                        timed_out = true;
+                        self.ctx.signal(libc::SIGINT);
+                        deadline = Some(tokio::time::Instant::now() + INTERRUPT_GRACE);
+                    }
+                    continue;
+                }
+            };
+            match next {
+                Some(KernelOutput::Stdout(b)) => self.fd_output(0, &b).await,
+                Some(KernelOutput::Stderr(b)) => self.fd_output(1, &b).await,
+                Some(KernelOutput::Event(v)) => {
+                    if !belongs_to(&v, request) {
+                        continue;
+                    }
+                    if v["type"] == "done" {
+                        self.flush_partial().await;
+                        let done = read_done(&v, kernel.execution_count, timed_out);
+                        kernel.execution_count = done.execution_count;
+                        self.execution_count = Some(kernel.execution_count);
+                        for (total, more) in self.dropped.iter_mut().zip(done.dropped) {
+                            *total = total.saturating_add(more);
+                        }
+                        return Ended {
+                            status: done.status,
+                            exit_code: done.exit_code,
+                            crash: None,
+                            crash_signal: None,
+                            state_lost: false,
+                        };
+                    }
+                    self.event(v).await;
+                }
+                Some(KernelOutput::Exited(r)) => {
+                    self.flush_partial().await;
+                    let why = match *lock(&self.ctx.killing) {
+                        Some(reason) => reason.to_string(),
+                        None if timed_out => format!(
+                            "killed after it did not yield to the timeout's interrupt within {}s",
+                            INTERRUPT_GRACE.as_secs()
+                        ),
+                        None => describe_death(&r),
+                    };
+                    let mut ended = self.lost(&why, r.signal).await;
+                    if timed_out {
+                        ended.status = CodeStatus::Timeout;
+                    }
+                    return ended;
+                }
+                None => return self.lost("its output closed", None).await,
+            }
+        }
+    }
+
+    /// The kernel is gone: report it as an error event and a crash.
+    pub(super) async fn lost(&mut self, why: &str, signal: Option<i32>) -> Ended {
+        let err = CodeError {
+            ename: "KernelDied".into(),
+            evalue: format!("the {} kernel died: {why}", self.ctx.language),
+            traceback: Vec::new(),
+        };
+        self.out.msg(self.id, &GuestMessage::CodeError(err)).await;
+        Ended {
+            status: CodeStatus::Crashed,
+            exit_code: None,
+            crash: Some(why.to_string()),
+            crash_signal: signal,
+            state_lost: true,
+        }
+    }
+
+    pub(super) async fn event(&mut self, v: Value) {
+        let msg = event_message(&v);
+        self.out.msg(self.id, &msg).await;
+    }
+
+    /// Forwards fd-level output as text, within the limit (a marker says when it is cut).
+    pub(super) async fn fd_output(&mut self, stream: usize, bytes: &[u8]) {
+        let room = self.limit.saturating_sub(self.forwarded[stream]);
+        let len = bytes.len() as u64;
+        if len <= room {
+            self.forwarded[stream] += len;
+            self.send_text(stream, bytes).await;
+            return;
+        }
+        // room < len, so it fits in usize.
+        let take = usize::try_from(room).unwrap_or(0);
+        self.send_text(stream, &bytes[..take]).await;
+        self.forwarded[stream] = self.limit;
+        let first = self.dropped[stream] == 0;
+        self.dropped[stream] += len - room;
+        if first {
+            self.flush_partial().await;
+            let marker = format!(
+                "\n[sandcell: output truncated after {} bytes]\n",
+                self.limit
+            );
+            self.send_stream(stream, marker).await;
+        }
+    }
+
+    /// Decodes UTF-8 across chunk boundaries (invalid bytes become U+FFFD).
+    pub(super) async fn send_text(&mut self, stream: usize, bytes: &[u8]) {
+        if bytes.is_empty() {
+            return;
+        }
+        let mut buf = std::mem::take(&mut self.partial[stream]);
+        buf.extend_from_slice(bytes);
+        let keep = incomplete_tail(&buf);
+        let tail = buf.split_off(buf.len() - keep);
+        self.partial[stream] = tail;
+        if !buf.is_empty() {
+            let text = String::from_utf8_lossy(&buf).into_owned();
+            self.send_stream(stream, text).await;
+        }
+    }
+
+    pub(super) async fn flush_partial(&mut self) {
+        for stream in 0..2 {
+            let rest = std::mem::take(&mut self.partial[stream]);
+            if !rest.is_empty() {
+                let text = String::from_utf8_lossy(&rest).into_owned();
+                self.send_stream(stream, text).await;
+            }
+        }
+    }
+
+    pub(super) async fn send_stream(&self, stream: usize, text: String) {
+        let name = if stream == 0 { "stdout" } else { "stderr" };
+        self.out
+            .msg(
+                self.id,
+                &GuestMessage::CodeStream {
+                    name: name.into(),
+                    text,
+                },
+            )
+            .await;
+    }
+}
+
+/// How many bytes at the end of `buf` start a UTF-8 sequence that is not complete yet.
+pub(super) fn incomplete_tail(buf: &[u8]) -> usize {
+    let n = buf.len();
+    for back in 1..=3.min(n) {
+        let b = buf[n - back];
+        if b & 0xC0 == 0x80 {
+            continue; // a continuation byte: look further back
+        }
+        let need = match b {
+            0xC0..=0xDF => 2,
+            0xE0..=0xEF => 3,
+            0xF0..=0xF7 => 4,
+            _ => return 0,
+        };
+        return if need > back { back } else { 0 };
+    }
+    0
+}
+
+pub(super) async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(t) => tokio::time::sleep_until(t).await,
+        None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn utf8_tails_are_held_back() {
+        assert_eq!(incomplete_tail(b"abc"), 0);
+        assert_eq!(incomplete_tail("é".as_bytes()), 0);
+        assert_eq!(incomplete_tail(&"é".as_bytes()[..1]), 1);
+        assert_eq!(incomplete_tail(&"漢".as_bytes()[..2]), 2);
+        assert_eq!(incomplete_tail(&"😀".as_bytes()[..3]), 3);
+        assert_eq!(incomplete_tail("😀".as_bytes()), 0);
+        // Invalid bytes are not held back (they decode to U+FFFD now).
+        assert_eq!(incomplete_tail(b"\xff"), 0);
+    }
+}

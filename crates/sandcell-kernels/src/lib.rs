@@ -4,6 +4,8 @@
 //! starts them with [`command`] and speaks the protocol in `PROTOCOL.md` with them over two
 //! pipes whose descriptor numbers it passes in [`CTL_FD_VAR`] and [`EVENT_FD_VAR`].
 
+#![forbid(unsafe_code)]
+
 use sandcell_protocol::Language;
 
 /// Names the inherited descriptor the kernel reads requests from.

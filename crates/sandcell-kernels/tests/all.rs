@@ -1,4 +1,5 @@
 //! Each kernel driven over its protocol, outside any sandbox.
+#![forbid(unsafe_code)]
 #![allow(clippy::unwrap_used)]
 
 mod common;

@@ -1,0 +1,4 @@
+//! What Sandcell's tests share.
+#![forbid(unsafe_code)]
+
+pub mod skip;

@@ -7,6 +7,9 @@
 
 #![forbid(unsafe_code)]
 
+pub mod code;
+pub mod exec;
+pub mod processes;
 pub mod rules;
 pub mod sandboxes;
 pub mod snapshots;

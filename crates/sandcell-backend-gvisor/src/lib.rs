@@ -8,6 +8,8 @@
 //! to `runsc` as the container's stdin; a restore is given a new one, which is how one
 //! checkpoint becomes many sandboxes.
 
+#![forbid(unsafe_code)]
+
 mod bundle;
 pub mod guest;
 mod runsc;

@@ -5,6 +5,8 @@
 //! the Sandcell binary), hands it the [`JailConfig`] over a socketpair, and after the
 //! launcher's `Launched` report the same socket carries the guest protocol.
 
+#![forbid(unsafe_code)]
+
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};

@@ -1,6 +1,8 @@
 //! The `sandcell` binary. Hidden entry points (`__jail`, `__gvisor-guest`) are dispatched before anything
 //! else runs, because the launcher must still be single-threaded when it clones.
 
+#![forbid(unsafe_code)]
+
 use std::process::ExitCode;
 
 mod bench;

@@ -4,6 +4,8 @@
 //! the `process` backend) and creates [`Sandbox`]es from a [`SandboxSpec`]. A sandbox runs
 //! the guest agent, which the engine reaches through a [`client::GuestClient`].
 
+#![forbid(unsafe_code)]
+
 pub mod backend;
 pub mod client;
 mod code;

@@ -220,8 +220,8 @@ fn seccomp_off_mode_denies_and_keeps_normal_work_possible() {
     let tmpfs = cstring("tmpfs");
 
     let result = in_child(|| {
-        // SAFETY (whole block): raw syscalls with valid pointers or deliberately invalid
-        // arguments that the filter must refuse before the kernel looks at them.
+        // SAFETY: raw syscalls with valid pointers or deliberately invalid arguments that
+        // the filter must refuse before the kernel looks at them (the whole block).
         unsafe {
             expect_ok(
                 "no_new_privs",
@@ -647,10 +647,8 @@ fn rlimits_never_raise_a_hard_limit_and_skip_cgroup_covered_ones() {
             rlim_max: 64,
         };
         // SAFETY: `rl` is a valid rlimit.
-        expect_ok(
-            "lower nofile",
-            i64::from(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &rl) }),
-        )?;
+        let lowered = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &rl) };
+        expect_ok("lower nofile", i64::from(lowered))?;
         let data_before = limit(libc::RLIMIT_DATA);
         let nproc_before = limit(libc::RLIMIT_NPROC);
         let features = rlimits::apply(&limits, true, true).map_err(|_| Failure {

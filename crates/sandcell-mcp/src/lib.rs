@@ -2,6 +2,8 @@
 //! streamable HTTP). The tools call the REST API through an [`api::Api`], in-process or over
 //! HTTP, so they share its validation, ownership, limits and errors.
 
+#![forbid(unsafe_code)]
+
 pub mod api;
 pub mod args;
 pub mod docs;

@@ -62,6 +62,8 @@
 //!   background/pty flags, byte totals, start time and exit, and lists kept exited ones with
 //!   state `X`.
 
+#![forbid(unsafe_code)]
+
 pub mod code;
 pub mod exec;
 pub mod frame;

@@ -4,6 +4,8 @@
 //! [`app`] builds the router over an [`AppState`] (tests drive it with `oneshot`); [`serve`]
 //! runs it on TCP and optionally a UNIX socket until SIGTERM/SIGINT.
 
+#![forbid(unsafe_code)]
+
 pub mod api;
 pub mod auth;
 pub mod error;

@@ -28,6 +28,8 @@
 //! writes take SQLite's write lock at the start of their transaction and wait up to
 //! [`BUSY_TIMEOUT`] for it.
 
+#![forbid(unsafe_code)]
+
 mod audit;
 mod contexts;
 mod error;

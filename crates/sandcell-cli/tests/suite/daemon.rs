@@ -488,11 +488,9 @@ pub fn processes_in_cgroup_of(id: &str) -> Vec<(i32, String)> {
 }
 
 fn signal(pid: u32, sig: i32) {
-    let pid = i32::try_from(pid).unwrap();
-    // SAFETY: kill(2) with a pid we started (or read from a record) and a valid signal.
-    unsafe {
-        libc::kill(pid, sig);
-    }
+    let pid = rustix::process::Pid::from_raw(i32::try_from(pid).unwrap()).unwrap();
+    let sig = rustix::process::Signal::from_named_raw(sig).unwrap();
+    let _ = rustix::process::kill_process(pid, sig);
 }
 
 fn wait_child(child: &mut Child, timeout: Duration) -> Option<std::process::ExitStatus> {

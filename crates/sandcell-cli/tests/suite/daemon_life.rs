@@ -174,10 +174,9 @@ fn daemon_killed_with_sigkill_reattaches_live_sandboxes_and_reports_dead_ones_lo
         "kill -9 of the daemon ended sandboxes"
     );
     let host_pid = u32::try_from(dead_rt.host_pid).unwrap();
-    // SAFETY: kill(2) on the sandbox's PID 1, read from its record and checked alive above.
-    unsafe {
-        libc::kill(i32::try_from(host_pid).unwrap(), libc::SIGKILL);
-    }
+    // The sandbox's PID 1, read from its record and checked alive above.
+    let pid = rustix::process::Pid::from_raw(i32::try_from(host_pid).unwrap()).unwrap();
+    let _ = rustix::process::kill_process(pid, rustix::process::Signal::KILL);
     assert!(wait_for(Duration::from_secs(10), || (!dead_rt.alive()).then_some(())).is_some());
 
     // The next start: `live` is back with its state, `dead` is lost with the reason.

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import builtins
 import contextlib
-import inspect
+import inspect  # async only
 import os
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -352,7 +352,8 @@ class AsyncSandbox:
 
     async def is_running(self) -> bool:
         """Whether it is running now."""
-        return (await self.refresh()).state == "running"
+        info = await self.refresh()
+        return info.state == "running"
 
     async def kill(self) -> None:
         """Stops and deletes the sandbox (an ephemeral one leaves no record)."""
@@ -441,9 +442,9 @@ class AsyncSandbox:
             )
         builder = CommandBuilder(on_stdout, on_stderr)
         async for event in self.exec_stream(cmd, env=env, cwd=cwd, timeout=timeout, stdin=stdin):
-            called = builder.feed(event)
-            if inspect.isawaitable(called):
-                await called
+            called = builder.feed(event)  # sync: builder.feed(event)
+            if inspect.isawaitable(called):  # async only
+                await called  # async only
         return builder.build()
 
     def exec_stream(
@@ -535,7 +536,7 @@ class AsyncSandbox:
         on_error: Callable[[ExecutionError], object] | None = None,
     ) -> Execution:
         """Runs code in a kernel whose state persists (default: Python's default context); the
-        callbacks, plain or async, get the output as it comes."""
+        callbacks, plain or async, if any, get the output as it comes."""
         ctx = _context_id(context) if context is not None else None
         callbacks = CodeCallbacks(on_stdout, on_stderr, on_result, on_error)
         if not callbacks.any:
@@ -552,9 +553,9 @@ class AsyncSandbox:
         builder = ExecutionBuilder()
         async for event in self.run_code_stream(code, language=language, context=ctx, timeout=timeout):
             builder.feed(event)
-            called = callbacks.dispatch(event)
-            if inspect.isawaitable(called):
-                await called
+            called = callbacks.dispatch(event)  # sync: callbacks.dispatch(event)
+            if inspect.isawaitable(called):  # async only
+                await called  # async only
         return builder.build()
 
     def run_code_stream(
@@ -800,8 +801,8 @@ class AsyncProcess:
 
 
 class AsyncCommands:
-    """`sb.commands`: the command calls under E2B's names, each handing over to an
-    `AsyncSandbox` method (`exec`, `start_process`, `processes`, `kill_process`, `process`)."""
+    """`sb.commands`: the command calls under E2B's names, each handing over to a
+    method of `AsyncSandbox` (`exec`, `start_process`, `processes`, `kill_process`, `process`)."""
 
     def __init__(self, sandbox: AsyncSandbox) -> None:
         self._sandbox = sandbox
@@ -872,8 +873,8 @@ class AsyncCommands:
 
 
 class AsyncFiles:
-    """`sb.files`: the file calls under E2B's names, each handing over to an `AsyncSandbox`
-    method (`write_file`, `read_file`, `ls`, `stat`, `exists`, `mkdir`, `remove`, `rename`)."""
+    """`sb.files`: the file calls under E2B's names, each handing over to a method of
+    `AsyncSandbox` (`write_file`, `read_file`, `ls`, `stat`, `exists`, `mkdir`, `remove`, `rename`)."""
 
     def __init__(self, sandbox: AsyncSandbox) -> None:
         self._sandbox = sandbox

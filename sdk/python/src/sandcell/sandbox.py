@@ -1,5 +1,7 @@
 """The synchronous client: `Sandcell` (a connection to the daemon), `Sandbox` and `Process`.
-`async_sandbox` has the same shape with `async`; both only send what `_api` builds."""
+`async_sandbox` has the same shape with `async`; both only send what `_api` builds.
+
+Generated from `async_sandbox.py` by `scripts/gen_sync.py`: edit that file, not this one."""
 
 from __future__ import annotations
 
@@ -135,7 +137,9 @@ def _download_to(http: SyncTransport, call: _api.Call[Any], dest: PathOrFile) ->
         raise
 
 
-def _connect(client: Sandcell | None, api_url: str | None, api_key: str | None) -> tuple[Sandcell, bool]:
+def _connect(
+    client: Sandcell | None, api_url: str | None, api_key: str | None
+) -> tuple[Sandcell, bool]:
     """The client to use, and whether the caller made it (and so must close it)."""
     if client is not None:
         return client, False
@@ -143,7 +147,8 @@ def _connect(client: Sandcell | None, api_url: str | None, api_key: str | None) 
 
 
 class Sandbox:
-    """One sandbox. Make one with `Sandbox.create()`; `with` deletes it at the end of the block."""
+    """One sandbox. Make one with `Sandbox.create()`; `with`
+    deletes it at the end of the block."""
 
     def __init__(self, info: SandboxInfo, client: Sandcell, *, owns_client: bool = False) -> None:
         self.info = info
@@ -348,7 +353,8 @@ class Sandbox:
 
     def is_running(self) -> bool:
         """Whether it is running now."""
-        return self.refresh().state == "running"
+        info = self.refresh()
+        return info.state == "running"
 
     def kill(self) -> None:
         """Stops and deletes the sandbox (an ephemeral one leaves no record)."""
@@ -739,7 +745,8 @@ class Sandbox:
 
 
 class Process:
-    """A background process: follow its output (and come back to it), feed it, signal it."""
+    """A background process: follow its output (and come back to it), feed it,
+    signal it."""
 
     def __init__(self, sandbox: Sandbox, pid: int, exec_id: int | None = None) -> None:
         self.sandbox = sandbox
@@ -791,8 +798,8 @@ class Process:
 
 
 class Commands:
-    """`sb.commands`: the command calls under E2B's names, each handing over to a `Sandbox`
-    method (`exec`, `start_process`, `processes`, `kill_process`, `process`)."""
+    """`sb.commands`: the command calls under E2B's names, each handing over to a
+    method of `Sandbox` (`exec`, `start_process`, `processes`, `kill_process`, `process`)."""
 
     def __init__(self, sandbox: Sandbox) -> None:
         self._sandbox = sandbox
@@ -863,8 +870,8 @@ class Commands:
 
 
 class Files:
-    """`sb.files`: the file calls under E2B's names, each handing over to a `Sandbox` method
-    (`write_file`, `read_file`, `ls`, `stat`, `exists`, `mkdir`, `remove`, `rename`)."""
+    """`sb.files`: the file calls under E2B's names, each handing over to a method of
+    `Sandbox` (`write_file`, `read_file`, `ls`, `stat`, `exists`, `mkdir`, `remove`, `rename`)."""
 
     def __init__(self, sandbox: Sandbox) -> None:
         self._sandbox = sandbox

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use sandcell_jail::Limits;
 use sandcell_jail::cgroup::{CgroupVersion, Counters, SandboxCgroup, detect, parse_flat_keyed};
 use sandcell_protocol::{Feature, FeatureState};
+use sandcell_testkit::{require, skip};
 
 const ROOT: &str = "/sys/fs/cgroup";
 const PARENT: &str = "sandcell-test";
@@ -36,15 +37,15 @@ fn limits(memory_bytes: Option<u64>, pids: Option<u64>, cpu_millis: Option<u64>)
     }
 }
 
-/// Whether the real hierarchy can be used here; says why not when it cannot.
-fn real_cgroups(test: &str) -> bool {
+/// Whether the real hierarchy can be used here; reports the test skipped when it cannot.
+fn real_cgroups() -> bool {
     if !nix::unistd::geteuid().is_root() {
-        eprintln!("skipping {test}: needs root");
+        skip::skip("needs root");
         return false;
     }
     let support = detect(Path::new(ROOT));
     if support.version.is_none() || !support.writable {
-        eprintln!("skipping {test}: {}", support.reason.unwrap_or_default());
+        skip::skip(support.reason.unwrap_or_default());
         return false;
     }
     true
@@ -152,8 +153,7 @@ fn detects_the_real_root() {
             );
         }
     } else {
-        eprintln!("no cgroup hierarchy at {ROOT}");
-        return;
+        skip!("no cgroup hierarchy at {ROOT}");
     }
     assert_eq!(support.writable, support.reason.is_none(), "{support:?}");
 }
@@ -370,7 +370,7 @@ fn fake_v1_tree_without_swap_accounting() {
 
 #[test]
 fn real_create_join_kill_remove() {
-    if !real_cgroups("real_create_join_kill_remove") {
+    if !real_cgroups() {
         return;
     }
     let (cg, features) = create_real("basic", &limits(Some(64 * MIB), Some(32), Some(1500)));
@@ -431,19 +431,16 @@ fn real_create_join_kill_remove() {
 
 #[test]
 fn real_oom_kill_is_counted() {
-    if !real_cgroups("real_oom_kill_is_counted") {
+    if !real_cgroups() {
         return;
     }
-    if !Path::new(PYTHON).exists() {
-        eprintln!("skipping real_oom_kill_is_counted: no {PYTHON}");
-        return;
-    }
+    require!(Path::new(PYTHON).exists(), "no {PYTHON}");
     let (cg, features) = create_real("oom", &limits(Some(64 * MIB), None, None));
     let cg = &cg.0;
-    if state_of(&features, "memory_limit") != FeatureState::Active {
-        eprintln!("skipping real_oom_kill_is_counted: {features:?}");
-        return;
-    }
+    require!(
+        state_of(&features, "memory_limit") == FeatureState::Active,
+        "no memory limit: {features:?}"
+    );
     assert_eq!(cg.counters().oom_kills, 0);
     let mut child = spawn_in(
         cg,
@@ -462,7 +459,7 @@ fn real_oom_kill_is_counted() {
 
 #[test]
 fn real_pids_limit_is_counted() {
-    if !real_cgroups("real_pids_limit_is_counted") {
+    if !real_cgroups() {
         return;
     }
     let (cg, features) = create_real("pids", &limits(None, Some(8), None));
@@ -487,7 +484,7 @@ fn real_pids_limit_is_counted() {
 /// sandbox (it inherits the cgroup), then kill_all() and remove() from inside.
 #[test]
 fn real_launcher_joins_itself() {
-    if !real_cgroups("real_launcher_joins_itself") {
+    if !real_cgroups() {
         return;
     }
     let out = Command::new(std::env::current_exe().unwrap())
@@ -534,7 +531,7 @@ fn launcher_child() {
 
 #[test]
 fn a_child_moves_itself_through_files_its_parent_opened() {
-    if !real_cgroups("a_child_moves_itself_through_files_its_parent_opened") {
+    if !real_cgroups() {
         return;
     }
     let id = unique_id("selfjoin");
@@ -547,8 +544,7 @@ fn a_child_moves_itself_through_files_its_parent_opened() {
     .unwrap();
     let cg = Cleanup(cg);
     let Some(files) = cg.0.self_join_files() else {
-        eprintln!("skipping: self-join is for cgroup v1");
-        return;
+        skip!("self-join is for cgroup v1");
     };
     let (ready_r, ready_w) = nix::unistd::pipe().unwrap();
     // SAFETY: the child only writes to already-open files and a pipe, then waits to be killed.
@@ -579,7 +575,7 @@ fn a_child_moves_itself_through_files_its_parent_opened() {
 
 #[test]
 fn real_pause_stops_a_cpu_loop_and_resume_continues_it() {
-    if !real_cgroups("real_pause_stops_a_cpu_loop_and_resume_continues_it") {
+    if !real_cgroups() {
         return;
     }
     let (cg, _) = create_real("pause", &limits(None, Some(32), None));
@@ -624,7 +620,7 @@ fn real_pause_stops_a_cpu_loop_and_resume_continues_it() {
 /// one pause in ~60 failed after a whole second. Every pause must succeed, quickly.
 #[test]
 fn real_pause_succeeds_every_time_on_a_forking_shell_loop() {
-    if !real_cgroups("real_pause_succeeds_every_time_on_a_forking_shell_loop") {
+    if !real_cgroups() {
         return;
     }
     let (cg, _) = create_real("pause-forks", &limits(None, Some(64), None));

@@ -10,11 +10,12 @@ use sandcell_jail::cgroup::spares::CgroupSpares;
 use sandcell_jail::cgroup::{SandboxCgroup, detect};
 use sandcell_jail::netns_pool::NetnsPool;
 use sandcell_jail::rootfs::skeleton::{self, RootLayout};
+use sandcell_testkit::require;
 
-fn root(test: &str) -> bool {
+fn root() -> bool {
     let ok = nix::unistd::geteuid().is_root();
     if !ok {
-        eprintln!("skipping {test}: needs root");
+        sandcell_testkit::skip::skip("needs root");
     }
     ok
 }
@@ -26,7 +27,7 @@ fn ns_inode(path: impl AsRef<Path>) -> u64 {
 
 #[test]
 fn a_pooled_network_namespace_is_fresh_has_lo_up_and_goes_to_one_taker() {
-    if !root("netns pool") {
+    if !root() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -79,17 +80,15 @@ fn a_pooled_network_namespace_is_fresh_has_lo_up_and_goes_to_one_taker() {
 
 #[test]
 fn a_spare_cgroup_is_taken_once_limited_renamed_and_recorded() {
-    if !root("cgroup spares") {
+    if !root() {
         return;
     }
     let support = detect(Path::new("/sys/fs/cgroup"));
-    if support.version.is_none() || !support.writable {
-        eprintln!(
-            "skipping cgroup spares: {}",
-            support.reason.unwrap_or_default()
-        );
-        return;
-    }
+    require!(
+        support.version.is_some() && support.writable,
+        "{}",
+        support.reason.unwrap_or_default()
+    );
     let dir = tempfile::tempdir().unwrap();
     let spares = CgroupSpares::new(dir.path().join("cgroups"));
     let root = Path::new("/sys/fs/cgroup");
@@ -146,7 +145,7 @@ fn a_spare_cgroup_is_taken_once_limited_renamed_and_recorded() {
 
 #[test]
 fn a_mounted_skeleton_holds_its_binds_and_is_remounted_when_one_is_gone() {
-    if !root("mounted skeleton") {
+    if !root() {
         return;
     }
     let cache = tempfile::tempdir().unwrap();

@@ -412,10 +412,7 @@ fn a_write_that_fails_midway_replies_once_and_cleans_up() {
         rustix::fs::Mode::from_bits_truncate(0o666),
         dev,
     );
-    if made.is_err() {
-        eprintln!("skipping: cannot create a device node here ({made:?})");
-        return;
-    }
+    sandcell_testkit::require!(made.is_ok(), "cannot create a device node here ({made:?})");
     let msg = expect_code(
         write(&mut agent, "full", &[1u8; 1000], None, true),
         ErrorCode::NoSpace,
@@ -459,17 +456,16 @@ fn rename_moves_across_file_systems() {
     use std::os::unix::fs::MetadataExt;
     // A root on tmpfs, unlike the other roots: renames between them get EXDEV.
     let Ok(shm) = tempfile::tempdir_in("/dev/shm") else {
-        eprintln!("skipping: no /dev/shm");
-        return;
+        sandcell_testkit::skip!("no /dev/shm");
     };
     let shm_path = shm.path().to_path_buf();
     let mut agent = Agent::raw_with(|c| c.file_roots[2] = shm_path.clone());
     agent.hello();
     let ws = agent.workspace();
-    if std::fs::metadata(&ws).unwrap().dev() == std::fs::metadata(&shm_path).unwrap().dev() {
-        eprintln!("skipping: /dev/shm is on the same file system");
-        return;
-    }
+    sandcell_testkit::require!(
+        std::fs::metadata(&ws).unwrap().dev() != std::fs::metadata(&shm_path).unwrap().dev(),
+        "/dev/shm is on the same file system"
+    );
     std::fs::create_dir_all(ws.join("tree/sub")).unwrap();
     std::fs::write(ws.join("tree/sub/f.bin"), vec![7u8; 300_000]).unwrap();
     std::fs::set_permissions(

@@ -201,10 +201,10 @@ fn a_ggplot_value_is_drawn() {
         &mut k,
         "isTRUE(requireNamespace(\"ggplot2\", quietly = TRUE))",
     );
-    if result_text(&events).as_deref() != Some("[1] TRUE") {
-        eprintln!("ggplot2 is not installed: skipping the ggplot test ({events:?})");
-        return;
-    }
+    sandcell_testkit::require!(
+        result_text(&events).as_deref() == Some("[1] TRUE"),
+        "ggplot2 is not installed ({events:?})"
+    );
     let events = ok(
         &mut k,
         "library(ggplot2)\nggplot(data.frame(x = 1:10, y = (1:10)^2), aes(x, y)) + geom_point()",

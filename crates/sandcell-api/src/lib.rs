@@ -8,11 +8,17 @@
 #![forbid(unsafe_code)]
 
 pub mod code;
+pub mod discovery;
 pub mod exec;
+pub mod files;
+pub mod keys;
 pub mod processes;
 pub mod rules;
 pub mod sandboxes;
 pub mod snapshots;
+pub mod system;
 pub mod time;
+pub mod transfer;
+pub mod usage;
 
 pub use rules::ValidationError;

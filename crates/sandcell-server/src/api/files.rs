@@ -7,9 +7,8 @@ use axum::extract::{RawQuery, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
-use sandcell_protocol::{FileEntry, FileKind};
-use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
+use sandcell_api::files::{FileInfo, FileList, MakeDir, Rename};
+use sandcell_protocol::FileKind;
 
 use super::extract::{ApiJson, ApiPath, check_sandbox_id, query_pairs};
 use crate::auth::Caller;
@@ -18,74 +17,6 @@ use crate::state::AppState;
 
 /// Longest path accepted (the kernel's PATH_MAX).
 const MAX_PATH: usize = 4096;
-
-/// One file or directory.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct FileInfo {
-    /// Last path component.
-    pub name: String,
-    /// Absolute path inside the sandbox.
-    pub path: String,
-    /// Size in bytes.
-    pub size: u64,
-    /// `file`, `dir`, `symlink` or `other`.
-    pub kind: String,
-    /// Whether it is a directory.
-    pub is_dir: bool,
-    /// Permission bits, e.g. 420 (0o644).
-    pub mode: u32,
-    /// Modification time, seconds since the Unix epoch.
-    pub mtime: i64,
-    /// Where a symlink points.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub link_target: Option<String>,
-}
-
-impl From<FileEntry> for FileInfo {
-    fn from(e: FileEntry) -> Self {
-        let kind = match e.kind {
-            FileKind::File => "file",
-            FileKind::Dir => "dir",
-            FileKind::Symlink => "symlink",
-            FileKind::Other => "other",
-        };
-        Self {
-            name: e.name,
-            path: e.path,
-            size: e.size,
-            kind: kind.to_string(),
-            is_dir: e.is_dir,
-            mode: e.mode,
-            mtime: e.mtime,
-            link_target: e.link_target,
-        }
-    }
-}
-
-/// A directory's entries.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct FileList {
-    /// The entries, sorted by name.
-    pub entries: Vec<FileInfo>,
-}
-
-/// A path to create.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct MakeDir {
-    /// Absolute path, or relative to `/workspace`.
-    pub path: String,
-}
-
-/// A move.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct Rename {
-    /// Where it is.
-    pub from: String,
-    /// Where it goes (must not exist).
-    pub to: String,
-}
 
 /// The query of the file routes: `path`, and for some `recursive`, `mode`, `append`.
 #[derive(Debug, Default)]

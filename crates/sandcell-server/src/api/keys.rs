@@ -4,9 +4,8 @@
 use axum::Json;
 use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
+use sandcell_api::keys::{CreateKey, KeyInfo, KeyList, NewKey};
 use sandcell_store::ApiKeyRecord;
-use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
 
 use super::extract::{ApiJson, ApiPath, query_pairs};
 use super::types::rfc3339;
@@ -14,71 +13,17 @@ use crate::auth::{Caller, check_owner, new_key};
 use crate::error::{ApiError, ApiResult, ErrorBody};
 use crate::state::AppState;
 
-/// A key to create.
-#[derive(Debug, Default, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CreateKey {
-    /// A name to recognise it by (1 to 100 characters).
-    pub name: String,
-    /// Whose resources it acts on (default: the caller's owner; another owner needs an admin key).
-    #[serde(default)]
-    pub owner: Option<String>,
-    /// Whether it may manage other owners' keys (needs an admin key).
-    #[serde(default)]
-    pub admin: bool,
-}
-
-/// A key, without its secret.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct KeyInfo {
-    /// Key id (part of the secret's visible prefix).
-    pub id: String,
-    /// Whose resources it acts on.
-    pub owner: String,
-    /// Its name.
-    pub name: String,
-    /// The secret's first characters, to recognise it.
-    pub prefix: String,
-    /// Whether it may manage other owners' keys.
-    pub admin: bool,
-    /// When it was created (RFC 3339).
-    pub created_at: String,
-    /// When it was last used (to the minute).
-    pub last_used_at: Option<String>,
-    /// When it was revoked.
-    pub revoked_at: Option<String>,
-}
-
-impl From<&ApiKeyRecord> for KeyInfo {
-    fn from(k: &ApiKeyRecord) -> Self {
-        Self {
-            id: k.id.clone(),
-            owner: k.owner.clone(),
-            name: k.name.clone(),
-            prefix: k.prefix.clone(),
-            admin: k.admin,
-            created_at: rfc3339(k.created_at),
-            last_used_at: k.last_used_at.map(rfc3339),
-            revoked_at: k.revoked_at.map(rfc3339),
-        }
+fn key_info(k: &ApiKeyRecord) -> KeyInfo {
+    KeyInfo {
+        id: k.id.clone(),
+        owner: k.owner.clone(),
+        name: k.name.clone(),
+        prefix: k.prefix.clone(),
+        admin: k.admin,
+        created_at: rfc3339(k.created_at),
+        last_used_at: k.last_used_at.map(rfc3339),
+        revoked_at: k.revoked_at.map(rfc3339),
     }
-}
-
-/// A new key with its secret (shown this once).
-#[derive(Debug, Serialize, ToSchema)]
-pub struct NewKey {
-    /// The secret: send it as `X-API-Key` or `Authorization: Bearer`.
-    pub key: String,
-    /// The key's record.
-    #[serde(flatten)]
-    pub info: KeyInfo,
-}
-
-/// Keys.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct KeyList {
-    /// Oldest first (in the order they were made).
-    pub keys: Vec<KeyInfo>,
 }
 
 /// Creates a key.
@@ -124,7 +69,7 @@ pub async fn create(
         StatusCode::CREATED,
         Json(NewKey {
             key: secret,
-            info: KeyInfo::from(&record),
+            info: key_info(&record),
         }),
     ))
 }
@@ -166,7 +111,7 @@ pub async fn list(
     };
     let keys = s.store.list_keys(scope.as_deref())?;
     Ok(Json(KeyList {
-        keys: keys.iter().map(KeyInfo::from).collect(),
+        keys: keys.iter().map(key_info).collect(),
     }))
 }
 

@@ -4,40 +4,12 @@ use axum::Json;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
+use sandcell_api::system::{BackendInfo, CallerInfo, SystemInfo};
 use sandcell_engine::fleet::SandboxState;
-use serde::Serialize;
-use utoipa::ToSchema;
 
 use crate::auth::Caller;
 use crate::error::{ApiError, ApiResult, ErrorBody};
 use crate::state::AppState;
-
-/// The service.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct SystemInfo {
-    /// Sandcell's version.
-    pub version: String,
-    /// Seconds since the service started.
-    pub uptime_secs: u64,
-    /// Sandboxes running now (all owners).
-    pub running: u64,
-    /// The backends and what each offers on this host.
-    #[schema(value_type = Vec<Object>)]
-    pub backends: Vec<sandcell_engine::BackendCapabilities>,
-    /// The caller's identity.
-    pub caller: CallerInfo,
-}
-
-/// Who is asking.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct CallerInfo {
-    /// The key's owner.
-    pub owner: String,
-    /// The key's id.
-    pub key_id: String,
-    /// Whether it is an admin key.
-    pub admin: bool,
-}
 
 /// Version, backends and their capabilities.
 #[utoipa::path(
@@ -53,7 +25,20 @@ pub async fn system(State(s): State<AppState>, caller: Caller) -> ApiResult<Json
         version: env!("CARGO_PKG_VERSION").to_string(),
         uptime_secs: s.started.elapsed().as_secs(),
         running: s.fleet.running() as u64,
-        backends: s.fleet.engine().capabilities(),
+        backends: s
+            .fleet
+            .engine()
+            .capabilities()
+            .into_iter()
+            .map(|c| BackendInfo {
+                kind: c.kind.as_str().to_string(),
+                available: c.available,
+                isolation_level: c.isolation_level.as_str().to_string(),
+                supports_pause: c.supports_pause,
+                checkpoint_fidelity: c.checkpoint_fidelity.as_str().to_string(),
+                host: c.host,
+            })
+            .collect(),
         caller: CallerInfo {
             owner: caller.owner,
             key_id: caller.key_id,

@@ -11,13 +11,15 @@ use axum::extract::{RawQuery, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
+use sandcell_api::transfer::{
+    ARTIFACTS_DIR, Artifact, ArtifactList, CreateExport, ExportInfo, ExportList, ImportRequest,
+    ImportResult,
+};
 use sandcell_engine::Sandbox;
 use sandcell_protocol::FileKind;
 use sandcell_store::{ExportKind, ExportRecord};
-use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 use tokio::io::AsyncWriteExt;
-use utoipa::ToSchema;
 
 use super::extract::{ApiJson, ApiPath, check_sandbox_id, query_pairs};
 use super::types::rfc3339;
@@ -29,134 +31,39 @@ use crate::state::AppState;
 const MAX_DEPTH: usize = 64;
 /// Most files one export or import moves.
 const MAX_FILES: usize = 100_000;
-/// The sandbox folder code executions leave files in.
-const ARTIFACTS_DIR: &str = "/workspace/outputs";
 
-/// `POST /exports`.
-#[derive(Debug, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct CreateExport {
-    /// A file or folder in the sandbox.
-    pub path: String,
-}
-
-/// An export.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct ExportInfo {
-    /// Its id.
-    pub id: String,
-    /// The sandbox it came from.
-    pub sandbox_id: String,
-    /// The path it had there.
-    pub path: String,
-    /// `file` or `dir`.
-    pub kind: String,
-    /// Bytes (of all files, for a folder).
-    pub size: Option<u64>,
-    /// SHA-256 of a file's bytes.
-    pub sha256: Option<String>,
-    /// When it was made (RFC 3339).
-    pub created_at: String,
-    /// Where to download it (a folder comes as a tar archive), with the API key.
-    pub download_url: String,
-    /// The same download without an API key, for whoever holds this link, until
-    /// `signed_url_expires_at` (each answer about the export gives a fresh one; none when
-    /// `exports.url_ttl_secs` is 0). Relative to the service's address.
-    pub signed_url: Option<String>,
-    /// When `signed_url` stops working (RFC 3339).
-    pub signed_url_expires_at: Option<String>,
-}
-
-impl ExportInfo {
-    /// What the API says about `e`, with a signed link valid from now.
-    fn of(s: &AppState, e: &ExportRecord) -> Self {
-        let download_url = format!("/v1/exports/{}/content", e.id);
-        let ttl = i64::try_from(s.config.exports.url_ttl_secs).unwrap_or(i64::MAX);
-        let (signed_url, signed_url_expires_at) = if ttl > 0 {
-            let expires = unix_now().saturating_add(ttl);
-            let signature = s.signer.sign(&e.id, expires);
-            (
-                Some(format!(
-                    "{download_url}?expires={expires}&signature={signature}"
-                )),
-                Some(rfc3339(expires.saturating_mul(1000))),
-            )
-        } else {
-            (None, None)
-        };
-        Self {
-            id: e.id.clone(),
-            sandbox_id: e.sandbox_id.clone(),
-            path: e.path.clone(),
-            kind: e.kind.as_str().to_string(),
-            size: e.size,
-            sha256: e.sha256.clone(),
-            created_at: rfc3339(e.created_at),
-            download_url,
-            signed_url,
-            signed_url_expires_at,
-        }
+/// What the API says about `e`, with a signed link valid from now.
+fn export_info(s: &AppState, e: &ExportRecord) -> ExportInfo {
+    let download_url = format!("/v1/exports/{}/content", e.id);
+    let ttl = i64::try_from(s.config.exports.url_ttl_secs).unwrap_or(i64::MAX);
+    let (signed_url, signed_url_expires_at) = if ttl > 0 {
+        let expires = unix_now().saturating_add(ttl);
+        let signature = s.signer.sign(&e.id, expires);
+        (
+            Some(format!(
+                "{download_url}?expires={expires}&signature={signature}"
+            )),
+            Some(rfc3339(expires.saturating_mul(1000))),
+        )
+    } else {
+        (None, None)
+    };
+    ExportInfo {
+        id: e.id.clone(),
+        sandbox_id: e.sandbox_id.clone(),
+        path: e.path.clone(),
+        kind: e.kind.as_str().to_string(),
+        size: e.size,
+        sha256: e.sha256.clone(),
+        created_at: rfc3339(e.created_at),
+        download_url,
+        signed_url,
+        signed_url_expires_at,
     }
 }
 
 fn unix_now() -> i64 {
     sandcell_engine::fleet::now_ms() / 1000
-}
-
-/// Exports.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct ExportList {
-    /// Oldest first (in the order they were made).
-    pub exports: Vec<ExportInfo>,
-}
-
-/// `POST /import`: where the files go and exactly one source.
-#[derive(Debug, Default, Deserialize, ToSchema)]
-#[serde(deny_unknown_fields)]
-pub struct ImportRequest {
-    /// Where it goes in the sandbox (a folder source becomes this folder).
-    pub path: String,
-    /// A host file or folder inside one of the service's `import.allowed_paths`.
-    pub host_path: Option<String>,
-    /// The file's content as text.
-    pub text: Option<String>,
-    /// The file's content in base64.
-    pub base64: Option<String>,
-    /// An export of yours (from any of your sandboxes, running or not).
-    pub export_id: Option<String>,
-    /// Permission bits of imported files, e.g. 493 (0o755).
-    pub mode: Option<u32>,
-}
-
-/// What an import wrote.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct ImportResult {
-    /// Where it went (absolute).
-    pub path: String,
-    /// Files written.
-    pub files: u64,
-    /// Bytes written.
-    pub bytes: u64,
-}
-
-/// A file in the artifacts folder.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct Artifact {
-    /// Its path in the sandbox (download it with `/files/content?path=`).
-    pub path: String,
-    /// Bytes.
-    pub size: u64,
-    /// Its MIME type, from its name.
-    pub mime: String,
-    /// Modification time, seconds since the Unix epoch.
-    pub mtime: i64,
-}
-
-/// The artifacts folder's files.
-#[derive(Debug, Serialize, ToSchema)]
-pub struct ArtifactList {
-    /// Files under `/workspace/outputs`, by path.
-    pub artifacts: Vec<Artifact>,
 }
 
 fn exports_dir(s: &AppState) -> PathBuf {
@@ -329,7 +236,7 @@ pub async fn create_export(
         Some(&export_id),
         serde_json::json!({"sandbox": id, "path": entry.path, "size": size}),
     );
-    Ok((StatusCode::CREATED, Json(ExportInfo::of(&s, &record))))
+    Ok((StatusCode::CREATED, Json(export_info(&s, &record))))
 }
 
 /// The caller's export `id` (another owner's is missing).
@@ -375,7 +282,7 @@ pub async fn list_exports(
         .store
         .list_exports(Some(&caller.owner), sandbox.as_deref())?;
     Ok(Json(ExportList {
-        exports: exports.iter().map(|e| ExportInfo::of(&s, e)).collect(),
+        exports: exports.iter().map(|e| export_info(&s, e)).collect(),
     }))
 }
 
@@ -396,10 +303,7 @@ pub async fn get_export(
     caller: Caller,
     ApiPath(export_id): ApiPath<String>,
 ) -> ApiResult<Json<ExportInfo>> {
-    Ok(Json(ExportInfo::of(
-        &s,
-        &own_export(&s, &caller, &export_id)?,
-    )))
+    Ok(Json(export_info(&s, &own_export(&s, &caller, &export_id)?)))
 }
 
 /// Deletes an export and its stored copy.

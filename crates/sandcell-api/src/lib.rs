@@ -8,7 +8,6 @@
 #![forbid(unsafe_code)]
 
 pub mod code;
-pub mod discovery;
 pub mod exec;
 pub mod files;
 pub mod keys;

@@ -26,7 +26,18 @@ pub const DEFAULT_OUTPUTS_DIR: &str = "/workspace/outputs";
 pub const DEFAULT_STREAM_LIMIT: u64 = 1024 * 1024;
 
 const PYTHON: &str = include_str!("../kernels/python/kernel.py");
-const NODE: &str = include_str!("../kernels/node/kernel.js");
+/// The Node kernel, one function body kept as a file per concern (head.js opens it,
+/// requests.js closes it), joined in this order.
+const NODE: &str = concat!(
+    include_str!("../kernels/node/head.js"),
+    include_str!("../kernels/node/context.js"),
+    include_str!("../kernels/node/rewriter.js"),
+    include_str!("../kernels/node/tracebacks.js"),
+    include_str!("../kernels/node/execution.js"),
+    include_str!("../kernels/node/variables.js"),
+    include_str!("../kernels/node/state.js"),
+    include_str!("../kernels/node/requests.js"),
+);
 const BASH: &str = include_str!("../kernels/bash/kernel.sh");
 const R: &str = include_str!("../kernels/r/kernel.R");
 
@@ -84,6 +95,30 @@ pub fn extra_env(language: Language) -> Vec<(&'static str, &'static str)> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_node_kernel_parts_join_into_one_program() {
+        assert!(NODE.starts_with("// Sandcell Node.js kernel"));
+        assert!(
+            NODE.trim_end().ends_with("})();"),
+            "requests.js closes the function"
+        );
+        let node = std::path::Path::new("/usr/bin/node");
+        sandcell_testkit::require!(node.exists(), "no {}", node.display());
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("kernel.js");
+        std::fs::write(&file, NODE).unwrap();
+        let out = std::process::Command::new(node)
+            .arg("--check")
+            .arg(&file)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
 
     #[test]
     fn every_language_has_a_program_and_a_command() {

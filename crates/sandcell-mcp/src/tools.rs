@@ -914,16 +914,11 @@ impl SandcellMcp {
             .or_else(|| reply.body.as_array())
             .cloned()
             .unwrap_or_default();
-        contexts
-            .iter()
-            .find(|c| c["language"] == lang && c["default"] == true)
-            .or_else(|| contexts.iter().find(|c| c["language"] == lang))
-            .and_then(|c| c["id"].as_str().map(str::to_string))
-            .ok_or_else(|| {
-                tool_error(&format!(
-                    "no_context: session {session} has no {lang} kernel yet; run some {lang} code with execute_code first"
-                ))
-            })
+        default_context_id(&contexts, lang).ok_or_else(|| {
+            tool_error(&format!(
+                "no_context: session {session} has no {lang} kernel yet; run some {lang} code with execute_code first"
+            ))
+        })
     }
 
     async fn get(&self, key: Option<&str>, path: String) -> Result<ApiReply, ErrorData> {
@@ -1037,6 +1032,17 @@ fn request_base(ctx: &RequestContext<RoleServer>) -> Option<String> {
     Some(format!("http://{host}"))
 }
 
+/// The id of `lang`'s default context among `contexts` (as `GET …/contexts` lists them),
+/// else of any context of `lang`. The server marks no context as default: a language's
+/// default context is the one named after the language (`python`).
+fn default_context_id(contexts: &[Value], lang: &str) -> Option<String> {
+    contexts
+        .iter()
+        .find(|c| c["language"] == lang && c["id"] == lang)
+        .or_else(|| contexts.iter().find(|c| c["language"] == lang))
+        .and_then(|c| c["id"].as_str().map(str::to_string))
+}
+
 /// A path segment or query value, percent-encoded.
 fn seg(s: &str) -> String {
     serde_urlencoded::to_string([("", s)])
@@ -1086,4 +1092,34 @@ fn json_or_failure(reply: &ApiReply) -> CallToolResult {
         &reply.body.to_string(),
         output::RESULT_LIMIT,
     ))])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_context_is_the_one_named_after_its_language() {
+        // What the server lists: a context made with `POST /contexts` (listed first here)
+        // and the language's default one, whose id is the language's name.
+        let contexts = vec![
+            json!({"id": "ctx-1a2b3c", "language": "python", "busy": false}),
+            json!({"id": "python", "language": "python", "busy": false}),
+            json!({"id": "node", "language": "node", "busy": false}),
+        ];
+        assert_eq!(
+            default_context_id(&contexts, "python").as_deref(),
+            Some("python")
+        );
+        assert_eq!(
+            default_context_id(&contexts, "node").as_deref(),
+            Some("node")
+        );
+        // No default context yet: any of the language's.
+        assert_eq!(
+            default_context_id(&contexts[..1], "python").as_deref(),
+            Some("ctx-1a2b3c")
+        );
+        assert_eq!(default_context_id(&contexts, "r"), None);
+    }
 }

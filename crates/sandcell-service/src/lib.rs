@@ -26,6 +26,7 @@ pub mod processes;
 pub mod sandboxes;
 pub mod signed_url;
 pub mod snapshots;
+pub mod system;
 pub mod transfer;
 pub mod usage;
 

@@ -8,15 +8,11 @@ use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
 use sandcell_api::files::{FileInfo, FileList, MakeDir, Rename};
-use sandcell_protocol::FileKind;
 
-use super::extract::{ApiJson, ApiPath, check_sandbox_id, query_pairs};
+use super::extract::{ApiJson, ApiPath, query_pairs};
 use crate::auth::Caller;
 use crate::error::{ApiError, ApiResult, ErrorBody};
 use crate::state::AppState;
-
-/// Longest path accepted (the kernel's PATH_MAX).
-const MAX_PATH: usize = 4096;
 
 /// The query of the file routes: `path`, and for some `recursive`, `mode`, `append`.
 #[derive(Debug, Default)]
@@ -67,24 +63,9 @@ fn file_query(raw: Option<&str>, allowed: &[&str]) -> Result<FileQuery, ApiError
     Ok(q)
 }
 
-/// Checks a path's shape; whether it stays inside the sandbox's folders is the agent's call
-/// (it resolves every component without following links out).
-pub(crate) fn check_path(path: &str) -> Result<(), ApiError> {
-    if path.is_empty() || path.len() > MAX_PATH || path.contains('\0') {
-        return Err(ApiError::invalid(format!(
-            "a path must be 1 to {MAX_PATH} bytes without NUL"
-        )));
-    }
-    Ok(())
-}
-
-fn required_path(q: &FileQuery) -> Result<String, ApiError> {
-    let path = q
-        .path
-        .clone()
-        .ok_or_else(|| ApiError::invalid("the 'path' query parameter is required"))?;
-    check_path(&path)?;
-    Ok(path)
+fn required_path(q: FileQuery) -> Result<String, ApiError> {
+    q.path
+        .ok_or_else(|| ApiError::invalid("the 'path' query parameter is required"))
 }
 
 /// Lists a directory.
@@ -109,15 +90,12 @@ pub async fn list(
     ApiPath(id): ApiPath<String>,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<Json<FileList>> {
-    check_sandbox_id(&id)?;
     let q = file_query(raw.as_deref(), &["path"])?;
-    let path = q.path.unwrap_or_else(|| "/workspace".into());
-    check_path(&path)?;
-    let sandbox = s.fleet.sandbox(&caller.owner, &id)?;
-    let entries = sandbox.list_dir(&path).await?;
-    Ok(Json(FileList {
-        entries: entries.into_iter().map(FileInfo::from).collect(),
-    }))
+    Ok(Json(
+        s.service
+            .list_files(&caller, &id, q.path.as_deref())
+            .await?,
+    ))
 }
 
 /// Removes a file, or a directory (`recursive=true` for a non-empty one).
@@ -143,11 +121,12 @@ pub async fn remove(
     ApiPath(id): ApiPath<String>,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<StatusCode> {
-    check_sandbox_id(&id)?;
     let q = file_query(raw.as_deref(), &["path", "recursive"])?;
-    let path = required_path(&q)?;
-    let sandbox = s.fleet.sandbox(&caller.owner, &id)?;
-    sandbox.remove(&path, q.recursive).await?;
+    let recursive = q.recursive;
+    let path = required_path(q)?;
+    s.service
+        .remove_file(&caller, &id, &path, recursive)
+        .await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -172,11 +151,9 @@ pub async fn stat(
     ApiPath(id): ApiPath<String>,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<Json<FileInfo>> {
-    check_sandbox_id(&id)?;
     let q = file_query(raw.as_deref(), &["path"])?;
-    let path = required_path(&q)?;
-    let sandbox = s.fleet.sandbox(&caller.owner, &id)?;
-    Ok(Json(sandbox.stat(&path).await?.into()))
+    let path = required_path(q)?;
+    Ok(Json(s.service.stat_file(&caller, &id, &path).await?))
 }
 
 /// Creates a directory and its parents.
@@ -199,11 +176,8 @@ pub async fn mkdir(
     ApiPath(id): ApiPath<String>,
     ApiJson(req): ApiJson<MakeDir>,
 ) -> ApiResult<(StatusCode, Json<FileInfo>)> {
-    check_sandbox_id(&id)?;
-    check_path(&req.path)?;
-    let sandbox = s.fleet.sandbox(&caller.owner, &id)?;
-    let entry = sandbox.make_dir(&req.path).await?;
-    Ok((StatusCode::CREATED, Json(entry.into())))
+    let entry = s.service.make_dir(&caller, &id, req).await?;
+    Ok((StatusCode::CREATED, Json(entry)))
 }
 
 /// Moves a file or directory.
@@ -226,11 +200,7 @@ pub async fn rename(
     ApiPath(id): ApiPath<String>,
     ApiJson(req): ApiJson<Rename>,
 ) -> ApiResult<Json<FileInfo>> {
-    check_sandbox_id(&id)?;
-    check_path(&req.from)?;
-    check_path(&req.to)?;
-    let sandbox = s.fleet.sandbox(&caller.owner, &id)?;
-    Ok(Json(sandbox.rename(&req.from, &req.to).await?.into()))
+    Ok(Json(s.service.rename_file(&caller, &id, req).await?))
 }
 
 /// Downloads a file, streamed.
@@ -255,35 +225,10 @@ pub async fn download(
     ApiPath(id): ApiPath<String>,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<Response> {
-    check_sandbox_id(&id)?;
     let q = file_query(raw.as_deref(), &["path"])?;
-    let path = required_path(&q)?;
-    let sandbox = s.fleet.sandbox(&caller.owner, &id)?;
-    let entry = sandbox.stat(&path).await?;
-    if entry.is_dir {
-        return Err(ApiError::new(
-            StatusCode::BAD_REQUEST,
-            "is_a_directory",
-            format!("{path} is a directory: list it, or export it as an archive"),
-        ));
-    }
-    let cap = s.config.limits.max_upload_bytes;
-    if entry.size > cap {
-        return Err(too_large(cap));
-    }
-    let mut download = sandbox.begin_download(&path).await?;
-    // The agent refuses what it will not read (a link leading out of the sandbox, a file gone
-    // since the stat) in its first answer: taken before the 200 goes out, the refusal is an
-    // error answer rather than a body cut short.
-    let first = match download.next_chunk().await {
-        Some(Err(e)) => return Err(e.into()),
-        first => first,
-    };
-    let rest = futures_util::stream::unfold(download, |mut d| async move {
-        let next = d.next_chunk().await?;
-        Some((next, d))
-    });
-    let chunks = futures_util::stream::iter(first).chain(rest).map(|next| {
+    let path = required_path(q)?;
+    let download = s.service.download_file(&caller, &id, &path).await?;
+    let chunks = download.chunks.map(|next| {
         next.map(Bytes::from)
             .map_err(|e| std::io::Error::other(e.to_string()))
     });
@@ -293,27 +238,16 @@ pub async fn download(
         header::CONTENT_TYPE,
         HeaderValue::from_static("application/octet-stream"),
     );
-    // The size at stat time: a file that changes while it streams ends the body early, and
-    // the client sees a length mismatch rather than silently short data. A link's own size is
-    // not its file's, so a link's body goes without a length.
-    if entry.kind == FileKind::File {
-        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(entry.size));
+    if let Some(length) = download.length {
+        headers.insert(header::CONTENT_LENGTH, HeaderValue::from(length));
     }
     if let Ok(v) = HeaderValue::from_str(&format!(
         "attachment; filename=\"{}\"",
-        entry.name.replace(['"', '\\', '\r', '\n'], "_")
+        download.name.replace(['"', '\\', '\r', '\n'], "_")
     )) {
         headers.insert(header::CONTENT_DISPOSITION, v);
     }
     Ok(resp)
-}
-
-fn too_large(cap: u64) -> ApiError {
-    ApiError::new(
-        StatusCode::PAYLOAD_TOO_LARGE,
-        "body_too_large",
-        format!("files are limited to {cap} bytes (limits.max_upload_bytes)"),
-    )
 }
 
 /// Uploads a file, streamed: the body's bytes become the file, written to a temporary name
@@ -344,34 +278,12 @@ pub async fn upload(
     RawQuery(raw): RawQuery,
     body: Body,
 ) -> ApiResult<(StatusCode, Json<FileInfo>)> {
-    check_sandbox_id(&id)?;
     let q = file_query(raw.as_deref(), &["path", "mode", "append"])?;
-    let path = required_path(&q)?;
-    let cap = s.config.limits.max_upload_bytes;
-    let sandbox = s.fleet.sandbox(&caller.owner, &id)?;
-    let mut upload = sandbox.begin_upload(&path, q.mode, q.append).await?;
-    let mut stream = body.into_data_stream();
-    while let Some(chunk) = stream.next().await {
-        let chunk = match chunk {
-            Ok(c) => c,
-            Err(e) => {
-                upload.abort().await;
-                return Err(ApiError::invalid(format!("the upload broke off: {e}")));
-            }
-        };
-        if upload.written() + chunk.len() as u64 > cap {
-            upload.abort().await;
-            return Err(too_large(cap));
-        }
-        upload.write(&chunk).await?;
-    }
-    let entry = upload.finish().await?;
-    crate::audit(
-        &s,
-        &caller,
-        "file.upload",
-        Some(&id),
-        serde_json::json!({"path": entry.path, "size": entry.size}),
-    );
-    Ok((StatusCode::CREATED, Json(entry.into())))
+    let (mode, append) = (q.mode, q.append);
+    let path = required_path(q)?;
+    let entry = s
+        .service
+        .upload_file(&caller, &id, &path, mode, append, body.into_data_stream())
+        .await?;
+    Ok((StatusCode::CREATED, Json(entry)))
 }

@@ -1,11 +1,10 @@
-//! `GET /v1/system` and `GET /metrics`.
+//! `GET /v1/system` and `GET /metrics` (the reports are the service's).
 
 use axum::Json;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
-use sandcell_api::system::{BackendInfo, CallerInfo, SystemInfo};
-use sandcell_engine::fleet::SandboxState;
+use sandcell_api::system::SystemInfo;
 
 use crate::auth::Caller;
 use crate::error::{ApiError, ApiResult, ErrorBody};
@@ -21,30 +20,7 @@ use crate::state::AppState;
     security(("api_key" = []))
 )]
 pub async fn system(State(s): State<AppState>, caller: Caller) -> ApiResult<Json<SystemInfo>> {
-    Ok(Json(SystemInfo {
-        version: env!("CARGO_PKG_VERSION").to_string(),
-        uptime_secs: s.started.elapsed().as_secs(),
-        running: s.fleet.running() as u64,
-        backends: s
-            .fleet
-            .engine()
-            .capabilities()
-            .into_iter()
-            .map(|c| BackendInfo {
-                kind: c.kind.as_str().to_string(),
-                available: c.available,
-                isolation_level: c.isolation_level.as_str().to_string(),
-                supports_pause: c.supports_pause,
-                checkpoint_fidelity: c.checkpoint_fidelity.as_str().to_string(),
-                host: c.host,
-            })
-            .collect(),
-        caller: CallerInfo {
-            owner: caller.owner,
-            key_id: caller.key_id,
-            admin: caller.admin,
-        },
-    }))
+    Ok(Json(s.service.system_info(&caller)?))
 }
 
 /// Prometheus metrics (text exposition format).
@@ -57,24 +33,8 @@ pub async fn metrics(
     if !s.config.metrics.public {
         caller?;
     }
-    let mut states = Vec::new();
-    for state in [
-        SandboxState::Creating,
-        SandboxState::Running,
-        SandboxState::Paused,
-        SandboxState::Stopped,
-        SandboxState::Failed,
-        SandboxState::Lost,
-    ] {
-        let n = s
-            .store
-            .count_sandboxes(None, &[state.as_str()])
-            .unwrap_or(0);
-        states.push((state.as_str(), n));
-    }
-    let pools = s.fleet.pool_ready_counts();
     Ok((
         [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        s.metrics.render(&states, &pools),
+        s.service.metrics_text(),
     ))
 }

@@ -1,1 +1,0 @@
-//! Operations: transfer (being moved here from the server's handlers).

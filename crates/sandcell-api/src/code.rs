@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use sandcell_protocol::{CodeDone, CodeError, ContextInfo, MimeBundle, Variables};
 use serde::{Deserialize, Serialize};
 
-use crate::exec::{StreamError, to_json};
+use crate::exec::{StreamError, json_text, to_json};
 use crate::sandboxes::Lang;
 
 /// Code to run.
@@ -205,13 +205,13 @@ impl CodeStreamEvent {
     }
 
     /// The SSE data: the JSON of what it carries.
-    pub fn data(&self) -> serde_json::Value {
+    pub fn data(&self) -> String {
         match self {
-            Self::Stdout(t) | Self::Stderr(t) => to_json(t),
-            Self::Display(d) | Self::Result(d) => to_json(d),
-            Self::Error(e) => to_json(e),
-            Self::Done(d) => to_json(d),
-            Self::Failed(e) => to_json(e),
+            Self::Stdout(t) | Self::Stderr(t) => json_text(t),
+            Self::Display(d) | Self::Result(d) => json_text(d),
+            Self::Error(e) => json_text(e),
+            Self::Done(d) => json_text(d),
+            Self::Failed(e) => json_text(e),
         }
     }
 
@@ -357,7 +357,7 @@ mod tests {
             details: serde_json::Value::Null,
         });
         for e in [raised, failed] {
-            let back = CodeStreamEvent::parse(e.name(), &e.data().to_string())
+            let back = CodeStreamEvent::parse(e.name(), &e.data())
                 .unwrap()
                 .unwrap();
             assert_eq!(back, e);

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use sandcell_protocol::ProcessInfo;
 use serde::{Deserialize, Serialize};
 
-use crate::exec::{ExitEvent, ExitInfo, StreamError, to_json};
+use crate::exec::{ExitEvent, ExitInfo, StreamError, json_text};
 use crate::rules::ValidationError;
 
 /// Most bytes one stdin write may carry.
@@ -266,12 +266,12 @@ impl ProcessStreamEvent {
     }
 
     /// The SSE data: the JSON of what it carries.
-    pub fn data(&self) -> serde_json::Value {
+    pub fn data(&self) -> String {
         match self {
-            Self::Stdout(c) | Self::Stderr(c) => to_json(c),
-            Self::Lost(l) => to_json(l),
-            Self::Exit(e) => to_json(e),
-            Self::Error(e) => to_json(e),
+            Self::Stdout(c) | Self::Stderr(c) => json_text(c),
+            Self::Lost(l) => json_text(l),
+            Self::Exit(e) => json_text(e),
+            Self::Error(e) => json_text(e),
         }
     }
 

@@ -321,7 +321,7 @@ impl Service {
             o.spec = kept.spec.clone();
             // A process checkpoint is where the new sandbox starts from; other snapshots
             // are written into a fresh one.
-            let whole = kept.manifest.fidelity.to_string() == "process";
+            let whole = kept.manifest.fidelity == "process";
             if whole {
                 o.checkpoint = Some(Checkpoint {
                     dir: dir.clone(),

@@ -39,7 +39,7 @@ pub(super) fn outputs_dir() -> String {
     DEFAULT_OUTPUTS_DIR.to_string()
 }
 
-pub(super) type OutputsSnapshot = BTreeMap<PathBuf, (u64, SystemTime)>;
+type OutputsSnapshot = BTreeMap<PathBuf, (u64, SystemTime)>;
 
 /// Below this many files (at the last look) the outputs folder is scanned on the runtime
 /// thread: cheaper than a hop to a worker thread and back, twice per execution.

@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 use crate::reaper::Reaped;
 
 /// How long a kernel may take to answer a request other than `execute`.
-pub(super) const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
+const REPLY_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Everything a kernel sends, merged.
 pub(super) enum KernelOutput {
@@ -28,15 +28,26 @@ pub(super) enum KernelOutput {
 
 /// A running kernel process.
 pub(super) struct Kernel {
-    pub(super) ctl: pipe::Sender,
+    ctl: pipe::Sender,
     pub(super) out: mpsc::UnboundedReceiver<KernelOutput>,
-    pub(super) next_request: u64,
+    next_request: u64,
     pub(super) execution_count: u64,
     /// Output of fd 1/2 that arrived between requests, for the next execution.
     pub(super) early: Vec<KernelOutput>,
 }
 
 impl Kernel {
+    /// A kernel that takes requests on `ctl` and whose output `out` merges.
+    pub(super) fn new(ctl: pipe::Sender, out: mpsc::UnboundedReceiver<KernelOutput>) -> Self {
+        Self {
+            ctl,
+            out,
+            next_request: 1,
+            execution_count: 0,
+            early: Vec::new(),
+        }
+    }
+
     pub(super) async fn send(&mut self, mut req: Value) -> Result<u64, WireError> {
         let id = self.next_request;
         self.next_request += 1;

@@ -27,13 +27,13 @@ use super::kernel::{Kernel, KernelOutput, describe_death};
 use super::table::{Context, Slot};
 
 /// How long a kernel may take to say it is ready (R is the slowest).
-pub(super) const START_TIMEOUT: Duration = Duration::from_secs(60);
+const START_TIMEOUT: Duration = Duration::from_secs(60);
 
 /// Bytes read from a kernel's fd 1 or 2 at a time.
-pub(super) const FD_CHUNK: usize = 64 * 1024;
+const FD_CHUNK: usize = 64 * 1024;
 
 /// Counts a kernel start while it lasts (from when it is decided, not only while it runs).
-pub(super) struct StartingGuard(pub(super) Arc<Shared>);
+pub(super) struct StartingGuard(Arc<Shared>);
 
 impl StartingGuard {
     pub(super) fn new(shared: &Arc<Shared>) -> Self {
@@ -69,12 +69,12 @@ pub(crate) async fn no_kernel_starting(shared: &Shared) {
 }
 
 /// A pipe whose two ends are close-on-exec; the caller clears it on the child's end.
-pub(super) fn cloexec_pipe() -> Result<(OwnedFd, OwnedFd), WireError> {
+fn cloexec_pipe() -> Result<(OwnedFd, OwnedFd), WireError> {
     rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
         .map_err(|e| WireError::new(ErrorCode::Io, format!("create a kernel pipe: {e}")))
 }
 
-pub(super) fn inheritable(fd: &OwnedFd) -> Result<(), WireError> {
+fn inheritable(fd: &OwnedFd) -> Result<(), WireError> {
     rustix::io::fcntl_setfd(fd, rustix::io::FdFlags::empty())
         .map_err(|e| WireError::new(ErrorCode::Io, format!("pass a pipe to the kernel: {e}")))
 }
@@ -145,13 +145,7 @@ pub(super) async fn start_kernel(shared: &Arc<Shared>, ctx: &Context) -> Result<
         .map_err(|e| WireError::new(ErrorCode::Io, format!("talk to the kernel: {e}")))?;
     let (tx, rx) = mpsc::unbounded_channel();
     tokio::spawn(read_kernel(events, stdout, stderr, exited, tx));
-    let mut kernel = Kernel {
-        ctl,
-        out: rx,
-        next_request: 1,
-        execution_count: 0,
-        early: Vec::new(),
-    };
+    let mut kernel = Kernel::new(ctl, rx);
     let mut stderr_text = Vec::new();
     let ready = tokio::time::timeout(START_TIMEOUT, async {
         loop {
@@ -204,7 +198,7 @@ pub(super) async fn start_kernel(shared: &Arc<Shared>, ctx: &Context) -> Result<
 
 /// Merges a kernel's events, fd output and exit into one queue. Before a `done` event goes
 /// out, whatever the kernel wrote to fds 1/2 so far is drained, so it lands in its execution.
-pub(super) async fn read_kernel(
+async fn read_kernel(
     mut events: pipe::Receiver,
     mut stdout: pipe::Receiver,
     mut stderr: pipe::Receiver,
@@ -280,7 +274,7 @@ pub(super) async fn read_kernel(
 }
 
 /// Reads what a non-blocking pipe holds right now (bounded), bypassing the reactor's view.
-pub(super) fn drain_now(fd: std::os::fd::BorrowedFd<'_>) -> Vec<u8> {
+fn drain_now(fd: std::os::fd::BorrowedFd<'_>) -> Vec<u8> {
     let mut out = Vec::new();
     let mut buf = [0u8; 16 * 1024];
     while out.len() < 4 * 1024 * 1024 {

@@ -19,7 +19,7 @@ use super::table::{BusyGuard, Context, Slot};
 use super::try_slot;
 
 /// After an interrupt for a timeout, how long the kernel has to yield before it is killed.
-pub(super) const INTERRUPT_GRACE: Duration = Duration::from_secs(2);
+const INTERRUPT_GRACE: Duration = Duration::from_secs(2);
 
 /// Serves `RunCode` on request `id`: events as they come, then `CodeDone`.
 pub(crate) async fn run_code(shared: Arc<Shared>, id: u32, req: RunCodeRequest) {
@@ -113,31 +113,31 @@ pub(crate) async fn run_code(shared: Arc<Shared>, id: u32, req: RunCodeRequest) 
 }
 
 /// How an execution ended, as the supervisor saw it.
-pub(super) struct Ended {
-    pub(super) status: CodeStatus,
-    pub(super) exit_code: Option<i32>,
-    pub(super) crash: Option<String>,
-    pub(super) crash_signal: Option<i32>,
-    pub(super) state_lost: bool,
+struct Ended {
+    status: CodeStatus,
+    exit_code: Option<i32>,
+    crash: Option<String>,
+    crash_signal: Option<i32>,
+    state_lost: bool,
 }
 
 /// One execution being forwarded to the host.
-pub(super) struct Run<'a> {
-    pub(super) ctx: &'a Context,
-    pub(super) id: u32,
-    pub(super) out: crate::out::Out,
-    pub(super) limit: u64,
+struct Run<'a> {
+    ctx: &'a Context,
+    id: u32,
+    out: crate::out::Out,
+    limit: u64,
     /// Bytes of fd-level output forwarded, per stream.
-    pub(super) forwarded: [u64; 2],
+    forwarded: [u64; 2],
     /// Bytes dropped past the limit (the kernel's and ours), per stream.
-    pub(super) dropped: [u64; 2],
+    dropped: [u64; 2],
     /// Incomplete UTF-8 sequences carried to the next chunk, per stream.
-    pub(super) partial: [Vec<u8>; 2],
-    pub(super) execution_count: Option<u64>,
+    partial: [Vec<u8>; 2],
+    execution_count: Option<u64>,
 }
 
 impl<'a> Run<'a> {
-    pub(super) fn new(ctx: &'a Context, id: u32, out: crate::out::Out) -> Self {
+    fn new(ctx: &'a Context, id: u32, out: crate::out::Out) -> Self {
         Self {
             ctx,
             id,
@@ -150,12 +150,7 @@ impl<'a> Run<'a> {
         }
     }
 
-    pub(super) async fn execute(
-        &mut self,
-        slot: &mut Slot,
-        code: &str,
-        timeout: Option<Duration>,
-    ) -> Ended {
+    async fn execute(&mut self, slot: &mut Slot, code: &str, timeout: Option<Duration>) -> Ended {
         let Some(kernel) = slot.kernel.as_mut() else {
             return self.lost("no kernel", None).await;
         };
@@ -236,7 +231,7 @@ impl<'a> Run<'a> {
     }
 
     /// The kernel is gone: report it as an error event and a crash.
-    pub(super) async fn lost(&mut self, why: &str, signal: Option<i32>) -> Ended {
+    async fn lost(&mut self, why: &str, signal: Option<i32>) -> Ended {
         let err = CodeError {
             ename: "KernelDied".into(),
             evalue: format!("the {} kernel died: {why}", self.ctx.language),
@@ -252,13 +247,13 @@ impl<'a> Run<'a> {
         }
     }
 
-    pub(super) async fn event(&mut self, v: Value) {
+    async fn event(&mut self, v: Value) {
         let msg = event_message(&v);
         self.out.msg(self.id, &msg).await;
     }
 
     /// Forwards fd-level output as text, within the limit (a marker says when it is cut).
-    pub(super) async fn fd_output(&mut self, stream: usize, bytes: &[u8]) {
+    async fn fd_output(&mut self, stream: usize, bytes: &[u8]) {
         let room = self.limit.saturating_sub(self.forwarded[stream]);
         let len = bytes.len() as u64;
         if len <= room {
@@ -283,7 +278,7 @@ impl<'a> Run<'a> {
     }
 
     /// Decodes UTF-8 across chunk boundaries (invalid bytes become U+FFFD).
-    pub(super) async fn send_text(&mut self, stream: usize, bytes: &[u8]) {
+    async fn send_text(&mut self, stream: usize, bytes: &[u8]) {
         if bytes.is_empty() {
             return;
         }
@@ -298,7 +293,7 @@ impl<'a> Run<'a> {
         }
     }
 
-    pub(super) async fn flush_partial(&mut self) {
+    async fn flush_partial(&mut self) {
         for stream in 0..2 {
             let rest = std::mem::take(&mut self.partial[stream]);
             if !rest.is_empty() {
@@ -308,7 +303,7 @@ impl<'a> Run<'a> {
         }
     }
 
-    pub(super) async fn send_stream(&self, stream: usize, text: String) {
+    async fn send_stream(&self, stream: usize, text: String) {
         let name = if stream == 0 { "stdout" } else { "stderr" };
         self.out
             .msg(
@@ -323,7 +318,7 @@ impl<'a> Run<'a> {
 }
 
 /// How many bytes at the end of `buf` start a UTF-8 sequence that is not complete yet.
-pub(super) fn incomplete_tail(buf: &[u8]) -> usize {
+fn incomplete_tail(buf: &[u8]) -> usize {
     let n = buf.len();
     for back in 1..=3.min(n) {
         let b = buf[n - back];
@@ -341,7 +336,7 @@ pub(super) fn incomplete_tail(buf: &[u8]) -> usize {
     0
 }
 
-pub(super) async fn sleep_until(at: Option<tokio::time::Instant>) {
+async fn sleep_until(at: Option<tokio::time::Instant>) {
     match at {
         Some(t) => tokio::time::sleep_until(t).await,
         None => std::future::pending().await,

@@ -18,12 +18,12 @@ use super::table::{BusyGuard, Context, new_context};
 use super::{kill_kernel, try_slot};
 
 /// How long a kernel may take to write or read a state file (large values take seconds).
-pub(super) const STATE_TIMEOUT: Duration = Duration::from_secs(600);
+const STATE_TIMEOUT: Duration = Duration::from_secs(600);
 
 /// The longest context id a restore may create.
-pub(super) const MAX_CONTEXT_ID: usize = 128;
+const MAX_CONTEXT_ID: usize = 128;
 
-pub(super) fn state_supported(language: Language) -> Result<(), WireError> {
+fn state_supported(language: Language) -> Result<(), WireError> {
     match language {
         Language::Python | Language::Node => Ok(()),
         other => Err(WireError::new(
@@ -33,7 +33,7 @@ pub(super) fn state_supported(language: Language) -> Result<(), WireError> {
     }
 }
 
-pub(super) fn state_path(path: &str) -> Result<(), WireError> {
+fn state_path(path: &str) -> Result<(), WireError> {
     if !path.starts_with('/') || path.contains('\0') || path.contains('\n') {
         return Err(WireError::new(
             ErrorCode::InvalidArgument,
@@ -45,11 +45,7 @@ pub(super) fn state_path(path: &str) -> Result<(), WireError> {
 
 /// A state request on an idle context: marked busy meanwhile (a run waits for no turn, it
 /// is refused), with a timeout fit for large files.
-pub(super) async fn state_call(
-    shared: &Arc<Shared>,
-    ctx: &Context,
-    req: Value,
-) -> Result<Value, WireError> {
+async fn state_call(shared: &Arc<Shared>, ctx: &Context, req: Value) -> Result<Value, WireError> {
     let mut slot = try_slot(ctx).await?;
     ctx.busy.store(true, Ordering::SeqCst);
     let _busy = BusyGuard(&ctx.busy);
@@ -150,7 +146,7 @@ pub(crate) async fn load_state(
 
 /// The context `id` of `language`, made (without a kernel yet) when it does not exist; and
 /// whether it was made.
-pub(super) fn context_for_restore(
+fn context_for_restore(
     shared: &Shared,
     id: &str,
     language: Language,

@@ -149,7 +149,7 @@ impl Kernels {
     }
 }
 
-pub(super) fn insert_default(
+fn insert_default(
     contexts: &mut BTreeMap<String, Arc<Context>>,
     language: Language,
     cwd: &str,

@@ -13,7 +13,7 @@ use crate::shared::Shared;
 use super::kernel_call;
 use super::table::Context;
 
-pub(super) fn string_list(v: &Value) -> Vec<String> {
+fn string_list(v: &Value) -> Vec<String> {
     v.as_array()
         .map(|a| {
             a.iter()
@@ -23,7 +23,7 @@ pub(super) fn string_list(v: &Value) -> Vec<String> {
         .unwrap_or_default()
 }
 
-pub(super) fn variables_supported(ctx: &Context) -> Result<(), WireError> {
+fn variables_supported(ctx: &Context) -> Result<(), WireError> {
     match ctx.language {
         Language::Python | Language::Node => Ok(()),
         other => Err(WireError::new(
@@ -34,7 +34,7 @@ pub(super) fn variables_supported(ctx: &Context) -> Result<(), WireError> {
 }
 
 /// A variables request to a Python or Node context.
-pub(super) async fn variables_call(
+async fn variables_call(
     shared: &Arc<Shared>,
     context: &str,
     req: Value,

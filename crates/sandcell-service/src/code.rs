@@ -347,6 +347,40 @@ mod tests {
     }
 
     #[test]
+    fn code_operations_check_before_reaching_a_sandbox() {
+        let (service, caller, _home) = crate::exec::testing::service();
+        crate::exec::testing::block_on(async {
+            let big = CodeInput {
+                code: "x".repeat(MAX_CODE_BYTES + 1),
+                ..CodeInput::default()
+            };
+            let e = service
+                .run_code(&caller, "sb-1a2b", big.clone())
+                .await
+                .unwrap_err();
+            assert!(e.message.contains("8 MiB"), "{}", e.message);
+            let e = service
+                .run_code_stream(&caller, "sb-1a2b", big)
+                .await
+                .err()
+                .unwrap();
+            assert_eq!(e.code(), "invalid_argument");
+            let e = service.list_contexts(&caller, "sb-1a2b").await.unwrap_err();
+            assert_eq!(e.code(), "not_found");
+            let e = service
+                .get_variables(&caller, "SB", "python", None)
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), "invalid_argument");
+            let e = service
+                .interrupt_context(&caller, "sb-1a2b", "python")
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), "not_found");
+        });
+    }
+
+    #[test]
     fn recorded_contexts_show_how_they_ended() {
         let mut r = context_record("alice", "sb-1", "ctx-1", Language::Bash, None);
         r.ended_at = Some(0);

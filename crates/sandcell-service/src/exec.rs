@@ -131,6 +131,51 @@ impl Service {
     }
 }
 
+/// A service over an engine without backends and an in-memory store: enough for what
+/// fails before any sandbox is reached.
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::future::Future;
+    use std::sync::Arc;
+
+    use sandcell_engine::Engine;
+    use sandcell_engine::fleet::{Fleet, FleetLimits};
+    use sandcell_store::Store;
+
+    use crate::ledger::StoreLedger;
+    use crate::signed_url::UrlSigner;
+    use crate::{Caller, Service};
+
+    /// The service (its home in the returned folder) and a caller.
+    pub fn service() -> (Arc<Service>, Caller, tempfile::TempDir) {
+        let home = tempfile::tempdir().expect("temp home");
+        let (config, _) = crate::config::load(home.path(), None, &[], &[]).expect("config");
+        let store = Arc::new(Store::open_in_memory().expect("store"));
+        let fleet = Arc::new(Fleet::new(
+            Engine::builder().build(),
+            Arc::new(StoreLedger::new(store.clone())),
+            FleetLimits::default(),
+        ));
+        let service = Service::new(fleet, store, config, UrlSigner::with_key([7; 32]));
+        let caller = Caller {
+            owner: "alice".into(),
+            key_id: "k1".into(),
+            admin: false,
+            request_id: None,
+        };
+        (Arc::new(service), caller, home)
+    }
+
+    /// Runs a future to its end.
+    pub fn block_on<F: Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("runtime")
+            .block_on(f)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -175,6 +220,33 @@ mod tests {
                 "{bad:?}"
             );
         }
+    }
+
+    #[test]
+    fn requests_fail_on_their_shape_before_any_sandbox() {
+        let (service, caller, _home) = testing::service();
+        let echo = || ExecInput {
+            cmd: Some("echo hi".into()),
+            ..ExecInput::default()
+        };
+        testing::block_on(async {
+            let e = service.exec(&caller, "nope", echo()).await.unwrap_err();
+            assert_eq!(e.code(), "invalid_argument", "{}", e.message);
+            let e = service.exec(&caller, "sb-1a2b", echo()).await.unwrap_err();
+            assert_eq!(e.code(), "not_found", "{}", e.message);
+            // The input is checked before the sandbox is looked for.
+            let e = service
+                .exec(&caller, "sb-1a2b", ExecInput::default())
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), "invalid_argument", "{}", e.message);
+            let e = service
+                .exec_stream(&caller, "sb-1a2b", echo())
+                .await
+                .err()
+                .unwrap();
+            assert_eq!(e.code(), "not_found", "{}", e.message);
+        });
     }
 
     #[test]

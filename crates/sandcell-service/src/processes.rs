@@ -57,3 +57,73 @@ impl Service {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use sandcell_api::processes::{OpenTerminal, OutputFrom, TermSize};
+
+    use crate::exec::testing::{block_on, service};
+
+    #[test]
+    fn pids_signals_sizes_and_stdin_are_checked_first() {
+        let (service, caller, _home) = service();
+        let id = "sb-1a2b";
+        block_on(async {
+            let code = |r: crate::ServiceResult<()>| r.unwrap_err().code();
+            assert_eq!(
+                code(service.signal_process(&caller, id, 1, 9, false).await),
+                "invalid_argument"
+            );
+            assert_eq!(
+                code(service.signal_process(&caller, id, 42, 0, false).await),
+                "invalid_argument"
+            );
+            assert_eq!(
+                code(service.signal_process(&caller, id, 42, 15, true).await),
+                "not_found"
+            );
+            let e = service
+                .follow_process(&caller, id, 1, OutputFrom::default())
+                .await
+                .err()
+                .unwrap();
+            assert_eq!(e.code(), "invalid_argument");
+            let e = service
+                .process_output(&caller, id, 0, OutputFrom::default())
+                .await
+                .unwrap_err();
+            assert_eq!(e.code(), "invalid_argument");
+            let size = TermSize {
+                rows: 24,
+                cols: 1001,
+            };
+            assert_eq!(
+                code(service.resize_terminal(&caller, id, 42, size).await),
+                "invalid_argument"
+            );
+            let big = vec![0; sandcell_api::processes::MAX_STDIN_BYTES + 1];
+            assert_eq!(
+                code(
+                    service
+                        .write_process_stdin(&caller, id, 42, &big, true)
+                        .await
+                ),
+                "body_too_large"
+            );
+            let open = OpenTerminal {
+                size,
+                ..OpenTerminal::default()
+            };
+            let e = service.open_terminal(&caller, id, open).await.unwrap_err();
+            assert_eq!(e.code(), "invalid_argument");
+            let join = OpenTerminal {
+                pid: Some(1),
+                ..OpenTerminal::default()
+            };
+            let e = service.open_terminal(&caller, id, join).await.unwrap_err();
+            assert_eq!(e.code(), "invalid_argument");
+            let e = service.list_processes(&caller, id).await.unwrap_err();
+            assert_eq!(e.code(), "not_found");
+        });
+    }
+}

@@ -1,4 +1,8 @@
-//! What Sandcell's tests share.
+//! What Sandcell's tests share: [`skip`] (tests that cannot run here say so) and, with the
+//! `local` feature, [`local::LocalBackend`] (the real guest agent without isolation, for
+//! engine, fleet and service tests on any machine).
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "local")]
+pub mod local;
 pub mod skip;

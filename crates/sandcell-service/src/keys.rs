@@ -151,3 +151,72 @@ mod tests {
         assert_eq!(info.last_used_at, None);
     }
 }
+
+#[cfg(test)]
+mod service_tests {
+    use sandcell_api::keys::CreateKey;
+
+    use crate::ErrorKind;
+    use crate::system::testing::{caller, service};
+
+    fn create(name: &str, owner: Option<&str>, admin: bool) -> CreateKey {
+        CreateKey {
+            name: name.into(),
+            owner: owner.map(str::to_string),
+            admin,
+        }
+    }
+
+    #[test]
+    fn keys_are_created_listed_and_revoked_within_their_owner() {
+        let h = service(&[]);
+        let s = &h.service;
+        let (alice, root) = (caller("alice", false), caller("root", true));
+        let made = s
+            .create_key(&alice, create("  laptop ", None, false))
+            .unwrap();
+        assert_eq!(
+            (made.info.owner.as_str(), made.info.name.as_str()),
+            ("alice", "laptop")
+        );
+        let bobs = s
+            .create_key(&root, create("ci", Some("bob"), false))
+            .unwrap();
+        // Alice sees only hers, whatever she asks for; the admin sees what it asks for.
+        let ids = |l: sandcell_api::keys::KeyList| -> Vec<String> {
+            l.keys.into_iter().map(|k| k.id).collect()
+        };
+        assert_eq!(
+            ids(s.list_keys(&alice, Some("bob")).unwrap()),
+            vec![made.info.id.clone()]
+        );
+        assert_eq!(
+            ids(s.list_keys(&root, Some("bob")).unwrap()),
+            vec![bobs.info.id.clone()]
+        );
+        assert_eq!(s.list_keys(&root, None).unwrap().keys.len(), 2);
+        // Another owner's key is missing to her; a malformed id or owner is invalid.
+        let e = s.revoke_key(&alice, &bobs.info.id).unwrap_err();
+        assert_eq!(e.kind, ErrorKind::NotFound);
+        for e in [
+            s.revoke_key(&alice, "not-hex").unwrap_err(),
+            s.list_keys(&alice, Some("a b")).unwrap_err(),
+            s.create_key(&alice, create("", None, false)).unwrap_err(),
+            s.create_key(&root, create("x", Some("a/b"), false))
+                .unwrap_err(),
+        ] {
+            assert_eq!(e.kind, ErrorKind::InvalidArgument, "{e}");
+        }
+        let e = s
+            .create_key(&alice, create("x", Some("bob"), false))
+            .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::PermissionDenied);
+        // A revoked key no longer authenticates.
+        let store = &s.store;
+        assert!(s.keys.authenticate(store, &made.key).unwrap().is_some());
+        s.revoke_key(&alice, &made.info.id).unwrap();
+        assert!(s.keys.authenticate(store, &made.key).unwrap().is_none());
+        let listed = s.list_keys(&alice, None).unwrap();
+        assert!(listed.keys[0].revoked_at.is_some());
+    }
+}

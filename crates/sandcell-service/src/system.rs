@@ -69,3 +69,80 @@ impl Service {
         self.metrics.render(&states, &pools)
     }
 }
+
+/// A service over a fresh home and an engine without backends: for operations that need no
+/// sandbox (keys, stored exports, reports).
+#[cfg(test)]
+pub(crate) mod testing {
+    use std::sync::Arc;
+
+    use sandcell_engine::Engine;
+    use sandcell_engine::fleet::Fleet;
+    use sandcell_store::Store;
+
+    use crate::ledger::StoreLedger;
+    use crate::signed_url::UrlSigner;
+    use crate::{Caller, Service};
+
+    /// The service and the home it lives in (removed when dropped).
+    pub(crate) struct Harness {
+        pub(crate) service: Service,
+        pub(crate) _home: tempfile::TempDir,
+    }
+
+    /// A service with these settings (`exports.url_ttl_secs`, …).
+    pub(crate) fn service(settings: &[(&str, &str)]) -> Harness {
+        let home = tempfile::tempdir().expect("a home folder");
+        let flags: Vec<(String, String)> = settings
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let (config, _) =
+            crate::config::load(home.path(), None, &[], &flags).expect("the settings");
+        let store = Arc::new(Store::open(&config.database).expect("the store"));
+        let fleet = Arc::new(Fleet::new(
+            Engine::builder().build(),
+            Arc::new(StoreLedger::new(store.clone())),
+            config.fleet_limits(),
+        ));
+        let signer = UrlSigner::with_key([3; 32]);
+        Harness {
+            service: Service::new(fleet, store, config, signer),
+            _home: home,
+        }
+    }
+
+    /// A caller of `owner` (an admin one when `admin`).
+    pub(crate) fn caller(owner: &str, admin: bool) -> Caller {
+        Caller {
+            owner: owner.into(),
+            key_id: format!("key-{owner}"),
+            admin,
+            request_id: None,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::testing::{caller, service};
+
+    #[test]
+    fn the_report_names_the_caller_and_the_engines_backends() {
+        let h = service(&[]);
+        let info = h.service.system_info(&caller("alice", true)).unwrap();
+        assert_eq!(info.version, env!("CARGO_PKG_VERSION"));
+        assert_eq!(
+            (info.caller.owner.as_str(), info.caller.admin),
+            ("alice", true)
+        );
+        assert_eq!(info.running, 0);
+        // This engine was given no backend: none is reported.
+        assert!(info.backends.is_empty());
+        let text = h.service.metrics_text();
+        assert!(
+            text.contains("sandcell_sandboxes{state=\"running\"} 0"),
+            "{text}"
+        );
+    }
+}

@@ -367,3 +367,177 @@ impl Service {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Read;
+
+    use super::*;
+    use crate::ErrorKind;
+    use crate::system::testing::{caller, service};
+
+    /// Stores an export of `owner` as `create_export` leaves one: a file's `data`, or a
+    /// folder's `tree/`.
+    fn stored(s: &Service, owner: &str, sandbox: &str, path: &str, kind: ExportKind) -> String {
+        let id = new_record_id("ex").unwrap();
+        let dir = s.exports_dir().join(&id);
+        match kind {
+            ExportKind::File => {
+                std::fs::create_dir_all(&dir).unwrap();
+                std::fs::write(dir.join("data"), b"hello").unwrap();
+            }
+            ExportKind::Dir => {
+                std::fs::create_dir_all(dir.join("tree/sub")).unwrap();
+                std::fs::write(dir.join("tree/sub/a.txt"), b"a").unwrap();
+            }
+        }
+        s.store
+            .insert_export(&ExportRecord {
+                id: id.clone(),
+                owner: owner.into(),
+                sandbox_id: sandbox.into(),
+                path: path.into(),
+                kind,
+                created_at: 1,
+                size: Some(5),
+                sha256: None,
+                stored_path: Some(dir.display().to_string()),
+            })
+            .unwrap();
+        id
+    }
+
+    async fn read_all(mut c: ExportContent) -> Vec<u8> {
+        use tokio::io::AsyncReadExt;
+        let mut out = Vec::new();
+        c.file.read_to_end(&mut out).await.unwrap();
+        out
+    }
+
+    #[tokio::test]
+    async fn exports_are_their_owners_and_signed_links_open_them() {
+        let h = service(&[("exports.url_ttl_secs", "60")]);
+        let s = &h.service;
+        let (alice, bob) = (caller("alice", false), caller("bob", false));
+        let file = stored(
+            s,
+            "alice",
+            "sb-one",
+            "/workspace/report.txt",
+            ExportKind::File,
+        );
+        let _other = stored(s, "alice", "sb-two", "/workspace/b", ExportKind::File);
+
+        let info = s.get_export(&alice, &file).unwrap();
+        assert_eq!(info.download_url, format!("/v1/exports/{file}/content"));
+        let signed = info.signed_url.clone().unwrap();
+        assert!(info.signed_url_expires_at.is_some());
+        assert_eq!(s.list_exports(&alice, None).unwrap().exports.len(), 2);
+        assert_eq!(
+            s.list_exports(&alice, Some("sb-one"))
+                .unwrap()
+                .exports
+                .len(),
+            1
+        );
+        assert!(s.list_exports(&bob, None).unwrap().exports.is_empty());
+        let kind = |r: ServiceResult<ExportInfo>| r.unwrap_err().kind;
+        assert_eq!(kind(s.get_export(&bob, &file)), ErrorKind::NotFound);
+        assert_eq!(
+            kind(s.get_export(&alice, "ex-1")),
+            ErrorKind::InvalidArgument
+        );
+        assert_eq!(
+            s.list_exports(&alice, Some("nope")).unwrap_err().kind,
+            ErrorKind::InvalidArgument
+        );
+
+        // The owner reads it; another owner cannot; the signed link can, until altered.
+        let c = s
+            .export_content(ExportAccess::Caller(&alice), &file)
+            .await
+            .unwrap();
+        assert_eq!(
+            (c.content_type, c.filename.as_str(), c.length),
+            ("application/octet-stream", "report.txt", 5)
+        );
+        assert_eq!(read_all(c).await, b"hello");
+        let e = s
+            .export_content(ExportAccess::Caller(&bob), &file)
+            .await
+            .unwrap_err();
+        assert_eq!(e.kind, ErrorKind::NotFound);
+        let query = signed.split_once('?').unwrap().1;
+        let pairs: Vec<(String, String)> = query
+            .split('&')
+            .map(|kv| {
+                let (k, v) = kv.split_once('=').unwrap();
+                (k.to_string(), v.to_string())
+            })
+            .collect();
+        let expires: i64 = pairs[0].1.parse().unwrap();
+        let signature = pairs[1].1.clone();
+        let link = ExportAccess::SignedLink {
+            expires,
+            signature: &signature,
+        };
+        assert_eq!(
+            read_all(s.export_content(link, &file).await.unwrap()).await,
+            b"hello"
+        );
+        let late = ExportAccess::SignedLink {
+            expires: expires + 1,
+            signature: &signature,
+        };
+        let e = s.export_content(late, &file).await.unwrap_err();
+        assert_eq!(e.kind, ErrorKind::PermissionDenied);
+
+        // Deleted: the record and the stored copy go; then it is missing.
+        s.delete_export(&alice, &file).await.unwrap();
+        assert!(!s.exports_dir().join(&file).exists());
+        assert_eq!(kind(s.get_export(&alice, &file)), ErrorKind::NotFound);
+        assert_eq!(
+            s.delete_export(&alice, &file).await.unwrap_err().kind,
+            ErrorKind::NotFound
+        );
+    }
+
+    #[tokio::test]
+    async fn a_folder_downloads_as_a_tar_under_its_name() {
+        let h = service(&[("exports.url_ttl_secs", "0")]);
+        let s = &h.service;
+        let alice = caller("alice", false);
+        let dir = stored(s, "alice", "sb-one", "/workspace/results", ExportKind::Dir);
+        let info = s.get_export(&alice, &dir).unwrap();
+        assert_eq!((info.signed_url, info.signed_url_expires_at), (None, None));
+        let c = s
+            .export_content(ExportAccess::Caller(&alice), &dir)
+            .await
+            .unwrap();
+        assert_eq!(
+            (c.content_type, c.filename.as_str()),
+            ("application/x-tar", "results.tar")
+        );
+        let bytes = read_all(c).await;
+        let mut archive = tar::Archive::new(&bytes[..]);
+        let mut found = Vec::new();
+        for entry in archive.entries().unwrap() {
+            let mut entry = entry.unwrap();
+            let path = entry.path().unwrap().display().to_string();
+            let mut body = String::new();
+            entry.read_to_string(&mut body).unwrap();
+            found.push((path, body));
+        }
+        assert!(
+            found.contains(&("results/sub/a.txt".to_string(), "a".to_string())),
+            "{found:?}"
+        );
+        // Built once, kept, and no temporary file left behind.
+        let kept: Vec<_> = std::fs::read_dir(s.exports_dir().join(&dir))
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        assert!(kept.contains(&"archive.tar".to_string()), "{kept:?}");
+        assert!(!kept.iter().any(|n| n.ends_with(".tmp")), "{kept:?}");
+    }
+}

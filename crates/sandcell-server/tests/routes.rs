@@ -1,0 +1,1078 @@
+//! Every route of the REST API driven in-process with `oneshot`: the real router over a real
+//! store (SQLite in a temporary folder) and a real fleet whose sandboxes run the real guest
+//! agent without isolation (sandcell-testkit's local backend), so these run on any machine.
+//!
+//! For every route: no key (or an unknown one) is a 401; a malformed id, a bad JSON body, an
+//! unknown field or a wrong type is a 400 naming it; another owner's resource is a 404, never
+//! a 403; a cap of the fleet is a 429. [`ROUTES`] must list every operation of the OpenAPI
+//! document, so a new route without its checks fails here.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Method, Request, StatusCode};
+use sandcell_engine::Engine;
+use sandcell_engine::fleet::Fleet;
+use sandcell_server::AppState;
+use sandcell_server::config;
+use sandcell_server::ledger::StoreLedger;
+use sandcell_server::signed_url::UrlSigner;
+use sandcell_service::Service;
+use sandcell_service::caller::new_key;
+use sandcell_store::Store;
+use sandcell_testkit::local::LocalBackend;
+use serde_json::{Value, json};
+use tower::ServiceExt;
+
+/// What a route takes in its body.
+#[derive(Debug, Clone, Copy)]
+enum Payload {
+    None,
+    /// Raw bytes (file uploads, a process's stdin).
+    Raw(&'static str),
+    /// A JSON object: one that passes validation, and one with a field of the wrong type.
+    Json {
+        valid: &'static str,
+        wrong_type: &'static str,
+    },
+}
+
+/// One operation of the API.
+#[derive(Debug, Clone, Copy)]
+struct Route {
+    method: &'static str,
+    /// As in the OpenAPI document, with `{id}`, `{pid}`, `{context}`, `{snapshot_id}`,
+    /// `{export_id}` and `{key_id}` to fill in.
+    path: &'static str,
+    /// A query the route needs to get past its own checks (e.g. a file's `path`).
+    query: &'static str,
+    body: Payload,
+}
+
+const fn route(method: &'static str, path: &'static str) -> Route {
+    Route {
+        method,
+        path,
+        query: "",
+        body: Payload::None,
+    }
+}
+
+const fn with_query(mut r: Route, query: &'static str) -> Route {
+    r.query = query;
+    r
+}
+
+const fn json(mut r: Route, valid: &'static str, wrong_type: &'static str) -> Route {
+    r.body = Payload::Json { valid, wrong_type };
+    r
+}
+
+const fn raw(mut r: Route, bytes: &'static str) -> Route {
+    r.body = Payload::Raw(bytes);
+    r
+}
+
+/// Every operation, with what gets it past validation.
+const ROUTES: &[Route] = &[
+    json(
+        route("POST", "/v1/sandboxes"),
+        "{}",
+        r#"{"timeout_secs": "soon"}"#,
+    ),
+    route("GET", "/v1/sandboxes"),
+    route("GET", "/v1/sandboxes/{id}"),
+    route("DELETE", "/v1/sandboxes/{id}"),
+    json(
+        route("POST", "/v1/sandboxes/{id}/timeout"),
+        r#"{"timeout_secs": 600}"#,
+        r#"{"timeout_secs": "long"}"#,
+    ),
+    route("POST", "/v1/sandboxes/{id}/pause"),
+    route("POST", "/v1/sandboxes/{id}/resume"),
+    route("GET", "/v1/sandboxes/{id}/metrics"),
+    json(
+        route("POST", "/v1/sandboxes/{id}/exec"),
+        r#"{"cmd": "true"}"#,
+        r#"{"cmd": 1}"#,
+    ),
+    json(
+        route("POST", "/v1/sandboxes/{id}/exec/stream"),
+        r#"{"cmd": "true"}"#,
+        r#"{"argv": "true"}"#,
+    ),
+    json(
+        route("POST", "/v1/sandboxes/{id}/code"),
+        r#"{"code": "1"}"#,
+        r#"{"code": 1}"#,
+    ),
+    json(
+        route("POST", "/v1/sandboxes/{id}/code/stream"),
+        r#"{"code": "1"}"#,
+        r#"{"code": "1", "timeout_secs": "1s"}"#,
+    ),
+    json(
+        route("POST", "/v1/sandboxes/{id}/contexts"),
+        r#"{"language": "python"}"#,
+        r#"{"language": 3}"#,
+    ),
+    route("GET", "/v1/sandboxes/{id}/contexts"),
+    route("DELETE", "/v1/sandboxes/{id}/contexts/{context}"),
+    route("POST", "/v1/sandboxes/{id}/contexts/{context}/interrupt"),
+    route("POST", "/v1/sandboxes/{id}/contexts/{context}/restart"),
+    route("GET", "/v1/sandboxes/{id}/contexts/{context}/variables"),
+    json(
+        route("PUT", "/v1/sandboxes/{id}/contexts/{context}/variables"),
+        r#"{"values": {"x": 1}}"#,
+        r#"{"values": [1]}"#,
+    ),
+    route("DELETE", "/v1/sandboxes/{id}/contexts/{context}/variables"),
+    route("GET", "/v1/sandboxes/{id}/processes"),
+    json(
+        route("POST", "/v1/sandboxes/{id}/processes"),
+        r#"{"cmd": "true"}"#,
+        r#"{"cmd": "true", "stdin": "yes"}"#,
+    ),
+    route("GET", "/v1/sandboxes/{id}/processes/{pid}/stream"),
+    route("GET", "/v1/sandboxes/{id}/processes/{pid}/output"),
+    raw(
+        route("POST", "/v1/sandboxes/{id}/processes/{pid}/stdin"),
+        "hi\n",
+    ),
+    json(
+        route("POST", "/v1/sandboxes/{id}/processes/{pid}/resize"),
+        r#"{"rows": 24, "cols": 80}"#,
+        r#"{"rows": -1, "cols": 80}"#,
+    ),
+    route("GET", "/v1/sandboxes/{id}/pty"),
+    route("DELETE", "/v1/sandboxes/{id}/processes/{pid}"),
+    with_query(route("GET", "/v1/sandboxes/{id}/files"), "path=."),
+    with_query(route("DELETE", "/v1/sandboxes/{id}/files"), "path=gone.txt"),
+    with_query(route("GET", "/v1/sandboxes/{id}/files/stat"), "path=."),
+    json(
+        route("POST", "/v1/sandboxes/{id}/files/mkdir"),
+        r#"{"path": "made"}"#,
+        r#"{"path": ["made"]}"#,
+    ),
+    json(
+        route("POST", "/v1/sandboxes/{id}/files/rename"),
+        r#"{"from": "a.txt", "to": "b.txt"}"#,
+        r#"{"from": 1, "to": "b.txt"}"#,
+    ),
+    with_query(
+        route("GET", "/v1/sandboxes/{id}/files/content"),
+        "path=a.txt",
+    ),
+    raw(
+        with_query(
+            route("PUT", "/v1/sandboxes/{id}/files/content"),
+            "path=a.txt",
+        ),
+        "hello\n",
+    ),
+    json(
+        route("POST", "/v1/sandboxes/{id}/import"),
+        r#"{"path": "imported.txt", "text": "hi"}"#,
+        r#"{"path": "imported.txt", "text": "hi", "mode": "rw"}"#,
+    ),
+    route("GET", "/v1/sandboxes/{id}/artifacts"),
+    json(
+        route("POST", "/v1/sandboxes/{id}/exports"),
+        r#"{"path": "a.txt"}"#,
+        r#"{"path": 7}"#,
+    ),
+    route("GET", "/v1/exports"),
+    route("GET", "/v1/exports/{export_id}"),
+    route("DELETE", "/v1/exports/{export_id}"),
+    route("GET", "/v1/exports/{export_id}/content"),
+    json(
+        route("POST", "/v1/keys"),
+        r#"{"name": "second"}"#,
+        r#"{"name": "second", "admin": "yes"}"#,
+    ),
+    route("GET", "/v1/keys"),
+    route("DELETE", "/v1/keys/{key_id}"),
+    json(
+        route("POST", "/v1/sandboxes/{id}/snapshots"),
+        "{}",
+        r#"{"tags": ["a"]}"#,
+    ),
+    route("GET", "/v1/snapshots"),
+    route("GET", "/v1/snapshots/{snapshot_id}"),
+    route("DELETE", "/v1/snapshots/{snapshot_id}"),
+    json(
+        route("POST", "/v1/snapshots/{snapshot_id}/fork"),
+        "{}",
+        r#"{"count": "two"}"#,
+    ),
+    route("GET", "/v1/sandboxes/{id}/auto-snapshot"),
+    json(
+        route("PUT", "/v1/sandboxes/{id}/auto-snapshot"),
+        r#"{"before_reclaim": true}"#,
+        r#"{"keep": "all"}"#,
+    ),
+    route("GET", "/v1/system"),
+];
+
+/// The values path parameters are filled with.
+#[derive(Debug, Clone)]
+struct Ids {
+    id: String,
+    pid: String,
+    context: String,
+    snapshot_id: String,
+    export_id: String,
+    key_id: String,
+}
+
+impl Ids {
+    /// Well-formed ids of nothing that exists.
+    fn missing() -> Self {
+        Self {
+            id: "sb-0000000000000000".into(),
+            pid: "4242".into(),
+            context: "nothing-here".into(),
+            snapshot_id: "sn-0000000000000000".into(),
+            export_id: "ex-0000000000000000".into(),
+            key_id: "0000000000ff".into(),
+        }
+    }
+
+    fn fill(&self, route: &Route) -> String {
+        let path = route
+            .path
+            .replace("{id}", &self.id)
+            .replace("{pid}", &self.pid)
+            .replace("{context}", &self.context)
+            .replace("{snapshot_id}", &self.snapshot_id)
+            .replace("{export_id}", &self.export_id)
+            .replace("{key_id}", &self.key_id);
+        if route.query.is_empty() {
+            path
+        } else {
+            format!("{path}?{}", route.query)
+        }
+    }
+}
+
+/// The service as `serve` builds it, minus the listeners and loops.
+struct Harness {
+    app: Router,
+    state: AppState,
+    store: Arc<Store>,
+    /// Keys of two ordinary owners, and their key ids.
+    alice: Key,
+    bob: Key,
+    home: tempfile::TempDir,
+}
+
+#[derive(Debug, Clone)]
+struct Key {
+    secret: String,
+    id: String,
+}
+
+impl Harness {
+    /// A service over a local backend, with these settings (`limits.max_per_owner`, …).
+    async fn new(settings: &[(&str, &str)]) -> Self {
+        let home = tempfile::tempdir().expect("a home folder");
+        let flags: Vec<(String, String)> = settings
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+        let (config, _) = config::load(home.path(), None, &[], &flags).expect("the settings");
+        let store = Arc::new(Store::open(&config.database).expect("the store"));
+        let engine = Engine::builder().backend(LocalBackend::new()).build();
+        let fleet = Arc::new(Fleet::new(
+            engine,
+            Arc::new(StoreLedger::new(store.clone())),
+            config.fleet_limits(),
+        ));
+        let signer = UrlSigner::load_or_create(&config.home).expect("the signing key");
+        let state = AppState::new(Arc::new(Service::new(fleet, store.clone(), config, signer)));
+        let key = |owner: &str| {
+            let (record, secret) = new_key(owner, owner, false).expect("a key");
+            store.insert_key(&record).expect("store the key");
+            Key {
+                secret,
+                id: record.id,
+            }
+        };
+        let (alice, bob) = (key("alice"), key("bob"));
+        Self {
+            app: sandcell_server::app(state.clone()),
+            state,
+            store,
+            alice,
+            bob,
+            home,
+        }
+    }
+
+    /// Sends one request; the status and the body (JSON, or the text as a JSON string).
+    async fn send(&self, req: Request<Body>) -> (StatusCode, Value) {
+        let resp = self
+            .app
+            .clone()
+            .oneshot(req)
+            .await
+            .expect("the router answers");
+        let status = resp.status();
+        let bytes = axum::body::to_bytes(resp.into_body(), 16 << 20)
+            .await
+            .expect("the whole body");
+        let body = serde_json::from_slice(&bytes)
+            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()));
+        (status, body)
+    }
+
+    /// `route` at `uri` with `key` and `body` (JSON bodies with their content type).
+    async fn call(
+        &self,
+        route: &Route,
+        uri: &str,
+        key: Option<&str>,
+        body: Option<&str>,
+    ) -> (StatusCode, Value) {
+        if route.path.ends_with("/pty") {
+            return self.handshake(uri, key).await;
+        }
+        let mut req = Request::builder()
+            .method(Method::from_bytes(route.method.as_bytes()).expect("a method"))
+            .uri(uri);
+        if let Some(key) = key {
+            req = req.header("x-api-key", key);
+        }
+        if matches!(route.body, Payload::Json { .. }) {
+            req = req.header("content-type", "application/json");
+        }
+        let body = body.map(|b| Body::from(b.to_string())).unwrap_or_default();
+        self.send(req.body(body).expect("a request")).await
+    }
+
+    /// A WebSocket handshake at `uri` over a real connection (the upgrade needs hyper's
+    /// connection, which `oneshot` has not): the status, and the body of a refusal.
+    async fn handshake(&self, uri: &str, key: Option<&str>) -> (StatusCode, Value) {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port");
+        let addr = listener.local_addr().expect("its address");
+        let server = tokio::spawn(axum::serve(listener, self.app.clone()).into_future());
+        let mut conn = tokio::net::TcpStream::connect(addr)
+            .await
+            .expect("a connection");
+        let key = key
+            .map(|k| format!("x-api-key: {k}\r\n"))
+            .unwrap_or_default();
+        let request = format!(
+            "GET {uri} HTTP/1.1\r\nhost: {addr}\r\nconnection: upgrade\r\nupgrade: websocket\r\n\
+             sec-websocket-version: 13\r\nsec-websocket-key: dGhlIHNhbXBsZSBub25jZQ==\r\n{key}\r\n"
+        );
+        conn.write_all(request.as_bytes()).await.expect("send");
+        let read = async {
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            loop {
+                let n = conn.read(&mut buf).await.expect("read");
+                got.extend_from_slice(&buf[..n]);
+                let text = String::from_utf8_lossy(&got).into_owned();
+                let Some((head, body)) = text.split_once("\r\n\r\n") else {
+                    assert!(n > 0, "the connection ended in the headers: {text}");
+                    continue;
+                };
+                let length = head
+                    .lines()
+                    .find_map(|l| {
+                        let (name, value) = l.split_once(':')?;
+                        name.eq_ignore_ascii_case("content-length")
+                            .then(|| value.trim().parse::<usize>().ok())?
+                    })
+                    .unwrap_or(0);
+                if body.len() >= length || n == 0 {
+                    let status = head
+                        .split_whitespace()
+                        .nth(1)
+                        .and_then(|s| s.parse::<u16>().ok())
+                        .and_then(|s| StatusCode::from_u16(s).ok())
+                        .expect("a status line");
+                    let body = serde_json::from_str(body)
+                        .unwrap_or_else(|_| Value::String(body.to_string()));
+                    return (status, body);
+                }
+            }
+        };
+        let answer = tokio::time::timeout(std::time::Duration::from_secs(30), read)
+            .await
+            .expect("an answer to the handshake");
+        server.abort();
+        answer
+    }
+
+    /// `route` as `key` with its valid body.
+    async fn valid(&self, route: &Route, ids: &Ids, key: &str) -> (StatusCode, Value) {
+        let body = match route.body {
+            Payload::None => None,
+            Payload::Raw(b) => Some(b),
+            Payload::Json { valid, .. } => Some(valid),
+        };
+        self.call(route, &ids.fill(route), Some(key), body).await
+    }
+
+    /// A JSON request as alice; the status and the body.
+    async fn alice(&self, method: &str, uri: &str, body: Option<Value>) -> (StatusCode, Value) {
+        let mut req = Request::builder()
+            .method(Method::from_bytes(method.as_bytes()).expect("a method"))
+            .uri(uri)
+            .header("x-api-key", &self.alice.secret);
+        let body = match body {
+            Some(v) => {
+                req = req.header("content-type", "application/json");
+                Body::from(v.to_string())
+            }
+            None => Body::empty(),
+        };
+        self.send(req.body(body).expect("a request")).await
+    }
+
+    /// A sandbox of alice's.
+    async fn alice_sandbox(&self) -> String {
+        let (status, body) = self.alice("POST", "/v1/sandboxes", Some(json!({}))).await;
+        assert_eq!(status, StatusCode::CREATED, "{body}");
+        body["id"].as_str().expect("an id").to_string()
+    }
+
+    async fn shutdown(self) {
+        self.state.fleet.stop_all("the test is over").await;
+    }
+}
+
+/// `answer`'s body; a mismatch noted when its status is not `want`.
+fn ok(
+    mismatches: &mut Vec<String>,
+    what: &str,
+    answer: (StatusCode, Value),
+    want: StatusCode,
+) -> Value {
+    if answer.0 != want {
+        mismatches.push(format!(
+            "{what}: want {want}, got {} {}",
+            answer.0, answer.1
+        ));
+    }
+    answer.1
+}
+
+/// Fails with every mismatch at once: the route, what was expected and what came.
+fn check_all(mismatches: Vec<String>) {
+    assert!(
+        mismatches.is_empty(),
+        "{} mismatches:\n{}",
+        mismatches.len(),
+        mismatches.join("\n")
+    );
+}
+
+fn expect(
+    mismatches: &mut Vec<String>,
+    what: &str,
+    (status, body): &(StatusCode, Value),
+    want: StatusCode,
+    code: &str,
+) {
+    if *status != want || body["code"] != code {
+        mismatches.push(format!("{what}: want {want} {code}, got {status} {body}"));
+    }
+}
+
+#[test]
+fn the_table_covers_every_documented_route() {
+    let doc = serde_json::to_value(sandcell_server::openapi()).expect("the document as JSON");
+    let documented: BTreeSet<(String, String)> = doc["paths"]
+        .as_object()
+        .expect("paths")
+        .iter()
+        .flat_map(|(path, item)| {
+            ["get", "put", "post", "delete", "patch"]
+                .into_iter()
+                .filter(|m| item.get(*m).is_some())
+                .map(|m| (m.to_uppercase(), path.clone()))
+        })
+        .collect();
+    let tested: BTreeSet<(String, String)> = ROUTES
+        .iter()
+        .map(|r| (r.method.to_string(), r.path.to_string()))
+        .collect();
+    assert_eq!(tested.len(), ROUTES.len(), "a route is listed twice");
+    let untested: Vec<_> = documented.difference(&tested).collect();
+    let unknown: Vec<_> = tested.difference(&documented).collect();
+    assert!(
+        untested.is_empty() && unknown.is_empty(),
+        "routes without a row in ROUTES: {untested:?}; rows of no documented route: {unknown:?}"
+    );
+}
+
+#[tokio::test]
+async fn every_route_wants_a_valid_key() {
+    let h = Harness::new(&[]).await;
+    let ids = Ids::missing();
+    let mut mismatches = Vec::new();
+    for route in ROUTES {
+        let uri = ids.fill(route);
+        let what = format!("{} {uri}", route.method);
+        let body = match route.body {
+            Payload::Json { valid, .. } => Some(valid),
+            Payload::Raw(b) => Some(b),
+            Payload::None => None,
+        };
+        let none = h.call(route, &uri, None, body).await;
+        expect(
+            &mut mismatches,
+            &format!("{what} without a key"),
+            &none,
+            StatusCode::UNAUTHORIZED,
+            "unauthenticated",
+        );
+        let unknown = h
+            .call(
+                route,
+                &uri,
+                Some("sc_000000000000_0000000000000000000000000000000000000000000000"),
+                body,
+            )
+            .await;
+        expect(
+            &mut mismatches,
+            &format!("{what} with an unknown key"),
+            &unknown,
+            StatusCode::UNAUTHORIZED,
+            "unauthenticated",
+        );
+    }
+    check_all(mismatches);
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_malformed_id_in_the_path_is_a_400() {
+    let h = Harness::new(&[]).await;
+    let good = Ids::missing();
+    let mut mismatches = Vec::new();
+    type Field = fn(&mut Ids) -> &mut String;
+    let malformed: [(&str, Field, &str); 5] = [
+        ("{id}", |i| &mut i.id, "SB-Not-An-Id"),
+        ("{pid}", |i| &mut i.pid, "forty-two"),
+        ("{snapshot_id}", |i| &mut i.snapshot_id, "sn-xyz"),
+        ("{export_id}", |i| &mut i.export_id, "ex-123"),
+        ("{key_id}", |i| &mut i.key_id, "not-hex"),
+    ];
+    for route in ROUTES {
+        for (param, field, bad) in &malformed {
+            if !route.path.contains(param) {
+                continue;
+            }
+            let mut ids = good.clone();
+            *field(&mut ids) = bad.to_string();
+            let answer = h.valid(route, &ids, &h.alice.secret).await;
+            expect(
+                &mut mismatches,
+                &format!("{} {}", route.method, ids.fill(route)),
+                &answer,
+                StatusCode::BAD_REQUEST,
+                "invalid_argument",
+            );
+        }
+    }
+    check_all(mismatches);
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_bad_json_body_is_a_400_and_one_without_its_type_a_415() {
+    let h = Harness::new(&[]).await;
+    let ids = Ids::missing();
+    let key = h.alice.secret.clone();
+    let mut mismatches = Vec::new();
+    for route in ROUTES {
+        let Payload::Json { valid, wrong_type } = route.body else {
+            continue;
+        };
+        let uri = ids.fill(route);
+        let mut unknown_field: Value = serde_json::from_str(valid).expect("a valid body");
+        unknown_field["no_such_field"] = json!(1);
+        let unknown_field = unknown_field.to_string();
+        for (what, body) in [
+            ("malformed JSON", "{\"cut"),
+            ("an unknown field", unknown_field.as_str()),
+            ("a field of the wrong type", wrong_type),
+            ("an array for an object", "[]"),
+        ] {
+            let answer = h.call(route, &uri, Some(&key), Some(body)).await;
+            expect(
+                &mut mismatches,
+                &format!("{} {uri} with {what}", route.method),
+                &answer,
+                StatusCode::BAD_REQUEST,
+                "invalid_argument",
+            );
+            let message = answer.1["message"].as_str().unwrap_or_default();
+            if what == "an unknown field" && !message.contains("no_such_field") {
+                mismatches.push(format!(
+                    "{} {uri}: the message does not name the field: {message}",
+                    route.method
+                ));
+            }
+        }
+        let req = Request::builder()
+            .method(Method::from_bytes(route.method.as_bytes()).expect("a method"))
+            .uri(&uri)
+            .header("x-api-key", &key)
+            .body(Body::from(valid))
+            .expect("a request");
+        let answer = h.send(req).await;
+        expect(
+            &mut mismatches,
+            &format!("{} {uri} without a content type", route.method),
+            &answer,
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+        );
+    }
+    check_all(mismatches);
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_bad_query_is_a_400() {
+    let h = Harness::new(&[]).await;
+    let id = h.alice_sandbox().await;
+    let mut mismatches = Vec::new();
+    for (method, uri) in [
+        (
+            "GET",
+            format!("/v1/sandboxes/{id}/files?path=.&no_such_parameter=1"),
+        ),
+        ("GET", format!("/v1/sandboxes/{id}/files/stat")),
+        ("GET", format!("/v1/sandboxes/{id}/files/content")),
+        ("DELETE", format!("/v1/sandboxes/{id}/files")),
+        ("PUT", format!("/v1/sandboxes/{id}/files/content")),
+        ("GET", "/v1/sandboxes?limit=many".to_string()),
+        ("GET", "/v1/sandboxes?no_such_parameter=1".to_string()),
+        ("GET", "/v1/snapshots?limit=-1".to_string()),
+        ("GET", "/v1/exports?no_such_parameter=1".to_string()),
+        ("GET", "/v1/keys?no_such_parameter=1".to_string()),
+        (
+            "GET",
+            "/v1/exports/ex-0000000000000000/content?expires=soon&signature=00".to_string(),
+        ),
+    ] {
+        let answer = h.alice(method, &uri, None).await;
+        expect(
+            &mut mismatches,
+            &format!("{method} {uri}"),
+            &answer,
+            StatusCode::BAD_REQUEST,
+            "invalid_argument",
+        );
+    }
+    check_all(mismatches);
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn what_does_not_exist_is_a_404() {
+    let h = Harness::new(&[]).await;
+    let ids = Ids::missing();
+    let mut mismatches = Vec::new();
+    for route in ROUTES.iter().filter(|r| r.path.contains('{')) {
+        let answer = h.valid(route, &ids, &h.alice.secret).await;
+        expect(
+            &mut mismatches,
+            &format!("{} {}", route.method, ids.fill(route)),
+            &answer,
+            StatusCode::NOT_FOUND,
+            "not_found",
+        );
+    }
+    check_all(mismatches);
+    h.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn another_owners_resources_are_a_404() {
+    let h = Harness::new(&[]).await;
+    let id = h.alice_sandbox().await;
+    let (status, body) = h
+        .alice(
+            "PUT",
+            &format!("/v1/sandboxes/{id}/files/content?path=a.txt"),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let (status, export) = h
+        .alice(
+            "POST",
+            &format!("/v1/sandboxes/{id}/exports"),
+            Some(json!({"path": "a.txt"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{export}");
+    // The local backend takes no snapshots; a record of alice's stands in for one (ownership
+    // is checked before its files are read).
+    let snapshot_id = "sn-00000000000000a1";
+    h.store
+        .insert_snapshot(&sandcell_store::SnapshotRecord {
+            id: snapshot_id.into(),
+            owner: "alice".into(),
+            sandbox_id: id.clone(),
+            parent_id: None,
+            name: "alice's".into(),
+            description: String::new(),
+            tags: Default::default(),
+            fidelity: "files".into(),
+            created_at: sandcell_engine::fleet::now_ms(),
+            size: 0,
+            manifest: json!({}),
+            path: h.home.path().join("snapshots/none").display().to_string(),
+        })
+        .expect("a snapshot record");
+    let alices = Ids {
+        id: id.clone(),
+        pid: "4242".into(),
+        context: "default".into(),
+        snapshot_id: snapshot_id.into(),
+        export_id: export["id"].as_str().expect("an export id").into(),
+        key_id: h.alice.id.clone(),
+    };
+    let mut mismatches = Vec::new();
+    for route in ROUTES.iter().filter(|r| r.path.contains('{')) {
+        let answer = h.valid(route, &alices, &h.bob.secret).await;
+        expect(
+            &mut mismatches,
+            &format!("bob: {} {}", route.method, alices.fill(route)),
+            &answer,
+            StatusCode::NOT_FOUND,
+            "not_found",
+        );
+    }
+    // Nor do bob's lists show them.
+    for list in ["/v1/sandboxes", "/v1/exports", "/v1/snapshots", "/v1/keys"] {
+        let req = Request::builder()
+            .uri(list)
+            .header("x-api-key", &h.bob.secret)
+            .body(Body::empty())
+            .expect("a request");
+        let (status, body) = h.send(req).await;
+        let text = body.to_string();
+        if status != StatusCode::OK
+            || text.contains(&alices.id)
+            || text.contains(&alices.export_id)
+            || text.contains(snapshot_id)
+            || text.contains(&alices.key_id)
+        {
+            mismatches.push(format!("bob: GET {list}: {status} {body}"));
+        }
+    }
+    check_all(mismatches);
+    // Alice's things are all still there.
+    let (status, body) = h.alice("GET", &format!("/v1/sandboxes/{id}"), None).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    h.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_fleets_caps_are_a_429() {
+    let h = Harness::new(&[("limits.max_per_owner", "1"), ("limits.max_sandboxes", "2")]).await;
+    let create = json(route("POST", "/v1/sandboxes"), "{}", "");
+    let ask = async |key: &str| h.call(&create, create.path, Some(key), Some("{}")).await;
+    let (status, body) = ask(&h.alice.secret).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let mut mismatches = Vec::new();
+    expect(
+        &mut mismatches,
+        "alice's second sandbox (max_per_owner = 1)",
+        &ask(&h.alice.secret).await,
+        StatusCode::TOO_MANY_REQUESTS,
+        "limit_exceeded",
+    );
+    let (status, body) = ask(&h.bob.secret).await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let (record, carol) = new_key("carol", "carol", false).expect("a key");
+    h.store.insert_key(&record).expect("store the key");
+    expect(
+        &mut mismatches,
+        "carol's first sandbox (max_sandboxes = 2)",
+        &ask(&carol).await,
+        StatusCode::TOO_MANY_REQUESTS,
+        "limit_exceeded",
+    );
+    check_all(mismatches);
+    h.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_live_sandbox_answers_its_routes() {
+    let h = Harness::new(&[]).await;
+    let id = h.alice_sandbox().await;
+    let s = |path: &str| format!("/v1/sandboxes/{id}{path}");
+    let mut mismatches = Vec::new();
+    let m = &mut mismatches;
+    ok(m, "get", h.alice("GET", &s(""), None).await, StatusCode::OK);
+    let list = ok(
+        m,
+        "list",
+        h.alice("GET", "/v1/sandboxes", None).await,
+        StatusCode::OK,
+    );
+    assert!(list.to_string().contains(&id), "{list}");
+    let out = ok(
+        m,
+        "exec",
+        h.alice("POST", &s("/exec"), Some(json!({"cmd": "echo hi"})))
+            .await,
+        StatusCode::OK,
+    );
+    assert_eq!(out["stdout"], "hi\n", "{out}");
+    ok(
+        m,
+        "exec stream",
+        h.alice("POST", &s("/exec/stream"), Some(json!({"cmd": "echo hi"})))
+            .await,
+        StatusCode::OK,
+    );
+    ok(
+        m,
+        "timeout",
+        h.alice("POST", &s("/timeout"), Some(json!({"timeout_secs": 600})))
+            .await,
+        StatusCode::OK,
+    );
+    ok(
+        m,
+        "metrics",
+        h.alice("GET", &s("/metrics"), None).await,
+        StatusCode::OK,
+    );
+    // Files.
+    let upload = Request::builder()
+        .method(Method::PUT)
+        .uri(s("/files/content?path=a.txt"))
+        .header("x-api-key", &h.alice.secret)
+        .body(Body::from("hello\n"))
+        .expect("a request");
+    ok(m, "upload", h.send(upload).await, StatusCode::CREATED);
+    let (status, text) = h.alice("GET", &s("/files/content?path=a.txt"), None).await;
+    ok(m, "download", (status, text.clone()), StatusCode::OK);
+    assert_eq!(text, "hello\n");
+    ok(
+        m,
+        "stat",
+        h.alice("GET", &s("/files/stat?path=a.txt"), None).await,
+        StatusCode::OK,
+    );
+    ok(
+        m,
+        "list files",
+        h.alice("GET", &s("/files?path=."), None).await,
+        StatusCode::OK,
+    );
+    ok(
+        m,
+        "mkdir",
+        h.alice("POST", &s("/files/mkdir"), Some(json!({"path": "made"})))
+            .await,
+        StatusCode::CREATED,
+    );
+    ok(
+        m,
+        "rename",
+        h.alice(
+            "POST",
+            &s("/files/rename"),
+            Some(json!({"from": "a.txt", "to": "made/b.txt"})),
+        )
+        .await,
+        StatusCode::OK,
+    );
+    ok(
+        m,
+        "import",
+        h.alice(
+            "POST",
+            &s("/import"),
+            Some(json!({"path": "i.txt", "text": "hi"})),
+        )
+        .await,
+        StatusCode::CREATED,
+    );
+    // Not `/artifacts`: it lists `/workspace/outputs`, an absolute path, which the local
+    // backend does not map (absolute paths name the host's files there).
+    let export = ok(
+        m,
+        "export",
+        h.alice("POST", &s("/exports"), Some(json!({"path": "i.txt"})))
+            .await,
+        StatusCode::CREATED,
+    );
+    let export_id = export["id"].as_str().unwrap_or_default().to_string();
+    ok(
+        m,
+        "exports",
+        h.alice("GET", "/v1/exports", None).await,
+        StatusCode::OK,
+    );
+    ok(
+        m,
+        "export",
+        h.alice("GET", &format!("/v1/exports/{export_id}"), None)
+            .await,
+        StatusCode::OK,
+    );
+    let (status, bytes) = h
+        .alice("GET", &format!("/v1/exports/{export_id}/content"), None)
+        .await;
+    ok(m, "export content", (status, bytes.clone()), StatusCode::OK);
+    assert_eq!(bytes, "hi");
+    ok(
+        m,
+        "delete export",
+        h.alice("DELETE", &format!("/v1/exports/{export_id}"), None)
+            .await,
+        StatusCode::NO_CONTENT,
+    );
+    ok(
+        m,
+        "remove",
+        h.alice("DELETE", &s("/files?path=i.txt"), None).await,
+        StatusCode::NO_CONTENT,
+    );
+    // Processes.
+    let started = ok(
+        m,
+        "start",
+        h.alice("POST", &s("/processes"), Some(json!({"cmd": "sleep 30"})))
+            .await,
+        StatusCode::CREATED,
+    );
+    let pid = started["pid"].as_i64().unwrap_or_default();
+    ok(
+        m,
+        "processes",
+        h.alice("GET", &s("/processes"), None).await,
+        StatusCode::OK,
+    );
+    ok(
+        m,
+        "signal",
+        h.alice("DELETE", &s(&format!("/processes/{pid}")), None)
+            .await,
+        StatusCode::NO_CONTENT,
+    );
+    // The output waits for the end, which the signal brought.
+    let output = ok(
+        m,
+        "output",
+        h.alice("GET", &s(&format!("/processes/{pid}/output")), None)
+            .await,
+        StatusCode::OK,
+    );
+    assert_eq!(output["ok"], false, "{output}");
+    let (status, body) = h.handshake(&s("/pty"), Some(&h.alice.secret)).await;
+    ok(m, "pty", (status, body), StatusCode::SWITCHING_PROTOCOLS);
+    // A context that is not there (context names have no shape rule: any name is looked up).
+    let live = Ids {
+        id: id.clone(),
+        ..Ids::missing()
+    };
+    for route in ROUTES.iter().filter(|r| r.path.contains("{context}")) {
+        let answer = h.valid(route, &live, &h.alice.secret).await;
+        expect(
+            m,
+            &format!("{} {}", route.method, live.fill(route)),
+            &answer,
+            StatusCode::NOT_FOUND,
+            "not_found",
+        );
+    }
+    // Settings, keys, the system.
+    ok(
+        m,
+        "auto-snapshot",
+        h.alice("GET", &s("/auto-snapshot"), None).await,
+        StatusCode::OK,
+    );
+    ok(
+        m,
+        "set auto-snapshot",
+        h.alice(
+            "PUT",
+            &s("/auto-snapshot"),
+            Some(json!({"before_reclaim": true})),
+        )
+        .await,
+        StatusCode::OK,
+    );
+    ok(
+        m,
+        "snapshots",
+        h.alice("GET", "/v1/snapshots", None).await,
+        StatusCode::OK,
+    );
+    let key = ok(
+        m,
+        "new key",
+        h.alice("POST", "/v1/keys", Some(json!({"name": "second"})))
+            .await,
+        StatusCode::CREATED,
+    );
+    ok(
+        m,
+        "keys",
+        h.alice("GET", "/v1/keys", None).await,
+        StatusCode::OK,
+    );
+    let key_id = key["id"].as_str().unwrap_or_default();
+    ok(
+        m,
+        "revoke",
+        h.alice("DELETE", &format!("/v1/keys/{key_id}"), None).await,
+        StatusCode::NO_CONTENT,
+    );
+    ok(
+        m,
+        "system",
+        h.alice("GET", "/v1/system", None).await,
+        StatusCode::OK,
+    );
+    // What the local backend cannot do is refused as unsupported, not failed.
+    for what in ["/pause", "/snapshots"] {
+        let body = (what == "/snapshots").then(|| json!({}));
+        let answer = h.alice("POST", &s(what), body).await;
+        if (answer.0, answer.1["code"].as_str()) != (StatusCode::CONFLICT, Some("unsupported")) {
+            m.push(format!("{what}: want 409 unsupported, got {answer:?}"));
+        }
+    }
+    // The end.
+    ok(
+        m,
+        "delete",
+        h.alice("DELETE", &s(""), None).await,
+        StatusCode::NO_CONTENT,
+    );
+    // Its record stays, stopped, saying why.
+    let gone = ok(
+        m,
+        "gone",
+        h.alice("GET", &s(""), None).await,
+        StatusCode::OK,
+    );
+    assert_eq!(
+        (&gone["state"], &gone["reason"]),
+        (&json!("stopped"), &json!("deleted"))
+    );
+    check_all(mismatches);
+    h.shutdown().await;
+}

@@ -397,10 +397,10 @@ async fn two_sandboxes_cannot_see_each_other() {
 
 #[tokio::test]
 async fn every_sandbox_has_a_network_namespace_of_its_own_that_it_cannot_reconfigure() {
-    if on_gvisor() {
-        eprintln!("skipped on gvisor: the network stack is gVisor's (netstack), one per sandbox");
-        return;
-    }
+    sandcell_testkit::require!(
+        !on_gvisor(),
+        "the network stack is gVisor's (netstack), one per sandbox"
+    );
     // Namespaces may come from the pool of ones made ahead: never shared, never reused.
     let a = sandbox().await;
     let b = sandbox().await;
@@ -508,12 +508,10 @@ async fn file_api_refuses_escapes() {
 
 #[tokio::test]
 async fn isolation_report_names_every_layer() {
-    if on_gvisor() {
-        eprintln!(
-            "skipped on gvisor: the layers are the process backend's; gvisor_reports_its_boundary checks gVisor's"
-        );
-        return;
-    }
+    sandcell_testkit::require!(
+        !on_gvisor(),
+        "the layers are the process backend's; gvisor_reports_its_boundary checks gVisor's"
+    );
     let sb = sandbox().await;
     let iso = sb.isolation();
     for name in [

@@ -8,13 +8,15 @@ use serde_json::{Value, json};
 use super::daemon::Daemon;
 use super::daemon_snapshots::{check_tmp, fill_tmp};
 
-/// The daemon's CRIU line, or `None` (after saying why) when it has no working CRIU.
+/// Whether the daemon has a working CRIU; reports the test skipped when it has not.
 fn criu_ready(d: &Daemon) -> bool {
     let system = d.get("/v1/system").body;
     let text = system.to_string();
     let ok = text.contains("passes criu check");
     if !ok {
-        eprintln!("skipped: no working criu on this host (run scripts/tools.sh): {text:.400}");
+        sandcell_testkit::skip::skip(format_args!(
+            "no working criu on this host (run scripts/tools.sh): {text:.400}"
+        ));
     }
     ok
 }

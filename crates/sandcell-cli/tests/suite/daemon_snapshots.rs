@@ -378,10 +378,7 @@ fn daemon_gvisor_checkpoints_carry_tmp() {
         .unwrap()
         .iter()
         .any(|b| b["kind"] == "gvisor" && b["available"] == true);
-    if !gvisor {
-        eprintln!("skipped: gvisor is not available here");
-        return;
-    }
+    sandcell_testkit::require!(gvisor, "gvisor is not available here");
     let src = d.create_id(json!({"backend": "gvisor"}));
     let sum = fill_tmp(&d, &src);
     let r = snapshot(&d, &src, json!({}));
@@ -449,10 +446,10 @@ fn daemon_corrupt_snapshot_is_refused_and_others_still_restore() {
 
 #[test]
 fn daemon_snapshot_on_a_full_disk_leaves_nothing_and_the_sandbox_running() {
-    if !nix_is_root() {
-        eprintln!("skipping: mounting a small tmpfs needs root");
-        return;
-    }
+    sandcell_testkit::require!(
+        sandcell_testkit::skip::is_root(),
+        "mounting a small tmpfs needs root"
+    );
     let d = Daemon::start(&[]);
     let id = d.create_id(json!({}));
     d.exec(&id, "head -c 4000000 /dev/urandom > /workspace/big");
@@ -477,15 +474,6 @@ fn daemon_snapshot_on_a_full_disk_leaves_nothing_and_the_sandbox_running() {
     assert_eq!(leftovers, 0, "a half snapshot was left on disk");
     assert_eq!(d.sandbox(&id)["state"], "running");
     assert_eq!(d.exec(&id, "wc -c < /workspace/big")["stdout"], "4000000\n");
-}
-
-fn nix_is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap()
-        .lines()
-        .find(|l| l.starts_with("Uid:"))
-        .and_then(|l| l.split_whitespace().nth(2))
-        == Some("0")
 }
 
 #[test]

@@ -249,10 +249,7 @@ async fn out_of_memory_kills_the_kernel_and_says_so() {
     let mut spec = SandboxSpec::default();
     spec.limits.memory_bytes = Some(192 * 1024 * 1024);
     let sb = sandbox_with(spec).await;
-    if !cgroups_active(&sb) {
-        eprintln!("skipped: no memory cgroup here (rootless)");
-        return;
-    }
+    sandcell_testkit::require!(cgroups_active(&sb), "no memory cgroup here (rootless)");
     let r = py(&sb, "blob = bytearray(1024 * 2**20)").await;
     assert_eq!(r.done.status, CodeStatus::Crashed, "{r:?}");
     assert!(r.done.state_lost);

@@ -253,12 +253,10 @@ async fn a_pty_exec_has_a_terminal_that_echoes_and_resizes() {
 
 #[tokio::test]
 async fn ctrl_c_on_a_pty_interrupts_its_process() {
-    if on_gvisor() {
-        eprintln!(
-            "skipped on gvisor: ^C on a terminal sends no SIGINT there (listed in /v1/system)"
-        );
-        return;
-    }
+    sandcell_testkit::require!(
+        !on_gvisor(),
+        "^C on a terminal sends no SIGINT there (listed in /v1/system)"
+    );
     let sb = sandbox().await;
     let mut req = ExecRequest::argv(["sleep", "100"]);
     pty(&mut req);

@@ -5,11 +5,12 @@ use std::process::Command;
 
 use super::common::*;
 
-/// Runs the binary as `nobody` (needs root and runuser); `None` when that is not possible.
+/// Runs the binary as `nobody` (needs root and runuser); `None`, the test reported skipped,
+/// when that is not possible.
 fn as_nobody(args: &[&str]) -> Option<serde_json::Value> {
     let root = Command::new("id").arg("-u").output().ok()?.stdout == b"0\n";
     if !root || Command::new("runuser").arg("--help").output().is_err() {
-        eprintln!("skipping: needs root and runuser to switch to an unprivileged user");
+        sandcell_testkit::skip::skip("needs root and runuser to switch to an unprivileged user");
         return None;
     }
     let out = Command::new("runuser")

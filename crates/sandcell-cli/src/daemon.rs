@@ -239,11 +239,9 @@ pub fn key_command(cmd: KeyCommand) -> anyhow::Result<()> {
             admin,
             json,
         } => {
-            sandcell_server::auth::check_owner(&owner)
-                .map_err(|e| anyhow::anyhow!("{}", e.body().message))?;
+            sandcell_api::rules::check_owner(&owner)?;
             let store = open_store(&config)?;
-            let (record, secret) = sandcell_server::auth::new_key(&owner, &name, admin)
-                .map_err(|e| anyhow::anyhow!("{}", e.body().message))?;
+            let (record, secret) = sandcell_service::caller::new_key(&owner, &name, admin)?;
             store.insert_key(&record)?;
             if json {
                 println!(

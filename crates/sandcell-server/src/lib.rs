@@ -228,17 +228,6 @@ async fn observe(State(s): State<AppState>, mut req: Request, next: Next) -> Res
     resp
 }
 
-/// Records who did what (see `Service::audit`).
-pub(crate) fn audit(
-    s: &AppState,
-    caller: &Caller,
-    action: &str,
-    target: Option<&str>,
-    detail: serde_json::Value,
-) {
-    s.service.audit(caller, action, target, detail);
-}
-
 /// The `/docs` page: the OpenAPI document rendered in the browser by a few lines of script
 /// served from the binary (nothing is fetched from elsewhere).
 const DOCS_PAGE: &str = include_str!("docs.html");

@@ -1,5 +1,6 @@
 mod attacks;
 mod cli;
+mod cli_code;
 mod common;
 mod daemon;
 mod daemon_api;
@@ -18,3 +19,4 @@ mod limits;
 mod mcp;
 mod processes;
 mod rootless;
+mod service;

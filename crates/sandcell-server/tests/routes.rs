@@ -6,6 +6,11 @@
 //! unknown field or a wrong type is a 400 naming it; another owner's resource is a 404, never
 //! a 403; a cap of the fleet is a 429. [`ROUTES`] must list every operation of the OpenAPI
 //! document, so a new route without its checks fails here.
+//!
+//! The local backend has no pause, snapshots, kernels or `/workspace` mapping, so the happy
+//! paths of those routes are left to the CLI suite's daemon tests (here pause and snapshot
+//! must answer 409 `unsupported`); the pty route goes over a real connection, since a
+//! WebSocket upgrade needs one.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;

@@ -10,267 +10,24 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use serde::{Deserialize, Serialize};
-
+mod caps;
+mod expiry;
 mod pools;
+mod records;
+mod recovery;
 
+pub use caps::FleetLimits;
+use caps::check_tags;
 pub use pools::{POOL_OWNER, PoolSpec};
+pub use records::{
+    Ledger, ListError, MemoryLedger, Millis, Page, RecordQuery, SandboxRecord, SandboxState,
+};
+pub use recovery::Recovery;
 
 use crate::engine::{Engine, new_sandbox_id};
 use crate::error::EngineError;
 use crate::sandbox::Sandbox;
 use crate::spec::SandboxSpec;
-
-/// Milliseconds since the Unix epoch.
-pub type Millis = i64;
-
-/// Where a sandbox is in its life.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum SandboxState {
-    /// Being started.
-    Creating,
-    /// Serving requests.
-    Running,
-    /// Frozen: keeps its memory and processes, uses no CPU.
-    Paused,
-    /// Ended on request or by its lifecycle rules; the record stays.
-    Stopped,
-    /// Could not be started (the reason says why).
-    Failed,
-    /// Found missing after a restart of the service (the reason says what was recovered).
-    Lost,
-}
-
-impl SandboxState {
-    /// The name used on the wire and in the store.
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Creating => "creating",
-            Self::Running => "running",
-            Self::Paused => "paused",
-            Self::Stopped => "stopped",
-            Self::Failed => "failed",
-            Self::Lost => "lost",
-        }
-    }
-
-    /// Parses [`Self::as_str`]'s names.
-    pub fn parse(name: &str) -> Option<Self> {
-        [
-            Self::Creating,
-            Self::Running,
-            Self::Paused,
-            Self::Stopped,
-            Self::Failed,
-            Self::Lost,
-        ]
-        .into_iter()
-        .find(|s| s.as_str() == name)
-    }
-
-    /// States in which a sandbox holds resources (and counts against the caps).
-    pub const ACTIVE: [SandboxState; 3] = [Self::Creating, Self::Running, Self::Paused];
-
-    /// Whether the sandbox holds resources.
-    pub fn is_active(self) -> bool {
-        Self::ACTIVE.contains(&self)
-    }
-}
-
-/// What the fleet remembers of a sandbox.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct SandboxRecord {
-    /// The sandbox id.
-    pub id: String,
-    /// Whose it is: every call is scoped to one owner.
-    pub owner: String,
-    /// Where it is in its life.
-    pub state: SandboxState,
-    /// Why it failed, was lost or stopped.
-    pub reason: Option<String>,
-    /// What it was created with.
-    pub spec: SandboxSpec,
-    /// Free-form labels (filterable).
-    pub labels: BTreeMap<String, String>,
-    /// Free-form metadata (filterable).
-    pub metadata: BTreeMap<String, String>,
-    /// When it was created.
-    pub created_at_ms: Millis,
-    /// When its record last changed.
-    pub updated_at_ms: Millis,
-    /// When it was last used.
-    pub last_active_ms: Millis,
-    /// Stopped after this long without use.
-    pub idle_timeout_ms: Option<u64>,
-    /// Stopped at this time whatever happens.
-    pub expires_at_ms: Option<Millis>,
-    /// Its record goes when it stops (instead of staying as `stopped`).
-    pub ephemeral: bool,
-    /// What the backend needs to reach it again after a restart of the service.
-    pub runtime: serde_json::Value,
-}
-
-/// Which records a listing returns.
-#[derive(Debug, Clone, Default, PartialEq)]
-pub struct RecordQuery {
-    /// Only this owner's.
-    pub owner: Option<String>,
-    /// Only in these states (empty: any).
-    pub states: Vec<SandboxState>,
-    /// Labels that must all match.
-    pub labels: BTreeMap<String, String>,
-    /// Metadata that must all match.
-    pub metadata: BTreeMap<String, String>,
-    /// At most this many (0: the ledger's default).
-    pub limit: u32,
-    /// Where the previous page ended.
-    pub cursor: Option<String>,
-}
-
-/// One page of a listing.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-pub struct Page<T> {
-    /// The items.
-    pub items: Vec<T>,
-    /// Pass back as the cursor for the next page; `None` at the end.
-    pub next_cursor: Option<String>,
-}
-
-/// Where the fleet keeps its records. Every change is written here before the fleet answers.
-pub trait Ledger: Send + Sync {
-    /// Adds a record.
-    fn insert(&self, record: &SandboxRecord) -> Result<(), String>;
-    /// Replaces a record's mutable fields.
-    fn update(&self, record: &SandboxRecord) -> Result<(), String>;
-    /// One record.
-    fn get(&self, id: &str) -> Result<Option<SandboxRecord>, String>;
-    /// A page of records, ordered by creation.
-    fn list(&self, query: &RecordQuery) -> Result<Page<SandboxRecord>, ListError>;
-    /// Active sandboxes (all owners, or one).
-    fn count_active(&self, owner: Option<&str>) -> Result<u64, String>;
-    /// Forgets a record.
-    fn remove(&self, id: &str) -> Result<(), String>;
-}
-
-/// Why a listing failed.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ListError {
-    /// The cursor is not one a listing gave.
-    InvalidCursor(String),
-    /// The records could not be read.
-    Failed(String),
-}
-
-impl From<ListError> for EngineError {
-    fn from(e: ListError) -> Self {
-        match e {
-            ListError::InvalidCursor(m) => EngineError::InvalidRequest(m),
-            ListError::Failed(m) => EngineError::Persistence(m),
-        }
-    }
-}
-
-/// A ledger in memory, for embedded use and tests.
-#[derive(Debug, Default)]
-pub struct MemoryLedger {
-    records: Mutex<BTreeMap<String, SandboxRecord>>,
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
-
-impl Ledger for MemoryLedger {
-    fn insert(&self, record: &SandboxRecord) -> Result<(), String> {
-        let mut records = lock(&self.records);
-        if records.contains_key(&record.id) {
-            return Err(format!("sandbox {} exists already", record.id));
-        }
-        records.insert(record.id.clone(), record.clone());
-        Ok(())
-    }
-
-    fn update(&self, record: &SandboxRecord) -> Result<(), String> {
-        match lock(&self.records).get_mut(&record.id) {
-            Some(r) => {
-                *r = record.clone();
-                Ok(())
-            }
-            None => Err(format!("no sandbox {}", record.id)),
-        }
-    }
-
-    fn get(&self, id: &str) -> Result<Option<SandboxRecord>, String> {
-        Ok(lock(&self.records).get(id).cloned())
-    }
-
-    fn list(&self, q: &RecordQuery) -> Result<Page<SandboxRecord>, ListError> {
-        let mut all: Vec<SandboxRecord> = lock(&self.records)
-            .values()
-            .filter(|r| q.owner.as_ref().is_none_or(|o| *o == r.owner))
-            .filter(|r| q.states.is_empty() || q.states.contains(&r.state))
-            .filter(|r| q.labels.iter().all(|(k, v)| r.labels.get(k) == Some(v)))
-            .filter(|r| q.metadata.iter().all(|(k, v)| r.metadata.get(k) == Some(v)))
-            .cloned()
-            .collect();
-        all.sort_by(|a, b| (a.created_at_ms, &a.id).cmp(&(b.created_at_ms, &b.id)));
-        let start = match &q.cursor {
-            Some(c) => all
-                .iter()
-                .position(|r| r.id == *c)
-                .map(|i| i + 1)
-                .ok_or_else(|| ListError::InvalidCursor(format!("unknown page cursor {c:?}")))?,
-            None => 0,
-        };
-        let limit = if q.limit == 0 { 100 } else { q.limit as usize };
-        let items: Vec<SandboxRecord> = all.iter().skip(start).take(limit).cloned().collect();
-        let next_cursor = (start + items.len() < all.len())
-            .then(|| items.last().map(|r| r.id.clone()))
-            .flatten();
-        Ok(Page { items, next_cursor })
-    }
-
-    fn count_active(&self, owner: Option<&str>) -> Result<u64, String> {
-        Ok(lock(&self.records)
-            .values()
-            .filter(|r| r.state.is_active() && owner.is_none_or(|o| o == r.owner))
-            .count() as u64)
-    }
-
-    fn remove(&self, id: &str) -> Result<(), String> {
-        lock(&self.records).remove(id);
-        Ok(())
-    }
-}
-
-/// Caps and default lifetimes.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
-pub struct FleetLimits {
-    /// Active sandboxes in all.
-    pub max_sandboxes: Option<u64>,
-    /// Active sandboxes per owner.
-    pub max_per_owner: Option<u64>,
-    /// Idle timeout of sandboxes that ask for none.
-    pub default_idle_timeout_ms: Option<u64>,
-    /// Lifetime of sandboxes that ask for none.
-    pub default_lifetime_ms: Option<u64>,
-    /// The longest lifetime a sandbox may ask for.
-    pub max_lifetime_ms: Option<u64>,
-}
-
-impl Default for FleetLimits {
-    fn default() -> Self {
-        Self {
-            max_sandboxes: Some(100),
-            max_per_owner: Some(20),
-            default_idle_timeout_ms: Some(30 * 60 * 1000),
-            default_lifetime_ms: Some(2 * 60 * 60 * 1000),
-            max_lifetime_ms: Some(24 * 60 * 60 * 1000),
-        }
-    }
-}
 
 /// How to create a sandbox in the fleet.
 #[derive(Debug, Clone, Default, PartialEq)]
@@ -334,15 +91,6 @@ pub struct Created {
     pub restore: Option<crate::snapshot::RestoreReport>,
 }
 
-/// What [`Fleet::recover`] did.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
-pub struct Recovery {
-    /// Reached again, running as before.
-    pub reattached: Vec<String>,
-    /// Could not be reached: ended and marked `lost`.
-    pub lost: Vec<String>,
-}
-
 /// The sandboxes of a service.
 pub struct Fleet {
     engine: Engine,
@@ -353,6 +101,10 @@ pub struct Fleet {
     admission: tokio::sync::Mutex<()>,
     /// Warm pools: ready sandboxes handed out on create.
     pools: pools::Pools,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The current time.
@@ -496,35 +248,6 @@ impl Fleet {
                 Err(e)
             }
         }
-    }
-
-    fn check_caps(&self, owner: &str) -> Result<(), EngineError> {
-        if let Some(max) = self.limits.max_sandboxes {
-            // Ready pool sandboxes are the service's, not anybody's: they do not count.
-            let pooled = self
-                .ledger
-                .count_active(Some(POOL_OWNER))
-                .map_err(persistence)?;
-            let n = self
-                .ledger
-                .count_active(None)
-                .map_err(persistence)?
-                .saturating_sub(pooled);
-            if n >= max {
-                return Err(EngineError::LimitExceeded(format!(
-                    "the service runs {n} sandboxes, its maximum ({max}); delete one or wait"
-                )));
-            }
-        }
-        if let Some(max) = self.limits.max_per_owner {
-            let n = self.ledger.count_active(Some(owner)).map_err(persistence)?;
-            if n >= max {
-                return Err(EngineError::LimitExceeded(format!(
-                    "you have {n} active sandboxes, the maximum per owner ({max}); delete one or wait"
-                )));
-            }
-        }
-        Ok(())
     }
 
     /// `owner`'s sandbox `id` (another owner's is reported as missing).
@@ -725,61 +448,6 @@ impl Fleet {
         Ok(())
     }
 
-    /// Stops every sandbox past its idle timeout or lifetime; returns (id, reason) of each.
-    /// Also notices sandboxes that died on their own (their agent went away).
-    pub async fn collect_expired(&self) -> Vec<(String, String)> {
-        self.collect_expired_at(now_ms()).await
-    }
-
-    /// As [`Self::collect_expired`], judging idleness and lifetimes as of `now` (the same
-    /// instant an [`Self::expiring`] before it used, so nothing it did not name is stopped).
-    pub async fn collect_expired_at(&self, now: Millis) -> Vec<(String, String)> {
-        let live: Vec<(String, Arc<Live>)> = lock(&self.live)
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        let mut ended = Vec::new();
-        for (id, l) in live {
-            let Ok(Some(record)) = self.ledger.get(&id) else {
-                continue;
-            };
-            if record.state == SandboxState::Paused {
-                if !l.sandbox.is_paused() {
-                    // Woken through a handle held since before its pause (a terminal, say):
-                    // the record follows.
-                    let _ = self.record_resumed(&id, &l);
-                }
-                // Its clocks did not run while it was paused.
-                continue;
-            }
-            let why = expiry(&record, &l, now);
-            if let Some(why) = why
-                && self.stop(&id, &why).await.is_ok()
-            {
-                ended.push((id, why));
-            }
-        }
-        ended
-    }
-
-    /// The sandboxes [`Self::collect_expired_at`] would stop as of `now` for idleness or
-    /// their lifetime, as (id, owner, why), without stopping them (to snapshot them first).
-    pub fn expiring(&self, now: Millis) -> Vec<(String, String, String)> {
-        let live: Vec<(String, Arc<Live>)> = lock(&self.live)
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        live.into_iter()
-            .filter_map(|(id, l)| {
-                let record = self.ledger.get(&id).ok()??;
-                if record.state == SandboxState::Paused || l.sandbox.is_gone() {
-                    return None;
-                }
-                expiry(&record, &l, now).map(|why| (id, l.owner.clone(), why))
-            })
-            .collect()
-    }
-
     /// Ends every sandbox (for a service stopping with nothing to come back to).
     pub async fn stop_all(&self, reason: &str) {
         let ids: Vec<String> = lock(&self.live).keys().cloned().collect();
@@ -788,136 +456,8 @@ impl Fleet {
         }
     }
 
-    /// Brings back the sandboxes a previous run of the service left: each active record is
-    /// reattached (its kernels and processes as they were) or, when it cannot be, what is
-    /// left of it is ended and the record marked `lost` with the reason. Call once, at start.
-    pub async fn recover(&self) -> Result<Recovery, EngineError> {
-        let mut recovery = Recovery::default();
-        let mut cursor = None;
-        let mut records = Vec::new();
-        loop {
-            let page = self.ledger.list(&RecordQuery {
-                states: SandboxState::ACTIVE.to_vec(),
-                limit: 500,
-                cursor,
-                ..RecordQuery::default()
-            })?;
-            records.extend(page.items);
-            match page.next_cursor {
-                Some(c) => cursor = Some(c),
-                None => break,
-            }
-        }
-        for mut record in records {
-            if lock(&self.live).contains_key(&record.id) {
-                continue;
-            }
-            if record.owner == POOL_OWNER {
-                // A previous run's warm pool: ended, and made again by this run's refill.
-                if !record.runtime.is_null() {
-                    self.engine.kill_orphan(&record.spec, &record.runtime);
-                }
-                self.ledger.remove(&record.id).map_err(persistence)?;
-                continue;
-            }
-            let attempt = if record.state == SandboxState::Creating {
-                Err("the service stopped while it was being created".to_string())
-            } else if record.runtime.is_null() {
-                Err("its backend cannot reattach to it".to_string())
-            } else {
-                self.engine
-                    .reattach(record.id.clone(), record.spec.clone(), &record.runtime)
-                    .await
-                    .map_err(|e| e.to_string())
-            };
-            match attempt {
-                Ok(sandbox) => {
-                    // The record says whether it is paused: the processes follow it.
-                    let paused_at = record.updated_at_ms;
-                    let paused = record.state == SandboxState::Paused;
-                    if paused && !sandbox.is_paused() {
-                        let _ = sandbox.pause().await;
-                    } else if !paused && sandbox.is_paused() {
-                        let _ = sandbox.resume().await;
-                    }
-                    record.reason = Some(if paused {
-                        "paused; reattached after a restart of the service".into()
-                    } else {
-                        "reattached after a restart of the service".into()
-                    });
-                    record.updated_at_ms = now_ms();
-                    self.ledger.update(&record).map_err(persistence)?;
-                    let live = Arc::new(Live::new(
-                        sandbox,
-                        record.owner.clone(),
-                        record.last_active_ms,
-                    ));
-                    if paused {
-                        live.paused_at.store(paused_at, Ordering::SeqCst);
-                    }
-                    lock(&self.live).insert(record.id.clone(), live);
-                    recovery.reattached.push(record.id);
-                }
-                Err(why) => {
-                    let cleanup = if record.runtime.is_null() {
-                        String::new()
-                    } else {
-                        format!(
-                            "; {}",
-                            self.engine.kill_orphan(&record.spec, &record.runtime)
-                        )
-                    };
-                    record.state = SandboxState::Lost;
-                    record.reason = Some(format!("not reattached after a restart: {why}{cleanup}"));
-                    record.updated_at_ms = now_ms();
-                    self.ledger.update(&record).map_err(persistence)?;
-                    recovery.lost.push(record.id);
-                }
-            }
-        }
-        Ok(recovery)
-    }
-
-    /// Lets every running sandbox outlive this process, for [`Self::recover`] in the next
-    /// one; returns how many. The fleet holds none afterwards.
-    pub fn detach_all(&self) -> usize {
-        let live: Vec<Arc<Live>> = lock(&self.live).drain().map(|(_, l)| l).collect();
-        for l in &live {
-            l.sandbox.detach();
-            let _ = self.ledger.get(l.sandbox.id()).map(|r| {
-                if let Some(mut r) = r {
-                    r.last_active_ms = l.last_active.load(Ordering::Relaxed);
-                    let _ = self.ledger.update(&r);
-                }
-            });
-        }
-        live.len()
-    }
-
     /// Sandboxes running now.
     pub fn running(&self) -> usize {
         lock(&self.live).len()
     }
-}
-
-/// Why a running sandbox should stop now, if it should.
-fn expiry(record: &SandboxRecord, l: &Live, now: Millis) -> Option<String> {
-    let idle = now - l.last_active.load(Ordering::Relaxed);
-    if record.expires_at_ms.is_some_and(|t| now >= t) {
-        Some("its lifetime ended".to_string())
-    } else if record
-        .idle_timeout_ms
-        .is_some_and(|t| idle >= i64::try_from(t).unwrap_or(i64::MAX))
-    {
-        Some(format!("idle for {} s", idle / 1000))
-    } else if l.sandbox.is_gone() {
-        Some("its agent went away".to_string())
-    } else {
-        None
-    }
-}
-
-/// The one tag rule (`sandcell_api::rules::check_tags`), as the engine's error.
-fn check_tags(what: &str, tags: &BTreeMap<String, String>) -> Result<(), EngineError> {
-    sandcell_api::rules::check_tags(what, tags).map_err(|e| EngineError::InvalidRequest(e.0))
 }

@@ -8,6 +8,7 @@
 #![forbid(unsafe_code)]
 
 pub mod code;
+pub mod discovery;
 pub mod exec;
 pub mod files;
 pub mod keys;

@@ -13,10 +13,12 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, anyhow, bail};
 use clap::Args;
-use reqwest::Method;
+use sandcell_api::code::{CodeInput, CodeResult};
+use sandcell_api::exec::ExecInput;
+use sandcell_api::sandboxes::CreateSandbox;
+use sandcell_api::snapshots::{CreateSnapshot, ForkSnapshot};
 use sandcell_engine::{Engine, SandboxSpec};
-use sandcell_protocol::{ExecRequest, Language, RunCodeRequest};
-use sandcell_server::api::types::CreateSandbox;
+use sandcell_protocol::{ExecRequest, FeatureState, Language, RunCodeRequest};
 use serde_json::{Value, json};
 
 use crate::bench::{PYTHON, quantile};
@@ -256,16 +258,41 @@ async fn measure(
 /// The spec the daemon's `{"template": "python", "env": env}` stands for, for the embedded
 /// engine, so both sides run the same sandbox.
 fn python_spec(env: &[(&str, &str)]) -> anyhow::Result<SandboxSpec> {
-    CreateSandbox {
+    let req = CreateSandbox {
         template: Some("python".into()),
         env: env
             .iter()
             .map(|(k, v)| (k.to_string(), v.to_string()))
             .collect(),
         ..CreateSandbox::default()
+    };
+    sandcell_service::sandboxes::spec_of(&req).map_err(|e| anyhow!("the python template: {e}"))
+}
+
+/// A `python` sandbox with `env` (and on `backend`, checkpointable when asked).
+fn python_sandbox(
+    env: &[(&str, &str)],
+    backend: Option<&str>,
+    checkpointable: bool,
+) -> CreateSandbox {
+    CreateSandbox {
+        template: Some("python".into()),
+        env: env
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect(),
+        backend: backend.map(str::to_string),
+        checkpointable,
+        ..CreateSandbox::default()
     }
-    .spec()
-    .map_err(|e| anyhow!("the python template: {}", e.body().message))
+}
+
+/// Python code in the default context.
+fn python(code: &str) -> CodeInput {
+    CodeInput {
+        code: code.into(),
+        ..CodeInput::default()
+    }
 }
 
 fn x_equals_1(code: &str) -> RunCodeRequest {
@@ -282,17 +309,16 @@ fn x_equals_1(code: &str) -> RunCodeRequest {
 async fn round_trips(d: &Daemon, engine: &Engine, runs: usize) -> anyhow::Result<Vec<Row>> {
     // The env keeps this sandbox out of the warm pool (the pool stays full and idle).
     let env = [("SANDCELL_BENCH", "round-trips")];
-    let id = d
-        .create(&json!({"template": "python", "env": {"SANDCELL_BENCH": "round-trips"}}))
-        .await?;
+    let id = d.create(&python_sandbox(&env, None, false)).await?;
     let sb = engine
         .create(python_spec(&env)?)
         .await
         .context("create an embedded sandbox")?;
-    let exec_path = format!("/v1/sandboxes/{id}/exec");
-    let code_path = format!("/v1/sandboxes/{id}/code");
-    let exec_body = json!({"argv": ["true"]});
-    let code_body = json!({"code": "x = 1"});
+    let exec_body = ExecInput {
+        argv: Some(vec!["true".into()]),
+        ..ExecInput::default()
+    };
+    let code_body = python("x = 1");
     let mut rows = vec![
         Row::new("exec_http", "exec `true`, HTTP"),
         Row::new("exec_embedded", "exec `true`, embedded engine"),
@@ -303,11 +329,10 @@ async fn round_trips(d: &Daemon, engine: &Engine, runs: usize) -> anyhow::Result
         Row::new("healthz_http", "GET /healthz, HTTP (no key, no sandbox)"),
         Row::new("get_http", "GET /v1/sandboxes/{id}, HTTP (key, record)"),
     ];
-    let get_path = format!("/v1/sandboxes/{id}");
     let warmup = (runs / 10).clamp(10, 100);
     for i in 0..warmup + runs {
         let t = Instant::now();
-        d.exec_ok(&exec_path, &exec_body).await?;
+        d.exec_ok(&id, &exec_body).await?;
         let exec_http = t.elapsed();
 
         let t = Instant::now();
@@ -321,7 +346,7 @@ async fn round_trips(d: &Daemon, engine: &Engine, runs: usize) -> anyhow::Result
         }
 
         let t = Instant::now();
-        d.code_ok(&code_path, &code_body).await?;
+        d.code_ok(&id, &code_body).await?;
         let code_http = t.elapsed();
 
         let t = Instant::now();
@@ -339,7 +364,7 @@ async fn round_trips(d: &Daemon, engine: &Engine, runs: usize) -> anyhow::Result
         let healthz = t.elapsed();
 
         let t = Instant::now();
-        d.expect(Method::GET, &get_path, None, 200).await?;
+        d.api.sandbox(&id).await?;
         let get = t.elapsed();
 
         if i >= warmup {
@@ -372,9 +397,7 @@ async fn pause_resume(
 ) -> anyhow::Result<Vec<Row>> {
     let env = [("SANDCELL_BENCH", "pause")];
     let id = d
-        .create(&json!({
-            "template": "python", "backend": backend, "env": {"SANDCELL_BENCH": "pause"},
-        }))
+        .create(&python_sandbox(&env, Some(backend), false))
         .await?;
     let sb = match engine {
         Some(engine) => Some(
@@ -387,11 +410,7 @@ async fn pause_resume(
     };
     // Something to freeze: a process that wakes up every millisecond.
     let busy = "import subprocess; subprocess.Popen(['sh', '-c', 'while :; do sleep 0.001; done'])";
-    d.code_ok(
-        &format!("/v1/sandboxes/{id}/code"),
-        &json!({ "code": busy }),
-    )
-    .await?;
+    d.code_ok(&id, &python(busy)).await?;
     let mut rows = vec![
         Row::on(backend, "pause_http", "pause, HTTP"),
         Row::on(backend, "resume_http", "resume, HTTP"),
@@ -405,19 +424,14 @@ async fn pause_resume(
             Row::on(backend, "resume_embedded", "resume, embedded engine"),
         ]);
     }
-    let (pause, resume) = (
-        format!("/v1/sandboxes/{id}/pause"),
-        format!("/v1/sandboxes/{id}/resume"),
-    );
-    let code_path = format!("/v1/sandboxes/{id}/code");
     for i in 0..runs + 2 {
         let t = Instant::now();
-        d.expect(Method::POST, &pause, None, 200).await?;
+        d.api.pause_sandbox(&id).await?;
         let pause_http = t.elapsed();
         let t = Instant::now();
-        d.expect(Method::POST, &resume, None, 200).await?;
+        d.api.resume_sandbox(&id).await?;
         let resume_http = t.elapsed();
-        d.code_ok(&code_path, &json!({"code": "x = 1"})).await?;
+        d.code_ok(&id, &python("x = 1")).await?;
         let mut samples = vec![pause_http, resume_http];
 
         if let Some(sb) = &sb {
@@ -465,21 +479,16 @@ async fn snapshots(
     };
     let backend_label = label_backend.as_str();
     for (label, mb) in [("5 MB", 5), ("100 MB", 100)] {
-        let mut body = json!({
-            "template": "python", "backend": backend, "env": {"SANDCELL_BENCH": "snapshot"},
-        });
-        if checkpointable {
-            body["checkpointable"] = json!(true);
-        }
+        let body = python_sandbox(
+            &[("SANDCELL_BENCH", "snapshot")],
+            Some(backend),
+            checkpointable,
+        );
         let id = d.create(&body).await?;
         let code = format!(
             "state = bytearray({mb} * 2**20)\nfor i in range(0, len(state), 4096): state[i] = i % 251"
         );
-        d.code_ok(
-            &format!("/v1/sandboxes/{id}/code"),
-            &json!({ "code": code }),
-        )
-        .await?;
+        d.code_ok(&id, &python(&code)).await?;
         let mut snap_samples = Vec::new();
         let mut restore_samples = Vec::new();
         let mut size = 0;
@@ -487,36 +496,24 @@ async fn snapshots(
         for _ in 0..runs {
             let t = Instant::now();
             let v = d
-                .expect(
-                    Method::POST,
-                    &format!("/v1/sandboxes/{id}/snapshots"),
-                    Some(&json!({})),
-                    201,
-                )
+                .api
+                .create_snapshot(&id, &CreateSnapshot::default())
                 .await?;
             snap_samples.push(t.elapsed());
-            size = v["size"].as_u64().unwrap_or(0);
-            let snap = v["id"].as_str().unwrap_or_default().to_string();
+            size = v.size;
+            let snap = v.id;
             let t = Instant::now();
-            let r = d
-                .expect(
-                    Method::POST,
-                    "/v1/sandboxes",
-                    Some(&json!({ "snapshot_id": snap })),
-                    201,
-                )
+            let restored = d
+                .create(&CreateSandbox {
+                    snapshot_id: Some(snap.clone()),
+                    ..CreateSandbox::default()
+                })
                 .await?;
-            let restored = r["id"].as_str().unwrap_or_default().to_string();
-            d.code_ok(
-                &format!("/v1/sandboxes/{restored}/code"),
-                &json!({"code": "len(state)"}),
-            )
-            .await?;
+            d.code_ok(&restored, &python("len(state)")).await?;
             restore_samples.push(t.elapsed());
             d.delete(&restored).await?;
             if !last.is_empty() {
-                d.expect(Method::DELETE, &format!("/v1/snapshots/{last}"), None, 204)
-                    .await?;
+                d.api.delete_snapshot(&last).await?;
             }
             last = snap;
         }
@@ -538,26 +535,25 @@ async fn snapshots(
                 "fork of 10 from the 5 MB snapshot, wall time",
             );
             let t = Instant::now();
-            let v = d
-                .expect(
-                    Method::POST,
-                    &format!("/v1/snapshots/{last}/fork"),
-                    Some(&json!({"count": 10})),
-                    201,
+            let forked = d
+                .api
+                .fork_snapshot(
+                    &last,
+                    &ForkSnapshot {
+                        count: Some(10),
+                        ..ForkSnapshot::default()
+                    },
                 )
                 .await?;
             fork_row.samples.push(t.elapsed());
-            for f in v["sandboxes"].as_array().into_iter().flatten() {
-                if let Some(fid) = f["sandbox"]["id"].as_str() {
-                    d.delete(fid).await?;
-                }
+            for f in &forked.sandboxes {
+                d.delete(&f.sandbox.id).await?;
             }
             rows.extend([snap_row, restore_row, fork_row]);
         } else {
             rows.extend([snap_row, restore_row]);
         }
-        d.expect(Method::DELETE, &format!("/v1/snapshots/{last}"), None, 204)
-            .await?;
+        d.api.delete_snapshot(&last).await?;
         d.delete(&id).await?;
     }
     Ok(rows)
@@ -573,8 +569,8 @@ async fn creates(
     runs: usize,
     pool: usize,
 ) -> anyhow::Result<(Vec<Row>, Option<u64>)> {
-    let cold_body = json!({"template": "python", "env": {"A": "1"}});
-    let pool_body = json!({"template": "python"});
+    let cold_body = python_sandbox(&[("A", "1")], None, false);
+    let pool_body = python_sandbox(&[], None, false);
     let spec = python_spec(&[("A", "1")])?;
     let mut cold = Row::new("create_cold_http", "create + first result, cold, HTTP");
     let mut pooled = Row::new("create_pool_http", "create + first result, warm pool, HTTP");
@@ -669,23 +665,26 @@ async fn load(
 ) -> anyhow::Result<Load> {
     let mut ids = Vec::with_capacity(sandboxes);
     for _ in 0..sandboxes {
-        ids.push(d.create(&json!({"template": "default"})).await?);
+        let default = CreateSandbox {
+            template: Some("default".into()),
+            ..CreateSandbox::default()
+        };
+        ids.push(d.create(&default).await?);
     }
-    let paths: Vec<String> = ids
-        .iter()
-        .map(|id| format!("/v1/sandboxes/{id}/exec"))
-        .collect();
-    let body = json!({"argv": ["true"]});
+    let body = ExecInput {
+        argv: Some(vec!["true".into()]),
+        ..ExecInput::default()
+    };
     let first_errors = Mutex::new(Vec::new());
     let client = |i: usize, until: Instant| {
-        let (paths, body, first_errors) = (&paths, &body, &first_errors);
+        let (ids, body, first_errors) = (&ids, &body, &first_errors);
         async move {
             let mut latencies = Vec::new();
             let mut errors = 0u64;
             let mut n = i;
             while Instant::now() < until {
                 let t = Instant::now();
-                let r = d.exec_ok(&paths[n % paths.len()], body).await;
+                let r = d.exec_ok(&ids[n % ids.len()], body).await;
                 let took = t.elapsed();
                 n += 1;
                 match r {
@@ -983,8 +982,8 @@ struct Daemon {
     pid: u32,
     home: PathBuf,
     url: String,
-    key: String,
-    http: reqwest::Client,
+    /// The daemon's typed client (with the admin key once the daemon wrote it).
+    api: sandcell_client::Client,
 }
 
 impl Daemon {
@@ -992,18 +991,12 @@ impl Daemon {
     /// the pool is full.
     async fn start(pool: usize) -> anyhow::Result<Self> {
         let home = temp_home()?;
-        let http = reqwest::Client::builder()
-            .no_proxy()
-            .timeout(Duration::from_secs(300))
-            .build()
-            .context("build the HTTP client")?;
         let mut d = Self {
             child: None,
             pid: 0,
             home,
             url: String::new(),
-            key: String::new(),
-            http,
+            api: sandcell_client::Client::builder("http://127.0.0.1:1").build()?,
         };
         let log = std::fs::File::create(d.home.join("daemon.log"))
             .with_context(|| format!("create {}", d.home.join("daemon.log").display()))?;
@@ -1046,12 +1039,13 @@ impl Daemon {
         d.pid = child.id();
         d.child = Some(child);
         let deadline = Instant::now() + START_TIMEOUT;
-        let info_path = sandcell_server::daemon_info_path(&d.home);
+        let info_path = sandcell_api::discovery::daemon_info_path(&d.home);
         d.url = loop {
             d.check_running()?;
-            let info: Option<sandcell_server::DaemonInfo> = std::fs::read_to_string(&info_path)
-                .ok()
-                .and_then(|t| serde_json::from_str(&t).ok());
+            let info: Option<sandcell_api::discovery::DaemonInfo> =
+                std::fs::read_to_string(&info_path)
+                    .ok()
+                    .and_then(|t| serde_json::from_str(&t).ok());
             if let Some(info) = info.filter(|i| i.pid == d.pid) {
                 break info.url;
             }
@@ -1064,6 +1058,9 @@ impl Daemon {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         };
+        d.api = sandcell_client::Client::builder(d.url.clone())
+            .timeout(Duration::from_secs(300))
+            .build()?;
         loop {
             d.check_running()?;
             if d.healthz().await.is_ok() {
@@ -1074,11 +1071,10 @@ impl Daemon {
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        let key_path = sandcell_server::admin_key_path(&d.home);
-        d.key = std::fs::read_to_string(&key_path)
-            .with_context(|| format!("read {}", key_path.display()))?
-            .trim()
-            .to_string();
+        let key_path = sandcell_api::discovery::admin_key_path(&d.home);
+        let key = std::fs::read_to_string(&key_path)
+            .with_context(|| format!("read {}", key_path.display()))?;
+        d.api = d.api.with_api_key(key.trim());
         d.wait_pool_full(pool).await?;
         Ok(d)
     }
@@ -1108,160 +1104,79 @@ impl Daemon {
 
     /// `GET /healthz`, which must answer 200.
     async fn healthz(&self) -> anyhow::Result<()> {
-        let resp = self
-            .http
-            .get(format!("{}/healthz", self.url))
-            .send()
-            .await
-            .context("GET /healthz")?;
-        if !resp.status().is_success() {
-            bail!("GET /healthz answered {}", resp.status());
+        let status = self.api.health().await.context("GET /healthz")?;
+        if !status.is_success() {
+            bail!("GET /healthz answered {status}");
         }
-        resp.bytes().await.context("read the answer to /healthz")?;
         Ok(())
     }
 
-    /// Sends a request with the admin key; the status and the JSON answer (`Null` when empty).
-    async fn call(
-        &self,
-        method: Method,
-        path: &str,
-        body: Option<&Value>,
-    ) -> anyhow::Result<(u16, Value)> {
-        let mut req = self
-            .http
-            .request(method.clone(), format!("{}{path}", self.url))
-            .header("X-API-Key", &self.key);
-        if let Some(b) = body {
-            req = req.json(b);
-        }
-        let resp = req
-            .send()
-            .await
-            .with_context(|| format!("{method} {path}"))?;
-        let status = resp.status().as_u16();
-        let bytes = resp
-            .bytes()
-            .await
-            .with_context(|| format!("read the answer to {method} {path}"))?;
-        let value = if bytes.is_empty() {
-            Value::Null
-        } else {
-            serde_json::from_slice(&bytes)
-                .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()))
-        };
-        Ok((status, value))
-    }
-
-    /// As [`Daemon::call`], failing on any status but `want`.
-    async fn expect(
-        &self,
-        method: Method,
-        path: &str,
-        body: Option<&Value>,
-        want: u16,
-    ) -> anyhow::Result<Value> {
-        let (status, value) = self.call(method.clone(), path, body).await?;
-        if status != want {
-            bail!("{method} {path} answered {status}: {value}");
-        }
-        Ok(value)
-    }
-
     /// Creates a sandbox; its id.
-    async fn create(&self, body: &Value) -> anyhow::Result<String> {
-        let v = self
-            .expect(Method::POST, "/v1/sandboxes", Some(body), 201)
-            .await?;
-        v["id"]
-            .as_str()
-            .map(str::to_string)
-            .with_context(|| format!("no id in the created sandbox: {v}"))
+    async fn create(&self, req: &CreateSandbox) -> anyhow::Result<String> {
+        Ok(self.api.create_sandbox(req).await?.id)
     }
 
     /// The backends `GET /v1/system` reports available: the default first, then the
     /// others in its order.
     async fn backends(&self) -> anyhow::Result<Vec<Backend>> {
-        let v = self.expect(Method::GET, "/v1/system", None, 200).await?;
-        let list = v["backends"]
-            .as_array()
-            .with_context(|| format!("no backends in GET /v1/system: {v}"))?;
-        let mut backends = Vec::new();
-        for b in list {
-            if b["available"] != Value::Bool(true) {
-                continue;
-            }
-            let kind = b["kind"]
-                .as_str()
-                .with_context(|| format!("a backend without a kind in GET /v1/system: {b}"))?;
-            backends.push(Backend {
-                kind: kind.to_string(),
-                supports_pause: b["supports_pause"] == Value::Bool(true),
-                snapshots: b["checkpoint_fidelity"]
-                    .as_str()
-                    .is_some_and(|f| f != "none"),
-                criu: b["host"]["features"]
-                    .as_array()
-                    .into_iter()
-                    .flatten()
-                    .any(|f| f["name"] == "criu" && f["state"] == "active"),
-            });
-        }
+        let system = self.api.system().await.context("GET /v1/system")?;
+        let mut backends: Vec<Backend> = system
+            .backends
+            .iter()
+            .filter(|b| b.available)
+            .map(|b| Backend {
+                kind: b.kind.clone(),
+                supports_pause: b.supports_pause,
+                snapshots: b.checkpoint_fidelity != "none",
+                criu: b
+                    .host
+                    .features
+                    .iter()
+                    .any(|f| f.name == "criu" && f.state == FeatureState::Active),
+            })
+            .collect();
         if backends.is_empty() {
-            bail!("GET /v1/system reports no available backend: {v}");
+            bail!("GET /v1/system reports no available backend");
         }
         backends.sort_by_key(|b| b.kind != DEFAULT_BACKEND);
         Ok(backends)
     }
 
     async fn delete(&self, id: &str) -> anyhow::Result<()> {
-        self.expect(Method::DELETE, &format!("/v1/sandboxes/{id}"), None, 204)
-            .await
-            .map(drop)
+        Ok(self.api.delete_sandbox(id).await?)
     }
 
-    /// An exec that must answer 200 with `ok`.
-    async fn exec_ok(&self, path: &str, body: &Value) -> anyhow::Result<()> {
-        let v = self.expect(Method::POST, path, Some(body), 200).await?;
-        if v["ok"] != Value::Bool(true) {
-            bail!("POST {path}: the command failed: {v}");
+    /// An exec in sandbox `id` that must succeed with `ok`.
+    async fn exec_ok(&self, id: &str, req: &ExecInput) -> anyhow::Result<()> {
+        let v = self.api.exec(id, req).await?;
+        if !v.ok {
+            bail!("exec in {id}: the command failed: {}", v.result.message);
         }
         Ok(())
     }
 
-    /// Code that must answer 200 with status `ok`; the answer.
-    async fn code_ok(&self, path: &str, body: &Value) -> anyhow::Result<Value> {
-        let v = self.expect(Method::POST, path, Some(body), 200).await?;
-        if v["done"]["status"] != "ok" {
-            bail!("POST {path}: the code did not run: {v}");
+    /// Code in sandbox `id` that must end with status `ok`; the answer.
+    async fn code_ok(&self, id: &str, req: &CodeInput) -> anyhow::Result<CodeResult> {
+        let v = self.api.run_code(id, req).await?;
+        if v.done.status != "ok" {
+            bail!("code in {id}: the code did not run: {}", json!(v.done));
         }
         Ok(v)
     }
 
     /// Runs `1+1` in sandbox `id` and checks the result.
     async fn first_result(&self, id: &str) -> anyhow::Result<()> {
-        let v = self
-            .code_ok(&format!("/v1/sandboxes/{id}/code"), &json!({"code": "1+1"}))
-            .await?;
-        if v["result"]["text/plain"] != "2" {
-            bail!("1+1 gave {}", v["result"]);
+        let v = self.code_ok(id, &python("1+1")).await?;
+        let result = v.result.unwrap_or(Value::Null);
+        if result["text/plain"] != "2" {
+            bail!("1+1 gave {result}");
         }
         Ok(())
     }
 
     /// One sample of `/metrics` (0 when the series is absent).
     async fn metric(&self, series: &str) -> anyhow::Result<f64> {
-        let resp = self
-            .http
-            .get(format!("{}/metrics", self.url))
-            .header("X-API-Key", &self.key)
-            .send()
-            .await
-            .context("GET /metrics")?;
-        if !resp.status().is_success() {
-            bail!("GET /metrics answered {}", resp.status());
-        }
-        let text = resp.text().await.context("read /metrics")?;
+        let text = self.api.metrics_text().await.context("GET /metrics")?;
         Ok(text
             .lines()
             .find_map(|l| {
@@ -1278,15 +1193,8 @@ impl Daemon {
     async fn cpu_seconds(&self, ids: &[String]) -> anyhow::Result<Option<f64>> {
         let mut sum = 0.0;
         for id in ids {
-            let v = self
-                .expect(
-                    Method::GET,
-                    &format!("/v1/sandboxes/{id}/metrics"),
-                    None,
-                    200,
-                )
-                .await?;
-            let Some(secs) = v["cpu_seconds"].as_f64() else {
+            let usage = self.api.sandbox_usage(id).await?;
+            let Some(secs) = usage.cpu_seconds else {
                 return Ok(None);
             };
             sum += secs;

@@ -11,8 +11,14 @@ use std::process::ExitCode;
 
 use anyhow::{Context, anyhow, bail};
 use clap::{Args, Subcommand};
-use futures_util::StreamExt;
-use serde_json::{Value, json};
+use sandcell_api::code::{CodeInput, CodeStreamEvent};
+use sandcell_api::exec::{ExecInput, ExecStreamEvent, ExitInfo};
+use sandcell_api::sandboxes::{CreateSandbox, Lang, Network, SandboxInfo, Size};
+use sandcell_api::snapshots::{CreateSnapshot, ForkSnapshot};
+use sandcell_client::{ClientError, Discover, ListSandboxes};
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use serde_json::Value;
 
 use crate::render::table;
 
@@ -33,229 +39,42 @@ pub struct ClientArgs {
     pub json: bool,
 }
 
-/// A connection to the daemon.
+/// A connection to the daemon, and how to print.
 pub struct Client {
-    base: String,
-    key: String,
-    http: reqwest::Client,
+    api: sandcell_client::Client,
     json: bool,
 }
-
-/// The daemon's answer to a request that failed.
-#[derive(Debug)]
-pub struct ApiFailure {
-    /// HTTP status.
-    pub status: u16,
-    /// The error code.
-    pub code: String,
-    /// What went wrong.
-    pub message: String,
-}
-
-impl std::fmt::Display for ApiFailure {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{} ({}): {}", self.code, self.status, self.message)
-    }
-}
-
-impl std::error::Error for ApiFailure {}
 
 impl Client {
     /// Finds the daemon and the key, and checks that the daemon answers.
     pub async fn connect(args: &ClientArgs) -> anyhow::Result<Self> {
-        let home = args
-            .home
-            .clone()
-            .unwrap_or_else(sandcell_server::config::default_home);
-        let base = match args.url.clone().or_else(|| {
-            std::env::var("SANDCELL_API_URL")
-                .ok()
-                .filter(|u| !u.is_empty())
-        }) {
-            Some(url) => url,
-            None => running_daemon(&home)?,
+        let found = Discover {
+            url: args.url.clone(),
+            api_key: args.api_key.clone(),
+            home: args.home.clone(),
         };
-        let base = base.trim_end_matches('/').to_string();
-        let key = match args.api_key.clone().or_else(|| {
-            std::env::var("SANDCELL_API_KEY")
-                .ok()
-                .filter(|k| !k.is_empty())
-        }) {
-            Some(k) => k,
-            None => {
-                let path = sandcell_server::admin_key_path(&home);
-                std::fs::read_to_string(&path)
-                    .map(|k| k.trim().to_string())
-                    .with_context(|| {
-                        format!(
-                            "no API key: pass --api-key, set SANDCELL_API_KEY, or run as the user who can read {}",
-                            path.display()
-                        )
-                    })?
-            }
-        };
-        let http = reqwest::Client::builder()
-            .no_proxy()
-            .build()
-            .context("build the HTTP client")?;
-        let client = Self {
-            base,
-            key,
-            http,
+        let base = found.url()?;
+        let key = found.api_key()?;
+        let api = sandcell_client::Client::builder(base)
+            .api_key(key)
+            .build()?;
+        match api.health().await {
+            Ok(status) if status.is_success() => {}
+            Ok(status) => bail!(
+                "the daemon at {} answered {status} to a health check",
+                api.base_url()
+            ),
+            Err(ClientError::Transport { source, .. }) => bail!(
+                "no Sandcell daemon answers at {} ({source}); start one with `sandcell serve`",
+                api.base_url()
+            ),
+            Err(e) => return Err(e.into()),
+        }
+        Ok(Self {
+            api,
             json: args.json,
-        };
-        client.health().await?;
-        Ok(client)
+        })
     }
-
-    async fn health(&self) -> anyhow::Result<()> {
-        let url = format!("{}/healthz", self.base);
-        match self.http.get(&url).send().await {
-            Ok(r) if r.status().is_success() => Ok(()),
-            Ok(r) => bail!(
-                "the daemon at {} answered {} to a health check",
-                self.base,
-                r.status()
-            ),
-            Err(e) => bail!(
-                "no Sandcell daemon answers at {} ({e}); start one with `sandcell serve`",
-                self.base
-            ),
-        }
-    }
-
-    fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
-        self.http
-            .request(method, format!("{}{path}", self.base))
-            .header("X-API-Key", &self.key)
-    }
-
-    /// Sends a request and returns its JSON answer (`Null` for an empty one).
-    pub async fn call(
-        &self,
-        method: reqwest::Method,
-        path: &str,
-        body: Option<&Value>,
-    ) -> anyhow::Result<Value> {
-        let mut req = self.request(method, path);
-        if let Some(b) = body {
-            req = req.json(b);
-        }
-        let resp = req.send().await.context("send the request")?;
-        read_json(resp).await
-    }
-
-    /// Sends a request whose answer is a stream of server-sent events; calls `on_event`
-    /// with each (name, data) until the stream ends or it returns false.
-    pub async fn events(
-        &self,
-        path: &str,
-        body: &Value,
-        mut on_event: impl FnMut(&str, &Value) -> anyhow::Result<bool>,
-    ) -> anyhow::Result<()> {
-        let resp = self
-            .request(reqwest::Method::POST, path)
-            .json(body)
-            .send()
-            .await
-            .context("send the request")?;
-        if !resp.status().is_success() {
-            read_json(resp).await?;
-            bail!("the stream did not start");
-        }
-        let mut stream = resp.bytes_stream();
-        let mut buf: Vec<u8> = Vec::new();
-        while let Some(chunk) = stream.next().await {
-            buf.extend_from_slice(&chunk.context("read the event stream")?);
-            while let Some(end) = find_blank_line(&buf) {
-                let block: Vec<u8> = buf.drain(..end.1).collect();
-                let text = String::from_utf8_lossy(&block[..end.0]);
-                let (name, data) = parse_event(&text);
-                if data.is_empty() {
-                    continue;
-                }
-                let value: Value = serde_json::from_str(&data).unwrap_or(Value::String(data));
-                if !on_event(&name, &value)? {
-                    return Ok(());
-                }
-            }
-        }
-        Ok(())
-    }
-}
-
-/// The URL of the daemon running with `home`, from its `daemon.json`.
-fn running_daemon(home: &std::path::Path) -> anyhow::Result<String> {
-    let path = sandcell_server::daemon_info_path(home);
-    let text = std::fs::read_to_string(&path).map_err(|_| {
-        anyhow!(
-            "no Sandcell daemon is running (no {}): start one with `sandcell serve`, or point to one with --url or SANDCELL_API_URL",
-            path.display()
-        )
-    })?;
-    let info: sandcell_server::DaemonInfo =
-        serde_json::from_str(&text).with_context(|| format!("read {}", path.display()))?;
-    if !std::path::Path::new(&format!("/proc/{}", info.pid)).exists() {
-        bail!(
-            "the Sandcell daemon that wrote {} (pid {}) is not running: start one with `sandcell serve`",
-            path.display(),
-            info.pid
-        );
-    }
-    Ok(info.url)
-}
-
-/// (end of the block, end of the separator) of the first event block in `buf`.
-fn find_blank_line(buf: &[u8]) -> Option<(usize, usize)> {
-    let lf = buf
-        .windows(2)
-        .position(|w| w == b"\n\n")
-        .map(|i| (i, i + 2));
-    let crlf = buf
-        .windows(4)
-        .position(|w| w == b"\r\n\r\n")
-        .map(|i| (i, i + 4));
-    match (lf, crlf) {
-        (Some(a), Some(b)) => Some(if a.0 < b.0 { a } else { b }),
-        (a, b) => a.or(b),
-    }
-}
-
-/// The event name (default `message`) and data of one SSE block.
-fn parse_event(block: &str) -> (String, String) {
-    let mut name = "message".to_string();
-    let mut data: Vec<&str> = Vec::new();
-    for line in block.lines() {
-        if let Some(v) = line.strip_prefix("event:") {
-            name = v.trim().to_string();
-        } else if let Some(v) = line.strip_prefix("data:") {
-            data.push(v.strip_prefix(' ').unwrap_or(v));
-        }
-    }
-    (name, data.join("\n"))
-}
-
-async fn read_json(resp: reqwest::Response) -> anyhow::Result<Value> {
-    let status = resp.status();
-    let bytes = resp.bytes().await.context("read the answer")?;
-    let value: Value = if bytes.is_empty() {
-        Value::Null
-    } else {
-        serde_json::from_slice(&bytes)
-            .unwrap_or_else(|_| Value::String(String::from_utf8_lossy(&bytes).into_owned()))
-    };
-    if status.is_success() {
-        return Ok(value);
-    }
-    Err(ApiFailure {
-        status: status.as_u16(),
-        code: value["code"].as_str().unwrap_or("error").to_string(),
-        message: value["message"]
-            .as_str()
-            .map(str::to_string)
-            .unwrap_or_else(|| value.to_string()),
-    }
-    .into())
 }
 
 fn pairs(items: &[String], what: &str) -> anyhow::Result<BTreeMap<String, String>> {
@@ -269,17 +88,18 @@ fn pairs(items: &[String], what: &str) -> anyhow::Result<BTreeMap<String, String
         .collect()
 }
 
-fn print_json(v: &Value) -> anyhow::Result<()> {
-    println!("{}", serde_json::to_string_pretty(v)?);
+/// Prints an answer as JSON, as the daemon's own JSON read back would print (keys in the
+/// order a JSON object keeps them).
+fn print_json(v: &impl Serialize) -> anyhow::Result<()> {
+    let v = serde_json::to_value(v)?;
+    println!("{}", serde_json::to_string_pretty(&v)?);
     Ok(())
 }
 
-fn str_of(v: &Value) -> String {
-    match v {
-        Value::Null => "-".into(),
-        Value::String(s) => s.clone(),
-        other => other.to_string(),
-    }
+/// A flag's value as the API type it names (`--size`, `--network`, `--lang`).
+fn choice<T: DeserializeOwned>(flag: &str, value: String, choices: &str) -> anyhow::Result<T> {
+    serde_json::from_value(Value::String(value.clone()))
+        .map_err(|_| anyhow!("{flag} '{value}' is not one of {choices}"))
 }
 
 /// `sandcell sandbox …`.
@@ -375,24 +195,21 @@ pub struct ListArgs {
     all: bool,
 }
 
-fn sandbox_rows(items: &[Value]) -> String {
+fn sandbox_rows(items: &[SandboxInfo]) -> String {
     let rows: Vec<Vec<String>> = items
         .iter()
         .map(|s| {
-            let labels = s["labels"]
-                .as_object()
-                .map(|m| {
-                    m.iter()
-                        .map(|(k, v)| format!("{k}={}", v.as_str().unwrap_or("")))
-                        .collect::<Vec<_>>()
-                        .join(",")
-                })
-                .unwrap_or_default();
+            let labels = s
+                .labels
+                .iter()
+                .map(|(k, v)| format!("{k}={v}"))
+                .collect::<Vec<_>>()
+                .join(",");
             vec![
-                str_of(&s["id"]),
-                str_of(&s["state"]),
-                str_of(&s["template"]),
-                str_of(&s["created_at"]),
+                s.id.clone(),
+                s.state.clone(),
+                s.template.clone(),
+                s.created_at.clone(),
                 labels,
             ]
         })
@@ -405,86 +222,62 @@ pub async fn sandbox(args: &ClientArgs, cmd: SandboxCommand) -> anyhow::Result<E
     let c = Client::connect(args).await?;
     match cmd {
         SandboxCommand::Create(a) => {
-            let mut body = json!({
-                "labels": pairs(&a.labels, "--label")?,
-                "metadata": pairs(&a.metadata, "--meta")?,
-                "env": pairs(&a.env, "--env")?,
-                "ephemeral": a.ephemeral,
-            });
-            for (k, v) in [
-                ("template", a.template.map(Value::from)),
-                ("size", a.size.map(Value::from)),
-                ("backend", a.backend.map(Value::from)),
-                (
-                    "checkpointable",
-                    a.checkpointable.then_some(Value::Bool(true)),
-                ),
-                ("timeout_secs", a.timeout.map(Value::from)),
-                ("idle_timeout_secs", a.idle_timeout.map(Value::from)),
-                ("network", a.network.map(Value::from)),
-            ] {
-                if let Some(v) = v {
-                    body[k] = v;
-                }
-            }
-            let v = c
-                .call(reqwest::Method::POST, "/v1/sandboxes", Some(&body))
-                .await?;
+            let req = CreateSandbox {
+                template: a.template,
+                size: a
+                    .size
+                    .map(|s| choice::<Size>("--size", s, "nano, small, medium, large"))
+                    .transpose()?,
+                labels: pairs(&a.labels, "--label")?,
+                metadata: pairs(&a.metadata, "--meta")?,
+                env: pairs(&a.env, "--env")?,
+                timeout_secs: a.timeout,
+                idle_timeout_secs: a.idle_timeout,
+                ephemeral: a.ephemeral,
+                network: a
+                    .network
+                    .map(|n| choice::<Network>("--network", n, "loopback, off"))
+                    .transpose()?,
+                backend: a.backend,
+                checkpointable: a.checkpointable,
+                ..CreateSandbox::default()
+            };
+            let v = c.api.create_sandbox(&req).await?;
             if c.json {
                 print_json(&v)?;
             } else {
-                println!("{}", str_of(&v["id"]));
+                println!("{}", v.id);
             }
         }
         SandboxCommand::Ls(a) => {
-            let mut query: Vec<(String, String)> = Vec::new();
+            let mut req = ListSandboxes::default();
             for l in &a.labels {
                 let (k, v) = l
                     .split_once('=')
                     .ok_or_else(|| anyhow!("--label '{l}': expected KEY=VALUE"))?;
-                query.push(("label".into(), format!("{k}:{v}")));
+                req.labels.push((k.to_string(), v.to_string()));
             }
             if a.all {
-                query.push(("state".into(), "all".into()));
+                req.states.push("all".into());
             }
-            for s in &a.state {
-                query.push(("state".into(), s.clone()));
-            }
-            let mut items = Vec::new();
-            let mut cursor: Option<String> = None;
-            loop {
-                let mut q = query.clone();
-                if let Some(c) = &cursor {
-                    q.push(("cursor".into(), c.clone()));
-                }
-                let qs = serde_urlencoded::to_string(&q)?;
-                let v = c
-                    .call(reqwest::Method::GET, &format!("/v1/sandboxes?{qs}"), None)
-                    .await?;
-                items.extend(v["items"].as_array().cloned().unwrap_or_default());
-                match v["next_cursor"].as_str() {
-                    Some(next) => cursor = Some(next.to_string()),
-                    None => break,
-                }
-            }
+            req.states.extend(a.state.iter().cloned());
+            let items = c.api.all_sandboxes(&req).await?;
             if c.json {
-                print_json(&Value::Array(items))?;
+                print_json(&items)?;
             } else {
                 print!("{}", sandbox_rows(&items));
             }
         }
         SandboxCommand::Get { id } => {
-            let v = c
-                .call(reqwest::Method::GET, &format!("/v1/sandboxes/{id}"), None)
-                .await?;
+            let v = c.api.sandbox(&id).await?;
             if c.json {
                 print_json(&v)?;
             } else {
                 print!("{}", sandbox_rows(std::slice::from_ref(&v)));
-                if let Some(r) = v["reason"].as_str() {
+                if let Some(r) = &v.reason {
                     println!("reason: {r}");
                 }
-                if let Some(e) = v["expires_at"].as_str() {
+                if let Some(e) = &v.expires_at {
                     println!("expires: {e}");
                 }
             }
@@ -492,17 +285,10 @@ pub async fn sandbox(args: &ClientArgs, cmd: SandboxCommand) -> anyhow::Result<E
         SandboxCommand::Rm { ids } => {
             let mut failed = false;
             for id in ids {
-                match c
-                    .call(
-                        reqwest::Method::DELETE,
-                        &format!("/v1/sandboxes/{id}"),
-                        None,
-                    )
-                    .await
-                {
-                    Ok(_) => println!("{id}"),
+                match c.api.delete_sandbox(&id).await {
+                    Ok(()) => println!("{id}"),
                     Err(e) => {
-                        eprintln!("sandcell: {id}: {e:#}");
+                        eprintln!("sandcell: {id}: {:#}", anyhow::Error::from(e));
                         failed = true;
                     }
                 }
@@ -512,52 +298,47 @@ pub async fn sandbox(args: &ClientArgs, cmd: SandboxCommand) -> anyhow::Result<E
             }
         }
         SandboxCommand::Timeout { id, secs } => {
-            let v = c
-                .call(
-                    reqwest::Method::POST,
-                    &format!("/v1/sandboxes/{id}/timeout"),
-                    Some(&json!({ "timeout_secs": secs })),
-                )
-                .await?;
+            let v = c.api.set_sandbox_timeout(&id, secs).await?;
             if c.json {
                 print_json(&v)?;
             } else {
-                println!("{id} now ends at {}", str_of(&v["expires_at"]));
+                println!(
+                    "{id} now ends at {}",
+                    v.expires_at.as_deref().unwrap_or("-")
+                );
             }
         }
-        SandboxCommand::Pause { ids } => return pause_or_resume(&c, "pause", &ids).await,
-        SandboxCommand::Resume { ids } => return pause_or_resume(&c, "resume", &ids).await,
+        SandboxCommand::Pause { ids } => return pause_or_resume(&c, true, &ids).await,
+        SandboxCommand::Resume { ids } => return pause_or_resume(&c, false, &ids).await,
     }
     Ok(ExitCode::SUCCESS)
 }
 
 /// `sandcell sandbox pause|resume ID…`: each sandbox's new state, or why not.
-async fn pause_or_resume(c: &Client, action: &str, ids: &[String]) -> anyhow::Result<ExitCode> {
+async fn pause_or_resume(c: &Client, pause: bool, ids: &[String]) -> anyhow::Result<ExitCode> {
     let mut failed = false;
     let mut answers = Vec::new();
     for id in ids {
-        match c
-            .call(
-                reqwest::Method::POST,
-                &format!("/v1/sandboxes/{id}/{action}"),
-                None,
-            )
-            .await
-        {
+        let answer = if pause {
+            c.api.pause_sandbox(id).await
+        } else {
+            c.api.resume_sandbox(id).await
+        };
+        match answer {
             Ok(v) => {
                 if !c.json {
-                    println!("{id} {}", str_of(&v["state"]));
+                    println!("{id} {}", v.state);
                 }
                 answers.push(v);
             }
             Err(e) => {
                 failed = true;
-                eprintln!("sandcell: {id}: {e:#}");
+                eprintln!("sandcell: {id}: {:#}", anyhow::Error::from(e));
             }
         }
     }
     if c.json {
-        print_json(&serde_json::Value::Array(answers))?;
+        print_json(&answers)?;
     }
     Ok(if failed {
         ExitCode::FAILURE
@@ -565,7 +346,6 @@ async fn pause_or_resume(c: &Client, action: &str, ids: &[String]) -> anyhow::Re
         ExitCode::SUCCESS
     })
 }
-
 /// `sandcell exec`.
 #[derive(Debug, Args)]
 pub struct ExecArgs {
@@ -588,81 +368,62 @@ pub struct ExecArgs {
 /// Runs a command in a sandbox, streaming its output; exits with its status.
 pub async fn exec(args: &ClientArgs, a: ExecArgs) -> anyhow::Result<ExitCode> {
     let c = Client::connect(args).await?;
-    let mut body = json!({ "env": pairs(&a.env, "--env")? });
+    let mut req = ExecInput {
+        env: pairs(&a.env, "--env")?,
+        cwd: a.cwd,
+        timeout_secs: a.timeout.map(|t| t as f64),
+        ..ExecInput::default()
+    };
     if a.command.len() == 1 {
-        body["cmd"] = Value::from(a.command[0].clone());
+        req.cmd = Some(a.command[0].clone());
     } else {
-        body["argv"] = json!(a.command);
-    }
-    if let Some(cwd) = a.cwd {
-        body["cwd"] = Value::from(cwd);
-    }
-    if let Some(t) = a.timeout {
-        body["timeout_secs"] = Value::from(t);
+        req.argv = Some(a.command);
     }
     if c.json {
-        let v = c
-            .call(
-                reqwest::Method::POST,
-                &format!("/v1/sandboxes/{}/exec", a.id),
-                Some(&body),
-            )
-            .await?;
+        let v = c.api.exec(&a.id, &req).await?;
         print_json(&v)?;
-        // The exec answer carries how it ended at its top level.
-        return Ok(exit_code(v["exit_code"].as_i64(), &v));
+        return Ok(exit_code(v.exit_code, &v.result));
     }
     let mut code = ExitCode::from(1);
-    c.events(
-        &format!("/v1/sandboxes/{}/exec/stream", a.id),
-        &body,
-        |name, v| {
-            match name {
-                "stdout" => {
-                    let mut out = std::io::stdout().lock();
-                    out.write_all(v["data"].as_str().unwrap_or("").as_bytes())?;
-                    out.flush()?;
-                }
-                "stderr" => {
-                    let mut err = std::io::stderr().lock();
-                    err.write_all(v["data"].as_str().unwrap_or("").as_bytes())?;
-                    err.flush()?;
-                }
-                "exit" => {
-                    code = exit_code(v["exit_code"].as_i64(), v);
-                    return Ok(false);
-                }
-                "error" => {
-                    eprintln!(
-                        "sandcell: {}: {}",
-                        str_of(&v["code"]),
-                        str_of(&v["message"])
-                    );
-                    return Ok(false);
-                }
-                _ => {}
+    let mut events = c.api.exec_stream(&a.id, &req).await?;
+    while let Some(event) = events.next().await {
+        match event? {
+            ExecStreamEvent::Stdout(chunk) => {
+                let mut out = std::io::stdout().lock();
+                out.write_all(chunk.data.as_bytes())?;
+                out.flush()?;
             }
-            Ok(true)
-        },
-    )
-    .await?;
+            ExecStreamEvent::Stderr(chunk) => {
+                let mut err = std::io::stderr().lock();
+                err.write_all(chunk.data.as_bytes())?;
+                err.flush()?;
+            }
+            ExecStreamEvent::Exit(exit) => {
+                code = exit_code(exit.exit_code, &exit.result);
+                break;
+            }
+            ExecStreamEvent::Error(e) => {
+                eprintln!("sandcell: {}: {}", e.code, e.message);
+                break;
+            }
+        }
+    }
     Ok(code)
 }
 
 /// The exit status of an exec: its code, or 128 + signal, or 124 for a timeout.
-fn exit_code(code: Option<i64>, result: &Value) -> ExitCode {
+fn exit_code(code: Option<i32>, result: &ExitInfo) -> ExitCode {
     if let Some(c) = code {
         return ExitCode::from(u8::try_from(c.clamp(0, 255)).unwrap_or(1));
     }
-    if result["timed_out"].as_bool() == Some(true) {
+    if result.timed_out {
         return ExitCode::from(124);
     }
-    match result["signal"].as_i64() {
+    match result.signal {
         Some(s) => ExitCode::from(u8::try_from((128 + s).clamp(0, 255)).unwrap_or(1)),
         None => ExitCode::from(1),
     }
 }
-
 /// `sandcell code`.
 #[derive(Debug, Args)]
 pub struct CodeArgs {
@@ -689,91 +450,69 @@ pub async fn code(args: &ClientArgs, a: CodeArgs) -> anyhow::Result<ExitCode> {
     } else {
         a.code
     };
-    let mut body = json!({ "code": code, "language": a.lang });
-    if let Some(ctx) = a.context {
-        body["context"] = Value::from(ctx);
-    }
-    if let Some(t) = a.timeout {
-        body["timeout_secs"] = Value::from(t);
-    }
+    let req = CodeInput {
+        code,
+        language: Some(choice::<Lang>("--lang", a.lang, "python, node, bash, r")?),
+        context: a.context,
+        timeout_secs: a.timeout,
+    };
     if c.json {
-        let v = c
-            .call(
-                reqwest::Method::POST,
-                &format!("/v1/sandboxes/{}/code", a.id),
-                Some(&body),
-            )
-            .await?;
+        let v = c.api.run_code(&a.id, &req).await?;
         print_json(&v)?;
-        let ok = v["done"]["status"].as_str() == Some("ok");
-        return Ok(if ok {
+        return Ok(if v.done.status == "ok" {
             ExitCode::SUCCESS
         } else {
             ExitCode::from(1)
         });
     }
     let mut status = ExitCode::from(1);
-    c.events(
-        &format!("/v1/sandboxes/{}/code/stream", a.id),
-        &body,
-        |name, v| {
-            match name {
-                "stdout" => {
-                    let mut out = std::io::stdout().lock();
-                    out.write_all(v["text"].as_str().unwrap_or("").as_bytes())?;
-                    out.flush()?;
-                }
-                "stderr" => {
-                    let mut err = std::io::stderr().lock();
-                    err.write_all(v["text"].as_str().unwrap_or("").as_bytes())?;
-                    err.flush()?;
-                }
-                "result" | "display" => {
-                    if let Some(text) = v["data"]["text/plain"].as_str() {
-                        println!("{text}");
-                    } else if let Some(types) = v["data"].as_object() {
-                        let kinds: Vec<&String> = types.keys().collect();
-                        println!(
-                            "[{}]",
-                            kinds
-                                .iter()
-                                .map(|k| k.as_str())
-                                .collect::<Vec<_>>()
-                                .join(", ")
-                        );
-                    }
-                }
-                "error" => {
-                    if let Some(tb) = v["traceback"].as_array().filter(|t| !t.is_empty()) {
-                        for line in tb {
-                            eprintln!("{}", line.as_str().unwrap_or(""));
-                        }
-                    } else if v.get("ename").is_some() {
-                        eprintln!("{}: {}", str_of(&v["ename"]), str_of(&v["evalue"]));
-                    } else {
-                        eprintln!(
-                            "sandcell: {}: {}",
-                            str_of(&v["code"]),
-                            str_of(&v["message"])
-                        );
-                        return Ok(false);
-                    }
-                }
-                "done" => {
-                    if v["status"].as_str() == Some("ok") {
-                        status = ExitCode::SUCCESS;
-                    }
-                    return Ok(false);
-                }
-                _ => {}
+    let mut events = c.api.run_code_stream(&a.id, &req).await?;
+    while let Some(event) = events.next().await {
+        match event? {
+            CodeStreamEvent::Stdout(t) => {
+                let mut out = std::io::stdout().lock();
+                out.write_all(t.text.as_bytes())?;
+                out.flush()?;
             }
-            Ok(true)
-        },
-    )
-    .await?;
+            CodeStreamEvent::Stderr(t) => {
+                let mut err = std::io::stderr().lock();
+                err.write_all(t.text.as_bytes())?;
+                err.flush()?;
+            }
+            CodeStreamEvent::Result(r) | CodeStreamEvent::Display(r) => {
+                if let Some(text) = r.data["text/plain"].as_str() {
+                    println!("{text}");
+                } else if let Some(types) = r.data.as_object() {
+                    let kinds: Vec<&str> = types.keys().map(String::as_str).collect();
+                    println!("[{}]", kinds.join(", "));
+                }
+            }
+            // The code's own error (a raised exception, an interrupt, a kernel that died):
+            // the run goes on to `done`.
+            CodeStreamEvent::Error(e) => {
+                if e.traceback.is_empty() {
+                    eprintln!("{}: {}", e.name, e.value);
+                } else {
+                    for line in &e.traceback {
+                        eprintln!("{line}");
+                    }
+                }
+            }
+            // The service's error: the stream ends here.
+            CodeStreamEvent::Failed(e) => {
+                eprintln!("sandcell: {}: {}", e.code, e.message);
+                break;
+            }
+            CodeStreamEvent::Done(done) => {
+                if done.status == "ok" {
+                    status = ExitCode::SUCCESS;
+                }
+                break;
+            }
+        }
+    }
     Ok(status)
 }
-
 /// `sandcell files …`.
 #[derive(Debug, Subcommand)]
 pub enum FilesCommand {
@@ -809,31 +548,20 @@ pub async fn files(args: &ClientArgs, cmd: FilesCommand) -> anyhow::Result<ExitC
     let c = Client::connect(args).await?;
     match cmd {
         FilesCommand::Ls { id, path } => {
-            let q = serde_urlencoded::to_string([(
-                "path",
-                path.unwrap_or_else(|| "/workspace".into()),
-            )])?;
-            let v = c
-                .call(
-                    reqwest::Method::GET,
-                    &format!("/v1/sandboxes/{id}/files?{q}"),
-                    None,
-                )
-                .await?;
+            let path = path.unwrap_or_else(|| "/workspace".into());
+            let v = c.api.list_files(&id, &path).await?;
             if c.json {
                 print_json(&v)?;
             } else {
-                let rows: Vec<Vec<String>> = v["entries"]
-                    .as_array()
-                    .cloned()
-                    .unwrap_or_default()
+                let rows: Vec<Vec<String>> = v
+                    .entries
                     .iter()
                     .map(|e| {
                         vec![
-                            str_of(&e["kind"]),
-                            format!("{:o}", e["mode"].as_u64().unwrap_or(0)),
-                            str_of(&e["size"]),
-                            str_of(&e["name"]),
+                            e.kind.clone(),
+                            format!("{:o}", e.mode),
+                            e.size.to_string(),
+                            e.name.clone(),
                         ]
                     })
                     .collect();
@@ -841,58 +569,30 @@ pub async fn files(args: &ClientArgs, cmd: FilesCommand) -> anyhow::Result<ExitC
             }
         }
         FilesCommand::Get { id, remote, local } => {
-            let q = serde_urlencoded::to_string([("path", remote.as_str())])?;
-            let resp = c
-                .request(
-                    reqwest::Method::GET,
-                    &format!("/v1/sandboxes/{id}/files/content?{q}"),
-                )
-                .send()
-                .await
-                .context("send the request")?;
-            if !resp.status().is_success() {
-                read_json(resp).await?;
-                bail!("the download did not start");
-            }
             let mut out: Box<dyn Write> = match local.as_ref().filter(|p| p.as_os_str() != "-") {
                 Some(p) => Box::new(std::io::BufWriter::new(
                     std::fs::File::create(p).with_context(|| format!("create {}", p.display()))?,
                 )),
                 None => Box::new(std::io::stdout().lock()),
             };
-            let mut stream = resp.bytes_stream();
-            while let Some(chunk) = stream.next().await {
-                out.write_all(&chunk.context("read the download")?)?;
-            }
+            c.api
+                .read_file(&id, &remote, |chunk| out.write_all(chunk))
+                .await?;
             out.flush()?;
         }
         FilesCommand::Put { id, local, remote } => {
-            let q = serde_urlencoded::to_string([("path", remote.as_str())])?;
             let body = if local.as_os_str() == "-" {
                 let mut buf = Vec::new();
                 std::io::Read::read_to_end(&mut std::io::stdin(), &mut buf)?;
-                reqwest::Body::from(buf)
+                sandcell_client::Body::from(buf)
             } else {
-                let file = tokio::fs::File::open(&local)
-                    .await
-                    .with_context(|| format!("open {}", local.display()))?;
-                reqwest::Body::wrap_stream(tokio_util::io::ReaderStream::new(file))
+                sandcell_client::Client::file_body(&local).await?
             };
-            let resp = c
-                .request(
-                    reqwest::Method::PUT,
-                    &format!("/v1/sandboxes/{id}/files/content?{q}"),
-                )
-                .header("content-type", "application/octet-stream")
-                .body(body)
-                .send()
-                .await
-                .context("send the file")?;
-            let v = read_json(resp).await?;
+            let v = c.api.write_file(&id, &remote, body).await?;
             if c.json {
                 print_json(&v)?;
             } else {
-                println!("{} ({} bytes)", str_of(&v["path"]), str_of(&v["size"]));
+                println!("{} ({} bytes)", v.path, v.size);
             }
         }
     }
@@ -921,30 +621,20 @@ pub struct PsArgs {
 /// Lists a sandbox's processes.
 pub async fn ps(args: &ClientArgs, a: PsArgs) -> anyhow::Result<ExitCode> {
     let c = Client::connect(args).await?;
-    let v = c
-        .call(
-            reqwest::Method::GET,
-            &format!("/v1/sandboxes/{}/processes", a.id),
-            None,
-        )
-        .await?;
+    let v = c.api.processes(&a.id).await?;
     if c.json {
         print_json(&v)?;
     } else {
-        let rows: Vec<Vec<String>> = v["processes"]
-            .as_array()
-            .cloned()
-            .unwrap_or_default()
+        let rows: Vec<Vec<String>> = v
+            .processes
             .iter()
             .map(|p| {
                 vec![
-                    str_of(&p["pid"]),
-                    str_of(&p["ppid"]),
-                    str_of(&p["state"]),
-                    p["rss_bytes"]
-                        .as_u64()
-                        .map_or_else(|| "-".into(), |b| (b / 1024).to_string()),
-                    first_line(&str_of(&p["cmdline"]), 100),
+                    p.pid.to_string(),
+                    p.ppid.to_string(),
+                    p.state.clone(),
+                    (p.rss_bytes / 1024).to_string(),
+                    first_line(&p.cmdline, 100),
                 ]
             })
             .collect();
@@ -955,27 +645,6 @@ pub async fn ps(args: &ClientArgs, a: PsArgs) -> anyhow::Result<ExitCode> {
     }
     Ok(ExitCode::SUCCESS)
 }
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn event_blocks_parse() {
-        let buf = b"event: stdout\ndata: {\"data\":\"hi\"}\n\nevent: exit\r\ndata: {}\r\n\r\n";
-        let (end, sep) = find_blank_line(buf).unwrap();
-        let (name, data) = parse_event(std::str::from_utf8(&buf[..end]).unwrap());
-        assert_eq!(
-            (name.as_str(), data.as_str()),
-            ("stdout", "{\"data\":\"hi\"}")
-        );
-        let rest = &buf[sep..];
-        let (end, _) = find_blank_line(rest).unwrap();
-        let (name, _) = parse_event(std::str::from_utf8(&rest[..end]).unwrap());
-        assert_eq!(name, "exit");
-    }
-}
-
 /// `sandcell snapshot …`.
 #[derive(Debug, Subcommand)]
 pub enum SnapshotCommand {
@@ -1036,62 +705,45 @@ pub async fn snapshot(args: &ClientArgs, cmd: SnapshotCommand) -> anyhow::Result
             description,
             tags,
         } => {
-            let mut body = json!({ "tags": pairs(&tags, "--tag")? });
-            if let Some(n) = name {
-                body["name"] = n.into();
-            }
-            if let Some(d) = description {
-                body["description"] = d.into();
-            }
-            let v = c
-                .call(
-                    reqwest::Method::POST,
-                    &format!("/v1/sandboxes/{id}/snapshots"),
-                    Some(&body),
-                )
-                .await?;
+            let req = CreateSnapshot {
+                name,
+                description: description.unwrap_or_default(),
+                tags: pairs(&tags, "--tag")?,
+            };
+            let v = c.api.create_snapshot(&id, &req).await?;
             if c.json {
                 print_json(&v)?;
             } else {
-                println!("{}", str_of(&v["id"]));
+                println!("{}", v.id);
                 eprintln!(
                     "{} fidelity, {} files, {} bytes",
-                    str_of(&v["fidelity"]),
-                    v["files"],
-                    v["size"]
+                    v.fidelity, v.files, v.size
                 );
             }
         }
         SnapshotCommand::Ls { sandbox } => {
-            let path = match sandbox {
-                Some(s) => format!("/v1/snapshots?sandbox={s}"),
-                None => "/v1/snapshots".into(),
-            };
-            let v = c.call(reqwest::Method::GET, &path, None).await?;
+            let v = c.api.snapshots(sandbox.as_deref()).await?;
             if c.json {
                 print_json(&v)?;
             } else {
-                let rows: Vec<Vec<String>> = v["snapshots"]
-                    .as_array()
-                    .map(|a| {
-                        a.iter()
-                            .map(|s| {
-                                vec![
-                                    str_of(&s["id"]),
-                                    str_of(&s["sandbox_id"]),
-                                    str_of(&s["name"]),
-                                    str_of(&s["fidelity"]),
-                                    s["size"].to_string(),
-                                    str_of(&s["created_at"]),
-                                    s["parent_id"].as_str().unwrap_or("-").to_string(),
-                                ]
-                            })
-                            .collect()
+                let rows: Vec<Vec<String>> = v
+                    .snapshots
+                    .iter()
+                    .map(|s| {
+                        vec![
+                            s.id.clone(),
+                            s.sandbox_id.clone(),
+                            s.name.clone(),
+                            s.fidelity.clone(),
+                            s.size.to_string(),
+                            s.created_at.clone(),
+                            s.parent_id.clone().unwrap_or_else(|| "-".into()),
+                        ]
                     })
-                    .unwrap_or_default();
+                    .collect();
                 print!(
                     "{}",
-                    crate::render::table(
+                    table(
                         &[
                             "ID", "SANDBOX", "NAME", "FIDELITY", "BYTES", "CREATED", "PARENT"
                         ],
@@ -1101,24 +753,15 @@ pub async fn snapshot(args: &ClientArgs, cmd: SnapshotCommand) -> anyhow::Result
             }
         }
         SnapshotCommand::Get { id } => {
-            let v = c
-                .call(reqwest::Method::GET, &format!("/v1/snapshots/{id}"), None)
-                .await?;
+            let v = c.api.snapshot(&id).await?;
             print_json(&v)?;
         }
         SnapshotCommand::Rm { ids } => {
             let mut failed = false;
             for id in ids {
-                if let Err(e) = c
-                    .call(
-                        reqwest::Method::DELETE,
-                        &format!("/v1/snapshots/{id}"),
-                        None,
-                    )
-                    .await
-                {
+                if let Err(e) = c.api.delete_snapshot(&id).await {
                     failed = true;
-                    eprintln!("sandcell: {id}: {e:#}");
+                    eprintln!("sandcell: {id}: {:#}", anyhow::Error::from(e));
                 }
             }
             if failed {
@@ -1131,30 +774,30 @@ pub async fn snapshot(args: &ClientArgs, cmd: SnapshotCommand) -> anyhow::Result
             labels,
         } => {
             // One sandbox: a restore, whose answer is the sandbox itself.
-            let body = json!({ "snapshot_id": id, "labels": pairs(&labels, "--label")? });
-            let v = c
-                .call(reqwest::Method::POST, "/v1/sandboxes", Some(&body))
-                .await?;
+            let req = CreateSandbox {
+                snapshot_id: Some(id),
+                labels: pairs(&labels, "--label")?,
+                ..CreateSandbox::default()
+            };
+            let v = c.api.create_sandbox(&req).await?;
             if c.json {
                 print_json(&v)?;
             } else {
-                println!("{}", str_of(&v["id"]));
+                println!("{}", v.id);
             }
         }
         SnapshotCommand::Fork { id, count, labels } => {
-            let body = json!({ "count": count, "labels": pairs(&labels, "--label")? });
-            let v = c
-                .call(
-                    reqwest::Method::POST,
-                    &format!("/v1/snapshots/{id}/fork"),
-                    Some(&body),
-                )
-                .await?;
+            let req = ForkSnapshot {
+                count: Some(count),
+                labels: pairs(&labels, "--label")?,
+                ..ForkSnapshot::default()
+            };
+            let v = c.api.fork_snapshot(&id, &req).await?;
             if c.json {
                 print_json(&v)?;
             } else {
-                for f in v["sandboxes"].as_array().into_iter().flatten() {
-                    println!("{}", str_of(&f["sandbox"]["id"]));
+                for f in &v.sandboxes {
+                    println!("{}", f.sandbox.id);
                 }
             }
         }

@@ -45,7 +45,7 @@ pub fn mcp(args: McpArgs) -> anyhow::Result<()> {
         .clone()
         .or_else(|| std::env::var("SANDCELL_API_KEY").ok())
         .or_else(|| {
-            std::fs::read_to_string(sandcell_server::admin_key_path(&home))
+            std::fs::read_to_string(sandcell_api::discovery::admin_key_path(&home))
                 .ok()
                 .map(|k| k.trim().to_string())
         });
@@ -82,9 +82,7 @@ pub fn mcp(args: McpArgs) -> anyhow::Result<()> {
 
 /// The URL of a daemon running on `home`, if its process is alive.
 fn running_daemon(home: &std::path::Path) -> Option<String> {
-    let text = std::fs::read_to_string(sandcell_server::daemon_info_path(home)).ok()?;
-    let info: sandcell_server::DaemonInfo = serde_json::from_str(&text).ok()?;
-    std::path::Path::new(&format!("/proc/{}", info.pid))
-        .exists()
-        .then_some(info.url)
+    sandcell_client::running_daemon(home)
+        .ok()
+        .map(|info| info.url)
 }

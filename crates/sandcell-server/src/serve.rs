@@ -11,7 +11,6 @@ use std::time::Duration;
 use sandcell_engine::Engine;
 use sandcell_engine::fleet::Fleet;
 use sandcell_store::Store;
-use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
 
 use crate::config::Config;
@@ -71,26 +70,8 @@ pub struct ServeOptions {
     pub on_ready: Option<tokio::sync::oneshot::Sender<SocketAddr>>,
 }
 
-/// Where a running service can be found (`<home>/daemon.json`, read by the CLI).
-#[derive(Debug, Clone, Serialize, Deserialize, PartialEq, Eq)]
-pub struct DaemonInfo {
-    /// Its process id.
-    pub pid: u32,
-    /// Its base URL.
-    pub url: String,
-    /// Its UNIX socket, if any.
-    pub unix_socket: Option<String>,
-}
-
-/// `<home>/daemon.json`.
-pub fn daemon_info_path(home: &Path) -> PathBuf {
-    home.join("daemon.json")
-}
-
-/// `<home>/admin.key`: the first admin key's secret, readable by its owner only.
-pub fn admin_key_path(home: &Path) -> PathBuf {
-    home.join("admin.key")
-}
+// The daemon's address and key files are read by clients that do not link the server.
+pub use sandcell_api::discovery::{DaemonInfo, admin_key_path, daemon_info_path};
 
 fn io(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> ServeError + use<> {
     let path = path.to_path_buf();

@@ -299,26 +299,8 @@ pub enum ConfigError {
     },
 }
 
-/// `$SANDCELL_HOME`, else `/var/lib/sandcell` as root, else `~/.local/share/sandcell`.
-pub fn default_home() -> PathBuf {
-    if let Some(h) = std::env::var_os("SANDCELL_HOME").filter(|h| !h.is_empty()) {
-        return PathBuf::from(h);
-    }
-    if is_root() {
-        return PathBuf::from("/var/lib/sandcell");
-    }
-    match std::env::var_os("HOME") {
-        Some(h) => PathBuf::from(h).join(".local/share/sandcell"),
-        None => PathBuf::from(".sandcell"),
-    }
-}
-
-fn is_root() -> bool {
-    // /proc/self is owned by the process's effective uid.
-    std::fs::metadata("/proc/self")
-        .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
-        .unwrap_or(false)
-}
+// Where the home is by default is the client's business too: the rule lives with the API.
+pub use sandcell_api::discovery::default_home;
 
 /// Loads the settings: `file` (default `<home>/config.toml`, optional unless given),
 /// `env` (pairs like `SANDCELL_LIMITS_MAX_SANDBOXES=5`), then `flags` (dotted key → value).

@@ -307,3 +307,70 @@ pub trait BackendInstance: Send + Sync {
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn levels_and_fidelities_keep_their_wire_names() {
+        for (level, name) in [
+            (IsolationLevel::None, "none"),
+            (IsolationLevel::Container, "container"),
+            (IsolationLevel::UserSpaceKernel, "user-space kernel"),
+            (IsolationLevel::HardwareVm, "hardware vm"),
+        ] {
+            assert_eq!(serde_json::to_value(level).unwrap(), name);
+            assert_eq!(level.to_string(), name);
+            let back: IsolationLevel = serde_json::from_value(name.into()).unwrap();
+            assert_eq!(back, level);
+        }
+        for (fidelity, name) in [
+            (Fidelity::None, "none"),
+            (Fidelity::Files, "files"),
+            (Fidelity::Language, "language"),
+            (Fidelity::Process, "process"),
+        ] {
+            assert_eq!(serde_json::to_value(fidelity).unwrap(), name);
+            assert_eq!(Fidelity::parse(name), Some(fidelity));
+        }
+        assert!(Fidelity::Files < Fidelity::Process);
+        for kind in BackendKind::ALL {
+            assert_eq!(serde_json::to_value(kind).unwrap(), kind.as_str());
+        }
+    }
+
+    #[test]
+    fn engine_only_features_stay_off_the_wire() {
+        let caps = BackendCapabilities {
+            kind: BackendKind::Process,
+            available: true,
+            isolation_level: IsolationLevel::Container,
+            supports_pause: true,
+            checkpoint_fidelity: Fidelity::Language,
+            host: IsolationReport::default(),
+            features: BackendFeatures {
+                reattach: true,
+                ..BackendFeatures::default()
+            },
+        };
+        let json = serde_json::to_value(&caps).unwrap();
+        let keys: Vec<&str> = json
+            .as_object()
+            .unwrap()
+            .keys()
+            .map(String::as_str)
+            .collect();
+        assert_eq!(
+            keys,
+            [
+                "available",
+                "checkpoint_fidelity",
+                "host",
+                "isolation_level",
+                "kind",
+                "supports_pause"
+            ]
+        );
+    }
+}

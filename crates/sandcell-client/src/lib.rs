@@ -208,7 +208,15 @@ impl Client {
                 what: "reach the daemon",
                 source,
             })?;
-        Ok(resp.status())
+        let status = resp.status();
+        // Read to the end, so the connection goes back to the pool for the next request.
+        resp.bytes()
+            .await
+            .map_err(|source| ClientError::Transport {
+                what: "read the answer to /healthz",
+                source,
+            })?;
+        Ok(status)
     }
 
     /// A request to `path` (which starts with `/`), the key attached.

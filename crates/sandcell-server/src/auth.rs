@@ -65,8 +65,3 @@ impl FromRequestParts<AppState> for Caller {
         }
     }
 }
-
-/// Checks an owner name (the rule is `sandcell_api::rules::check_owner`).
-pub fn check_owner(owner: &str) -> Result<(), ApiError> {
-    sandcell_api::rules::check_owner(owner).map_err(|e| ApiError::invalid(e.0))
-}

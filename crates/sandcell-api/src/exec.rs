@@ -197,8 +197,7 @@ pub(crate) fn json_text(v: &impl Serialize) -> String {
     serde_json::to_string(v).unwrap_or_else(|_| "{}".into())
 }
 
-/// One server-sent event as a stream carries it: its name and its JSON data (for the
-/// OpenAPI document of the streaming routes).
+/// One server-sent event as the stream carries it: its name and its JSON data.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 pub struct SseEvent {

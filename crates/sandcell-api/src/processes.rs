@@ -288,8 +288,9 @@ impl ProcessStreamEvent {
     }
 }
 
-/// `GET …/pty`: start a terminal, or join one (`pid`).
+/// `GET …/pty` (its query): start a terminal, or join one (`pid`).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct OpenTerminal {
     /// Join this terminal process instead of starting one.
     pub pid: Option<i32>,
@@ -297,8 +298,10 @@ pub struct OpenTerminal {
     pub cmd: Option<String>,
     /// Its working directory.
     pub cwd: Option<String>,
-    /// The terminal's size (default 24×80).
-    pub size: TermSize,
+    /// Terminal rows (default 24).
+    pub rows: u16,
+    /// Terminal columns (default 80).
+    pub cols: u16,
 }
 
 impl Default for OpenTerminal {
@@ -307,7 +310,18 @@ impl Default for OpenTerminal {
             pid: None,
             cmd: None,
             cwd: None,
-            size: TermSize::DEFAULT,
+            rows: TermSize::DEFAULT.rows,
+            cols: TermSize::DEFAULT.cols,
+        }
+    }
+}
+
+impl OpenTerminal {
+    /// The terminal's size.
+    pub fn size(&self) -> TermSize {
+        TermSize {
+            rows: self.rows,
+            cols: self.cols,
         }
     }
 }

@@ -111,7 +111,7 @@ mod tests {
                 "body_too_large"
             );
             let open = OpenTerminal {
-                size,
+                cols: size.cols,
                 ..OpenTerminal::default()
             };
             let e = service.open_terminal(&caller, id, open).await.unwrap_err();

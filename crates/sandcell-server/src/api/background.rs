@@ -230,8 +230,8 @@ fn open_terminal(raw: Option<&str>) -> Result<OpenTerminal, ApiError> {
             }
             "cmd" => q.cmd = Some(v),
             "cwd" => q.cwd = Some(v),
-            "rows" => q.size.rows = number("rows")?,
-            "cols" => q.size.cols = number("cols")?,
+            "rows" => q.rows = number("rows")?,
+            "cols" => q.cols = number("cols")?,
             // Browsers cannot set headers on a WebSocket: the key may come here instead.
             "api_key" => {}
             other => {

@@ -130,7 +130,7 @@ impl Service {
         if let Some(pid) = req.pid {
             check_pid(pid)?;
         }
-        let size = req.size.check()?;
+        let size = req.size().check()?;
         let sandbox = self.running_sandbox(caller, id)?;
         let (pid, from) = match req.pid {
             Some(pid) => (pid, AttachFrom::buffered()),

@@ -8,7 +8,7 @@ use axum::http::request::Parts;
 use crate::error::ApiError;
 use crate::state::AppState;
 
-pub use sandcell_service::caller::{Caller, KeyCache, hex, new_key, random_bytes};
+pub use sandcell_service::caller::Caller;
 
 /// The key in a request's headers, if any.
 pub fn presented_key(parts: &Parts) -> Option<String> {

@@ -49,18 +49,3 @@ pub fn query_pairs(raw: Option<&str>) -> Result<Vec<(String, String)>, ApiError>
     serde_urlencoded::from_str(raw.unwrap_or(""))
         .map_err(|e| ApiError::invalid(format!("bad query string: {e}")))
 }
-
-/// Checks a sandbox id's shape (the rule: `sandcell_api::rules::check_sandbox_id`).
-pub fn check_sandbox_id(id: &str) -> Result<(), ApiError> {
-    Ok(sandcell_api::rules::check_sandbox_id(id)?)
-}
-
-/// A new id of a service-made record: `prefix` and 16 random hex digits (`ex-…`, `sn-…`).
-pub fn new_record_id(prefix: &str) -> Result<String, ApiError> {
-    Ok(sandcell_service::caller::new_record_id(prefix)?)
-}
-
-/// Checks the shape of a [`new_record_id`] id; `what` names it in the error.
-pub fn check_record_id(id: &str, prefix: &str, what: &str) -> Result<(), ApiError> {
-    Ok(sandcell_api::rules::check_record_id(id, prefix, what)?)
-}

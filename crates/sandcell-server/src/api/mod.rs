@@ -1,4 +1,5 @@
-//! The `/v1` routes, one module per resource, and the wire types they share.
+//! The `/v1` routes, one module per resource: each handler extracts, calls the service
+//! (`sandcell-service`) and maps; the types are `sandcell-api`'s.
 
 pub mod background;
 pub mod code;
@@ -11,5 +12,4 @@ pub mod sandboxes;
 pub mod snapshots;
 pub mod system;
 pub mod transfer;
-pub mod types;
 pub mod usage;

@@ -11,6 +11,7 @@
 mod error;
 pub mod events;
 mod files;
+mod processes;
 mod sandboxes;
 mod snapshots;
 pub mod sse;

@@ -57,8 +57,12 @@ pub fn mcp(args: McpArgs) -> anyhow::Result<()> {
     rt.block_on(async move {
         if let Some(url) = daemon {
             eprintln!("sandcell mcp: using the daemon at {url}");
-            let api = sandcell_mcp::HttpApi::new(&url, key);
-            return sandcell_mcp::serve_stdio(Arc::new(api))
+            let mut client = sandcell_client::Client::builder(url.as_str());
+            if let Some(key) = key {
+                client = client.api_key(key);
+            }
+            let client = client.build().context("make the daemon's client")?;
+            return sandcell_mcp::serve_stdio(Arc::new(sandcell_mcp::Remote::new(client)))
                 .await
                 .context("serve MCP on stdio");
         }
@@ -71,12 +75,22 @@ pub fn mcp(args: McpArgs) -> anyhow::Result<()> {
         let embedded = sandcell_server::embedded(config, engine)
             .await
             .context("start the embedded engine")?;
-        let api =
-            sandcell_mcp::RouterApi::new(embedded.app.clone(), Some(embedded.admin_key.clone()));
-        let served = sandcell_mcp::serve_stdio(Arc::new(api)).await;
+        // The tools call the service directly, as the admin.
+        let served = match embedded.admin_caller() {
+            Ok(Some(admin)) => {
+                let tools = sandcell_mcp::InProcess::new(embedded.service(), admin);
+                sandcell_mcp::serve_stdio(Arc::new(tools))
+                    .await
+                    .context("serve MCP on stdio")
+            }
+            Ok(None) => Err(anyhow::anyhow!(
+                "the admin key in the home is unknown or revoked"
+            )),
+            Err(e) => Err(anyhow::Error::new(e).context("look up the admin key")),
+        };
         // Sessions end with this process: nothing else could reach them.
         embedded.shutdown().await;
-        served.context("serve MCP on stdio")
+        served
     })
 }
 

@@ -1,15 +1,11 @@
 //! The tool list as Markdown, for docs/mcp.md (a test checks the doc holds the current one).
 
-use std::sync::Arc;
-
-use crate::api::{Api, ApiError, ApiReply, ApiRequest};
 use crate::tools::SandcellMcp;
 
 /// Markdown listing every tool with its description and parameters.
 pub fn tools_markdown() -> String {
-    let server = SandcellMcp::new(Arc::new(NoApi));
     let mut out = String::new();
-    for tool in server.tools() {
+    for tool in SandcellMcp::tools() {
         out.push_str(&format!("### `{}`\n\n", tool.name));
         if let Some(d) = &tool.description {
             out.push_str(&format!("{d}\n\n"));
@@ -45,18 +41,4 @@ pub fn tools_markdown() -> String {
         out.push('\n');
     }
     out
-}
-
-/// An API that answers nothing: listing tools needs none.
-struct NoApi;
-
-#[async_trait::async_trait]
-impl Api for NoApi {
-    async fn call(&self, _req: ApiRequest<'_>) -> Result<ApiReply, ApiError> {
-        Err(ApiError::Unreachable("no API in this context".into()))
-    }
-
-    fn public_base(&self) -> Option<String> {
-        None
-    }
 }

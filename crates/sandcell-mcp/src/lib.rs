@@ -1,17 +1,19 @@
 //! Sandcell's sandboxes as MCP tools (`sandcell mcp` over stdio; `/mcp` on the daemon over
-//! streamable HTTP). The tools call the REST API through an [`api::Api`], in-process or over
-//! HTTP, so they share its validation, ownership, limits and errors.
+//! streamable HTTP). The tools call Sandcell's typed operations through a [`Sandcell`]: the
+//! service in this process ([`InProcess`]), or a daemon through the typed client ([`Remote`],
+//! `sandcell mcp --daemon`); either way they share its validation, ownership, limits and
+//! errors.
 
 #![forbid(unsafe_code)]
 
-pub mod api;
 pub mod args;
 pub mod docs;
 pub mod frames;
 pub mod output;
+pub mod sandcell;
 pub mod tools;
 
-pub use api::{Api, HttpApi, RouterApi};
+pub use sandcell::{CallError, CallResult, FileHead, InProcess, Remote, Sandcell};
 pub use tools::SandcellMcp;
 
 use std::sync::Arc;
@@ -19,22 +21,26 @@ use std::sync::Arc;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 
-/// The streamable HTTP service to mount at `/mcp`, its tools calling `api` with each request's
-/// own API key. `allowed_hosts` empty: any Host header (the daemon's own auth guards it).
-pub fn http_service(api: Arc<dyn Api>) -> StreamableHttpService<SandcellMcp, LocalSessionManager> {
+/// The streamable HTTP service to mount at `/mcp`, its tools calling `service` in this process
+/// as the caller each request authenticated as (the [`sandcell_service::Caller`] the mount's
+/// authentication put in the request's extensions; without one a tool answers
+/// `unauthenticated`). `allowed_hosts` empty: any Host header (the daemon's own auth guards it).
+pub fn http_service(
+    service: Arc<sandcell_service::Service>,
+) -> StreamableHttpService<SandcellMcp, LocalSessionManager> {
     let mut config = StreamableHttpServerConfig::default();
     config.allowed_hosts = Vec::new();
     config.sse_keep_alive = Some(std::time::Duration::from_secs(15));
     StreamableHttpService::new(
-        move || Ok(SandcellMcp::new(api.clone())),
+        move || Ok(SandcellMcp::as_request_caller(service.clone())),
         Arc::default(),
         config,
     )
 }
 
 /// Serves MCP over this process's stdin and stdout until the client closes them.
-pub async fn serve_stdio(api: Arc<dyn Api>) -> Result<(), std::io::Error> {
-    serve_lines(api, tokio::io::stdin(), tokio::io::stdout()).await
+pub async fn serve_stdio(sandcell: Arc<dyn Sandcell>) -> Result<(), std::io::Error> {
+    serve_lines(sandcell, tokio::io::stdin(), tokio::io::stdout()).await
 }
 
 /// Longest frame read on stdio.
@@ -42,7 +48,11 @@ pub const MAX_FRAME_BYTES: usize = 64 << 20;
 
 /// Serves MCP as newline-delimited JSON-RPC on `input`/`output`, answering malformed frames
 /// itself (see [`frames::screen`]).
-pub async fn serve_lines<R, W>(api: Arc<dyn Api>, input: R, output: W) -> Result<(), std::io::Error>
+pub async fn serve_lines<R, W>(
+    sandcell: Arc<dyn Sandcell>,
+    input: R,
+    output: W,
+) -> Result<(), std::io::Error>
 where
     R: tokio::io::AsyncRead + Unpin + Send + 'static,
     W: tokio::io::AsyncWrite + Unpin + Send + 'static,
@@ -125,7 +135,7 @@ where
         let _ = to_server.shutdown().await;
     });
     let (read, write) = tokio::io::split(server_side);
-    let served = match SandcellMcp::new(api).serve((read, write)).await {
+    let served = match SandcellMcp::new(sandcell).serve((read, write)).await {
         Ok(service) => service
             .waiting()
             .await

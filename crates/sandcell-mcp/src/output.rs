@@ -1,11 +1,13 @@
-//! Turning API answers into MCP content an LLM reads well: short text first, images as image
+//! Turning the service's answers into MCP content an LLM reads well: short text first, images as image
 //! content, long outputs cut with a marker saying how much was left out.
 
 use base64::Engine as _;
 use rmcp::model::{CallToolResult, ContentBlock};
-use serde_json::Value;
+use sandcell_api::code::CodeResult;
+use sandcell_api::exec::ExecOutput;
+use sandcell_api::sandboxes::{SandboxInfo, SandboxList};
 
-use crate::api::ApiReply;
+use crate::sandcell::{CallResult, FileHead};
 
 /// Characters of stdout kept.
 pub const STDOUT_LIMIT: usize = 50_000;
@@ -31,17 +33,37 @@ pub fn truncate(text: &str, limit: usize) -> String {
     )
 }
 
+/// `value` as compact JSON, its keys sorted (as the tools have always shown answers).
+pub fn json<T: serde::Serialize>(value: &T) -> String {
+    serde_json::to_value(value)
+        .map(|v| v.to_string())
+        .unwrap_or_default()
+}
+
+/// A successful answer showing `value` as JSON, cut at the result limit.
+pub fn json_result<T: serde::Serialize>(value: &T) -> CallToolResult {
+    CallToolResult::success(vec![ContentBlock::text(truncate(
+        &json(value),
+        RESULT_LIMIT,
+    ))])
+}
+
+/// An optional number as JSON shows it (`null` when absent).
+fn number<T: std::fmt::Display>(n: Option<T>) -> String {
+    n.map_or_else(|| "null".to_string(), |n| n.to_string())
+}
+
 /// The answer to `create_session`.
-pub fn session_created(body: &Value) -> CallToolResult {
-    let id = body["id"].as_str().unwrap_or_default();
+pub fn session_created(info: &SandboxInfo) -> CallToolResult {
     let text = format!(
-        "session_id: {id}\nstate: {}\nexpires_at: {}\nidle_timeout_secs: {}",
-        body["state"].as_str().unwrap_or_default(),
-        body["expires_at"].as_str().unwrap_or_default(),
-        body["idle_timeout_secs"]
+        "session_id: {}\nstate: {}\nexpires_at: {}\nidle_timeout_secs: {}",
+        info.id,
+        info.state,
+        info.expires_at.as_deref().unwrap_or_default(),
+        number(info.idle_timeout_secs)
     );
     let mut content = vec![ContentBlock::text(text)];
-    if let Some(restore) = body.get("restore").filter(|r| !r.is_null()) {
+    if let Some(restore) = info.restore.as_ref().filter(|r| !r.is_null()) {
         content.push(ContentBlock::text(format!(
             "restored: {}",
             truncate(&restore.to_string(), RESULT_LIMIT)
@@ -51,36 +73,33 @@ pub fn session_created(body: &Value) -> CallToolResult {
 }
 
 /// The answer to `list_sessions`.
-pub fn session_list(body: &Value) -> CallToolResult {
-    let items = body["sandboxes"]
-        .as_array()
-        .or_else(|| body["items"].as_array())
-        .or_else(|| body.as_array())
-        .cloned()
-        .unwrap_or_default();
-    if items.is_empty() {
+pub fn session_list(list: &SandboxList) -> CallToolResult {
+    if list.items.is_empty() {
         return CallToolResult::success(vec![ContentBlock::text("no active sessions")]);
     }
-    let lines: Vec<String> = items
+    let lines: Vec<String> = list
+        .items
         .iter()
         .map(|s| {
             format!(
                 "{}  {}  created {}  expires {}",
-                s["id"].as_str().unwrap_or_default(),
-                s["state"].as_str().unwrap_or_default(),
-                s["created_at"].as_str().unwrap_or_default(),
-                s["expires_at"].as_str().unwrap_or_default()
+                s.id,
+                s.state,
+                s.created_at,
+                s.expires_at.as_deref().unwrap_or_default()
             )
         })
         .collect();
     CallToolResult::success(vec![ContentBlock::text(lines.join("\n"))])
 }
 
-/// An answer's non-empty `stdout` and `stderr`, each cut at its limit.
-fn streams(body: &Value) -> String {
+/// The non-empty `stdout` and `stderr`, each cut at its limit.
+fn streams(stdout: &str, stderr: &str) -> String {
     let mut text = String::new();
-    for (name, limit) in [("stdout", STDOUT_LIMIT), ("stderr", STDERR_LIMIT)] {
-        let s = body[name].as_str().unwrap_or_default();
+    for (name, s, limit) in [
+        ("stdout", stdout, STDOUT_LIMIT),
+        ("stderr", stderr, STDERR_LIMIT),
+    ] {
         if !s.is_empty() {
             text.push_str(&format!("{name}:\n{}\n", truncate(s, limit)));
         }
@@ -89,14 +108,14 @@ fn streams(body: &Value) -> String {
 }
 
 /// The answer to `execute_terminal`.
-pub fn exec_result(body: &Value) -> CallToolResult {
-    let mut text = streams(body);
+pub fn exec_result(out: &ExecOutput) -> CallToolResult {
+    let mut text = streams(&out.stdout, &out.stderr);
     text.push_str(&format!(
         "exit_code: {}\n{}",
-        body["exit_code"],
-        body["message"].as_str().unwrap_or_default()
+        number(out.exit_code),
+        out.result.message
     ));
-    if body["stdout_truncated"] == true || body["stderr_truncated"] == true {
+    if out.result.stdout_truncated || out.result.stderr_truncated {
         text.push_str("\n[output was longer than the server keeps; the start is shown]");
     }
     // A failing command is still a result the model should read, not a tool failure.
@@ -104,11 +123,11 @@ pub fn exec_result(body: &Value) -> CallToolResult {
 }
 
 /// The answer to `execute_code` / `execute_python`: text, then each image output.
-pub fn code_result(body: &Value) -> CallToolResult {
-    let mut text = streams(body);
+pub fn code_result(result: &CodeResult) -> CallToolResult {
+    let mut text = streams(&result.stdout, &result.stderr);
     let mut images = Vec::new();
-    for out in body["outputs"].as_array().into_iter().flatten() {
-        let data = &out["data"];
+    for out in &result.outputs {
+        let data = &out.data;
         let mut shown = false;
         for mime in ["image/png", "image/jpeg", "image/gif", "image/webp"] {
             if let Some(b64) = data[mime].as_str() {
@@ -117,7 +136,7 @@ pub fn code_result(body: &Value) -> CallToolResult {
                 break;
             }
         }
-        if out["kind"] == "result" {
+        if out.kind == "result" {
             if let Some(plain) = data["text/plain"].as_str() {
                 text.push_str(&format!("result:\n{}\n", truncate(plain, RESULT_LIMIT)));
             }
@@ -129,31 +148,23 @@ pub fn code_result(body: &Value) -> CallToolResult {
             text.push_str("display: an image (below)\n");
         }
     }
-    if let Some(err) = body.get("error").filter(|e| !e.is_null()) {
-        let tb: Vec<&str> = err["traceback"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .filter_map(Value::as_str)
-            .collect();
+    if let Some(err) = &result.error {
         text.push_str(&format!(
             "error: {}: {}\n{}\n",
-            err["name"].as_str().unwrap_or_default(),
-            err["value"].as_str().unwrap_or_default(),
-            truncate(&tb.join("\n"), TRACEBACK_LIMIT)
+            err.name,
+            err.value,
+            truncate(&err.traceback.join("\n"), TRACEBACK_LIMIT)
         ));
     }
-    let done = &body["done"];
+    let done = &result.done;
     text.push_str(&format!(
         "status: {} (execution {}, {:.0} ms)",
-        done["status"].as_str().unwrap_or_default(),
-        done["execution_count"],
-        done["duration_ms"].as_f64().unwrap_or_default()
+        done.status, done.execution_count, done.duration_ms
     ));
-    if let Some(note) = done["note"].as_str().filter(|n| !n.is_empty()) {
-        text.push_str(&format!("\nnote: {note}"));
+    if let Some(notice) = done.notice.as_deref().filter(|n| !n.is_empty()) {
+        text.push_str(&format!("\nnote: {notice}"));
     }
-    if done["state_lost"] == true {
+    if done.state_lost {
         text.push_str("\nthe kernel's state was lost (it died); variables must be defined again");
     }
     let mut content = vec![ContentBlock::text(text)];
@@ -162,24 +173,24 @@ pub fn code_result(body: &Value) -> CallToolResult {
 }
 
 /// A file's contents for `export_files`: text when it is UTF-8, else base64.
-pub fn file_content(path: &str, reply: &ApiReply) -> ContentBlock {
-    if !reply.ok() {
-        return ContentBlock::text(format!(
-            "{path}: contents not available ({})",
-            reply.body["message"].as_str().unwrap_or("not a file")
-        ));
-    }
-    if reply.bytes.len() > INLINE_FILE_LIMIT {
+pub fn file_content(path: &str, read: &CallResult<FileHead>) -> ContentBlock {
+    let head = match read {
+        Ok(head) => head,
+        Err(e) => {
+            return ContentBlock::text(format!("{path}: contents not available ({})", e.message));
+        }
+    };
+    if head.size > INLINE_FILE_LIMIT as u64 {
         return ContentBlock::text(format!(
             "{path}: {} bytes, over the {INLINE_FILE_LIMIT}-byte inline limit; use the download link",
-            reply.bytes.len()
+            head.size
         ));
     }
-    match std::str::from_utf8(&reply.bytes) {
+    match std::str::from_utf8(&head.bytes) {
         Ok(text) => ContentBlock::text(format!("{path}:\n{}", truncate(text, RESULT_LIMIT))),
         Err(_) => ContentBlock::text(format!(
             "{path} (base64):\n{}",
-            base64::engine::general_purpose::STANDARD.encode(&reply.bytes)
+            base64::engine::general_purpose::STANDARD.encode(&head.bytes)
         )),
     }
 }
@@ -196,19 +207,45 @@ mod tests {
         assert_eq!(truncate("short", 100), "short");
     }
 
+    fn code_result_of(outputs: serde_json::Value, notice: Option<&str>) -> CodeResult {
+        serde_json::from_value(serde_json::json!({
+            "stdout": "", "stderr": "",
+            "outputs": outputs,
+            "result": null, "error": null,
+            "done": {"context": "python", "language": "python", "status": "ok",
+                "execution_count": 1, "duration_ms": 3.0, "exit_code": null,
+                "state_lost": false, "kernel_restarted": false, "crash": null,
+                "notice": notice, "artifacts": [], "stdout_dropped": 0, "stderr_dropped": 0}
+        }))
+        .unwrap()
+    }
+
     #[test]
     fn an_image_output_becomes_image_content() {
-        let body = serde_json::json!({
-            "stdout": "", "stderr": "",
-            "outputs": [{"kind": "display", "data": {"image/png": "iVBORw0KGgo=", "text/plain": "<Figure>"}}],
-            "result": null, "error": null,
-            "done": {"status": "ok", "execution_count": 1, "duration_ms": 3.0}
-        });
+        let body = code_result_of(
+            serde_json::json!([{"kind": "display", "data": {"image/png": "iVBORw0KGgo=", "text/plain": "<Figure>"}}]),
+            None,
+        );
         let r = code_result(&body);
         assert!(
             r.content
                 .iter()
                 .any(|c| matches!(c, ContentBlock::Image(i) if i.mime_type == "image/png"))
+        );
+    }
+
+    #[test]
+    fn the_kernels_notice_is_shown() {
+        let body = code_result_of(serde_json::json!([]), Some("the kernel was restarted"));
+        let r = code_result(&body);
+        let Some(ContentBlock::Text(t)) = r.content.first() else {
+            panic!("no text: {r:?}");
+        };
+        assert!(
+            t.text
+                .ends_with("status: ok (execution 1, 3 ms)\nnote: the kernel was restarted"),
+            "{}",
+            t.text
         );
     }
 }

@@ -1,6 +1,7 @@
 //! The MCP tools: sessions (sandboxes), code in live kernels, terminal commands, variables,
-//! files in and out, pause/resume, snapshots and forks. Each tool is one or a few REST calls;
-//! every failure comes back as a tool error (`isError`) with the API's code and message.
+//! files in and out, pause/resume, snapshots and forks. Each tool is one or a few typed
+//! operations of a [`Sandcell`]; every failure comes back as a tool error (`isError`) with the
+//! service's code and message.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -14,21 +15,37 @@ use rmcp::model::{
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, tool, tool_router};
+use sandcell_api::code::{CodeInput, ContextView, SetVariables};
+use sandcell_api::exec::ExecInput;
+use sandcell_api::sandboxes::{CreateSandbox, Lang, LimitsInput};
+use sandcell_api::snapshots::{CreateSnapshot, ForkSnapshot as ForkRequest};
+use sandcell_api::transfer::{CreateExport, ImportRequest};
+use sandcell_service::{Caller, Service};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::api::{Api, ApiReply, ApiRequest};
 use crate::args::{self, Dependencies, Dependency, ExportFile, ImportFile};
 use crate::output;
+use crate::sandcell::{CallError, InProcess, Sandcell};
 
 /// The label every session made through MCP carries.
 pub const SESSION_LABEL: &str = "mcp";
 
-/// The MCP server: tools over one [`Api`].
+/// How the tools of one server reach Sandcell.
+#[derive(Clone)]
+enum Reach {
+    /// The same way for every call (stdio: the embedded service as its admin, or a daemon).
+    Fixed(Arc<dyn Sandcell>),
+    /// The service in this process, as the caller each HTTP request authenticated as (the
+    /// server's `/mcp`).
+    AsRequestCaller(Arc<Service>),
+}
+
+/// The MCP server: tools over a [`Sandcell`].
 #[derive(Clone)]
 pub struct SandcellMcp {
-    api: Arc<dyn Api>,
+    reach: Reach,
     tool_router: ToolRouter<Self>,
     /// The session tools use when a call names none: made on first need, one per
     /// connection (per MCP session over HTTP).
@@ -62,6 +79,15 @@ impl Runtime {
             Runtime::Node => "node",
             Runtime::Bash => "bash",
             Runtime::R => "r",
+        }
+    }
+
+    fn lang(self) -> Lang {
+        match self {
+            Runtime::Python => Lang::Python,
+            Runtime::Node => Lang::Node,
+            Runtime::Bash => Lang::Bash,
+            Runtime::R => Lang::R,
         }
     }
 }
@@ -261,20 +287,50 @@ pub struct ListSnapshots {
 
 type ToolResult = Result<CallToolResult, ErrorData>;
 
+/// A tool's answer, or the tool error that ends it early.
+type Outcome = Result<CallToolResult, CallToolResult>;
+
+/// Either way, what the model reads.
+fn answer(outcome: Outcome) -> ToolResult {
+    Ok(outcome.unwrap_or_else(|failure| failure))
+}
+
+/// A failed operation, as the model reads it: the service's code and message.
+impl From<CallError> for CallToolResult {
+    fn from(e: CallError) -> Self {
+        tool_error(&e.to_string())
+    }
+}
+
+/// The labels every session made through MCP carries.
+fn session_labels() -> BTreeMap<String, String> {
+    BTreeMap::from([(SESSION_LABEL.to_string(), "true".to_string())])
+}
+
 #[tool_router]
 impl SandcellMcp {
-    /// A server whose tools call `api`.
-    pub fn new(api: Arc<dyn Api>) -> Self {
+    /// A server whose tools call `sandcell`.
+    pub fn new(sandcell: Arc<dyn Sandcell>) -> Self {
+        Self::with(Reach::Fixed(sandcell))
+    }
+
+    /// A server whose tools call `service` in this process, each as the caller its HTTP
+    /// request was authenticated as (the [`Caller`] in the request's extensions).
+    pub fn as_request_caller(service: Arc<Service>) -> Self {
+        Self::with(Reach::AsRequestCaller(service))
+    }
+
+    fn with(reach: Reach) -> Self {
         Self {
-            api,
+            reach,
             tool_router: Self::tool_router(),
             default_session: Arc::default(),
         }
     }
 
     /// Every tool, as `tools/list` shows it.
-    pub fn tools(&self) -> Vec<rmcp::model::Tool> {
-        self.tool_router.list_all()
+    pub fn tools() -> Vec<rmcp::model::Tool> {
+        Self::tool_router().list_all()
     }
 
     #[tool(
@@ -285,77 +341,7 @@ impl SandcellMcp {
         Parameters(p): Parameters<CreateSession>,
         ctx: RequestContext<RoleServer>,
     ) -> ToolResult {
-        let key = caller_key(&ctx);
-        let runtime = p.runtime.unwrap_or(Runtime::Python);
-        // Checked before anything is made: a bad name or version is the caller's to fix.
-        let deps = match p.dependencies.map(Dependencies::resolve).transpose() {
-            Ok(d) => d.unwrap_or_default(),
-            Err(msg) => return Ok(tool_error(&format!("invalid_argument: {msg}"))),
-        };
-        if let (Runtime::Bash, Some(d)) = (runtime, deps.iter().find(|d| d.version.is_some())) {
-            return Ok(tool_error(&format!(
-                "invalid_argument: {}: bash dependencies are commands, whose versions cannot be checked; give \"\" for any",
-                d.name
-            )));
-        }
-        let mut body = json!({"labels": { SESSION_LABEL: "true" }});
-        // A restore takes the snapshot's template (the API refuses another): named only when
-        // the caller names one.
-        if p.snapshot_id.is_none() || p.runtime.is_some() {
-            body["template"] = json!(runtime.name());
-        }
-        let mut limits = serde_json::Map::new();
-        if let Some(m) = p.memory_mb {
-            limits.insert("memory_mb".into(), json!(m));
-        }
-        if let Some(c) = p.cpus {
-            limits.insert("cpus".into(), json!(c));
-        }
-        if !limits.is_empty() {
-            body["limits"] = Value::Object(limits);
-        }
-        set_opt(
-            &mut body,
-            "network",
-            p.network.map(|n| match n {
-                Network::Loopback => "loopback",
-                Network::Off => "off",
-            }),
-        );
-        set_opt(&mut body, "timeout_secs", p.timeout_secs);
-        set_opt(&mut body, "idle_timeout_secs", p.idle_timeout_secs);
-        set_opt(&mut body, "env", p.env);
-        set_opt(&mut body, "snapshot_id", p.snapshot_id);
-        set_opt(&mut body, "backend", p.backend);
-        set_opt(&mut body, "checkpointable", p.checkpointable);
-        let reply = self
-            .post(key.as_deref(), "/v1/sandboxes".into(), body)
-            .await?;
-        if !reply.ok() {
-            return Ok(api_failure(&reply));
-        }
-        if !deps.is_empty() {
-            let id = reply.body["id"].as_str().unwrap_or_default().to_string();
-            // Restored: the packages are looked up in the snapshot's runtime.
-            let runtime = match (p.runtime, reply.body["template"].as_str()) {
-                (Some(r), _) => r,
-                (None, Some("node")) => Runtime::Node,
-                (None, Some("bash")) => Runtime::Bash,
-                (None, Some("r")) => Runtime::R,
-                _ => Runtime::Python,
-            };
-            if let Some(failure) = self
-                .check_dependencies(key.as_deref(), &id, runtime, &deps)
-                .await?
-            {
-                let path = format!("/v1/sandboxes/{}", seg(&id));
-                let _ = self
-                    .api_call(key.as_deref(), http::Method::DELETE, path, None)
-                    .await;
-                return Ok(failure);
-            }
-        }
-        Ok(output::session_created(&reply.body))
+        answer(self.make_session(p, &ctx).await)
     }
 
     #[tool(
@@ -366,16 +352,11 @@ impl SandcellMcp {
         Parameters(p): Parameters<ExecuteCode>,
         ctx: RequestContext<RoleServer>,
     ) -> ToolResult {
-        let key = caller_key(&ctx);
         let lang = p.language.unwrap_or(Runtime::Python);
-        let (session, created) = match self.session_or_default(key.as_deref(), p.session_id).await {
-            Ok(s) => s,
-            Err(failure) => return Ok(failure),
-        };
-        let result = self
-            .run_code(key.as_deref(), &session, lang, p.code, p.timeout_secs)
-            .await?;
-        Ok(announce(result, &session, created))
+        answer(
+            self.code_in_session(&ctx, p.session_id, lang, p.code, p.timeout_secs)
+                .await,
+        )
     }
 
     #[tool(
@@ -386,21 +367,10 @@ impl SandcellMcp {
         Parameters(p): Parameters<ExecutePython>,
         ctx: RequestContext<RoleServer>,
     ) -> ToolResult {
-        let key = caller_key(&ctx);
-        let (session, created) = match self.session_or_default(key.as_deref(), p.session_id).await {
-            Ok(s) => s,
-            Err(failure) => return Ok(failure),
-        };
-        let result = self
-            .run_code(
-                key.as_deref(),
-                &session,
-                Runtime::Python,
-                p.code,
-                p.timeout_secs,
-            )
-            .await?;
-        Ok(announce(result, &session, created))
+        answer(
+            self.code_in_session(&ctx, p.session_id, Runtime::Python, p.code, p.timeout_secs)
+                .await,
+        )
     }
 
     #[tool(
@@ -411,25 +381,7 @@ impl SandcellMcp {
         Parameters(p): Parameters<ExecuteTerminal>,
         ctx: RequestContext<RoleServer>,
     ) -> ToolResult {
-        let key = caller_key(&ctx);
-        let (session, created) = match self.session_or_default(key.as_deref(), p.session_id).await {
-            Ok(s) => s,
-            Err(failure) => return Ok(failure),
-        };
-        let mut body = json!({"cmd": p.command});
-        set_opt(&mut body, "cwd", p.cwd);
-        set_opt(&mut body, "env", p.env);
-        set_opt(&mut body, "timeout_secs", p.timeout_secs);
-        let path = format!("/v1/sandboxes/{}/exec", seg(&session));
-        let reply = self.post(key.as_deref(), path, body).await?;
-        if !reply.ok() {
-            return Ok(api_failure(&reply));
-        }
-        Ok(announce(
-            output::exec_result(&reply.body),
-            &session,
-            created,
-        ))
+        answer(self.command_in_session(p, &ctx).await)
     }
 
     #[tool(
@@ -440,16 +392,16 @@ impl SandcellMcp {
         Parameters(p): Parameters<GetContext>,
         ctx: RequestContext<RoleServer>,
     ) -> ToolResult {
-        let key = caller_key(&ctx);
-        self.variables(
-            key.as_deref(),
-            &p.session_id,
-            p.language,
-            p.names,
-            http::Method::GET,
-            None,
+        answer(
+            async {
+                let api = self.sandcell(&ctx)?;
+                let context = context_of(&*api, &p.session_id, p.language).await?;
+                let names = p.names.filter(|n| !n.is_empty());
+                let view = api.get_variables(&p.session_id, &context, names).await?;
+                Ok(output::json_result(&view))
+            }
+            .await,
         )
-        .await
     }
 
     #[tool(description = "Set variables in a session's kernel from JSON values.")]
@@ -458,17 +410,18 @@ impl SandcellMcp {
         Parameters(p): Parameters<SetContext>,
         ctx: RequestContext<RoleServer>,
     ) -> ToolResult {
-        let key = caller_key(&ctx);
-        let values = json!({"values": p.variables});
-        self.variables(
-            key.as_deref(),
-            &p.session_id,
-            p.language,
-            None,
-            http::Method::PUT,
-            Some(values),
+        answer(
+            async {
+                let api = self.sandcell(&ctx)?;
+                let context = context_of(&*api, &p.session_id, p.language).await?;
+                let req = SetVariables {
+                    values: p.variables,
+                };
+                let set = api.set_variables(&p.session_id, &context, req).await?;
+                Ok(output::json_result(&set))
+            }
+            .await,
         )
-        .await
     }
 
     #[tool(
@@ -479,30 +432,29 @@ impl SandcellMcp {
         Parameters(p): Parameters<ClearContext>,
         ctx: RequestContext<RoleServer>,
     ) -> ToolResult {
-        let key = caller_key(&ctx);
-        self.variables(
-            key.as_deref(),
-            &p.session_id,
-            p.language,
-            p.names,
-            http::Method::DELETE,
-            None,
+        answer(
+            async {
+                let api = self.sandcell(&ctx)?;
+                let context = context_of(&*api, &p.session_id, p.language).await?;
+                let names = p.names.filter(|n| !n.is_empty());
+                let cleared = api.clear_variables(&p.session_id, &context, names).await?;
+                Ok(output::json_result(&cleared))
+            }
+            .await,
         )
-        .await
     }
 
     #[tool(
         description = "List your active sessions (also ones made in earlier connections: reconnect to one by passing its session_id)."
     )]
     async fn list_sessions(&self, ctx: RequestContext<RoleServer>) -> ToolResult {
-        let key = caller_key(&ctx);
-        let reply = self
-            .get(key.as_deref(), "/v1/sandboxes?limit=200".into())
-            .await?;
-        if !reply.ok() {
-            return Ok(api_failure(&reply));
-        }
-        Ok(output::session_list(&reply.body))
+        answer(
+            async {
+                let api = self.sandcell(&ctx)?;
+                Ok(output::session_list(&api.list_sandboxes(200).await?))
+            }
+            .await,
+        )
     }
 
     #[tool(
@@ -513,18 +465,17 @@ impl SandcellMcp {
         Parameters(p): Parameters<SessionRef>,
         ctx: RequestContext<RoleServer>,
     ) -> ToolResult {
-        let key = caller_key(&ctx);
-        let path = format!("/v1/sandboxes/{}", seg(&p.session_id));
-        let reply = self
-            .api_call(key.as_deref(), http::Method::DELETE, path, None)
-            .await?;
-        if !reply.ok() {
-            return Ok(api_failure(&reply));
-        }
-        Ok(CallToolResult::success(vec![ContentBlock::text(format!(
-            "session {} destroyed",
-            p.session_id
-        ))]))
+        answer(
+            async {
+                let api = self.sandcell(&ctx)?;
+                api.delete_sandbox(&p.session_id).await?;
+                Ok(CallToolResult::success(vec![ContentBlock::text(format!(
+                    "session {} destroyed",
+                    p.session_id
+                ))]))
+            }
+            .await,
+        )
     }
 
     #[tool(
@@ -546,48 +497,7 @@ impl SandcellMcp {
         Parameters(p): Parameters<ImportFiles>,
         ctx: RequestContext<RoleServer>,
     ) -> ToolResult {
-        let key = caller_key(&ctx);
-        if p.files.is_empty() {
-            return Ok(tool_error("invalid_argument: files is empty"));
-        }
-        let mut lines = Vec::new();
-        for f in p.files {
-            // Every shape comes down to the API's one: a target path and one source.
-            let (body, temporary) = match f {
-                ImportFile::Put(put) => (json!(put), None),
-                ImportFile::Copy(c) => {
-                    (json!({"path": c.destination, "host_path": c.source}), None)
-                }
-                ImportFile::FromSession(from) => {
-                    let (id, made) = match self
-                        .export_of(key.as_deref(), &from.session_id, &from.path)
-                        .await
-                    {
-                        Ok(e) => e,
-                        Err(failure) => return Ok(failure),
-                    };
-                    let body = json!({"path": from.destination, "export_id": id});
-                    (body, made.then_some(id))
-                }
-            };
-            let path = format!("/v1/sandboxes/{}/import", seg(&p.session_id));
-            let reply = self.post(key.as_deref(), path, body).await;
-            if let Some(id) = temporary {
-                // Made for this copy only: the caller did not ask the server to keep it.
-                let path = format!("/v1/exports/{}", seg(&id));
-                let _ = self
-                    .api_call(key.as_deref(), http::Method::DELETE, path, None)
-                    .await;
-            }
-            let reply = reply?;
-            if !reply.ok() {
-                return Ok(api_failure(&reply));
-            }
-            lines.push(reply.body.to_string());
-        }
-        Ok(CallToolResult::success(vec![ContentBlock::text(
-            lines.join("\n"),
-        )]))
+        answer(self.put_files(p, &ctx).await)
     }
 
     #[tool(
@@ -598,44 +508,7 @@ impl SandcellMcp {
         Parameters(p): Parameters<ExportFiles>,
         ctx: RequestContext<RoleServer>,
     ) -> ToolResult {
-        let key = caller_key(&ctx);
-        let mut paths = p.paths.unwrap_or_default();
-        paths.extend(p.files.unwrap_or_default().into_iter().map(|f| f.source));
-        if paths.is_empty() {
-            return Ok(tool_error(
-                "invalid_argument: nothing to export: give paths ([\"data.csv\"]) or files ([{\"source\": \"data.csv\"}])",
-            ));
-        }
-        let base = request_base(&ctx).or_else(|| self.api.public_base());
-        let include = p.include_content.unwrap_or(base.is_none());
-        let mut content = Vec::new();
-        for path in paths {
-            let url = format!("/v1/sandboxes/{}/exports", seg(&p.session_id));
-            let reply = self
-                .post(key.as_deref(), url, json!({"path": path}))
-                .await?;
-            if !reply.ok() {
-                return Ok(api_failure(&reply));
-            }
-            let mut export = reply.body.clone();
-            if let (Some(base), Some(signed)) = (&base, export["signed_url"].as_str()) {
-                export["download_url"] = json!(format!("{base}{signed}"));
-            } else if let Some(obj) = export.as_object_mut() {
-                obj.remove("download_url");
-                obj.remove("signed_url");
-            }
-            content.push(ContentBlock::text(export.to_string()));
-            if include {
-                let file = format!(
-                    "/v1/sandboxes/{}/files/content?path={}",
-                    seg(&p.session_id),
-                    seg(&path)
-                );
-                let got = self.get(key.as_deref(), file).await?;
-                content.push(output::file_content(&path, &got));
-            }
-        }
-        Ok(CallToolResult::success(content))
+        answer(self.take_files(p, &ctx).await)
     }
 
     #[tool(
@@ -646,10 +519,15 @@ impl SandcellMcp {
         Parameters(p): Parameters<SessionRef>,
         ctx: RequestContext<RoleServer>,
     ) -> ToolResult {
-        let key = caller_key(&ctx);
-        let path = format!("/v1/sandboxes/{}/pause", seg(&p.session_id));
-        let reply = self.post(key.as_deref(), path, json!({})).await?;
-        Ok(json_or_failure(&reply))
+        answer(
+            async {
+                let api = self.sandcell(&ctx)?;
+                Ok(output::json_result(
+                    &api.pause_sandbox(&p.session_id).await?,
+                ))
+            }
+            .await,
+        )
     }
 
     #[tool(description = "Resume a paused session where it stopped.")]
@@ -658,10 +536,15 @@ impl SandcellMcp {
         Parameters(p): Parameters<SessionRef>,
         ctx: RequestContext<RoleServer>,
     ) -> ToolResult {
-        let key = caller_key(&ctx);
-        let path = format!("/v1/sandboxes/{}/resume", seg(&p.session_id));
-        let reply = self.post(key.as_deref(), path, json!({})).await?;
-        Ok(json_or_failure(&reply))
+        answer(
+            async {
+                let api = self.sandcell(&ctx)?;
+                Ok(output::json_result(
+                    &api.resume_sandbox(&p.session_id).await?,
+                ))
+            }
+            .await,
+        )
     }
 
     #[tool(
@@ -672,14 +555,19 @@ impl SandcellMcp {
         Parameters(p): Parameters<SnapshotSession>,
         ctx: RequestContext<RoleServer>,
     ) -> ToolResult {
-        let key = caller_key(&ctx);
-        let mut body = json!({});
-        set_opt(&mut body, "name", p.name);
-        set_opt(&mut body, "description", p.description);
-        set_opt(&mut body, "tags", p.tags);
-        let path = format!("/v1/sandboxes/{}/snapshots", seg(&p.session_id));
-        let reply = self.post(key.as_deref(), path, body).await?;
-        Ok(json_or_failure(&reply))
+        answer(
+            async {
+                let api = self.sandcell(&ctx)?;
+                let req = CreateSnapshot {
+                    name: p.name,
+                    description: p.description.unwrap_or_default(),
+                    tags: p.tags.unwrap_or_default(),
+                };
+                let snapshot = api.create_snapshot(&p.session_id, req).await?;
+                Ok(output::json_result(&snapshot))
+            }
+            .await,
+        )
     }
 
     #[tool(
@@ -690,14 +578,19 @@ impl SandcellMcp {
         Parameters(p): Parameters<ForkSnapshot>,
         ctx: RequestContext<RoleServer>,
     ) -> ToolResult {
-        let key = caller_key(&ctx);
-        let body = json!({
-            "count": p.count.unwrap_or(1),
-            "labels": { SESSION_LABEL: "true" },
-        });
-        let path = format!("/v1/snapshots/{}/fork", seg(&p.snapshot_id));
-        let reply = self.post(key.as_deref(), path, body).await?;
-        Ok(json_or_failure(&reply))
+        answer(
+            async {
+                let api = self.sandcell(&ctx)?;
+                let req = ForkRequest {
+                    count: Some(p.count.unwrap_or(1)),
+                    labels: session_labels(),
+                    ..ForkRequest::default()
+                };
+                let forks = api.fork_snapshot(&p.snapshot_id, req).await?;
+                Ok(output::json_result(&forks))
+            }
+            .await,
+        )
     }
 
     #[tool(description = "List your snapshots (of one session when session_id is given).")]
@@ -706,22 +599,234 @@ impl SandcellMcp {
         Parameters(p): Parameters<ListSnapshots>,
         ctx: RequestContext<RoleServer>,
     ) -> ToolResult {
-        let key = caller_key(&ctx);
-        let path = match p.session_id {
-            Some(id) => format!("/v1/snapshots?sandbox={}", seg(&id)),
-            None => "/v1/snapshots".into(),
-        };
-        let reply = self.get(key.as_deref(), path).await?;
-        Ok(json_or_failure(&reply))
+        answer(
+            async {
+                let api = self.sandcell(&ctx)?;
+                let list = api.list_snapshots(p.session_id.as_deref()).await?;
+                Ok(output::json_result(&list))
+            }
+            .await,
+        )
     }
 }
 
 impl SandcellMcp {
+    /// How this call reaches Sandcell: the server's own way, or as the caller of its HTTP
+    /// request.
+    fn sandcell(
+        &self,
+        ctx: &RequestContext<RoleServer>,
+    ) -> Result<Arc<dyn Sandcell>, CallToolResult> {
+        match &self.reach {
+            Reach::Fixed(sandcell) => Ok(sandcell.clone()),
+            Reach::AsRequestCaller(service) => {
+                // The server lets no request reach `/mcp` without a key it authenticated.
+                let caller = ctx
+                    .extensions
+                    .get::<http::request::Parts>()
+                    .and_then(|parts| parts.extensions.get::<Caller>())
+                    .ok_or_else(|| {
+                        tool_error("unauthenticated: this request carries no authenticated API key")
+                    })?;
+                Ok(Arc::new(InProcess::new(service.clone(), caller.clone())))
+            }
+        }
+    }
+
+    /// `create_session`.
+    async fn make_session(&self, p: CreateSession, ctx: &RequestContext<RoleServer>) -> Outcome {
+        let api = self.sandcell(ctx)?;
+        let runtime = p.runtime.unwrap_or(Runtime::Python);
+        // Checked before anything is made: a bad name or version is the caller's to fix.
+        let deps = p
+            .dependencies
+            .map(Dependencies::resolve)
+            .transpose()
+            .map_err(|msg| tool_error(&format!("invalid_argument: {msg}")))?
+            .unwrap_or_default();
+        if let (Runtime::Bash, Some(d)) = (runtime, deps.iter().find(|d| d.version.is_some())) {
+            return Err(tool_error(&format!(
+                "invalid_argument: {}: bash dependencies are commands, whose versions cannot be checked; give \"\" for any",
+                d.name
+            )));
+        }
+        let limits = (p.memory_mb.is_some() || p.cpus.is_some()).then(|| LimitsInput {
+            memory_mb: p.memory_mb,
+            cpus: p.cpus,
+            ..LimitsInput::default()
+        });
+        let req = CreateSandbox {
+            // A restore takes the snapshot's template (the API refuses another): named only
+            // when the caller names one.
+            template: (p.snapshot_id.is_none() || p.runtime.is_some())
+                .then(|| runtime.name().to_string()),
+            limits,
+            env: p.env.unwrap_or_default(),
+            labels: session_labels(),
+            timeout_secs: p.timeout_secs,
+            idle_timeout_secs: p.idle_timeout_secs,
+            network: p.network.map(|n| match n {
+                Network::Loopback => sandcell_api::sandboxes::Network::Loopback,
+                Network::Off => sandcell_api::sandboxes::Network::Off,
+            }),
+            backend: p.backend,
+            checkpointable: p.checkpointable.unwrap_or(false),
+            snapshot_id: p.snapshot_id,
+            ..CreateSandbox::default()
+        };
+        let info = api.create_sandbox(req).await?;
+        if !deps.is_empty() {
+            // Restored: the packages are looked up in the snapshot's runtime.
+            let runtime = match (p.runtime, info.template.as_str()) {
+                (Some(r), _) => r,
+                (None, "node") => Runtime::Node,
+                (None, "bash") => Runtime::Bash,
+                (None, "r") => Runtime::R,
+                _ => Runtime::Python,
+            };
+            if let Err(failure) = check_dependencies(&*api, &info.id, runtime, &deps).await {
+                let _ = api.delete_sandbox(&info.id).await;
+                return Err(failure);
+            }
+        }
+        Ok(output::session_created(&info))
+    }
+
+    /// `execute_code` and `execute_python`.
+    async fn code_in_session(
+        &self,
+        ctx: &RequestContext<RoleServer>,
+        session: Option<String>,
+        lang: Runtime,
+        code: String,
+        timeout_secs: Option<f64>,
+    ) -> Outcome {
+        let api = self.sandcell(ctx)?;
+        let (session, created) = self.session_or_default(&*api, session).await?;
+        let input = CodeInput {
+            code,
+            language: Some(lang.lang()),
+            context: None,
+            timeout_secs,
+        };
+        let result = api.run_code(&session, input).await?;
+        Ok(announce(output::code_result(&result), &session, created))
+    }
+
+    /// `execute_terminal`.
+    async fn command_in_session(
+        &self,
+        p: ExecuteTerminal,
+        ctx: &RequestContext<RoleServer>,
+    ) -> Outcome {
+        let api = self.sandcell(ctx)?;
+        let (session, created) = self.session_or_default(&*api, p.session_id).await?;
+        let input = ExecInput {
+            cmd: Some(p.command),
+            cwd: p.cwd,
+            env: p.env.unwrap_or_default(),
+            timeout_secs: p.timeout_secs,
+            ..ExecInput::default()
+        };
+        let out = api.exec(&session, input).await?;
+        Ok(announce(output::exec_result(&out), &session, created))
+    }
+
+    /// `import_files`.
+    async fn put_files(&self, p: ImportFiles, ctx: &RequestContext<RoleServer>) -> Outcome {
+        let api = self.sandcell(ctx)?;
+        if p.files.is_empty() {
+            return Err(tool_error("invalid_argument: files is empty"));
+        }
+        let mut lines = Vec::new();
+        for f in p.files {
+            // Every shape comes down to the service's one: a target path and one source.
+            let (req, temporary) = match f {
+                ImportFile::Put(put) => (
+                    ImportRequest {
+                        path: put.path,
+                        text: put.text,
+                        base64: put.base64,
+                        host_path: put.host_path,
+                        export_id: put.export_id,
+                        mode: None,
+                    },
+                    None,
+                ),
+                ImportFile::Copy(c) => (
+                    ImportRequest {
+                        path: c.destination,
+                        host_path: Some(c.source),
+                        ..ImportRequest::default()
+                    },
+                    None,
+                ),
+                ImportFile::FromSession(from) => {
+                    let (id, made) = export_of(&*api, &from.session_id, &from.path).await?;
+                    let req = ImportRequest {
+                        path: from.destination,
+                        export_id: Some(id.clone()),
+                        ..ImportRequest::default()
+                    };
+                    (req, made.then_some(id))
+                }
+            };
+            let imported = api.import(&p.session_id, req).await;
+            if let Some(id) = temporary {
+                // Made for this copy only: the caller did not ask the server to keep it.
+                let _ = api.delete_export(&id).await;
+            }
+            lines.push(output::json(&imported?));
+        }
+        Ok(CallToolResult::success(vec![ContentBlock::text(
+            lines.join("\n"),
+        )]))
+    }
+
+    /// `export_files`.
+    async fn take_files(&self, p: ExportFiles, ctx: &RequestContext<RoleServer>) -> Outcome {
+        let api = self.sandcell(ctx)?;
+        let mut paths = p.paths.unwrap_or_default();
+        paths.extend(p.files.unwrap_or_default().into_iter().map(|f| f.source));
+        if paths.is_empty() {
+            return Err(tool_error(
+                "invalid_argument: nothing to export: give paths ([\"data.csv\"]) or files ([{\"source\": \"data.csv\"}])",
+            ));
+        }
+        let base = request_base(ctx).or_else(|| api.public_base());
+        let include = p.include_content.unwrap_or(base.is_none());
+        let mut content = Vec::new();
+        for path in paths {
+            let req = CreateExport { path: path.clone() };
+            let info = api.create_export(&p.session_id, req).await?;
+            let mut export = serde_json::to_value(&info).unwrap_or_default();
+            match (&base, &info.signed_url) {
+                (Some(base), Some(signed)) => {
+                    export["download_url"] = json!(format!("{base}{signed}"));
+                }
+                _ => {
+                    if let Some(obj) = export.as_object_mut() {
+                        obj.remove("download_url");
+                        obj.remove("signed_url");
+                    }
+                }
+            }
+            content.push(ContentBlock::text(export.to_string()));
+            if include {
+                let read = api
+                    .read_file(&p.session_id, &path, output::INLINE_FILE_LIMIT)
+                    .await;
+                content.push(output::file_content(&path, &read));
+            }
+        }
+        Ok(CallToolResult::success(content))
+    }
+
     /// `session` when given; else this connection's default session, made now (with `true`)
     /// when there is none yet or the one there was has ended.
     async fn session_or_default(
         &self,
-        key: Option<&str>,
+        api: &dyn Sandcell,
         session: Option<String>,
     ) -> Result<(String, bool), CallToolResult> {
         if let Some(id) = session {
@@ -729,229 +834,115 @@ impl SandcellMcp {
         }
         let mut slot = self.default_session.lock().await;
         if let Some(id) = slot.clone() {
-            let alive = self
-                .get(key, format!("/v1/sandboxes/{}", seg(&id)))
+            let alive = api
+                .get_sandbox(&id)
                 .await
-                .is_ok_and(|r| {
-                    r.ok()
-                        && matches!(
-                            r.body["state"].as_str(),
-                            Some("running" | "paused" | "creating")
-                        )
-                });
+                .is_ok_and(|s| matches!(s.state.as_str(), "running" | "paused" | "creating"));
             if alive {
                 return Ok((id, false));
             }
         }
-        let body = json!({"template": "python", "labels": {SESSION_LABEL: "true"}});
-        let reply = self
-            .post(key, "/v1/sandboxes".into(), body)
-            .await
-            .map_err(|e| tool_error(&e.message))?;
-        if !reply.ok() {
-            return Err(api_failure(&reply));
-        }
-        let id = reply.body["id"].as_str().unwrap_or_default().to_string();
+        let req = CreateSandbox {
+            template: Some(Runtime::Python.name().to_string()),
+            labels: session_labels(),
+            ..CreateSandbox::default()
+        };
+        let id = api.create_sandbox(req).await?.id;
         *slot = Some(id.clone());
         Ok((id, true))
     }
+}
 
-    /// Checks that every package in `deps` is installed for `runtime` in session `id` (in the
-    /// version asked, if any); the tool error naming the others when some are not.
-    async fn check_dependencies(
-        &self,
-        key: Option<&str>,
-        id: &str,
-        runtime: Runtime,
-        deps: &[Dependency],
-    ) -> Result<Option<CallToolResult>, ErrorData> {
-        let names: Vec<&str> = deps.iter().map(|d| d.name.as_str()).collect();
-        // The names were checked (`args::valid_package_name`): safe inside a JSON list.
-        let list = serde_json::to_string(&names).unwrap_or_default();
-        // Each snippet prints `name<TAB>version` per package (version empty when missing, `?`
-        // when installed without one to tell), in a scope of its own so that nothing is left
-        // in the user's namespace.
-        let code = match runtime {
-            Runtime::Python => format!(
-                "def _sandcell_deps():\n    import importlib.metadata as m\n    for d in {list}:\n        try:\n            v = m.version(d) or '?'\n        except m.PackageNotFoundError:\n            v = ''\n        print(d + '\\t' + v)\n_sandcell_deps()\ndel _sandcell_deps"
-            ),
-            Runtime::Node => format!(
-                "(() => {{ const path = require('path'), fs = require('fs'); for (const d of {list}) {{ let v = ''; try {{ let dir = path.dirname(require.resolve(d)); v = '?'; while (dir !== path.dirname(dir)) {{ const f = path.join(dir, 'package.json'); if (fs.existsSync(f)) {{ const j = JSON.parse(fs.readFileSync(f, 'utf8')); if (j.name === d) {{ v = j.version || '?'; break }} }} dir = path.dirname(dir) }} }} catch (e) {{}} console.log(d + '\\t' + v) }} }})()"
-            ),
-            Runtime::R => format!(
-                "local(for (d in c({})) cat(d, '\\t', if (requireNamespace(d, quietly = TRUE)) as.character(packageVersion(d)) else '', '\\n', sep = ''))",
-                list.trim_start_matches('[').trim_end_matches(']')
-            ),
-            Runtime::Bash => names
-                .iter()
-                .map(|d| format!("if command -v {d} >/dev/null; then printf '%s\\t?\\n' {d}; else printf '%s\\t\\n' {d}; fi"))
-                .collect::<Vec<_>>()
-                .join("\n"),
-        };
-        let body = json!({"code": code, "language": runtime.name()});
-        let path = format!("/v1/sandboxes/{}/code", seg(id));
-        let reply = self.post(key, path, body).await?;
-        if !reply.ok() {
-            return Ok(Some(api_failure(&reply)));
-        }
-        let unmet = args::unmet(deps, reply.body["stdout"].as_str().unwrap_or_default());
-        if unmet.is_empty() {
-            return Ok(None);
-        }
-        Ok(Some(tool_error(&format!(
-            "missing_dependencies: {} not installed for {} on this server, and sandboxes cannot download packages (no network beyond loopback); use what is installed, or ask the server's operator to add them",
-            unmet.join(", "),
-            runtime.name()
-        ))))
+/// Checks that every package in `deps` is installed for `runtime` in session `id` (in the
+/// version asked, if any); the tool error naming the others when some are not.
+async fn check_dependencies(
+    api: &dyn Sandcell,
+    id: &str,
+    runtime: Runtime,
+    deps: &[Dependency],
+) -> Result<(), CallToolResult> {
+    let names: Vec<&str> = deps.iter().map(|d| d.name.as_str()).collect();
+    // The names were checked (`args::valid_package_name`): safe inside a JSON list.
+    let list = serde_json::to_string(&names).unwrap_or_default();
+    // Each snippet prints `name<TAB>version` per package (version empty when missing, `?`
+    // when installed without one to tell), in a scope of its own so that nothing is left
+    // in the user's namespace.
+    let code = match runtime {
+        Runtime::Python => format!(
+            "def _sandcell_deps():\n    import importlib.metadata as m\n    for d in {list}:\n        try:\n            v = m.version(d) or '?'\n        except m.PackageNotFoundError:\n            v = ''\n        print(d + '\\t' + v)\n_sandcell_deps()\ndel _sandcell_deps"
+        ),
+        Runtime::Node => format!(
+            "(() => {{ const path = require('path'), fs = require('fs'); for (const d of {list}) {{ let v = ''; try {{ let dir = path.dirname(require.resolve(d)); v = '?'; while (dir !== path.dirname(dir)) {{ const f = path.join(dir, 'package.json'); if (fs.existsSync(f)) {{ const j = JSON.parse(fs.readFileSync(f, 'utf8')); if (j.name === d) {{ v = j.version || '?'; break }} }} dir = path.dirname(dir) }} }} catch (e) {{}} console.log(d + '\\t' + v) }} }})()"
+        ),
+        Runtime::R => format!(
+            "local(for (d in c({})) cat(d, '\\t', if (requireNamespace(d, quietly = TRUE)) as.character(packageVersion(d)) else '', '\\n', sep = ''))",
+            list.trim_start_matches('[').trim_end_matches(']')
+        ),
+        Runtime::Bash => names
+            .iter()
+            .map(|d| format!("if command -v {d} >/dev/null; then printf '%s\\t?\\n' {d}; else printf '%s\\t\\n' {d}; fi"))
+            .collect::<Vec<_>>()
+            .join("\n"),
+    };
+    let input = CodeInput {
+        code,
+        language: Some(runtime.lang()),
+        context: None,
+        timeout_secs: None,
+    };
+    let listing = api.run_code(id, input).await?;
+    let unmet = args::unmet(deps, &listing.stdout);
+    if unmet.is_empty() {
+        return Ok(());
     }
+    Err(tool_error(&format!(
+        "missing_dependencies: {} not installed for {} on this server, and sandboxes cannot download packages (no network beyond loopback); use what is installed, or ask the server's operator to add them",
+        unmet.join(", "),
+        runtime.name()
+    )))
+}
 
-    /// An export of `path` in session `from` to import from: the newest one that session
-    /// made with export_files (it outlives the session), else one made now (`true`: delete
-    /// it once imported).
-    async fn export_of(
-        &self,
-        key: Option<&str>,
-        from: &str,
-        path: &str,
-    ) -> Result<(String, bool), CallToolResult> {
-        let wanted = args::absolute(path);
-        let list = format!("/v1/exports?sandbox_id={}", seg(from));
-        let listed = self
-            .get(key, list)
-            .await
-            .map_err(|e| tool_error(&e.message))?;
-        // A list that fails (a malformed id) falls through: the export below says why. The
-        // newest by its time (RFC 3339, same width: comparable as text), whatever the order.
-        if listed.ok()
-            && let Some(id) = listed.body["exports"]
-                .as_array()
-                .into_iter()
-                .flatten()
-                .filter(|e| e["path"].as_str().map(args::absolute).as_deref() == Some(&wanted))
-                .max_by_key(|e| e["created_at"].as_str().unwrap_or_default().to_string())
-                .and_then(|e| e["id"].as_str())
-        {
-            return Ok((id.to_string(), false));
-        }
-        let url = format!("/v1/sandboxes/{}/exports", seg(from));
-        let reply = self
-            .post(key, url, json!({"path": path}))
-            .await
-            .map_err(|e| tool_error(&e.message))?;
-        if !reply.ok() {
-            return Err(api_failure(&reply));
-        }
-        match reply.body["id"].as_str() {
-            Some(id) => Ok((id.to_string(), true)),
-            None => Err(tool_error("internal: the export's answer has no id")),
-        }
+/// An export of `path` in session `from` to import from: the newest one that session
+/// made with export_files (it outlives the session), else one made now (`true`: delete
+/// it once imported).
+async fn export_of(
+    api: &dyn Sandcell,
+    from: &str,
+    path: &str,
+) -> Result<(String, bool), CallToolResult> {
+    let wanted = args::absolute(path);
+    // A list that fails (a malformed id) falls through: the export below says why. The
+    // newest by its time (RFC 3339, same width: comparable as text), whatever the order.
+    if let Ok(listed) = api.list_exports(Some(from)).await
+        && let Some(newest) = listed
+            .exports
+            .into_iter()
+            .filter(|e| args::absolute(&e.path) == wanted)
+            .max_by(|a, b| a.created_at.cmp(&b.created_at))
+    {
+        return Ok((newest.id, false));
     }
+    let req = CreateExport {
+        path: path.to_string(),
+    };
+    Ok((api.create_export(from, req).await?.id, true))
+}
 
-    async fn run_code(
-        &self,
-        key: Option<&str>,
-        session: &str,
-        lang: Runtime,
-        code: String,
-        timeout_secs: Option<f64>,
-    ) -> ToolResult {
-        let mut body = json!({"code": code, "language": lang.name()});
-        set_opt(&mut body, "timeout_secs", timeout_secs);
-        let path = format!("/v1/sandboxes/{}/code", seg(session));
-        let reply = self.post(key, path, body).await?;
-        if !reply.ok() {
-            return Ok(api_failure(&reply));
-        }
-        Ok(output::code_result(&reply.body))
-    }
-
-    /// A request on the variables of `session`'s default `language` kernel, for `names`
-    /// (all when `None` or empty).
-    async fn variables(
-        &self,
-        key: Option<&str>,
-        session: &str,
-        language: Option<Runtime>,
-        names: Option<Vec<String>>,
-        method: http::Method,
-        body: Option<Value>,
-    ) -> ToolResult {
-        let context = match self.context_of(key, session, language).await {
-            Ok(c) => c,
-            Err(failure) => return Ok(failure),
-        };
-        let mut path = format!(
-            "/v1/sandboxes/{}/contexts/{}/variables",
-            seg(session),
-            seg(&context)
-        );
-        if let Some(names) = names.filter(|n| !n.is_empty()) {
-            path.push_str(&format!("?names={}", seg(&names.join(","))));
-        }
-        let reply = self.api_call(key, method, path, body).await?;
-        Ok(json_or_failure(&reply))
-    }
-
-    /// The id of the default context of `language` in `session` (the kernel `execute_code`
-    /// uses), or the tool error to answer.
-    async fn context_of(
-        &self,
-        key: Option<&str>,
-        session: &str,
-        language: Option<Runtime>,
-    ) -> Result<String, CallToolResult> {
-        let lang = language.unwrap_or(Runtime::Python).name();
-        let path = format!("/v1/sandboxes/{}/contexts", seg(session));
-        let reply = match self.get(key, path).await {
-            Ok(r) => r,
-            Err(e) => return Err(tool_error(&e.message)),
-        };
-        if !reply.ok() {
-            return Err(api_failure(&reply));
-        }
-        let contexts = reply.body["contexts"]
-            .as_array()
-            .or_else(|| reply.body.as_array())
-            .cloned()
-            .unwrap_or_default();
-        default_context_id(&contexts, lang).ok_or_else(|| {
-            tool_error(&format!(
-                "no_context: session {session} has no {lang} kernel yet; run some {lang} code with execute_code first"
-            ))
-        })
-    }
-
-    async fn get(&self, key: Option<&str>, path: String) -> Result<ApiReply, ErrorData> {
-        self.api_call(key, http::Method::GET, path, None).await
-    }
-
-    async fn post(
-        &self,
-        key: Option<&str>,
-        path: String,
-        body: Value,
-    ) -> Result<ApiReply, ErrorData> {
-        self.api_call(key, http::Method::POST, path, Some(body))
-            .await
-    }
-
-    async fn api_call(
-        &self,
-        key: Option<&str>,
-        method: http::Method,
-        path: String,
-        json: Option<Value>,
-    ) -> Result<ApiReply, ErrorData> {
-        self.api
-            .call(ApiRequest {
-                method,
-                path,
-                json,
-                key,
-            })
-            .await
-            .map_err(|e| ErrorData::internal_error(e.to_string(), None))
-    }
+/// The id of the default context of `language` in `session` (the kernel `execute_code`
+/// uses), or the tool error to answer.
+async fn context_of(
+    api: &dyn Sandcell,
+    session: &str,
+    language: Option<Runtime>,
+) -> Result<String, CallToolResult> {
+    let lang = language.unwrap_or(Runtime::Python);
+    let contexts = api.list_contexts(session).await?;
+    default_context_id(&contexts, lang).ok_or_else(|| {
+        let lang = lang.name();
+        tool_error(&format!(
+            "no_context: session {session} has no {lang} kernel yet; run some {lang} code with execute_code first"
+        ))
+    })
 }
 
 impl ServerHandler for SandcellMcp {
@@ -1011,20 +1002,6 @@ fn mark_argument_errors(result: &mut CallToolResult) {
     }
 }
 
-/// The API key the MCP request came with (HTTP), if any; else the transport's own is used.
-fn caller_key(ctx: &RequestContext<RoleServer>) -> Option<String> {
-    let parts = ctx.extensions.get::<http::request::Parts>()?;
-    let headers = &parts.headers;
-    if let Some(v) = headers.get("x-api-key").and_then(|v| v.to_str().ok()) {
-        return Some(v.to_string());
-    }
-    headers
-        .get(http::header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::to_string)
-}
-
 /// The base URL the MCP request came to (HTTP), for links the client can follow.
 fn request_base(ctx: &RequestContext<RoleServer>) -> Option<String> {
     let parts = ctx.extensions.get::<http::request::Parts>()?;
@@ -1032,28 +1009,17 @@ fn request_base(ctx: &RequestContext<RoleServer>) -> Option<String> {
     Some(format!("http://{host}"))
 }
 
-/// The id of `lang`'s default context among `contexts` (as `GET …/contexts` lists them),
-/// else of any context of `lang`. The server marks no context as default: a language's
-/// default context is the one named after the language (`python`).
-fn default_context_id(contexts: &[Value], lang: &str) -> Option<String> {
+/// The id of `lang`'s default context among `contexts`, else of any context of `lang`. The
+/// service marks no context as default: a language's default context is the one named after
+/// the language (`python`).
+fn default_context_id(contexts: &[ContextView], lang: Runtime) -> Option<String> {
+    let of_lang = |c: &&ContextView| c.language == lang.lang();
     contexts
         .iter()
-        .find(|c| c["language"] == lang && c["id"] == lang)
-        .or_else(|| contexts.iter().find(|c| c["language"] == lang))
-        .and_then(|c| c["id"].as_str().map(str::to_string))
-}
-
-/// A path segment or query value, percent-encoded.
-fn seg(s: &str) -> String {
-    serde_urlencoded::to_string([("", s)])
-        .map(|e| e.trim_start_matches('=').to_string())
-        .unwrap_or_default()
-}
-
-fn set_opt<T: serde::Serialize>(body: &mut Value, key: &str, value: Option<T>) {
-    if let Some(v) = value {
-        body[key] = json!(v);
-    }
+        .filter(of_lang)
+        .find(|c| c.id == lang.name())
+        .or_else(|| contexts.iter().find(of_lang))
+        .map(|c| c.id.clone())
 }
 
 /// `result` with a first line naming the session, when it was made for this call.
@@ -1074,52 +1040,51 @@ pub fn tool_error(text: &str) -> CallToolResult {
     CallToolResult::error(vec![ContentBlock::text(text.to_string())])
 }
 
-/// The tool error for an API answer that was not 2xx: its code and message.
-fn api_failure(reply: &ApiReply) -> CallToolResult {
-    let code = reply.body["code"].as_str().unwrap_or("error");
-    let message = reply.body["message"]
-        .as_str()
-        .map(str::to_string)
-        .unwrap_or_else(|| String::from_utf8_lossy(&reply.bytes).into_owned());
-    tool_error(&format!("{code}: {message} (HTTP {})", reply.status))
-}
-
-fn json_or_failure(reply: &ApiReply) -> CallToolResult {
-    if !reply.ok() {
-        return api_failure(reply);
-    }
-    CallToolResult::success(vec![ContentBlock::text(output::truncate(
-        &reply.body.to_string(),
-        output::RESULT_LIMIT,
-    ))])
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn context(id: &str, language: &str) -> ContextView {
+        serde_json::from_value(json!({
+            "id": id, "language": language, "pid": null, "execution_count": 0, "busy": false,
+            "created_at": null, "ended_at": null, "end_reason": null
+        }))
+        .unwrap()
+    }
+
     #[test]
     fn the_default_context_is_the_one_named_after_its_language() {
-        // What the server lists: a context made with `POST /contexts` (listed first here)
+        // What the service lists: a context made with `POST /contexts` (listed first here)
         // and the language's default one, whose id is the language's name.
         let contexts = vec![
-            json!({"id": "ctx-1a2b3c", "language": "python", "busy": false}),
-            json!({"id": "python", "language": "python", "busy": false}),
-            json!({"id": "node", "language": "node", "busy": false}),
+            context("ctx-1a2b3c", "python"),
+            context("python", "python"),
+            context("node", "node"),
         ];
         assert_eq!(
-            default_context_id(&contexts, "python").as_deref(),
+            default_context_id(&contexts, Runtime::Python).as_deref(),
             Some("python")
         );
         assert_eq!(
-            default_context_id(&contexts, "node").as_deref(),
+            default_context_id(&contexts, Runtime::Node).as_deref(),
             Some("node")
         );
         // No default context yet: any of the language's.
         assert_eq!(
-            default_context_id(&contexts[..1], "python").as_deref(),
+            default_context_id(&contexts[..1], Runtime::Python).as_deref(),
             Some("ctx-1a2b3c")
         );
-        assert_eq!(default_context_id(&contexts, "r"), None);
+        assert_eq!(default_context_id(&contexts, Runtime::R), None);
+    }
+
+    #[test]
+    fn a_failed_operation_reads_as_its_code_and_message() {
+        let failure: CallToolResult =
+            CallError::new("not_found", "no sandbox 'sb-0123456789abcdef'").into();
+        assert_eq!(failure.is_error, Some(true));
+        let Some(ContentBlock::Text(t)) = failure.content.first() else {
+            panic!("no text: {failure:?}");
+        };
+        assert_eq!(t.text, "not_found: no sandbox 'sb-0123456789abcdef'");
     }
 }

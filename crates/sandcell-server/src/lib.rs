@@ -136,18 +136,19 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 }
 
 /// The whole service as a router over `state`: the REST API and, at `/mcp`, the same
-/// capabilities as MCP tools over streamable HTTP (with the same API keys).
+/// capabilities as MCP tools over streamable HTTP (with the same API keys; the tools call the
+/// service directly, as the caller the request's key authenticated).
 pub fn app(state: AppState) -> Router {
     let rest = rest_app(state.clone());
-    let tools = sandcell_mcp::RouterApi::new(rest.clone(), None);
     let mcp = Router::new()
-        .nest_service("/mcp", sandcell_mcp::http_service(Arc::new(tools)))
+        .nest_service("/mcp", sandcell_mcp::http_service(state.service.clone()))
         .layer(middleware::from_fn(sandcell_mcp::screen_http))
         .layer(middleware::from_fn_with_state(state, require_key));
     rest.merge(mcp)
 }
 
-/// Lets a request through only with a valid API key (its tools then act as that key).
+/// Lets a request through only with a valid API key; the extractor leaves its [`Caller`] in
+/// the request's extensions, where the tools find it and act as it.
 async fn require_key(_caller: Caller, req: Request, next: Next) -> Response {
     next.run(req).await
 }

@@ -17,8 +17,8 @@ use crate::config::Config;
 use crate::ledger::StoreLedger;
 use crate::signed_url::UrlSigner;
 use crate::state::AppState;
-use sandcell_service::Service;
 use sandcell_service::caller::new_key;
+use sandcell_service::{Service, ServiceError};
 
 /// The owner of the key the first start creates.
 pub const ADMIN_OWNER: &str = "admin";
@@ -91,6 +91,19 @@ pub struct Embedded {
 }
 
 impl Embedded {
+    /// The service itself, for front ends in this process that call it directly (the MCP
+    /// tools over stdio).
+    pub fn service(&self) -> Arc<Service> {
+        self.state.service.clone()
+    }
+
+    /// Who the admin key is (`None`: it is unknown or revoked).
+    pub fn admin_caller(&self) -> Result<Option<sandcell_service::Caller>, ServiceError> {
+        self.state
+            .keys
+            .authenticate(&self.state.store, &self.admin_key)
+    }
+
     /// Stops the loops and every sandbox.
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);

@@ -1,0 +1,463 @@
+//! How the tools reach Sandcell: the typed operations they need ([`Sandcell`]), over the
+//! service in this process ([`InProcess`]: no HTTP, no JSON bodies) or a daemon's REST API
+//! ([`Remote`], `sandcell mcp --daemon`). Either way the tools get the service's validation,
+//! ownership, limits and errors unchanged.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use futures_util::StreamExt;
+use sandcell_api::code::{
+    CodeInput, CodeResult, ContextView, SetVariables, VariableNames, VariablesView,
+};
+use sandcell_api::exec::{ExecInput, ExecOutput};
+use sandcell_api::sandboxes::{CreateSandbox, SandboxInfo, SandboxList};
+use sandcell_api::snapshots::{
+    CreateSnapshot, ForkResult, ForkSnapshot, SnapshotInfo, SnapshotList,
+};
+use sandcell_api::transfer::{CreateExport, ExportInfo, ExportList, ImportRequest, ImportResult};
+use sandcell_client::{Client, ClientError, Method};
+use sandcell_service::{Caller, Service, ServiceError};
+use serde_json::Value;
+
+/// A failed operation, as the service reports it: `{code, message, details}`.
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{code}: {message}")]
+pub struct CallError {
+    /// The stable, machine-readable code (`not_found`, `invalid_argument`, …).
+    pub code: String,
+    /// What went wrong, for people.
+    pub message: String,
+    /// More about it; `Null` when none.
+    pub details: Value,
+}
+
+impl CallError {
+    /// An error with this code and message.
+    pub fn new(code: &str, message: impl Into<String>) -> Self {
+        Self {
+            code: code.to_string(),
+            message: message.into(),
+            details: Value::Null,
+        }
+    }
+}
+
+impl From<ServiceError> for CallError {
+    fn from(e: ServiceError) -> Self {
+        Self {
+            code: e.code().to_string(),
+            message: e.message,
+            details: e.details,
+        }
+    }
+}
+
+impl From<ClientError> for CallError {
+    fn from(e: ClientError) -> Self {
+        if let Some(body) = e.body() {
+            return Self {
+                code: body.code.clone(),
+                message: body.message.clone(),
+                details: body.details.clone(),
+            };
+        }
+        match &e {
+            ClientError::Transport { what, source } => Self::new(
+                "unreachable",
+                format!("the sandcell daemon could not be reached ({what}): {source}"),
+            ),
+            other => Self::new("internal", other.to_string()),
+        }
+    }
+}
+
+/// What operations return.
+pub type CallResult<T> = Result<T, CallError>;
+
+/// The first bytes of a file, and how long it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FileHead {
+    /// At most the limit asked for.
+    pub bytes: Vec<u8>,
+    /// The whole file's length.
+    pub size: u64,
+}
+
+/// Appends `chunk` to `head` up to `limit` bytes, counting every byte.
+fn take(head: &mut FileHead, chunk: &[u8], limit: usize) {
+    let room = limit.saturating_sub(head.bytes.len());
+    head.bytes
+        .extend_from_slice(&chunk[..room.min(chunk.len())]);
+    head.size += chunk.len() as u64;
+}
+
+/// The operations the tools call, each acting as one caller (the transport's).
+#[async_trait]
+pub trait Sandcell: Send + Sync {
+    /// Creates a sandbox (or restores one from a snapshot).
+    async fn create_sandbox(&self, req: CreateSandbox) -> CallResult<SandboxInfo>;
+    /// One sandbox.
+    async fn get_sandbox(&self, id: &str) -> CallResult<SandboxInfo>;
+    /// The active sandboxes, at most `limit`.
+    async fn list_sandboxes(&self, limit: u32) -> CallResult<SandboxList>;
+    /// Ends a sandbox.
+    async fn delete_sandbox(&self, id: &str) -> CallResult<()>;
+    /// Freezes a sandbox.
+    async fn pause_sandbox(&self, id: &str) -> CallResult<SandboxInfo>;
+    /// Thaws a sandbox.
+    async fn resume_sandbox(&self, id: &str) -> CallResult<SandboxInfo>;
+    /// Runs a command to its end.
+    async fn exec(&self, id: &str, input: ExecInput) -> CallResult<ExecOutput>;
+    /// Runs code in a kernel to its end.
+    async fn run_code(&self, id: &str, input: CodeInput) -> CallResult<CodeResult>;
+    /// A sandbox's kernels.
+    async fn list_contexts(&self, id: &str) -> CallResult<Vec<ContextView>>;
+    /// Variables of a kernel (`names`: all when `None`).
+    async fn get_variables(
+        &self,
+        id: &str,
+        context: &str,
+        names: Option<Vec<String>>,
+    ) -> CallResult<VariablesView>;
+    /// Sets variables in a kernel.
+    async fn set_variables(
+        &self,
+        id: &str,
+        context: &str,
+        req: SetVariables,
+    ) -> CallResult<VariableNames>;
+    /// Deletes variables of a kernel (`names`: all user variables when `None`).
+    async fn clear_variables(
+        &self,
+        id: &str,
+        context: &str,
+        names: Option<Vec<String>>,
+    ) -> CallResult<VariableNames>;
+    /// Puts a file or folder into a sandbox.
+    async fn import(&self, id: &str, req: ImportRequest) -> CallResult<ImportResult>;
+    /// The first `limit` bytes of a file in a sandbox, and its length.
+    async fn read_file(&self, id: &str, path: &str, limit: usize) -> CallResult<FileHead>;
+    /// Copies a file or folder out of a sandbox into the service's keeping.
+    async fn create_export(&self, id: &str, req: CreateExport) -> CallResult<ExportInfo>;
+    /// The caller's exports (of one sandbox when given).
+    async fn list_exports(&self, sandbox: Option<&str>) -> CallResult<ExportList>;
+    /// Deletes an export.
+    async fn delete_export(&self, export_id: &str) -> CallResult<()>;
+    /// Takes a snapshot of a sandbox.
+    async fn create_snapshot(&self, id: &str, req: CreateSnapshot) -> CallResult<SnapshotInfo>;
+    /// Makes sandboxes from a snapshot.
+    async fn fork_snapshot(&self, snapshot_id: &str, req: ForkSnapshot) -> CallResult<ForkResult>;
+    /// The caller's snapshots (of one sandbox when given).
+    async fn list_snapshots(&self, sandbox: Option<&str>) -> CallResult<SnapshotList>;
+    /// The base URL clients outside this process can reach (for download links), if any.
+    fn public_base(&self) -> Option<String>;
+}
+
+/// The service in this process, called directly as `caller`.
+#[derive(Clone)]
+pub struct InProcess {
+    service: Arc<Service>,
+    caller: Caller,
+}
+
+impl InProcess {
+    /// Operations on `service` acting as `caller`.
+    pub fn new(service: Arc<Service>, caller: Caller) -> Self {
+        Self { service, caller }
+    }
+}
+
+#[async_trait]
+impl Sandcell for InProcess {
+    async fn create_sandbox(&self, req: CreateSandbox) -> CallResult<SandboxInfo> {
+        Ok(self.service.create_sandbox(&self.caller, req).await?)
+    }
+
+    async fn get_sandbox(&self, id: &str) -> CallResult<SandboxInfo> {
+        Ok(self.service.get_sandbox(&self.caller, id)?)
+    }
+
+    async fn list_sandboxes(&self, limit: u32) -> CallResult<SandboxList> {
+        let req = sandcell_service::sandboxes::ListSandboxes {
+            limit,
+            ..Default::default()
+        };
+        Ok(self.service.list_sandboxes(&self.caller, req)?)
+    }
+
+    async fn delete_sandbox(&self, id: &str) -> CallResult<()> {
+        Ok(self.service.delete_sandbox(&self.caller, id).await?)
+    }
+
+    async fn pause_sandbox(&self, id: &str) -> CallResult<SandboxInfo> {
+        Ok(self.service.pause_sandbox(&self.caller, id).await?)
+    }
+
+    async fn resume_sandbox(&self, id: &str) -> CallResult<SandboxInfo> {
+        Ok(self.service.resume_sandbox(&self.caller, id).await?)
+    }
+
+    async fn exec(&self, id: &str, input: ExecInput) -> CallResult<ExecOutput> {
+        Ok(self.service.exec(&self.caller, id, input).await?)
+    }
+
+    async fn run_code(&self, id: &str, input: CodeInput) -> CallResult<CodeResult> {
+        Ok(self.service.run_code(&self.caller, id, input).await?)
+    }
+
+    async fn list_contexts(&self, id: &str) -> CallResult<Vec<ContextView>> {
+        Ok(self.service.list_contexts(&self.caller, id).await?)
+    }
+
+    async fn get_variables(
+        &self,
+        id: &str,
+        context: &str,
+        names: Option<Vec<String>>,
+    ) -> CallResult<VariablesView> {
+        Ok(self
+            .service
+            .get_variables(&self.caller, id, context, names)
+            .await?)
+    }
+
+    async fn set_variables(
+        &self,
+        id: &str,
+        context: &str,
+        req: SetVariables,
+    ) -> CallResult<VariableNames> {
+        Ok(self
+            .service
+            .set_variables(&self.caller, id, context, req)
+            .await?)
+    }
+
+    async fn clear_variables(
+        &self,
+        id: &str,
+        context: &str,
+        names: Option<Vec<String>>,
+    ) -> CallResult<VariableNames> {
+        Ok(self
+            .service
+            .clear_variables(&self.caller, id, context, names)
+            .await?)
+    }
+
+    async fn import(&self, id: &str, req: ImportRequest) -> CallResult<ImportResult> {
+        Ok(self.service.import(&self.caller, id, req).await?)
+    }
+
+    async fn read_file(&self, id: &str, path: &str, limit: usize) -> CallResult<FileHead> {
+        let mut download = self.service.download_file(&self.caller, id, path).await?;
+        // Longer than asked for: its length is all that is wanted, no need to read it.
+        if let Some(length) = download.length.filter(|l| *l > limit as u64) {
+            return Ok(FileHead {
+                bytes: Vec::new(),
+                size: length,
+            });
+        }
+        let mut head = FileHead {
+            bytes: Vec::new(),
+            size: 0,
+        };
+        while let Some(chunk) = download.chunks.next().await {
+            take(&mut head, &chunk?, limit);
+        }
+        Ok(head)
+    }
+
+    async fn create_export(&self, id: &str, req: CreateExport) -> CallResult<ExportInfo> {
+        Ok(self.service.create_export(&self.caller, id, req).await?)
+    }
+
+    async fn list_exports(&self, sandbox: Option<&str>) -> CallResult<ExportList> {
+        Ok(self.service.list_exports(&self.caller, sandbox)?)
+    }
+
+    async fn delete_export(&self, export_id: &str) -> CallResult<()> {
+        Ok(self.service.delete_export(&self.caller, export_id).await?)
+    }
+
+    async fn create_snapshot(&self, id: &str, req: CreateSnapshot) -> CallResult<SnapshotInfo> {
+        Ok(self.service.create_snapshot(&self.caller, id, req).await?)
+    }
+
+    async fn fork_snapshot(&self, snapshot_id: &str, req: ForkSnapshot) -> CallResult<ForkResult> {
+        Ok(self
+            .service
+            .fork_snapshot(&self.caller, snapshot_id, req)
+            .await?)
+    }
+
+    async fn list_snapshots(&self, sandbox: Option<&str>) -> CallResult<SnapshotList> {
+        Ok(self.service.list_snapshots(&self.caller, sandbox)?)
+    }
+
+    /// None: links are made from the MCP request's own Host when it came over HTTP.
+    fn public_base(&self) -> Option<String> {
+        None
+    }
+}
+
+/// A daemon's REST API, through the typed client (acting with the client's key).
+#[derive(Clone)]
+pub struct Remote {
+    client: Client,
+}
+
+impl Remote {
+    /// Operations on the daemon `client` talks to.
+    pub fn new(client: Client) -> Self {
+        Self { client }
+    }
+}
+
+#[async_trait]
+impl Sandcell for Remote {
+    async fn create_sandbox(&self, req: CreateSandbox) -> CallResult<SandboxInfo> {
+        Ok(self.client.create_sandbox(&req).await?)
+    }
+
+    async fn get_sandbox(&self, id: &str) -> CallResult<SandboxInfo> {
+        Ok(self.client.sandbox(id).await?)
+    }
+
+    async fn list_sandboxes(&self, limit: u32) -> CallResult<SandboxList> {
+        let req = sandcell_client::ListSandboxes {
+            limit: Some(limit),
+            ..Default::default()
+        };
+        Ok(self.client.list_sandboxes(&req).await?)
+    }
+
+    async fn delete_sandbox(&self, id: &str) -> CallResult<()> {
+        Ok(self.client.delete_sandbox(id).await?)
+    }
+
+    async fn pause_sandbox(&self, id: &str) -> CallResult<SandboxInfo> {
+        Ok(self.client.pause_sandbox(id).await?)
+    }
+
+    async fn resume_sandbox(&self, id: &str) -> CallResult<SandboxInfo> {
+        Ok(self.client.resume_sandbox(id).await?)
+    }
+
+    async fn exec(&self, id: &str, input: ExecInput) -> CallResult<ExecOutput> {
+        Ok(self.client.exec(id, &input).await?)
+    }
+
+    async fn run_code(&self, id: &str, input: CodeInput) -> CallResult<CodeResult> {
+        Ok(self.client.run_code(id, &input).await?)
+    }
+
+    async fn list_contexts(&self, id: &str) -> CallResult<Vec<ContextView>> {
+        Ok(self.client.contexts(id).await?)
+    }
+
+    async fn get_variables(
+        &self,
+        id: &str,
+        context: &str,
+        names: Option<Vec<String>>,
+    ) -> CallResult<VariablesView> {
+        Ok(self.client.variables(id, context, names.as_deref()).await?)
+    }
+
+    async fn set_variables(
+        &self,
+        id: &str,
+        context: &str,
+        req: SetVariables,
+    ) -> CallResult<VariableNames> {
+        Ok(self.client.set_variables(id, context, &req).await?)
+    }
+
+    async fn clear_variables(
+        &self,
+        id: &str,
+        context: &str,
+        names: Option<Vec<String>>,
+    ) -> CallResult<VariableNames> {
+        Ok(self
+            .client
+            .clear_variables(id, context, names.as_deref())
+            .await?)
+    }
+
+    async fn import(&self, id: &str, req: ImportRequest) -> CallResult<ImportResult> {
+        Ok(self.client.import(id, &req).await?)
+    }
+
+    async fn read_file(&self, id: &str, path: &str, limit: usize) -> CallResult<FileHead> {
+        let mut head = FileHead {
+            bytes: Vec::new(),
+            size: 0,
+        };
+        self.client
+            .read_file(id, path, |chunk| {
+                take(&mut head, chunk, limit);
+                Ok(())
+            })
+            .await?;
+        Ok(head)
+    }
+
+    async fn create_export(&self, id: &str, req: CreateExport) -> CallResult<ExportInfo> {
+        Ok(self.client.create_export(id, &req).await?)
+    }
+
+    async fn list_exports(&self, sandbox: Option<&str>) -> CallResult<ExportList> {
+        // The client's `exports` lists them all: the filter is the route's own query.
+        let pairs: Vec<(&str, &str)> = sandbox.map(|s| ("sandbox_id", s)).into_iter().collect();
+        let path = format!("/v1/exports{}", sandcell_client::query(&pairs));
+        Ok(self.client.call(Method::GET, &path, None::<&()>).await?)
+    }
+
+    async fn delete_export(&self, export_id: &str) -> CallResult<()> {
+        Ok(self.client.delete_export(export_id).await?)
+    }
+
+    async fn create_snapshot(&self, id: &str, req: CreateSnapshot) -> CallResult<SnapshotInfo> {
+        Ok(self.client.create_snapshot(id, &req).await?)
+    }
+
+    async fn fork_snapshot(&self, snapshot_id: &str, req: ForkSnapshot) -> CallResult<ForkResult> {
+        Ok(self.client.fork_snapshot(snapshot_id, &req).await?)
+    }
+
+    async fn list_snapshots(&self, sandbox: Option<&str>) -> CallResult<SnapshotList> {
+        Ok(self.client.snapshots(sandbox).await?)
+    }
+
+    fn public_base(&self) -> Option<String> {
+        Some(self.client.base_url().trim_end_matches('/').to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_head_keeps_the_limit_and_counts_everything() {
+        let mut head = FileHead {
+            bytes: Vec::new(),
+            size: 0,
+        };
+        take(&mut head, b"hello ", 8);
+        take(&mut head, b"world", 8);
+        assert_eq!((head.bytes.as_slice(), head.size), (&b"hello wo"[..], 11));
+    }
+
+    #[test]
+    fn service_errors_keep_their_code_message_and_details() {
+        let e: CallError = ServiceError::not_found("sandbox", "sb-x")
+            .with_details(serde_json::json!({"id": "sb-x"}))
+            .into();
+        assert_eq!(e.to_string(), "not_found: no sandbox 'sb-x'");
+        assert_eq!(e.details["id"], "sb-x");
+    }
+}

@@ -1,0 +1,177 @@
+//! The tools over [`InProcess`]: an MCP client's JSON-RPC lines in, the service called
+//! directly (no HTTP server, no router, no JSON bodies), over a real store and a fleet whose
+//! sandboxes run the real guest agent without isolation (sandcell-testkit's local backend).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use sandcell_engine::Engine;
+use sandcell_engine::fleet::Fleet;
+use sandcell_mcp::InProcess;
+use sandcell_service::ledger::StoreLedger;
+use sandcell_service::signed_url::UrlSigner;
+use sandcell_service::{Caller, Service};
+use sandcell_store::Store;
+use sandcell_testkit::local::LocalBackend;
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, DuplexStream, Lines};
+
+/// A service over a fresh home and the test backend.
+fn service(home: &std::path::Path) -> Arc<Service> {
+    let (config, _) = sandcell_service::config::load(home, None, &[], &[]).expect("settings");
+    let store = Arc::new(Store::open(&config.database).expect("store"));
+    let engine = Engine::builder().backend(LocalBackend::new()).build();
+    let fleet = Arc::new(Fleet::new(
+        engine,
+        Arc::new(StoreLedger::new(store.clone())),
+        config.fleet_limits(),
+    ));
+    let signer = UrlSigner::load_or_create(home).expect("signing key");
+    Arc::new(Service::new(fleet, store, config, signer))
+}
+
+fn caller(owner: &str) -> Caller {
+    Caller {
+        owner: owner.into(),
+        key_id: format!("key-{owner}"),
+        admin: false,
+        request_id: None,
+    }
+}
+
+/// An MCP client on the other end of [`sandcell_mcp::serve_lines`].
+struct Client {
+    to_server: DuplexStream,
+    from_server: Lines<BufReader<DuplexStream>>,
+    next_id: u64,
+}
+
+impl Client {
+    /// Serves the tools over `tools` and does the handshake.
+    async fn start(tools: InProcess) -> Self {
+        let (to_server, server_in) = tokio::io::duplex(1 << 20);
+        let (server_out, from_server) = tokio::io::duplex(1 << 20);
+        tokio::spawn(sandcell_mcp::serve_lines(
+            Arc::new(tools),
+            server_in,
+            server_out,
+        ));
+        let mut client = Self {
+            to_server,
+            from_server: BufReader::new(from_server).lines(),
+            next_id: 1,
+        };
+        let init = client
+            .request(
+                "initialize",
+                json!({"protocolVersion": "2025-06-18", "capabilities": {},
+                    "clientInfo": {"name": "test", "version": "0"}}),
+            )
+            .await;
+        assert_eq!(init["result"]["serverInfo"]["name"], "sandcell", "{init}");
+        client
+            .send(json!({"jsonrpc": "2.0", "method": "notifications/initialized"}))
+            .await;
+        client
+    }
+
+    async fn send(&mut self, message: Value) {
+        let mut line = message.to_string().into_bytes();
+        line.push(b'\n');
+        self.to_server.write_all(&line).await.expect("write");
+    }
+
+    /// Sends a request and waits for its answer (skipping anything else the server says).
+    async fn request(&mut self, method: &str, params: Value) -> Value {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.send(json!({"jsonrpc": "2.0", "id": id, "method": method, "params": params}))
+            .await;
+        let answer = tokio::time::timeout(Duration::from_secs(60), async {
+            loop {
+                let line = self
+                    .from_server
+                    .next_line()
+                    .await
+                    .expect("read")
+                    .expect("the server ended");
+                let message: Value = serde_json::from_str(&line).expect("JSON");
+                if message["id"] == json!(id) {
+                    return message;
+                }
+            }
+        })
+        .await;
+        answer.expect("an answer within a minute")
+    }
+
+    /// Calls a tool: whether it failed, and its text.
+    async fn call(&mut self, tool: &str, arguments: Value) -> (bool, String) {
+        let answer = self
+            .request("tools/call", json!({"name": tool, "arguments": arguments}))
+            .await;
+        let result = &answer["result"];
+        let text = result["content"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .filter_map(|c| c["text"].as_str())
+            .collect::<Vec<_>>()
+            .join("\n");
+        (result["isError"] == true, text)
+    }
+}
+
+/// The session id in a tool's text (`session_id: sb-…`).
+fn session_id(text: &str) -> String {
+    text.split("session_id: ")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no session id in {text:?}"))
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_tools_reach_the_service_in_process_as_their_caller() {
+    let home = tempfile::tempdir().expect("home");
+    let service = service(home.path());
+    let alice = caller("alice");
+    let mut tools = Client::start(InProcess::new(service.clone(), alice.clone())).await;
+
+    let (failed, text) = tools
+        .call("create_session", json!({"runtime": "bash"}))
+        .await;
+    assert!(!failed, "{text}");
+    let id = session_id(&text);
+    // The session is the caller's, made by the service itself.
+    let sandbox = service.get_sandbox(&alice, &id).expect("alice's sandbox");
+    assert_eq!(sandbox.labels.get("mcp").map(String::as_str), Some("true"));
+
+    let (failed, text) = tools
+        .call(
+            "execute_terminal",
+            json!({"session_id": id, "command": "echo hello from the tools; exit 3"}),
+        )
+        .await;
+    assert!(!failed, "{text}");
+    assert!(
+        text.starts_with("stdout:\nhello from the tools\n") && text.contains("exit_code: 3"),
+        "{text}"
+    );
+
+    // Another caller's tools do not see it: the service's own error, code and message.
+    let mut bobs = Client::start(InProcess::new(service.clone(), caller("bob"))).await;
+    let (failed, text) = bobs
+        .call("destroy_session", json!({"session_id": id}))
+        .await;
+    assert!(failed);
+    assert_eq!(text, format!("not_found: no sandbox '{id}'"));
+
+    let (failed, text) = tools
+        .call("destroy_session", json!({"session_id": id}))
+        .await;
+    assert!(!failed, "{text}");
+    assert_eq!(text, format!("session {id} destroyed"));
+    let (_, text) = tools.call("list_sessions", json!({})).await;
+    assert_eq!(text, "no active sessions");
+}

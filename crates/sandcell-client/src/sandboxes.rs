@@ -242,3 +242,28 @@ fn variables_path(id: &str, context: &str, names: Option<&[String]>) -> String {
         segment(context)
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn list_queries_say_what_the_server_reads() {
+        assert_eq!(ListSandboxes::default().query(), "");
+        let req = ListSandboxes {
+            states: vec!["all".into()],
+            labels: vec![("team".into(), "ml ops".into())],
+            metadata: vec![("run".into(), "7".into())],
+            limit: Some(10),
+            cursor: Some("c1".into()),
+        };
+        assert_eq!(
+            req.query(),
+            "?label=team%3Aml+ops&metadata=run%3A7&state=all&limit=10&cursor=c1"
+        );
+        assert_eq!(
+            variables_path("sb-1", "python", Some(&["a".into(), "b".into()])),
+            "/v1/sandboxes/sb-1/contexts/python/variables?names=a%2Cb"
+        );
+    }
+}

@@ -453,6 +453,41 @@ mod tests {
     }
 
     #[test]
+    fn client_errors_keep_the_daemons_code_message_and_details() {
+        let e: CallError = ClientError::Api {
+            status: 409,
+            body: sandcell_client::parse_error_body(
+                br#"{"code":"has_children","message":"snapshot sn-1 has children","details":{"children":["sn-2"]}}"#,
+            ),
+        }
+        .into();
+        assert_eq!(e.to_string(), "has_children: snapshot sn-1 has children");
+        assert_eq!(e.details["children"][0], "sn-2");
+        let e: CallError = ClientError::Decode {
+            route: "/v1/sandboxes".into(),
+            message: "missing field `id`".into(),
+        }
+        .into();
+        assert_eq!(e.code, "internal");
+    }
+
+    #[tokio::test]
+    async fn a_daemon_that_cannot_be_reached_is_unreachable() {
+        // Port 1 on loopback: nothing listens there.
+        let client = Client::builder("http://127.0.0.1:1").build().unwrap();
+        let e = Remote::new(client)
+            .get_sandbox("sb-0123456789abcdef")
+            .await
+            .unwrap_err();
+        assert_eq!(e.code, "unreachable", "{e}");
+        assert!(
+            e.message
+                .starts_with("the sandcell daemon could not be reached"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn service_errors_keep_their_code_message_and_details() {
         let e: CallError = ServiceError::not_found("sandbox", "sb-x")
             .with_details(serde_json::json!({"id": "sb-x"}))

@@ -2,42 +2,15 @@
 //! directly (no HTTP server, no router, no JSON bodies), over a real store and a fleet whose
 //! sandboxes run the real guest agent without isolation (sandcell-testkit's local backend).
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
-use sandcell_engine::Engine;
-use sandcell_engine::fleet::Fleet;
+use common::{caller, service};
 use sandcell_mcp::InProcess;
-use sandcell_service::ledger::StoreLedger;
-use sandcell_service::signed_url::UrlSigner;
-use sandcell_service::{Caller, Service};
-use sandcell_store::Store;
-use sandcell_testkit::local::LocalBackend;
 use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader, DuplexStream, Lines};
-
-/// A service over a fresh home and the test backend.
-fn service(home: &std::path::Path) -> Arc<Service> {
-    let (config, _) = sandcell_service::config::load(home, None, &[], &[]).expect("settings");
-    let store = Arc::new(Store::open(&config.database).expect("store"));
-    let engine = Engine::builder().backend(LocalBackend::new()).build();
-    let fleet = Arc::new(Fleet::new(
-        engine,
-        Arc::new(StoreLedger::new(store.clone())),
-        config.fleet_limits(),
-    ));
-    let signer = UrlSigner::load_or_create(home).expect("signing key");
-    Arc::new(Service::new(fleet, store, config, signer))
-}
-
-fn caller(owner: &str) -> Caller {
-    Caller {
-        owner: owner.into(),
-        key_id: format!("key-{owner}"),
-        admin: false,
-        request_id: None,
-    }
-}
 
 /// An MCP client on the other end of [`sandcell_mcp::serve_lines`].
 struct Client {

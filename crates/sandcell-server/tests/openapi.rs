@@ -51,7 +51,10 @@ fn every_operation_has_a_unique_id_and_a_tag() {
             let id = op["operationId"].as_str().unwrap_or_default();
             assert!(!id.is_empty(), "{method} {path} has no operationId");
             assert!(ids.insert(id.to_string()), "operationId {id} is used twice");
-            assert!(op["tags"].as_array().is_some_and(|t| !t.is_empty()), "{method} {path} has no tag");
+            assert!(
+                op["tags"].as_array().is_some_and(|t| !t.is_empty()),
+                "{method} {path} has no tag"
+            );
         }
     }
 }

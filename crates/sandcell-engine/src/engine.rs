@@ -368,20 +368,9 @@ fn ms(d: Duration) -> f64 {
     d.as_secs_f64() * 1000.0
 }
 
-/// Checks a caller-chosen sandbox id: `sb-` then 1 to 64 of `[a-z0-9-]`.
+/// Checks a caller-chosen sandbox id (the one rule: `sandcell_api::rules::check_sandbox_id`).
 fn validate_id(id: &str) -> Result<(), EngineError> {
-    let rest = id.strip_prefix("sb-").unwrap_or("");
-    let ok = (1..=64).contains(&rest.len())
-        && rest
-            .chars()
-            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-');
-    if ok {
-        Ok(())
-    } else {
-        Err(EngineError::InvalidRequest(format!(
-            "sandbox id '{id}' must be 'sb-' followed by 1 to 64 of a-z, 0-9 and '-'"
-        )))
-    }
+    sandcell_api::rules::check_sandbox_id(id).map_err(|e| EngineError::InvalidRequest(e.0))
 }
 
 /// Where a reattaching client starts numbering its requests: somewhere in the upper half,

@@ -1,0 +1,531 @@
+"""The SDK against the committed OpenAPI document (docs/openapi.json, generated from the server),
+with no daemon: every request `_api` builds goes to a path and method the document has, with
+query parameters it lists and a body its request schema accepts (the server refuses unknown
+keys); every answer is parsed from a sample made from its response schema, and each key the
+SDK reads must be a property of that schema; each result model's fields have types compatible
+with the schema's properties, and each required property is read or deliberately ignored."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import re
+import types
+import typing
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from sandcell import _api, _models
+from sandcell._models import AutoSnapshot
+from sandcell.errors import error_from_body
+
+DOC_PATH = Path(__file__).resolve().parents[3] / "docs" / "openapi.json"
+DOC: dict[str, Any] = json.loads(DOC_PATH.read_text())
+SCHEMAS: dict[str, Any] = DOC["components"]["schemas"]
+
+
+@pytest.fixture(autouse=True)
+def sandcell_env() -> None:
+    """Overrides conftest's fixture of the same name: these checks need no daemon."""
+
+
+# --- the document's schemas ---------------------------------------------------------------
+
+
+def _ref_name(schema: dict[str, Any]) -> str | None:
+    ref = schema.get("$ref")
+    return ref.rsplit("/", 1)[-1] if isinstance(ref, str) else None
+
+
+def resolve(schema: dict[str, Any]) -> dict[str, Any]:
+    """`schema` with `$ref` followed, `allOf` merged and a `oneOf [X, null]` made a nullable X."""
+    name = _ref_name(schema)
+    if name is not None:
+        return resolve(SCHEMAS[name])
+    if "allOf" in schema:
+        merged: dict[str, Any] = {"type": "object", "properties": {}, "required": []}
+        for part in schema["allOf"]:
+            r = resolve(part)
+            merged["properties"].update(r.get("properties", {}))
+            merged["required"] += r.get("required", [])
+        return merged
+    if "oneOf" in schema:
+        branches = [b for b in schema["oneOf"] if b.get("type") != "null"]
+        if len(branches) == 1 and len(branches) < len(schema["oneOf"]):
+            inner = dict(resolve(branches[0]))
+            inner["type"] = [*_types(inner), "null"]
+            return inner
+    return schema
+
+
+def _types(schema: dict[str, Any]) -> list[str]:
+    t = schema.get("type")
+    if t is None:
+        return []
+    return [t] if isinstance(t, str) else list(t)
+
+
+def json_types(schema: dict[str, Any]) -> set[str] | None:
+    """The JSON types a value of `schema` may have (None: any)."""
+    ts = _types(resolve(schema))
+    return set(ts) if ts else None
+
+
+def properties(name: str) -> tuple[dict[str, Any], set[str]]:
+    r = resolve(SCHEMAS[name])
+    return r.get("properties", {}), set(r.get("required", []))
+
+
+# --- samples of answers, recording what the SDK reads ---------------------------------------
+
+@dataclass
+class Read:
+    """The keys the SDK looked up in objects of one schema, and the properties it has."""
+
+    properties: set[str]
+    keys: set[str] = field(default_factory=set)
+
+
+Reads = dict[str, Read]
+
+
+class Recording(dict[str, Any]):
+    """A JSON object of schema `label` that records each key looked up in it."""
+
+    def __init__(self, label: str, props: set[str], reads: Reads, items: dict[str, Any]) -> None:
+        super().__init__(items)
+        self.read = reads.setdefault(label, Read(props))
+
+    def _note(self, key: object) -> None:
+        self.read.keys.add(str(key))
+
+    def __getitem__(self, key: str) -> Any:
+        self._note(key)
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self._note(key)
+        return super().get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        self._note(key)
+        return super().__contains__(key)
+
+
+def _schema_name(schema: dict[str, Any]) -> str | None:
+    """The component `schema` refers to, directly or as the one non-null branch of a `oneOf`."""
+    branches = [b for b in schema.get("oneOf", []) if b.get("type") != "null"]
+    return _ref_name(branches[0] if len(branches) == 1 else schema)
+
+
+def sample(schema: dict[str, Any], reads: Reads, *, full: bool, label: str = "") -> Any:
+    """A value of `schema`: `full` gives every property a value, else only the required ones
+    (and nullable ones are null)."""
+    label = _schema_name(schema) or label
+    r = resolve(schema)
+    ts = _types(r)
+    if "null" in ts and not full:
+        return None
+    if "enum" in r:
+        return r["enum"][0]
+    if "properties" in r:
+        required = set(r.get("required", []))
+        items = {
+            k: sample(p, reads, full=full, label=f"{label}.{k}")
+            for k, p in r["properties"].items()
+            if full or k in required
+        }
+        return Recording(label, set(r["properties"]), reads, items)
+    for t in ts:
+        if t == "string":
+            return "2026-01-01T00:00:00Z"
+        if t == "integer":
+            return 7
+        if t == "number":
+            return 1.5
+        if t == "boolean":
+            return True
+        if t == "array":
+            return [sample(r["items"], reads, full=full, label=label)] if "items" in r else []
+        if t == "object":
+            extra = r.get("additionalProperties")
+            if isinstance(extra, dict):
+                return {"key": sample(extra, reads, full=full, label=label)}
+            return {}
+    return {}
+
+
+class FakeResponse:
+    """What a `Call`'s parser reads of an answer."""
+
+    def __init__(self, body: Any) -> None:
+        self.body = body
+        self.content = b""
+
+    def json(self) -> Any:
+        return self.body
+
+
+# --- the requests the SDK sends ------------------------------------------------------------
+
+
+def _template_regex(template: str) -> re.Pattern[str]:
+    return re.compile(re.sub(r"\\\{[^}]+\\\}", "[^/]+", re.escape(template)))
+
+
+TEMPLATES = sorted(DOC["paths"], key=lambda t: -len(re.sub(r"\{[^}]+\}", "", t)))
+
+
+def operation(method: str, path: str) -> tuple[str, dict[str, Any]]:
+    """The document's template and operation for a concrete path."""
+    for template in TEMPLATES:
+        if _template_regex(template).fullmatch(path):
+            ops = DOC["paths"][template]
+            assert method.lower() in ops, f"{method} {path}: the document has {template} but not {method}"
+            return template, ops[method.lower()]
+    raise AssertionError(f"{method} {path}: no path of the document matches")
+
+
+def validate(value: Any, schema: dict[str, Any], where: str) -> list[str]:
+    """Why `value` does not fit `schema` (empty: it fits)."""
+    if "oneOf" in schema and _ref_name(schema) is None:
+        tries = [validate(value, b, where) for b in schema["oneOf"]]
+        return [] if any(not t for t in tries) else [e for t in tries for e in t]
+    r = resolve(schema)
+    ts = set(_types(r))
+    actual = _json_type(value)
+    if ts and actual not in ts and not (actual == "integer" and "number" in ts):
+        return [f"{where}: sent a {actual}, the schema wants {sorted(ts)}"]
+    if "enum" in r and value not in r["enum"]:
+        return [f"{where}: {value!r} is not one of {r['enum']}"]
+    errors: list[str] = []
+    if isinstance(value, dict):
+        props = r.get("properties", {})
+        extra = r.get("additionalProperties")
+        for k, v in value.items():
+            if k in props:
+                errors += validate(v, props[k], f"{where}.{k}")
+            elif extra is False:
+                errors.append(f"{where}: key {k!r} is not a property (the server refuses it)")
+            elif isinstance(extra, dict):
+                errors += validate(v, extra, f"{where}.{k}")
+        errors += [f"{where}: required {k!r} not sent" for k in r.get("required", []) if k not in value]
+    if isinstance(value, list) and "items" in r:
+        for i, v in enumerate(value):
+            errors += validate(v, r["items"], f"{where}[{i}]")
+    return errors
+
+
+def _json_type(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "boolean"
+    if isinstance(value, int):
+        return "integer"
+    if isinstance(value, float):
+        return "number"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, list):
+        return "array"
+    return "object"
+
+
+SB = "sb-0123456789ab"
+SNAP = "snap-0123456789ab"
+EXPORT = "exp-0123456789ab"
+AUTO = AutoSnapshot(interval_secs=60, keep=2, before_reclaim=True)
+
+
+def every_call() -> Iterator[tuple[str, _api.Call[Any] | _api.StreamCall[Any]]]:
+    """Each request builder with every option given (so every key it can send is sent)."""
+    yield (
+        "create_sandbox",
+        _api.create_sandbox(
+            template="python",
+            size="small",
+            timeout=60,
+            ttl=None,
+            idle_timeout=30,
+            ephemeral=True,
+            labels={"a": "b"},
+            metadata={"c": "d"},
+            env={"E": "1"},
+            network="off",
+            snapshot_id=None,
+            backend="process",
+            limits={"memory_mb": 256, "cpus": 0.5},
+            kernels=["python", "node"],
+            checkpointable=True,
+            auto_snapshot=AUTO,
+        ),
+    )
+    yield "get_sandbox", _api.get_sandbox(SB)
+    yield "list_sandboxes", _api.list_sandboxes(label={"a": "b"}, metadata="c:d", state=["running"], cursor="x")
+    yield "delete_sandbox", _api.delete_sandbox(SB)
+    yield "sandbox_action", _api.sandbox_action(SB, "pause")
+    yield "sandbox_action", _api.sandbox_action(SB, "resume")
+    yield "set_timeout", _api.set_timeout(SB, 90)
+    yield "metrics", _api.metrics(SB)
+    yield "system", _api.system()
+    yield (
+        "exec_command",
+        _api.exec_command(SB, "ls", env={"E": "1"}, cwd="/", timeout=5.5, stdin="x", default_timeout=None),
+    )
+    yield "exec_command", _api.exec_command(SB, ["ls", "-l"], env=None, cwd=None, timeout=None, stdin=None, default_timeout=None)
+    yield "exec_stream", _api.exec_stream(SB, "ls", env={"E": "1"}, cwd="/", timeout=5.5, stdin="x")
+    yield (
+        "start_process",
+        _api.start_process(SB, "top", env={"E": "1"}, cwd="/", timeout=5.5, stdin=True, pty=(24, 80), buffer_bytes=4096),
+    )
+    yield "process_stream", _api.process_stream(SB, 12, 1, 2)
+    yield "process_output", _api.process_output(SB, 12, 1, 2)
+    yield "process_stdin", _api.process_stdin(SB, 12, "x", True)
+    yield "process_resize", _api.process_resize(SB, 12, 30, 100)
+    yield "list_processes", _api.list_processes(SB)
+    yield "kill_process", _api.kill_process(SB, 12, "SIGTERM", True)
+    yield "run_code", _api.run_code(SB, "1", language="python", context="ctx", timeout=2.5, default_timeout=None)
+    yield "run_code_stream", _api.run_code_stream(SB, "1", language="python", context="ctx", timeout=2.5)
+    yield "create_context", _api.create_context(SB, "python", "/", {"E": "1"})
+    yield "list_contexts", _api.list_contexts(SB)
+    yield "delete_context", _api.delete_context(SB, "ctx")
+    yield "interrupt", _api.interrupt(SB, "ctx")
+    yield "restart", _api.restart(SB, "ctx")
+    yield "get_variables", _api.get_variables(SB, "ctx", ["a", "b"])
+    yield "set_variables", _api.set_variables(SB, "ctx", {"a": 1})
+    yield "clear_variables", _api.clear_variables(SB, "ctx", ["a"])
+    yield "upload", _api.upload(SB, "/x", 0o644, True, b"x")
+    yield "file_content", _api.file_content(SB, "/x")
+    yield "list_dir", _api.list_dir(SB, "/")
+    yield "stat", _api.stat(SB, "/x")
+    yield "mkdir", _api.mkdir(SB, "/d")
+    yield "rename", _api.rename(SB, "/a", "/b")
+    yield "remove", _api.remove(SB, "/x", True)
+    for source in ({"text": "t"}, {"data": b"d"}, {"host_path": "/h"}, {"export_id": EXPORT}):
+        kwargs: dict[str, Any] = {"text": None, "data": None, "host_path": None, "export_id": None, "mode": 0o755}
+        yield "import_files", _api.import_files(SB, "/x", **(kwargs | source))
+    yield "create_export", _api.create_export(SB, "/x")
+    yield "list_exports", _api.list_exports(SB)
+    yield "get_export", _api.get_export(EXPORT)
+    yield "delete_export", _api.delete_export(EXPORT)
+    yield "export_content", _api.export_content(EXPORT)
+    yield "artifacts", _api.artifacts(SB)
+    yield "create_snapshot", _api.create_snapshot(SB, "n", "d", {"t": "v"})
+    yield "list_snapshots", _api.list_snapshots(SB)
+    yield "get_snapshot", _api.get_snapshot(SNAP)
+    yield "delete_snapshot", _api.delete_snapshot(SNAP)
+    yield (
+        "fork",
+        _api.fork(SNAP, count=2, labels={"a": "b"}, metadata={"c": "d"}, timeout=60, idle_timeout=30, ephemeral=True),
+    )
+    yield "get_auto_snapshot", _api.get_auto_snapshot(SB)
+    yield "set_auto_snapshot", _api.set_auto_snapshot(SB, AUTO)
+    yield "set_auto_snapshot", _api.set_auto_snapshot(SB, AutoSnapshot())
+
+
+CALLS = list(every_call())
+
+
+def _builders() -> set[str]:
+    """`_api`'s functions that build a request (their answer is a Call or a StreamCall)."""
+    return {
+        name
+        for name, fn in inspect.getmembers(_api, inspect.isfunction)
+        if fn.__module__ == _api.__name__ and re.match(r"(Stream)?Call\[", str(fn.__annotations__.get("return", "")))
+    }
+
+
+def test_every_request_builder_is_checked() -> None:
+    missing = _builders() - {name for name, _ in CALLS}
+    assert not missing, f"request builders of _api not exercised by test_openapi.every_call: {sorted(missing)}"
+
+
+@pytest.mark.parametrize(("name", "call"), CALLS, ids=[f"{n}-{i}" for i, (n, _) in enumerate(CALLS)])
+def test_request_fits_the_document(name: str, call: _api.Call[Any] | _api.StreamCall[Any]) -> None:
+    template, op = operation(call.method, call.path)
+    where = f"{name}: {call.method} {template}"
+    allowed = {p["name"] for p in op.get("parameters", []) if p["in"] == "query"}
+    unknown = sorted({k for k, _ in call.params} - allowed)
+    assert not unknown, f"{where}: query parameters {unknown} are not in the document (it has {sorted(allowed)})"
+    body = op.get("requestBody", {}).get("content", {})
+    if call.json is not None:
+        assert "application/json" in body, f"{where}: sends a JSON body, the document takes {sorted(body) or 'none'}"
+        errors = validate(call.json, body["application/json"]["schema"], name)
+        assert not errors, f"{where}: the body does not fit the request schema:\n  " + "\n  ".join(errors)
+    elif isinstance(call, _api.Call) and call.content is not None:
+        assert "application/octet-stream" in body, f"{where}: sends bytes, the document takes {sorted(body) or 'none'}"
+
+
+def test_pty_query_fits_the_document() -> None:
+    _, op = operation("GET", _api.pty_path(SB))
+    allowed = {p["name"] for p in op.get("parameters", []) if p["in"] == "query"}
+    for query in (_api.pty_query(cmd="sh", cwd="/", rows=30, cols=100), _api.pty_query(pid=12)):
+        unknown = sorted(set(query) - allowed)
+        assert not unknown, f"pty_query: query parameters {unknown} are not in the document"
+
+
+def _answer_schema(op: dict[str, Any]) -> dict[str, Any] | None:
+    for code, resp in op.get("responses", {}).items():
+        if code.startswith("2"):
+            content = resp.get("content", {})
+            if "application/json" in content:
+                return dict(content["application/json"]["schema"])
+    return None
+
+
+JSON_CALLS = [(n, c) for n, c in CALLS if isinstance(c, _api.Call)]
+
+
+@pytest.mark.parametrize(("name", "call"), JSON_CALLS, ids=[f"{n}-{i}" for i, (n, _) in enumerate(JSON_CALLS)])
+@pytest.mark.parametrize("full", [True, False], ids=["every-property", "required-only"])
+def test_answer_reads_only_what_the_schema_has(name: str, call: _api.Call[Any], full: bool) -> None:
+    """The parser gets a sample of the answer's schema (every property set, or only the required
+    ones): it must not fail on it, and must read no key the schema lacks."""
+    _, op = operation(call.method, call.path)
+    schema = _answer_schema(op)
+    if schema is None:
+        return
+    reads: Reads = {}
+    call.parse(FakeResponse(sample(schema, reads, full=full, label=name)))  # type: ignore[arg-type]
+    for label, read in reads.items():
+        unknown = sorted(read.keys - read.properties - TOLERATED.get(label, set()))
+        assert not unknown, f"{name}: reads {unknown} of {label}, which has no such property"
+
+
+def test_error_body_reads_only_what_the_schema_has() -> None:
+    reads: Reads = {}
+    err = error_from_body(sample({"$ref": "#/components/schemas/ErrorBody"}, reads, full=True), 400)
+    assert err.code == "2026-01-01T00:00:00Z"
+    unknown = sorted(reads["ErrorBody"].keys - reads["ErrorBody"].properties)
+    assert not unknown, f"error_from_body reads {unknown}, which ErrorBody has not"
+
+
+# --- the result models -----------------------------------------------------------------------
+
+
+@dataclass
+class Model:
+    """An SDK result model and the schema it is parsed from."""
+
+    cls: type
+    schema: str
+    # SDK field -> the property it is read from, where the names differ.
+    renamed: dict[str, str] = field(default_factory=dict)
+    # SDK fields not read from this schema, and why.
+    not_in_schema: dict[str, str] = field(default_factory=dict)
+    # Required properties the SDK does not read, and why.
+    ignored: dict[str, str] = field(default_factory=dict)
+
+
+EXIT_EVENT = "also parsed from the `exit` stream event, which is ExecOutput without the output"
+MODELS = [
+    Model(_models.SandboxInfo, "SandboxInfo"),
+    Model(_models.Limits, "LimitsInfo"),
+    Model(_models.ExitStatus, "ExecOutput", ignored={"stdout": EXIT_EVENT, "stderr": EXIT_EVENT}),
+    Model(_models.CommandResult, "ExecOutput"),
+    Model(_models.ProcessOutput, "ProcessOutput"),
+    Model(_models.ProcessInfo, "ProcessView"),
+    Model(_models.Metrics, "SandboxUsage"),
+    Model(_models.FileInfo, "FileInfo"),
+    Model(_models.ImportResult, "ImportResult"),
+    Model(_models.ExportInfo, "ExportInfo"),
+    Model(_models.Artifact, "Artifact"),
+    Model(
+        _models.Artifact,
+        "ArtifactInfo",
+        not_in_schema={"mtime": "a code run's artifacts have no mtime (None); the artifacts listing has"},
+    ),
+    Model(_models.SnapshotInfo, "SnapshotInfo"),
+    Model(_models.AutoSnapshot, "AutoSnapshot"),
+    Model(_models.Context, "ContextView"),
+    Model(_models.Variables, "VariablesView"),
+    Model(_models.Result, "RichOutput"),
+    Model(_models.ExecutionError, "CodeErrorInfo"),
+    Model(_models.ExecutionDone, "CodeDoneInfo"),
+    Model(_models.Execution, "CodeResult", renamed={"results": "outputs"}),
+]
+
+
+# Keys a shared model reads though this schema lacks them (listed in MODELS with a reason).
+TOLERATED: dict[str, set[str]] = {}
+for _m in MODELS:
+    TOLERATED.setdefault(_m.schema, set()).update(_m.renamed.get(f, f) for f in _m.not_in_schema)
+
+
+def _accepts(annotation: Any) -> set[str] | None:
+    """The JSON types a field of this annotation holds (None: any)."""
+    origin = typing.get_origin(annotation)
+    if origin in (typing.Union, types.UnionType):
+        out: set[str] = set()
+        for arg in typing.get_args(annotation):
+            part = _accepts(arg)
+            if part is None:
+                return None
+            out |= part
+        return out
+    if annotation is type(None):
+        return {"null"}
+    if annotation is Any:
+        return None
+    if origin is typing.Literal:
+        return {_json_type(a) for a in typing.get_args(annotation)}
+    base = origin or annotation
+    simple = {str: {"string"}, bool: {"boolean"}, int: {"integer"}, float: {"number", "integer"}}
+    if base in simple:
+        return simple[base]
+    if base is list:
+        return {"array"}
+    if base is dict or dataclasses.is_dataclass(base):
+        return {"object"}
+    raise AssertionError(f"test_openapi: no JSON type known for {annotation!r}")
+
+
+@pytest.mark.parametrize("model", MODELS, ids=[f"{m.cls.__name__}-{m.schema}" for m in MODELS])
+def test_model_fields_fit_the_schema(model: Model) -> None:
+    props, required = properties(model.schema)
+    hints = typing.get_type_hints(model.cls)
+    read = set()
+    for f in dataclasses.fields(model.cls):
+        if f.name in model.not_in_schema:
+            continue
+        prop = model.renamed.get(f.name, f.name)
+        where = f"{model.cls.__name__}.{f.name}"
+        assert prop in props, f"{where}: {model.schema} has no property {prop!r} (the server never sends it)"
+        read.add(prop)
+        sent = json_types(props[prop])
+        accepted = _accepts(hints[f.name])
+        if sent is None or accepted is None:
+            continue
+        wrong = sorted(sent - accepted)
+        assert not wrong, (
+            f"{where}: {model.schema}.{prop} may be {sorted(sent)}, the field holds only {sorted(accepted)}"
+        )
+    missing = sorted(required - read - set(model.ignored))
+    assert not missing, (
+        f"{model.cls.__name__}: required properties {missing} of {model.schema} are neither read nor "
+        "listed as ignored (with a reason) in test_openapi.MODELS"
+    )
+    stale = sorted(set(model.ignored) - required)
+    assert not stale, f"{model.cls.__name__}: ignored {stale} are not required properties of {model.schema}"
+
+
+def test_every_model_is_in_the_table() -> None:
+    parsed = {
+        cls
+        for _, cls in inspect.getmembers(_models, inspect.isclass)
+        if dataclasses.is_dataclass(cls) and cls.__module__ == _models.__name__ and "from_json" in vars(cls)
+    }
+    missing = sorted(c.__name__ for c in parsed - {m.cls for m in MODELS})
+    assert not missing, f"models parsed from answers but not in test_openapi.MODELS: {missing}"
+
+
+def test_schema_names_exist() -> None:
+    unknown = sorted({m.schema for m in MODELS} - set(SCHEMAS))
+    assert not unknown, f"test_openapi.MODELS names schemas the document has not: {unknown}"
+

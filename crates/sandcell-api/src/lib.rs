@@ -9,6 +9,7 @@
 
 pub mod code;
 pub mod discovery;
+pub mod error;
 pub mod exec;
 pub mod files;
 pub mod keys;

@@ -2,7 +2,7 @@
 
 /// The body of every error the API answers, and of a stream's `error` event:
 /// `{code, message, details}`.
-pub use sandcell_api::exec::StreamError as ErrorBody;
+pub use sandcell_api::error::ErrorBody;
 
 /// The body of a failed answer: the server's error object, or for anything else (a proxy's
 /// page, an empty body) code `error` with the text as its message.

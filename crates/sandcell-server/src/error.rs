@@ -6,21 +6,8 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use sandcell_engine::EngineError;
 use sandcell_service::{ErrorKind, ServiceError};
-use serde::Serialize;
-use utoipa::ToSchema;
 
-/// The body of every error response.
-#[derive(Debug, Clone, Serialize, ToSchema)]
-pub struct ErrorBody {
-    /// A stable, machine-readable code (`not_found`, `invalid_argument`, …).
-    pub code: String,
-    /// What went wrong, for people.
-    pub message: String,
-    /// More about it, when there is more (e.g. the field at fault).
-    #[serde(skip_serializing_if = "serde_json::Value::is_null")]
-    #[schema(value_type = Object)]
-    pub details: serde_json::Value,
-}
+pub use sandcell_api::error::ErrorBody;
 
 /// An error on its way to the client.
 #[derive(Debug)]

@@ -6,7 +6,6 @@
 use std::process::ExitCode;
 
 mod bench;
-mod bench_daemon;
 mod cli;
 mod client;
 mod daemon;

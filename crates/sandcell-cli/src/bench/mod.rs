@@ -11,6 +11,8 @@ use sandcell_engine::{Engine, SandboxSpec};
 use sandcell_protocol::{ExecRequest, Language, RunCodeRequest};
 use serde_json::json;
 
+mod daemon;
+
 /// Arguments of `sandcell bench`.
 #[derive(Debug, Args)]
 pub struct BenchArgs {
@@ -48,7 +50,7 @@ enum BenchWhat {
     },
     /// The daemon over HTTP on loopback: exec and `x = 1` round trips (against the embedded
     /// engine), create-to-first-result cold and from a warm pool, many concurrent clients.
-    Daemon(crate::bench_daemon::DaemonArgs),
+    Daemon(daemon::DaemonArgs),
 }
 
 pub(crate) const PYTHON: &str = "/usr/bin/python3";
@@ -77,7 +79,7 @@ pub async fn bench(args: BenchArgs, engine: Engine) -> anyhow::Result<ExitCode> 
             cold_runs,
             json,
         } => kernel(engine, runs, cold_runs, json).await,
-        BenchWhat::Daemon(args) => crate::bench_daemon::daemon(args, engine).await,
+        BenchWhat::Daemon(args) => daemon::daemon(args, engine).await,
     }
 }
 

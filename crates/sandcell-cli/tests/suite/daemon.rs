@@ -2,13 +2,19 @@
 //! and restarts it on its own home, and the tests of sandboxes, exec and code. Files, the API
 //! around them, lifecycle and the CLI as a client are in the `daemon_*` modules.
 
-use std::io::{BufRead, BufReader, Read};
+use std::future::Future;
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use reqwest::Method;
 use reqwest::blocking::{Client, RequestBuilder};
+use sandcell_api::code::{CodeInput, CodeResult};
+use sandcell_api::exec::{ExecInput, ExecOutput};
+use sandcell_api::keys::CreateKey;
+use sandcell_api::sandboxes::{CreateSandbox, Network, SandboxInfo};
+use sandcell_client::SseParser;
 use serde_json::{Value, json};
 
 use super::common::BIN;
@@ -21,6 +27,11 @@ const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// It starts with `shutdown.sandboxes=stop` unless told otherwise; on drop it gets SIGTERM
 /// (and is waited for), then whatever sandbox of its home is still alive is killed, so no
 /// sandbox process outlives a test.
+///
+/// Two ways to talk to it: the helpers about behaviour (`create`, `exec`, `code`, `sandbox`,
+/// `key_for`) go through the typed client (`sandcell-client`, as the CLI does); the raw
+/// `call`/`get`/`post`/`delete`/`req` are for the tests of the HTTP wire itself (statuses,
+/// headers, error bodies, malformed input), which the typed client cannot send.
 pub struct Daemon {
     child: Option<Child>,
     /// Its base URL (`http://127.0.0.1:PORT`).
@@ -28,6 +39,10 @@ pub struct Daemon {
     /// The admin key the first start wrote.
     pub key: String,
     http: Client,
+    /// The typed client with the admin key (rebuilt on each start: the port changes).
+    api: Option<sandcell_client::Client>,
+    /// Drives the typed client's calls for the blocking tests.
+    rt: tokio::runtime::Runtime,
     home: tempfile::TempDir,
 }
 
@@ -92,15 +107,30 @@ impl Daemon {
             url: String::new(),
             key: String::new(),
             http: http_client(),
+            api: None,
+            rt: tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap(),
             home,
         };
         d.spawn(sets);
-        d.key = std::fs::read_to_string(d.home().join("admin.key"))
-            .unwrap()
-            .trim()
-            .to_string();
-        assert!(d.key.starts_with("sc_"), "admin key {:?}", d.key);
         d
+    }
+
+    /// The typed client, with the admin key.
+    pub fn client(&self) -> sandcell_client::Client {
+        self.api.clone().expect("the daemon is not running")
+    }
+
+    /// The typed client with `key`.
+    pub fn client_as(&self, key: &str) -> sandcell_client::Client {
+        self.client().with_api_key(key)
+    }
+
+    /// Runs a typed call (or any future) to its end on this daemon's runtime.
+    pub fn block_on<F: Future>(&self, fut: F) -> F::Output {
+        self.rt.block_on(fut)
     }
 
     /// Its home.
@@ -171,19 +201,33 @@ impl Daemon {
             );
             std::thread::sleep(Duration::from_millis(20));
         };
+        // Health needs no key.
+        let api = sandcell_client::Client::builder(&url)
+            .timeout(Duration::from_secs(300))
+            .build()
+            .unwrap();
         loop {
             let ok = self
-                .http
-                .get(format!("{url}/healthz"))
-                .send()
-                .is_ok_and(|r| r.status() == 200);
+                .rt
+                .block_on(api.health())
+                .is_ok_and(|status| status == 200);
             if ok {
                 break;
             }
             assert!(Instant::now() < deadline, "/healthz never answered 200");
             std::thread::sleep(Duration::from_millis(20));
         }
+        if self.key.is_empty() {
+            // The first start wrote it.
+            self.key = std::fs::read_to_string(self.home().join("admin.key"))
+                .unwrap()
+                .trim()
+                .to_string();
+            assert!(self.key.starts_with("sc_"), "admin key {:?}", self.key);
+        }
+        let api = api.with_api_key(&self.key);
         self.url = url;
+        self.api = Some(api);
         self.child = Some(child);
     }
 
@@ -260,37 +304,53 @@ impl Daemon {
         self.call(Method::DELETE, path, None)
     }
 
-    /// Creates a sandbox (admin's) and returns its record.
-    pub fn create(&self, body: Value) -> Value {
-        let r = self.post("/v1/sandboxes", body);
-        assert_eq!(r.status, 201, "{}\n{}", r.body, self.log());
-        r.body
+    /// Creates a sandbox (admin's) and returns its record; `body` is read as the typed
+    /// request, so a field the API does not have fails here.
+    pub fn create(&self, body: Value) -> SandboxInfo {
+        self.create_with(&self.client(), body)
+    }
+
+    /// Creates a sandbox with `key` (its owner's) and returns its record.
+    pub fn create_as(&self, key: &str, body: Value) -> SandboxInfo {
+        self.create_with(&self.client_as(key), body)
+    }
+
+    fn create_with(&self, client: &sandcell_client::Client, body: Value) -> SandboxInfo {
+        let req: CreateSandbox = serde_json::from_value(body.clone())
+            .unwrap_or_else(|e| panic!("not a sandbox request: {e}: {body}"));
+        self.block_on(client.create_sandbox(&req))
+            .unwrap_or_else(|e| panic!("create {body}: {e}\n{}", self.log()))
     }
 
     /// Creates a sandbox and returns its id.
     pub fn create_id(&self, body: Value) -> String {
-        self.create(body)["id"].as_str().unwrap().to_string()
+        self.create(body).id
     }
 
     /// Runs `sh -c cmd` and returns the collected output.
-    pub fn exec(&self, id: &str, cmd: &str) -> Value {
-        let r = self.post(&format!("/v1/sandboxes/{id}/exec"), json!({ "cmd": cmd }));
-        assert_eq!(r.status, 200, "{}", r.body);
-        r.body
+    pub fn exec(&self, id: &str, cmd: &str) -> ExecOutput {
+        let req = ExecInput {
+            cmd: Some(cmd.to_string()),
+            ..ExecInput::default()
+        };
+        self.block_on(self.client().exec(id, &req))
+            .unwrap_or_else(|e| panic!("exec {cmd:?} in {id}: {e}"))
     }
 
     /// Runs Python code in the default context and returns the collected result.
-    pub fn code(&self, id: &str, code: &str) -> Value {
-        let r = self.post(&format!("/v1/sandboxes/{id}/code"), json!({ "code": code }));
-        assert_eq!(r.status, 200, "{}", r.body);
-        r.body
+    pub fn code(&self, id: &str, code: &str) -> CodeResult {
+        let req = CodeInput {
+            code: code.to_string(),
+            ..CodeInput::default()
+        };
+        self.block_on(self.client().run_code(id, &req))
+            .unwrap_or_else(|e| panic!("code {code:?} in {id}: {e}"))
     }
 
     /// The sandbox's record.
-    pub fn sandbox(&self, id: &str) -> Value {
-        let r = self.get(&format!("/v1/sandboxes/{id}"));
-        assert_eq!(r.status, 200, "{}", r.body);
-        r.body
+    pub fn sandbox(&self, id: &str) -> SandboxInfo {
+        self.block_on(self.client().sandbox(id))
+            .unwrap_or_else(|e| panic!("get {id}: {e}"))
     }
 
     /// Posts `body` to a streaming route and collects its events.
@@ -303,26 +363,19 @@ impl Daemon {
         read_sse(resp, start)
     }
 
-    /// A key for `owner` made with `sandcell key create` (not an admin key).
+    /// A key for `owner` (not an admin key), made by the admin over the API.
     pub fn key_for(&self, owner: &str) -> (String, String) {
-        let out = Command::new(BIN)
-            .args(["key", "create", "--home"])
-            .arg(self.home())
-            .args(["--owner", owner, "--name", "t", "--json"])
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-        assert_eq!(v["owner"], owner);
-        assert_eq!(v["admin"], false);
-        (
-            v["key"].as_str().unwrap().to_string(),
-            v["id"].as_str().unwrap().to_string(),
-        )
+        let req = CreateKey {
+            name: "t".into(),
+            owner: Some(owner.into()),
+            admin: false,
+        };
+        let new = self
+            .block_on(self.client().create_key(&req))
+            .unwrap_or_else(|e| panic!("create a key for {owner}: {e}"));
+        assert_eq!(new.info.owner, owner);
+        assert!(!new.info.admin);
+        (new.key, new.info.id)
     }
 
     /// What the store says about sandbox `id`'s processes (read from the SQLite file the
@@ -391,6 +444,27 @@ impl Drop for Daemon {
         if !left.is_empty() {
             eprintln!("sandboxes left running by the daemon, killed: {left:?}");
         }
+    }
+}
+
+/// What the tests read of a code result.
+pub trait CodeResultExt {
+    /// The `text/plain` form of the last expression's value ("" without one).
+    fn plain(&self) -> &str;
+    /// The name of the exception it raised ("" without one).
+    fn raised(&self) -> &str;
+}
+
+impl CodeResultExt for CodeResult {
+    fn plain(&self) -> &str {
+        self.result
+            .as_ref()
+            .and_then(|r| r["text/plain"].as_str())
+            .unwrap_or_default()
+    }
+
+    fn raised(&self) -> &str {
+        self.error.as_ref().map_or("", |e| e.name.as_str())
     }
 }
 
@@ -530,35 +604,29 @@ pub fn send(r: RequestBuilder) -> Resp {
     }
 }
 
-/// Reads `event:`/`data:` blocks until the stream ends.
-pub fn read_sse(resp: impl Read, start: Instant) -> Vec<Sse> {
-    let mut events = Vec::new();
-    let mut name = String::new();
-    let mut data: Vec<String> = Vec::new();
-    for line in BufReader::new(resp).lines() {
-        let line = line.unwrap();
-        if line.is_empty() {
-            if !data.is_empty() {
-                let text = data.join("\n");
-                events.push(Sse {
-                    name: if name.is_empty() {
-                        "message".into()
-                    } else {
-                        name.clone()
-                    },
-                    data: serde_json::from_str(&text).unwrap_or(Value::String(text)),
-                    at: start.elapsed(),
-                });
-            }
-            name.clear();
-            data.clear();
-        } else if let Some(v) = line.strip_prefix("event:") {
-            name = v.trim().to_string();
-        } else if let Some(v) = line.strip_prefix("data:") {
-            data.push(v.strip_prefix(' ').unwrap_or(v).to_string());
+/// Reads server-sent events through the client's parser until the stream ends, each
+/// stamped with when its last chunk arrived.
+pub fn read_sse(mut resp: impl Read, start: Instant) -> Vec<Sse> {
+    let mut parser = SseParser::new();
+    let mut raw = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    loop {
+        let n = resp.read(&mut buf).unwrap();
+        if n == 0 {
+            break;
         }
+        let at = start.elapsed();
+        raw.extend(parser.push(&buf[..n]).into_iter().map(|e| (e, at)));
     }
-    events
+    let at = start.elapsed();
+    raw.extend(parser.finish().map(|e| (e, at)));
+    raw.into_iter()
+        .map(|(e, at)| Sse {
+            data: serde_json::from_str(&e.data).unwrap_or(Value::String(e.data)),
+            name: e.event,
+            at,
+        })
+        .collect()
 }
 
 /// Milliseconds since the epoch of an RFC 3339 UTC time as the API writes it
@@ -617,29 +685,32 @@ fn daemon_sandboxes_create_get_list_filter_paginate_delete_timeout() {
         "idle_timeout_secs": 300,
         "network": "off",
     }));
-    let a = sb["id"].as_str().unwrap().to_string();
-    assert!(a.starts_with("sb-"), "{sb}");
-    assert_eq!(sb["state"], "running");
-    assert_eq!(sb["template"], "python");
-    assert_eq!(sb["backend"], "process");
-    assert_eq!(sb["network"], "off");
-    assert_eq!(sb["ephemeral"], false);
-    assert_eq!(sb["labels"], json!({"team": "ml", "tier": "a"}));
-    assert_eq!(sb["metadata"], json!({"run": "1"}));
-    assert_eq!(sb["idle_timeout_secs"], 300);
+    let a = sb.id.as_str().to_string();
+    assert!(a.starts_with("sb-"), "{sb:?}");
+    assert_eq!(sb.state, "running");
+    assert_eq!(sb.template, "python");
+    assert_eq!(sb.backend, "process");
+    assert_eq!(sb.network, Network::Off);
+    assert!(!sb.ephemeral);
+    assert_eq!(json!(sb.labels), json!({"team": "ml", "tier": "a"}));
+    assert_eq!(json!(sb.metadata), json!({"run": "1"}));
+    assert_eq!(sb.idle_timeout_secs, Some(300));
     // nano's pids and disk, the explicit memory and exec timeout.
-    assert_eq!(sb["limits"]["memory_mb"], 200);
-    assert_eq!(sb["limits"]["pids"], 64);
-    assert_eq!(sb["limits"]["disk_mb"], 256);
-    assert_eq!(sb["limits"]["cpus"], 0.5);
-    assert_eq!(sb["limits"]["exec_timeout_secs"], 30);
-    let created = epoch_ms(sb["created_at"].as_str().unwrap());
-    assert!((before - 1000..=now_ms() + 1000).contains(&created), "{sb}");
-    let expires = epoch_ms(sb["expires_at"].as_str().unwrap());
-    assert_eq!(expires - created, 600_000, "{sb}");
+    assert_eq!(sb.limits.memory_mb, Some(200));
+    assert_eq!(sb.limits.pids, Some(64));
+    assert_eq!(sb.limits.disk_mb, 256);
+    assert_eq!(sb.limits.cpus, Some(0.5));
+    assert_eq!(sb.limits.exec_timeout_secs, Some(30));
+    let created = epoch_ms(sb.created_at.as_str());
+    assert!(
+        (before - 1000..=now_ms() + 1000).contains(&created),
+        "{sb:?}"
+    );
+    let expires = epoch_ms(sb.expires_at.as_deref().unwrap());
+    assert_eq!(expires - created, 600_000, "{sb:?}");
     // The env reaches commands; the python template started its kernel during creation.
     let out = d.exec(&a, "echo \"$GREETING\"");
-    assert_eq!(out["stdout"], "hello from env\n");
+    assert_eq!(out.stdout, "hello from env\n");
     // The python template starts its kernel with the sandbox (in the background: the
     // create answers first), with no code run.
     let warm =
@@ -679,18 +750,18 @@ fn daemon_sandboxes_create_get_list_filter_paginate_delete_timeout() {
 
     // GET shows the same record.
     let got = d.sandbox(&a);
-    assert_eq!(got["id"], a.as_str());
-    assert_eq!(got["labels"], sb["labels"]);
-    assert_eq!(got["expires_at"], sb["expires_at"]);
+    assert_eq!(got.id, a.as_str());
+    assert_eq!(got.labels, sb.labels);
+    assert_eq!(got.expires_at, sb.expires_at);
 
     // Three more, for the filters and pages.
     let b = d.create_id(json!({"labels": {"team": "ml"}, "metadata": {"run": "2"}}));
     let c = d.create_id(json!({"labels": {"team": "ml"}, "metadata": {"run": "3"}}));
     let w = d.create_id(json!({"labels": {"team": "web"}, "metadata": {"run": "2"}}));
     let defaults = d.sandbox(&b);
-    assert_eq!(defaults["template"], "default");
-    assert_eq!(defaults["limits"]["memory_mb"], 512);
-    assert_eq!(defaults["network"], "loopback");
+    assert_eq!(defaults.template, "default");
+    assert_eq!(defaults.limits.memory_mb, Some(512));
+    assert_eq!(defaults.network, Network::Loopback);
 
     let list = |q: &str| {
         let r = d.get(&format!("/v1/sandboxes{q}"));
@@ -756,16 +827,19 @@ fn daemon_sandboxes_create_get_list_filter_paginate_delete_timeout() {
         "{}",
         r.body
     );
-    assert_eq!(d.sandbox(&a)["expires_at"], r.body["expires_at"]);
+    assert_eq!(
+        d.sandbox(&a).expires_at.as_deref(),
+        r.body["expires_at"].as_str()
+    );
 
     // Delete: the record stays, stopped, with a reason; it leaves the default list.
     let r = d.delete(&format!("/v1/sandboxes/{b}"));
     assert_eq!(r.status, 204, "{}", r.body);
     let gone = d.sandbox(&b);
-    assert_eq!(gone["state"], "stopped");
+    assert_eq!(gone.state, "stopped");
     assert!(
-        gone["reason"].as_str().is_some_and(|r| !r.is_empty()),
-        "{gone}"
+        gone.reason.as_deref().is_some_and(|r| !r.is_empty()),
+        "{gone:?}"
     );
     assert!(!ids(&list("")).contains(&b));
     assert_eq!(ids(&list("?state=stopped")), [b.as_str()]);
@@ -791,8 +865,8 @@ fn daemon_sandboxes_create_get_list_filter_paginate_delete_timeout() {
 
     // An ephemeral sandbox leaves no record.
     let e = d.create(json!({"ephemeral": true}));
-    assert_eq!(e["ephemeral"], true);
-    let e = e["id"].as_str().unwrap().to_string();
+    assert!(e.ephemeral);
+    let e = e.id.as_str().to_string();
     assert_eq!(d.delete(&format!("/v1/sandboxes/{e}")).status, 204);
     d.get(&format!("/v1/sandboxes/{e}"))
         .expect_error(404, "not_found");
@@ -898,17 +972,20 @@ fn daemon_code_state_streams_contexts_variables_interrupt_restart() {
 
     // Collected: stdout, the last expression's value; state persists between calls.
     let r = d.code(&id, "x = 41\nprint('hi')\nx + 1");
-    assert_eq!(r["stdout"], "hi\n", "{r}");
-    assert_eq!(r["result"]["text/plain"], "42");
-    assert_eq!(r["done"]["status"], "ok");
-    assert_eq!(r["done"]["context"], "python");
-    assert!(r["error"].is_null());
+    assert_eq!(r.stdout, "hi\n", "{r:?}");
+    assert_eq!(r.plain(), "42");
+    assert_eq!(r.done.status, "ok");
+    assert_eq!(r.done.context, "python");
+    assert!(r.error.is_none());
     let r = d.code(&id, "x += 1\nx");
-    assert_eq!(r["result"]["text/plain"], "42", "{r}");
+    assert_eq!(r.plain(), "42", "{r:?}");
     let r = d.code(&id, "1/0");
-    assert_eq!(r["done"]["status"], "error");
-    assert_eq!(r["error"]["name"], "ZeroDivisionError", "{r}");
-    assert!(!r["error"]["traceback"].as_array().unwrap().is_empty());
+    assert_eq!(r.done.status, "error");
+    assert_eq!(r.raised(), "ZeroDivisionError", "{r:?}");
+    assert!(
+        r.error.as_ref().is_some_and(|e| !e.traceback.is_empty()),
+        "{r:?}"
+    );
 
     // Streamed: stdout, result, done in order; an error event for an exception.
     let events = d.sse(
@@ -948,7 +1025,7 @@ fn daemon_code_state_streams_contexts_variables_interrupt_restart() {
     let r = d.post(&code_path, json!({"code": "y = 'mine'", "context": ctx}));
     assert_eq!(r.body["done"]["status"], "ok");
     assert_eq!(r.body["done"]["context"], ctx.as_str());
-    assert_eq!(d.code(&id, "x")["result"]["text/plain"], "42");
+    assert_eq!(d.code(&id, "x").plain(), "42");
     let list = d.get(&format!("/v1/sandboxes/{id}/contexts"));
     let listed: Vec<&str> = list
         .body
@@ -1000,10 +1077,7 @@ fn daemon_code_state_streams_contexts_variables_interrupt_restart() {
         r.body
     );
     assert_eq!(r.body["missing"], json!(["nope"]));
-    assert_eq!(
-        d.code(&id, "a + [len(b)]")["result"]["text/plain"],
-        "[1, 2, 1]"
-    );
+    assert_eq!(d.code(&id, "a + [len(b)]").plain(), "[1, 2, 1]");
     d.code(&id, "t = (1, 2)");
     let r = d.get(&vars);
     assert_eq!(r.body["values"]["x"], 42, "{}", r.body);
@@ -1059,7 +1133,7 @@ fn daemon_code_state_streams_contexts_variables_interrupt_restart() {
     assert_eq!(r.body["error"]["name"], "KeyboardInterrupt");
     assert!(started.elapsed() < Duration::from_secs(30));
     let r = d.code(&id, "(x, n > 0)");
-    assert_eq!(r["result"]["text/plain"], "(41, True)", "{r}");
+    assert_eq!(r.plain(), "(41, True)", "{r:?}");
 
     // Restart: a fresh kernel, no state.
     let r = d.call(
@@ -1070,8 +1144,8 @@ fn daemon_code_state_streams_contexts_variables_interrupt_restart() {
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.body["id"], "python");
     let r = d.code(&id, "x");
-    assert_eq!(r["error"]["name"], "NameError", "{r}");
-    assert_eq!(d.code(&id, "6 * 7")["result"]["text/plain"], "42");
+    assert_eq!(r.raised(), "NameError", "{r:?}");
+    assert_eq!(d.code(&id, "6 * 7").plain(), "42");
 
     // The store keeps each context's history: while it runs, when each began; after the
     // sandbox is gone, what it ran and how each ended.

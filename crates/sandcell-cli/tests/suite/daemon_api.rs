@@ -128,9 +128,10 @@ fn daemon_auth_keys_and_owners() {
     );
     // Nothing bob did touched it.
     let r = d.sandbox(&mine);
-    assert_eq!(r["state"], "running");
+    assert_eq!(r.state, "running");
     assert_eq!(
-        d.exec(&mine, "ls /workspace; cat /workspace/x 2>&1 | head -c 0")["stdout"],
+        d.exec(&mine, "ls /workspace; cat /workspace/x 2>&1 | head -c 0")
+            .stdout,
         ""
     );
     let theirs = as_bob(Method::POST, "/v1/sandboxes", Some(json!({})));
@@ -629,9 +630,9 @@ fn daemon_bad_input_gets_structured_errors_and_the_daemon_keeps_serving() {
 
     // After all that the daemon serves as before.
     assert_eq!(send(d.req_as(None, Method::GET, "/healthz")).status, 200);
-    assert_eq!(d.exec(&id, "echo still")["stdout"], "still\n");
+    assert_eq!(d.exec(&id, "echo still").stdout, "still\n");
     let again = d.create_id(json!({}));
-    assert_eq!(d.sandbox(&again)["state"], "running");
+    assert_eq!(d.sandbox(&again).state, "running");
     // Nothing the bad requests asked for was created.
     assert_eq!(ids(&d.get("/v1/sandboxes?state=all").body).len(), 2);
 }

@@ -78,10 +78,10 @@ fn daemon_cli_client_commands() {
     let id = out.trim().to_string();
     assert!(id.starts_with("sb-") && out.lines().count() == 1, "{out}");
     let s = d.sandbox(&id);
-    assert_eq!(s["template"], "python");
-    assert_eq!(s["labels"], json!({"team": "ml"}));
-    assert_eq!(s["metadata"], json!({"run": "7"}));
-    assert_eq!(s["idle_timeout_secs"], 300);
+    assert_eq!(s.template, "python");
+    assert_eq!(json!(s.labels), json!({"team": "ml"}));
+    assert_eq!(json!(s.metadata), json!({"run": "7"}));
+    assert_eq!(s.idle_timeout_secs, Some(300));
     let other = cli_json(
         h,
         &[
@@ -238,7 +238,10 @@ fn daemon_cli_client_commands() {
     assert_eq!(code, 0);
     assert!(out.contains(&id) && out.contains("now ends at"), "{out}");
     let v = cli_json(h, &["sandbox", "timeout", &id, "240", "--json"]);
-    assert_eq!(v["expires_at"], d.sandbox(&id)["expires_at"]);
+    assert_eq!(
+        v["expires_at"].as_str(),
+        d.sandbox(&id).expires_at.as_deref()
+    );
 
     // pause and resume.
     let (code, out, err) = cli(h, &["sandbox", "pause", &id]);
@@ -247,7 +250,7 @@ fn daemon_cli_client_commands() {
         (0, format!("{id} paused").as_str()),
         "{err}"
     );
-    assert_eq!(d.sandbox(&id)["state"], "paused");
+    assert_eq!(d.sandbox(&id).state, "paused");
     let v = cli_json(h, &["sandbox", "resume", &id, "--json"]);
     assert_eq!(v[0]["state"], "running", "{v}");
     let (code, out, err) = cli(h, &["sandbox", "pause", &id, "sb-000000000000"]);
@@ -279,7 +282,7 @@ fn daemon_cli_client_commands() {
     let forks: Vec<&str> = out.lines().collect();
     assert_eq!(forks.len(), 2, "{out}");
     for f in &forks {
-        assert_eq!(d.exec(f, "cat /workspace/kept")["stdout"], "kept\n");
+        assert_eq!(d.exec(f, "cat /workspace/kept").stdout, "kept\n");
     }
     // One fork is a restore: --json is that sandbox, with what came back.
     let v = cli_json(h, &["snapshot", "fork", &snap, "--json"]);
@@ -306,7 +309,7 @@ fn daemon_cli_client_commands() {
         (code, out.as_str()),
         (0, format!("{id}\n{other}\n").as_str())
     );
-    assert_eq!(d.sandbox(&id)["state"], "stopped");
+    assert_eq!(d.sandbox(&id).state, "stopped");
     let (code, out, err) = cli(h, &["sandbox", "rm", "sb-000000000000", &id]);
     assert_eq!(code, 1, "{out}");
     assert!(

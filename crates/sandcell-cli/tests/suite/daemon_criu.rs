@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use serde_json::{Value, json};
+use serde_json::json;
 
 use super::daemon::Daemon;
 use super::daemon_snapshots::{check_tmp, fill_tmp};
@@ -21,10 +21,6 @@ fn criu_ready(d: &Daemon) -> bool {
     ok
 }
 
-fn stdout(v: &Value) -> String {
-    v["stdout"].as_str().unwrap_or_default().to_string()
-}
-
 #[test]
 fn a_checkpointable_sandbox_is_snapshotted_with_every_process_and_forks_keep_them() {
     let d = Daemon::start(&[]);
@@ -34,21 +30,22 @@ fn a_checkpointable_sandbox_is_snapshotted_with_every_process_and_forks_keep_the
     let id = d.create_id(json!({"checkpointable": true}));
     // Its processes still run with no_new_privs.
     let ps = d.exec(&id, "cat /proc/self/status | grep NoNewPrivs");
-    assert!(stdout(&ps).contains("1"), "{ps}");
+    assert!(ps.stdout.contains("1"), "{ps:?}");
     // Attack: the agent here was exec'd (which makes a process dumpable); it must not be
     // readable by the sandbox's processes, which share its uid.
     for file in ["environ", "mem", "maps"] {
         let r = d.exec(&id, &format!("cat /proc/1/{file} > /dev/null"));
         assert_ne!(
-            r["exit_code"], 0,
-            "/proc/1/{file} of the agent was readable: {r}"
+            r.exit_code,
+            Some(0),
+            "/proc/1/{file} of the agent was readable: {r:?}"
         );
     }
     let r = d.code(
         &id,
         "import random\nbig = list(range(1_500_000))\ndef triple(a): return a * 3\nclass Box:\n    size = 7\nseed = random.random()",
     );
-    assert!(r["error"].is_null(), "{r}");
+    assert!(r.error.is_none(), "{r:?}");
     // A background process: with process fidelity it keeps running in every fork.
     let bg = d.post(
         &format!("/v1/sandboxes/{id}/processes"),
@@ -69,7 +66,7 @@ fn a_checkpointable_sandbox_is_snapshotted_with_every_process_and_forks_keep_the
     assert_eq!(snap.body["fidelity"], "process", "{:?}", snap.body);
     let snap_id = snap.body["id"].as_str().unwrap().to_string();
     // The source runs on.
-    assert_eq!(stdout(&d.code(&id, "print(triple(2))")), "6\n");
+    assert_eq!(d.code(&id, "print(triple(2))").stdout, "6\n");
 
     let fork = d.post(
         &format!("/v1/snapshots/{snap_id}/fork"),
@@ -87,22 +84,26 @@ fn a_checkpointable_sandbox_is_snapshotted_with_every_process_and_forks_keep_the
         .collect();
     let mut streams = Vec::new();
     for f in &forks {
-        let out = stdout(&d.code(f, "print(len(big), triple(5), Box.size, seed)"));
-        let source = stdout(&d.code(&id, "print(len(big), triple(5), Box.size, seed)"));
+        let out = d
+            .code(f, "print(len(big), triple(5), Box.size, seed)")
+            .stdout;
+        let source = d
+            .code(&id, "print(len(big), triple(5), Box.size, seed)")
+            .stdout;
         assert_eq!(out, source, "fork {f} has the source's interpreter state");
         // The background loop came back running: its counter moves.
-        let a = stdout(&d.exec(f, "cat /tmp/counter"));
+        let a = d.exec(f, "cat /tmp/counter").stdout;
         std::thread::sleep(Duration::from_millis(300));
-        let b = stdout(&d.exec(f, "cat /tmp/counter"));
+        let b = d.exec(f, "cat /tmp/counter").stdout;
         assert!(
             b.trim().parse::<u64>().unwrap() > a.trim().parse::<u64>().unwrap(),
             "the background process runs on in {f}: {a} then {b}"
         );
         // A new identity: its own hostname.
-        assert_eq!(stdout(&d.exec(f, "hostname")), format!("{f}\n"));
+        assert_eq!(d.exec(f, "hostname").stdout, format!("{f}\n"));
         check_tmp(&d, f, &tmp_sum);
-        assert_eq!(stdout(&d.exec(f, "cat /dev/shm/seg")), "seg\n");
-        streams.push(stdout(&d.code(f, "import random; print(random.random())")));
+        assert_eq!(d.exec(f, "cat /dev/shm/seg").stdout, "seg\n");
+        streams.push(d.code(f, "import random; print(random.random())").stdout);
         d.exec(f, &format!("echo {f} > /workspace/who"));
     }
     assert_ne!(
@@ -111,25 +112,28 @@ fn a_checkpointable_sandbox_is_snapshotted_with_every_process_and_forks_keep_the
     );
     for f in &forks {
         assert_eq!(
-            stdout(&d.exec(f, "cat /workspace/who")).trim(),
+            d.exec(f, "cat /workspace/who").stdout.trim(),
             f,
             "forks are independent"
         );
     }
-    assert_eq!(stdout(&d.exec(&id, "cat /workspace/who")).trim(), "source");
+    assert_eq!(d.exec(&id, "cat /workspace/who").stdout.trim(), "source");
     // A restore keeps the agent unreadable, and the sandbox user without privileges.
     let r = d.exec(&forks[0], "cat /proc/1/mem > /dev/null");
     assert_ne!(
-        r["exit_code"], 0,
-        "the restored agent's memory was readable: {r}"
+        r.exit_code,
+        Some(0),
+        "the restored agent's memory was readable: {r:?}"
     );
-    let caps = stdout(&d.exec(&forks[0], "grep -E 'CapEff|NoNewPrivs' /proc/self/status"));
+    let caps = d
+        .exec(&forks[0], "grep -E 'CapEff|NoNewPrivs' /proc/self/status")
+        .stdout;
     assert!(
         caps.contains("0000000000000000") && caps.contains("NoNewPrivs:\t1"),
         "{caps}"
     );
     // Each fork has a cgroup of its own.
-    let cg = stdout(&d.exec(&forks[0], "cat /proc/self/cgroup"));
+    let cg = d.exec(&forks[0], "cat /proc/self/cgroup").stdout;
     assert!(cg.contains(&forks[0]), "{cg}");
 
     // A fork is checkpointable in turn (its agent moved to a connection made inside it), and
@@ -139,20 +143,24 @@ fn a_checkpointable_sandbox_is_snapshotted_with_every_process_and_forks_keep_the
     assert_eq!(again.status, 201, "{:?}", again.body);
     assert_eq!(again.body["fidelity"], "process", "{:?}", again.body);
     let grand = d.create(json!({"snapshot_id": again.body["id"]}));
-    let gid = grand["id"].as_str().unwrap();
-    assert_eq!(stdout(&d.exec(gid, "hostname")), format!("{gid}\n"));
+    let gid = grand.id.as_str();
+    assert_eq!(d.exec(gid, "hostname").stdout, format!("{gid}\n"));
     check_tmp(&d, gid, &tmp_sum);
     let r = d.exec(gid, "cat /proc/1/mem > /dev/null");
-    assert_ne!(r["exit_code"], 0, "the agent's memory was readable: {r}");
+    assert_ne!(
+        r.exit_code,
+        Some(0),
+        "the agent's memory was readable: {r:?}"
+    );
     // And the third generation again.
     let third = d.post(&format!("/v1/sandboxes/{gid}/snapshots"), json!({}));
     assert_eq!(third.body["fidelity"], "process", "{:?}", third.body);
     assert_eq!(
-        stdout(&d.code(gid, "print(second, triple(3))")),
+        d.code(gid, "print(second, triple(3))").stdout,
         "generation 9\n"
     );
     assert_eq!(
-        stdout(&d.code(&forks[0], "print(triple(4))")),
+        d.code(&forks[0], "print(triple(4))").stdout,
         "12\n",
         "the fork runs on"
     );
@@ -160,8 +168,8 @@ fn a_checkpointable_sandbox_is_snapshotted_with_every_process_and_forks_keep_the
     // The source gone, the snapshot still restores.
     assert_eq!(d.delete(&format!("/v1/sandboxes/{id}")).status, 204);
     let restored = d.create(json!({"snapshot_id": snap_id}));
-    let rid = restored["id"].as_str().unwrap();
-    assert_eq!(stdout(&d.code(rid, "print(triple(7))")), "21\n");
+    let rid = restored.id.as_str();
+    assert_eq!(d.code(rid, "print(triple(7))").stdout, "21\n");
     check_tmp(&d, rid, &tmp_sum);
 }
 

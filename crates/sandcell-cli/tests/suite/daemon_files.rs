@@ -80,13 +80,9 @@ fn daemon_files_mkdir_list_stat_rename_remove_and_contents() {
         "od -An -tu1 -N4 -j256 /workspace/d/e/f.bin; wc -c < /workspace/d/e/f.bin",
     );
     assert_eq!(
-        out["stdout"]
-            .as_str()
-            .unwrap()
-            .split_whitespace()
-            .collect::<Vec<_>>(),
+        out.stdout.as_str().split_whitespace().collect::<Vec<_>>(),
         ["0", "1", "2", "3", "70000"],
-        "{out}"
+        "{out:?}"
     );
     // And the other way round, with a name that needs encoding.
     d.exec(&id, "printf 'from exec' > '/workspace/d/a b&c?.txt'");
@@ -108,7 +104,7 @@ fn daemon_files_mkdir_list_stat_rename_remove_and_contents() {
         "{}",
         r.body
     );
-    assert_eq!(d.exec(&id, "/tmp/x/y/run.sh")["stdout"], "ran\n");
+    assert_eq!(d.exec(&id, "/tmp/x/y/run.sh").stdout, "ran\n");
     put_bytes(&d, &id, "/home/sandbox/log.txt", "", b"one\n".to_vec());
     let r = put_bytes(
         &d,
@@ -187,7 +183,7 @@ fn daemon_files_mkdir_list_stat_rename_remove_and_contents() {
     assert_eq!(r.status, 204, "{}", r.body);
     d.get(&format!("{files}/stat{}", q("/workspace/d", "")))
         .expect_error(404, "not_found");
-    assert_eq!(d.exec(&id, "ls /workspace")["stdout"], "rel\n");
+    assert_eq!(d.exec(&id, "ls /workspace").stdout, "rel\n");
     d.delete(&format!("{files}{}", q("/workspace/d", "")))
         .expect_error(404, "not_found");
 }
@@ -338,9 +334,9 @@ fn daemon_files_200_mb_up_and_down_with_matching_sha256() {
     // The sandbox's own sha256sum sees the same bytes.
     let out = d.exec(&id, &format!("sha256sum {path}"));
     assert_eq!(
-        out["stdout"].as_str().unwrap().split_whitespace().next(),
+        out.stdout.as_str().split_whitespace().next(),
         Some(sent.as_str()),
-        "{out}"
+        "{out:?}"
     );
 
     // Streamed back down, hashed as it comes.
@@ -413,7 +409,7 @@ fn daemon_files_200_mb_up_and_down_with_matching_sha256() {
     // Abandoned: the daemon and the sandbox go on serving.
     drop(slow);
     let out = d.exec(&id, &format!("wc -c < {path}"));
-    assert_eq!(out["stdout"], format!("{SIZE}\n"), "{out}");
+    assert_eq!(out.stdout, format!("{SIZE}\n"), "{out:?}");
 }
 
 #[test]
@@ -474,8 +470,8 @@ fn daemon_files_over_the_upload_cap_is_413_and_leaves_nothing() {
         "find /workspace /tmp /home/sandbox -mindepth 1 -type f | sort",
     );
     assert_eq!(
-        out["stdout"], "/workspace/at-cap.bin\n/workspace/keep.txt\n",
-        "{out}"
+        out.stdout, "/workspace/at-cap.bin\n/workspace/keep.txt\n",
+        "{out:?}"
     );
     // A download over the cap is refused the same way.
     d.exec(&id, "head -c 2000000 /dev/zero > /workspace/big");
@@ -488,7 +484,7 @@ fn daemon_files_over_the_upload_cap_is_413_and_leaves_nothing() {
     ));
     r.expect_error(413, "body_too_large");
     // And the daemon is fine.
-    assert_eq!(d.exec(&id, "echo ok")["stdout"], "ok\n");
+    assert_eq!(d.exec(&id, "echo ok").stdout, "ok\n");
 }
 
 #[test]
@@ -611,7 +607,7 @@ fn daemon_processes_list_and_kill() {
         &id,
         "sleep 100 > /dev/null 2>&1 & sleep 200 > /dev/null 2>&1 &",
     );
-    assert_eq!(out["exit_code"], 0, "{out}");
+    assert_eq!(out.exit_code, Some(0), "{out:?}");
     let sleep = find_proc(&d, &id, "sleep 100").unwrap_or_else(|| {
         panic!("no sleep 100 in {:?}", processes(&d, &id));
     });
@@ -622,11 +618,7 @@ fn daemon_processes_list_and_kill() {
     // The agent is not listed; the pids are the sandbox's own.
     assert!(processes(&d, &id).iter().all(|p| p["pid"] != 1));
     let ps = d.exec(&id, &format!("ps -o pid= -p {pid}"));
-    assert_eq!(
-        ps["stdout"].as_str().unwrap().trim(),
-        pid.to_string(),
-        "{ps}"
-    );
+    assert_eq!(ps.stdout.as_str().trim(), pid.to_string(), "{ps:?}");
 
     // Killed (SIGKILL by default): gone from the list and from the sandbox.
     let r = d.delete(&format!("/v1/sandboxes/{id}/processes/{pid}"));
@@ -685,10 +677,7 @@ fn daemon_import_only_from_allowed_host_paths() {
         (r.body["files"].clone(), r.body["bytes"].clone()),
         (json!(1), json!(13))
     );
-    assert_eq!(
-        d.exec(&id, "cat /workspace/a.txt")["stdout"],
-        "from the host"
-    );
+    assert_eq!(d.exec(&id, "cat /workspace/a.txt").stdout, "from the host");
     let r = d.post(&import, json!({"path": "tree", "host_path": a}));
     assert_eq!(r.status, 201, "{}", r.body);
     assert_eq!(r.body["files"], 2, "{}", r.body);
@@ -697,8 +686,8 @@ fn daemon_import_only_from_allowed_host_paths() {
     let out = d.exec(&id, "cd /workspace/tree && find . | sort && cat sub/b.txt");
     // The link is not followed out of the allowed folder.
     assert_eq!(
-        out["stdout"], ".\n./a.txt\n./sub\n./sub/b.txt\ndeeper",
-        "{out}"
+        out.stdout, ".\n./a.txt\n./sub\n./sub/b.txt\ndeeper",
+        "{out:?}"
     );
 
     // Outside it: refused, and nothing is written.
@@ -722,7 +711,7 @@ fn daemon_import_only_from_allowed_host_paths() {
         json!({"path": "/workspace/stolen", "host_path": format!("{a}/nope")}),
     )
     .expect_error(404, "not_found");
-    assert_eq!(d.exec(&id, "ls /workspace")["stdout"], "a.txt\ntree\n");
+    assert_eq!(d.exec(&id, "ls /workspace").stdout, "a.txt\ntree\n");
 
     // Inline text and base64; exactly one source; the sandbox's own paths are checked too.
     let r = d.post(
@@ -736,11 +725,11 @@ fn daemon_import_only_from_allowed_host_paths() {
         d.exec(
             &id,
             "cat /tmp/t.txt; echo; stat -c %a /tmp/t.txt; od -An -tu1 /tmp/b.bin"
-        )["stdout"]
-            .as_str()
-            .unwrap()
-            .split_whitespace()
-            .collect::<Vec<_>>(),
+        )
+        .stdout
+        .as_str()
+        .split_whitespace()
+        .collect::<Vec<_>>(),
         ["inline", "600", "0", "1", "2", "255"]
     );
     d.post(&import, json!({"path": "/tmp/x", "base64": "%%%"}))
@@ -902,14 +891,13 @@ fn daemon_exports_download_import_elsewhere_and_artifacts() {
         &other,
         "cat /workspace/copy.txt; echo; cd /workspace/tree && find . -type f | sort && cat sub/b",
     );
-    assert_eq!(out["stdout"], "report\n./a\n./sub/b\ntwo", "{out}");
+    assert_eq!(out.stdout, "report\n./a\n./sub/b\ntwo", "{out:?}");
     // Bob cannot import Alice's export into his own sandbox.
-    let bobs = d.call_as(Some(&bob), Method::POST, "/v1/sandboxes", Some(json!({})));
-    assert_eq!(bobs.status, 201, "{}", bobs.body);
+    let bobs = d.create_as(&bob, json!({})).id;
     d.call_as(
         Some(&bob),
         Method::POST,
-        &format!("/v1/sandboxes/{}/import", bobs.body["id"].as_str().unwrap()),
+        &format!("/v1/sandboxes/{bobs}/import"),
         Some(json!({"path": "/workspace/x", "export_id": file_export})),
     )
     .expect_error(404, "not_found");
@@ -1104,9 +1092,8 @@ fn daemon_files_an_upload_cut_off_mid_stream_leaves_no_file() {
         // Some of it reached the sandbox before the client went away.
         let temp_seen = wait_for(Duration::from_secs(10), || {
             let out = d.exec(&id, "ls -A /workspace/up");
-            out["stdout"]
+            out.stdout
                 .as_str()
-                .unwrap()
                 .contains(".sandcell-write-")
                 .then_some(())
         });
@@ -1117,11 +1104,11 @@ fn daemon_files_an_upload_cut_off_mid_stream_leaves_no_file() {
     cut_off("/workspace/up/kept.txt", true);
     let left = wait_for(Duration::from_secs(10), || {
         let out = d.exec(&id, "ls -A /workspace/up");
-        let names = out["stdout"].as_str().unwrap().to_string();
+        let names = out.stdout.as_str().to_string();
         (names == "kept.txt\n").then_some(names)
     });
     let now = d.exec(&id, "ls -A /workspace/up");
-    assert!(left.is_some(), "left behind: {now}");
+    assert!(left.is_some(), "left behind: {now:?}");
     let kept = d.exec(&id, "cat /workspace/up/kept.txt");
-    assert_eq!(kept["stdout"], "old\n", "{kept}");
+    assert_eq!(kept.stdout, "old\n", "{kept:?}");
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use reqwest::Method;
 use serde_json::json;
 
-use super::daemon::Daemon;
+use super::daemon::{CodeResultExt, Daemon};
 use super::daemon_pause::{count, start_counter};
 
 /// The daemon lists gvisor as available here (setup installs runsc); it says what it
@@ -43,7 +43,7 @@ fn daemon_gvisor_pause_stops_a_loop_and_resume_continues_it() {
     let d = Daemon::start(&[]);
     check_available(&d);
     let id = d.create_id(json!({"backend": "gvisor", "template": "python"}));
-    assert_eq!(d.sandbox(&id)["backend"], "gvisor");
+    assert_eq!(d.sandbox(&id).backend, "gvisor");
     start_counter(&d, &id);
     // About 200 counts a second while it runs; a second paused adds none.
     let before = count(&d, &id).unwrap();
@@ -79,7 +79,7 @@ fn daemon_gvisor_snapshots_restore_the_same_process_forks_and_survive_a_restart(
         "import random\nbig = list(range(6_000_000))\ndef f(x): return x * 2\n\
          class C:\n    def v(self): return 7\nc = C()\nfh = open('/workspace/base')",
     );
-    assert_eq!(r["done"]["status"], "ok", "{r}");
+    assert_eq!(r.done.status, "ok", "{r:?}");
     let r = d.post(
         &format!("/v1/sandboxes/{src}/snapshots"),
         json!({"name": "gv"}),
@@ -92,7 +92,7 @@ fn daemon_gvisor_snapshots_restore_the_same_process_forks_and_survive_a_restart(
     // says why).
     let v = code_within(&d, &src, "(len(big), f(21))", Duration::from_secs(60));
     assert_eq!(v["result"]["text/plain"], "(6000000, 42)", "{v}");
-    assert_eq!(d.exec(&src, "cat /tmp/kept")["stdout"], "tmp\n");
+    assert_eq!(d.exec(&src, "cat /tmp/kept").stdout, "tmp\n");
 
     let r = d.post(&format!("/v1/snapshots/{snap}/fork"), json!({"count": 3}));
     assert_eq!(r.status, 201, "{}", r.body);
@@ -111,33 +111,34 @@ fn daemon_gvisor_snapshots_restore_the_same_process_forks_and_survive_a_restart(
         "{restore}"
     );
     for (i, f) in forks.iter().enumerate() {
-        assert_eq!(d.sandbox(f)["backend"], "gvisor");
+        assert_eq!(d.sandbox(f).backend, "gvisor");
         // The same interpreter: the open file reads on, /tmp came too.
         let v = d.code(
             f,
             "(len(big), big[-1], f(21), c.v(), isinstance(c, C), fh.read().strip())",
         );
         assert_eq!(
-            v["result"]["text/plain"], "(6000000, 5999999, 42, 7, True, 'base')",
-            "{v}"
+            v.plain(),
+            "(6000000, 5999999, 42, 7, True, 'base')",
+            "{v:?}"
         );
-        assert_eq!(d.exec(f, "cat /tmp/kept")["stdout"], "tmp\n");
+        assert_eq!(d.exec(f, "cat /tmp/kept").stdout, "tmp\n");
         // A new identity: its own hostname.
-        assert_eq!(d.exec(f, "hostname")["stdout"], format!("{f}\n"));
+        assert_eq!(d.exec(f, "hostname").stdout, format!("{f}\n"));
         d.exec(f, &format!("echo fork{i} > /workspace/mine"));
         d.code(f, &format!("big.append({i})"));
     }
     for (i, f) in forks.iter().enumerate() {
         let v = d.code(f, "big[-1]");
-        assert_eq!(v["result"]["text/plain"], i.to_string(), "{v}");
+        assert_eq!(v.plain(), i.to_string(), "{v:?}");
         assert_eq!(
-            d.exec(f, "cat /workspace/mine")["stdout"],
+            d.exec(f, "cat /workspace/mine").stdout,
             format!("fork{i}\n")
         );
     }
     let draws: std::collections::BTreeSet<String> = forks
         .iter()
-        .map(|f| d.code(f, "random.random()")["result"]["text/plain"].to_string())
+        .map(|f| d.code(f, "random.random()").plain().to_string())
         .collect();
     assert_eq!(draws.len(), 3, "forks share a random stream: {draws:?}");
 
@@ -151,12 +152,12 @@ fn daemon_gvisor_snapshots_restore_the_same_process_forks_and_survive_a_restart(
     assert_eq!(r.body["backend"], "gvisor", "{}", r.body);
     let again = r.body["id"].as_str().unwrap().to_string();
     let v = d.code(&again, "(len(big), f(21), c.v())");
-    assert_eq!(v["result"]["text/plain"], "(6000000, 42, 7)", "{v}");
+    assert_eq!(v.plain(), "(6000000, 42, 7)", "{v:?}");
     // The forks ended with the daemon that served them (listed in /v1/system): lost now.
     assert_eq!(
-        d.sandbox(&forks[0])["state"],
+        d.sandbox(&forks[0]).state,
         "lost",
-        "{}",
+        "{:?}",
         d.sandbox(&forks[0])
     );
     // A corrupted checkpoint is refused by its checksum.
@@ -207,7 +208,7 @@ fn daemon_gvisor_in_place_restores_answer_at_once() {
         .and_then(|s| s.parse().ok())
         .unwrap_or(3);
     for round in 0..rounds {
-        assert_eq!(d.exec(&id, "echo x > /tmp/x")["exit_code"], 0);
+        assert_eq!(d.exec(&id, "echo x > /tmp/x").exit_code, Some(0));
         let r = d.post(&format!("/v1/sandboxes/{id}/snapshots"), json!({}));
         assert_eq!(r.status, 201, "{}", r.body);
         let snap = r.body["id"].as_str().unwrap().to_string();

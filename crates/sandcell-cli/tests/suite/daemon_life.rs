@@ -7,7 +7,9 @@ use std::time::{Duration, Instant};
 use reqwest::Method;
 use serde_json::json;
 
-use super::daemon::{Daemon, parent_of, processes_in_cgroup_of, start_time, wait_for};
+use super::daemon::{
+    CodeResultExt, Daemon, parent_of, processes_in_cgroup_of, start_time, wait_for,
+};
 
 #[test]
 fn daemon_lifetime_idle_timeout_and_set_timeout_stop_sandboxes() {
@@ -30,11 +32,11 @@ fn daemon_lifetime_idle_timeout_and_set_timeout_stop_sandboxes() {
     // Touch `busy` every 300 ms while the others run out (and for longer than its timeout).
     let mut ended = std::collections::BTreeMap::new();
     while start.elapsed() < Duration::from_secs(15) {
-        assert_eq!(d.exec(&busy, "true")["exit_code"], 0);
+        assert_eq!(d.exec(&busy, "true").exit_code, Some(0));
         for id in [&lifetime, &idle, &cut] {
             if !ended.contains_key(id) {
                 let s = d.sandbox(id);
-                if s["state"] != "running" {
+                if s.state != "running" {
                     ended.insert(id.clone(), (s, start.elapsed()));
                 }
             }
@@ -48,8 +50,8 @@ fn daemon_lifetime_idle_timeout_and_set_timeout_stop_sandboxes() {
         let (s, at) = ended
             .get(id)
             .unwrap_or_else(|| panic!("{id} still runs after 15 s:\n{}", d.log()));
-        assert_eq!(s["state"], "stopped", "{s}");
-        (s["reason"].as_str().unwrap_or("").to_string(), *at)
+        assert_eq!(s.state, "stopped", "{s:?}");
+        (s.reason.as_deref().unwrap_or("").to_string(), *at)
     };
     let (why, at) = reason(&lifetime);
     assert!(why.contains("lifetime"), "{why}");
@@ -59,8 +61,8 @@ fn daemon_lifetime_idle_timeout_and_set_timeout_stop_sandboxes() {
     assert!(at >= Duration::from_millis(1500), "stopped after {at:?}");
     let (why, _) = reason(&cut);
     assert!(why.contains("lifetime"), "{why}");
-    assert_eq!(d.sandbox(&busy)["state"], "running");
-    assert_eq!(d.sandbox(&long)["state"], "running");
+    assert_eq!(d.sandbox(&busy).state, "running");
+    assert_eq!(d.sandbox(&long).state, "running");
     // Stopped for good: nothing runs in them, and their processes are gone.
     d.post(
         &format!("/v1/sandboxes/{idle}/exec"),
@@ -89,7 +91,7 @@ fn daemon_graceful_stop_keeps_sandboxes_for_the_next_start() {
     let mut d = Daemon::start(&["shutdown.sandboxes=keep"]);
     let id = d.create_id(json!({"template": "python", "labels": {"k": "v"}}));
     let before = d.sandbox(&id);
-    assert_eq!(d.code(&id, "x = 41\nx")["result"]["text/plain"], "41");
+    assert_eq!(d.code(&id, "x = 41\nx").plain(), "41");
     d.exec(
         &id,
         "echo kept > /workspace/f; sleep 300 > /dev/null 2>&1 &",
@@ -106,17 +108,17 @@ fn daemon_graceful_stop_keeps_sandboxes_for_the_next_start() {
     // The next start finds it as it was.
     d.restart(&[]);
     let s = d.sandbox(&id);
-    assert_eq!(s["state"], "running", "{s}");
+    assert_eq!(s.state, "running", "{s:?}");
     assert!(
-        s["reason"].as_str().is_some_and(|r| r.contains("reattach")),
-        "{s}"
+        s.reason.as_deref().is_some_and(|r| r.contains("reattach")),
+        "{s:?}"
     );
-    assert_eq!(s["created_at"], before["created_at"]);
-    assert_eq!(s["expires_at"], before["expires_at"]);
-    assert_eq!(s["labels"], json!({"k": "v"}));
+    assert_eq!(s.created_at, before.created_at);
+    assert_eq!(s.expires_at, before.expires_at);
+    assert_eq!(json!(s.labels), json!({"k": "v"}));
     let r = d.code(&id, "x += 1\nx");
-    assert_eq!(r["result"]["text/plain"], "42", "{r}");
-    assert_eq!(d.exec(&id, "cat /workspace/f")["stdout"], "kept\n");
+    assert_eq!(r.plain(), "42", "{r:?}");
+    assert_eq!(d.exec(&id, "cat /workspace/f").stdout, "kept\n");
     let ps = d.get(&format!("/v1/sandboxes/{id}/processes"));
     assert!(
         ps.body["processes"]
@@ -136,12 +138,12 @@ fn daemon_graceful_stop_keeps_sandboxes_for_the_next_start() {
     assert!(processes_in_cgroup_of(&id).is_empty());
     d.restart(&[]);
     let s = d.sandbox(&id);
-    assert_eq!(s["state"], "stopped", "{s}");
+    assert_eq!(s.state, "stopped", "{s:?}");
     assert!(
-        s["reason"]
-            .as_str()
+        s.reason
+            .as_deref()
             .is_some_and(|r| r.contains("service stopped")),
-        "{s}"
+        "{s:?}"
     );
 }
 
@@ -150,8 +152,8 @@ fn daemon_killed_with_sigkill_reattaches_live_sandboxes_and_reports_dead_ones_lo
     let mut d = Daemon::start(&[]);
     let live = d.create_id(json!({"template": "python"}));
     let dead = d.create_id(json!({"template": "python"}));
-    assert_eq!(d.code(&live, "x = 41")["done"]["status"], "ok");
-    assert_eq!(d.code(&dead, "y = 1")["done"]["status"], "ok");
+    assert_eq!(d.code(&live, "x = 41").done.status, "ok");
+    assert_eq!(d.code(&dead, "y = 1").done.status, "ok");
     let live_rt = d.runtime_of(&live);
     let dead_rt = d.runtime_of(&dead);
     // The launcher above the dead one's PID 1 (`sandcell __jail`), and its start time.
@@ -182,18 +184,18 @@ fn daemon_killed_with_sigkill_reattaches_live_sandboxes_and_reports_dead_ones_lo
     // The next start: `live` is back with its state, `dead` is lost with the reason.
     d.restart(&[]);
     let s = d.sandbox(&live);
-    assert_eq!(s["state"], "running", "{s}");
-    let reason = s["reason"].as_str().unwrap_or("");
-    assert!(reason.contains("reattach"), "{s}");
+    assert_eq!(s.state, "running", "{s:?}");
+    let reason = s.reason.as_deref().unwrap_or("");
+    assert!(reason.contains("reattach"), "{s:?}");
     let r = d.code(&live, "x");
-    assert_eq!(r["result"]["text/plain"], "41", "{r}");
-    assert_eq!(d.exec(&live, "echo alive")["stdout"], "alive\n");
+    assert_eq!(r.plain(), "41", "{r:?}");
+    assert_eq!(d.exec(&live, "echo alive").stdout, "alive\n");
     let s = d.sandbox(&dead);
-    assert_eq!(s["state"], "lost", "{s}");
-    let reason = s["reason"].as_str().unwrap_or("");
+    assert_eq!(s.state, "lost", "{s:?}");
+    let reason = s.reason.as_deref().unwrap_or("");
     assert!(
         reason.contains("not reattached") && reason.contains(&dead_rt.host_pid.to_string()),
-        "{s}"
+        "{s:?}"
     );
     d.post(&format!("/v1/sandboxes/{dead}/code"), json!({"code": "y"}))
         .expect_error(409, "sandbox_gone");
@@ -229,10 +231,10 @@ fn daemon_killed_with_sigkill_reattaches_live_sandboxes_and_reports_dead_ones_lo
         r.status,
         r.body
     );
-    assert_eq!(d.sandbox(&dead)["state"], "lost");
+    assert_eq!(d.sandbox(&dead).state, "lost");
 
     // Killed again while the reattached one runs: it is found once more.
     d.kill9();
     d.restart(&[]);
-    assert_eq!(d.code(&live, "x + 1")["result"]["text/plain"], "42");
+    assert_eq!(d.code(&live, "x + 1").plain(), "42");
 }

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use reqwest::Method;
 use serde_json::json;
 
-use super::daemon::Daemon;
+use super::daemon::{CodeResultExt, Daemon};
 
 /// Starts a loop in the background that counts about 200 times a second into /tmp/n.
 pub(super) fn start_counter(d: &Daemon, id: &str) {
@@ -26,9 +26,11 @@ pub(super) fn start_counter(d: &Daemon, id: &str) {
 }
 
 pub(super) fn count(d: &Daemon, id: &str) -> Option<u64> {
-    d.exec(id, "cat /tmp/n 2>/dev/null")["stdout"]
-        .as_str()
-        .and_then(|s| s.trim().parse().ok())
+    d.exec(id, "cat /tmp/n 2>/dev/null")
+        .stdout
+        .trim()
+        .parse()
+        .ok()
 }
 
 fn post(d: &Daemon, path: &str) -> super::daemon::Resp {
@@ -39,10 +41,7 @@ fn post(d: &Daemon, path: &str) -> super::daemon::Resp {
 fn daemon_pause_freezes_processes_and_resume_continues_them() {
     let d = Daemon::start(&[]);
     let id = d.create_id(json!({"template": "python", "timeout_secs": 600}));
-    assert_eq!(
-        d.code(&id, "kept = 'before the pause'")["done"]["status"],
-        "ok"
-    );
+    assert_eq!(d.code(&id, "kept = 'before the pause'").done.status, "ok");
     start_counter(&d, &id);
 
     // Paused: the state says so, the loop stops, the CPU counter does not move.
@@ -53,7 +52,7 @@ fn daemon_pause_freezes_processes_and_resume_continues_them() {
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(r.body["state"], "paused", "{}", r.body);
     let expires_paused = r.body["expires_at"].as_str().unwrap().to_string();
-    assert_eq!(d.sandbox(&id)["state"], "paused");
+    assert_eq!(d.sandbox(&id).state, "paused");
     let cpu = |d: &Daemon| {
         let m = d.get(&format!("/v1/sandboxes/{id}/metrics")).body;
         m["cpu_seconds"]
@@ -67,7 +66,7 @@ fn daemon_pause_freezes_processes_and_resume_continues_them() {
     );
     std::thread::sleep(Duration::from_millis(1500));
     assert_eq!(cpu(&d), cpu_paused, "a paused sandbox used CPU");
-    assert_eq!(d.sandbox(&id)["state"], "paused", "reading metrics woke it");
+    assert_eq!(d.sandbox(&id).state, "paused", "reading metrics woke it");
     // Pausing again changes nothing.
     assert_eq!(
         post(&d, &format!("/v1/sandboxes/{id}/pause")).body["state"],
@@ -100,21 +99,18 @@ fn daemon_pause_freezes_processes_and_resume_continues_them() {
         expires_now > expires_paused.as_str(),
         "{expires_now} vs {expires_paused}"
     );
-    assert_eq!(
-        d.code(&id, "kept")["result"]["text/plain"],
-        "'before the pause'"
-    );
+    assert_eq!(d.code(&id, "kept").plain(), "'before the pause'");
     eprintln!("pause {pause_took:?}, resume {resume_took:?} (over HTTP)");
 
     // Anything asked of a paused sandbox wakes it first.
     post(&d, &format!("/v1/sandboxes/{id}/pause"));
-    assert_eq!(d.exec(&id, "echo awake")["stdout"], "awake\n");
-    assert_eq!(d.sandbox(&id)["state"], "running");
+    assert_eq!(d.exec(&id, "echo awake").stdout, "awake\n");
+    assert_eq!(d.sandbox(&id).state, "running");
 
     // A paused sandbox can be deleted (its frozen processes die too).
     post(&d, &format!("/v1/sandboxes/{id}/pause"));
     assert_eq!(d.delete(&format!("/v1/sandboxes/{id}")).status, 204);
-    assert_eq!(d.sandbox(&id)["state"], "stopped");
+    assert_eq!(d.sandbox(&id).state, "stopped");
     post(&d, &format!("/v1/sandboxes/{id}/resume")).expect_error(409, "sandbox_gone");
     post(&d, "/v1/sandboxes/sb-000000000000/pause").expect_error(404, "not_found");
     let (bob, _) = d.key_for("bob");
@@ -132,7 +128,7 @@ fn daemon_pause_freezes_processes_and_resume_continues_them() {
 fn daemon_paused_sandboxes_outlast_their_idle_timeout_and_a_restart() {
     let mut d = Daemon::start(&["limits.gc_interval_secs=1"]);
     let id = d.create_id(json!({"template": "python", "idle_timeout_secs": 1}));
-    assert_eq!(d.code(&id, "x = 41")["done"]["status"], "ok");
+    assert_eq!(d.code(&id, "x = 41").done.status, "ok");
     assert_eq!(
         d.call(Method::POST, &format!("/v1/sandboxes/{id}/pause"), None)
             .status,
@@ -140,13 +136,13 @@ fn daemon_paused_sandboxes_outlast_their_idle_timeout_and_a_restart() {
     );
     // Paused past its idle timeout (several collection rounds): still there.
     std::thread::sleep(Duration::from_millis(2500));
-    assert_eq!(d.sandbox(&id)["state"], "paused");
+    assert_eq!(d.sandbox(&id).state, "paused");
 
     // kill -9 of the daemon: the next one finds it paused, and its kernel as it was.
     d.kill9();
     d.restart(&["limits.gc_interval_secs=1"]);
     let s = d.sandbox(&id);
-    assert_eq!(s["state"], "paused", "{s}");
-    assert_eq!(d.code(&id, "x + 1")["result"]["text/plain"], "42");
-    assert_eq!(d.sandbox(&id)["state"], "running");
+    assert_eq!(s.state, "paused", "{s:?}");
+    assert_eq!(d.code(&id, "x + 1").plain(), "42");
+    assert_eq!(d.sandbox(&id).state, "running");
 }

@@ -7,7 +7,7 @@ use std::process::Command;
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use super::daemon::{Daemon, Resp};
+use super::daemon::{CodeResultExt, Daemon, Resp};
 
 fn snapshot(d: &Daemon, id: &str, body: Value) -> Resp {
     d.post(&format!("/v1/sandboxes/{id}/snapshots"), body)
@@ -41,7 +41,7 @@ fn daemon_snapshots_fork_independent_sandboxes_and_survive_a_restart() {
          && ln -s data/deep/blob /workspace/link && printf rc > /home/sandbox/.rc \
          && echo scratch > /tmp/scratch && cat /workspace/sum",
     );
-    let sum = out["stdout"].as_str().unwrap().trim().to_string();
+    let sum = out.stdout.as_str().trim().to_string();
     // Kernel state: ~50 MB of list, a function, a class and its instance, and an open file
     // (which cannot be carried).
     let r = d.code(
@@ -49,7 +49,7 @@ fn daemon_snapshots_fork_independent_sandboxes_and_survive_a_restart() {
         "big = list(range(6_000_000))\ndef f(x): return x * 2\nclass C:\n    def v(self): return 7\n\
          c = C()\nfh = open('/workspace/run.sh')",
     );
-    assert_eq!(r["done"]["status"], "ok", "{r}");
+    assert_eq!(r.done.status, "ok", "{r:?}");
 
     let r = snapshot(
         &d,
@@ -83,8 +83,8 @@ fn daemon_snapshots_fork_independent_sandboxes_and_survive_a_restart() {
         "{gaps}"
     );
     // The source runs on, unchanged.
-    assert_eq!(d.sandbox(&src)["state"], "running");
-    assert_eq!(d.exec(&src, "echo still")["stdout"], "still\n");
+    assert_eq!(d.sandbox(&src).state, "running");
+    assert_eq!(d.exec(&src, "echo still").stdout, "still\n");
 
     // Three forks: each has the files (bytes, modes, links), none sees another's changes.
     let r = fork(&d, &snap, 3);
@@ -116,40 +116,38 @@ fn daemon_snapshots_fork_independent_sandboxes_and_survive_a_restart() {
              readlink /workspace/link; cat /home/sandbox/.rc; echo; ls /tmp; id -un",
         );
         assert_eq!(
-            out["stdout"],
+            out.stdout,
             format!("{sum}\n750\ndata/deep/blob\nrc\nscratch\nsandbox\n"),
-            "{out}"
+            "{out:?}"
         );
         // A new identity: its own hostname.
-        assert_eq!(d.exec(f, "hostname")["stdout"], format!("{f}\n"));
+        assert_eq!(d.exec(f, "hostname").stdout, format!("{f}\n"));
         d.exec(f, &format!("echo fork{i} > /workspace/mine"));
         let v = d.code(f, "(len(big), big[-1], f(21), c.v(), isinstance(c, C))");
-        assert_eq!(
-            v["result"]["text/plain"], "(6000000, 5999999, 42, 7, True)",
-            "{v}"
-        );
+        assert_eq!(v.plain(), "(6000000, 5999999, 42, 7, True)", "{v:?}");
         d.code(f, &format!("big.append({i})"));
     }
     // Each fork's kernel is its own.
     for (i, f) in forks.iter().enumerate() {
         let v = d.code(f, "big[-1]");
-        assert_eq!(v["result"]["text/plain"], i.to_string(), "{v}");
+        assert_eq!(v.plain(), i.to_string(), "{v:?}");
     }
     for (i, f) in forks.iter().enumerate() {
         assert_eq!(
-            d.exec(f, "cat /workspace/mine")["stdout"],
+            d.exec(f, "cat /workspace/mine").stdout,
             format!("fork{i}\n")
         );
     }
     let none = d.exec(&src, "ls /workspace/mine 2>&1; true");
-    assert!(
-        none["stdout"].as_str().unwrap().contains("No such file"),
-        "{none}"
-    );
+    assert!(none.stdout.as_str().contains("No such file"), "{none:?}");
     // Different random streams in each fork.
     let draws: std::collections::BTreeSet<String> = forks
         .iter()
-        .map(|f| d.code(f, "import random; random.random()")["result"]["text/plain"].to_string())
+        .map(|f| {
+            d.code(f, "import random; random.random()")
+                .plain()
+                .to_string()
+        })
         .collect();
     assert_eq!(draws.len(), 3, "{draws:?}");
 
@@ -180,11 +178,11 @@ fn daemon_snapshots_fork_independent_sandboxes_and_survive_a_restart() {
     assert_eq!(r.status, 201, "{}", r.body);
     let again = &fork_ids(&r)[0];
     assert_eq!(
-        d.exec(again, "cat /workspace/sum")["stdout"],
+        d.exec(again, "cat /workspace/sum").stdout,
         format!("{sum}\n")
     );
     let v = d.code(again, "(len(big), f(21), c.v())");
-    assert_eq!(v["result"]["text/plain"], "(6000000, 42, 7)", "{v}");
+    assert_eq!(v.plain(), "(6000000, 42, 7)", "{v:?}");
     // POST /v1/sandboxes with snapshot_id restores one, and says what came back.
     let r = d.post(
         "/v1/sandboxes",
@@ -241,7 +239,7 @@ fn daemon_snapshots_fork_independent_sandboxes_and_survive_a_restart() {
     );
     assert_eq!(r.status, 201, "{}", r.body);
     let eph = fork_ids(&r).remove(0);
-    assert_eq!(d.sandbox(&eph)["ephemeral"], true);
+    assert!(d.sandbox(&eph).ephemeral);
     assert_eq!(d.delete(&format!("/v1/sandboxes/{eph}")).status, 204);
     d.get(&format!("/v1/sandboxes/{eph}"))
         .expect_error(404, "not_found");
@@ -280,8 +278,8 @@ pub(super) fn fill_tmp(d: &Daemon, id: &str) -> String {
         "mkdir -p /tmp/nest/deep && head -c 300000 /dev/urandom > /tmp/nest/deep/blob.bin \
          && printf 'a,b\\n1,2\\n' > /tmp/data.csv && sha256sum /tmp/nest/deep/blob.bin | cut -c1-64",
     );
-    assert_eq!(out["exit_code"], 0, "{out}");
-    out["stdout"].as_str().unwrap().trim().to_string()
+    assert_eq!(out.exit_code, Some(0), "{out:?}");
+    out.stdout.as_str().trim().to_string()
 }
 
 /// What [`fill_tmp`] wrote is in sandbox `id`'s `/tmp`, and `/tmp` is still sticky.
@@ -291,9 +289,9 @@ pub(super) fn check_tmp(d: &Daemon, id: &str, sum: &str) {
         "sha256sum /tmp/nest/deep/blob.bin | cut -c1-64; cat /tmp/data.csv; stat -c %a /tmp",
     );
     assert_eq!(
-        out["stdout"],
+        out.stdout,
         format!("{sum}\na,b\n1,2\n1777\n"),
-        "/tmp of {id}: {out}"
+        "/tmp of {id}: {out:?}"
     );
 }
 
@@ -307,7 +305,7 @@ fn daemon_snapshots_carry_tmp_at_files_and_language_fidelity() {
         let src = d.create_id(spec);
         if fidelity == "language" {
             let r = d.code(&src, "x = 41");
-            assert_eq!(r["done"]["status"], "ok", "{r}");
+            assert_eq!(r.done.status, "ok", "{r:?}");
         }
         let sum = fill_tmp(&d, &src);
         let r = snapshot(&d, &src, json!({}));
@@ -321,7 +319,7 @@ fn daemon_snapshots_carry_tmp_at_files_and_language_fidelity() {
         let snap = r.body["id"].as_str().unwrap().to_string();
         // The source's /tmp is as it was (the kernel's state file removed).
         check_tmp(&d, &src, &sum);
-        assert_eq!(d.exec(&src, "ls -A /tmp")["stdout"], "data.csv\nnest\n");
+        assert_eq!(d.exec(&src, "ls -A /tmp").stdout, "data.csv\nnest\n");
 
         let r = fork(&d, &snap, 2);
         assert_eq!(r.status, 201, "{}", r.body);
@@ -336,10 +334,10 @@ fn daemon_snapshots_carry_tmp_at_files_and_language_fidelity() {
         for f in fork_ids(&r).iter().chain([&restored]) {
             check_tmp(&d, f, &sum);
             // Nothing else: the kernel's state file is gone again.
-            assert_eq!(d.exec(f, "ls -A /tmp")["stdout"], "data.csv\nnest\n");
+            assert_eq!(d.exec(f, "ls -A /tmp").stdout, "data.csv\nnest\n");
             if fidelity == "language" {
                 let v = d.code(f, "x + 1");
-                assert_eq!(v["result"]["text/plain"], "42", "{v}");
+                assert_eq!(v.plain(), "42", "{v:?}");
             }
         }
     }
@@ -348,7 +346,7 @@ fn daemon_snapshots_carry_tmp_at_files_and_language_fidelity() {
     // fits (a sparse file restores whole) is refused, and no sandbox is left behind.
     let small = d.create_id(json!({"limits": {"tmp_mb": 2}}));
     let out = d.exec(&small, "truncate -s 4M /tmp/sparse && echo ok");
-    assert_eq!(out["stdout"], "ok\n", "{out}");
+    assert_eq!(out.stdout, "ok\n", "{out:?}");
     let r = snapshot(&d, &small, json!({}));
     assert_eq!(r.status, 201, "{}", r.body);
     let before = d.get("/v1/sandboxes?state=running").body["items"]
@@ -431,16 +429,13 @@ fn daemon_corrupt_snapshot_is_refused_and_others_still_restore() {
 
     let r = fork(&d, &b, 1);
     assert_eq!(r.status, 201, "{}", r.body);
-    assert_eq!(
-        d.exec(&fork_ids(&r)[0], "cat /workspace/f")["stdout"],
-        "two\n"
-    );
+    assert_eq!(d.exec(&fork_ids(&r)[0], "cat /workspace/f").stdout, "two\n");
 
     // A snapshot of a paused sandbox leaves it paused.
     let r = d.call(Method::POST, &format!("/v1/sandboxes/{id}/pause"), None);
     assert_eq!(r.status, 200, "{}", r.body);
     assert_eq!(snapshot(&d, &id, json!({})).status, 201);
-    assert_eq!(d.sandbox(&id)["state"], "paused");
+    assert_eq!(d.sandbox(&id).state, "paused");
     assert_eq!(d.get(&format!("/v1/sandboxes/{id}/metrics")).status, 200);
 }
 
@@ -472,8 +467,8 @@ fn daemon_snapshot_on_a_full_disk_leaves_nothing_and_the_sandbox_running() {
         "a half snapshot is listed"
     );
     assert_eq!(leftovers, 0, "a half snapshot was left on disk");
-    assert_eq!(d.sandbox(&id)["state"], "running");
-    assert_eq!(d.exec(&id, "wc -c < /workspace/big")["stdout"], "4000000\n");
+    assert_eq!(d.sandbox(&id).state, "running");
+    assert_eq!(d.exec(&id, "wc -c < /workspace/big").stdout, "4000000\n");
 }
 
 #[test]
@@ -493,7 +488,7 @@ fn daemon_auto_snapshots_on_an_interval_and_before_reclaim() {
     );
 
     let stopped = super::daemon::wait_for(std::time::Duration::from_secs(20), || {
-        (d.sandbox(&idle)["state"] == "stopped").then_some(())
+        (d.sandbox(&idle).state == "stopped").then_some(())
     });
     assert!(stopped.is_some(), "the idle sandbox was not reclaimed");
     std::thread::sleep(std::time::Duration::from_secs(3));
@@ -521,7 +516,7 @@ fn daemon_auto_snapshots_on_an_interval_and_before_reclaim() {
     let r = fork(&d, snaps[0]["id"].as_str().unwrap(), 1);
     assert_eq!(r.status, 201, "{}", r.body);
     assert_eq!(
-        d.exec(&fork_ids(&r)[0], "cat /workspace/b")["stdout"],
+        d.exec(&fork_ids(&r)[0], "cat /workspace/b").stdout,
         "kept\n"
     );
 

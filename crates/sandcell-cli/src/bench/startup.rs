@@ -192,7 +192,7 @@ fn report(rows: &[Row], runs: usize, gap_ms: u64, have_bwrap: bool, as_json: boo
     for r in rows {
         let med = quantile(&r.samples, 0.5);
         let plain = median_of(r.program, "plain exec").unwrap_or(med);
-        let vs_plain = format!("+{:.2} ms", med - plain);
+        let vs_plain = format!("{:+.2} ms", med - plain);
         let vs_bwrap =
             median_of(r.program, "bwrap").map_or("-".to_string(), |b| format!("{:.2}x", med / b));
         println!(

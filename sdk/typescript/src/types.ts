@@ -144,16 +144,16 @@ export interface ExitInfo {
   durationMs: number;
 }
 
-/** `SandboxLimits` as sent. */
+/** `SandboxLimits` as sent (the document lets a limit without a value be left out). */
 export interface WireLimits {
-  memory_mb: number | null;
-  cpus: number | null;
-  pids: number | null;
+  memory_mb?: number | null;
+  cpus?: number | null;
+  pids?: number | null;
   disk_mb: number;
   tmp_mb: number;
   home_mb: number;
   open_files: number;
-  exec_timeout_secs: number | null;
+  exec_timeout_secs?: number | null;
 }
 
 /** `RestoreReport` as sent. */
@@ -207,14 +207,14 @@ export function toDate(value: string | null | undefined): Date | null {
 /** Maps a limits object from the wire. */
 export function toLimits(l: WireLimits): SandboxLimits {
   return {
-    memoryMb: l.memory_mb,
-    cpus: l.cpus,
-    pids: l.pids,
+    memoryMb: l.memory_mb ?? null,
+    cpus: l.cpus ?? null,
+    pids: l.pids ?? null,
     diskMb: l.disk_mb,
     tmpMb: l.tmp_mb,
     homeMb: l.home_mb,
     openFiles: l.open_files,
-    execTimeoutSecs: l.exec_timeout_secs,
+    execTimeoutSecs: l.exec_timeout_secs ?? null,
   };
 }
 

@@ -1,0 +1,555 @@
+/**
+ * The SDK against the committed OpenAPI document (docs/openapi.json, generated from the
+ * server), with no daemon:
+ *  - every request call in src/*.ts names a path and method the document has;
+ *  - each `Wire*` interface (the answers as sent) declares only properties its schema has,
+ *    with compatible types, and covers every required property or lists it as ignored;
+ *  - the SDK's methods, run against a fake `fetch`, send bodies their request schemas accept
+ *    (the server refuses unknown keys) and query parameters the document lists, and parse
+ *    samples of their response schemas reading no key the schema lacks.
+ */
+
+import assert from "node:assert/strict";
+import { readdirSync, readFileSync } from "node:fs";
+import { dirname, join, resolve } from "node:path";
+import { test } from "node:test";
+import { fileURLToPath } from "node:url";
+
+import { FileExport, Sandbox, Snapshot, system } from "sandcell";
+
+type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
+type Schema = { [key: string]: any };
+
+const here = dirname(fileURLToPath(import.meta.url));
+const srcDir = resolve(here, "../src");
+const doc: Schema = JSON.parse(readFileSync(resolve(here, "../../../docs/openapi.json"), "utf8"));
+const schemas: Record<string, Schema> = doc.components.schemas;
+
+// ---- the document's schemas ----
+
+function refName(s: Schema): string | undefined {
+  return typeof s.$ref === "string" ? s.$ref.split("/").pop() : undefined;
+}
+
+function typesOf(s: Schema): string[] {
+  return s.type === undefined ? [] : [s.type].flat();
+}
+
+/** `s` with `$ref` followed, `allOf` merged and a `oneOf [X, null]` made a nullable X. */
+function resolveSchema(s: Schema): Schema {
+  const name = refName(s);
+  if (name !== undefined) return resolveSchema(schemas[name]!);
+  if (Array.isArray(s.allOf)) {
+    const merged: Schema = { type: "object", properties: {}, required: [] };
+    for (const part of s.allOf) {
+      const r = resolveSchema(part);
+      Object.assign(merged.properties, r.properties ?? {});
+      merged.required.push(...(r.required ?? []));
+    }
+    return merged;
+  }
+  if (Array.isArray(s.oneOf)) {
+    const branches = s.oneOf.filter((b: Schema) => b.type !== "null");
+    if (branches.length === 1 && branches.length < s.oneOf.length) {
+      const inner = resolveSchema(branches[0]);
+      return { ...inner, type: [...typesOf(inner), "null"] };
+    }
+  }
+  return s;
+}
+
+/** The component a schema refers to, directly or as the one non-null branch of a `oneOf`. */
+function schemaName(s: Schema): string | undefined {
+  const branches = Array.isArray(s.oneOf) ? s.oneOf.filter((b: Schema) => b.type !== "null") : [];
+  return refName(branches.length === 1 ? branches[0] : s);
+}
+
+function jsonType(v: unknown): string {
+  if (v === null) return "null";
+  if (Array.isArray(v)) return "array";
+  if (typeof v === "number") return Number.isInteger(v) ? "integer" : "number";
+  return typeof v;
+}
+
+/** Why `value` does not fit `s` (empty: it fits). */
+function validate(value: unknown, s: Schema, where: string): string[] {
+  if (Array.isArray(s.oneOf) && refName(s) === undefined) {
+    const tries = s.oneOf.map((b: Schema) => validate(value, b, where));
+    return tries.some((t: string[]) => t.length === 0) ? [] : tries.flat();
+  }
+  const r = resolveSchema(s);
+  const ts = typesOf(r);
+  const actual = jsonType(value);
+  if (ts.length > 0 && !ts.includes(actual) && !(actual === "integer" && ts.includes("number"))) {
+    return [`${where}: sent a ${actual}, the schema wants ${ts.join("|")}`];
+  }
+  if (Array.isArray(r.enum) && !r.enum.includes(value)) return [`${where}: ${JSON.stringify(value)} is not one of ${r.enum}`];
+  const errors: string[] = [];
+  if (actual === "object") {
+    const obj = value as Record<string, unknown>;
+    const props: Schema = r.properties ?? {};
+    for (const [k, v] of Object.entries(obj)) {
+      if (k in props) errors.push(...validate(v, props[k], `${where}.${k}`));
+      else if (r.additionalProperties === false) errors.push(`${where}: key "${k}" is not a property (the server refuses it)`);
+      else if (typeof r.additionalProperties === "object") errors.push(...validate(v, r.additionalProperties, `${where}.${k}`));
+    }
+    for (const k of r.required ?? []) if (!(k in obj)) errors.push(`${where}: required "${k}" not sent`);
+  }
+  if (actual === "array" && r.items !== undefined) {
+    (value as unknown[]).forEach((v, i) => errors.push(...validate(v, r.items, `${where}[${i}]`)));
+  }
+  return errors;
+}
+
+const TEMPLATES = Object.keys(doc.paths).sort((a, b) => b.replace(/\{[^}]+\}/g, "").length - a.replace(/\{[^}]+\}/g, "").length);
+
+/** The document's template and operation for a concrete path (or a path with `{}` holes). */
+function operation(method: string, path: string): { template: string; op: Schema } {
+  for (const template of TEMPLATES) {
+    const pattern = new RegExp(`^${template.replace(/[.*+?^$()|[\]\\]/g, "\\$&").replace(/\{[^}]+\}/g, "[^/]+")}$`);
+    if (pattern.test(path)) {
+      const op = doc.paths[template][method.toLowerCase()];
+      assert.ok(op, `${method} ${path}: the document has ${template} but not ${method}`);
+      return { template, op };
+    }
+  }
+  assert.fail(`${method} ${path}: no path of the document matches`);
+}
+
+// ---- every request call in the sources names a documented path and method ----
+
+/** How the sources' path helpers expand (each checked against its definition below). */
+const HELPERS: [RegExp, string, string][] = [
+  [/^filesPath\(\w+(?:, "([^"]*)")?\)$/, "/v1/sandboxes/{}/files$1", "function filesPath(id: string, rest = \"\"): string {\n  return `/v1/sandboxes/${id}/files${rest}`;"],
+  [/^this\.path\((?:"([^"]*)")?\)$/, "/v1/sandboxes/{}$1", "private path(rest = \"\"): string {\n    return `/v1/sandboxes/${this.id}${rest}`;"],
+  [/^variablesPath\([^)]*\)\)*$/, "/v1/sandboxes/{}/contexts/{}/variables", "return `/v1/sandboxes/${id}/contexts/${encodeURIComponent(contextId(context ?? \"python\"))}/variables`;"],
+  [/^`\$\{this\.path\}([^`]*)`$/, "/v1/sandboxes/{}/processes/{}$1", "return `/v1/sandboxes/${this.sandboxId}/processes/${this.pid}`;"],
+];
+
+function sources(): [string, string][] {
+  return readdirSync(srcDir)
+    .filter((f) => f.endsWith(".ts"))
+    .map((f) => [f, readFileSync(join(srcDir, f), "utf8")]);
+}
+
+/** The path expression after `"METHOD",` up to the `,` or `)` that ends the argument. */
+function argumentAt(text: string, start: number): string {
+  let depth = 0;
+  let quote: string | undefined;
+  let holes = 0; // open `${` in a template literal
+  for (let i = start; i < text.length; i++) {
+    const c = text[i]!;
+    if (quote === "`") {
+      if (c === "$" && text[i + 1] === "{") {
+        holes++;
+        i++;
+      } else if (c === "}" && holes > 0) holes--;
+      else if (c === "`" && holes === 0) quote = undefined;
+      continue;
+    }
+    if (quote !== undefined) {
+      if (c === quote) quote = undefined;
+      continue;
+    }
+    if (c === '"' || c === "`") quote = c;
+    else if ("({[".includes(c)) depth++;
+    else if (")}]".includes(c)) {
+      if (depth === 0) return text.slice(start, i).trim();
+      depth--;
+    } else if (c === "," && depth === 0) return text.slice(start, i).trim();
+  }
+  return text.slice(start).trim();
+}
+
+function expandPath(expr: string): string | undefined {
+  if (/^"[^"]*"$/.test(expr)) return expr.slice(1, -1);
+  for (const [pattern, expansion] of HELPERS) {
+    const m = pattern.exec(expr);
+    if (m) return expansion.replace("$1", m[1] ?? "");
+  }
+  if (/^`[^`]*`$/.test(expr)) {
+    // `${id}` and `${encodeURIComponent(…)}` are one path segment each.
+    return expr.slice(1, -1).replace(/\$\{(?:[^{}]|\{[^}]*\})*\}/g, "{}");
+  }
+  return undefined;
+}
+
+test("every request call in src/*.ts names a path and method of the document", () => {
+  const all = sources();
+  const text = all.map(([, t]) => t).join("\n");
+  for (const [, , definition] of HELPERS) {
+    assert.ok(text.includes(definition), `openapi.test HELPERS: the sources no longer define ${definition.split("\n")[0]}`);
+  }
+  let calls = 0;
+  for (const [file, source] of all) {
+    for (const m of source.matchAll(/"(GET|POST|PUT|DELETE)",\s*/g)) {
+      const expr = argumentAt(source, m.index! + m[0].length);
+      const line = source.slice(0, m.index).split("\n").length;
+      const path = expandPath(expr);
+      assert.ok(path !== undefined, `src/${file}:${line}: cannot read the path ${expr}: add its helper to HELPERS in openapi.test.ts`);
+      operation(m[1]!, path.replace(/\{\}/g, "x"));
+      calls++;
+    }
+  }
+  // The terminal's WebSocket (ws.ts) builds its URL apart.
+  const pty = /\/v1\/sandboxes\/\$\{[^}]+\}\/pty/.exec(text);
+  assert.ok(pty, "the terminal's path is no longer /v1/sandboxes/{id}/pty");
+  operation("GET", "/v1/sandboxes/x/pty");
+  assert.ok(calls > 40, `only ${calls} request calls found: the pattern in openapi.test.ts no longer finds them`);
+});
+
+// ---- the Wire* interfaces against their schemas ----
+
+interface WireModel {
+  /** The schema, or null with why there is none. */
+  schema: string | { none: string };
+  /** Required properties not declared, and why. */
+  ignored?: Record<string, string>;
+}
+
+const EXIT_EVENT = "also the `exit` stream event's data, which is ExecOutput without the output";
+const WIRE: Record<string, WireModel> = {
+  WireSandbox: { schema: "SandboxInfo" },
+  WireLimits: { schema: "LimitsInfo" },
+  WireRestore: { schema: { none: "SandboxInfo.restore and Forked.restore have no schema in the document" } },
+  WireExit: { schema: "ExecOutput", ignored: { stdout: EXIT_EVENT, stderr: EXIT_EVENT } },
+  WireProcessOutput: { schema: "ProcessOutput" },
+  WireProcess: { schema: "ProcessView" },
+  WireFile: { schema: "FileInfo" },
+  WireExport: { schema: "ExportInfo" },
+  WireMetrics: { schema: "SandboxUsage" },
+  WireAutoSnapshot: { schema: "AutoSnapshot" },
+  WireSnapshot: { schema: "SnapshotInfo" },
+  WireDone: { schema: "CodeDoneInfo" },
+  WireCodeResult: { schema: "CodeResult" },
+  WireContext: { schema: "ContextView" },
+  WireBackend: { schema: { none: "SystemInfo.backends' items are untyped objects in the document" } },
+};
+
+/** Named TypeScript types and the JSON types they hold. */
+const NAMED: Record<string, string[]> = {
+  string: ["string"],
+  number: ["integer", "number"],
+  boolean: ["boolean"],
+  null: ["null"],
+  Language: ["string"],
+  Network: ["string"],
+  SandboxState: ["string"],
+  ExitCause: ["string"],
+  'FileInfo["kind"]': ["string"],
+  'CodeDone["status"]': ["string"],
+  StringMap: ["object"],
+  MimeBundle: ["object"],
+  ExecutionError: ["object"],
+};
+
+interface Member {
+  name: string;
+  optional: boolean;
+  type: string;
+}
+
+/** Splits `text` at `sep` outside brackets. */
+function splitTop(text: string, sep: string): string[] {
+  const out: string[] = [];
+  let depth = 0;
+  let start = 0;
+  for (let i = 0; i < text.length; i++) {
+    const c = text[i]!;
+    if ("{[(<".includes(c)) depth++;
+    else if ("}])>".includes(c)) depth--;
+    else if (c === sep && depth === 0) {
+      out.push(text.slice(start, i));
+      start = i + 1;
+    }
+  }
+  out.push(text.slice(start));
+  return out.map((s) => s.trim()).filter((s) => s !== "");
+}
+
+/** The `Wire*` interfaces of the sources: name, what they extend, their members. */
+function wireInterfaces(): Map<string, { extends?: string; members: Member[] }> {
+  const found = new Map<string, { extends?: string; members: Member[] }>();
+  for (const [, source] of sources()) {
+    const text = source.replace(/\/\*[\s\S]*?\*\//g, "").replace(/\/\/.*$/gm, "");
+    for (const m of text.matchAll(/interface (Wire\w+)(?: extends (\w+))? \{/g)) {
+      let depth = 1;
+      let i = m.index! + m[0].length;
+      const start = i;
+      while (depth > 0) {
+        if (text[i] === "{") depth++;
+        if (text[i] === "}") depth--;
+        i++;
+      }
+      const members = splitTop(text.slice(start, i - 1), ";").map((decl): Member => {
+        const d = /^(\w+)(\?)?:\s*([\s\S]+)$/.exec(decl);
+        assert.ok(d, `${m[1]}: cannot read the member "${decl}"`);
+        return { name: d[1]!, optional: d[2] === "?", type: d[3]!.replace(/\s+/g, " ") };
+      });
+      found.set(m[1]!, { extends: m[2], members });
+    }
+  }
+  return found;
+}
+
+/** The JSON types a TypeScript type holds (undefined: any). */
+function accepts(type: string, interfaces: Set<string>): Set<string> | undefined {
+  const out = new Set<string>();
+  for (const part of splitTop(type, "|")) {
+    if (part === "undefined") continue;
+    if (part === "unknown" || part === "any") return undefined;
+    if (/^".*"$/.test(part)) out.add("string");
+    else if (part.endsWith("[]")) out.add("array");
+    else if (part.startsWith("{") || part.startsWith("Record<") || interfaces.has(part)) out.add("object");
+    else if (NAMED[part] !== undefined) NAMED[part]!.forEach((t) => out.add(t));
+    else assert.fail(`openapi.test: no JSON type known for the TypeScript type ${part}: add it to NAMED`);
+  }
+  return out;
+}
+
+test("each Wire* interface declares only what its schema has, with compatible types", () => {
+  const found = wireInterfaces();
+  const names = new Set(found.keys());
+  assert.deepEqual([...names].filter((n) => !(n in WIRE)), [], "Wire* interfaces missing from WIRE in openapi.test.ts");
+  assert.deepEqual(Object.keys(WIRE).filter((n) => !names.has(n)), [], "WIRE names interfaces the sources no longer have");
+  const problems: string[] = [];
+  for (const [name, model] of Object.entries(WIRE)) {
+    if (typeof model.schema !== "string") continue;
+    assert.ok(model.schema in schemas, `${name}: the document has no schema ${model.schema}`);
+    const r = resolveSchema(schemas[model.schema]!);
+    const props: Schema = r.properties ?? {};
+    const required = new Set<string>(r.required ?? []);
+    const own = found.get(name)!;
+    const members = [...own.members, ...(own.extends ? found.get(own.extends)?.members ?? [] : [])];
+    for (const m of members) {
+      const where = `${name}.${m.name}`;
+      if (!(m.name in props)) {
+        problems.push(`${where}: ${model.schema} has no property "${m.name}" (the server never sends it)`);
+        continue;
+      }
+      const sent = typesOf(resolveSchema(props[m.name]));
+      const held = accepts(m.type, names);
+      const wrong = held === undefined ? [] : sent.filter((t) => !held.has(t));
+      if (wrong.length > 0) {
+        problems.push(`${where}: ${model.schema}.${m.name} may be ${sent.join("|")}, the field (${m.type}) holds no ${wrong.join("|")}`);
+      }
+      if (!m.optional && !required.has(m.name)) {
+        problems.push(`${where}: not optional, but ${model.schema}.${m.name} is not required (it may be absent)`);
+      }
+    }
+    const declared = new Set(members.map((m) => m.name));
+    for (const p of required) {
+      if (!declared.has(p) && !(p in (model.ignored ?? {}))) {
+        problems.push(`${name}: required property ${model.schema}.${p} is neither declared nor ignored in WIRE`);
+      }
+    }
+  }
+  assert.deepEqual(problems, [], "Wire* interfaces that do not fit docs/openapi.json");
+});
+
+// ---- the SDK's methods against a fake daemon that answers samples of the schemas ----
+
+/** Keys read per schema, and the properties it has. */
+type Reads = Map<string, { properties: Set<string>; keys: Set<string> }>;
+
+// Looked up by `await` (then), JSON.stringify (toJSON), inspection and object spreads.
+const NOT_READS = new Set(["then", "toJSON", "constructor", "valueOf", "toString", "inspect"]);
+
+/** A value of `s`: `full` gives every property a value, else only the required ones. */
+function sample(s: Schema, reads: Reads, full: boolean, label: string): Json {
+  label = schemaName(s) ?? label;
+  const r = resolveSchema(s);
+  const ts = typesOf(r);
+  if (ts.includes("null") && !full) return null;
+  if (Array.isArray(r.enum)) return r.enum[0];
+  if (r.properties !== undefined) {
+    const required = new Set<string>(r.required ?? []);
+    const obj: Record<string, Json> = {};
+    for (const [k, p] of Object.entries<Schema>(r.properties)) {
+      if (full || required.has(k)) obj[k] = sample(p, reads, full, `${label}.${k}`);
+    }
+    if (!reads.has(label)) reads.set(label, { properties: new Set(Object.keys(r.properties)), keys: new Set() });
+    const read = reads.get(label)!;
+    return new Proxy(obj, {
+      get(target, key, receiver) {
+        if (typeof key === "string" && !NOT_READS.has(key)) read.keys.add(key);
+        return Reflect.get(target, key, receiver);
+      },
+      has(target, key) {
+        if (typeof key === "string") read.keys.add(key);
+        return Reflect.has(target, key);
+      },
+    });
+  }
+  for (const t of ts) {
+    if (t === "string") return "2026-01-01T00:00:00Z";
+    if (t === "integer") return 7;
+    if (t === "number") return 1.5;
+    if (t === "boolean") return true;
+    if (t === "array") return r.items === undefined ? [] : [sample(r.items, reads, full, label)];
+    if (t === "object") {
+      return typeof r.additionalProperties === "object" ? { key: sample(r.additionalProperties, reads, full, label) } : {};
+    }
+  }
+  return {};
+}
+
+interface Sent {
+  method: string;
+  template: string;
+  problems: string[];
+}
+
+/** Replaces `fetch` with a daemon made of the document for the length of `run`. */
+async function withFakeDaemon(full: boolean, run: () => Promise<void>): Promise<{ sent: Sent[]; reads: Reads }> {
+  const sent: Sent[] = [];
+  const reads: Reads = new Map();
+  const real = globalThis.fetch;
+  globalThis.fetch = (async (input: string | URL | Request, init?: RequestInit): Promise<Response> => {
+    const url = new URL(String(input));
+    const method = init?.method ?? "GET";
+    const { template, op } = operation(method, url.pathname);
+    const where = `${method} ${template}`;
+    const problems: string[] = [];
+    const query = new Set((op.parameters ?? []).filter((p: Schema) => p.in === "query").map((p: Schema) => p.name));
+    for (const key of url.searchParams.keys()) {
+      if (!query.has(key)) problems.push(`${where}: query parameter "${key}" is not in the document`);
+    }
+    const content: Schema = op.requestBody?.content ?? {};
+    if (typeof init?.body === "string") {
+      const schema = content["application/json"]?.schema;
+      if (schema === undefined) problems.push(`${where}: sends JSON, the document takes ${Object.keys(content).join(", ") || "no body"}`);
+      else problems.push(...validate(JSON.parse(init.body), schema, where));
+    } else if (init?.body !== undefined && init.body !== null && content["application/octet-stream"] === undefined) {
+      problems.push(`${where}: sends bytes, the document takes ${Object.keys(content).join(", ") || "no body"}`);
+    }
+    sent.push({ method, template, problems });
+    const [status, answer] = Object.entries<Schema>(op.responses).find(([code]) => code.startsWith("2"))!;
+    const schema = answer.content?.["application/json"]?.schema;
+    // A page asked for by its cursor is the last (its next_cursor null), or a listing never ends.
+    const last = url.searchParams.has("cursor");
+    const body = schema === undefined ? undefined : sample(schema, reads, full && !last, template);
+    return {
+      ok: true,
+      status: Number(status),
+      headers: new Headers(),
+      json: async () => body,
+      text: async () => JSON.stringify(body),
+    } as unknown as Response;
+  }) as typeof fetch;
+  try {
+    await run();
+  } finally {
+    globalThis.fetch = real;
+  }
+  return { sent, reads };
+}
+
+const client = { apiUrl: "http://sandcell.test", apiKey: "sk-test" };
+
+/** Every method that sends a JSON request or parses a JSON answer, each option given. */
+async function everyMethod(): Promise<void> {
+  const sb = await Sandbox.create({
+    ...client,
+    template: "python",
+    size: "small",
+    limits: { memoryMb: 256, cpus: 0.5, pids: 64, diskMb: 100, tmpMb: 10, homeMb: 10, openFiles: 100, execTimeoutSecs: 5 },
+    env: { E: "1" },
+    labels: { a: "b" },
+    metadata: { c: "d" },
+    timeoutSecs: 60,
+    idleTimeoutSecs: 30,
+    ephemeral: true,
+    network: "off",
+    kernels: ["python", "node"],
+    backend: "process",
+    checkpointable: true,
+    autoSnapshot: { intervalSecs: 60, keep: 2, beforeReclaim: true },
+  });
+  await Sandbox.create({ ...client, snapshotId: "snap-0123456789ab", labels: { a: "b" } });
+  await Sandbox.get(sb.id, client);
+  await Sandbox.list({ ...client, label: { a: "b" }, metadata: { c: "d" }, state: ["running", "paused"] });
+  await Sandbox.fork("snap-0123456789ab", { ...client, count: 2, labels: { a: "b" }, metadata: { c: "d" }, timeoutSecs: 60, idleTimeoutSecs: 30, ephemeral: true });
+  await sb.refresh();
+  await sb.setTimeout(90);
+  await sb.pause();
+  await sb.resume();
+  await sb.metrics();
+  await sb.exec("ls", { env: { E: "1" }, cwd: "/", timeout: 5, stdin: "x" });
+  await sb.exec(["ls", "-l"]);
+  const proc = await sb.startProcess("top", { env: { E: "1" }, cwd: "/", timeout: 5, stdin: true, pty: { rows: 24, cols: 80 }, bufferBytes: 4096 });
+  await proc.output({ stdoutFrom: 1, stderrFrom: 2 });
+  await proc.write("x");
+  await proc.closeStdin();
+  await proc.resize(30, 100);
+  await proc.kill({ signal: "SIGTERM", tree: true });
+  await sb.processes();
+  await sb.killProcess(12, { signal: 9, tree: true });
+  await sb.runCode("1", { language: "python", timeout: 2 });
+  await sb.runCode("1", { context: "ctx", timeout: 2 });
+  await sb.createContext({ language: "node", cwd: "/", env: { E: "1" } });
+  await sb.listContexts();
+  await sb.deleteContext("ctx");
+  await sb.interrupt("ctx");
+  await sb.restartContext("ctx");
+  await sb.getVariables({ context: "ctx", names: ["a", "b"] });
+  await sb.setVariables({ a: 1 }, { context: "ctx" });
+  await sb.clearVariables({ context: "ctx", names: ["a"] });
+  await sb.writeFile("/x", "text", { mode: 0o644, append: true });
+  await sb.ls("/");
+  await sb.stat("/x");
+  await sb.exists("/x");
+  await sb.mkdir("/d");
+  await sb.remove("/x", { recursive: true });
+  await sb.rename("/a", "/b");
+  await sb.importFiles("/x", { text: "t" }, { mode: 0o755 });
+  await sb.importFiles("/x", { base64: "eA==" });
+  await sb.importFiles("/x", { hostPath: "/h" });
+  await sb.importFiles("/x", { exportId: "exp-0123456789ab" });
+  const exported = await sb.exportFiles("/x");
+  await FileExport.get(exported.id, client);
+  await FileExport.list({ ...client, sandboxId: sb.id });
+  await exported.delete();
+  await sb.artifacts();
+  const snap = await sb.createSnapshot({ name: "n", description: "d", tags: { t: "v" } });
+  await sb.listSnapshots();
+  await Snapshot.get(snap.id, client);
+  await Snapshot.list({ ...client, sandboxId: sb.id });
+  await snap.fork({ count: 1 });
+  await snap.delete();
+  await sb.getAutoSnapshot();
+  await sb.setAutoSnapshot({ intervalSecs: 60, keep: 2, beforeReclaim: true });
+  await sb.enableAutoSnapshot({ intervalMins: 1, keep: 2 });
+  await sb.disableAutoSnapshot();
+  await system(client);
+  await sb.kill();
+}
+
+/** Operations everyMethod leaves out, and why. */
+const NOT_EXERCISED: Record<string, string> = {
+  "GET /v1/keys": "keys are managed with the CLI; the SDK has no method for them",
+  "POST /v1/keys": "keys are managed with the CLI; the SDK has no method for them",
+  "DELETE /v1/keys/{key_id}": "keys are managed with the CLI; the SDK has no method for them",
+  "POST /v1/sandboxes/{id}/exec/stream": "an event stream: its events have no schema in the document",
+  "POST /v1/sandboxes/{id}/code/stream": "an event stream: its events have no schema in the document",
+  "GET /v1/sandboxes/{id}/processes/{pid}/stream": "an event stream: its events have no schema in the document",
+  "GET /v1/sandboxes/{id}/files/content": "bytes, not JSON (its path is checked with the other calls)",
+  "GET /v1/exports/{export_id}/content": "bytes, not JSON (its path is checked with the other calls)",
+  "GET /v1/sandboxes/{id}/pty": "a WebSocket (its path is checked with the other calls)",
+};
+
+for (const full of [true, false]) {
+  test(`requests fit the document and answers are read as it says (${full ? "every property" : "required only"})`, async () => {
+    const { sent, reads } = await withFakeDaemon(full, everyMethod);
+    assert.deepEqual(sent.flatMap((s) => s.problems), [], "requests the document does not accept");
+    for (const [label, read] of reads) {
+      const unknown = [...read.keys].filter((k) => !read.properties.has(k));
+      assert.deepEqual(unknown, [], `the SDK reads properties of ${label} that it does not have`);
+    }
+    // Every operation of the document was exercised, but those listed apart.
+    const covered = new Set(sent.map((s) => `${s.method} ${s.template}`));
+    const documented = Object.entries<Schema>(doc.paths).flatMap(([t, ops]) => Object.keys(ops).map((m) => `${m.toUpperCase()} ${t}`));
+    const missed = documented.filter((o) => !covered.has(o) && !(o in NOT_EXERCISED));
+    assert.deepEqual(missed, [], "operations neither exercised by everyMethod nor listed in NOT_EXERCISED");
+  });
+}

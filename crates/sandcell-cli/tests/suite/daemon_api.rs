@@ -59,7 +59,8 @@ fn daemon_auth_keys_and_owners() {
     assert_eq!(send(d.req_as(None, Method::GET, "/healthz")).status, 200);
 
     // Another owner sees nothing of admin's sandbox: 404 everywhere, absent from lists.
-    let (bob, bob_id) = d.key_for("bob");
+    // bob's key is made with the CLI, straight in the store (revoked the same way below).
+    let (bob, bob_id) = cli_key(&d, "bob");
     let as_bob = |m: Method, p: &str, body: Option<Value>| d.call_as(Some(&bob), m, p, body);
     let r = as_bob(Method::GET, "/v1/system", None);
     assert_eq!(
@@ -249,6 +250,28 @@ fn daemon_auth_keys_and_owners() {
     r.expect_error(401, "unauthenticated");
     // The admin key still works.
     assert_eq!(d.get("/v1/sandboxes").status, 200);
+}
+
+/// A key for `owner` made with `sandcell key create` (not an admin key): its secret and id.
+fn cli_key(d: &Daemon, owner: &str) -> (String, String) {
+    let out = Command::new(BIN)
+        .args(["key", "create", "--home"])
+        .arg(d.home())
+        .args(["--owner", owner, "--name", "t", "--json"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["owner"], owner);
+    assert_eq!(v["admin"], false);
+    (
+        v["key"].as_str().unwrap().to_string(),
+        v["id"].as_str().unwrap().to_string(),
+    )
 }
 
 #[test]

@@ -254,7 +254,8 @@ export async function startProcess(
       json: {
         ...commandBody(cmd, options),
         stdin: options.stdin,
-        pty: options.pty,
+        // Rows and columns only: the server refuses any other key of the terminal size.
+        pty: options.pty === undefined ? undefined : { rows: options.pty.rows, cols: options.pty.cols },
         buffer_bytes: options.bufferBytes,
       },
     },

@@ -174,8 +174,10 @@ export class Snapshot {
 
   /** Takes a snapshot of a sandbox. */
   static async take(http: HttpClient, sandboxId: string, options: CreateSnapshotOptions = {}): Promise<Snapshot> {
+    // Only the fields the server takes: it refuses any other key, and `options` may carry more.
+    const body = { name: options.name, description: options.description, tags: options.tags };
     const s = await http.json<WireSnapshot>("POST", `/v1/sandboxes/${sandboxId}/snapshots`, {
-      body: { json: options },
+      body: { json: body },
       timeout: null,
     });
     return new Snapshot(http, s);

@@ -488,6 +488,9 @@ async function everyMethod(): Promise<void> {
   await sb.exec("ls", { env: { E: "1" }, cwd: "/", timeout: 5, stdin: "x" });
   await sb.exec(["ls", "-l"]);
   const proc = await sb.startProcess("top", { env: { E: "1" }, cwd: "/", timeout: 5, stdin: true, pty: { rows: 24, cols: 80 }, bufferBytes: 4096 });
+  // A terminal size from elsewhere may carry more than rows and columns.
+  const size = { rows: 24, cols: 80, pixels: 0 };
+  await sb.startProcess("top", { pty: size });
   await proc.output({ stdoutFrom: 1, stderrFrom: 2 });
   await proc.write("x");
   await proc.closeStdin();
@@ -522,6 +525,9 @@ async function everyMethod(): Promise<void> {
   await exported.delete();
   await sb.artifacts();
   const snap = await sb.createSnapshot({ name: "n", description: "d", tags: { t: "v" } });
+  // Options built elsewhere may hold more than CreateSnapshotOptions names (here a client's).
+  const spread = { ...client, name: "n" };
+  await sb.createSnapshot(spread);
   await sb.listSnapshots();
   await Snapshot.get(snap.id, client);
   await Snapshot.list({ ...client, sandboxId: sb.id });

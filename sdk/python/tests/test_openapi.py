@@ -267,7 +267,10 @@ def every_call() -> Iterator[tuple[str, _api.Call[Any] | _api.StreamCall[Any]]]:
         ),
     )
     yield "get_sandbox", _api.get_sandbox(SB)
-    yield "list_sandboxes", _api.list_sandboxes(label={"a": "b"}, metadata="c:d", state=["running"], cursor="x")
+    yield (
+        "list_sandboxes",
+        _api.list_sandboxes(label={"a": "b"}, metadata="c:d", state=["running"], cursor="x"),
+    )
     yield "delete_sandbox", _api.delete_sandbox(SB)
     yield "sandbox_action", _api.sandbox_action(SB, "pause")
     yield "sandbox_action", _api.sandbox_action(SB, "resume")
@@ -278,11 +281,18 @@ def every_call() -> Iterator[tuple[str, _api.Call[Any] | _api.StreamCall[Any]]]:
         "exec_command",
         _api.exec_command(SB, "ls", env={"E": "1"}, cwd="/", timeout=5.5, stdin="x", default_timeout=None),
     )
-    yield "exec_command", _api.exec_command(SB, ["ls", "-l"], env=None, cwd=None, timeout=None, stdin=None, default_timeout=None)
+    yield (
+        "exec_command",
+        _api.exec_command(
+            SB, ["ls", "-l"], env=None, cwd=None, timeout=None, stdin=None, default_timeout=None
+        ),
+    )
     yield "exec_stream", _api.exec_stream(SB, "ls", env={"E": "1"}, cwd="/", timeout=5.5, stdin="x")
     yield (
         "start_process",
-        _api.start_process(SB, "top", env={"E": "1"}, cwd="/", timeout=5.5, stdin=True, pty=(24, 80), buffer_bytes=4096),
+        _api.start_process(
+            SB, "top", env={"E": "1"}, cwd="/", timeout=5.5, stdin=True, pty=(24, 80), buffer_bytes=4096
+        ),
     )
     yield "process_stream", _api.process_stream(SB, 12, 1, 2)
     yield "process_output", _api.process_output(SB, 12, 1, 2)
@@ -290,7 +300,10 @@ def every_call() -> Iterator[tuple[str, _api.Call[Any] | _api.StreamCall[Any]]]:
     yield "process_resize", _api.process_resize(SB, 12, 30, 100)
     yield "list_processes", _api.list_processes(SB)
     yield "kill_process", _api.kill_process(SB, 12, "SIGTERM", True)
-    yield "run_code", _api.run_code(SB, "1", language="python", context="ctx", timeout=2.5, default_timeout=None)
+    yield (
+        "run_code",
+        _api.run_code(SB, "1", language="python", context="ctx", timeout=2.5, default_timeout=None),
+    )
     yield "run_code_stream", _api.run_code_stream(SB, "1", language="python", context="ctx", timeout=2.5)
     yield "create_context", _api.create_context(SB, "python", "/", {"E": "1"})
     yield "list_contexts", _api.list_contexts(SB)
@@ -308,8 +321,8 @@ def every_call() -> Iterator[tuple[str, _api.Call[Any] | _api.StreamCall[Any]]]:
     yield "rename", _api.rename(SB, "/a", "/b")
     yield "remove", _api.remove(SB, "/x", True)
     for source in ({"text": "t"}, {"data": b"d"}, {"host_path": "/h"}, {"export_id": EXPORT}):
-        kwargs: dict[str, Any] = {"text": None, "data": None, "host_path": None, "export_id": None, "mode": 0o755}
-        yield "import_files", _api.import_files(SB, "/x", **(kwargs | source))
+        kwargs: dict[str, Any] = {"text": None, "data": None, "host_path": None, "export_id": None}
+        yield "import_files", _api.import_files(SB, "/x", mode=0o755, **(kwargs | source))
     yield "create_export", _api.create_export(SB, "/x")
     yield "list_exports", _api.list_exports(SB)
     yield "get_export", _api.get_export(EXPORT)
@@ -322,7 +335,9 @@ def every_call() -> Iterator[tuple[str, _api.Call[Any] | _api.StreamCall[Any]]]:
     yield "delete_snapshot", _api.delete_snapshot(SNAP)
     yield (
         "fork",
-        _api.fork(SNAP, count=2, labels={"a": "b"}, metadata={"c": "d"}, timeout=60, idle_timeout=30, ephemeral=True),
+        _api.fork(
+            SNAP, count=2, labels={"a": "b"}, metadata={"c": "d"}, timeout=60, idle_timeout=30, ephemeral=True
+        ),
     )
     yield "get_auto_snapshot", _api.get_auto_snapshot(SB)
     yield "set_auto_snapshot", _api.set_auto_snapshot(SB, AUTO)
@@ -337,13 +352,14 @@ def _builders() -> set[str]:
     return {
         name
         for name, fn in inspect.getmembers(_api, inspect.isfunction)
-        if fn.__module__ == _api.__name__ and re.match(r"(Stream)?Call\[", str(fn.__annotations__.get("return", "")))
+        if fn.__module__ == _api.__name__
+        and re.match(r"(Stream)?Call\[", str(fn.__annotations__.get("return", "")))
     }
 
 
 def test_every_request_builder_is_checked() -> None:
     missing = _builders() - {name for name, _ in CALLS}
-    assert not missing, f"request builders of _api not exercised by test_openapi.every_call: {sorted(missing)}"
+    assert not missing, f"_api request builders not exercised by test_openapi.every_call: {sorted(missing)}"
 
 
 # Operations of the document no builder sends, and why.
@@ -368,14 +384,16 @@ def test_request_fits_the_document(name: str, call: _api.Call[Any] | _api.Stream
     where = f"{name}: {call.method} {template}"
     allowed = {p["name"] for p in op.get("parameters", []) if p["in"] == "query"}
     unknown = sorted({k for k, _ in call.params} - allowed)
-    assert not unknown, f"{where}: query parameters {unknown} are not in the document (it has {sorted(allowed)})"
+    assert not unknown, f"{where}: query parameters {unknown} are not in the document ({sorted(allowed)})"
     body = op.get("requestBody", {}).get("content", {})
     if call.json is not None:
-        assert "application/json" in body, f"{where}: sends a JSON body, the document takes {sorted(body) or 'none'}"
+        takes = sorted(body) or "no body"
+        assert "application/json" in body, f"{where}: sends a JSON body, the document takes {takes}"
         errors = validate(call.json, body["application/json"]["schema"], name)
         assert not errors, f"{where}: the body does not fit the request schema:\n  " + "\n  ".join(errors)
     elif isinstance(call, _api.Call) and call.content is not None:
-        assert "application/octet-stream" in body, f"{where}: sends bytes, the document takes {sorted(body) or 'none'}"
+        takes = sorted(body) or "no body"
+        assert "application/octet-stream" in body, f"{where}: sends bytes, the document takes {takes}"
 
 
 def test_pty_query_fits_the_document() -> None:
@@ -398,7 +416,9 @@ def _answer_schema(op: dict[str, Any]) -> dict[str, Any] | None:
 JSON_CALLS = [(n, c) for n, c in CALLS if isinstance(c, _api.Call)]
 
 
-@pytest.mark.parametrize(("name", "call"), JSON_CALLS, ids=[f"{n}-{i}" for i, (n, _) in enumerate(JSON_CALLS)])
+@pytest.mark.parametrize(
+    ("name", "call"), JSON_CALLS, ids=[f"{n}-{i}" for i, (n, _) in enumerate(JSON_CALLS)]
+)
 @pytest.mark.parametrize("full", [True, False], ids=["every-property", "required-only"])
 def test_answer_reads_only_what_the_schema_has(name: str, call: _api.Call[Any], full: bool) -> None:
     """The parser gets a sample of the answer's schema (every property set, or only the required

@@ -143,8 +143,11 @@ pub fn app(state: AppState) -> Router {
     let mcp = Router::new()
         .nest_service("/mcp", sandcell_mcp::http_service(state.service.clone()))
         .layer(middleware::from_fn(sandcell_mcp::screen_http))
-        .layer(middleware::from_fn_with_state(state, require_key));
+        .layer(middleware::from_fn_with_state(state.clone(), require_key));
+    // Outermost, so `/mcp` requests get a request id (their tools' audit events carry it),
+    // a log line and their place in the metrics, as REST requests do.
     rest.merge(mcp)
+        .layer(middleware::from_fn_with_state(state, observe))
 }
 
 /// Lets a request through only with a valid API key; the extractor leaves its [`Caller`] in
@@ -189,7 +192,6 @@ fn rest_app(state: AppState) -> Router {
         )
     })
     .layer(DefaultBodyLimit::max(max_request))
-    .layer(middleware::from_fn_with_state(state.clone(), observe))
     .with_state(state)
 }
 

@@ -1081,3 +1081,32 @@ async fn a_live_sandbox_answers_its_routes() {
     check_all(mismatches);
     h.shutdown().await;
 }
+
+#[tokio::test]
+async fn mcp_requests_are_observed_like_rest_ones() {
+    // A request id, a log line and the metrics for `/mcp` too (its tools' audit events carry
+    // the id): the observing layer wraps the MCP service as well as the REST routes.
+    let h = Harness::new(&[]).await;
+    for uri in ["/mcp", "/v1/sandboxes"] {
+        let req = Request::builder()
+            .method(Method::POST)
+            .uri(uri)
+            .header("x-request-id", "req-from-the-test")
+            .body(Body::empty())
+            .expect("a request");
+        let resp = h
+            .app
+            .clone()
+            .oneshot(req)
+            .await
+            .expect("the router answers");
+        assert_eq!(resp.status(), StatusCode::UNAUTHORIZED, "{uri}");
+        assert_eq!(
+            resp.headers()
+                .get("x-request-id")
+                .and_then(|v| v.to_str().ok()),
+            Some("req-from-the-test"),
+            "{uri}"
+        );
+    }
+}

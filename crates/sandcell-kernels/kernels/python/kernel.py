@@ -614,7 +614,9 @@ def _execute(req):
     try:
         try:
             body, expr = _compile_cell(code, name)
-        except SyntaxError as e:
+        except Exception as e:
+            # Not only SyntaxError: a NUL byte is a ValueError before Python 3.12, deep
+            # nesting a RecursionError or MemoryError. Uncaught, the cell never ended.
             _send_error(e)
             status = "error"
         else:

@@ -49,6 +49,20 @@ fn errors_show_only_the_users_code() {
 }
 
 #[test]
+fn code_that_cannot_compile_for_any_reason_is_an_error_and_the_kernel_goes_on() {
+    let mut k = Kernel::start(Python);
+    // A NUL byte is a ValueError (not a SyntaxError) from compile() before Python 3.12; the
+    // cell used to never end, leaving its context busy for good (found by schemathesis).
+    let deep = format!("{}1{}", "(".repeat(300), ")".repeat(300));
+    for code in ["x = 1\u{0}", "1+\u{0}|", deep.as_str()] {
+        let ev = k.execute(code);
+        assert_eq!(done(&ev)["status"], "error", "{code:?}: {ev:?}");
+        assert_eq!(of_type(&ev, "error").len(), 1, "{code:?}: {ev:?}");
+    }
+    assert_eq!(result_text(&k.execute("1 + 1")).as_deref(), Some("2"));
+}
+
+#[test]
 fn interrupts_keep_state_and_idle_ones_are_ignored() {
     let mut k = Kernel::start(Python);
     k.execute("kept = 1");

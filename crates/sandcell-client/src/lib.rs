@@ -266,20 +266,7 @@ impl Client {
         if let Some(b) = body {
             req = req.json(b);
         }
-        let resp = self.send(req).await?;
-        let bytes = resp
-            .bytes()
-            .await
-            .map_err(|source| ClientError::Transport {
-                what: "read the answer",
-                source,
-            })?;
-        // An empty answer (204) reads as JSON null, so `()` and `Option` take it.
-        let bytes: &[u8] = if bytes.is_empty() { b"null" } else { &bytes };
-        serde_json::from_slice(bytes).map_err(|e| ClientError::Decode {
-            route: path.split('?').next().unwrap_or(path).to_string(),
-            message: e.to_string(),
-        })
+        decode(self.send(req).await?, path).await
     }
 
     /// A call whose answer has no body worth reading (204).
@@ -320,18 +307,7 @@ impl Client {
             .request(method, path)
             .header("content-type", "application/octet-stream")
             .body(body);
-        let resp = self.send(req).await?;
-        let bytes = resp
-            .bytes()
-            .await
-            .map_err(|source| ClientError::Transport {
-                what: "read the answer",
-                source,
-            })?;
-        serde_json::from_slice(&bytes).map_err(|e| ClientError::Decode {
-            route: path.split('?').next().unwrap_or(path).to_string(),
-            message: e.to_string(),
-        })
+        decode(self.send(req).await?, path).await
     }
 
     /// A local file as an upload body, read as it is sent.
@@ -399,6 +375,26 @@ pub fn query<K: AsRef<str>, V: AsRef<str>>(pairs: &[(K, V)]) -> String {
         "?{}",
         serde_urlencoded::to_string(pairs).unwrap_or_default()
     )
+}
+
+/// Reads a whole answer and decodes it as `T`; an empty answer (204) reads as JSON null, so
+/// `()` and `Option` take it.
+async fn decode<T: DeserializeOwned>(
+    resp: reqwest::Response,
+    path: &str,
+) -> Result<T, ClientError> {
+    let bytes = resp
+        .bytes()
+        .await
+        .map_err(|source| ClientError::Transport {
+            what: "read the answer",
+            source,
+        })?;
+    let bytes: &[u8] = if bytes.is_empty() { b"null" } else { &bytes };
+    serde_json::from_slice(bytes).map_err(|e| ClientError::Decode {
+        route: path.split('?').next().unwrap_or(path).to_string(),
+        message: e.to_string(),
+    })
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::exec::{StreamError, json_text, to_json};
 use crate::sandboxes::Lang;
+use crate::values::{Code, Timeout};
 
 /// Code to run.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
@@ -15,14 +16,16 @@ use crate::sandboxes::Lang;
 #[serde(deny_unknown_fields)]
 pub struct CodeInput {
     /// The code.
-    pub code: String,
+    #[cfg_attr(feature = "openapi", schema(value_type = String, max_length = 8388608))]
+    pub code: Code,
     /// Its language (default `python`; ignored when `context` is given).
     pub language: Option<Lang>,
     /// A context made with `POST /contexts` (default: the language's own context).
     pub context: Option<String>,
     /// Seconds before the execution is interrupted (the kernel is killed if it does not
     /// yield).
-    pub timeout_secs: Option<f64>,
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<f64>, exclusive_minimum = 0, maximum = 604800))]
+    pub timeout_secs: Option<Timeout>,
 }
 
 /// A finished execution.

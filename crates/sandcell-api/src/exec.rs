@@ -6,6 +6,8 @@ use std::collections::BTreeMap;
 use sandcell_protocol::{ExecResult, ExitCause};
 use serde::{Deserialize, Serialize};
 
+use crate::values::Timeout;
+
 /// A command to run.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
@@ -21,7 +23,8 @@ pub struct ExecInput {
     /// Working directory (default `/workspace`).
     pub cwd: Option<String>,
     /// Seconds before the whole process tree is killed (default: the sandbox's exec timeout).
-    pub timeout_secs: Option<f64>,
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<f64>, exclusive_minimum = 0, maximum = 604800))]
+    pub timeout_secs: Option<Timeout>,
     /// Text written to the command's stdin, then closed.
     pub stdin: Option<String>,
 }

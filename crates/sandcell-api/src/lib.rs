@@ -21,5 +21,7 @@ pub mod system;
 pub mod time;
 pub mod transfer;
 pub mod usage;
+pub mod values;
 
 pub use rules::ValidationError;
+pub use values::{Code, SandboxId, Seconds, Tags, Timeout};

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::exec::{ExitEvent, ExitInfo, StreamError, json_text};
 use crate::rules::ValidationError;
+use crate::values::Timeout;
 
 /// Most bytes one stdin write may carry.
 pub const MAX_STDIN_BYTES: usize = 16 << 20;
@@ -160,7 +161,8 @@ pub struct StartProcess {
     pub cwd: Option<String>,
     /// Seconds before its tree is killed (default: none; the sandbox's exec timeout does not
     /// apply to background processes).
-    pub timeout_secs: Option<f64>,
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<f64>, exclusive_minimum = 0, maximum = 604800))]
+    pub timeout_secs: Option<Timeout>,
     /// Keep its stdin open for `POST …/stdin` (a terminal always has input).
     #[serde(default)]
     pub stdin: bool,

@@ -1,6 +1,7 @@
-//! The rules on values the API takes, each in one place: the service checks requests with
-//! them, the engine checks its own inputs with the same functions, and clients may check
-//! before sending.
+//! The rules on values the API takes, each in one place: the types of [`crate::values`]
+//! apply them when a request is read (or a client builds one), the service checks the rest
+//! (record ids, owners) with them, and the engine checks its own inputs with the same
+//! functions.
 
 use std::collections::BTreeMap;
 

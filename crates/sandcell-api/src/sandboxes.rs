@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::snapshots::AutoSnapshot;
+use crate::values::{Seconds, Tags};
 
 /// A named set of limits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -42,7 +43,8 @@ pub struct LimitsInput {
     /// Open files per process.
     pub open_files: Option<u64>,
     /// Default timeout of an exec that sets none, in seconds.
-    pub exec_timeout_secs: Option<u64>,
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<u64>))]
+    pub exec_timeout_secs: Option<Seconds>,
 }
 
 /// Network policy.
@@ -138,14 +140,18 @@ pub struct CreateSandbox {
     pub env: BTreeMap<String, String>,
     /// Labels (filterable, e.g. `?label=team:ml`).
     #[serde(default)]
-    pub labels: BTreeMap<String, String>,
+    #[cfg_attr(feature = "openapi", schema(value_type = BTreeMap<String, String>))]
+    pub labels: Tags,
     /// Metadata (filterable, e.g. `?metadata=run:42`).
     #[serde(default)]
-    pub metadata: BTreeMap<String, String>,
+    #[cfg_attr(feature = "openapi", schema(value_type = BTreeMap<String, String>))]
+    pub metadata: Tags,
     /// Lifetime in seconds from now (default: the service's).
-    pub timeout_secs: Option<u64>,
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<u64>))]
+    pub timeout_secs: Option<Seconds>,
     /// Stopped after this many seconds without a request (default: the service's).
-    pub idle_timeout_secs: Option<u64>,
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<u64>))]
+    pub idle_timeout_secs: Option<Seconds>,
     /// Forget the sandbox's record when it stops.
     #[serde(default)]
     pub ephemeral: bool,
@@ -244,5 +250,6 @@ pub struct SandboxList {
 #[serde(deny_unknown_fields)]
 pub struct SetTimeout {
     /// Seconds from now until the sandbox is stopped.
-    pub timeout_secs: u64,
+    #[cfg_attr(feature = "openapi", schema(value_type = u64))]
+    pub timeout_secs: Seconds,
 }

@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::sandboxes::SandboxInfo;
+use crate::values::{Seconds, Tags};
 
 /// Forks one request may make.
 pub const MAX_FORKS: u32 = 16;
@@ -30,7 +31,8 @@ pub struct CreateSnapshot {
     pub description: String,
     /// Tags to find it by.
     #[serde(default)]
-    pub tags: BTreeMap<String, String>,
+    #[cfg_attr(feature = "openapi", schema(value_type = BTreeMap<String, String>))]
+    pub tags: Tags,
 }
 
 /// A snapshot.
@@ -86,14 +88,18 @@ pub struct ForkSnapshot {
     pub count: Option<u32>,
     /// Labels of the new sandboxes.
     #[serde(default)]
-    pub labels: BTreeMap<String, String>,
+    #[cfg_attr(feature = "openapi", schema(value_type = BTreeMap<String, String>))]
+    pub labels: Tags,
     /// Metadata of the new sandboxes.
     #[serde(default)]
-    pub metadata: BTreeMap<String, String>,
+    #[cfg_attr(feature = "openapi", schema(value_type = BTreeMap<String, String>))]
+    pub metadata: Tags,
     /// Lifetime in seconds.
-    pub timeout_secs: Option<u64>,
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<u64>))]
+    pub timeout_secs: Option<Seconds>,
     /// Idle timeout in seconds.
-    pub idle_timeout_secs: Option<u64>,
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<u64>))]
+    pub idle_timeout_secs: Option<Seconds>,
     /// Forget each new sandbox's record when it stops.
     #[serde(default)]
     pub ephemeral: bool,
@@ -125,7 +131,8 @@ pub struct ForkResult {
 #[serde(deny_unknown_fields)]
 pub struct AutoSnapshot {
     /// Take one every this many seconds while it runs (none: no interval snapshots).
-    pub interval_secs: Option<u64>,
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<u64>))]
+    pub interval_secs: Option<Seconds>,
     /// Take one just before it is stopped for idleness or its lifetime.
     #[serde(default)]
     pub before_reclaim: bool,

@@ -15,6 +15,7 @@ use sandcell_api::code::{CodeInput, CodeStreamEvent};
 use sandcell_api::exec::{ExecInput, ExecStreamEvent, ExitInfo};
 use sandcell_api::sandboxes::{CreateSandbox, Lang, Network, SandboxInfo, Size};
 use sandcell_api::snapshots::{CreateSnapshot, ForkSnapshot};
+use sandcell_api::{Code, Seconds, Tags, Timeout};
 use sandcell_client::{ClientError, Discover, ListSandboxes};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -228,11 +229,11 @@ pub async fn sandbox(args: &ClientArgs, cmd: SandboxCommand) -> anyhow::Result<E
                     .size
                     .map(|s| choice::<Size>("--size", s, "nano, small, medium, large"))
                     .transpose()?,
-                labels: pairs(&a.labels, "--label")?,
-                metadata: pairs(&a.metadata, "--meta")?,
+                labels: Tags::new(pairs(&a.labels, "--label")?)?,
+                metadata: Tags::new(pairs(&a.metadata, "--meta")?)?,
                 env: pairs(&a.env, "--env")?,
-                timeout_secs: a.timeout,
-                idle_timeout_secs: a.idle_timeout,
+                timeout_secs: a.timeout.map(Seconds::new).transpose()?,
+                idle_timeout_secs: a.idle_timeout.map(Seconds::new).transpose()?,
                 ephemeral: a.ephemeral,
                 network: a
                     .network
@@ -298,7 +299,7 @@ pub async fn sandbox(args: &ClientArgs, cmd: SandboxCommand) -> anyhow::Result<E
             }
         }
         SandboxCommand::Timeout { id, secs } => {
-            let v = c.api.set_sandbox_timeout(&id, secs).await?;
+            let v = c.api.set_sandbox_timeout(&id, Seconds::new(secs)?).await?;
             if c.json {
                 print_json(&v)?;
             } else {
@@ -371,7 +372,10 @@ pub async fn exec(args: &ClientArgs, a: ExecArgs) -> anyhow::Result<ExitCode> {
     let mut req = ExecInput {
         env: pairs(&a.env, "--env")?,
         cwd: a.cwd,
-        timeout_secs: a.timeout.map(|t| t as f64),
+        timeout_secs: a
+            .timeout
+            .map(|t| Timeout::from_secs(t as f64))
+            .transpose()?,
         ..ExecInput::default()
     };
     if a.command.len() == 1 {
@@ -451,10 +455,10 @@ pub async fn code(args: &ClientArgs, a: CodeArgs) -> anyhow::Result<ExitCode> {
         a.code
     };
     let req = CodeInput {
-        code,
+        code: Code::new(code)?,
         language: Some(choice::<Lang>("--lang", a.lang, "python, node, bash, r")?),
         context: a.context,
-        timeout_secs: a.timeout,
+        timeout_secs: a.timeout.map(Timeout::from_secs).transpose()?,
     };
     if c.json {
         let v = c.api.run_code(&a.id, &req).await?;
@@ -708,7 +712,7 @@ pub async fn snapshot(args: &ClientArgs, cmd: SnapshotCommand) -> anyhow::Result
             let req = CreateSnapshot {
                 name,
                 description: description.unwrap_or_default(),
-                tags: pairs(&tags, "--tag")?,
+                tags: Tags::new(pairs(&tags, "--tag")?)?,
             };
             let v = c.api.create_snapshot(&id, &req).await?;
             if c.json {
@@ -776,7 +780,7 @@ pub async fn snapshot(args: &ClientArgs, cmd: SnapshotCommand) -> anyhow::Result
             // One sandbox: a restore, whose answer is the sandbox itself.
             let req = CreateSandbox {
                 snapshot_id: Some(id),
-                labels: pairs(&labels, "--label")?,
+                labels: Tags::new(pairs(&labels, "--label")?)?,
                 ..CreateSandbox::default()
             };
             let v = c.api.create_sandbox(&req).await?;
@@ -789,7 +793,7 @@ pub async fn snapshot(args: &ClientArgs, cmd: SnapshotCommand) -> anyhow::Result
         SnapshotCommand::Fork { id, count, labels } => {
             let req = ForkSnapshot {
                 count: Some(count),
-                labels: pairs(&labels, "--label")?,
+                labels: Tags::new(pairs(&labels, "--label")?)?,
                 ..ForkSnapshot::default()
             };
             let v = c.api.fork_snapshot(&id, &req).await?;

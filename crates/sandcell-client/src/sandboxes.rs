@@ -1,6 +1,7 @@
 //! `/v1/sandboxes`, and what runs in one: exec, code, contexts, processes.
 
 use reqwest::Method;
+use sandcell_api::Seconds;
 use sandcell_api::code::{
     CodeInput, CodeResult, CodeStreamEvent, ContextView, CreateContext, SetVariables,
     VariableNames, VariablesView,
@@ -98,11 +99,17 @@ impl Client {
     pub async fn set_sandbox_timeout(
         &self,
         id: &str,
-        timeout_secs: u64,
+        timeout: Seconds,
     ) -> Result<SandboxInfo, ClientError> {
         let path = format!("{}/timeout", sandbox_path(id));
-        self.call(Method::POST, &path, Some(&SetTimeout { timeout_secs }))
-            .await
+        self.call(
+            Method::POST,
+            &path,
+            Some(&SetTimeout {
+                timeout_secs: timeout,
+            }),
+        )
+        .await
     }
 
     /// `POST /v1/sandboxes/{id}/pause`.

@@ -74,7 +74,7 @@ async fn a_code_stream_with_an_error_without_traceback_reaches_done() {
         .await;
         let client = Client::builder(url).api_key("sc_test").build().unwrap();
         let req = CodeInput {
-            code: "import os; os._exit(7)".into(),
+            code: sandcell_api::Code::new("import os; os._exit(7)").unwrap(),
             ..CodeInput::default()
         };
         let mut events = client

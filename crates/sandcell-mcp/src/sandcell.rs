@@ -7,6 +7,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use futures_util::StreamExt;
+use sandcell_api::SandboxId;
 use sandcell_api::code::{
     CodeInput, CodeResult, ContextView, SetVariables, VariableNames, VariablesView,
 };
@@ -50,6 +51,12 @@ impl From<ServiceError> for CallError {
             message: e.message,
             details: e.details,
         }
+    }
+}
+
+impl From<sandcell_api::ValidationError> for CallError {
+    fn from(e: sandcell_api::ValidationError) -> Self {
+        Self::new("invalid_argument", e.0)
     }
 }
 
@@ -98,58 +105,62 @@ pub trait Sandcell: Send + Sync {
     /// Creates a sandbox (or restores one from a snapshot).
     async fn create_sandbox(&self, req: CreateSandbox) -> CallResult<SandboxInfo>;
     /// One sandbox.
-    async fn get_sandbox(&self, id: &str) -> CallResult<SandboxInfo>;
+    async fn get_sandbox(&self, id: &SandboxId) -> CallResult<SandboxInfo>;
     /// The active sandboxes, at most `limit`.
     async fn list_sandboxes(&self, limit: u32) -> CallResult<SandboxList>;
     /// Ends a sandbox.
-    async fn delete_sandbox(&self, id: &str) -> CallResult<()>;
+    async fn delete_sandbox(&self, id: &SandboxId) -> CallResult<()>;
     /// Freezes a sandbox.
-    async fn pause_sandbox(&self, id: &str) -> CallResult<SandboxInfo>;
+    async fn pause_sandbox(&self, id: &SandboxId) -> CallResult<SandboxInfo>;
     /// Thaws a sandbox.
-    async fn resume_sandbox(&self, id: &str) -> CallResult<SandboxInfo>;
+    async fn resume_sandbox(&self, id: &SandboxId) -> CallResult<SandboxInfo>;
     /// Runs a command to its end.
-    async fn exec(&self, id: &str, input: ExecInput) -> CallResult<ExecOutput>;
+    async fn exec(&self, id: &SandboxId, input: ExecInput) -> CallResult<ExecOutput>;
     /// Runs code in a kernel to its end.
-    async fn run_code(&self, id: &str, input: CodeInput) -> CallResult<CodeResult>;
+    async fn run_code(&self, id: &SandboxId, input: CodeInput) -> CallResult<CodeResult>;
     /// A sandbox's kernels.
-    async fn list_contexts(&self, id: &str) -> CallResult<Vec<ContextView>>;
+    async fn list_contexts(&self, id: &SandboxId) -> CallResult<Vec<ContextView>>;
     /// Variables of a kernel (`names`: all when `None`).
     async fn get_variables(
         &self,
-        id: &str,
+        id: &SandboxId,
         context: &str,
         names: Option<Vec<String>>,
     ) -> CallResult<VariablesView>;
     /// Sets variables in a kernel.
     async fn set_variables(
         &self,
-        id: &str,
+        id: &SandboxId,
         context: &str,
         req: SetVariables,
     ) -> CallResult<VariableNames>;
     /// Deletes variables of a kernel (`names`: all user variables when `None`).
     async fn clear_variables(
         &self,
-        id: &str,
+        id: &SandboxId,
         context: &str,
         names: Option<Vec<String>>,
     ) -> CallResult<VariableNames>;
     /// Puts a file or folder into a sandbox.
-    async fn import(&self, id: &str, req: ImportRequest) -> CallResult<ImportResult>;
+    async fn import(&self, id: &SandboxId, req: ImportRequest) -> CallResult<ImportResult>;
     /// The first `limit` bytes of a file in a sandbox, and its length.
-    async fn read_file(&self, id: &str, path: &str, limit: usize) -> CallResult<FileHead>;
+    async fn read_file(&self, id: &SandboxId, path: &str, limit: usize) -> CallResult<FileHead>;
     /// Copies a file or folder out of a sandbox into the service's keeping.
-    async fn create_export(&self, id: &str, req: CreateExport) -> CallResult<ExportInfo>;
+    async fn create_export(&self, id: &SandboxId, req: CreateExport) -> CallResult<ExportInfo>;
     /// The caller's exports (of one sandbox when given).
-    async fn list_exports(&self, sandbox: Option<&str>) -> CallResult<ExportList>;
+    async fn list_exports(&self, sandbox: Option<&SandboxId>) -> CallResult<ExportList>;
     /// Deletes an export.
     async fn delete_export(&self, export_id: &str) -> CallResult<()>;
     /// Takes a snapshot of a sandbox.
-    async fn create_snapshot(&self, id: &str, req: CreateSnapshot) -> CallResult<SnapshotInfo>;
+    async fn create_snapshot(
+        &self,
+        id: &SandboxId,
+        req: CreateSnapshot,
+    ) -> CallResult<SnapshotInfo>;
     /// Makes sandboxes from a snapshot.
     async fn fork_snapshot(&self, snapshot_id: &str, req: ForkSnapshot) -> CallResult<ForkResult>;
     /// The caller's snapshots (of one sandbox when given).
-    async fn list_snapshots(&self, sandbox: Option<&str>) -> CallResult<SnapshotList>;
+    async fn list_snapshots(&self, sandbox: Option<&SandboxId>) -> CallResult<SnapshotList>;
     /// The base URL clients outside this process can reach (for download links), if any.
     fn public_base(&self) -> Option<String>;
 }
@@ -174,7 +185,7 @@ impl Sandcell for InProcess {
         Ok(self.service.create_sandbox(&self.caller, req).await?)
     }
 
-    async fn get_sandbox(&self, id: &str) -> CallResult<SandboxInfo> {
+    async fn get_sandbox(&self, id: &SandboxId) -> CallResult<SandboxInfo> {
         Ok(self.service.get_sandbox(&self.caller, id)?)
     }
 
@@ -186,33 +197,33 @@ impl Sandcell for InProcess {
         Ok(self.service.list_sandboxes(&self.caller, req)?)
     }
 
-    async fn delete_sandbox(&self, id: &str) -> CallResult<()> {
+    async fn delete_sandbox(&self, id: &SandboxId) -> CallResult<()> {
         Ok(self.service.delete_sandbox(&self.caller, id).await?)
     }
 
-    async fn pause_sandbox(&self, id: &str) -> CallResult<SandboxInfo> {
+    async fn pause_sandbox(&self, id: &SandboxId) -> CallResult<SandboxInfo> {
         Ok(self.service.pause_sandbox(&self.caller, id).await?)
     }
 
-    async fn resume_sandbox(&self, id: &str) -> CallResult<SandboxInfo> {
+    async fn resume_sandbox(&self, id: &SandboxId) -> CallResult<SandboxInfo> {
         Ok(self.service.resume_sandbox(&self.caller, id).await?)
     }
 
-    async fn exec(&self, id: &str, input: ExecInput) -> CallResult<ExecOutput> {
+    async fn exec(&self, id: &SandboxId, input: ExecInput) -> CallResult<ExecOutput> {
         Ok(self.service.exec(&self.caller, id, input).await?)
     }
 
-    async fn run_code(&self, id: &str, input: CodeInput) -> CallResult<CodeResult> {
+    async fn run_code(&self, id: &SandboxId, input: CodeInput) -> CallResult<CodeResult> {
         Ok(self.service.run_code(&self.caller, id, input).await?)
     }
 
-    async fn list_contexts(&self, id: &str) -> CallResult<Vec<ContextView>> {
+    async fn list_contexts(&self, id: &SandboxId) -> CallResult<Vec<ContextView>> {
         Ok(self.service.list_contexts(&self.caller, id).await?)
     }
 
     async fn get_variables(
         &self,
-        id: &str,
+        id: &SandboxId,
         context: &str,
         names: Option<Vec<String>>,
     ) -> CallResult<VariablesView> {
@@ -224,7 +235,7 @@ impl Sandcell for InProcess {
 
     async fn set_variables(
         &self,
-        id: &str,
+        id: &SandboxId,
         context: &str,
         req: SetVariables,
     ) -> CallResult<VariableNames> {
@@ -236,7 +247,7 @@ impl Sandcell for InProcess {
 
     async fn clear_variables(
         &self,
-        id: &str,
+        id: &SandboxId,
         context: &str,
         names: Option<Vec<String>>,
     ) -> CallResult<VariableNames> {
@@ -246,11 +257,11 @@ impl Sandcell for InProcess {
             .await?)
     }
 
-    async fn import(&self, id: &str, req: ImportRequest) -> CallResult<ImportResult> {
+    async fn import(&self, id: &SandboxId, req: ImportRequest) -> CallResult<ImportResult> {
         Ok(self.service.import(&self.caller, id, req).await?)
     }
 
-    async fn read_file(&self, id: &str, path: &str, limit: usize) -> CallResult<FileHead> {
+    async fn read_file(&self, id: &SandboxId, path: &str, limit: usize) -> CallResult<FileHead> {
         let mut download = self.service.download_file(&self.caller, id, path).await?;
         // Longer than asked for: its length is all that is wanted, no need to read it.
         if let Some(length) = download.length.filter(|l| *l > limit as u64) {
@@ -269,11 +280,11 @@ impl Sandcell for InProcess {
         Ok(head)
     }
 
-    async fn create_export(&self, id: &str, req: CreateExport) -> CallResult<ExportInfo> {
+    async fn create_export(&self, id: &SandboxId, req: CreateExport) -> CallResult<ExportInfo> {
         Ok(self.service.create_export(&self.caller, id, req).await?)
     }
 
-    async fn list_exports(&self, sandbox: Option<&str>) -> CallResult<ExportList> {
+    async fn list_exports(&self, sandbox: Option<&SandboxId>) -> CallResult<ExportList> {
         Ok(self.service.list_exports(&self.caller, sandbox)?)
     }
 
@@ -281,7 +292,11 @@ impl Sandcell for InProcess {
         Ok(self.service.delete_export(&self.caller, export_id).await?)
     }
 
-    async fn create_snapshot(&self, id: &str, req: CreateSnapshot) -> CallResult<SnapshotInfo> {
+    async fn create_snapshot(
+        &self,
+        id: &SandboxId,
+        req: CreateSnapshot,
+    ) -> CallResult<SnapshotInfo> {
         Ok(self.service.create_snapshot(&self.caller, id, req).await?)
     }
 
@@ -292,7 +307,7 @@ impl Sandcell for InProcess {
             .await?)
     }
 
-    async fn list_snapshots(&self, sandbox: Option<&str>) -> CallResult<SnapshotList> {
+    async fn list_snapshots(&self, sandbox: Option<&SandboxId>) -> CallResult<SnapshotList> {
         Ok(self.service.list_snapshots(&self.caller, sandbox)?)
     }
 
@@ -321,7 +336,7 @@ impl Sandcell for Remote {
         Ok(self.client.create_sandbox(&req).await?)
     }
 
-    async fn get_sandbox(&self, id: &str) -> CallResult<SandboxInfo> {
+    async fn get_sandbox(&self, id: &SandboxId) -> CallResult<SandboxInfo> {
         Ok(self.client.sandbox(id).await?)
     }
 
@@ -333,33 +348,33 @@ impl Sandcell for Remote {
         Ok(self.client.list_sandboxes(&req).await?)
     }
 
-    async fn delete_sandbox(&self, id: &str) -> CallResult<()> {
+    async fn delete_sandbox(&self, id: &SandboxId) -> CallResult<()> {
         Ok(self.client.delete_sandbox(id).await?)
     }
 
-    async fn pause_sandbox(&self, id: &str) -> CallResult<SandboxInfo> {
+    async fn pause_sandbox(&self, id: &SandboxId) -> CallResult<SandboxInfo> {
         Ok(self.client.pause_sandbox(id).await?)
     }
 
-    async fn resume_sandbox(&self, id: &str) -> CallResult<SandboxInfo> {
+    async fn resume_sandbox(&self, id: &SandboxId) -> CallResult<SandboxInfo> {
         Ok(self.client.resume_sandbox(id).await?)
     }
 
-    async fn exec(&self, id: &str, input: ExecInput) -> CallResult<ExecOutput> {
+    async fn exec(&self, id: &SandboxId, input: ExecInput) -> CallResult<ExecOutput> {
         Ok(self.client.exec(id, &input).await?)
     }
 
-    async fn run_code(&self, id: &str, input: CodeInput) -> CallResult<CodeResult> {
+    async fn run_code(&self, id: &SandboxId, input: CodeInput) -> CallResult<CodeResult> {
         Ok(self.client.run_code(id, &input).await?)
     }
 
-    async fn list_contexts(&self, id: &str) -> CallResult<Vec<ContextView>> {
+    async fn list_contexts(&self, id: &SandboxId) -> CallResult<Vec<ContextView>> {
         Ok(self.client.contexts(id).await?)
     }
 
     async fn get_variables(
         &self,
-        id: &str,
+        id: &SandboxId,
         context: &str,
         names: Option<Vec<String>>,
     ) -> CallResult<VariablesView> {
@@ -368,7 +383,7 @@ impl Sandcell for Remote {
 
     async fn set_variables(
         &self,
-        id: &str,
+        id: &SandboxId,
         context: &str,
         req: SetVariables,
     ) -> CallResult<VariableNames> {
@@ -377,7 +392,7 @@ impl Sandcell for Remote {
 
     async fn clear_variables(
         &self,
-        id: &str,
+        id: &SandboxId,
         context: &str,
         names: Option<Vec<String>>,
     ) -> CallResult<VariableNames> {
@@ -387,11 +402,11 @@ impl Sandcell for Remote {
             .await?)
     }
 
-    async fn import(&self, id: &str, req: ImportRequest) -> CallResult<ImportResult> {
+    async fn import(&self, id: &SandboxId, req: ImportRequest) -> CallResult<ImportResult> {
         Ok(self.client.import(id, &req).await?)
     }
 
-    async fn read_file(&self, id: &str, path: &str, limit: usize) -> CallResult<FileHead> {
+    async fn read_file(&self, id: &SandboxId, path: &str, limit: usize) -> CallResult<FileHead> {
         let mut head = FileHead {
             bytes: Vec::new(),
             size: 0,
@@ -405,13 +420,16 @@ impl Sandcell for Remote {
         Ok(head)
     }
 
-    async fn create_export(&self, id: &str, req: CreateExport) -> CallResult<ExportInfo> {
+    async fn create_export(&self, id: &SandboxId, req: CreateExport) -> CallResult<ExportInfo> {
         Ok(self.client.create_export(id, &req).await?)
     }
 
-    async fn list_exports(&self, sandbox: Option<&str>) -> CallResult<ExportList> {
+    async fn list_exports(&self, sandbox: Option<&SandboxId>) -> CallResult<ExportList> {
         // The client's `exports` lists them all: the filter is the route's own query.
-        let pairs: Vec<(&str, &str)> = sandbox.map(|s| ("sandbox_id", s)).into_iter().collect();
+        let pairs: Vec<(&str, &str)> = sandbox
+            .map(|s| ("sandbox_id", s.as_str()))
+            .into_iter()
+            .collect();
         let path = format!("/v1/exports{}", sandcell_client::query(&pairs));
         Ok(self.client.call(Method::GET, &path, None::<&()>).await?)
     }
@@ -420,7 +438,11 @@ impl Sandcell for Remote {
         Ok(self.client.delete_export(export_id).await?)
     }
 
-    async fn create_snapshot(&self, id: &str, req: CreateSnapshot) -> CallResult<SnapshotInfo> {
+    async fn create_snapshot(
+        &self,
+        id: &SandboxId,
+        req: CreateSnapshot,
+    ) -> CallResult<SnapshotInfo> {
         Ok(self.client.create_snapshot(id, &req).await?)
     }
 
@@ -428,8 +450,11 @@ impl Sandcell for Remote {
         Ok(self.client.fork_snapshot(snapshot_id, &req).await?)
     }
 
-    async fn list_snapshots(&self, sandbox: Option<&str>) -> CallResult<SnapshotList> {
-        Ok(self.client.snapshots(sandbox).await?)
+    async fn list_snapshots(&self, sandbox: Option<&SandboxId>) -> CallResult<SnapshotList> {
+        Ok(self
+            .client
+            .snapshots(sandbox.map(SandboxId::as_str))
+            .await?)
     }
 
     fn public_base(&self) -> Option<String> {
@@ -476,7 +501,7 @@ mod tests {
         // Port 1 on loopback: nothing listens there.
         let client = Client::builder("http://127.0.0.1:1").build().unwrap();
         let e = Remote::new(client)
-            .get_sandbox("sb-0123456789abcdef")
+            .get_sandbox(&"sb-0123456789abcdef".parse().unwrap())
             .await
             .unwrap_err();
         assert_eq!(e.code, "unreachable", "{e}");

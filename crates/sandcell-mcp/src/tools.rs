@@ -20,6 +20,7 @@ use sandcell_api::exec::ExecInput;
 use sandcell_api::sandboxes::{CreateSandbox, Lang, LimitsInput};
 use sandcell_api::snapshots::{CreateSnapshot, ForkSnapshot as ForkRequest};
 use sandcell_api::transfer::{CreateExport, ImportRequest};
+use sandcell_api::{Code, SandboxId, Seconds, Tags, Timeout};
 use sandcell_service::{Caller, Service};
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -49,7 +50,7 @@ pub struct SandcellMcp {
     tool_router: ToolRouter<Self>,
     /// The session tools use when a call names none: made on first need, one per
     /// connection (per MCP session over HTTP).
-    default_session: Arc<tokio::sync::Mutex<Option<String>>>,
+    default_session: Arc<tokio::sync::Mutex<Option<SandboxId>>>,
 }
 
 impl std::fmt::Debug for SandcellMcp {
@@ -303,8 +304,14 @@ impl From<CallError> for CallToolResult {
 }
 
 /// The labels every session made through MCP carries.
-fn session_labels() -> BTreeMap<String, String> {
-    BTreeMap::from([(SESSION_LABEL.to_string(), "true".to_string())])
+fn session_labels() -> Tags {
+    // A fixed label within the tag rule: refusing it would be a bug here.
+    Tags::try_from([(SESSION_LABEL, "true")]).expect("the session label obeys the tag rule")
+}
+
+/// A session id from a tool's arguments, checked.
+fn session_id(id: &str) -> Result<SandboxId, CallError> {
+    Ok(SandboxId::parse(id)?)
 }
 
 #[tool_router]
@@ -395,9 +402,11 @@ impl SandcellMcp {
         answer(
             async {
                 let api = self.sandcell(&ctx)?;
-                let context = context_of(&*api, &p.session_id, p.language).await?;
+                let context = context_of(&*api, &session_id(&p.session_id)?, p.language).await?;
                 let names = p.names.filter(|n| !n.is_empty());
-                let view = api.get_variables(&p.session_id, &context, names).await?;
+                let view = api
+                    .get_variables(&session_id(&p.session_id)?, &context, names)
+                    .await?;
                 Ok(output::json_result(&view))
             }
             .await,
@@ -413,11 +422,13 @@ impl SandcellMcp {
         answer(
             async {
                 let api = self.sandcell(&ctx)?;
-                let context = context_of(&*api, &p.session_id, p.language).await?;
+                let context = context_of(&*api, &session_id(&p.session_id)?, p.language).await?;
                 let req = SetVariables {
                     values: p.variables,
                 };
-                let set = api.set_variables(&p.session_id, &context, req).await?;
+                let set = api
+                    .set_variables(&session_id(&p.session_id)?, &context, req)
+                    .await?;
                 Ok(output::json_result(&set))
             }
             .await,
@@ -435,9 +446,11 @@ impl SandcellMcp {
         answer(
             async {
                 let api = self.sandcell(&ctx)?;
-                let context = context_of(&*api, &p.session_id, p.language).await?;
+                let context = context_of(&*api, &session_id(&p.session_id)?, p.language).await?;
                 let names = p.names.filter(|n| !n.is_empty());
-                let cleared = api.clear_variables(&p.session_id, &context, names).await?;
+                let cleared = api
+                    .clear_variables(&session_id(&p.session_id)?, &context, names)
+                    .await?;
                 Ok(output::json_result(&cleared))
             }
             .await,
@@ -468,7 +481,7 @@ impl SandcellMcp {
         answer(
             async {
                 let api = self.sandcell(&ctx)?;
-                api.delete_sandbox(&p.session_id).await?;
+                api.delete_sandbox(&session_id(&p.session_id)?).await?;
                 Ok(CallToolResult::success(vec![ContentBlock::text(format!(
                     "session {} destroyed",
                     p.session_id
@@ -523,7 +536,7 @@ impl SandcellMcp {
             async {
                 let api = self.sandcell(&ctx)?;
                 Ok(output::json_result(
-                    &api.pause_sandbox(&p.session_id).await?,
+                    &api.pause_sandbox(&session_id(&p.session_id)?).await?,
                 ))
             }
             .await,
@@ -540,7 +553,7 @@ impl SandcellMcp {
             async {
                 let api = self.sandcell(&ctx)?;
                 Ok(output::json_result(
-                    &api.resume_sandbox(&p.session_id).await?,
+                    &api.resume_sandbox(&session_id(&p.session_id)?).await?,
                 ))
             }
             .await,
@@ -561,9 +574,11 @@ impl SandcellMcp {
                 let req = CreateSnapshot {
                     name: p.name,
                     description: p.description.unwrap_or_default(),
-                    tags: p.tags.unwrap_or_default(),
+                    tags: Tags::new(p.tags.unwrap_or_default()).map_err(CallError::from)?,
                 };
-                let snapshot = api.create_snapshot(&p.session_id, req).await?;
+                let snapshot = api
+                    .create_snapshot(&session_id(&p.session_id)?, req)
+                    .await?;
                 Ok(output::json_result(&snapshot))
             }
             .await,
@@ -602,7 +617,15 @@ impl SandcellMcp {
         answer(
             async {
                 let api = self.sandcell(&ctx)?;
-                let list = api.list_snapshots(p.session_id.as_deref()).await?;
+                let list = api
+                    .list_snapshots(
+                        p.session_id
+                            .as_deref()
+                            .map(session_id)
+                            .transpose()?
+                            .as_ref(),
+                    )
+                    .await?;
                 Ok(output::json_result(&list))
             }
             .await,
@@ -663,8 +686,16 @@ impl SandcellMcp {
             limits,
             env: p.env.unwrap_or_default(),
             labels: session_labels(),
-            timeout_secs: p.timeout_secs,
-            idle_timeout_secs: p.idle_timeout_secs,
+            timeout_secs: p
+                .timeout_secs
+                .map(Seconds::new)
+                .transpose()
+                .map_err(CallError::from)?,
+            idle_timeout_secs: p
+                .idle_timeout_secs
+                .map(Seconds::new)
+                .transpose()
+                .map_err(CallError::from)?,
             network: p.network.map(|n| match n {
                 Network::Loopback => sandcell_api::sandboxes::Network::Loopback,
                 Network::Off => sandcell_api::sandboxes::Network::Off,
@@ -684,8 +715,9 @@ impl SandcellMcp {
                 (None, "r") => Runtime::R,
                 _ => Runtime::Python,
             };
-            if let Err(failure) = check_dependencies(&*api, &info.id, runtime, &deps).await {
-                let _ = api.delete_sandbox(&info.id).await;
+            let id = session_id(&info.id)?;
+            if let Err(failure) = check_dependencies(&*api, &id, runtime, &deps).await {
+                let _ = api.delete_sandbox(&id).await;
                 return Err(failure);
             }
         }
@@ -704,10 +736,13 @@ impl SandcellMcp {
         let api = self.sandcell(ctx)?;
         let (session, created) = self.session_or_default(&*api, session).await?;
         let input = CodeInput {
-            code,
+            code: Code::new(code).map_err(CallError::from)?,
             language: Some(lang.lang()),
             context: None,
-            timeout_secs,
+            timeout_secs: timeout_secs
+                .map(Timeout::from_secs)
+                .transpose()
+                .map_err(CallError::from)?,
         };
         let result = api.run_code(&session, input).await?;
         Ok(announce(output::code_result(&result), &session, created))
@@ -725,7 +760,11 @@ impl SandcellMcp {
             cmd: Some(p.command),
             cwd: p.cwd,
             env: p.env.unwrap_or_default(),
-            timeout_secs: p.timeout_secs,
+            timeout_secs: p
+                .timeout_secs
+                .map(Timeout::from_secs)
+                .transpose()
+                .map_err(CallError::from)?,
             ..ExecInput::default()
         };
         let out = api.exec(&session, input).await?;
@@ -762,7 +801,8 @@ impl SandcellMcp {
                     None,
                 ),
                 ImportFile::FromSession(from) => {
-                    let (id, made) = export_of(&*api, &from.session_id, &from.path).await?;
+                    let (id, made) =
+                        export_of(&*api, &session_id(&from.session_id)?, &from.path).await?;
                     let req = ImportRequest {
                         path: from.destination,
                         export_id: Some(id.clone()),
@@ -771,7 +811,7 @@ impl SandcellMcp {
                     (req, made.then_some(id))
                 }
             };
-            let imported = api.import(&p.session_id, req).await;
+            let imported = api.import(&session_id(&p.session_id)?, req).await;
             if let Some(id) = temporary {
                 // Made for this copy only: the caller did not ask the server to keep it.
                 let _ = api.delete_export(&id).await;
@@ -798,7 +838,7 @@ impl SandcellMcp {
         let mut content = Vec::new();
         for path in paths {
             let req = CreateExport { path: path.clone() };
-            let info = api.create_export(&p.session_id, req).await?;
+            let info = api.create_export(&session_id(&p.session_id)?, req).await?;
             let mut export = serde_json::to_value(&info).unwrap_or_default();
             match (&base, &info.signed_url) {
                 (Some(base), Some(signed)) => {
@@ -814,7 +854,11 @@ impl SandcellMcp {
             content.push(ContentBlock::text(export.to_string()));
             if include {
                 let read = api
-                    .read_file(&p.session_id, &path, output::INLINE_FILE_LIMIT)
+                    .read_file(
+                        &session_id(&p.session_id)?,
+                        &path,
+                        output::INLINE_FILE_LIMIT,
+                    )
                     .await;
                 content.push(output::file_content(&path, &read));
             }
@@ -828,9 +872,9 @@ impl SandcellMcp {
         &self,
         api: &dyn Sandcell,
         session: Option<String>,
-    ) -> Result<(String, bool), CallToolResult> {
+    ) -> Result<(SandboxId, bool), CallToolResult> {
         if let Some(id) = session {
-            return Ok((id, false));
+            return Ok((session_id(&id)?, false));
         }
         let mut slot = self.default_session.lock().await;
         if let Some(id) = slot.clone() {
@@ -847,7 +891,7 @@ impl SandcellMcp {
             labels: session_labels(),
             ..CreateSandbox::default()
         };
-        let id = api.create_sandbox(req).await?.id;
+        let id = session_id(&api.create_sandbox(req).await?.id)?;
         *slot = Some(id.clone());
         Ok((id, true))
     }
@@ -857,7 +901,7 @@ impl SandcellMcp {
 /// version asked, if any); the tool error naming the others when some are not.
 async fn check_dependencies(
     api: &dyn Sandcell,
-    id: &str,
+    id: &SandboxId,
     runtime: Runtime,
     deps: &[Dependency],
 ) -> Result<(), CallToolResult> {
@@ -885,7 +929,7 @@ async fn check_dependencies(
             .join("\n"),
     };
     let input = CodeInput {
-        code,
+        code: Code::new(code).map_err(CallError::from)?,
         language: Some(runtime.lang()),
         context: None,
         timeout_secs: None,
@@ -907,7 +951,7 @@ async fn check_dependencies(
 /// it once imported).
 async fn export_of(
     api: &dyn Sandcell,
-    from: &str,
+    from: &SandboxId,
     path: &str,
 ) -> Result<(String, bool), CallToolResult> {
     let wanted = args::absolute(path);
@@ -932,7 +976,7 @@ async fn export_of(
 /// uses), or the tool error to answer.
 async fn context_of(
     api: &dyn Sandcell,
-    session: &str,
+    session: &SandboxId,
     language: Option<Runtime>,
 ) -> Result<String, CallToolResult> {
     let lang = language.unwrap_or(Runtime::Python);

@@ -139,7 +139,11 @@ async fn each_http_request_acts_as_its_own_caller() {
         .and_then(|t| t.split_whitespace().next())
         .unwrap_or_else(|| panic!("no session id in {text:?}"))
         .to_string();
-    assert!(service.get_sandbox(&caller("alice"), &id).is_ok());
+    assert!(
+        service
+            .get_sandbox(&caller("alice"), &id.parse().expect("a sandbox id"))
+            .is_ok()
+    );
 
     // The same MCP session, a request authenticated as someone else: that one's view.
     alice.owner = Some("bob");

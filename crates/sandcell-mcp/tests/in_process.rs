@@ -117,7 +117,9 @@ async fn the_tools_reach_the_service_in_process_as_their_caller() {
     assert!(!failed, "{text}");
     let id = session_id(&text);
     // The session is the caller's, made by the service itself.
-    let sandbox = service.get_sandbox(&alice, &id).expect("alice's sandbox");
+    let sandbox = service
+        .get_sandbox(&alice, &id.parse().expect("a sandbox id"))
+        .expect("alice's sandbox");
     assert_eq!(sandbox.labels.get("mcp").map(String::as_str), Some("true"));
 
     let (failed, text) = tools

@@ -594,6 +594,74 @@ async fn a_malformed_id_in_the_path_is_a_400() {
     h.shutdown().await;
 }
 
+/// The rules carried by the API's value types (sandbox id, tags, code size, timeouts) are
+/// checked as the request is read, and the answer names the field and the rule.
+#[tokio::test]
+async fn a_value_breaking_its_rule_is_a_400_naming_the_field_and_the_rule() {
+    let h = Harness::new(&[]).await;
+    let sb = "/v1/sandboxes/sb-0123456789abcdef";
+    let too_many: serde_json::Map<String, Value> =
+        (0..=64).map(|i| (format!("k{i}"), json!(""))).collect();
+    let cases = [
+        (
+            "GET",
+            "/v1/sandboxes/SB-x".to_string(),
+            None,
+            "is not a sandbox id",
+        ),
+        (
+            "POST",
+            "/v1/sandboxes".into(),
+            Some(json!({"labels": {"team": "a\u{7}b"}})),
+            "labels: tag value",
+        ),
+        (
+            "POST",
+            "/v1/sandboxes".into(),
+            Some(json!({"metadata": too_many})),
+            "metadata: at most 64 tag entries",
+        ),
+        (
+            "POST",
+            "/v1/sandboxes".into(),
+            Some(json!({"timeout_secs": u64::MAX})),
+            "timeout_secs",
+        ),
+        (
+            "POST",
+            format!("{sb}/exec"),
+            Some(json!({"cmd": "true", "timeout_secs": 0})),
+            "timeout_secs: timeout_secs 0 must be positive",
+        ),
+        (
+            "POST",
+            format!("{sb}/code"),
+            Some(json!({"code": "x".repeat(sandcell_api::rules::MAX_CODE_BYTES + 1)})),
+            "code: code of 8388609 bytes is over the 8 MiB limit",
+        ),
+        (
+            "POST",
+            format!("{sb}/snapshots"),
+            Some(json!({"tags": {"": "x"}})),
+            "tags: tag key",
+        ),
+        (
+            "GET",
+            "/v1/snapshots?sandbox=../x".into(),
+            None,
+            "is not a sandbox id",
+        ),
+    ];
+    for (method, uri, body, wanted) in cases {
+        let (status, answer) = h.alice(method, &uri, body).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{method} {uri}: {answer}");
+        assert_eq!(answer["code"], "invalid_argument", "{method} {uri}");
+        let message = answer["message"].as_str().unwrap_or_default();
+        assert!(message.contains(wanted), "{method} {uri}: {message}");
+    }
+    h.shutdown().await;
+}
+
 #[tokio::test]
 async fn a_bad_json_body_is_a_400_and_one_without_its_type_a_415() {
     let h = Harness::new(&[]).await;

@@ -10,9 +10,9 @@ use sandcell_api::code::{
     CodeDoneInfo, CodeErrorInfo, CodeInput, CodeResult, CodeStreamEvent, CodeText, ContextView,
     CreateContext, RichData, RichOutput, SetVariables, VariableNames, VariablesView, bundle,
 };
-use sandcell_api::rules::{check_code, check_sandbox_id, timeout_secs_to_ms};
 use sandcell_api::sandboxes::Lang;
 use sandcell_api::time::rfc3339;
+use sandcell_api::{SandboxId, Timeout};
 use sandcell_engine::{CodeEvent, CodeRun, OutputKind};
 use sandcell_protocol::{CodeDone, Language, RunCodeRequest};
 use sandcell_store::ContextRecord;
@@ -23,18 +23,14 @@ use crate::{Caller, Service, ServiceResult};
 /// The engine request a code input asks for (default language `python` unless a context
 /// is named), checked: code size, timeout.
 pub fn run_code_request(input: &CodeInput) -> ServiceResult<RunCodeRequest> {
-    check_code(&input.code)?;
-    let timeout_ms = input
-        .timeout_secs
-        .map(|t| timeout_secs_to_ms("timeout_secs", t))
-        .transpose()?;
+    let timeout_ms = input.timeout_secs.map(Timeout::as_ms);
     Ok(RunCodeRequest {
         context: input.context.clone(),
         language: match (&input.context, input.language) {
             (Some(_), l) => l.map(Into::into),
             (None, l) => Some(l.unwrap_or(Lang::Python).into()),
         },
-        code: input.code.clone(),
+        code: input.code.to_string(),
         timeout_ms,
     })
 }
@@ -124,10 +120,9 @@ impl Service {
     pub async fn run_code(
         &self,
         caller: &Caller,
-        id: &str,
+        id: &SandboxId,
         input: CodeInput,
     ) -> ServiceResult<CodeResult> {
-        check_sandbox_id(id)?;
         let req = run_code_request(&input)?;
         let sandbox = self.running_sandbox(caller, id)?;
         let start = Instant::now();
@@ -142,10 +137,9 @@ impl Service {
     pub async fn run_code_stream(
         self: &Arc<Self>,
         caller: &Caller,
-        id: &str,
+        id: &SandboxId,
         input: CodeInput,
     ) -> ServiceResult<Events<CodeStreamEvent>> {
-        check_sandbox_id(id)?;
         let req = run_code_request(&input)?;
         let sandbox = self.running_sandbox(caller, id)?;
         let stream = sandbox.run_code_stream(req).await?;
@@ -181,7 +175,7 @@ impl Service {
     pub async fn create_context(
         &self,
         caller: &Caller,
-        id: &str,
+        id: &SandboxId,
         req: CreateContext,
     ) -> ServiceResult<ContextView> {
         let sandbox = self.running_sandbox(caller, id)?;
@@ -204,9 +198,8 @@ impl Service {
     pub async fn list_contexts(
         &self,
         caller: &Caller,
-        id: &str,
+        id: &SandboxId,
     ) -> ServiceResult<Vec<ContextView>> {
-        check_sandbox_id(id)?;
         let record = self.fleet.get(&caller.owner, id)?;
         let recorded = self.store.list_contexts(id)?;
         if !record.state.is_active() {
@@ -231,7 +224,7 @@ impl Service {
     pub async fn delete_context(
         &self,
         caller: &Caller,
-        id: &str,
+        id: &SandboxId,
         context: &str,
     ) -> ServiceResult<()> {
         let sandbox = self.running_sandbox(caller, id)?;
@@ -247,7 +240,7 @@ impl Service {
     pub async fn interrupt_context(
         &self,
         caller: &Caller,
-        id: &str,
+        id: &SandboxId,
         context: &str,
     ) -> ServiceResult<()> {
         let sandbox = self.running_sandbox(caller, id)?;
@@ -258,7 +251,7 @@ impl Service {
     pub async fn restart_context(
         &self,
         caller: &Caller,
-        id: &str,
+        id: &SandboxId,
         context: &str,
     ) -> ServiceResult<ContextView> {
         let sandbox = self.running_sandbox(caller, id)?;
@@ -271,7 +264,7 @@ impl Service {
     pub async fn get_variables(
         &self,
         caller: &Caller,
-        id: &str,
+        id: &SandboxId,
         context: &str,
         names: Option<Vec<String>>,
     ) -> ServiceResult<VariablesView> {
@@ -283,7 +276,7 @@ impl Service {
     pub async fn set_variables(
         &self,
         caller: &Caller,
-        id: &str,
+        id: &SandboxId,
         context: &str,
         req: SetVariables,
     ) -> ServiceResult<VariableNames> {
@@ -296,7 +289,7 @@ impl Service {
     pub async fn clear_variables(
         &self,
         caller: &Caller,
-        id: &str,
+        id: &SandboxId,
         context: &str,
         names: Option<Vec<String>>,
     ) -> ServiceResult<VariableNames> {
@@ -309,13 +302,13 @@ impl Service {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sandcell_api::rules::MAX_CODE_BYTES;
+    use sandcell_api::Code;
 
     #[test]
     fn code_inputs_are_checked_once() {
         let req = run_code_request(&CodeInput {
-            code: "1 + 1".into(),
-            timeout_secs: Some(0.25),
+            code: Code::new("1 + 1").unwrap(),
+            timeout_secs: Some(Timeout::from_secs(0.25).unwrap()),
             ..CodeInput::default()
         })
         .unwrap();
@@ -324,56 +317,25 @@ mod tests {
             (Some(Language::Python), Some(250))
         );
         let in_context = run_code_request(&CodeInput {
-            code: "x".into(),
+            code: Code::new("x").unwrap(),
             context: Some("ctx-1".into()),
             ..CodeInput::default()
         })
         .unwrap();
         assert_eq!(in_context.language, None);
-        for bad in [
-            CodeInput {
-                code: "x".repeat(MAX_CODE_BYTES + 1),
-                ..CodeInput::default()
-            },
-            CodeInput {
-                code: "x".into(),
-                timeout_secs: Some(0.0),
-                ..CodeInput::default()
-            },
-        ] {
-            let e = run_code_request(&bad).unwrap_err();
-            assert_eq!(e.code(), "invalid_argument", "{}", e.message);
-        }
     }
 
     #[test]
     fn code_operations_check_before_reaching_a_sandbox() {
         let (service, caller, _home) = crate::exec::testing::service();
         crate::exec::testing::block_on(async {
-            let big = CodeInput {
-                code: "x".repeat(MAX_CODE_BYTES + 1),
-                ..CodeInput::default()
-            };
             let e = service
-                .run_code(&caller, "sb-1a2b", big.clone())
+                .list_contexts(&caller, &crate::exec::testing::sid("sb-1a2b"))
                 .await
                 .unwrap_err();
-            assert!(e.message.contains("8 MiB"), "{}", e.message);
-            let e = service
-                .run_code_stream(&caller, "sb-1a2b", big)
-                .await
-                .err()
-                .unwrap();
-            assert_eq!(e.code(), "invalid_argument");
-            let e = service.list_contexts(&caller, "sb-1a2b").await.unwrap_err();
             assert_eq!(e.code(), "not_found");
             let e = service
-                .get_variables(&caller, "SB", "python", None)
-                .await
-                .unwrap_err();
-            assert_eq!(e.code(), "invalid_argument");
-            let e = service
-                .interrupt_context(&caller, "sb-1a2b", "python")
+                .interrupt_context(&caller, &crate::exec::testing::sid("sb-1a2b"), "python")
                 .await
                 .unwrap_err();
             assert_eq!(e.code(), "not_found");

@@ -7,7 +7,7 @@ use futures_util::StreamExt;
 use sandcell_api::exec::{
     ExecChunk, ExecInput, ExecOutput, ExecStreamEvent, ExitEvent, ExitInfo, StreamError,
 };
-use sandcell_api::rules::{check_sandbox_id, timeout_secs_to_ms};
+use sandcell_api::{SandboxId, Timeout};
 use sandcell_engine::{ExecEvent, Sandbox};
 use sandcell_protocol::ExecRequest;
 
@@ -37,10 +37,7 @@ pub fn exec_request(input: &ExecInput) -> ServiceResult<ExecRequest> {
     req.env = input.env.clone();
     req.cwd = input.cwd.clone();
     req.stdin = input.stdin.is_some();
-    req.timeout_ms = input
-        .timeout_secs
-        .map(|t| timeout_secs_to_ms("timeout_secs", t))
-        .transpose()?;
+    req.timeout_ms = input.timeout_secs.map(Timeout::as_ms);
     Ok(req)
 }
 
@@ -62,8 +59,11 @@ pub(crate) fn stream_error(e: sandcell_engine::EngineError) -> StreamError {
 
 impl Service {
     /// The caller's running sandbox `id` (a paused one wakes), its id checked first.
-    pub(crate) fn running_sandbox(&self, caller: &Caller, id: &str) -> ServiceResult<Sandbox> {
-        check_sandbox_id(id)?;
+    pub(crate) fn running_sandbox(
+        &self,
+        caller: &Caller,
+        id: &SandboxId,
+    ) -> ServiceResult<Sandbox> {
         Ok(self.fleet.sandbox(&caller.owner, id)?)
     }
 
@@ -71,10 +71,9 @@ impl Service {
     pub async fn exec(
         &self,
         caller: &Caller,
-        id: &str,
+        id: &SandboxId,
         input: ExecInput,
     ) -> ServiceResult<ExecOutput> {
-        check_sandbox_id(id)?;
         let req = exec_request(&input)?;
         let sandbox = self.running_sandbox(caller, id)?;
         let start = Instant::now();
@@ -98,10 +97,9 @@ impl Service {
     pub async fn exec_stream(
         &self,
         caller: &Caller,
-        id: &str,
+        id: &SandboxId,
         input: ExecInput,
     ) -> ServiceResult<Events<ExecStreamEvent>> {
-        check_sandbox_id(id)?;
         let req = exec_request(&input)?;
         let sandbox = self.running_sandbox(caller, id)?;
         let mut stream = sandbox.exec_stream(req).await?;
@@ -146,6 +144,11 @@ pub(crate) mod testing {
     use crate::signed_url::UrlSigner;
     use crate::{Caller, Service};
 
+    /// A sandbox id for a test.
+    pub fn sid(id: &str) -> sandcell_api::SandboxId {
+        sandcell_api::SandboxId::parse(id).expect("a test's sandbox id")
+    }
+
     /// The service (its home in the returned folder) and a caller.
     pub fn service() -> (Arc<Service>, Caller, tempfile::TempDir) {
         let home = tempfile::tempdir().expect("temp home");
@@ -184,7 +187,7 @@ mod tests {
     fn inputs_become_requests_or_clear_errors() {
         let input = ExecInput {
             cmd: Some("echo hi".into()),
-            timeout_secs: Some(1.5),
+            timeout_secs: Some(Timeout::from_secs(1.5).unwrap()),
             ..ExecInput::default()
         };
         let req = exec_request(&input).unwrap();
@@ -208,11 +211,6 @@ mod tests {
                 cmd: Some("  ".into()),
                 ..ExecInput::default()
             },
-            ExecInput {
-                cmd: Some("x".into()),
-                timeout_secs: Some(-1.0),
-                ..ExecInput::default()
-            },
         ] {
             assert_eq!(
                 exec_request(&bad).unwrap_err().code(),
@@ -230,18 +228,19 @@ mod tests {
             ..ExecInput::default()
         };
         testing::block_on(async {
-            let e = service.exec(&caller, "nope", echo()).await.unwrap_err();
-            assert_eq!(e.code(), "invalid_argument", "{}", e.message);
-            let e = service.exec(&caller, "sb-1a2b", echo()).await.unwrap_err();
+            let e = service
+                .exec(&caller, &testing::sid("sb-1a2b"), echo())
+                .await
+                .unwrap_err();
             assert_eq!(e.code(), "not_found", "{}", e.message);
             // The input is checked before the sandbox is looked for.
             let e = service
-                .exec(&caller, "sb-1a2b", ExecInput::default())
+                .exec(&caller, &testing::sid("sb-1a2b"), ExecInput::default())
                 .await
                 .unwrap_err();
             assert_eq!(e.code(), "invalid_argument", "{}", e.message);
             let e = service
-                .exec_stream(&caller, "sb-1a2b", echo())
+                .exec_stream(&caller, &testing::sid("sb-1a2b"), echo())
                 .await
                 .err()
                 .unwrap();

@@ -4,10 +4,10 @@
 use std::pin::Pin;
 
 use futures_util::{Stream, StreamExt};
+use sandcell_api::SandboxId;
 use sandcell_api::files::{
     DEFAULT_DIR, FileInfo, FileList, MakeDir, Rename, check_mode, check_path,
 };
-use sandcell_api::rules::check_sandbox_id;
 use sandcell_engine::Download;
 use sandcell_protocol::FileKind;
 
@@ -59,10 +59,9 @@ impl Service {
     pub async fn list_files(
         &self,
         caller: &Caller,
-        id: &str,
+        id: &SandboxId,
         path: Option<&str>,
     ) -> ServiceResult<FileList> {
-        check_sandbox_id(id)?;
         let path = path.unwrap_or(DEFAULT_DIR);
         check_path(path)?;
         let sandbox = self.fleet.sandbox(&caller.owner, id)?;
@@ -76,10 +75,9 @@ impl Service {
     pub async fn stat_file(
         &self,
         caller: &Caller,
-        id: &str,
+        id: &SandboxId,
         path: &str,
     ) -> ServiceResult<FileInfo> {
-        check_sandbox_id(id)?;
         check_path(path)?;
         let sandbox = self.fleet.sandbox(&caller.owner, id)?;
         Ok(sandbox.stat(path).await?.into())
@@ -89,10 +87,9 @@ impl Service {
     pub async fn make_dir(
         &self,
         caller: &Caller,
-        id: &str,
+        id: &SandboxId,
         req: MakeDir,
     ) -> ServiceResult<FileInfo> {
-        check_sandbox_id(id)?;
         check_path(&req.path)?;
         let sandbox = self.fleet.sandbox(&caller.owner, id)?;
         Ok(sandbox.make_dir(&req.path).await?.into())
@@ -102,10 +99,9 @@ impl Service {
     pub async fn rename_file(
         &self,
         caller: &Caller,
-        id: &str,
+        id: &SandboxId,
         req: Rename,
     ) -> ServiceResult<FileInfo> {
-        check_sandbox_id(id)?;
         check_path(&req.from)?;
         check_path(&req.to)?;
         let sandbox = self.fleet.sandbox(&caller.owner, id)?;
@@ -116,11 +112,10 @@ impl Service {
     pub async fn remove_file(
         &self,
         caller: &Caller,
-        id: &str,
+        id: &SandboxId,
         path: &str,
         recursive: bool,
     ) -> ServiceResult<()> {
-        check_sandbox_id(id)?;
         check_path(path)?;
         let sandbox = self.fleet.sandbox(&caller.owner, id)?;
         Ok(sandbox.remove(path, recursive).await?)
@@ -132,10 +127,9 @@ impl Service {
     pub async fn download_file(
         &self,
         caller: &Caller,
-        id: &str,
+        id: &SandboxId,
         path: &str,
     ) -> ServiceResult<FileDownload> {
-        check_sandbox_id(id)?;
         check_path(path)?;
         let sandbox = self.fleet.sandbox(&caller.owner, id)?;
         let entry = sandbox.stat(path).await?;
@@ -167,7 +161,7 @@ impl Service {
     pub async fn upload_file<S, B, E>(
         &self,
         caller: &Caller,
-        id: &str,
+        id: &SandboxId,
         path: &str,
         mode: Option<u32>,
         append: bool,
@@ -178,7 +172,6 @@ impl Service {
         B: AsRef<[u8]>,
         E: std::fmt::Display,
     {
-        check_sandbox_id(id)?;
         check_path(path)?;
         if let Some(mode) = mode {
             check_mode(mode)?;

@@ -4,8 +4,8 @@
 pub mod background;
 pub mod terminal;
 
+use sandcell_api::SandboxId;
 use sandcell_api::processes::{ProcessList, ProcessView};
-use sandcell_api::rules::check_sandbox_id;
 
 pub use terminal::{Terminal, TerminalEvent, TerminalInput, TerminalOutput};
 
@@ -23,7 +23,11 @@ pub(crate) fn check_pid(pid: i32) -> ServiceResult<()> {
 
 impl Service {
     /// Every process in the caller's sandbox `id` (its agent excluded), by pid.
-    pub async fn list_processes(&self, caller: &Caller, id: &str) -> ServiceResult<ProcessList> {
+    pub async fn list_processes(
+        &self,
+        caller: &Caller,
+        id: &SandboxId,
+    ) -> ServiceResult<ProcessList> {
         let sandbox = self.running_sandbox(caller, id)?;
         let processes = sandbox.processes().await?;
         Ok(ProcessList {
@@ -36,12 +40,11 @@ impl Service {
     pub async fn signal_process(
         &self,
         caller: &Caller,
-        id: &str,
+        id: &SandboxId,
         pid: i32,
         signal: i32,
         tree: bool,
     ) -> ServiceResult<()> {
-        check_sandbox_id(id)?;
         if pid < 2 {
             return Err(ServiceError::invalid(format!(
                 "pid {pid} is not a process you can signal (pid 1 is the sandbox's agent)"
@@ -67,7 +70,7 @@ mod tests {
     #[test]
     fn pids_signals_sizes_and_stdin_are_checked_first() {
         let (service, caller, _home) = service();
-        let id = "sb-1a2b";
+        let id = &crate::exec::testing::sid("sb-1a2b");
         block_on(async {
             let code = |r: crate::ServiceResult<()>| r.unwrap_err().code();
             assert_eq!(

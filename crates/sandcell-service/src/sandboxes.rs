@@ -5,12 +5,12 @@ use std::collections::BTreeMap;
 use std::sync::atomic::Ordering;
 use std::time::Instant;
 
-use sandcell_api::rules::{check_sandbox_id, secs_to_ms};
 use sandcell_api::sandboxes::{
     CreateSandbox, DEFAULT_TEMPLATE, LimitsInfo, Network, SandboxInfo, SandboxList, Size,
     template_kernels,
 };
 use sandcell_api::time::rfc3339;
+use sandcell_api::{SandboxId, Seconds, Tags};
 use sandcell_engine::fleet::{CreateOptions, RecordQuery, SandboxRecord, SandboxState};
 use sandcell_engine::{BackendKind, NetworkPolicy, SandboxLimits, SandboxSpec};
 
@@ -91,7 +91,7 @@ pub fn spec_of(req: &CreateSandbox) -> ServiceResult<SandboxSpec> {
             limits.open_files = v;
         }
         if let Some(v) = l.exec_timeout_secs {
-            limits.exec_timeout_ms = Some(secs_to_ms("limits.exec_timeout_secs", v)?);
+            limits.exec_timeout_ms = Some(v.as_ms());
         }
     }
     let spec = SandboxSpec {
@@ -111,29 +111,24 @@ pub fn spec_of(req: &CreateSandbox) -> ServiceResult<SandboxSpec> {
     Ok(spec)
 }
 
-/// The fleet's create options from a request's own settings (seconds as the API takes
-/// them, checked).
+/// The fleet's create options from a request's own settings.
 pub fn create_options(
     spec: SandboxSpec,
-    labels: BTreeMap<String, String>,
-    metadata: BTreeMap<String, String>,
-    idle_timeout_secs: Option<u64>,
-    timeout_secs: Option<u64>,
+    labels: Tags,
+    metadata: Tags,
+    idle_timeout: Option<Seconds>,
+    lifetime: Option<Seconds>,
     ephemeral: bool,
-) -> ServiceResult<CreateOptions> {
-    Ok(CreateOptions {
+) -> CreateOptions {
+    CreateOptions {
         spec,
-        labels,
-        metadata,
-        idle_timeout_ms: idle_timeout_secs
-            .map(|v| secs_to_ms("idle_timeout_secs", v))
-            .transpose()?,
-        lifetime_ms: timeout_secs
-            .map(|v| secs_to_ms("timeout_secs", v))
-            .transpose()?,
+        labels: labels.into_inner(),
+        metadata: metadata.into_inner(),
+        idle_timeout_ms: idle_timeout.map(Seconds::as_ms),
+        lifetime_ms: lifetime.map(Seconds::as_ms),
         ephemeral,
         checkpoint: None,
-    })
+    }
 }
 
 /// A sandbox's record as the API shows it.
@@ -232,7 +227,7 @@ impl Service {
             req.idle_timeout_secs,
             req.timeout_secs,
             req.ephemeral,
-        )?;
+        );
         let start = Instant::now();
         let created = self.fleet.create(&caller.owner, opts).await;
         match &created {
@@ -289,7 +284,7 @@ impl Service {
             req.idle_timeout_secs,
             req.timeout_secs,
             req.ephemeral,
-        )?;
+        );
         let made = self.restore_snapshot(caller, snapshot_id, &opts).await?;
         self.audit(
             caller,
@@ -303,8 +298,7 @@ impl Service {
     }
 
     /// One of the caller's sandboxes.
-    pub fn get_sandbox(&self, caller: &Caller, id: &str) -> ServiceResult<SandboxInfo> {
-        check_sandbox_id(id)?;
+    pub fn get_sandbox(&self, caller: &Caller, id: &SandboxId) -> ServiceResult<SandboxInfo> {
         Ok(sandbox_info(&self.fleet.get(&caller.owner, id)?))
     }
 
@@ -344,8 +338,7 @@ impl Service {
 
     /// Stops a sandbox and frees everything it holds (its record stays, `stopped`, unless it
     /// is ephemeral).
-    pub async fn delete_sandbox(&self, caller: &Caller, id: &str) -> ServiceResult<()> {
-        check_sandbox_id(id)?;
+    pub async fn delete_sandbox(&self, caller: &Caller, id: &SandboxId) -> ServiceResult<()> {
         self.fleet.delete(&caller.owner, id).await?;
         self.audit(caller, "sandbox.delete", Some(id), serde_json::Value::Null);
         Ok(())
@@ -355,29 +348,33 @@ impl Service {
     pub fn set_sandbox_timeout(
         &self,
         caller: &Caller,
-        id: &str,
-        timeout_secs: u64,
+        id: &SandboxId,
+        timeout: Seconds,
     ) -> ServiceResult<SandboxInfo> {
-        check_sandbox_id(id)?;
-        let ms = secs_to_ms("timeout_secs", timeout_secs)?;
         Ok(sandbox_info(&self.fleet.set_timeout(
             &caller.owner,
             id,
-            ms,
+            timeout.as_ms(),
         )?))
     }
 
     /// Pauses the sandbox (its processes freeze, its clocks stop).
-    pub async fn pause_sandbox(&self, caller: &Caller, id: &str) -> ServiceResult<SandboxInfo> {
-        check_sandbox_id(id)?;
+    pub async fn pause_sandbox(
+        &self,
+        caller: &Caller,
+        id: &SandboxId,
+    ) -> ServiceResult<SandboxInfo> {
         let record = self.fleet.pause(&caller.owner, id).await?;
         self.audit(caller, "sandbox.pause", Some(id), serde_json::Value::Null);
         Ok(sandbox_info(&record))
     }
 
     /// Resumes a paused sandbox where it stopped.
-    pub async fn resume_sandbox(&self, caller: &Caller, id: &str) -> ServiceResult<SandboxInfo> {
-        check_sandbox_id(id)?;
+    pub async fn resume_sandbox(
+        &self,
+        caller: &Caller,
+        id: &SandboxId,
+    ) -> ServiceResult<SandboxInfo> {
         let record = self.fleet.resume(&caller.owner, id).await?;
         self.audit(caller, "sandbox.resume", Some(id), serde_json::Value::Null);
         Ok(sandbox_info(&record))

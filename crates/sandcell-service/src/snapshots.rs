@@ -5,12 +5,13 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use sandcell_api::rules::{check_record_id, check_sandbox_id, check_tags, secs_to_ms};
+use sandcell_api::rules::check_record_id;
 use sandcell_api::snapshots::{
     AUTO_TAG, AutoSnapshot, CreateSnapshot, DEFAULT_KEEP, ForkResult, ForkSnapshot, Forked,
     MAX_DESCRIPTION, MAX_FORKS, MAX_NAME, SnapshotInfo, SnapshotList,
 };
 use sandcell_api::time::rfc3339;
+use sandcell_api::{SandboxId, Seconds};
 use sandcell_engine::fleet::{Checkpoint, CreateOptions, SandboxState};
 use sandcell_engine::{EngineError, SandboxSpec, SnapshotManifest};
 use sandcell_store::{AutoSnapshotRecord, SnapshotRecord};
@@ -83,10 +84,10 @@ pub fn auto_record(a: &AutoSnapshot, owner: &str, id: &str) -> ServiceResult<Aut
     let interval_ms = a
         .interval_secs
         .map(|v| {
-            if v == 0 {
+            if v.get() == 0 {
                 Err(ServiceError::invalid("'interval_secs' must be positive"))
             } else {
-                Ok(secs_to_ms("interval_secs", v)?)
+                Ok(v.as_ms())
             }
         })
         .transpose()?;
@@ -102,7 +103,7 @@ pub fn auto_record(a: &AutoSnapshot, owner: &str, id: &str) -> ServiceResult<Aut
 
 fn auto_settings(r: &AutoSnapshotRecord) -> AutoSnapshot {
     AutoSnapshot {
-        interval_secs: r.interval_ms.map(|ms| ms / 1000),
+        interval_secs: r.interval_ms.map(Seconds::from_ms),
         before_reclaim: r.before_reclaim,
         keep: Some(r.keep),
     }
@@ -124,19 +125,23 @@ impl Service {
     pub async fn create_snapshot(
         &self,
         caller: &Caller,
-        id: &str,
+        id: &SandboxId,
         req: CreateSnapshot,
     ) -> ServiceResult<SnapshotInfo> {
-        check_sandbox_id(id)?;
         let name = req.name.unwrap_or_default();
         if name.len() > MAX_NAME || req.description.len() > MAX_DESCRIPTION {
             return Err(ServiceError::invalid(format!(
                 "a name is at most {MAX_NAME} bytes and a description {MAX_DESCRIPTION}"
             )));
         }
-        check_tags("tags", &req.tags)?;
         let rec = self
-            .take_snapshot(&caller.owner, id, name, req.description, req.tags)
+            .take_snapshot(
+                &caller.owner,
+                id,
+                name,
+                req.description,
+                req.tags.into_inner(),
+            )
             .await?;
         self.audit(
             caller,
@@ -208,12 +213,11 @@ impl Service {
     pub fn list_snapshots(
         &self,
         caller: &Caller,
-        sandbox: Option<&str>,
+        sandbox: Option<&SandboxId>,
     ) -> ServiceResult<SnapshotList> {
-        if let Some(id) = sandbox {
-            check_sandbox_id(id)?;
-        }
-        let list = self.store.list_snapshots(Some(&caller.owner), sandbox)?;
+        let list = self
+            .store
+            .list_snapshots(Some(&caller.owner), sandbox.map(|s| s.as_str()))?;
         Ok(SnapshotList {
             snapshots: list.iter().map(snapshot_info).collect(),
         })
@@ -275,7 +279,7 @@ impl Service {
             req.idle_timeout_secs,
             req.timeout_secs,
             req.ephemeral,
-        )?;
+        );
         let made = self.make_from(caller, &rec, count, &opts).await?;
         self.audit(
             caller,
@@ -377,8 +381,11 @@ impl Service {
     }
 
     /// A sandbox's automatic-snapshot settings (never set: nothing automatic).
-    pub fn get_auto_snapshot(&self, caller: &Caller, id: &str) -> ServiceResult<AutoSnapshot> {
-        check_sandbox_id(id)?;
+    pub fn get_auto_snapshot(
+        &self,
+        caller: &Caller,
+        id: &SandboxId,
+    ) -> ServiceResult<AutoSnapshot> {
         self.fleet.get(&caller.owner, id)?;
         Ok(self
             .store
@@ -394,10 +401,9 @@ impl Service {
     pub fn set_auto_snapshot(
         &self,
         caller: &Caller,
-        id: &str,
+        id: &SandboxId,
         req: AutoSnapshot,
     ) -> ServiceResult<AutoSnapshot> {
-        check_sandbox_id(id)?;
         let record = self.fleet.get(&caller.owner, id)?;
         if !record.state.is_active() {
             return Err(ServiceError::new(

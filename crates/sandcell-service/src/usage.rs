@@ -5,7 +5,7 @@ use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use sandcell_api::rules::check_sandbox_id;
+use sandcell_api::SandboxId;
 use sandcell_api::usage::SandboxUsage;
 
 use crate::{Caller, Service, ServiceResult};
@@ -45,8 +45,11 @@ impl Service {
     /// CPU, memory and process counts of the caller's sandbox `id` (from cgroups; `None`
     /// where the host has none). The CPU percentage covers the time since the previous call,
     /// or a fresh 100 ms when there is no recent one. A paused sandbox is read as it is.
-    pub async fn sandbox_usage(&self, caller: &Caller, id: &str) -> ServiceResult<SandboxUsage> {
-        check_sandbox_id(id)?;
+    pub async fn sandbox_usage(
+        &self,
+        caller: &Caller,
+        id: &SandboxId,
+    ) -> ServiceResult<SandboxUsage> {
         let sandbox = self.fleet.sandbox_as_is(&caller.owner, id)?;
         let mut now = sandbox.usage();
         let mut percent = None;

@@ -340,7 +340,7 @@ impl Daemon {
     /// Runs Python code in the default context and returns the collected result.
     pub fn code(&self, id: &str, code: &str) -> CodeResult {
         let req = CodeInput {
-            code: code.to_string(),
+            code: sandcell_api::Code::new(code).expect("a small snippet"),
             ..CodeInput::default()
         };
         self.block_on(self.client().run_code(id, &req))

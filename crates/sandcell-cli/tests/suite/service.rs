@@ -2,11 +2,11 @@
 //! tools call them: snapshot take / fork (all or nothing) / lineage / retention, and the
 //! lifecycle tick's automatic-snapshot round, over a real store and real sandboxes.
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use sandcell_api::sandboxes::CreateSandbox;
 use sandcell_api::snapshots::{AUTO_TAG, AutoSnapshot, CreateSnapshot, ForkSnapshot};
+use sandcell_api::{SandboxId, Seconds};
 use sandcell_engine::fleet::{Fleet, SandboxState, now_ms};
 use sandcell_protocol::ExecRequest;
 use sandcell_service::ledger::StoreLedger;
@@ -52,6 +52,11 @@ fn caller(owner: &str) -> Caller {
     }
 }
 
+/// A sandbox id from a response.
+fn sid(id: &str) -> SandboxId {
+    SandboxId::parse(id).expect("a sandbox id")
+}
+
 async fn sh(s: &Service, who: &Caller, id: &str, line: &str) -> String {
     let sandbox = s.fleet.sandbox(&who.owner, id).expect("sandbox");
     text(
@@ -92,7 +97,7 @@ async fn snapshots_are_taken_forked_with_lineage_and_kept_from_other_owners() {
     let snap = s
         .create_snapshot(
             &alice,
-            &made.id,
+            &sid(&made.id),
             CreateSnapshot {
                 name: Some("first".into()),
                 ..Default::default()
@@ -130,7 +135,7 @@ async fn snapshots_are_taken_forked_with_lineage_and_kept_from_other_owners() {
     let child = s
         .create_snapshot(
             &alice,
-            &forks.sandboxes[0].sandbox.id,
+            &sid(&forks.sandboxes[0].sandbox.id),
             CreateSnapshot::default(),
         )
         .await
@@ -164,25 +169,14 @@ async fn snapshots_are_taken_forked_with_lineage_and_kept_from_other_owners() {
     s.delete_snapshot(&alice, &child.id).expect("delete child");
     s.delete_snapshot(&alice, &snap.id).expect("delete parent");
 
-    // Bad input is refused before anything is made.
-    let e = s
-        .create_snapshot(
-            &alice,
-            &made.id,
-            CreateSnapshot {
-                tags: BTreeMap::from([("k".to_string(), "bell\u{7}".to_string())]),
-                ..Default::default()
-            },
-        )
-        .await
-        .expect_err("control character in a tag value");
-    assert_eq!(e.kind, ErrorKind::InvalidArgument);
     for sb in s
         .list_sandboxes(&alice, Default::default())
         .expect("list")
         .items
     {
-        s.delete_sandbox(&alice, &sb.id).await.expect("delete");
+        s.delete_sandbox(&alice, &sid(&sb.id))
+            .await
+            .expect("delete");
     }
 }
 
@@ -198,7 +192,7 @@ async fn a_fork_is_all_or_nothing() {
         .await
         .expect("create");
     let snap = s
-        .create_snapshot(&alice, &made.id, CreateSnapshot::default())
+        .create_snapshot(&alice, &sid(&made.id), CreateSnapshot::default())
         .await
         .expect("snapshot");
     let e = s
@@ -232,7 +226,9 @@ async fn a_fork_is_all_or_nothing() {
         .expect("list")
         .items
     {
-        s.delete_sandbox(&alice, &sb.id).await.expect("delete");
+        s.delete_sandbox(&alice, &sid(&sb.id))
+            .await
+            .expect("delete");
     }
 }
 
@@ -246,9 +242,9 @@ async fn the_tick_takes_interval_snapshots_keeps_the_newest_and_snapshots_before
         .create_sandbox(
             &alice,
             CreateSandbox {
-                idle_timeout_secs: Some(3600),
+                idle_timeout_secs: Some(Seconds::new(3600).unwrap()),
                 auto_snapshot: Some(AutoSnapshot {
-                    interval_secs: Some(60),
+                    interval_secs: Some(Seconds::new(60).unwrap()),
                     before_reclaim: true,
                     keep: Some(2),
                 }),
@@ -258,7 +254,7 @@ async fn the_tick_takes_interval_snapshots_keeps_the_newest_and_snapshots_before
         .await
         .expect("create");
     let interval = |s: &Service| {
-        s.list_snapshots(&alice, Some(&made.id))
+        s.list_snapshots(&alice, Some(&sid(&made.id)))
             .expect("list")
             .snapshots
             .into_iter()
@@ -285,7 +281,7 @@ async fn the_tick_takes_interval_snapshots_keeps_the_newest_and_snapshots_before
         "{tick:?}"
     );
     let before = s
-        .list_snapshots(&alice, Some(&made.id))
+        .list_snapshots(&alice, Some(&sid(&made.id)))
         .expect("list")
         .snapshots
         .into_iter()
@@ -293,7 +289,7 @@ async fn the_tick_takes_interval_snapshots_keeps_the_newest_and_snapshots_before
         .count();
     assert_eq!(before, 1);
     assert_eq!(
-        s.get_sandbox(&alice, &made.id).expect("record").state,
+        s.get_sandbox(&alice, &sid(&made.id)).expect("record").state,
         "stopped"
     );
 }

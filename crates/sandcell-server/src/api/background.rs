@@ -2,6 +2,7 @@
 //! its output from any offset (and again after a disconnect), feed its stdin, resize its
 //! terminal; and `GET /pty`, a terminal over a WebSocket.
 
+use sandcell_api::SandboxId;
 use std::convert::Infallible;
 
 use axum::Json;
@@ -30,7 +31,7 @@ use crate::state::AppState;
 /// Starts a process in the background: the answer comes at once with its pid.
 #[utoipa::path(
     post, path = "/v1/sandboxes/{id}/processes", tag = "processes",
-    params(("id" = String, Path, description = "Sandbox id")),
+    params(("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$")),
     request_body = StartProcess,
     responses(
         (status = 201, body = Started),
@@ -44,7 +45,7 @@ use crate::state::AppState;
 pub async fn start(
     State(s): State<AppState>,
     caller: Caller,
-    ApiPath(id): ApiPath<String>,
+    ApiPath(id): ApiPath<SandboxId>,
     ApiJson(input): ApiJson<StartProcess>,
 ) -> ApiResult<(StatusCode, Json<Started>)> {
     let started = s.service.start_process(&caller, &id, input).await?;
@@ -82,7 +83,7 @@ fn output_from(raw: Option<&str>) -> Result<OutputFrom, ApiError> {
 #[utoipa::path(
     get, path = "/v1/sandboxes/{id}/processes/{pid}/stream", tag = "processes",
     params(
-        ("id" = String, Path, description = "Sandbox id"),
+        ("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$"),
         ("pid" = i32, Path, description = "Pid in the sandbox"),
         ("stdout_from" = Option<u64>, Query, description = "Stdout offset to start at"),
         ("stderr_from" = Option<u64>, Query, description = "Stderr offset to start at"),
@@ -97,7 +98,7 @@ fn output_from(raw: Option<&str>) -> Result<OutputFrom, ApiError> {
 pub async fn stream(
     State(s): State<AppState>,
     caller: Caller,
-    ApiPath((id, pid)): ApiPath<(String, i32)>,
+    ApiPath((id, pid)): ApiPath<(SandboxId, i32)>,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
     let from = output_from(raw.as_deref())?;
@@ -110,7 +111,7 @@ pub async fn stream(
 #[utoipa::path(
     get, path = "/v1/sandboxes/{id}/processes/{pid}/output", tag = "processes",
     params(
-        ("id" = String, Path, description = "Sandbox id"),
+        ("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$"),
         ("pid" = i32, Path, description = "Pid in the sandbox"),
         ("stdout_from" = Option<u64>, Query, description = "Stdout offset to start at"),
         ("stderr_from" = Option<u64>, Query, description = "Stderr offset to start at"),
@@ -125,7 +126,7 @@ pub async fn stream(
 pub async fn output(
     State(s): State<AppState>,
     caller: Caller,
-    ApiPath((id, pid)): ApiPath<(String, i32)>,
+    ApiPath((id, pid)): ApiPath<(SandboxId, i32)>,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<Json<ProcessOutput>> {
     let from = output_from(raw.as_deref())?;
@@ -139,7 +140,7 @@ pub async fn output(
 #[utoipa::path(
     post, path = "/v1/sandboxes/{id}/processes/{pid}/stdin", tag = "processes",
     params(
-        ("id" = String, Path, description = "Sandbox id"),
+        ("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$"),
         ("pid" = i32, Path, description = "Pid in the sandbox"),
         ("close" = Option<bool>, Query, description = "Close stdin after writing"),
     ),
@@ -155,7 +156,7 @@ pub async fn output(
 pub async fn stdin(
     State(s): State<AppState>,
     caller: Caller,
-    ApiPath((id, pid)): ApiPath<(String, i32)>,
+    ApiPath((id, pid)): ApiPath<(SandboxId, i32)>,
     RawQuery(raw): RawQuery,
     body: Body,
 ) -> ApiResult<StatusCode> {
@@ -188,7 +189,7 @@ pub async fn stdin(
 #[utoipa::path(
     post, path = "/v1/sandboxes/{id}/processes/{pid}/resize", tag = "processes",
     params(
-        ("id" = String, Path, description = "Sandbox id"),
+        ("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$"),
         ("pid" = i32, Path, description = "Pid in the sandbox"),
     ),
     request_body = TermSize,
@@ -203,7 +204,7 @@ pub async fn stdin(
 pub async fn resize(
     State(s): State<AppState>,
     caller: Caller,
-    ApiPath((id, pid)): ApiPath<(String, i32)>,
+    ApiPath((id, pid)): ApiPath<(SandboxId, i32)>,
     ApiJson(size): ApiJson<TermSize>,
 ) -> ApiResult<StatusCode> {
     s.service.resize_terminal(&caller, &id, pid, size).await?;
@@ -254,7 +255,7 @@ fn open_terminal(raw: Option<&str>) -> Result<OpenTerminal, ApiError> {
 #[utoipa::path(
     get, path = "/v1/sandboxes/{id}/pty", tag = "processes",
     params(
-        ("id" = String, Path, description = "Sandbox id"),
+        ("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$"),
         ("pid" = Option<i32>, Query, description = "Join this terminal process instead of starting one"),
         ("cmd" = Option<String>, Query, description = "Command line to start (default `bash -l`)"),
         ("cwd" = Option<String>, Query, description = "Its working directory"),
@@ -272,7 +273,7 @@ fn open_terminal(raw: Option<&str>) -> Result<OpenTerminal, ApiError> {
 pub async fn pty(
     State(s): State<AppState>,
     caller: Caller,
-    ApiPath(id): ApiPath<String>,
+    ApiPath(id): ApiPath<SandboxId>,
     RawQuery(raw): RawQuery,
     ws: Result<WebSocketUpgrade, axum::extract::ws::rejection::WebSocketUpgradeRejection>,
 ) -> ApiResult<Response> {

@@ -1,6 +1,7 @@
 //! `/v1/sandboxes/{id}/code` and `/contexts`: code in language kernels whose state persists,
 //! collected or streamed; contexts, interrupts, restarts and variables.
 
+use sandcell_api::SandboxId;
 use std::convert::Infallible;
 
 use axum::Json;
@@ -23,7 +24,7 @@ use crate::state::AppState;
 /// Runs code in a kernel and returns when it ends. The context's state persists.
 #[utoipa::path(
     post, path = "/v1/sandboxes/{id}/code", tag = "code",
-    params(("id" = String, Path, description = "Sandbox id")),
+    params(("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$")),
     request_body = CodeInput,
     responses(
         (status = 200, description = "It ran (see `done.status`)", body = CodeResult),
@@ -37,7 +38,7 @@ use crate::state::AppState;
 pub async fn run(
     State(s): State<AppState>,
     caller: Caller,
-    ApiPath(id): ApiPath<String>,
+    ApiPath(id): ApiPath<SandboxId>,
     ApiJson(input): ApiJson<CodeInput>,
 ) -> ApiResult<Json<CodeResult>> {
     Ok(Json(s.service.run_code(&caller, &id, input).await?))
@@ -48,7 +49,7 @@ pub async fn run(
 /// `done` (like `done` of the collected result), or an `error` event with an error `code`.
 #[utoipa::path(
     post, path = "/v1/sandboxes/{id}/code/stream", tag = "code",
-    params(("id" = String, Path, description = "Sandbox id")),
+    params(("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$")),
     request_body = CodeInput,
     responses(
         (status = 200, description = "Server-sent events", content_type = "text/event-stream", body = SseEvent),
@@ -62,7 +63,7 @@ pub async fn run(
 pub async fn run_stream(
     State(s): State<AppState>,
     caller: Caller,
-    ApiPath(id): ApiPath<String>,
+    ApiPath(id): ApiPath<SandboxId>,
     ApiJson(input): ApiJson<CodeInput>,
 ) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
     let events = s.service.run_code_stream(&caller, &id, input).await?;
@@ -72,7 +73,7 @@ pub async fn run_stream(
 /// Starts a new context (a kernel of its own).
 #[utoipa::path(
     post, path = "/v1/sandboxes/{id}/contexts", tag = "code",
-    params(("id" = String, Path, description = "Sandbox id")),
+    params(("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$")),
     request_body = CreateContext,
     responses(
         (status = 201, body = ContextView),
@@ -84,7 +85,7 @@ pub async fn run_stream(
 pub async fn create_context(
     State(s): State<AppState>,
     caller: Caller,
-    ApiPath(id): ApiPath<String>,
+    ApiPath(id): ApiPath<SandboxId>,
     ApiJson(req): ApiJson<CreateContext>,
 ) -> ApiResult<(StatusCode, Json<ContextView>)> {
     let view = s.service.create_context(&caller, &id, req).await?;
@@ -94,7 +95,7 @@ pub async fn create_context(
 /// Lists the contexts.
 #[utoipa::path(
     get, path = "/v1/sandboxes/{id}/contexts", tag = "code",
-    params(("id" = String, Path, description = "Sandbox id")),
+    params(("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$")),
     responses(
         (status = 200, body = Vec<ContextView>),
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
@@ -105,7 +106,7 @@ pub async fn create_context(
 pub async fn list_contexts(
     State(s): State<AppState>,
     caller: Caller,
-    ApiPath(id): ApiPath<String>,
+    ApiPath(id): ApiPath<SandboxId>,
 ) -> ApiResult<Json<Vec<ContextView>>> {
     Ok(Json(s.service.list_contexts(&caller, &id).await?))
 }
@@ -113,7 +114,7 @@ pub async fn list_contexts(
 /// Stops a context's kernel and forgets it.
 #[utoipa::path(
     delete, path = "/v1/sandboxes/{id}/contexts/{context}", tag = "code",
-    params(("id" = String, Path, description = "Sandbox id"), ("context" = String, Path, description = "Context id")),
+    params(("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$"), ("context" = String, Path, description = "Context id")),
     responses(
         (status = 204, description = "Gone"),
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
@@ -124,7 +125,7 @@ pub async fn list_contexts(
 pub async fn delete_context(
     State(s): State<AppState>,
     caller: Caller,
-    ApiPath((id, context)): ApiPath<(String, String)>,
+    ApiPath((id, context)): ApiPath<(SandboxId, String)>,
 ) -> ApiResult<StatusCode> {
     s.service.delete_context(&caller, &id, &context).await?;
     Ok(StatusCode::NO_CONTENT)
@@ -133,7 +134,7 @@ pub async fn delete_context(
 /// Interrupts the context's running execution; its state stays.
 #[utoipa::path(
     post, path = "/v1/sandboxes/{id}/contexts/{context}/interrupt", tag = "code",
-    params(("id" = String, Path, description = "Sandbox id"), ("context" = String, Path, description = "Context id")),
+    params(("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$"), ("context" = String, Path, description = "Context id")),
     responses(
         (status = 204, description = "Interrupted (or nothing was running)"),
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
@@ -144,7 +145,7 @@ pub async fn delete_context(
 pub async fn interrupt(
     State(s): State<AppState>,
     caller: Caller,
-    ApiPath((id, context)): ApiPath<(String, String)>,
+    ApiPath((id, context)): ApiPath<(SandboxId, String)>,
 ) -> ApiResult<StatusCode> {
     s.service.interrupt_context(&caller, &id, &context).await?;
     Ok(StatusCode::NO_CONTENT)
@@ -153,7 +154,7 @@ pub async fn interrupt(
 /// Replaces the context's kernel with a fresh one (clean state).
 #[utoipa::path(
     post, path = "/v1/sandboxes/{id}/contexts/{context}/restart", tag = "code",
-    params(("id" = String, Path, description = "Sandbox id"), ("context" = String, Path, description = "Context id")),
+    params(("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$"), ("context" = String, Path, description = "Context id")),
     responses(
         (status = 200, body = ContextView),
         (status = 400, body = ErrorBody), (status = 401, body = ErrorBody),
@@ -164,7 +165,7 @@ pub async fn interrupt(
 pub async fn restart(
     State(s): State<AppState>,
     caller: Caller,
-    ApiPath((id, context)): ApiPath<(String, String)>,
+    ApiPath((id, context)): ApiPath<(SandboxId, String)>,
 ) -> ApiResult<Json<ContextView>> {
     Ok(Json(
         s.service.restart_context(&caller, &id, &context).await?,
@@ -189,7 +190,7 @@ fn names_param(raw: Option<&str>) -> Result<Option<Vec<String>>, ApiError> {
 #[utoipa::path(
     get, path = "/v1/sandboxes/{id}/contexts/{context}/variables", tag = "code",
     params(
-        ("id" = String, Path, description = "Sandbox id"),
+        ("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$"),
         ("context" = String, Path, description = "Context id (`python` for the default Python context)"),
         ("names" = Option<String>, Query, description = "Comma-separated names (default: all)"),
     ),
@@ -203,7 +204,7 @@ fn names_param(raw: Option<&str>) -> Result<Option<Vec<String>>, ApiError> {
 pub async fn get_variables(
     State(s): State<AppState>,
     caller: Caller,
-    ApiPath((id, context)): ApiPath<(String, String)>,
+    ApiPath((id, context)): ApiPath<(SandboxId, String)>,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<Json<VariablesView>> {
     let names = names_param(raw.as_deref())?;
@@ -217,7 +218,7 @@ pub async fn get_variables(
 /// Sets variables from JSON values.
 #[utoipa::path(
     put, path = "/v1/sandboxes/{id}/contexts/{context}/variables", tag = "code",
-    params(("id" = String, Path, description = "Sandbox id"), ("context" = String, Path, description = "Context id")),
+    params(("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$"), ("context" = String, Path, description = "Context id")),
     request_body = SetVariables,
     responses(
         (status = 200, body = VariableNames),
@@ -229,7 +230,7 @@ pub async fn get_variables(
 pub async fn set_variables(
     State(s): State<AppState>,
     caller: Caller,
-    ApiPath((id, context)): ApiPath<(String, String)>,
+    ApiPath((id, context)): ApiPath<(SandboxId, String)>,
     ApiJson(req): ApiJson<SetVariables>,
 ) -> ApiResult<Json<VariableNames>> {
     Ok(Json(
@@ -241,7 +242,7 @@ pub async fn set_variables(
 #[utoipa::path(
     delete, path = "/v1/sandboxes/{id}/contexts/{context}/variables", tag = "code",
     params(
-        ("id" = String, Path, description = "Sandbox id"),
+        ("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$"),
         ("context" = String, Path, description = "Context id"),
         ("names" = Option<String>, Query, description = "Comma-separated names (default: all)"),
     ),
@@ -255,7 +256,7 @@ pub async fn set_variables(
 pub async fn clear_variables(
     State(s): State<AppState>,
     caller: Caller,
-    ApiPath((id, context)): ApiPath<(String, String)>,
+    ApiPath((id, context)): ApiPath<(SandboxId, String)>,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<Json<VariableNames>> {
     let names = names_param(raw.as_deref())?;

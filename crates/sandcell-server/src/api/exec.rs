@@ -1,6 +1,7 @@
 //! `/v1/sandboxes/{id}/exec`: run a command and get its result, or stream it as
 //! server-sent events.
 
+use sandcell_api::SandboxId;
 use std::convert::Infallible;
 
 use axum::Json;
@@ -17,7 +18,7 @@ use crate::state::AppState;
 /// Runs a command and returns when it ends.
 #[utoipa::path(
     post, path = "/v1/sandboxes/{id}/exec", tag = "exec",
-    params(("id" = String, Path, description = "Sandbox id")),
+    params(("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$")),
     request_body = ExecInput,
     responses(
         (status = 200, description = "It ran (see `cause` for how it ended)", body = ExecOutput),
@@ -32,7 +33,7 @@ use crate::state::AppState;
 pub async fn exec(
     State(s): State<AppState>,
     caller: Caller,
-    ApiPath(id): ApiPath<String>,
+    ApiPath(id): ApiPath<SandboxId>,
     ApiJson(input): ApiJson<ExecInput>,
 ) -> ApiResult<Json<ExecOutput>> {
     Ok(Json(s.service.exec(&caller, &id, input).await?))
@@ -42,7 +43,7 @@ pub async fn exec(
 /// `exit` event (like the `exec` response without the output), or an `error` event.
 #[utoipa::path(
     post, path = "/v1/sandboxes/{id}/exec/stream", tag = "exec",
-    params(("id" = String, Path, description = "Sandbox id")),
+    params(("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$")),
     request_body = ExecInput,
     responses(
         (status = 200, description = "Server-sent events: stdout, stderr, exit (or error)", content_type = "text/event-stream", body = SseEvent),
@@ -57,7 +58,7 @@ pub async fn exec(
 pub async fn exec_stream(
     State(s): State<AppState>,
     caller: Caller,
-    ApiPath(id): ApiPath<String>,
+    ApiPath(id): ApiPath<SandboxId>,
     ApiJson(input): ApiJson<ExecInput>,
 ) -> ApiResult<Sse<impl Stream<Item = Result<Event, Infallible>>>> {
     let events = s.service.exec_stream(&caller, &id, input).await?;

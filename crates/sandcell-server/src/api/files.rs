@@ -7,6 +7,7 @@ use axum::extract::{RawQuery, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use futures_util::StreamExt;
+use sandcell_api::SandboxId;
 use sandcell_api::files::{FileInfo, FileList, MakeDir, Rename};
 
 use super::extract::{ApiJson, ApiPath, query_pairs};
@@ -72,7 +73,7 @@ fn required_path(q: FileQuery) -> Result<String, ApiError> {
 #[utoipa::path(
     get, path = "/v1/sandboxes/{id}/files", tag = "files",
     params(
-        ("id" = String, Path, description = "Sandbox id"),
+        ("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$"),
         ("path" = Option<String>, Query, description = "Directory (default /workspace)"),
     ),
     responses(
@@ -87,7 +88,7 @@ fn required_path(q: FileQuery) -> Result<String, ApiError> {
 pub async fn list(
     State(s): State<AppState>,
     caller: Caller,
-    ApiPath(id): ApiPath<String>,
+    ApiPath(id): ApiPath<SandboxId>,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<Json<FileList>> {
     let q = file_query(raw.as_deref(), &["path"])?;
@@ -102,7 +103,7 @@ pub async fn list(
 #[utoipa::path(
     delete, path = "/v1/sandboxes/{id}/files", tag = "files",
     params(
-        ("id" = String, Path, description = "Sandbox id"),
+        ("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$"),
         ("path" = String, Query, description = "What to remove"),
         ("recursive" = Option<bool>, Query, description = "Remove a directory with its contents"),
     ),
@@ -118,7 +119,7 @@ pub async fn list(
 pub async fn remove(
     State(s): State<AppState>,
     caller: Caller,
-    ApiPath(id): ApiPath<String>,
+    ApiPath(id): ApiPath<SandboxId>,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<StatusCode> {
     let q = file_query(raw.as_deref(), &["path", "recursive"])?;
@@ -134,7 +135,7 @@ pub async fn remove(
 #[utoipa::path(
     get, path = "/v1/sandboxes/{id}/files/stat", tag = "files",
     params(
-        ("id" = String, Path, description = "Sandbox id"),
+        ("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$"),
         ("path" = String, Query, description = "The path"),
     ),
     responses(
@@ -148,7 +149,7 @@ pub async fn remove(
 pub async fn stat(
     State(s): State<AppState>,
     caller: Caller,
-    ApiPath(id): ApiPath<String>,
+    ApiPath(id): ApiPath<SandboxId>,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<Json<FileInfo>> {
     let q = file_query(raw.as_deref(), &["path"])?;
@@ -159,7 +160,7 @@ pub async fn stat(
 /// Creates a directory and its parents.
 #[utoipa::path(
     post, path = "/v1/sandboxes/{id}/files/mkdir", tag = "files",
-    params(("id" = String, Path, description = "Sandbox id")),
+    params(("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$")),
     request_body = MakeDir,
     responses(
         (status = 201, body = FileInfo),
@@ -173,7 +174,7 @@ pub async fn stat(
 pub async fn mkdir(
     State(s): State<AppState>,
     caller: Caller,
-    ApiPath(id): ApiPath<String>,
+    ApiPath(id): ApiPath<SandboxId>,
     ApiJson(req): ApiJson<MakeDir>,
 ) -> ApiResult<(StatusCode, Json<FileInfo>)> {
     let entry = s.service.make_dir(&caller, &id, req).await?;
@@ -183,7 +184,7 @@ pub async fn mkdir(
 /// Moves a file or directory.
 #[utoipa::path(
     post, path = "/v1/sandboxes/{id}/files/rename", tag = "files",
-    params(("id" = String, Path, description = "Sandbox id")),
+    params(("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$")),
     request_body = Rename,
     responses(
         (status = 200, description = "The moved entry", body = FileInfo),
@@ -197,7 +198,7 @@ pub async fn mkdir(
 pub async fn rename(
     State(s): State<AppState>,
     caller: Caller,
-    ApiPath(id): ApiPath<String>,
+    ApiPath(id): ApiPath<SandboxId>,
     ApiJson(req): ApiJson<Rename>,
 ) -> ApiResult<Json<FileInfo>> {
     Ok(Json(s.service.rename_file(&caller, &id, req).await?))
@@ -207,7 +208,7 @@ pub async fn rename(
 #[utoipa::path(
     get, path = "/v1/sandboxes/{id}/files/content", tag = "files",
     params(
-        ("id" = String, Path, description = "Sandbox id"),
+        ("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$"),
         ("path" = String, Query, description = "The file"),
     ),
     responses(
@@ -222,7 +223,7 @@ pub async fn rename(
 pub async fn download(
     State(s): State<AppState>,
     caller: Caller,
-    ApiPath(id): ApiPath<String>,
+    ApiPath(id): ApiPath<SandboxId>,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<Response> {
     let q = file_query(raw.as_deref(), &["path"])?;
@@ -255,7 +256,7 @@ pub async fn download(
 #[utoipa::path(
     put, path = "/v1/sandboxes/{id}/files/content", tag = "files",
     params(
-        ("id" = String, Path, description = "Sandbox id"),
+        ("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$"),
         ("path" = String, Query, description = "The file (parents are created)"),
         ("mode" = Option<String>, Query, description = "Octal permission bits, e.g. 755"),
         ("append" = Option<bool>, Query, description = "Append instead of replacing"),
@@ -274,7 +275,7 @@ pub async fn download(
 pub async fn upload(
     State(s): State<AppState>,
     caller: Caller,
-    ApiPath(id): ApiPath<String>,
+    ApiPath(id): ApiPath<SandboxId>,
     RawQuery(raw): RawQuery,
     body: Body,
 ) -> ApiResult<(StatusCode, Json<FileInfo>)> {

@@ -3,6 +3,7 @@
 use axum::Json;
 use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
+use sandcell_api::SandboxId;
 use sandcell_api::processes::{DEFAULT_SIGNAL, ProcessList, parse_signal};
 
 use super::extract::{ApiPath, query_pairs};
@@ -13,7 +14,7 @@ use crate::state::AppState;
 /// Lists every process in the sandbox (its agent excluded).
 #[utoipa::path(
     get, path = "/v1/sandboxes/{id}/processes", tag = "processes",
-    params(("id" = String, Path, description = "Sandbox id")),
+    params(("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$")),
     responses(
         (status = 200, body = ProcessList),
         (status = 400, body = ErrorBody),
@@ -26,7 +27,7 @@ use crate::state::AppState;
 pub async fn list(
     State(s): State<AppState>,
     caller: Caller,
-    ApiPath(id): ApiPath<String>,
+    ApiPath(id): ApiPath<SandboxId>,
 ) -> ApiResult<Json<ProcessList>> {
     Ok(Json(s.service.list_processes(&caller, &id).await?))
 }
@@ -35,7 +36,7 @@ pub async fn list(
 #[utoipa::path(
     delete, path = "/v1/sandboxes/{id}/processes/{pid}", tag = "processes",
     params(
-        ("id" = String, Path, description = "Sandbox id"),
+        ("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$"),
         ("pid" = i32, Path, description = "Pid inside the sandbox"),
         ("signal" = Option<String>, Query, description = "TERM, KILL (default), INT, HUP… or a number"),
         ("tree" = Option<bool>, Query, description = "Its descendants too"),
@@ -51,7 +52,7 @@ pub async fn list(
 pub async fn signal(
     State(s): State<AppState>,
     caller: Caller,
-    ApiPath((id, pid)): ApiPath<(String, i32)>,
+    ApiPath((id, pid)): ApiPath<(SandboxId, i32)>,
     RawQuery(raw): RawQuery,
 ) -> ApiResult<StatusCode> {
     let mut signal = DEFAULT_SIGNAL;

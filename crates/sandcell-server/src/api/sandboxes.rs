@@ -1,5 +1,6 @@
 //! `/v1/sandboxes`: create, get, list, delete, set the timeout.
 
+use sandcell_api::SandboxId;
 use std::collections::BTreeMap;
 
 use axum::Json;
@@ -40,7 +41,7 @@ pub async fn create(
 /// One sandbox.
 #[utoipa::path(
     get, path = "/v1/sandboxes/{id}", tag = "sandboxes",
-    params(("id" = String, Path, description = "Sandbox id")),
+    params(("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$")),
     responses(
         (status = 200, body = SandboxInfo),
         (status = 400, body = ErrorBody),
@@ -52,7 +53,7 @@ pub async fn create(
 pub async fn get(
     State(s): State<AppState>,
     caller: Caller,
-    ApiPath(id): ApiPath<String>,
+    ApiPath(id): ApiPath<SandboxId>,
 ) -> ApiResult<Json<SandboxInfo>> {
     Ok(Json(s.service.get_sandbox(&caller, &id)?))
 }
@@ -133,7 +134,7 @@ fn insert_pair(map: &mut BTreeMap<String, String>, what: &str, v: &str) -> Resul
 /// is ephemeral).
 #[utoipa::path(
     delete, path = "/v1/sandboxes/{id}", tag = "sandboxes",
-    params(("id" = String, Path, description = "Sandbox id")),
+    params(("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$")),
     responses(
         (status = 204, description = "Stopped"),
         (status = 400, body = ErrorBody),
@@ -145,7 +146,7 @@ fn insert_pair(map: &mut BTreeMap<String, String>, what: &str, v: &str) -> Resul
 pub async fn delete(
     State(s): State<AppState>,
     caller: Caller,
-    ApiPath(id): ApiPath<String>,
+    ApiPath(id): ApiPath<SandboxId>,
 ) -> ApiResult<StatusCode> {
     s.service.delete_sandbox(&caller, &id).await?;
     Ok(StatusCode::NO_CONTENT)
@@ -154,7 +155,7 @@ pub async fn delete(
 /// Sets how long from now the sandbox may live.
 #[utoipa::path(
     post, path = "/v1/sandboxes/{id}/timeout", tag = "sandboxes",
-    params(("id" = String, Path, description = "Sandbox id")),
+    params(("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$")),
     request_body = SetTimeout,
     responses(
         (status = 200, body = SandboxInfo),
@@ -168,7 +169,7 @@ pub async fn delete(
 pub async fn set_timeout(
     State(s): State<AppState>,
     caller: Caller,
-    ApiPath(id): ApiPath<String>,
+    ApiPath(id): ApiPath<SandboxId>,
     ApiJson(req): ApiJson<SetTimeout>,
 ) -> ApiResult<Json<SandboxInfo>> {
     Ok(Json(s.service.set_sandbox_timeout(
@@ -183,7 +184,7 @@ pub async fn set_timeout(
 /// code, files…) resumes it first; so does `POST …/resume`.
 #[utoipa::path(
     post, path = "/v1/sandboxes/{id}/pause", tag = "sandboxes",
-    params(("id" = String, Path, description = "Sandbox id")),
+    params(("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$")),
     responses(
         (status = 200, description = "Paused (or paused already)", body = SandboxInfo),
         (status = 400, body = ErrorBody),
@@ -196,7 +197,7 @@ pub async fn set_timeout(
 pub async fn pause(
     State(s): State<AppState>,
     caller: Caller,
-    ApiPath(id): ApiPath<String>,
+    ApiPath(id): ApiPath<SandboxId>,
 ) -> ApiResult<Json<SandboxInfo>> {
     Ok(Json(s.service.pause_sandbox(&caller, &id).await?))
 }
@@ -205,7 +206,7 @@ pub async fn pause(
 /// paused.
 #[utoipa::path(
     post, path = "/v1/sandboxes/{id}/resume", tag = "sandboxes",
-    params(("id" = String, Path, description = "Sandbox id")),
+    params(("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$")),
     responses(
         (status = 200, description = "Running (or running already)", body = SandboxInfo),
         (status = 400, body = ErrorBody),
@@ -218,7 +219,7 @@ pub async fn pause(
 pub async fn resume(
     State(s): State<AppState>,
     caller: Caller,
-    ApiPath(id): ApiPath<String>,
+    ApiPath(id): ApiPath<SandboxId>,
 ) -> ApiResult<Json<SandboxInfo>> {
     Ok(Json(s.service.resume_sandbox(&caller, &id).await?))
 }

@@ -4,6 +4,7 @@
 use axum::Json;
 use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
+use sandcell_api::SandboxId;
 use sandcell_api::snapshots::{
     AutoSnapshot, CreateSnapshot, ForkResult, ForkSnapshot, SnapshotInfo, SnapshotList,
 };
@@ -18,7 +19,7 @@ use crate::state::AppState;
 /// where the sandbox has one; checksummed and kept on disk; listed only once whole.
 #[utoipa::path(
     post, path = "/v1/sandboxes/{id}/snapshots", tag = "snapshots",
-    params(("id" = String, Path, description = "Sandbox id")),
+    params(("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$")),
     request_body = CreateSnapshot,
     responses(
         (status = 201, body = SnapshotInfo),
@@ -33,7 +34,7 @@ use crate::state::AppState;
 pub async fn create(
     State(s): State<AppState>,
     caller: Caller,
-    ApiPath(id): ApiPath<String>,
+    ApiPath(id): ApiPath<SandboxId>,
     ApiJson(req): ApiJson<CreateSnapshot>,
 ) -> ApiResult<(StatusCode, Json<SnapshotInfo>)> {
     let info = s.service.create_snapshot(&caller, &id, req).await?;
@@ -59,7 +60,7 @@ pub async fn list(
     let mut sandbox = None;
     for (k, v) in query_pairs(query.as_deref())? {
         match k.as_str() {
-            "sandbox" => sandbox = Some(v),
+            "sandbox" => sandbox = Some(SandboxId::parse(v)?),
             _ => {
                 return Err(ApiError::invalid(format!(
                     "unknown query parameter '{k}' (this route takes: sandbox)"
@@ -67,7 +68,7 @@ pub async fn list(
             }
         }
     }
-    Ok(Json(s.service.list_snapshots(&caller, sandbox.as_deref())?))
+    Ok(Json(s.service.list_snapshots(&caller, sandbox.as_ref())?))
 }
 
 /// Shows a snapshot with its lineage: its parent, its children, the sandboxes made from it.
@@ -142,7 +143,7 @@ pub async fn fork(
 /// A sandbox's automatic snapshots.
 #[utoipa::path(
     get, path = "/v1/sandboxes/{id}/auto-snapshot", tag = "snapshots",
-    params(("id" = String, Path, description = "Sandbox id")),
+    params(("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$")),
     responses(
         (status = 200, body = AutoSnapshot),
         (status = 400, body = ErrorBody),
@@ -154,7 +155,7 @@ pub async fn fork(
 pub async fn get_auto(
     State(s): State<AppState>,
     caller: Caller,
-    ApiPath(id): ApiPath<String>,
+    ApiPath(id): ApiPath<SandboxId>,
 ) -> ApiResult<Json<AutoSnapshot>> {
     Ok(Json(s.service.get_auto_snapshot(&caller, &id)?))
 }
@@ -162,7 +163,7 @@ pub async fn get_auto(
 /// Sets a sandbox's automatic snapshots (replacing what it had).
 #[utoipa::path(
     put, path = "/v1/sandboxes/{id}/auto-snapshot", tag = "snapshots",
-    params(("id" = String, Path, description = "Sandbox id")),
+    params(("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$")),
     request_body = AutoSnapshot,
     responses(
         (status = 200, body = AutoSnapshot),
@@ -176,7 +177,7 @@ pub async fn get_auto(
 pub async fn set_auto(
     State(s): State<AppState>,
     caller: Caller,
-    ApiPath(id): ApiPath<String>,
+    ApiPath(id): ApiPath<SandboxId>,
     ApiJson(req): ApiJson<AutoSnapshot>,
 ) -> ApiResult<Json<AutoSnapshot>> {
     Ok(Json(s.service.set_auto_snapshot(&caller, &id, req)?))

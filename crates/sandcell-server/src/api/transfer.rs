@@ -8,6 +8,7 @@ use axum::body::Body;
 use axum::extract::{RawQuery, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::response::{IntoResponse, Response};
+use sandcell_api::SandboxId;
 use sandcell_api::transfer::{
     ArtifactList, CreateExport, ExportInfo, ExportList, ImportRequest, ImportResult,
 };
@@ -21,7 +22,7 @@ use crate::state::AppState;
 /// Copies a file or folder out of the sandbox into the service's keeping.
 #[utoipa::path(
     post, path = "/v1/sandboxes/{id}/exports", tag = "files",
-    params(("id" = String, Path, description = "Sandbox id")),
+    params(("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$")),
     request_body = CreateExport,
     responses(
         (status = 201, body = ExportInfo),
@@ -35,7 +36,7 @@ use crate::state::AppState;
 pub async fn create_export(
     State(s): State<AppState>,
     caller: Caller,
-    ApiPath(id): ApiPath<String>,
+    ApiPath(id): ApiPath<SandboxId>,
     ApiJson(req): ApiJson<CreateExport>,
 ) -> ApiResult<(StatusCode, Json<ExportInfo>)> {
     let info = s.service.create_export(&caller, &id, req).await?;
@@ -61,7 +62,7 @@ pub async fn list_exports(
     let mut sandbox = None;
     for (k, v) in query_pairs(raw.as_deref())? {
         match k.as_str() {
-            "sandbox_id" => sandbox = Some(v),
+            "sandbox_id" => sandbox = Some(SandboxId::parse(v)?),
             other => {
                 return Err(ApiError::invalid(format!(
                     "unknown query parameter '{other}' (sandbox_id)"
@@ -69,7 +70,7 @@ pub async fn list_exports(
             }
         }
     }
-    Ok(Json(s.service.list_exports(&caller, sandbox.as_deref())?))
+    Ok(Json(s.service.list_exports(&caller, sandbox.as_ref())?))
 }
 
 /// One export.
@@ -172,7 +173,7 @@ pub async fn download_export(
 /// of your exports.
 #[utoipa::path(
     post, path = "/v1/sandboxes/{id}/import", tag = "files",
-    params(("id" = String, Path, description = "Sandbox id")),
+    params(("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$")),
     request_body = ImportRequest,
     responses(
         (status = 201, body = ImportResult),
@@ -187,7 +188,7 @@ pub async fn download_export(
 pub async fn import(
     State(s): State<AppState>,
     caller: Caller,
-    ApiPath(id): ApiPath<String>,
+    ApiPath(id): ApiPath<SandboxId>,
     ApiJson(req): ApiJson<ImportRequest>,
 ) -> ApiResult<(StatusCode, Json<ImportResult>)> {
     let done = s.service.import(&caller, &id, req).await?;
@@ -198,7 +199,7 @@ pub async fn import(
 /// written), with their MIME types.
 #[utoipa::path(
     get, path = "/v1/sandboxes/{id}/artifacts", tag = "files",
-    params(("id" = String, Path, description = "Sandbox id")),
+    params(("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$")),
     responses(
         (status = 200, body = ArtifactList),
         (status = 400, body = ErrorBody),
@@ -210,7 +211,7 @@ pub async fn import(
 pub async fn artifacts(
     State(s): State<AppState>,
     caller: Caller,
-    ApiPath(id): ApiPath<String>,
+    ApiPath(id): ApiPath<SandboxId>,
 ) -> ApiResult<Json<ArtifactList>> {
     Ok(Json(s.service.list_artifacts(&caller, &id).await?))
 }

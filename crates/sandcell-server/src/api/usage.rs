@@ -3,6 +3,7 @@
 
 use axum::Json;
 use axum::extract::State;
+use sandcell_api::SandboxId;
 use sandcell_api::usage::SandboxUsage;
 
 use super::extract::ApiPath;
@@ -14,7 +15,7 @@ use crate::state::AppState;
 /// none).
 #[utoipa::path(
     get, path = "/v1/sandboxes/{id}/metrics", tag = "sandboxes",
-    params(("id" = String, Path, description = "Sandbox id")),
+    params(("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$")),
     responses(
         (status = 200, body = SandboxUsage),
         (status = 400, body = ErrorBody),
@@ -27,7 +28,7 @@ use crate::state::AppState;
 pub async fn usage(
     State(s): State<AppState>,
     caller: Caller,
-    ApiPath(id): ApiPath<String>,
+    ApiPath(id): ApiPath<SandboxId>,
 ) -> ApiResult<Json<SandboxUsage>> {
     Ok(Json(s.service.sandbox_usage(&caller, &id).await?))
 }

@@ -2,12 +2,12 @@
 //! offset (and again after a disconnect), collect it, feed its stdin, resize its terminal.
 
 use futures_util::StreamExt;
+use sandcell_api::SandboxId;
 use sandcell_api::exec::{ExecInput, ExitEvent, ExitInfo};
 use sandcell_api::processes::{
     LostOutput, OutputChunk, OutputFrom, ProcessOutput, ProcessStreamEvent, StartProcess, Started,
     TermSize,
 };
-use sandcell_api::rules::check_sandbox_id;
 use sandcell_engine::{AttachEvent, AttachFrom};
 use sandcell_protocol::{Channel, ExecRequest, PtySize};
 
@@ -62,10 +62,9 @@ impl Service {
     pub async fn start_process(
         &self,
         caller: &Caller,
-        id: &str,
+        id: &SandboxId,
         input: StartProcess,
     ) -> ServiceResult<Started> {
-        check_sandbox_id(id)?;
         let req = start_request(&input)?;
         let sandbox = self.running_sandbox(caller, id)?;
         let started = sandbox.spawn(req).await?;
@@ -81,11 +80,10 @@ impl Service {
     pub async fn follow_process(
         &self,
         caller: &Caller,
-        id: &str,
+        id: &SandboxId,
         pid: i32,
         from: OutputFrom,
     ) -> ServiceResult<Events<ProcessStreamEvent>> {
-        check_sandbox_id(id)?;
         check_pid(pid)?;
         let sandbox = self.running_sandbox(caller, id)?;
         let attach = sandbox.attach(pid, attach_from(from)).await?;
@@ -130,11 +128,10 @@ impl Service {
     pub async fn process_output(
         &self,
         caller: &Caller,
-        id: &str,
+        id: &SandboxId,
         pid: i32,
         from: OutputFrom,
     ) -> ServiceResult<ProcessOutput> {
-        check_sandbox_id(id)?;
         check_pid(pid)?;
         let sandbox = self.running_sandbox(caller, id)?;
         let out = sandbox
@@ -158,12 +155,11 @@ impl Service {
     pub async fn write_process_stdin(
         &self,
         caller: &Caller,
-        id: &str,
+        id: &SandboxId,
         pid: i32,
         bytes: &[u8],
         close: bool,
     ) -> ServiceResult<()> {
-        check_sandbox_id(id)?;
         check_pid(pid)?;
         if bytes.len() > sandcell_api::processes::MAX_STDIN_BYTES {
             return Err(ServiceError::new(
@@ -188,11 +184,10 @@ impl Service {
     pub async fn resize_terminal(
         &self,
         caller: &Caller,
-        id: &str,
+        id: &SandboxId,
         pid: i32,
         size: TermSize,
     ) -> ServiceResult<()> {
-        check_sandbox_id(id)?;
         check_pid(pid)?;
         let size = pty_size(size)?;
         let sandbox = self.running_sandbox(caller, id)?;
@@ -224,10 +219,6 @@ mod tests {
             },
             StartProcess {
                 buffer_bytes: Some(sandcell_protocol::exec::MAX_BUFFER_BYTES + 1),
-                ..ok.clone()
-            },
-            StartProcess {
-                timeout_secs: Some(f64::NAN),
                 ..ok.clone()
             },
         ] {

@@ -1,8 +1,8 @@
 //! Terminals: start a process on a new terminal (or join a running one) and pump it both
 //! ways. The front end carries the bytes and frames (REST: a WebSocket).
 
+use sandcell_api::SandboxId;
 use sandcell_api::processes::{OpenTerminal, StartProcess, TermSize, TerminalFrame};
-use sandcell_api::rules::check_sandbox_id;
 use sandcell_engine::{AttachEvent, AttachFrom, AttachStream, Sandbox};
 
 use super::background::{pty_size, start_request};
@@ -123,10 +123,9 @@ impl Service {
     pub async fn open_terminal(
         &self,
         caller: &Caller,
-        id: &str,
+        id: &SandboxId,
         req: OpenTerminal,
     ) -> ServiceResult<Terminal> {
-        check_sandbox_id(id)?;
         if let Some(pid) = req.pid {
             check_pid(pid)?;
         }

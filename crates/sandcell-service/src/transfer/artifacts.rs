@@ -1,7 +1,7 @@
 //! The artifacts folder: files code executions leave in `/workspace/outputs` (plots saved,
 //! data written), with their MIME types.
 
-use sandcell_api::rules::check_sandbox_id;
+use sandcell_api::SandboxId;
 use sandcell_api::transfer::{ARTIFACTS_DIR, Artifact, ArtifactList};
 use sandcell_engine::EngineError;
 use sandcell_protocol::{ErrorCode, FileKind};
@@ -12,8 +12,11 @@ use crate::{Caller, Service, ServiceResult};
 impl Service {
     /// The files under the caller's sandbox `id`'s `/workspace/outputs`, by path (none when
     /// the folder does not exist).
-    pub async fn list_artifacts(&self, caller: &Caller, id: &str) -> ServiceResult<ArtifactList> {
-        check_sandbox_id(id)?;
+    pub async fn list_artifacts(
+        &self,
+        caller: &Caller,
+        id: &SandboxId,
+    ) -> ServiceResult<ArtifactList> {
         let sandbox = self.fleet.sandbox(&caller.owner, id)?;
         let mut artifacts = Vec::new();
         let mut stack = vec![(ARTIFACTS_DIR.to_string(), 0usize)];

@@ -4,8 +4,8 @@
 use std::path::{Component, Path, PathBuf};
 
 use base64::Engine as _;
+use sandcell_api::SandboxId;
 use sandcell_api::files::{check_mode, check_path};
-use sandcell_api::rules::check_sandbox_id;
 use sandcell_api::transfer::{ImportRequest, ImportResult};
 use sandcell_engine::Sandbox;
 use sandcell_store::ExportKind;
@@ -167,10 +167,9 @@ impl Service {
     pub async fn import(
         &self,
         caller: &Caller,
-        id: &str,
+        id: &SandboxId,
         req: ImportRequest,
     ) -> ServiceResult<ImportResult> {
-        check_sandbox_id(id)?;
         check_path(&req.path)?;
         if let Some(mode) = req.mode {
             check_mode(mode)?;

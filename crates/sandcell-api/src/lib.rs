@@ -15,6 +15,7 @@ pub mod files;
 pub mod keys;
 pub mod processes;
 pub mod rules;
+pub mod runs;
 pub mod sandboxes;
 pub mod snapshots;
 pub mod system;

@@ -36,6 +36,10 @@ fn string(v: impl Into<String>) -> toml::Value {
     toml::Value::String(v.into())
 }
 
+fn float(v: f64) -> toml::Value {
+    toml::Value::Float(v)
+}
+
 /// The longest a signed download link may be valid (as for S3's presigned URLs).
 pub const MAX_URL_TTL_SECS: u64 = 7 * 24 * 3600;
 
@@ -126,6 +130,86 @@ const KEYS: &[Key] = &[
         help: "on SIGTERM/SIGINT: \"keep\" them running for the next start, or \"stop\" them",
         default: |_| string("keep"),
     },
+    Key {
+        name: "agent.model",
+        help: "the model agent runs use when they name none: \"provider/model\", e.g. \"openai/gpt-4o-mini\" or \"anthropic/claude-sonnet-4-5\" (empty: runs must name one)",
+        default: |_| string(""),
+    },
+    Key {
+        name: "agent.mode",
+        help: "\"tools\" (the model calls JSON tools) or \"repl\" (it writes code that may call the model again)",
+        default: |_| string("tools"),
+    },
+    Key {
+        name: "agent.stream",
+        help: "stream model answers (server-sent events) rather than wait for each whole answer",
+        default: |_| toml::Value::Boolean(true),
+    },
+    Key {
+        name: "agent.max_iterations",
+        help: "model calls with tools per run (at most 50)",
+        default: |_| int(10),
+    },
+    Key {
+        name: "agent.max_depth",
+        help: "levels of sub-runs (at most 5)",
+        default: |_| int(4),
+    },
+    Key {
+        name: "agent.max_sub_calls",
+        help: "sub-calls to a model per run tree",
+        default: |_| int(12),
+    },
+    Key {
+        name: "agent.token_budget",
+        help: "input + output tokens per run tree (0: no limit)",
+        default: |_| int(0),
+    },
+    Key {
+        name: "agent.cost_limit_usd",
+        help: "US dollars per run tree (at most 10)",
+        default: |_| float(2.0),
+    },
+    Key {
+        name: "agent.timeout_secs",
+        help: "seconds a run may take in all (at most 600)",
+        default: |_| int(300),
+    },
+    Key {
+        name: "agent.cell_timeout_secs",
+        help: "seconds one cell of the model's code may run (at most 600)",
+        default: |_| int(30),
+    },
+    Key {
+        name: "agent.max_output_tokens",
+        help: "output tokens one model call may produce",
+        default: |_| int(4096),
+    },
+    Key {
+        name: "agent.openai.base_url",
+        help: "OpenAI-compatible server, with /v1 (empty: $OPENAI_BASE_URL, else the official API); vLLM, Ollama, LM Studio, OpenRouter work too",
+        default: |_| string(""),
+    },
+    Key {
+        name: "agent.openai.key_env",
+        help: "the environment variable holding the OpenAI-compatible server's key (the key itself never goes in this file)",
+        default: |_| string("OPENAI_API_KEY"),
+    },
+    Key {
+        name: "agent.anthropic.base_url",
+        help: "Anthropic Messages server, without /v1 (empty: $ANTHROPIC_BASE_URL, else the official API)",
+        default: |_| string(""),
+    },
+    Key {
+        name: "agent.anthropic.key_env",
+        help: "the environment variable holding the Anthropic key",
+        default: |_| string("ANTHROPIC_API_KEY"),
+    },
+    Key {
+        name: "agent.prices",
+        help: "prices added to the built-in table: \"provider/model=input,output[,context_window]\" in US dollars per million tokens, e.g. [\"openai/my-model=0.5,1.5,128000\"] (a model with no price has its cost reported as unknown)",
+        default: |_| toml::Value::Array(Vec::new()),
+    },
 ];
 
 /// The effective settings.
@@ -154,6 +238,78 @@ pub struct Config {
     pub metrics: MetricsConfig,
     /// What a stop does.
     pub shutdown: ShutdownConfig,
+    /// Agent runs: the default model, budgets and providers.
+    pub agent: AgentConfig,
+}
+
+/// Agent runs' settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct AgentConfig {
+    /// The default `provider/model` (empty: none).
+    pub model: String,
+    /// The default mode.
+    pub mode: String,
+    /// Stream model answers.
+    pub stream: bool,
+    /// Default model calls with tools per run.
+    pub max_iterations: u64,
+    /// Default levels of sub-runs.
+    pub max_depth: u64,
+    /// Default sub-calls per run tree.
+    pub max_sub_calls: u64,
+    /// Default tokens per run tree (0: no limit).
+    pub token_budget: u64,
+    /// Default dollars per run tree.
+    pub cost_limit_usd: f64,
+    /// Default seconds per run.
+    pub timeout_secs: u64,
+    /// Default seconds per cell.
+    pub cell_timeout_secs: u64,
+    /// Default output tokens per model call.
+    pub max_output_tokens: u64,
+    /// The OpenAI-compatible provider.
+    pub openai: ProviderConfig,
+    /// The Anthropic provider.
+    pub anthropic: ProviderConfig,
+    /// Extra prices: `provider/model=input,output[,context_window]`.
+    pub prices: Vec<String>,
+}
+
+/// Where a provider is and which variable holds its key.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ProviderConfig {
+    /// The base URL (empty: the environment's, else the official one).
+    pub base_url: String,
+    /// The variable with the key.
+    pub key_env: String,
+}
+
+/// One `agent.prices` entry: (`provider/model`, input and output dollars per million
+/// tokens, context window).
+pub fn parse_price(entry: &str) -> Result<(String, f64, f64, Option<u32>), String> {
+    let bad = || format!("'{entry}' is not provider/model=input,output[,context_window]");
+    let (model, rest) = entry.split_once('=').ok_or_else(bad)?;
+    let parts: Vec<&str> = rest.split(',').map(str::trim).collect();
+    let number = |s: &str| {
+        s.parse::<f64>()
+            .ok()
+            .filter(|v| v.is_finite() && *v >= 0.0)
+            .ok_or_else(bad)
+    };
+    let (input, output, window) = match parts.as_slice() {
+        [i, o] => (number(i)?, number(o)?, None),
+        [i, o, w] => (
+            number(i)?,
+            number(o)?,
+            Some(w.parse::<u32>().map_err(|_| bad())?),
+        ),
+        _ => return Err(bad()),
+    };
+    let model = model.trim();
+    if model.is_empty() {
+        return Err(bad());
+    }
+    Ok((model.to_string(), input, output, window))
 }
 
 /// Who may read `/metrics`.
@@ -410,6 +566,41 @@ fn validate(c: &Config) -> Result<(), ConfigError> {
     for entry in &c.pools.warm {
         parse_warm_pool(entry).map_err(|m| bad("pools.warm", m))?;
     }
+    let a = &c.agent;
+    if !["tools", "repl"].contains(&a.mode.as_str()) {
+        return Err(bad("agent.mode", "must be \"tools\" or \"repl\"".into()));
+    }
+    for (key, value, max) in [
+        ("agent.max_iterations", a.max_iterations, 50),
+        ("agent.max_depth", a.max_depth, 5),
+        ("agent.timeout_secs", a.timeout_secs, 600),
+        ("agent.cell_timeout_secs", a.cell_timeout_secs, 600),
+    ] {
+        if value == 0 || value > max {
+            return Err(bad(key, format!("must be 1 to {max}, got {value}")));
+        }
+    }
+    if !(a.cost_limit_usd > 0.0 && a.cost_limit_usd <= 10.0) {
+        return Err(bad(
+            "agent.cost_limit_usd",
+            format!("must be above 0 and at most 10, got {}", a.cost_limit_usd),
+        ));
+    }
+    if a.max_output_tokens == 0 || a.max_output_tokens > u64::from(u32::MAX) {
+        return Err(bad(
+            "agent.max_output_tokens",
+            "must be a positive 32-bit number".into(),
+        ));
+    }
+    if !a.model.is_empty() && !a.model.contains('/') {
+        return Err(bad(
+            "agent.model",
+            format!("'{}' is not provider/model", a.model),
+        ));
+    }
+    for entry in &a.prices {
+        parse_price(entry).map_err(|m| bad("agent.prices", m))?;
+    }
     if let Some(p) = c.import.allowed_paths.iter().find(|p| !p.is_absolute()) {
         return Err(bad(
             "import.allowed_paths",
@@ -441,6 +632,11 @@ fn from_text(k: &Key, raw: &str) -> toml::Value {
             .parse::<i64>()
             .map(toml::Value::Integer)
             .unwrap_or_else(|_| string(raw)),
+        toml::Value::Float(_) => raw
+            .trim()
+            .parse::<f64>()
+            .map(toml::Value::Float)
+            .unwrap_or_else(|_| string(raw)),
         toml::Value::Boolean(_) => match raw.trim() {
             "true" => toml::Value::Boolean(true),
             "false" => toml::Value::Boolean(false),
@@ -469,6 +665,11 @@ fn coerce(k: &Key, value: toml::Value, origin: &str) -> Result<toml::Value, Conf
         (toml::Value::Integer(_), toml::Value::Integer(n)) if *n >= 0 => Ok(value),
         (toml::Value::Integer(_), _) => {
             Err(bad(format!("expected a whole number ≥ 0, got {value}")))
+        }
+        (toml::Value::Float(_), toml::Value::Float(f)) if *f >= 0.0 => Ok(value),
+        // A whole number where a fraction may go: `cost_limit_usd = 3`.
+        (toml::Value::Float(_), toml::Value::Integer(n)) if *n >= 0 => {
+            Ok(toml::Value::Float(*n as f64))
         }
         (toml::Value::String(_), toml::Value::String(_))
         | (toml::Value::Boolean(_), toml::Value::Boolean(_)) => Ok(value),
@@ -616,6 +817,36 @@ mod tests {
         assert!(load(home.path(), None, &[], &flags).is_err());
         let missing = home.path().join("nope.toml");
         assert!(load(home.path(), Some(&missing), &[], &[]).is_err());
+    }
+
+    #[test]
+    fn agent_settings_take_fractions_prices_and_refuse_what_is_out_of_range() {
+        let home = tempfile::tempdir().unwrap();
+        std::fs::write(
+            home.path().join("config.toml"),
+            "[agent]\nmodel = \"openai/gpt-4o-mini\"\ncost_limit_usd = 3\nprices = [\"openai/mine=0.5,1.5,128000\"]\n[agent.openai]\nbase_url = \"http://127.0.0.1:9/v1\"\n",
+        )
+        .unwrap();
+        let env = pairs(&[("SANDCELL_AGENT_COST_LIMIT_USD", "2.5")]);
+        let (c, _) = load(home.path(), None, &env, &[]).unwrap();
+        assert_eq!(c.agent.model, "openai/gpt-4o-mini");
+        assert_eq!(c.agent.cost_limit_usd, 2.5);
+        assert_eq!(c.agent.openai.base_url, "http://127.0.0.1:9/v1");
+        assert_eq!(c.agent.openai.key_env, "OPENAI_API_KEY");
+        assert_eq!(
+            parse_price(&c.agent.prices[0]).unwrap(),
+            ("openai/mine".to_string(), 0.5, 1.5, Some(128_000))
+        );
+        for (key, value) in [
+            ("agent.max_iterations", "51"),
+            ("agent.cost_limit_usd", "10.5"),
+            ("agent.mode", "chat"),
+            ("agent.model", "gpt-4o"),
+            ("agent.prices", "openai/x=1"),
+        ] {
+            let e = load(home.path(), None, &[], &pairs(&[(key, value)])).unwrap_err();
+            assert!(e.to_string().contains(key), "{key}: {e}");
+        }
     }
 
     #[test]

@@ -48,6 +48,16 @@ pub enum StoreError {
     /// A stored value does not decode (a JSON column that does not parse, a negative size).
     #[error("corrupt metadata: {0}")]
     Corrupt(String),
+    /// An event out of its run's order: its number is not one more than the last one's.
+    #[error("event {seq} of run {run_id:?} does not follow event {last}")]
+    OutOfSequence {
+        /// The run.
+        run_id: String,
+        /// The number the event carried.
+        seq: u64,
+        /// The run's last event number (0: none yet).
+        last: u64,
+    },
     /// A page cursor that this store did not hand out.
     #[error("invalid page cursor {0:?}")]
     InvalidCursor(String),

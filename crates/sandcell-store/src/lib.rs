@@ -2,7 +2,7 @@
 //!
 //! It keeps what must outlive the daemon process: sandbox records and the history of their
 //! state transitions, API keys (as SHA-256 hashes, never the secrets), exports copied out of
-//! sandboxes, the contexts (kernels) of sandboxes, and the audit log. Files themselves (exports, snapshots, trajectories) live on
+//! sandboxes, the contexts (kernels) of sandboxes, agent runs and their trajectories, and the audit log. Files themselves (exports, snapshots, trajectories) live on
 //! disk next to the database; the store only records where.
 //!
 //! # Plain records, JSON columns
@@ -36,6 +36,7 @@ mod error;
 mod exports;
 mod keys;
 mod records;
+mod runs;
 mod sandboxes;
 mod schema;
 mod snapshots;
@@ -45,7 +46,7 @@ pub use error::StoreError;
 pub use keys::hash_secret;
 pub use records::{
     ApiKeyRecord, AuditEvent, AutoSnapshotRecord, ContextRecord, ExportKind, ExportRecord, Page,
-    SandboxEvent, SandboxQuery, SandboxRecord, SnapshotRecord,
+    RunEventRecord, RunRecord, SandboxEvent, SandboxQuery, SandboxRecord, SnapshotRecord,
 };
 pub use schema::{LATEST_SCHEMA_VERSION, migrations};
 pub use store::{BUSY_TIMEOUT, Durability, Store};

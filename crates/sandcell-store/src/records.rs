@@ -249,3 +249,58 @@ pub struct Page<T> {
     /// Pass this as the next query's cursor to get the following page; `None` on the last page.
     pub next_cursor: Option<String>,
 }
+
+/// One agent run as the store keeps it. What the agent puts in `settings` (budgets, options)
+/// and `totals` (usage so far) is JSON the store does not interpret.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunRecord {
+    /// Unique id (`run-…`).
+    pub id: String,
+    /// Whose run it is.
+    pub owner: String,
+    /// The run at the top of its tree (itself for a top-level run).
+    pub root_id: String,
+    /// The run that started this one as a sub-run, if any.
+    pub parent_id: Option<String>,
+    /// 0 for a top-level run, one more per level of sub-runs.
+    pub depth: u32,
+    /// `tools` or `repl`.
+    pub mode: String,
+    /// The model string (`provider/model`).
+    pub model: String,
+    /// The task (or prompt) it was given.
+    pub task: String,
+    /// The sandbox it runs in, once it has one.
+    pub sandbox_id: Option<String>,
+    /// `queued`, `running`, `succeeded`, `failed`, `cancelled`; free text to the store.
+    pub status: String,
+    /// Why it ended (`final`, `budget:tokens`, …).
+    pub reason: Option<String>,
+    /// Its answer, when it gave one.
+    pub answer: Option<String>,
+    /// What it was started with (budgets, options).
+    pub settings: Value,
+    /// Usage so far (tokens, cost, steps).
+    pub totals: Value,
+    /// When it was made (ms).
+    pub created_at: i64,
+    /// When the record last changed (ms).
+    pub updated_at: i64,
+    /// When it ended (ms), if it has.
+    pub ended_at: Option<i64>,
+}
+
+/// One event of a run's trajectory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct RunEventRecord {
+    /// The run.
+    pub run_id: String,
+    /// Its place in the run's trajectory: 1, 2, 3, … without gaps.
+    pub seq: u64,
+    /// When (ms).
+    pub at: i64,
+    /// The event's type (`llm_response`, `tool_result`, …), for filtering without parsing.
+    pub kind: String,
+    /// The whole event as the agent wrote it.
+    pub event: Value,
+}

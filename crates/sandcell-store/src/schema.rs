@@ -171,6 +171,44 @@ CREATE TABLE auto_snapshots (
 
 const V7_DOWN: &str = "DROP TABLE auto_snapshots;";
 
+/// Step 8: agent runs and their trajectories. A run's events are numbered from 1 without
+/// gaps (the primary key and the insert's check keep them so); the JSON of each event is
+/// the trajectory's record, which the store never interprets.
+const V8_RUNS: &str = r#"
+CREATE TABLE runs (
+    id         TEXT    NOT NULL PRIMARY KEY,
+    owner      TEXT    NOT NULL,
+    root_id    TEXT    NOT NULL,
+    parent_id  TEXT,
+    depth      INTEGER NOT NULL CHECK (depth >= 0),
+    mode       TEXT    NOT NULL,
+    model      TEXT    NOT NULL,
+    task       TEXT    NOT NULL,
+    sandbox_id TEXT,
+    status     TEXT    NOT NULL,
+    reason     TEXT,
+    answer     TEXT,
+    settings   TEXT    NOT NULL CHECK (json_valid(settings)),
+    totals     TEXT    NOT NULL CHECK (json_valid(totals)),
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL,
+    ended_at   INTEGER
+) STRICT;
+CREATE INDEX runs_by_owner ON runs (owner, created_at, id);
+CREATE INDEX runs_by_status ON runs (status);
+CREATE INDEX runs_by_root ON runs (root_id, created_at);
+CREATE TABLE run_events (
+    run_id TEXT    NOT NULL,
+    seq    INTEGER NOT NULL CHECK (seq >= 1),
+    at     INTEGER NOT NULL,
+    kind   TEXT    NOT NULL,
+    event  TEXT    NOT NULL CHECK (json_valid(event)),
+    PRIMARY KEY (run_id, seq)
+) STRICT, WITHOUT ROWID;
+"#;
+
+const V8_DOWN: &str = "DROP TABLE run_events; DROP TABLE runs;";
+
 const STEPS: &[M<'static>] = &[
     M::up(V1_SANDBOXES).down(V1_DOWN),
     M::up(V2_API_KEYS).down(V2_DOWN),
@@ -179,6 +217,7 @@ const STEPS: &[M<'static>] = &[
     M::up(V5_CONTEXTS).down(V5_DOWN),
     M::up(V6_SNAPSHOTS).down(V6_DOWN),
     M::up(V7_AUTO_SNAPSHOTS).down(V7_DOWN),
+    M::up(V8_RUNS).down(V8_DOWN),
 ];
 
 /// The store's migrations, oldest first; version N is the schema after step N.

@@ -28,6 +28,9 @@ fn expected_tables(version: usize) -> Vec<&'static str> {
     if version >= 7 {
         all.push("auto_snapshots");
     }
+    if version >= 8 {
+        all.extend(["run_events", "runs"]);
+    }
     all.sort_unstable();
     all
 }
@@ -35,7 +38,7 @@ fn expected_tables(version: usize) -> Vec<&'static str> {
 #[test]
 fn migrations_definitions_are_valid() {
     migrations().validate().unwrap();
-    assert_eq!(LATEST_SCHEMA_VERSION, 7);
+    assert_eq!(LATEST_SCHEMA_VERSION, 8);
 }
 
 #[test]
@@ -68,7 +71,7 @@ fn up_to_latest_down_to_zero_and_up_again() {
 
     m.to_latest(&mut conn).unwrap();
     assert_eq!(tables(&conn), expected_tables(LATEST_SCHEMA_VERSION));
-    assert_eq!(usize::from(m.current_version(&conn).unwrap()), 7);
+    assert_eq!(usize::from(m.current_version(&conn).unwrap()), 8);
 
     m.to_version(&mut conn, 0).unwrap();
     assert!(tables(&conn).is_empty(), "left: {:?}", tables(&conn));

@@ -1,0 +1,172 @@
+//! `/v1/runs`: agent runs — a model that writes code, runs it in a sandbox's kernels, reads
+//! the result and goes on until it answers, within budgets, every step in a trajectory.
+
+use serde::{Deserialize, Serialize};
+
+use crate::values::SandboxId;
+
+/// How the model works.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum RunMode {
+    /// The model calls JSON tools (`execute_code`, `execute_terminal`, …) and answers with
+    /// `final_answer` or a plain reply.
+    #[default]
+    Tools,
+    /// Recursive language model: the input is the kernel variable `context`; the model answers
+    /// with code blocks that may call `llm_query` / `rlm_query` and end with `FINAL(…)`.
+    Repl,
+}
+
+impl RunMode {
+    /// The mode's name on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            RunMode::Tools => "tools",
+            RunMode::Repl => "repl",
+        }
+    }
+}
+
+/// Limits asked for a run; each absent one takes the configured default, each is capped by
+/// its hard maximum.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct BudgetsInput {
+    /// Model calls that may use tools (default 10, at most 50).
+    pub max_iterations: Option<u32>,
+    /// Levels of sub-runs below this one (default 4, at most 5).
+    pub max_depth: Option<u32>,
+    /// Sub-calls (`sub_complete`, `llm_query`, …) in the whole run tree (default 12).
+    pub max_sub_calls: Option<u32>,
+    /// Input plus output tokens of the whole run tree (default: no limit).
+    pub token_budget: Option<u64>,
+    /// US dollars the whole run tree may spend (default 2.00, at most 10.00).
+    pub cost_limit_usd: Option<f64>,
+    /// Seconds the run may take in all (default 300, at most 600).
+    pub timeout_secs: Option<f64>,
+    /// Seconds one cell of code may run (default 30, at most 600).
+    pub cell_timeout_secs: Option<f64>,
+    /// Output tokens one model call may produce (default 4096).
+    pub max_output_tokens: Option<u32>,
+}
+
+/// The limits a run runs under, every one resolved.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct Budgets {
+    /// Model calls that may use tools.
+    pub max_iterations: u32,
+    /// Levels of sub-runs.
+    pub max_depth: u32,
+    /// Sub-calls in the run tree.
+    pub max_sub_calls: u32,
+    /// Tokens of the run tree (none: no limit).
+    pub token_budget: Option<u64>,
+    /// US dollars of the run tree.
+    pub cost_limit_usd: f64,
+    /// Seconds in all.
+    pub timeout_secs: f64,
+    /// Seconds per cell of code.
+    pub cell_timeout_secs: f64,
+    /// Output tokens per model call.
+    pub max_output_tokens: u32,
+}
+
+/// `POST /v1/runs`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct StartRun {
+    /// What to do (tools mode), or the prompt (repl mode).
+    pub task: String,
+    /// `provider/model` (`openai/gpt-4o-mini`, `anthropic/claude-sonnet-4-5`; default: the
+    /// configured one).
+    pub model: Option<String>,
+    /// `tools` (default) or `repl`.
+    pub mode: Option<RunMode>,
+    /// Run in this existing sandbox (its kernels' state is what the model starts from).
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<String>))]
+    pub sandbox_id: Option<SandboxId>,
+    /// Make the run's sandbox from this template (default `python`); ignored with
+    /// `sandbox_id`.
+    pub template: Option<String>,
+    /// Repl mode: the input put in the kernel as the variable `context`.
+    pub context: Option<String>,
+    /// Limits (absent ones: the configured defaults).
+    #[serde(default)]
+    pub budgets: BudgetsInput,
+    /// Answer when the run has ended (the run's result) instead of at once (202).
+    #[serde(default)]
+    pub wait: bool,
+}
+
+/// Tokens and money a run (with its sub-calls and sub-runs) has used.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RunUsage {
+    /// Input tokens the providers counted.
+    pub input_tokens: u64,
+    /// Output tokens the providers counted.
+    pub output_tokens: u64,
+    /// US dollars, from the price table; none when a model's price is unknown.
+    pub cost_usd: Option<f64>,
+    /// Steps (model responses with their tool calls).
+    pub steps: u32,
+    /// Model calls, sub-calls included.
+    pub llm_calls: u32,
+    /// Tool calls.
+    pub tool_calls: u32,
+    /// Sub-calls (`sub_complete`, `llm_query`, …).
+    pub sub_calls: u32,
+    /// Whether some token counts are estimates (a server that reported none).
+    #[serde(default)]
+    pub estimated: bool,
+}
+
+/// A run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RunInfo {
+    /// Its id.
+    pub id: String,
+    /// `running`, `succeeded`, `failed` or `cancelled`.
+    pub status: String,
+    /// Why it ended: `final`, `text`, `forced`, `budget:<which>`, `timeout`, `cancelled`,
+    /// `provider_error`, `error`.
+    pub reason: Option<String>,
+    /// Its answer, when it gave one.
+    pub answer: Option<String>,
+    /// What it was asked.
+    pub task: String,
+    /// `provider/model`.
+    pub model: String,
+    /// `tools` or `repl`.
+    pub mode: RunMode,
+    /// Its sandbox, once it has one.
+    pub sandbox_id: Option<String>,
+    /// The run that started it, for a sub-run.
+    pub parent_id: Option<String>,
+    /// The top of its run tree.
+    pub root_id: String,
+    /// 0 for a top-level run.
+    pub depth: u32,
+    /// The limits it ran under.
+    pub budgets: Budgets,
+    /// What it used.
+    pub usage: RunUsage,
+    /// When it was made (RFC 3339).
+    pub created_at: String,
+    /// When it ended (RFC 3339).
+    pub ended_at: Option<String>,
+}
+
+/// Runs, newest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct RunList {
+    /// The runs.
+    pub runs: Vec<RunInfo>,
+}

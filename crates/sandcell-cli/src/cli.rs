@@ -9,7 +9,7 @@ use sandcell_engine::Engine;
 
 use crate::client::{self, ClientArgs};
 use crate::daemon;
-use crate::{bench, doctor, repl, run};
+use crate::{agent, bench, doctor, repl, run};
 
 /// Stateful, isolated sandboxes for AI agents.
 #[derive(Debug, Parser)]
@@ -86,6 +86,14 @@ enum Command {
         #[command(subcommand)]
         command: client::SnapshotCommand,
     },
+    /// Run an agent: a model that writes code, runs it in a sandbox and goes on until it
+    /// answers, within budgets (exit 0 when it succeeded, 1 when it ended otherwise).
+    Agent(agent::AgentArgs),
+    /// Agent runs: list them, show one.
+    #[command(subcommand)]
+    Runs(agent::RunsCommand),
+    /// An agent run's trajectory (`sandcell logs RUN [--json]`), or the recent runs.
+    Logs(agent::LogsArgs),
 }
 
 /// Parses the arguments and runs the command; errors print as `sandcell: …` (exit 125).
@@ -133,6 +141,9 @@ fn run_command(command: Command) -> anyhow::Result<ExitCode> {
         Command::Init(args) => return daemon::init(args).map(|()| ExitCode::SUCCESS),
         Command::Config(cmd) => return daemon::config_command(cmd).map(|()| ExitCode::SUCCESS),
         Command::Key(cmd) => return daemon::key_command(cmd).map(|()| ExitCode::SUCCESS),
+        Command::Agent(args) => return agent::agent(args),
+        Command::Runs(cmd) => return agent::runs(cmd),
+        Command::Logs(args) => return agent::logs(args),
         Command::Sandbox { client, command } => {
             return client_rt()?.block_on(client::sandbox(&client, command));
         }

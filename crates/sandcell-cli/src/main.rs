@@ -5,6 +5,7 @@
 
 use std::process::ExitCode;
 
+mod agent;
 mod bench;
 mod cli;
 mod client;

@@ -3,6 +3,8 @@
 //! engine, fleet and service tests on any machine).
 #![forbid(unsafe_code)]
 
+#[cfg(feature = "llm")]
+pub mod llm;
 #[cfg(feature = "local")]
 pub mod local;
 pub mod skip;

@@ -1,0 +1,213 @@
+//! The trajectory: every event of a run, in order, as it is written to the store (the source
+//! of truth), the JSONL mirror and live followers. The envelope is the same for every event;
+//! `type` says which one it is.
+
+use sandcell_api::runs::{Budgets, RunMode, RunUsage};
+use sandcell_llm::{FinishReason, ToolCall, Usage};
+use serde::{Deserialize, Serialize};
+
+/// The version of the event schema.
+pub const EVENT_VERSION: u32 = 1;
+
+/// One event with its envelope.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Event {
+    /// The schema version.
+    pub v: u32,
+    /// The run.
+    pub run_id: String,
+    /// The top of its run tree.
+    pub root_run_id: String,
+    /// 1, 2, 3, … without gaps (also the SSE event id).
+    pub seq: u64,
+    /// When (RFC 3339).
+    pub ts: String,
+    /// The step it belongs to (0 before the first model call).
+    pub step: u32,
+    /// The run's depth in its tree.
+    pub depth: u32,
+    /// What happened.
+    #[serde(flatten)]
+    pub kind: EventKind,
+}
+
+/// An image or a large output kept beside the trajectory rather than inside it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ArtifactRef {
+    /// Its MIME type.
+    pub media_type: String,
+    /// The file, under the home's `trajectories/<run>/`.
+    pub path: String,
+    /// Its size in bytes.
+    pub bytes: u64,
+}
+
+/// What happened.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum EventKind {
+    /// The run began.
+    RunStarted {
+        /// What it was asked.
+        task: String,
+        /// How the model works.
+        mode: RunMode,
+        /// `provider/model`.
+        model: String,
+        /// Its limits.
+        budgets: Budgets,
+        /// The run that started it, for a sub-run.
+        parent_run_id: Option<String>,
+    },
+    /// Its sandbox is ready.
+    SandboxReady {
+        /// The sandbox.
+        sandbox_id: String,
+        /// Made for this run (else an existing one).
+        created: bool,
+    },
+    /// A model call is sent.
+    LlmRequest {
+        /// The run's call number (1, 2, …).
+        call: u32,
+        /// `provider/model`.
+        model: String,
+        /// Messages in the conversation.
+        messages: usize,
+        /// Tools offered.
+        tools: Vec<String>,
+        /// Output tokens asked for (after the budget's reservation).
+        max_tokens: u32,
+        /// The prompt's estimated tokens.
+        prompt_estimate: u64,
+        /// A sub-call (not the run's own step).
+        sub_call: bool,
+    },
+    /// A model call answered.
+    LlmResponse {
+        /// The call number.
+        call: u32,
+        /// The text it wrote.
+        text: String,
+        /// The tools it called.
+        tool_calls: Vec<ToolCall>,
+        /// Why it stopped.
+        finish: FinishReason,
+        /// Tokens it used.
+        usage: Usage,
+        /// What it cost (none: unknown price).
+        cost_usd: Option<f64>,
+        /// How long it took, retries included.
+        latency_ms: u64,
+        /// Attempts (1: no retry).
+        attempts: u32,
+        /// The provider's request id.
+        request_id: Option<String>,
+    },
+    /// A model call failed for good.
+    LlmError {
+        /// The call number.
+        call: u32,
+        /// `auth`, `rate_limited`, …
+        kind: String,
+        /// The provider's message.
+        message: String,
+        /// The HTTP status, when there was one.
+        status: Option<u16>,
+        /// Attempts made.
+        attempts: u32,
+    },
+    /// A tool call begins.
+    ToolCall {
+        /// The model's id for the call.
+        call_id: String,
+        /// The tool.
+        name: String,
+        /// Its arguments.
+        arguments: serde_json::Value,
+    },
+    /// A tool call's result.
+    ToolResult {
+        /// The model's id for the call.
+        call_id: String,
+        /// The tool.
+        name: String,
+        /// The result failed (an error in the code, a bad argument, a tool that failed).
+        is_error: bool,
+        /// What the model reads (truncated with a marker when long).
+        text: String,
+        /// Whether `text` was cut.
+        truncated: bool,
+        /// Images it produced.
+        images: Vec<ArtifactRef>,
+        /// How long it took.
+        duration_ms: u64,
+    },
+    /// A step ended: the model's response and all its tool calls are done.
+    StepCommitted {
+        /// Usage of the run tree so far.
+        usage: RunUsage,
+    },
+    /// Something the run's reader should know (a budget that cannot be held, vision off, …).
+    Warning {
+        /// What.
+        message: String,
+    },
+    /// The run ended.
+    RunFinished {
+        /// `succeeded`, `failed` or `cancelled`.
+        status: String,
+        /// Why.
+        reason: String,
+        /// Its answer, when it gave one.
+        answer: Option<String>,
+        /// Usage of the run tree.
+        usage: RunUsage,
+    },
+}
+
+impl EventKind {
+    /// The `type` of the event, as stored.
+    pub fn name(&self) -> &'static str {
+        match self {
+            EventKind::RunStarted { .. } => "run_started",
+            EventKind::SandboxReady { .. } => "sandbox_ready",
+            EventKind::LlmRequest { .. } => "llm_request",
+            EventKind::LlmResponse { .. } => "llm_response",
+            EventKind::LlmError { .. } => "llm_error",
+            EventKind::ToolCall { .. } => "tool_call",
+            EventKind::ToolResult { .. } => "tool_result",
+            EventKind::StepCommitted { .. } => "step_committed",
+            EventKind::Warning { .. } => "warning",
+            EventKind::RunFinished { .. } => "run_finished",
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_event_is_one_flat_object_with_its_type() {
+        let e = Event {
+            v: EVENT_VERSION,
+            run_id: "run-1".into(),
+            root_run_id: "run-1".into(),
+            seq: 3,
+            ts: "2026-11-26T00:00:00.000Z".into(),
+            step: 1,
+            depth: 0,
+            kind: EventKind::Warning {
+                message: "m".into(),
+            },
+        };
+        let v = serde_json::to_value(&e).unwrap();
+        assert_eq!(v["type"], "warning");
+        assert_eq!(v["seq"], 3);
+        assert_eq!(v["message"], "m");
+        assert_eq!(e.kind.name(), "warning");
+        let back: Event = serde_json::from_value(v).unwrap();
+        assert_eq!(back, e);
+    }
+}

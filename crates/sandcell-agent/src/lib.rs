@@ -1,0 +1,20 @@
+//! Sandcell's agent runtime: a model that writes code, runs it in a sandbox's live kernels
+//! through the service's typed operations (never HTTP), reads the result and goes on until
+//! it answers — within budgets shared by the whole run tree, every step an event committed
+//! to the store before the next one.
+//!
+//! [`Runner`] is the resource every front end calls; [`run`] is one run's loop; [`tools`]
+//! the tools of `tools` mode; [`budget`] the pool; [`event`] the trajectory's schema;
+//! [`journal`] its writer.
+
+#![forbid(unsafe_code)]
+
+pub mod budget;
+pub mod event;
+pub mod journal;
+pub mod run;
+pub mod runner;
+pub mod settings;
+pub mod tools;
+
+pub use runner::{Runner, run_info};

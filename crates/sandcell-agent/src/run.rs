@@ -1,0 +1,615 @@
+//! One run, step by step: check cancellation and budgets, reserve the call's worst case, ask
+//! the model, run the tools it called, commit the step; every arrow an event committed before
+//! the next one happens. It ends with a status and a reason, whatever happens.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use futures_util::future::join_all;
+use sandcell_api::SandboxId;
+use sandcell_api::Timeout;
+use sandcell_api::runs::RunUsage;
+use sandcell_api::sandboxes::CreateSandbox;
+use sandcell_llm::{
+    ChatRequest, ChatResponse, Llm, LlmError, LlmErrorKind, Message, ModelRef, Part, Role,
+    StreamDelta, ToolCall, ToolResult, ToolSpec,
+};
+use sandcell_service::{Caller, Service, ServiceError};
+use serde_json::Value;
+use tokio_util::sync::CancellationToken;
+
+use crate::budget::{Exhausted, Pool};
+use crate::event::{ArtifactRef, EventKind};
+use crate::journal::{Journal, now_ms};
+use crate::tools::{self, FINAL_ANSWER, SUB_COMPLETE, SUB_COMPLETE_BATCHED};
+
+/// What the model is told in `tools` mode.
+pub const SYSTEM_TOOLS: &str = "You are an agent working in an isolated Linux sandbox with live \
+kernels (python, node, bash, r) whose state persists between calls. Solve the task step by \
+step: run code with the tools, read the results, and go on. When you are done, call \
+final_answer with the answer (or reply with the answer in plain text, without calling a tool).";
+
+/// What the model is told when it has used all its steps.
+const FORCE_ANSWER: &str = "You have used all the steps of this run. Answer now with what you \
+have found; you cannot call tools any more.";
+
+/// Where the run's sandbox comes from.
+#[derive(Debug, Clone)]
+pub enum SandboxPlan {
+    /// An existing sandbox of the caller's.
+    Existing(SandboxId),
+    /// A new one from this template.
+    Create {
+        /// The template.
+        template: String,
+    },
+}
+
+/// Everything one run needs.
+#[derive(Debug)]
+pub struct RunContext {
+    /// The typed operations.
+    pub service: Arc<Service>,
+    /// The providers.
+    pub llm: Arc<Llm>,
+    /// Whose run it is.
+    pub caller: Caller,
+    /// The model.
+    pub model: ModelRef,
+    /// Stream model answers.
+    pub stream: bool,
+    /// The run tree's budgets.
+    pub pool: Arc<Pool>,
+    /// Set when the run is cancelled.
+    pub cancel: CancellationToken,
+    /// Its trajectory.
+    pub journal: Journal,
+    /// Its sandbox.
+    pub sandbox: SandboxPlan,
+}
+
+/// How a run ended.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ended {
+    /// `succeeded`, `failed` or `cancelled`.
+    pub status: &'static str,
+    /// Why.
+    pub reason: String,
+    /// Its answer.
+    pub answer: Option<String>,
+}
+
+impl Ended {
+    fn succeeded(reason: &str, answer: String) -> Self {
+        Self {
+            status: "succeeded",
+            reason: reason.to_string(),
+            answer: Some(answer),
+        }
+    }
+
+    fn failed(reason: impl Into<String>) -> Self {
+        Self {
+            status: "failed",
+            reason: reason.into(),
+            answer: None,
+        }
+    }
+
+    fn cancelled() -> Self {
+        Self {
+            status: "cancelled",
+            reason: "cancelled".into(),
+            answer: None,
+        }
+    }
+}
+
+/// Runs to the end and records how it ended; the run's record says the same.
+pub async fn drive(mut ctx: RunContext, task: String) -> Ended {
+    let ended = match steps(&mut ctx, task).await {
+        Ok(ended) => ended,
+        Err(e) => {
+            let _ = ctx.journal.emit(
+                EventKind::Warning {
+                    message: format!("the run failed: {}: {}", e.code(), e.message),
+                },
+                false,
+            );
+            Ended::failed("error")
+        }
+    };
+    finish(&mut ctx, &ended);
+    ended
+}
+
+fn finish(ctx: &mut RunContext, ended: &Ended) {
+    let usage = ctx.pool.usage();
+    let r = &mut ctx.journal.record;
+    r.status = ended.status.to_string();
+    r.reason = Some(ended.reason.clone());
+    r.answer.clone_from(&ended.answer);
+    r.totals = serde_json::to_value(&usage).unwrap_or(Value::Null);
+    r.ended_at = Some(now_ms());
+    let event = EventKind::RunFinished {
+        status: ended.status.to_string(),
+        reason: ended.reason.clone(),
+        answer: ended.answer.clone(),
+        usage,
+    };
+    if let Err(e) = ctx.journal.emit(event, true) {
+        tracing::error!(run = %ctx.journal.record.id, error = %e, "the end of a run was not recorded");
+    }
+}
+
+async fn prepare_sandbox(ctx: &mut RunContext) -> Result<SandboxId, ServiceError> {
+    let (id, created) = match &ctx.sandbox {
+        SandboxPlan::Existing(id) => {
+            ctx.service.get_sandbox(&ctx.caller, id)?;
+            (id.clone(), false)
+        }
+        SandboxPlan::Create { template } => {
+            let req = CreateSandbox {
+                template: Some(template.clone()),
+                ..CreateSandbox::default()
+            };
+            let info = ctx.service.create_sandbox(&ctx.caller, req).await?;
+            (SandboxId::parse(info.id)?, true)
+        }
+    };
+    ctx.journal.record.sandbox_id = Some(id.to_string());
+    ctx.journal.emit(
+        EventKind::SandboxReady {
+            sandbox_id: id.to_string(),
+            created,
+        },
+        true,
+    )?;
+    Ok(id)
+}
+
+/// One model call, with its budget reservation and events; `Err(ended)` when the run ends.
+async fn ask(
+    ctx: &mut RunContext,
+    call: u32,
+    mut req: ChatRequest,
+    sub_call: bool,
+) -> Result<Result<ChatResponse, Ended>, ServiceError> {
+    let price = ctx.llm.config().prices.get(&ctx.model).cloned();
+    let estimate = req.estimated_input_tokens();
+    let reservation = match ctx
+        .pool
+        .reserve(estimate, req.max_tokens, price.as_ref(), sub_call)
+    {
+        Ok(r) => r,
+        Err(which) => return Ok(Err(Ended::failed(which.reason()))),
+    };
+    req.max_tokens = reservation.max_tokens;
+    ctx.journal.emit(
+        EventKind::LlmRequest {
+            call,
+            model: ctx.model.to_string(),
+            messages: req.messages.len(),
+            tools: req.tools.iter().map(|t| t.name.clone()).collect(),
+            max_tokens: req.max_tokens,
+            prompt_estimate: estimate,
+            sub_call,
+        },
+        false,
+    )?;
+    let llm = ctx.llm.clone();
+    let provider = ctx.model.provider;
+    let answer = tokio::select! {
+        () = ctx.cancel.cancelled() => None,
+        () = tokio::time::sleep(ctx.pool.time_left()) => Some(Err(None)),
+        r = async move {
+            let mut ignore = |_: StreamDelta<'_>| {};
+            llm.chat(provider, &req, &mut ignore).await
+        } => Some(r.map_err(Some)),
+    };
+    let response = match answer {
+        None => {
+            ctx.pool.release(reservation);
+            return Ok(Err(Ended::cancelled()));
+        }
+        Some(Err(None)) => {
+            ctx.pool.release(reservation);
+            return Ok(Err(Ended::failed("timeout")));
+        }
+        Some(Err(Some(e))) => {
+            ctx.pool.release(reservation);
+            emit_llm_error(ctx, call, &e)?;
+            let reason = match e.kind {
+                LlmErrorKind::Config => "error",
+                _ => "provider_error",
+            };
+            return Ok(Err(Ended::failed(reason)));
+        }
+        Some(Ok(r)) => r,
+    };
+    let cost = ctx.llm.cost(&ctx.model, &response.usage);
+    ctx.pool.settle(reservation, &response.usage, cost);
+    ctx.journal.emit(
+        EventKind::LlmResponse {
+            call,
+            text: response.text.clone(),
+            tool_calls: response.tool_calls.clone(),
+            finish: response.finish.clone(),
+            usage: response.usage,
+            cost_usd: cost,
+            latency_ms: response.latency_ms,
+            attempts: response.attempts,
+            request_id: response.request_id.clone(),
+        },
+        false,
+    )?;
+    Ok(Ok(response))
+}
+
+fn emit_llm_error(ctx: &mut RunContext, call: u32, e: &LlmError) -> Result<(), ServiceError> {
+    ctx.journal.emit(
+        EventKind::LlmError {
+            call,
+            kind: e.wire_name().to_string(),
+            message: e.message.clone(),
+            status: e.status,
+            attempts: e.attempts,
+        },
+        false,
+    )?;
+    Ok(())
+}
+
+async fn steps(ctx: &mut RunContext, task: String) -> Result<Ended, ServiceError> {
+    let budgets = ctx.pool.budgets().clone();
+    ctx.journal.emit(
+        EventKind::RunStarted {
+            task: task.clone(),
+            mode: sandcell_api::runs::RunMode::Tools,
+            model: ctx.model.to_string(),
+            budgets: budgets.clone(),
+            parent_run_id: ctx.journal.record.parent_id.clone(),
+        },
+        false,
+    )?;
+    if ctx.llm.config().prices.get(&ctx.model).is_none() {
+        ctx.journal.emit(
+            EventKind::Warning {
+                message: format!(
+                    "no price is known for {}: its cost is reported as unknown and the cost limit cannot be held (add it to agent.prices)",
+                    ctx.model
+                ),
+            },
+            false,
+        )?;
+    }
+    let sandbox = prepare_sandbox(ctx).await?;
+    let cell_timeout = Timeout::from_secs(budgets.cell_timeout_secs)?;
+    let specs = tools::specs();
+    let mut messages = vec![Message {
+        role: Role::User,
+        content: vec![Part::Text(task)],
+    }];
+    let vision = true;
+    let mut call = 0u32;
+    for iteration in 1..=budgets.max_iterations + 1 {
+        if ctx.cancel.is_cancelled() {
+            return Ok(Ended::cancelled());
+        }
+        if ctx.pool.time_left().is_zero() {
+            return Ok(Ended::failed("timeout"));
+        }
+        let forced = iteration > budgets.max_iterations;
+        if forced {
+            messages.push(Message {
+                role: Role::User,
+                content: vec![Part::Text(FORCE_ANSWER.into())],
+            });
+        }
+        ctx.journal.next_step();
+        call += 1;
+        let req = ChatRequest {
+            model: ctx.model.model.clone(),
+            system: Some(SYSTEM_TOOLS.to_string()),
+            messages: messages.clone(),
+            tools: if forced { Vec::new() } else { specs.clone() },
+            max_tokens: budgets.max_output_tokens,
+            temperature: None,
+            stream: ctx.stream,
+        };
+        let response = match ask(ctx, call, req, false).await? {
+            Ok(r) => r,
+            Err(ended) => return Ok(ended),
+        };
+        if forced {
+            return Ok(Ended::succeeded("forced", response.text));
+        }
+        if response.tool_calls.is_empty() {
+            return Ok(Ended::succeeded("text", response.text));
+        }
+        let mut content = Vec::new();
+        if !response.text.is_empty() {
+            content.push(Part::Text(response.text.clone()));
+        }
+        content.extend(response.tool_calls.iter().cloned().map(Part::ToolCall));
+        messages.push(Message {
+            role: Role::Assistant,
+            content,
+        });
+        let mut results = Vec::new();
+        let mut final_answer = None;
+        for tc in &response.tool_calls {
+            ctx.pool.count_tool_call();
+            ctx.journal.emit(
+                EventKind::ToolCall {
+                    call_id: tc.id.clone(),
+                    name: tc.name.clone(),
+                    arguments: tc.arguments.clone(),
+                },
+                false,
+            )?;
+            let started = Instant::now();
+            let outcome = match tc.name.as_str() {
+                FINAL_ANSWER => match tc.arguments.get("answer") {
+                    Some(a) => {
+                        let answer = a.as_str().map_or_else(|| a.to_string(), str::to_string);
+                        final_answer = Some(answer);
+                        tools::Outcome {
+                            text: "the answer is recorded; the run ends".into(),
+                            ..tools::Outcome::default()
+                        }
+                    }
+                    None => tools::Outcome {
+                        text: "invalid arguments: argument 'answer' is required".into(),
+                        is_error: true,
+                        ..tools::Outcome::default()
+                    },
+                },
+                SUB_COMPLETE | SUB_COMPLETE_BATCHED => match sub_calls(ctx, &mut call, tc).await? {
+                    Ok(o) => o,
+                    Err(ended) => return Ok(ended),
+                },
+                _ => {
+                    let sandbox = tools::Sandbox {
+                        service: &ctx.service,
+                        caller: &ctx.caller,
+                        id: &sandbox,
+                        cell_timeout,
+                    };
+                    let cancel = ctx.cancel.clone();
+                    tokio::select! {
+                        () = cancel.cancelled() => {
+                            // The kernel's state stays; only the cell stops.
+                            let _ = ctx.service.interrupt_context(&ctx.caller, sandbox.id, "python").await;
+                            return Ok(Ended::cancelled());
+                        }
+                        o = sandbox.run(&tc.name, &tc.arguments) => o,
+                    }
+                }
+            };
+            let (text, truncated) = tools::truncate(&outcome.text, tools::MAX_RESULT_CHARS);
+            let images = keep_images(ctx, &outcome.images);
+            ctx.journal.emit(
+                EventKind::ToolResult {
+                    call_id: tc.id.clone(),
+                    name: tc.name.clone(),
+                    is_error: outcome.is_error,
+                    text: text.clone(),
+                    truncated,
+                    images,
+                    duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+                },
+                false,
+            )?;
+            let mut parts = vec![Part::Text(text)];
+            if vision {
+                parts.extend(outcome.images.into_iter().map(Part::Image));
+            }
+            results.push(Part::ToolResult(ToolResult {
+                call_id: tc.id.clone(),
+                content: parts,
+                is_error: outcome.is_error,
+            }));
+        }
+        messages.push(Message {
+            role: Role::User,
+            content: results,
+        });
+        ctx.pool.count_step();
+        ctx.journal.record.totals = serde_json::to_value(ctx.pool.usage()).unwrap_or(Value::Null);
+        ctx.journal.emit(
+            EventKind::StepCommitted {
+                usage: ctx.pool.usage(),
+            },
+            true,
+        )?;
+        if let Some(answer) = final_answer {
+            return Ok(Ended::succeeded("final", answer));
+        }
+    }
+    Ok(Ended::failed(Exhausted::Iterations.reason()))
+}
+
+/// Keeps a tool's images as files beside the trajectory.
+fn keep_images(ctx: &RunContext, images: &[sandcell_llm::Image]) -> Vec<ArtifactRef> {
+    let dir = ctx.journal.artifacts_dir();
+    let mut refs = Vec::new();
+    for (i, image) in images.iter().enumerate() {
+        let Some(bytes) = tools::image_bytes(image) else {
+            continue;
+        };
+        let ext = image.media_type.rsplit('/').next().unwrap_or("bin");
+        let path = dir.join(format!("step{}-{}.{ext}", ctx.journal.step(), i + 1));
+        let written = std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&path, &bytes));
+        if written.is_ok() {
+            refs.push(ArtifactRef {
+                media_type: image.media_type.clone(),
+                path: path.display().to_string(),
+                bytes: bytes.len() as u64,
+            });
+        }
+    }
+    refs
+}
+
+/// `sub_complete` and `sub_complete_batched`: model calls without tools, drawn from the
+/// run tree's pool (and its sub-call budget).
+async fn sub_calls(
+    ctx: &mut RunContext,
+    call: &mut u32,
+    tc: &ToolCall,
+) -> Result<Result<tools::Outcome, Ended>, ServiceError> {
+    let prompts: Vec<String> = if tc.name == SUB_COMPLETE {
+        match tc.arguments.get("prompt").and_then(Value::as_str) {
+            Some(p) => vec![p.to_string()],
+            None => return Ok(Ok(bad_args("argument 'prompt' (a string) is required"))),
+        }
+    } else {
+        match tc.arguments.get("prompts").and_then(Value::as_array) {
+            Some(a) if !a.is_empty() => a
+                .iter()
+                .map(|p| p.as_str().map_or_else(|| p.to_string(), str::to_string))
+                .collect(),
+            _ => {
+                return Ok(Ok(bad_args(
+                    "argument 'prompts' (a non-empty list) is required",
+                )));
+            }
+        }
+    };
+    let model = match tc.arguments.get("model").and_then(Value::as_str) {
+        Some(m) => match m.parse::<ModelRef>() {
+            Ok(m) => m,
+            Err(e) => return Ok(Ok(bad_args(&e.message))),
+        },
+        None => ctx.model.clone(),
+    };
+    let budgets = ctx.pool.budgets().clone();
+    // Reserve and record every call first (in order), then send them together.
+    let price = ctx.llm.config().prices.get(&model).cloned();
+    let mut pending = Vec::new();
+    for prompt in &prompts {
+        *call += 1;
+        let req = ChatRequest {
+            model: model.model.clone(),
+            system: None,
+            messages: vec![Message {
+                role: Role::User,
+                content: vec![Part::Text(prompt.clone())],
+            }],
+            tools: Vec::<ToolSpec>::new(),
+            max_tokens: budgets.max_output_tokens,
+            temperature: None,
+            stream: ctx.stream,
+        };
+        let estimate = req.estimated_input_tokens();
+        let reservation = match ctx
+            .pool
+            .reserve(estimate, req.max_tokens, price.as_ref(), true)
+        {
+            Ok(r) => r,
+            Err(Exhausted::SubCalls) => {
+                for (_, _, r) in pending {
+                    ctx.pool.release(r);
+                }
+                return Ok(Ok(bad_args(
+                    "the run's sub-call budget is spent: answer with what you have",
+                )));
+            }
+            Err(which) => {
+                for (_, _, r) in pending {
+                    ctx.pool.release(r);
+                }
+                return Ok(Err(Ended::failed(which.reason())));
+            }
+        };
+        let mut req = req;
+        req.max_tokens = reservation.max_tokens;
+        ctx.journal.emit(
+            EventKind::LlmRequest {
+                call: *call,
+                model: model.to_string(),
+                messages: 1,
+                tools: Vec::new(),
+                max_tokens: req.max_tokens,
+                prompt_estimate: estimate,
+                sub_call: true,
+            },
+            false,
+        )?;
+        pending.push((*call, req, reservation));
+    }
+    let llm = ctx.llm.clone();
+    let provider = model.provider;
+    let requests: Vec<ChatRequest> = pending.iter().map(|(_, r, _)| r.clone()).collect();
+    let answers = tokio::select! {
+        () = ctx.cancel.cancelled() => None,
+        a = join_all(requests.iter().map(|req| {
+            let llm = llm.clone();
+            async move {
+                let mut ignore = |_: StreamDelta<'_>| {};
+                llm.chat(provider, req, &mut ignore).await
+            }
+        })) => Some(a),
+    };
+    let Some(answers) = answers else {
+        for (_, _, r) in pending {
+            ctx.pool.release(r);
+        }
+        return Ok(Err(Ended::cancelled()));
+    };
+    let mut texts = Vec::new();
+    let mut any_error = false;
+    for ((n, _, reservation), answer) in pending.into_iter().zip(answers) {
+        match answer {
+            Ok(r) => {
+                let cost = ctx.llm.cost(&model, &r.usage);
+                ctx.pool.settle(reservation, &r.usage, cost);
+                ctx.journal.emit(
+                    EventKind::LlmResponse {
+                        call: n,
+                        text: r.text.clone(),
+                        tool_calls: Vec::new(),
+                        finish: r.finish.clone(),
+                        usage: r.usage,
+                        cost_usd: cost,
+                        latency_ms: r.latency_ms,
+                        attempts: r.attempts,
+                        request_id: r.request_id.clone(),
+                    },
+                    false,
+                )?;
+                texts.push(r.text);
+            }
+            Err(e) => {
+                ctx.pool.release(reservation);
+                emit_llm_error(ctx, n, &e)?;
+                any_error = true;
+                texts.push(format!("[sub-call failed: {}]", e.message));
+            }
+        }
+    }
+    let text = if tc.name == SUB_COMPLETE {
+        texts.pop().unwrap_or_default()
+    } else {
+        serde_json::to_string(&texts).unwrap_or_default()
+    };
+    Ok(Ok(tools::Outcome {
+        text,
+        images: Vec::new(),
+        is_error: any_error,
+    }))
+}
+
+fn bad_args(message: &str) -> tools::Outcome {
+    tools::Outcome {
+        text: format!("invalid arguments: {message}"),
+        images: Vec::new(),
+        is_error: true,
+    }
+}
+
+/// The usage recorded in a run's totals.
+pub fn usage_of(totals: &Value) -> RunUsage {
+    serde_json::from_value(totals.clone()).unwrap_or_default()
+}

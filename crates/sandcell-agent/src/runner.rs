@@ -1,0 +1,320 @@
+//! Runs as a resource: start (in the background, or waiting for the end), get, list, read
+//! and follow the trajectory, cancel. Every front end (REST, MCP, the CLI embedded or through
+//! the daemon) calls these typed operations; each checks the caller owns the run.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, PoisonError};
+
+use sandcell_api::runs::{Budgets, RunInfo, RunList, RunMode, StartRun};
+use sandcell_api::time::rfc3339;
+use sandcell_llm::{Llm, ModelRef};
+use sandcell_service::caller::new_record_id;
+use sandcell_service::{Caller, ErrorKind, Service, ServiceError, ServiceResult};
+use sandcell_store::{RunEventRecord, RunRecord};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio::sync::{broadcast, watch};
+use tokio_util::sync::CancellationToken;
+
+use crate::budget::Pool;
+use crate::event::Event;
+use crate::journal::{Journal, now_ms};
+use crate::run::{RunContext, SandboxPlan, drive, usage_of};
+use crate::settings::AgentDefaults;
+
+/// The longest task or context a run takes, in bytes.
+pub const MAX_TASK_BYTES: usize = 8 * 1024 * 1024;
+
+/// What a run was started with, kept in its record.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct RunSettings {
+    budgets: Budgets,
+    stream: bool,
+    template: Option<String>,
+}
+
+/// A run in this process.
+#[derive(Debug, Clone)]
+struct Live {
+    cancel: CancellationToken,
+    events: broadcast::Sender<Event>,
+    done: watch::Receiver<bool>,
+}
+
+/// The runs of one service.
+#[derive(Debug)]
+pub struct Runner {
+    service: Arc<Service>,
+    llm: Arc<Llm>,
+    defaults: AgentDefaults,
+    live: Mutex<HashMap<String, Live>>,
+}
+
+/// A run as the API shows it.
+pub fn run_info(r: &RunRecord) -> RunInfo {
+    let settings: Option<RunSettings> = serde_json::from_value(r.settings.clone()).ok();
+    RunInfo {
+        id: r.id.clone(),
+        status: r.status.clone(),
+        reason: r.reason.clone(),
+        answer: r.answer.clone(),
+        task: r.task.clone(),
+        model: r.model.clone(),
+        mode: if r.mode == "repl" {
+            RunMode::Repl
+        } else {
+            RunMode::Tools
+        },
+        sandbox_id: r.sandbox_id.clone(),
+        parent_id: r.parent_id.clone(),
+        root_id: r.root_id.clone(),
+        depth: r.depth,
+        budgets: settings.map_or_else(
+            || Budgets {
+                max_iterations: 0,
+                max_depth: 0,
+                max_sub_calls: 0,
+                token_budget: None,
+                cost_limit_usd: 0.0,
+                timeout_secs: 0.0,
+                cell_timeout_secs: 0.0,
+                max_output_tokens: 0,
+            },
+            |s| s.budgets,
+        ),
+        usage: usage_of(&r.totals),
+        created_at: rfc3339(r.created_at),
+        ended_at: r.ended_at.map(rfc3339),
+    }
+}
+
+impl Runner {
+    /// Runs over `service`, asking the models through `llm`.
+    pub fn new(service: Arc<Service>, llm: Arc<Llm>, defaults: AgentDefaults) -> Self {
+        Self {
+            service,
+            llm,
+            defaults,
+            live: Mutex::default(),
+        }
+    }
+
+    /// Runs over `service` with its `[agent]` settings and the process's environment.
+    pub fn from_service(service: Arc<Service>) -> ServiceResult<Self> {
+        let agent = &service.config.agent;
+        let llm = Llm::new(crate::settings::llm_config(agent, |k| {
+            std::env::var(k).ok()
+        }))
+        .map_err(|e| ServiceError::internal(format!("the model client: {e}")))?;
+        let defaults = AgentDefaults::from_config(agent);
+        Ok(Self::new(service, Arc::new(llm), defaults))
+    }
+
+    fn live(&self) -> std::sync::MutexGuard<'_, HashMap<String, Live>> {
+        self.live.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The caller's run `id`.
+    fn own(&self, caller: &Caller, id: &str) -> ServiceResult<RunRecord> {
+        sandcell_api::rules::check_record_id(id, "run", "a run")?;
+        match self.service.store.get_run(id)? {
+            Some(r) if r.owner == caller.owner || caller.admin => Ok(r),
+            _ => Err(ServiceError::not_found("run", id)),
+        }
+    }
+
+    /// Starts a run; returns at once (the run goes on in the background) unless `req.wait`,
+    /// then when it has ended.
+    pub async fn start(self: &Arc<Self>, caller: &Caller, req: StartRun) -> ServiceResult<RunInfo> {
+        if req.task.trim().is_empty() {
+            return Err(ServiceError::invalid("'task' is empty"));
+        }
+        if req.task.len() > MAX_TASK_BYTES {
+            return Err(ServiceError::invalid(format!(
+                "'task' of {} bytes is over the {} MiB limit",
+                req.task.len(),
+                MAX_TASK_BYTES >> 20
+            )));
+        }
+        let mode = req.mode.unwrap_or(self.defaults.mode);
+        if mode == RunMode::Repl {
+            return Err(ServiceError::new(
+                ErrorKind::Unsupported,
+                "repl mode is not available yet in this build; use mode \"tools\"",
+            ));
+        }
+        let model_text = req.model.clone().or_else(|| self.defaults.model.clone()).ok_or_else(|| {
+            ServiceError::invalid(
+                "no model: name one as provider/model (e.g. openai/gpt-4o-mini) or set agent.model in the settings",
+            )
+        })?;
+        let model: ModelRef = model_text
+            .parse()
+            .map_err(|e: sandcell_llm::LlmError| ServiceError::invalid(e.message))?;
+        let budgets = self.defaults.budgets(&req.budgets)?;
+        let plan = match (&req.sandbox_id, &req.template) {
+            (Some(id), _) => {
+                self.service.get_sandbox(caller, id)?;
+                SandboxPlan::Existing(id.clone())
+            }
+            (None, t) => SandboxPlan::Create {
+                template: t.clone().unwrap_or_else(|| "python".to_string()),
+            },
+        };
+        let id = new_record_id("run")?;
+        let now = now_ms();
+        let settings = RunSettings {
+            budgets: budgets.clone(),
+            stream: self.defaults.stream,
+            template: req.template.clone(),
+        };
+        let record = RunRecord {
+            id: id.clone(),
+            owner: caller.owner.clone(),
+            root_id: id.clone(),
+            parent_id: None,
+            depth: 0,
+            mode: mode.as_str().to_string(),
+            model: model.to_string(),
+            task: req.task.clone(),
+            sandbox_id: req.sandbox_id.as_ref().map(ToString::to_string),
+            status: "running".into(),
+            reason: None,
+            answer: None,
+            settings: serde_json::to_value(&settings).unwrap_or(Value::Null),
+            totals: serde_json::to_value(sandcell_api::runs::RunUsage::default())
+                .unwrap_or(Value::Null),
+            created_at: now,
+            updated_at: now,
+            ended_at: None,
+        };
+        let (events, _) = broadcast::channel(1024);
+        let journal = Journal::create(
+            self.service.store.clone(),
+            &self.service.config.home,
+            record,
+            events.clone(),
+        )?;
+        let cancel = CancellationToken::new();
+        let (done_tx, done) = watch::channel(false);
+        self.live().insert(
+            id.clone(),
+            Live {
+                cancel: cancel.clone(),
+                events,
+                done,
+            },
+        );
+        let ctx = RunContext {
+            service: self.service.clone(),
+            llm: self.llm.clone(),
+            caller: caller.clone(),
+            model,
+            stream: settings.stream,
+            pool: Arc::new(Pool::new(budgets)),
+            cancel,
+            journal,
+            sandbox: plan,
+        };
+        let me = self.clone();
+        let run_id = id.clone();
+        let task = req.task;
+        tokio::spawn(async move {
+            drive(ctx, task).await;
+            let _ = done_tx.send(true);
+            me.live().remove(&run_id);
+        });
+        if req.wait {
+            return self.wait(caller, &id).await;
+        }
+        self.get(caller, &id)
+    }
+
+    /// The caller's run.
+    pub fn get(&self, caller: &Caller, id: &str) -> ServiceResult<RunInfo> {
+        Ok(run_info(&self.own(caller, id)?))
+    }
+
+    /// The caller's runs, newest first.
+    pub fn list(&self, caller: &Caller, limit: u32) -> ServiceResult<RunList> {
+        let owner = (!caller.admin).then_some(caller.owner.as_str());
+        let runs = self.service.store.list_runs(owner, limit, None)?;
+        Ok(RunList {
+            runs: runs.iter().map(run_info).collect(),
+        })
+    }
+
+    /// Events of the caller's run after number `after`, at most `limit`.
+    pub fn events(
+        &self,
+        caller: &Caller,
+        id: &str,
+        after: u64,
+        limit: u32,
+    ) -> ServiceResult<Vec<Value>> {
+        self.own(caller, id)?;
+        Ok(self
+            .service
+            .store
+            .run_events(id, after, limit)?
+            .into_iter()
+            .map(|e: RunEventRecord| e.event)
+            .collect())
+    }
+
+    /// Live events of a run running in this process (`None`: it is not running here).
+    pub fn subscribe(
+        &self,
+        caller: &Caller,
+        id: &str,
+    ) -> ServiceResult<Option<broadcast::Receiver<Event>>> {
+        self.own(caller, id)?;
+        Ok(self.live().get(id).map(|l| l.events.subscribe()))
+    }
+
+    /// Cancels the caller's run: its model call stops, its cell is interrupted (the kernel's
+    /// state kept); returns once its end is recorded.
+    pub async fn cancel(&self, caller: &Caller, id: &str) -> ServiceResult<RunInfo> {
+        let record = self.own(caller, id)?;
+        let live = self.live().get(id).cloned();
+        match live {
+            Some(l) => {
+                l.cancel.cancel();
+                let mut done = l.done;
+                let _ = done.wait_for(|d| *d).await;
+                self.get(caller, id)
+            }
+            None if record.status == "running" => Err(ServiceError::new(
+                ErrorKind::InvalidState,
+                format!("run {id} is not running in this process"),
+            )),
+            None => Ok(run_info(&record)),
+        }
+    }
+
+    /// Waits for the caller's run to end.
+    pub async fn wait(&self, caller: &Caller, id: &str) -> ServiceResult<RunInfo> {
+        let live = self.live().get(id).map(|l| l.done.clone());
+        if let Some(mut done) = live {
+            let _ = done.wait_for(|d| *d).await;
+        }
+        self.get(caller, id)
+    }
+
+    /// Marks runs left `running` by a process that is gone as failed (`interrupted`).
+    pub fn settle_interrupted(&self) -> ServiceResult<usize> {
+        let mut n = 0;
+        for mut r in self.service.store.runs_with_status("running")? {
+            if self.live().contains_key(&r.id) {
+                continue;
+            }
+            r.status = "failed".into();
+            r.reason = Some("interrupted".into());
+            r.ended_at = Some(now_ms());
+            r.updated_at = now_ms();
+            self.service.store.update_run(&r)?;
+            n += 1;
+        }
+        Ok(n)
+    }
+}

@@ -1,3 +1,4 @@
+mod agent_cli;
 mod attacks;
 mod cli;
 mod cli_code;

@@ -1,0 +1,382 @@
+//! `sandcell agent` end to end: the real binary, embedded (no daemon on its home), real
+//! sandboxes and kernels, against the test kit's scripted model on loopback speaking the
+//! OpenAI and Anthropic wire formats.
+
+use std::path::Path;
+
+use sandcell_testkit::llm::{Fault, Protocol, Script, ScriptedCall, ScriptedLlm, Turn, Usage};
+use serde_json::{Value, json};
+
+use super::common::BIN;
+
+const OPENAI_KEY: &str = "sk-test-openai-0123456789abcdef";
+const ANTHROPIC_KEY: &str = "sk-ant-test-0123456789abcdef";
+
+/// A 1×1 PNG.
+const PNG_1X1: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==";
+
+struct Outcome {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Outcome {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.stdout)
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {}\nstderr: {}", self.stdout, self.stderr))
+    }
+}
+
+async fn sandcell(llm: &ScriptedLlm, home: &Path, args: &[&str]) -> Outcome {
+    let out = tokio::process::Command::new(BIN)
+        .args(args)
+        .env("SANDCELL_HOME", home)
+        .env("OPENAI_BASE_URL", llm.openai_base())
+        .env("OPENAI_API_KEY", OPENAI_KEY)
+        .env("ANTHROPIC_BASE_URL", llm.anthropic_base())
+        .env("ANTHROPIC_API_KEY", ANTHROPIC_KEY)
+        .env_remove("SANDCELL_API_URL")
+        .env_remove("SANDCELL_API_KEY")
+        .output()
+        .await
+        .expect("run sandcell");
+    Outcome {
+        code: out.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+    }
+}
+
+async fn agent(llm: &ScriptedLlm, home: &Path, model: &str, extra: &[&str]) -> Outcome {
+    let mut args = vec!["agent", "--json", "--model", model];
+    args.extend_from_slice(extra);
+    args.push("Set x to 21 in Python, then double it.");
+    sandcell(llm, home, &args).await
+}
+
+fn code_call(code: &str) -> Turn {
+    Turn::ToolCalls(vec![ScriptedCall::new(
+        "execute_code",
+        json!({ "code": code }),
+    )])
+}
+
+/// The three turns of the classic task: set x, double it (state must persist), answer.
+fn doubling(answer: Turn) -> Script {
+    Script::new()
+        .turn(code_call("x = 21\nprint('SET', x)"))
+        .turn(code_call("print('DOUBLE', x * 2)"))
+        .turn(answer)
+}
+
+/// The trajectory as `sandcell logs RUN --json` prints it.
+async fn trajectory(llm: &ScriptedLlm, home: &Path, run: &str) -> Vec<Value> {
+    let out = sandcell(llm, home, &["logs", run, "--json"]).await;
+    assert_eq!(out.code, 0, "{}", out.stderr);
+    out.stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("one JSON event per line"))
+        .collect()
+}
+
+fn of_type<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    events.iter().filter(|e| e["type"] == kind).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tools_mode_over_openai_streaming_keeps_state_and_counts_the_scripted_usage() {
+    let llm = ScriptedLlm::start(doubling(Turn::text("ANSWER: 42")))
+        .await
+        .expect("scripted model");
+    let home = tempfile::tempdir().expect("home");
+    let out = agent(&llm, home.path(), "openai/scripted", &[]).await;
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    let run = out.json();
+    assert_eq!(run["status"], "succeeded");
+    assert_eq!(run["reason"], "text");
+    assert_eq!(run["answer"], "ANSWER: 42");
+    assert_eq!(
+        (
+            &run["usage"]["input_tokens"],
+            &run["usage"]["output_tokens"]
+        ),
+        (&json!(300), &json!(30))
+    );
+    assert_eq!(
+        run["usage"]["cost_usd"],
+        Value::Null,
+        "an unknown price is not $0"
+    );
+
+    let requests = llm.requests();
+    assert_eq!(requests.len(), 3);
+    for r in &requests {
+        assert_eq!(r.protocol, Protocol::OpenAi);
+        assert!(r.stream, "streamed by default");
+        assert_eq!(r.body["stream_options"]["include_usage"], true);
+        assert_eq!(
+            r.header("authorization"),
+            Some(format!("Bearer {OPENAI_KEY}").as_str())
+        );
+        assert!(r.tool_names().contains(&"execute_code".to_string()));
+    }
+    // The kernel kept x between the two tool calls.
+    assert!(requests[2].transcript().contains("DOUBLE 42"));
+
+    let id = run["run_id"].as_str().expect("run id");
+    let events = trajectory(&llm, home.path(), id).await;
+    let seqs: Vec<u64> = events.iter().filter_map(|e| e["seq"].as_u64()).collect();
+    assert_eq!(
+        seqs,
+        (1..=events.len() as u64).collect::<Vec<_>>(),
+        "contiguous"
+    );
+    assert_eq!(events[0]["type"], "run_started");
+    assert_eq!(events.last().expect("events")["type"], "run_finished");
+    assert_eq!(of_type(&events, "llm_response").len(), 3);
+    let results = of_type(&events, "tool_result");
+    assert!(
+        results[1]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("DOUBLE 42"))
+    );
+    // The JSONL mirror holds the same events.
+    let mirror = std::fs::read_to_string(home.path().join(format!("trajectories/{id}.jsonl")))
+        .expect("the mirror");
+    let mirrored: Vec<Value> = mirror
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("JSON"))
+        .collect();
+    assert_eq!(mirrored, events);
+
+    let listed = sandcell(&llm, home.path(), &["runs", "list", "--json"]).await;
+    assert!(listed.stdout.contains(id), "{}", listed.stdout);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tools_mode_over_anthropic_ends_with_the_final_answer_tool() {
+    let answer = Turn::ToolCalls(vec![ScriptedCall::new(
+        "final_answer",
+        json!({"answer": "42"}),
+    )]);
+    let llm = ScriptedLlm::start(doubling(answer))
+        .await
+        .expect("scripted model");
+    let home = tempfile::tempdir().expect("home");
+    let out = agent(&llm, home.path(), "anthropic/scripted", &[]).await;
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    let run = out.json();
+    assert_eq!(
+        (&run["status"], &run["reason"]),
+        (&json!("succeeded"), &json!("final"))
+    );
+    assert_eq!(run["answer"], "42");
+    assert_eq!(run["usage"]["input_tokens"], 300);
+    let requests = llm.requests();
+    assert_eq!(requests.len(), 3);
+    for r in &requests {
+        assert_eq!(r.protocol, Protocol::Anthropic);
+        assert_eq!(r.header("x-api-key"), Some(ANTHROPIC_KEY));
+        assert!(r.body["max_tokens"].as_u64().is_some_and(|m| m > 0));
+    }
+    assert!(requests[2].transcript().contains("DOUBLE 42"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_token_budget_ends_the_run_and_no_request_could_pass_it() {
+    // Each answer uses 950 tokens; 2000 allow two calls, not a third.
+    let script = Script::new()
+        .usage(Usage {
+            input_tokens: 900,
+            output_tokens: 50,
+        })
+        .turn(code_call("print(1)"))
+        .turn(code_call("print(2)"))
+        .turn(code_call("print(3)"));
+    let llm = ScriptedLlm::start(script).await.expect("scripted model");
+    let home = tempfile::tempdir().expect("home");
+    let out = agent(
+        &llm,
+        home.path(),
+        "openai/scripted",
+        &["--token-budget", "2000"],
+    )
+    .await;
+    assert_eq!(out.code, 1, "{}\n{}", out.stdout, out.stderr);
+    let run = out.json();
+    assert_eq!(
+        (&run["status"], &run["reason"]),
+        (&json!("failed"), &json!("budget:tokens"))
+    );
+    let requests = llm.requests();
+    assert_eq!(requests.len(), 2, "the third call was never sent");
+    // Each request's worst case fit in what was left: 950 per earlier answer.
+    for (i, r) in requests.iter().enumerate() {
+        let max = r.body["max_tokens"].as_u64().expect("max_tokens");
+        assert!(950 * i as u64 + max <= 2000, "request {i} asked for {max}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cost_limit_holds_at_the_configured_price() {
+    // $1000 per million tokens either way: each 950-token answer costs $0.95.
+    let script = Script::new()
+        .usage(Usage {
+            input_tokens: 900,
+            output_tokens: 50,
+        })
+        .turn(code_call("print(1)"))
+        .turn(code_call("print(2)"))
+        .turn(code_call("print(3)"));
+    let llm = ScriptedLlm::start(script).await.expect("scripted model");
+    let home = tempfile::tempdir().expect("home");
+    std::fs::write(
+        home.path().join("config.toml"),
+        "[agent]\nprices = [\"openai/priced=1000,1000\"]\n",
+    )
+    .expect("config");
+    let out = agent(&llm, home.path(), "openai/priced", &["--cost-limit", "2"]).await;
+    assert_eq!(out.code, 1, "{}\n{}", out.stdout, out.stderr);
+    let run = out.json();
+    assert_eq!(run["reason"], "budget:cost", "{run}");
+    let cost = run["usage"]["cost_usd"].as_f64().expect("a known cost");
+    assert!((cost - 1.9).abs() < 1e-9, "{cost}");
+    assert_eq!(llm.requests().len(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn provider_faults_are_retried_and_the_run_goes_on() {
+    let script = Script::new()
+        .turn(Turn::Fault(Fault::Status {
+            status: 429,
+            retry_after: Some("0".into()),
+            message: "slow down".into(),
+        }))
+        .turn(code_call("x = 21\nprint('SET', x)"))
+        .turn(Turn::Fault(Fault::DropStream))
+        .turn(code_call("print('DOUBLE', x * 2)"))
+        .turn(Turn::Fault(Fault::Overloaded))
+        .turn(Turn::text("ANSWER: 42"));
+    let llm = ScriptedLlm::start(script).await.expect("scripted model");
+    let home = tempfile::tempdir().expect("home");
+    let out = agent(&llm, home.path(), "anthropic/scripted", &[]).await;
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    let run = out.json();
+    assert_eq!(run["answer"], "ANSWER: 42");
+    // Usage counts answered calls only: three.
+    assert_eq!(run["usage"]["input_tokens"], 300);
+    let events = trajectory(&llm, home.path(), run["run_id"].as_str().expect("id")).await;
+    let attempts: Vec<u64> = of_type(&events, "llm_response")
+        .iter()
+        .filter_map(|e| e["attempts"].as_u64())
+        .collect();
+    assert_eq!(attempts, [2, 2, 2], "each call retried once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_401_ends_the_run_at_once_and_the_key_is_nowhere() {
+    let llm = ScriptedLlm::start(Script::new().turn(Turn::Fault(Fault::Unauthorized)))
+        .await
+        .expect("scripted model");
+    let home = tempfile::tempdir().expect("home");
+    let out = agent(&llm, home.path(), "openai/scripted", &[]).await;
+    assert_eq!(out.code, 1, "{}\n{}", out.stdout, out.stderr);
+    let run = out.json();
+    assert_eq!(
+        (&run["status"], &run["reason"]),
+        (&json!("failed"), &json!("provider_error"))
+    );
+    assert_eq!(llm.requests().len(), 1, "a 401 is not retried");
+    let id = run["run_id"].as_str().expect("id");
+    let events = trajectory(&llm, home.path(), id).await;
+    let error = of_type(&events, "llm_error");
+    assert_eq!(error.len(), 1);
+    assert_eq!(error[0]["kind"], "auth");
+    assert_eq!(error[0]["status"], 401);
+    let mirror = std::fs::read_to_string(home.path().join(format!("trajectories/{id}.jsonl")))
+        .expect("mirror");
+    for (what, text) in [
+        ("stdout", out.stdout.as_str()),
+        ("stderr", out.stderr.as_str()),
+        ("the trajectory", mirror.as_str()),
+    ] {
+        assert!(!text.contains(OPENAI_KEY), "the key is in {what}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn images_go_back_where_each_protocol_wants_them() {
+    let plot = format!(
+        "import base64\nclass Plot:\n    def _repr_png_(self):\n        return base64.b64decode('{PNG_1X1}')\nPlot()"
+    );
+    for (model, protocol) in [
+        ("openai/scripted", Protocol::OpenAi),
+        ("anthropic/scripted", Protocol::Anthropic),
+    ] {
+        let script = Script::new()
+            .turn(code_call(&plot))
+            .turn(Turn::text("a plot"));
+        let llm = ScriptedLlm::start(script).await.expect("scripted model");
+        let home = tempfile::tempdir().expect("home");
+        let out = agent(&llm, home.path(), model, &[]).await;
+        assert_eq!(out.code, 0, "{model}: {}\n{}", out.stdout, out.stderr);
+        let requests = llm.requests();
+        assert_eq!(requests.len(), 2);
+        let images = requests[1].images();
+        assert_eq!(images.len(), 1, "{model}: {images:?}");
+        let image = &images[0];
+        assert_eq!(image.media_type.as_deref(), Some("image/png"));
+        match protocol {
+            // Tool messages are text only: the image follows them in a user message.
+            Protocol::OpenAi => {
+                assert_eq!(image.role, "user");
+                let messages = requests[1].messages();
+                assert_eq!(messages[image.message_index - 1]["role"], "tool");
+            }
+            Protocol::Anthropic => assert!(image.in_tool_result, "{image:?}"),
+        }
+        // The trajectory keeps the image as a file, not inline.
+        let run = out.json();
+        let events = trajectory(&llm, home.path(), run["run_id"].as_str().expect("id")).await;
+        let result = of_type(&events, "tool_result")[0];
+        let path = result["images"][0]["path"].as_str().expect("an artifact");
+        assert!(std::fs::metadata(path).is_ok_and(|m| m.len() > 0), "{path}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_input_is_refused_before_any_run() {
+    let llm = ScriptedLlm::start(Script::new())
+        .await
+        .expect("scripted model");
+    let home = tempfile::tempdir().expect("home");
+    for (args, wanted) in [
+        (vec!["agent", "--model", "nosuch/model", "task"], "provider"),
+        (
+            vec![
+                "agent",
+                "--model",
+                "openai/m",
+                "--max-iterations",
+                "51",
+                "task",
+            ],
+            "max_iterations",
+        ),
+        (
+            vec!["agent", "--model", "openai/m", "--cost-limit", "11", "task"],
+            "cost_limit_usd",
+        ),
+        (vec!["agent", "--model", "openai/m", "   "], "task"),
+        (
+            vec!["agent", "--model", "openai/m", "--sandbox", "SB-1", "task"],
+            "sandbox id",
+        ),
+    ] {
+        let out = sandcell(&llm, home.path(), &args).await;
+        assert_eq!(out.code, 125, "{args:?}: {}", out.stderr);
+        assert!(out.stderr.contains(wanted), "{args:?}: {}", out.stderr);
+    }
+    assert!(llm.requests().is_empty());
+}

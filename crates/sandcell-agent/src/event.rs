@@ -138,6 +138,9 @@ pub enum EventKind {
         text: String,
         /// Whether `text` was cut.
         truncated: bool,
+        /// The whole text, kept as a file when it was cut.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        full_text: Option<ArtifactRef>,
         /// Images it produced.
         images: Vec<ArtifactRef>,
         /// How long it took.
@@ -147,6 +150,18 @@ pub enum EventKind {
     StepCommitted {
         /// Usage of the run tree so far.
         usage: RunUsage,
+    },
+    /// Older steps were replaced by a summary, as the conversation neared the model's
+    /// context window.
+    Condensed {
+        /// The summary the model reads instead.
+        summary: String,
+        /// Messages it replaced.
+        messages_replaced: usize,
+        /// The prompt's estimated tokens before.
+        tokens_before: u64,
+        /// And after.
+        tokens_after: u64,
     },
     /// Something the run's reader should know (a budget that cannot be held, vision off, …).
     Warning {
@@ -178,6 +193,7 @@ impl EventKind {
             EventKind::ToolCall { .. } => "tool_call",
             EventKind::ToolResult { .. } => "tool_result",
             EventKind::StepCommitted { .. } => "step_committed",
+            EventKind::Condensed { .. } => "condensed",
             EventKind::Warning { .. } => "warning",
             EventKind::RunFinished { .. } => "run_finished",
         }

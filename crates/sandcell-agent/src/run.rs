@@ -29,6 +29,15 @@ kernels (python, node, bash, r) whose state persists between calls. Solve the ta
 step: run code with the tools, read the results, and go on. When you are done, call \
 final_answer with the answer (or reply with the answer in plain text, without calling a tool).";
 
+/// The context window of a model the price table does not know.
+pub const DEFAULT_CONTEXT_WINDOW: u32 = 128_000;
+/// Past this share of the context window, older steps are condensed.
+const CONDENSE_AT: f64 = 0.8;
+/// Steps kept whole when older ones are condensed.
+const KEEP_STEPS: usize = 2;
+
+const CONDENSE_SYSTEM: &str = "You condense the working history of an agent that runs code in a sandbox. Write a compact summary of the steps below: what was tried, what was found (exact values, file names, variable names), what failed and why. It replaces the steps, so keep every fact the agent may still need.";
+
 /// What the model is told when it has used all its steps.
 const FORCE_ANSWER: &str = "You have used all the steps of this run. Answer now with what you \
 have found; you cannot call tools any more.";
@@ -168,13 +177,23 @@ async fn prepare_sandbox(ctx: &mut RunContext) -> Result<SandboxId, ServiceError
     Ok(id)
 }
 
-/// One model call, with its budget reservation and events; `Err(ended)` when the run ends.
+/// What a model call came to.
+enum Asked {
+    /// Its answer.
+    Answer(ChatResponse),
+    /// The model refused the images in the request (recorded as an `llm_error`).
+    ImagesRejected,
+    /// The run ends.
+    End(Ended),
+}
+
+/// One model call, with its budget reservation and events.
 async fn ask(
     ctx: &mut RunContext,
     call: u32,
     mut req: ChatRequest,
     sub_call: bool,
-) -> Result<Result<ChatResponse, Ended>, ServiceError> {
+) -> Result<Asked, ServiceError> {
     let price = ctx.llm.config().prices.get(&ctx.model).cloned();
     let estimate = req.estimated_input_tokens();
     let reservation = match ctx
@@ -182,7 +201,7 @@ async fn ask(
         .reserve(estimate, req.max_tokens, price.as_ref(), sub_call)
     {
         Ok(r) => r,
-        Err(which) => return Ok(Err(Ended::failed(which.reason()))),
+        Err(which) => return Ok(Asked::End(Ended::failed(which.reason()))),
     };
     req.max_tokens = reservation.max_tokens;
     ctx.journal.emit(
@@ -210,20 +229,21 @@ async fn ask(
     let response = match answer {
         None => {
             ctx.pool.release(reservation);
-            return Ok(Err(Ended::cancelled()));
+            return Ok(Asked::End(Ended::cancelled()));
         }
         Some(Err(None)) => {
             ctx.pool.release(reservation);
-            return Ok(Err(Ended::failed("timeout")));
+            return Ok(Asked::End(Ended::failed("timeout")));
         }
         Some(Err(Some(e))) => {
             ctx.pool.release(reservation);
             emit_llm_error(ctx, call, &e)?;
             let reason = match e.kind {
+                LlmErrorKind::ImagesRejected => return Ok(Asked::ImagesRejected),
                 LlmErrorKind::Config => "error",
                 _ => "provider_error",
             };
-            return Ok(Err(Ended::failed(reason)));
+            return Ok(Asked::End(Ended::failed(reason)));
         }
         Some(Ok(r)) => r,
     };
@@ -243,7 +263,7 @@ async fn ask(
         },
         false,
     )?;
-    Ok(Ok(response))
+    Ok(Asked::Answer(response))
 }
 
 fn emit_llm_error(ctx: &mut RunContext, call: u32, e: &LlmError) -> Result<(), ServiceError> {
@@ -290,7 +310,7 @@ async fn steps(ctx: &mut RunContext, task: String) -> Result<Ended, ServiceError
         role: Role::User,
         content: vec![Part::Text(task)],
     }];
-    let vision = true;
+    let mut vision = true;
     let mut call = 0u32;
     for iteration in 1..=budgets.max_iterations + 1 {
         if ctx.cancel.is_cancelled() {
@@ -307,6 +327,10 @@ async fn steps(ctx: &mut RunContext, task: String) -> Result<Ended, ServiceError
             });
         }
         ctx.journal.next_step();
+        match condense_if_needed(ctx, &mut messages, &specs, &mut call).await? {
+            Ok(()) => {}
+            Err(ended) => return Ok(ended),
+        }
         call += 1;
         let req = ChatRequest {
             model: ctx.model.model.clone(),
@@ -318,8 +342,38 @@ async fn steps(ctx: &mut RunContext, task: String) -> Result<Ended, ServiceError
             stream: ctx.stream,
         };
         let response = match ask(ctx, call, req, false).await? {
-            Ok(r) => r,
-            Err(ended) => return Ok(ended),
+            Asked::Answer(r) => r,
+            Asked::End(ended) => return Ok(ended),
+            Asked::ImagesRejected if vision && has_images(&messages) => {
+                // Once per run: the images go, the step is asked again without them.
+                vision = false;
+                strip_images(&mut messages);
+                ctx.journal.emit(
+                    EventKind::Warning {
+                        message: format!(
+                            "{} refused images: vision is off for the rest of this run",
+                            ctx.model
+                        ),
+                    },
+                    false,
+                )?;
+                call += 1;
+                let req = ChatRequest {
+                    model: ctx.model.model.clone(),
+                    system: Some(SYSTEM_TOOLS.to_string()),
+                    messages: messages.clone(),
+                    tools: if forced { Vec::new() } else { specs.clone() },
+                    max_tokens: budgets.max_output_tokens,
+                    temperature: None,
+                    stream: ctx.stream,
+                };
+                match ask(ctx, call, req, false).await? {
+                    Asked::Answer(r) => r,
+                    Asked::End(ended) => return Ok(ended),
+                    Asked::ImagesRejected => return Ok(Ended::failed("provider_error")),
+                }
+            }
+            Asked::ImagesRejected => return Ok(Ended::failed("provider_error")),
         };
         if forced {
             return Ok(Ended::succeeded("forced", response.text));
@@ -388,6 +442,9 @@ async fn steps(ctx: &mut RunContext, task: String) -> Result<Ended, ServiceError
                 }
             };
             let (text, truncated) = tools::truncate(&outcome.text, tools::MAX_RESULT_CHARS);
+            let full_text = truncated
+                .then(|| keep_artifact(ctx, "text/plain", "txt", outcome.text.as_bytes()))
+                .flatten();
             let images = keep_images(ctx, &outcome.images);
             ctx.journal.emit(
                 EventKind::ToolResult {
@@ -396,6 +453,7 @@ async fn steps(ctx: &mut RunContext, task: String) -> Result<Ended, ServiceError
                     is_error: outcome.is_error,
                     text: text.clone(),
                     truncated,
+                    full_text,
                     images,
                     duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
                 },
@@ -430,26 +488,181 @@ async fn steps(ctx: &mut RunContext, task: String) -> Result<Ended, ServiceError
     Ok(Ended::failed(Exhausted::Iterations.reason()))
 }
 
+/// Keeps `bytes` as a file beside the trajectory (`None` when it cannot be written: the
+/// trajectory then says less, the run goes on).
+fn keep_artifact(
+    ctx: &RunContext,
+    media_type: &str,
+    ext: &str,
+    bytes: &[u8],
+) -> Option<ArtifactRef> {
+    let dir = ctx.journal.artifacts_dir();
+    let n = std::fs::read_dir(&dir).map_or(0, Iterator::count) + 1;
+    let path = dir.join(format!("step{}-{n}.{ext}", ctx.journal.step()));
+    std::fs::create_dir_all(&dir)
+        .and_then(|()| std::fs::write(&path, bytes))
+        .ok()?;
+    Some(ArtifactRef {
+        media_type: media_type.to_string(),
+        path: path.display().to_string(),
+        bytes: bytes.len() as u64,
+    })
+}
+
 /// Keeps a tool's images as files beside the trajectory.
 fn keep_images(ctx: &RunContext, images: &[sandcell_llm::Image]) -> Vec<ArtifactRef> {
-    let dir = ctx.journal.artifacts_dir();
-    let mut refs = Vec::new();
-    for (i, image) in images.iter().enumerate() {
-        let Some(bytes) = tools::image_bytes(image) else {
-            continue;
+    images
+        .iter()
+        .filter_map(|image| {
+            let bytes = tools::image_bytes(image)?;
+            let ext = image.media_type.rsplit('/').next().unwrap_or("bin");
+            keep_artifact(ctx, &image.media_type, ext, &bytes)
+        })
+        .collect()
+}
+
+/// Condenses older steps into a summary when the conversation nears the model's context
+/// window; the task and the last [`KEEP_STEPS`] steps stay whole.
+async fn condense_if_needed(
+    ctx: &mut RunContext,
+    messages: &mut Vec<Message>,
+    specs: &[ToolSpec],
+    call: &mut u32,
+) -> Result<Result<(), Ended>, ServiceError> {
+    let window = ctx
+        .llm
+        .config()
+        .prices
+        .get(&ctx.model)
+        .and_then(|p| p.context_window)
+        .unwrap_or(DEFAULT_CONTEXT_WINDOW);
+    let estimate = |messages: &[Message]| {
+        ChatRequest {
+            model: String::new(),
+            system: Some(SYSTEM_TOOLS.to_string()),
+            messages: messages.to_vec(),
+            tools: specs.to_vec(),
+            max_tokens: 0,
+            temperature: None,
+            stream: false,
+        }
+        .estimated_input_tokens()
+    };
+    let before = estimate(messages);
+    if (before as f64) < f64::from(window) * CONDENSE_AT {
+        return Ok(Ok(()));
+    }
+    // Steps are an assistant message and the results after it: cut where one begins.
+    let tail_start = messages.len().saturating_sub(2 * KEEP_STEPS);
+    if tail_start <= 1 || messages[tail_start].role != Role::Assistant {
+        return Ok(Ok(()));
+    }
+    let older = &messages[1..tail_start];
+    let req = ChatRequest {
+        model: ctx.model.model.clone(),
+        system: Some(CONDENSE_SYSTEM.to_string()),
+        messages: vec![Message {
+            role: Role::User,
+            content: vec![Part::Text(render(older))],
+        }],
+        tools: Vec::new(),
+        max_tokens: ctx.pool.budgets().max_output_tokens.min(4096),
+        temperature: None,
+        stream: ctx.stream,
+    };
+    *call += 1;
+    let summary = match ask(ctx, *call, req, false).await? {
+        Asked::Answer(r) => r.text,
+        Asked::End(ended) => return Ok(Err(ended)),
+        Asked::ImagesRejected => return Ok(Err(Ended::failed("provider_error"))),
+    };
+    let replaced = older.len();
+    messages.splice(
+        1..tail_start,
+        [Message {
+            role: Role::User,
+            content: vec![Part::Text(format!(
+                "Summary of the earlier steps (condensed to fit the context window):\n{summary}"
+            ))],
+        }],
+    );
+    let after = estimate(messages);
+    ctx.journal.emit(
+        EventKind::Condensed {
+            summary,
+            messages_replaced: replaced,
+            tokens_before: before,
+            tokens_after: after,
+        },
+        false,
+    )?;
+    Ok(Ok(()))
+}
+
+/// Messages as plain text, for the condensing call.
+fn render(messages: &[Message]) -> String {
+    let mut out = String::new();
+    for m in messages {
+        let who = match m.role {
+            Role::User => "user",
+            Role::Assistant => "assistant",
         };
-        let ext = image.media_type.rsplit('/').next().unwrap_or("bin");
-        let path = dir.join(format!("step{}-{}.{ext}", ctx.journal.step(), i + 1));
-        let written = std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&path, &bytes));
-        if written.is_ok() {
-            refs.push(ArtifactRef {
-                media_type: image.media_type.clone(),
-                path: path.display().to_string(),
-                bytes: bytes.len() as u64,
-            });
+        for p in &m.content {
+            let line = match p {
+                Part::Text(t) => format!("{who}: {t}"),
+                Part::Image(_) => format!("{who}: [an image]"),
+                Part::ToolCall(c) => format!("assistant called {}({})", c.name, c.arguments),
+                Part::ToolResult(r) => {
+                    let text: Vec<&str> = r
+                        .content
+                        .iter()
+                        .filter_map(|p| match p {
+                            Part::Text(t) => Some(t.as_str()),
+                            _ => None,
+                        })
+                        .collect();
+                    format!(
+                        "result{}: {}",
+                        if r.is_error { " (error)" } else { "" },
+                        text.join("\n")
+                    )
+                }
+            };
+            out.push_str(&line);
+            out.push('\n');
         }
     }
-    refs
+    out
+}
+
+fn has_images(messages: &[Message]) -> bool {
+    messages.iter().any(|m| {
+        m.content.iter().any(|p| match p {
+            Part::Image(_) => true,
+            Part::ToolResult(r) => r.content.iter().any(|p| matches!(p, Part::Image(_))),
+            _ => false,
+        })
+    })
+}
+
+/// Replaces every image with a note, for a model that refuses them.
+fn strip_images(messages: &mut [Message]) {
+    let note = || Part::Text("[an image was here; this model does not take images]".into());
+    for m in messages {
+        for p in &mut m.content {
+            match p {
+                Part::Image(_) => *p = note(),
+                Part::ToolResult(r) => {
+                    for q in &mut r.content {
+                        if matches!(q, Part::Image(_)) {
+                            *q = note();
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
 }
 
 /// `sub_complete` and `sub_complete_batched`: model calls without tools, drawn from the

@@ -411,6 +411,9 @@ fn describe(e: &Event) -> String {
             usage.input_tokens, usage.output_tokens
         ),
         EventKind::Warning { message } => format!("warning: {message}"),
+        EventKind::Condensed {
+            messages_replaced, ..
+        } => format!("condensed {messages_replaced} older messages into a summary"),
         EventKind::RunFinished {
             status,
             reason,

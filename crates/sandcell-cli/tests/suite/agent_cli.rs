@@ -380,3 +380,77 @@ async fn bad_input_is_refused_before_any_run() {
     }
     assert!(llm.requests().is_empty());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_model_that_refuses_images_gets_the_step_again_without_them() {
+    let plot = format!(
+        "import base64\nclass Plot:\n    def _repr_png_(self):\n        return base64.b64decode('{PNG_1X1}')\nPlot()"
+    );
+    let first = std::sync::atomic::AtomicBool::new(true);
+    let script = Script::new().respond_with(move |r| {
+        if !r.images().is_empty() {
+            return Turn::Fault(Fault::Status {
+                status: 400,
+                retry_after: None,
+                message: "this model does not support image input".into(),
+            });
+        }
+        if first.swap(false, std::sync::atomic::Ordering::SeqCst) {
+            code_call(&plot)
+        } else {
+            Turn::text("no images needed")
+        }
+    });
+    let llm = ScriptedLlm::start(script).await.expect("scripted model");
+    let home = tempfile::tempdir().expect("home");
+    let out = agent(&llm, home.path(), "openai/scripted", &[]).await;
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    let run = out.json();
+    assert_eq!(run["answer"], "no images needed");
+    let requests = llm.requests();
+    assert_eq!(requests.len(), 3, "the refused step is asked once more");
+    assert!(requests[2].images().is_empty());
+    assert!(requests[2].transcript().contains("does not take images"));
+    let events = trajectory(&llm, home.path(), run["run_id"].as_str().expect("id")).await;
+    let warnings: Vec<&str> = of_type(&events, "warning")
+        .iter()
+        .filter_map(|w| w["message"].as_str())
+        .collect();
+    assert!(warnings.iter().any(|w| w.contains("vision is off")), "{warnings:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn older_steps_are_condensed_as_the_conversation_nears_the_context_window() {
+    // Each step prints ~12k characters (~3k tokens); an 8k-token window fills by step 4.
+    let calls = std::sync::atomic::AtomicUsize::new(0);
+    let script = Script::new().respond_with(move |r| {
+        if r.tool_names().is_empty() {
+            return Turn::text("SUMMARY-OK: printed A blocks");
+        }
+        if calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < 4 {
+            code_call("print('A' * 12000)")
+        } else {
+            Turn::text("done")
+        }
+    });
+    let llm = ScriptedLlm::start(script).await.expect("scripted model");
+    let home = tempfile::tempdir().expect("home");
+    std::fs::write(
+        home.path().join("config.toml"),
+        "[agent]\nprices = [\"openai/tiny=0,0,8000\"]\n",
+    )
+    .expect("config");
+    let out = agent(&llm, home.path(), "openai/tiny", &[]).await;
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    let run = out.json();
+    assert_eq!(run["answer"], "done");
+    let events = trajectory(&llm, home.path(), run["run_id"].as_str().expect("id")).await;
+    let condensed = of_type(&events, "condensed");
+    assert!(!condensed.is_empty(), "no condensation");
+    let c = condensed[0];
+    assert!(c["messages_replaced"].as_u64().is_some_and(|n| n >= 2), "{c}");
+    assert!(c["tokens_after"].as_u64() < c["tokens_before"].as_u64(), "{c}");
+    let last = llm.requests().pop().expect("requests");
+    assert!(last.transcript().contains("SUMMARY-OK"));
+    assert!(last.transcript().contains("Summary of the earlier steps"));
+}

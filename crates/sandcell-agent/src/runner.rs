@@ -301,6 +301,41 @@ impl Runner {
         self.get(caller, id)
     }
 
+    /// The caller's run's events after number `after`, as a stream: the stored ones, then,
+    /// for a run going on in this process, the live ones as they come, until `run_finished`
+    /// (a run that has ended, or runs elsewhere, gives what is stored and ends). No event
+    /// comes twice and none is missed: the subscription is taken before the store is read,
+    /// events are told apart by their number, and a follower that falls behind the live
+    /// channel reads what it missed from the store.
+    pub fn follow(
+        &self,
+        caller: &Caller,
+        id: &str,
+        after: u64,
+    ) -> ServiceResult<impl futures_util::Stream<Item = Value> + Send + 'static> {
+        self.own(caller, id)?;
+        let live = self.live().get(id).map(|l| l.events.subscribe());
+        let follower = Follower {
+            store: self.service.store.clone(),
+            run: id.to_string(),
+            last: after,
+            ready: std::collections::VecDeque::new(),
+            live,
+            reread: true,
+            finished: false,
+        };
+        Ok(futures_util::stream::unfold(follower, |mut f| async move {
+            f.next().await.map(|v| (v, f))
+        }))
+    }
+
+    /// The last `n` events of the caller's run (fewer when it has fewer), in order.
+    pub fn last_events(&self, caller: &Caller, id: &str, n: u32) -> ServiceResult<Vec<Value>> {
+        self.own(caller, id)?;
+        let last = self.service.store.last_run_seq(id)?;
+        self.events(caller, id, last.saturating_sub(u64::from(n)), n.max(1))
+    }
+
     /// Marks runs left `running` by a process that is gone as failed (`interrupted`).
     pub fn settle_interrupted(&self) -> ServiceResult<usize> {
         let mut n = 0;
@@ -316,5 +351,80 @@ impl Runner {
             n += 1;
         }
         Ok(n)
+    }
+}
+
+/// One follower of a run's events (see [`Runner::follow`]).
+struct Follower {
+    store: Arc<sandcell_store::Store>,
+    run: String,
+    /// The number of the last event handed out.
+    last: u64,
+    ready: std::collections::VecDeque<Value>,
+    /// The live events (`None`: the run does not go on in this process, or has ended).
+    live: Option<broadcast::Receiver<Event>>,
+    /// The store has events not read yet.
+    reread: bool,
+    /// `run_finished` was handed out or queued.
+    finished: bool,
+}
+
+impl Follower {
+    async fn next(&mut self) -> Option<Value> {
+        loop {
+            if let Some(v) = self.ready.pop_front() {
+                return Some(v);
+            }
+            if self.finished {
+                return None;
+            }
+            if self.reread {
+                if self.read_stored() {
+                    continue;
+                }
+                self.reread = false;
+            }
+            let rx = self.live.as_mut()?;
+            match rx.recv().await {
+                Ok(e) if e.seq <= self.last => {}
+                Ok(e) if e.seq == self.last + 1 => {
+                    self.last = e.seq;
+                    self.finished = e.kind.name() == "run_finished";
+                    match serde_json::to_value(&e) {
+                        Ok(v) => self.ready.push_back(v),
+                        // Stored as it was written: read it from there.
+                        Err(_) => self.reread = true,
+                    }
+                }
+                // Behind the live channel: what was missed is in the store.
+                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => self.reread = true,
+                Err(broadcast::error::RecvError::Closed) => {
+                    // The run has ended: its last events are in the store.
+                    self.live = None;
+                    self.reread = true;
+                }
+            }
+        }
+    }
+
+    /// Queues the next page of stored events; whether there was one.
+    fn read_stored(&mut self) -> bool {
+        let page = match self.store.run_events(&self.run, self.last, 0) {
+            Ok(page) => page,
+            Err(e) => {
+                tracing::warn!(run = %self.run, error = %e, "reading a run's events failed; the follower ends");
+                self.live = None;
+                return false;
+            }
+        };
+        if page.is_empty() {
+            return false;
+        }
+        for e in page {
+            self.last = e.seq;
+            self.finished |= e.kind == "run_finished";
+            self.ready.push_back(e.event);
+        }
+        true
     }
 }

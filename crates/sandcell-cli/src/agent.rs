@@ -1,23 +1,39 @@
 //! `sandcell agent` (a run in tools mode), `sandcell runs` and `sandcell logs`: the agent
-//! runtime from the command line. A run goes embedded here, in this process, on the same
-//! home and store as the daemon, so its record and trajectory are where `sandcell logs` and
-//! the daemon look.
+//! runtime from the command line. A run goes through the daemon when one runs on the home
+//! (or `--url`/`$SANDCELL_API_URL` names one): it is started with `POST /v1/runs` and
+//! followed through its event stream, and outlives this process. Without a daemon it goes
+//! embedded, in this process, on the same home and store, so its record and trajectory are
+//! where `sandcell logs` and the daemon look; it ends with this process.
 
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::Arc;
+use std::time::Duration;
 
-use anyhow::Context;
+use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
-use sandcell_agent::Runner;
+use futures_util::StreamExt;
 use sandcell_agent::event::{Event, EventKind};
 use sandcell_api::SandboxId;
 use sandcell_api::runs::{BudgetsInput, RunInfo, RunMode, StartRun};
+use sandcell_client::{Client, Discover};
 use sandcell_store::Store;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::daemon::ConfigArgs;
+
+/// Which daemon to go through (none given and none running on the home: work in this
+/// process and on the home's store).
+#[derive(Debug, Args, Clone, Default)]
+pub struct DaemonArgs {
+    /// The daemon's URL (default: $SANDCELL_API_URL, else the daemon running on the home, if
+    /// any).
+    #[arg(long, value_name = "URL")]
+    pub url: Option<String>,
+    /// The daemon's API key (default: $SANDCELL_API_KEY, else <home>/admin.key).
+    #[arg(long, value_name = "KEY")]
+    pub api_key: Option<String>,
+}
 
 /// `sandcell agent`.
 #[derive(Debug, Args)]
@@ -59,6 +75,8 @@ pub struct AgentArgs {
     pub json: bool,
     #[command(flatten)]
     pub config: ConfigArgs,
+    #[command(flatten)]
+    pub daemon: DaemonArgs,
 }
 
 /// `sandcell runs`.
@@ -74,6 +92,8 @@ pub enum RunsCommand {
         json: bool,
         #[command(flatten)]
         config: ConfigArgs,
+        #[command(flatten)]
+        daemon: DaemonArgs,
     },
     /// One run: status, reason, answer, usage.
     Status {
@@ -84,6 +104,21 @@ pub enum RunsCommand {
         json: bool,
         #[command(flatten)]
         config: ConfigArgs,
+        #[command(flatten)]
+        daemon: DaemonArgs,
+    },
+    /// Cancel a run of the daemon: its model call stops, its running code is interrupted
+    /// (a run started without a daemon ends with its own process).
+    Cancel {
+        /// The run.
+        run: String,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        config: ConfigArgs,
+        #[command(flatten)]
+        daemon: DaemonArgs,
     },
 }
 
@@ -95,8 +130,13 @@ pub struct LogsArgs {
     /// One JSON event per line.
     #[arg(long)]
     pub json: bool,
+    /// Follow a run that goes on: print its events as they come, until it ends.
+    #[arg(long, short)]
+    pub follow: bool,
     #[command(flatten)]
     pub config: ConfigArgs,
+    #[command(flatten)]
+    pub daemon: DaemonArgs,
 }
 
 /// What `--json` prints for a run.
@@ -117,6 +157,49 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
         .enable_all()
         .build()
         .context("start the async runtime")
+}
+
+/// The daemon to go through: the one named (`--url`, `$SANDCELL_API_URL`), else the one
+/// running on the home; `None` when there is neither.
+fn daemon_client(d: &DaemonArgs, config: &ConfigArgs) -> anyhow::Result<Option<Client>> {
+    let home = config.home();
+    let named = d.url.clone().or_else(|| {
+        std::env::var("SANDCELL_API_URL")
+            .ok()
+            .filter(|v| !v.is_empty())
+    });
+    let url = match named {
+        Some(url) => url,
+        None => match sandcell_client::running_daemon(&home) {
+            Ok(info) => info.url,
+            Err(_) => return Ok(None),
+        },
+    };
+    let found = Discover {
+        url: Some(url),
+        api_key: d.api_key.clone(),
+        home: Some(home),
+    };
+    Ok(Some(found.client()?))
+}
+
+/// The exit code of a run that ended so: 0 when it succeeded, else 1.
+fn exit_code(info: &RunInfo) -> ExitCode {
+    if info.status == "succeeded" {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+/// What `sandcell agent` prints at the end of a run.
+fn report(info: &RunInfo, json_out: bool) -> anyhow::Result<ExitCode> {
+    if json_out {
+        println!("{}", serde_json::to_string_pretty(&summary(info))?);
+    } else {
+        print_result(info);
+    }
+    Ok(exit_code(info))
 }
 
 /// Runs an agent to its end in this process.
@@ -152,6 +235,17 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<ExitCode> {
     };
     let live = std::io::stderr().is_terminal() && !args.json;
     let json_out = args.json;
+    if let Some(client) = daemon_client(&args.daemon, &args.config)? {
+        if !args.config.set.is_empty() {
+            eprintln!(
+                "sandcell: --set applies to runs in this process; the daemon's settings apply to this one"
+            );
+        }
+        return runtime()?.block_on(async move {
+            let info = run_remote(&client, req, live).await?;
+            report(&info, json_out)
+        });
+    }
     runtime()?.block_on(async move {
         let engine = sandcell_engine::Engine::builder()
             .backend(sandcell_backend_process::ProcessBackend::new(
@@ -165,18 +259,89 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<ExitCode> {
         let outcome = run_embedded(&embedded, req, live).await;
         // The run's sandbox ends with this process: nothing else could reach it.
         embedded.shutdown().await;
-        let info = outcome?;
-        if json_out {
-            println!("{}", serde_json::to_string_pretty(&summary(&info))?);
-        } else {
-            print_result(&info);
-        }
-        Ok(if info.status == "succeeded" {
-            ExitCode::SUCCESS
-        } else {
-            ExitCode::from(1)
-        })
+        report(&outcome?, json_out)
     })
+}
+
+/// Starts the run on the daemon and follows it to its end (Ctrl-C cancels it).
+async fn run_remote(client: &Client, req: StartRun, live: bool) -> anyhow::Result<RunInfo> {
+    // Taken before the run starts: a Ctrl-C from then on cancels it rather than leaving it.
+    let mut interrupts = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+        .context("handle Ctrl-C")?;
+    let started = client
+        .start_run(&req)
+        .await
+        .context("start the run on the daemon")?;
+    follow_remote(client, &started.id, Some(&mut interrupts), |e| {
+        if live && let Ok(e) = serde_json::from_value::<Event>(e.clone()) {
+            show(&e);
+        }
+    })
+    .await
+}
+
+/// Follows run `id`'s events through the daemon from the first, handing each to `each` once,
+/// until the run has ended; a stream that breaks is followed again from the last event seen.
+/// With `interrupts`, Ctrl-C cancels the run (whose end then comes as usual) and a second
+/// one stops waiting. The run as it ended.
+async fn follow_remote(
+    client: &Client,
+    id: &str,
+    mut interrupts: Option<&mut tokio::signal::unix::Signal>,
+    mut each: impl FnMut(&Value),
+) -> anyhow::Result<RunInfo> {
+    let mut last = 0u64;
+    let mut interrupted = 0;
+    let mut take = |e: &Value, last: &mut u64| {
+        let seq = e["seq"].as_u64().unwrap_or(0);
+        if seq > *last {
+            *last = seq;
+            each(e);
+        }
+    };
+    loop {
+        let mut events = client
+            .follow_run(id, last)
+            .await
+            .with_context(|| format!("follow run {id}"))?;
+        loop {
+            let next = if let Some(signals) = interrupts.as_deref_mut() {
+                tokio::select! {
+                    e = events.next() => e,
+                    _ = signals.recv() => {
+                        interrupted += 1;
+                        if interrupted > 1 {
+                            bail!("interrupted; run {id} may still be ending: see `sandcell runs status {id}`");
+                        }
+                        eprintln!("cancelling run {id} (Ctrl-C again to stop waiting)");
+                        let (client, id) = (client.clone(), id.to_string());
+                        tokio::spawn(async move {
+                            if let Err(e) = client.cancel_run(&id).await {
+                                eprintln!("sandcell: cancel run {id}: {e}");
+                            }
+                        });
+                        continue;
+                    }
+                }
+            } else {
+                events.next().await
+            };
+            match next {
+                Some(Ok(e)) => take(&e, &mut last),
+                // Ended, or broken: the run's record says which.
+                Some(Err(_)) | None => break,
+            }
+        }
+        let info = client.run(id).await?;
+        if info.status != "running" {
+            // Whatever a broken stream did not bring.
+            for e in client.run_events(id, last).await? {
+                take(&e, &mut last);
+            }
+            return Ok(info);
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 async fn run_embedded(
@@ -188,26 +353,15 @@ async fn run_embedded(
         .admin_caller()
         .context("look up the admin key")?
         .context("the admin key in the home is unknown or revoked")?;
-    let runner = Arc::new(Runner::from_service(embedded.service())?);
-    runner.settle_interrupted()?;
+    // The embedded service settled the runs a dead process left when it started.
+    let runner = embedded.runner();
     let started = runner.start(&caller, req).await?;
-    if live && let Some(mut rx) = runner.subscribe(&caller, &started.id)? {
-        // Events written before the subscription are in the store; the live ones repeat
-        // some of them, told apart by number.
-        let mut shown = 0;
-        for e in runner.events(&caller, &started.id, 0, 0)? {
+    if live {
+        let events = runner.follow(&caller, &started.id, 0)?;
+        futures_util::pin_mut!(events);
+        while let Some(e) = events.next().await {
             if let Ok(e) = serde_json::from_value::<Event>(e) {
-                shown = e.seq;
                 show(&e);
-            }
-        }
-        while let Ok(e) = rx.recv().await {
-            if e.seq > shown {
-                shown = e.seq;
-                show(&e);
-            }
-            if matches!(e.kind, EventKind::RunFinished { .. }) {
-                break;
             }
         }
     }
@@ -294,20 +448,23 @@ fn open_store(config: &ConfigArgs) -> anyhow::Result<Store> {
         .with_context(|| format!("open the store {}", config.database.display()))
 }
 
-/// `sandcell runs …`.
+/// `sandcell runs …`: through the daemon when one runs, else from the home's store.
 pub fn runs(command: RunsCommand) -> anyhow::Result<ExitCode> {
     match command {
         RunsCommand::List {
             limit,
             json,
             config,
+            daemon,
         } => {
-            let store = open_store(&config)?;
-            let runs: Vec<RunInfo> = store
-                .list_runs(None, limit, None)?
-                .iter()
-                .map(sandcell_agent::run_info)
-                .collect();
+            let runs: Vec<RunInfo> = match daemon_client(&daemon, &config)? {
+                Some(client) => runtime()?.block_on(client.runs(Some(limit)))?.runs,
+                None => open_store(&config)?
+                    .list_runs(None, limit, None)?
+                    .iter()
+                    .map(sandcell_agent::run_info)
+                    .collect(),
+            };
             if json {
                 println!("{}", serde_json::to_string_pretty(&runs)?);
             } else {
@@ -323,31 +480,82 @@ pub fn runs(command: RunsCommand) -> anyhow::Result<ExitCode> {
                 }
             }
         }
-        RunsCommand::Status { run, json, config } => {
-            let store = open_store(&config)?;
-            let record = store
-                .get_run(&run)?
-                .with_context(|| format!("no run {run}"))?;
-            let info = sandcell_agent::run_info(&record);
-            if json {
-                println!("{}", serde_json::to_string_pretty(&info)?);
-            } else {
-                println!("{}", serde_json::to_string_pretty(&summary(&info))?);
-            }
+        RunsCommand::Status {
+            run,
+            json,
+            config,
+            daemon,
+        } => {
+            let info = match daemon_client(&daemon, &config)? {
+                Some(client) => runtime()?.block_on(client.run(&run))?,
+                None => {
+                    let record = open_store(&config)?
+                        .get_run(&run)?
+                        .with_context(|| format!("no run {run}"))?;
+                    sandcell_agent::run_info(&record)
+                }
+            };
+            print_info(&info, json)?;
+        }
+        RunsCommand::Cancel {
+            run,
+            json,
+            config,
+            daemon,
+        } => {
+            let Some(client) = daemon_client(&daemon, &config)? else {
+                bail!(
+                    "no daemon runs on {}: cancel goes through one (a run started without a daemon ends with its own process: Ctrl-C it)",
+                    config.home().display()
+                );
+            };
+            let info = runtime()?.block_on(client.cancel_run(&run))?;
+            print_info(&info, json)?;
         }
     }
     Ok(ExitCode::SUCCESS)
 }
 
-/// `sandcell logs [RUN]`.
+/// A run for `runs status` and `runs cancel`: all of it as JSON, or its summary.
+fn print_info(info: &RunInfo, json: bool) -> anyhow::Result<()> {
+    if json {
+        println!("{}", serde_json::to_string_pretty(info)?);
+    } else {
+        println!("{}", serde_json::to_string_pretty(&summary(info))?);
+    }
+    Ok(())
+}
+
+/// `sandcell logs [RUN]`: through the daemon when one runs, else from the home's store.
 pub fn logs(args: LogsArgs) -> anyhow::Result<ExitCode> {
     let Some(run) = args.run else {
         return runs(RunsCommand::List {
             limit: 20,
             json: args.json,
             config: args.config,
+            daemon: args.daemon,
         });
     };
+    let print = |e: &Value| {
+        if args.json {
+            println!("{e}");
+        } else {
+            println!("{}", describe_value(e));
+        }
+    };
+    if let Some(client) = daemon_client(&args.daemon, &args.config)? {
+        return runtime()?.block_on(async {
+            if args.follow {
+                follow_remote(&client, &run, None, print).await?;
+            } else {
+                client.run(&run).await?;
+                for e in client.run_events(&run, 0).await? {
+                    print(&e);
+                }
+            }
+            Ok(ExitCode::SUCCESS)
+        });
+    }
     let store = open_store(&args.config)?;
     store
         .get_run(&run)?
@@ -355,17 +563,36 @@ pub fn logs(args: LogsArgs) -> anyhow::Result<ExitCode> {
     let mut after = 0;
     loop {
         let page = store.run_events(&run, after, 0)?;
-        let Some(last) = page.last() else { break };
-        after = last.seq;
-        for e in &page {
-            if args.json {
-                println!("{}", e.event);
-            } else if let Ok(ev) = serde_json::from_value::<Event>(e.event.clone()) {
-                println!("{}", describe(&ev));
+        if let Some(last) = page.last() {
+            after = last.seq;
+            for e in &page {
+                print(&e.event);
             }
+            continue;
         }
+        // A run going on in another process: its events come as that process writes them.
+        let going_on = store.get_run(&run)?.is_some_and(|r| r.status == "running");
+        if !args.follow || !going_on {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(250));
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// An event (as JSON) in a line of text; one of a type this build does not know gets its
+/// number, time and type.
+fn describe_value(e: &Value) -> String {
+    match serde_json::from_value::<Event>(e.clone()) {
+        Ok(ev) => describe(&ev),
+        Err(_) => format!(
+            "{:>4} {} step {} · {}",
+            e["seq"],
+            e["ts"].as_str().unwrap_or_default(),
+            e["step"],
+            e["type"].as_str().unwrap_or("?")
+        ),
+    }
 }
 
 /// An event in a line of text, for `sandcell logs RUN`.

@@ -87,12 +87,13 @@ enum Command {
         command: client::SnapshotCommand,
     },
     /// Run an agent: a model that writes code, runs it in a sandbox and goes on until it
-    /// answers, within budgets (exit 0 when it succeeded, 1 when it ended otherwise).
+    /// answers, within budgets (exit 0 when it succeeded, 1 when it ended otherwise). It
+    /// goes through the daemon when one runs, else in this process.
     Agent(agent::AgentArgs),
-    /// Agent runs: list them, show one.
+    /// Agent runs: list them, show one, cancel one (of the daemon).
     #[command(subcommand)]
     Runs(agent::RunsCommand),
-    /// An agent run's trajectory (`sandcell logs RUN [--json]`), or the recent runs.
+    /// An agent run's trajectory (`sandcell logs RUN [--json] [-f]`), or the recent runs.
     Logs(agent::LogsArgs),
 }
 

@@ -12,6 +12,35 @@ pub struct DoctorArgs {
     /// Print JSON.
     #[arg(long)]
     json: bool,
+    #[command(flatten)]
+    config: crate::daemon::ConfigArgs,
+}
+
+/// The agent runtime's providers as the settings and the environment make them: base URL,
+/// which variable holds the key and whether it is set (never the key).
+fn agent_report(args: &DoctorArgs) -> serde_json::Value {
+    let config = match args.config.load(Vec::new()) {
+        Ok((c, _)) => c,
+        Err(e) => return json!({"error": format!("{e:#}")}),
+    };
+    let llm = sandcell_agent::settings::llm_config(&config.agent, |k| std::env::var(k).ok());
+    let providers: Vec<serde_json::Value> = sandcell_llm::ProviderKind::ALL
+        .iter()
+        .map(|&kind| {
+            let p = llm.provider(kind);
+            json!({
+                "provider": kind.name(),
+                "base_url": p.base_url,
+                "key_env": p.key_env,
+                "key_set": p.api_key.is_some(),
+                "official": p.is_official(kind),
+            })
+        })
+        .collect();
+    json!({
+        "model": (!config.agent.model.is_empty()).then_some(config.agent.model.clone()),
+        "providers": providers,
+    })
 }
 
 /// Runs `sandcell doctor`.
@@ -49,6 +78,7 @@ pub async fn doctor(args: DoctorArgs, engine: sandcell_engine::Engine) -> anyhow
             "seccomp_denied": sandcell_jail::seccomp::denied_syscalls(),
             "runtime": runtime,
             "tuning_hints": hints,
+            "agent": agent_report(&args),
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
@@ -87,6 +117,31 @@ pub async fn doctor(args: DoctorArgs, engine: sandcell_engine::Engine) -> anyhow
             "seccomp denies: {}",
             sandcell_jail::seccomp::denied_syscalls().join(" ")
         );
+        let agent = agent_report(&args);
+        match agent["error"].as_str() {
+            Some(e) => println!("agent: the settings do not load: {e}"),
+            None => {
+                println!(
+                    "agent: default model {}",
+                    agent["model"].as_str().unwrap_or("(none: pass --model provider/model)")
+                );
+                for p in agent["providers"].as_array().into_iter().flatten() {
+                    let key = if p["key_set"] == true {
+                        "key set"
+                    } else if p["official"] == true {
+                        "NO KEY"
+                    } else {
+                        "no key (fine for a local server)"
+                    };
+                    println!(
+                        "  {:<9} {} · ${} · {key}",
+                        p["provider"].as_str().unwrap_or_default(),
+                        p["base_url"].as_str().unwrap_or_default(),
+                        p["key_env"].as_str().unwrap_or_default(),
+                    );
+                }
+            }
+        }
     }
     Ok(if live.is_ok() {
         ExitCode::SUCCESS

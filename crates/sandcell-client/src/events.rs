@@ -23,6 +23,14 @@ impl FromEvent for SseEvent {
     }
 }
 
+/// Events whose data is any JSON (an agent run's trajectory: each event carries its `type`
+/// and `seq` inside).
+impl FromEvent for serde_json::Value {
+    fn from_event(event: &SseEvent) -> Option<Result<Self, serde_json::Error>> {
+        Some(serde_json::from_str(&event.data))
+    }
+}
+
 impl FromEvent for ExecStreamEvent {
     fn from_event(event: &SseEvent) -> Option<Result<Self, serde_json::Error>> {
         Self::parse(&event.event, &event.data)

@@ -12,6 +12,7 @@ mod error;
 pub mod events;
 mod files;
 mod processes;
+mod runs;
 mod sandboxes;
 mod snapshots;
 pub mod sse;

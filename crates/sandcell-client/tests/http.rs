@@ -181,3 +181,62 @@ async fn downloads_arrive_in_chunks_and_whole() {
         "{request}"
     );
 }
+
+const RUN_EVENTS: &str = ": keep-alive\n\n\
+id: 4\nevent: llm_response\ndata: {\"seq\":4,\"type\":\"llm_response\",\"text\":\"hi\"}\n\n\
+id: 5\nevent: run_finished\ndata: {\"seq\":5,\"type\":\"run_finished\",\"status\":\"succeeded\"}\n\n";
+
+#[tokio::test]
+async fn a_run_is_followed_from_an_event_as_json_values() {
+    for chunks in [1, 5, RUN_EVENTS.len()] {
+        let (url, server) = serve_once(
+            "200 OK",
+            "content-type: text/event-stream\r\n",
+            RUN_EVENTS.as_bytes().to_vec(),
+            chunks,
+        )
+        .await;
+        let client = Client::builder(url).api_key("sc_test").build().unwrap();
+        let mut events = client.follow_run("run-0123456789abcdef", 3).await.unwrap();
+        let mut got = Vec::new();
+        while let Some(e) = events.next().await {
+            got.push(e.unwrap());
+        }
+        let seqs: Vec<u64> = got.iter().map(|e| e["seq"].as_u64().unwrap()).collect();
+        assert_eq!(seqs, [4, 5], "{chunks} chunks");
+        assert_eq!(got[1]["status"], "succeeded");
+        let request = server.await.unwrap();
+        assert!(
+            request.starts_with("GET /v1/runs/run-0123456789abcdef/events?after=3 "),
+            "{request}"
+        );
+        assert!(
+            request
+                .to_ascii_lowercase()
+                .contains("accept: text/event-stream")
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_runs_events_are_read_as_a_json_list() {
+    let body = br#"{"events":[{"seq":1,"type":"run_started"},{"seq":2,"type":"warning"}]}"#;
+    let (url, server) = serve_once(
+        "200 OK",
+        "content-type: application/json\r\n",
+        body.to_vec(),
+        1,
+    )
+    .await;
+    let client = Client::builder(url).api_key("sc_test").build().unwrap();
+    let events = client.run_events("run-0123456789abcdef", 0).await.unwrap();
+    assert_eq!(events.len(), 2);
+    assert_eq!(events[1]["type"], "warning");
+    let request = server.await.unwrap();
+    assert!(
+        request.starts_with(
+            "GET /v1/runs/run-0123456789abcdef/events?format=json&after=0&limit=1000 "
+        ),
+        "{request}"
+    );
+}

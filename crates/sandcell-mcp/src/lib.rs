@@ -21,18 +21,25 @@ use std::sync::Arc;
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
 use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
 
-/// The streamable HTTP service to mount at `/mcp`, its tools calling `service` in this process
-/// as the caller each request authenticated as (the [`sandcell_service::Caller`] the mount's
-/// authentication put in the request's extensions; without one a tool answers
-/// `unauthenticated`). `allowed_hosts` empty: any Host header (the daemon's own auth guards it).
+/// The streamable HTTP service to mount at `/mcp`, its tools calling `service` (and the agent
+/// runs of `runner`) in this process as the caller each request authenticated as (the
+/// [`sandcell_service::Caller`] the mount's authentication put in the request's extensions;
+/// without one a tool answers `unauthenticated`). `allowed_hosts` empty: any Host header (the
+/// daemon's own auth guards it).
 pub fn http_service(
     service: Arc<sandcell_service::Service>,
+    runner: Arc<sandcell_agent::Runner>,
 ) -> StreamableHttpService<SandcellMcp, LocalSessionManager> {
     let mut config = StreamableHttpServerConfig::default();
     config.allowed_hosts = Vec::new();
     config.sse_keep_alive = Some(std::time::Duration::from_secs(15));
     StreamableHttpService::new(
-        move || Ok(SandcellMcp::as_request_caller(service.clone())),
+        move || {
+            Ok(SandcellMcp::as_request_caller(
+                service.clone(),
+                runner.clone(),
+            ))
+        },
         Arc::default(),
         config,
     )

@@ -5,6 +5,7 @@ use base64::Engine as _;
 use rmcp::model::{CallToolResult, ContentBlock};
 use sandcell_api::code::CodeResult;
 use sandcell_api::exec::ExecOutput;
+use sandcell_api::runs::RunInfo;
 use sandcell_api::sandboxes::{SandboxInfo, SandboxList};
 
 use crate::sandcell::{CallResult, FileHead};
@@ -46,6 +47,98 @@ pub fn json_result<T: serde::Serialize>(value: &T) -> CallToolResult {
         &json(value),
         RESULT_LIMIT,
     ))])
+}
+
+/// Characters of one event's line in `agent_status`.
+const EVENT_LINE_LIMIT: usize = 160;
+
+/// The answer to `agent_run`: the run's id and status, and what to do next.
+pub fn run_started(info: &RunInfo) -> CallToolResult {
+    json_result(&serde_json::json!({
+        "run_id": info.id,
+        "status": info.status,
+        "model": info.model,
+        "sandbox_id": info.sandbox_id,
+        "next": "call agent_status with this run_id to see how it goes (and its answer once it ends); agent_cancel stops it",
+    }))
+}
+
+/// The answer to `agent_status` and `agent_cancel`: the run's status, why it ended, its
+/// answer, what it used, and one line per event of `events`.
+pub fn run_status(info: &RunInfo, events: &[serde_json::Value]) -> CallToolResult {
+    let mut v = serde_json::json!({
+        "run_id": info.id,
+        "status": info.status,
+        "reason": info.reason,
+        "answer": info.answer,
+        "model": info.model,
+        "sandbox_id": info.sandbox_id,
+        "usage": info.usage,
+        "created_at": info.created_at,
+        "ended_at": info.ended_at,
+    });
+    if !events.is_empty() {
+        v["recent_events"] = events.iter().map(event_line).collect();
+    }
+    json_result(&v)
+}
+
+/// One event of a run's trajectory in a line: its number, step, type and the gist.
+pub fn event_line(e: &serde_json::Value) -> String {
+    let text = |key: &str| e[key].as_str().unwrap_or_default();
+    let first_line = |s: &str| s.lines().next().unwrap_or_default().to_string();
+    let kind = text("type");
+    let gist = match kind {
+        "run_started" => format!("model {}", text("model")),
+        "sandbox_ready" => format!("session {}", text("sandbox_id")),
+        "llm_request" => format!("model call {}", e["call"]),
+        "llm_response" => {
+            let calls: Vec<&str> = e["tool_calls"]
+                .as_array()
+                .into_iter()
+                .flatten()
+                .filter_map(|c| c["name"].as_str())
+                .collect();
+            let what = if calls.is_empty() {
+                first_line(text("text"))
+            } else {
+                format!("calls {}", calls.join(", "))
+            };
+            format!(
+                "{} in / {} out tokens · {what}",
+                e["usage"]["input_tokens"], e["usage"]["output_tokens"]
+            )
+        }
+        "llm_error" => format!("{}: {}", text("kind"), first_line(text("message"))),
+        "tool_call" => format!("{} {}", text("name"), e["arguments"]),
+        "tool_result" => format!(
+            "{}{}: {}",
+            text("name"),
+            if e["is_error"] == true {
+                " (error)"
+            } else {
+                ""
+            },
+            first_line(text("text"))
+        ),
+        "step_committed" => format!(
+            "{} in / {} out tokens so far",
+            e["usage"]["input_tokens"], e["usage"]["output_tokens"]
+        ),
+        "warning" => first_line(text("message")),
+        "run_finished" => format!("{} ({})", text("status"), text("reason")),
+        _ => String::new(),
+    };
+    let line = format!("#{} step {} {kind}: {gist}", e["seq"], e["step"]);
+    let line = line.trim_end_matches([' ', ':']).to_string();
+    if line.chars().count() > EVENT_LINE_LIMIT {
+        format!(
+            "{}…",
+            line.chars().take(EVENT_LINE_LIMIT).collect::<String>()
+        )
+    } else {
+        line
+    }
 }
 
 /// An optional number as JSON shows it (`null` when absent).
@@ -198,6 +291,42 @@ pub fn file_content(path: &str, read: &CallResult<FileHead>) -> ContentBlock {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn an_event_reads_as_one_line_with_its_number_and_gist() {
+        let e = |v: serde_json::Value| event_line(&v);
+        assert_eq!(
+            e(
+                serde_json::json!({"seq": 4, "step": 1, "type": "llm_response", "text": "",
+                "tool_calls": [{"id": "c1", "name": "execute_code", "arguments": {}}],
+                "usage": {"input_tokens": 100, "output_tokens": 10}})
+            ),
+            "#4 step 1 llm_response: 100 in / 10 out tokens · calls execute_code"
+        );
+        assert_eq!(
+            e(
+                serde_json::json!({"seq": 6, "step": 1, "type": "tool_result",
+                "name": "execute_code", "is_error": false, "text": "DOUBLE 42\nmore"})
+            ),
+            "#6 step 1 tool_result: execute_code: DOUBLE 42"
+        );
+        assert_eq!(
+            e(
+                serde_json::json!({"seq": 9, "step": 3, "type": "run_finished",
+                "status": "succeeded", "reason": "final"})
+            ),
+            "#9 step 3 run_finished: succeeded (final)"
+        );
+        // A type this build does not know still gets its number and type.
+        assert_eq!(
+            e(serde_json::json!({"seq": 2, "step": 0, "type": "something_new"})),
+            "#2 step 0 something_new"
+        );
+        let long = e(serde_json::json!({"seq": 1, "step": 0, "type": "warning",
+            "message": "w".repeat(500)}));
+        assert_eq!(long.chars().count(), EVENT_LINE_LIMIT + 1);
+        assert!(long.ends_with('…'));
+    }
 
     #[test]
     fn long_text_is_cut_with_a_marker() {

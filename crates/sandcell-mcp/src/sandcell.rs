@@ -7,11 +7,13 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use futures_util::StreamExt;
+use sandcell_agent::Runner;
 use sandcell_api::SandboxId;
 use sandcell_api::code::{
     CodeInput, CodeResult, ContextView, SetVariables, VariableNames, VariablesView,
 };
 use sandcell_api::exec::{ExecInput, ExecOutput};
+use sandcell_api::runs::{RunInfo, StartRun};
 use sandcell_api::sandboxes::{CreateSandbox, SandboxInfo, SandboxList};
 use sandcell_api::snapshots::{
     CreateSnapshot, ForkResult, ForkSnapshot, SnapshotInfo, SnapshotList,
@@ -161,6 +163,14 @@ pub trait Sandcell: Send + Sync {
     async fn fork_snapshot(&self, snapshot_id: &str, req: ForkSnapshot) -> CallResult<ForkResult>;
     /// The caller's snapshots (of one sandbox when given).
     async fn list_snapshots(&self, sandbox: Option<&SandboxId>) -> CallResult<SnapshotList>;
+    /// Starts an agent run (answers at once unless `req.wait`).
+    async fn start_run(&self, req: StartRun) -> CallResult<RunInfo>;
+    /// One agent run.
+    async fn get_run(&self, run_id: &str) -> CallResult<RunInfo>;
+    /// The last `n` events of a run's trajectory, oldest first.
+    async fn last_run_events(&self, run_id: &str, n: u32) -> CallResult<Vec<Value>>;
+    /// Cancels a run; its ended record.
+    async fn cancel_run(&self, run_id: &str) -> CallResult<RunInfo>;
     /// The base URL clients outside this process can reach (for download links), if any.
     fn public_base(&self) -> Option<String>;
 }
@@ -169,13 +179,37 @@ pub trait Sandcell: Send + Sync {
 #[derive(Clone)]
 pub struct InProcess {
     service: Arc<Service>,
+    /// The agent runs over the service, or why there are none.
+    runner: Result<Arc<Runner>, CallError>,
     caller: Caller,
 }
 
 impl InProcess {
-    /// Operations on `service` acting as `caller`.
+    /// Operations on `service` acting as `caller`, with agent runs of their own over it
+    /// (from the service's `[agent]` settings). A process whose other front ends start runs
+    /// too should share one runner: [`InProcess::with_runner`].
     pub fn new(service: Arc<Service>, caller: Caller) -> Self {
-        Self { service, caller }
+        let runner = Runner::from_service(service.clone())
+            .map(Arc::new)
+            .map_err(CallError::from);
+        Self {
+            service,
+            runner,
+            caller,
+        }
+    }
+
+    /// Operations on `service` and the agent runs of `runner`, acting as `caller`.
+    pub fn with_runner(service: Arc<Service>, runner: Arc<Runner>, caller: Caller) -> Self {
+        Self {
+            service,
+            runner: Ok(runner),
+            caller,
+        }
+    }
+
+    fn runner(&self) -> CallResult<&Arc<Runner>> {
+        self.runner.as_ref().map_err(Clone::clone)
     }
 }
 
@@ -309,6 +343,22 @@ impl Sandcell for InProcess {
 
     async fn list_snapshots(&self, sandbox: Option<&SandboxId>) -> CallResult<SnapshotList> {
         Ok(self.service.list_snapshots(&self.caller, sandbox)?)
+    }
+
+    async fn start_run(&self, req: StartRun) -> CallResult<RunInfo> {
+        Ok(self.runner()?.start(&self.caller, req).await?)
+    }
+
+    async fn get_run(&self, run_id: &str) -> CallResult<RunInfo> {
+        Ok(self.runner()?.get(&self.caller, run_id)?)
+    }
+
+    async fn last_run_events(&self, run_id: &str, n: u32) -> CallResult<Vec<Value>> {
+        Ok(self.runner()?.last_events(&self.caller, run_id, n)?)
+    }
+
+    async fn cancel_run(&self, run_id: &str) -> CallResult<RunInfo> {
+        Ok(self.runner()?.cancel(&self.caller, run_id).await?)
     }
 
     /// None: links are made from the MCP request's own Host when it came over HTTP.
@@ -455,6 +505,24 @@ impl Sandcell for Remote {
             .client
             .snapshots(sandbox.map(SandboxId::as_str))
             .await?)
+    }
+
+    async fn start_run(&self, req: StartRun) -> CallResult<RunInfo> {
+        Ok(self.client.start_run(&req).await?)
+    }
+
+    async fn get_run(&self, run_id: &str) -> CallResult<RunInfo> {
+        Ok(self.client.run(run_id).await?)
+    }
+
+    async fn last_run_events(&self, run_id: &str, n: u32) -> CallResult<Vec<Value>> {
+        let mut events = self.client.run_events(run_id, 0).await?;
+        let keep = events.len().saturating_sub(n as usize);
+        Ok(events.split_off(keep))
+    }
+
+    async fn cancel_run(&self, run_id: &str) -> CallResult<RunInfo> {
+        Ok(self.client.cancel_run(run_id).await?)
     }
 
     fn public_base(&self) -> Option<String> {

@@ -1,5 +1,6 @@
 //! The MCP tools: sessions (sandboxes), code in live kernels, terminal commands, variables,
-//! files in and out, pause/resume, snapshots and forks. Each tool is one or a few typed
+//! files in and out, pause/resume, snapshots and forks, and agent runs (start, status,
+//! cancel). Each tool is one or a few typed
 //! operations of a [`Sandcell`]; every failure comes back as a tool error (`isError`) with the
 //! service's code and message.
 
@@ -15,8 +16,10 @@ use rmcp::model::{
 };
 use rmcp::service::RequestContext;
 use rmcp::{ErrorData, RoleServer, ServerHandler, tool, tool_router};
+use sandcell_agent::Runner;
 use sandcell_api::code::{CodeInput, ContextView, SetVariables};
 use sandcell_api::exec::ExecInput;
+use sandcell_api::runs::{BudgetsInput, StartRun};
 use sandcell_api::sandboxes::{CreateSandbox, Lang, LimitsInput};
 use sandcell_api::snapshots::{CreateSnapshot, ForkSnapshot as ForkRequest};
 use sandcell_api::transfer::{CreateExport, ImportRequest};
@@ -38,9 +41,9 @@ pub const SESSION_LABEL: &str = "mcp";
 enum Reach {
     /// The same way for every call (stdio: the embedded service as its admin, or a daemon).
     Fixed(Arc<dyn Sandcell>),
-    /// The service in this process, as the caller each HTTP request authenticated as (the
-    /// server's `/mcp`).
-    AsRequestCaller(Arc<Service>),
+    /// The service in this process (and the agent runs over it), as the caller each HTTP
+    /// request authenticated as (the server's `/mcp`).
+    AsRequestCaller(Arc<Service>, Arc<Runner>),
 }
 
 /// The MCP server: tools over a [`Sandcell`].
@@ -286,6 +289,41 @@ pub struct ListSnapshots {
     pub session_id: Option<String>,
 }
 
+/// `agent_run`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AgentRun {
+    /// What the agent should do, in plain words.
+    pub task: String,
+    /// `provider/model`, e.g. `openai/gpt-4o-mini` or `anthropic/claude-sonnet-4-5` (default:
+    /// the server's agent.model).
+    pub model: Option<String>,
+    /// Run in this existing session: the agent starts from its kernels' state (default: a new
+    /// python session of its own).
+    pub session_id: Option<String>,
+    /// The same as `session_id` (the name the REST API uses).
+    pub sandbox_id: Option<String>,
+    /// Model calls that may use tools (default 10, at most 50).
+    pub max_iterations: Option<u32>,
+    /// Input plus output tokens the run may use (default: no limit).
+    pub token_budget: Option<u64>,
+    /// US dollars the run may spend (default 2, at most 10).
+    pub cost_limit_usd: Option<f64>,
+    /// Seconds the run may take in all (default 300, at most 600).
+    pub timeout_secs: Option<f64>,
+}
+
+/// A run to act on.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RunRef {
+    /// The run id returned by `agent_run` (`run-…`).
+    pub run_id: String,
+}
+
+/// Events of a run `agent_status` summarizes.
+const STATUS_EVENTS: u32 = 8;
+
 type ToolResult = Result<CallToolResult, ErrorData>;
 
 /// A tool's answer, or the tool error that ends it early.
@@ -321,10 +359,11 @@ impl SandcellMcp {
         Self::with(Reach::Fixed(sandcell))
     }
 
-    /// A server whose tools call `service` in this process, each as the caller its HTTP
-    /// request was authenticated as (the [`Caller`] in the request's extensions).
-    pub fn as_request_caller(service: Arc<Service>) -> Self {
-        Self::with(Reach::AsRequestCaller(service))
+    /// A server whose tools call `service` (and the agent runs of `runner`) in this process,
+    /// each as the caller its HTTP request was authenticated as (the [`Caller`] in the
+    /// request's extensions).
+    pub fn as_request_caller(service: Arc<Service>, runner: Arc<Runner>) -> Self {
+        Self::with(Reach::AsRequestCaller(service, runner))
     }
 
     fn with(reach: Reach) -> Self {
@@ -631,9 +670,84 @@ impl SandcellMcp {
             .await,
         )
     }
+
+    #[tool(
+        description = "Start an agent run: a model that writes and runs code in a sandboxed session (live kernels) until it can answer the task, within budgets. Returns at once with the run_id and status running; follow it with agent_status, stop it with agent_cancel."
+    )]
+    async fn agent_run(
+        &self,
+        Parameters(p): Parameters<AgentRun>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
+        answer(self.start_agent(p, &ctx).await)
+    }
+
+    #[tool(
+        description = "An agent run's status (running, succeeded, failed, cancelled), why it ended, its answer, what it used (tokens, cost, steps), and one line for each of its last events."
+    )]
+    async fn agent_status(
+        &self,
+        Parameters(p): Parameters<RunRef>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
+        answer(
+            async {
+                let api = self.sandcell(&ctx)?;
+                let info = api.get_run(&p.run_id).await?;
+                let events = api.last_run_events(&p.run_id, STATUS_EVENTS).await?;
+                Ok(output::run_status(&info, &events))
+            }
+            .await,
+        )
+    }
+
+    #[tool(
+        description = "Cancel an agent run: its model call stops and its running code is interrupted (the session's kernel state is kept). Returns the run as it ended."
+    )]
+    async fn agent_cancel(
+        &self,
+        Parameters(p): Parameters<RunRef>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
+        answer(
+            async {
+                let api = self.sandcell(&ctx)?;
+                let info = api.cancel_run(&p.run_id).await?;
+                Ok(output::run_status(&info, &[]))
+            }
+            .await,
+        )
+    }
 }
 
 impl SandcellMcp {
+    /// `agent_run`.
+    async fn start_agent(&self, p: AgentRun, ctx: &RequestContext<RoleServer>) -> Outcome {
+        let api = self.sandcell(ctx)?;
+        let sandbox = match (p.session_id, p.sandbox_id) {
+            (Some(a), Some(b)) if a != b => {
+                return Err(tool_error(
+                    "invalid_argument: session_id and sandbox_id name different sessions; give one",
+                ));
+            }
+            (a, b) => a.or(b).map(|id| session_id(&id)).transpose()?,
+        };
+        let req = StartRun {
+            task: p.task,
+            model: p.model,
+            sandbox_id: sandbox,
+            budgets: BudgetsInput {
+                max_iterations: p.max_iterations,
+                token_budget: p.token_budget,
+                cost_limit_usd: p.cost_limit_usd,
+                timeout_secs: p.timeout_secs,
+                ..BudgetsInput::default()
+            },
+            ..StartRun::default()
+        };
+        Ok(output::run_started(&api.start_run(req).await?))
+    }
+
     /// How this call reaches Sandcell: the server's own way, or as the caller of its HTTP
     /// request.
     fn sandcell(
@@ -642,7 +756,7 @@ impl SandcellMcp {
     ) -> Result<Arc<dyn Sandcell>, CallToolResult> {
         match &self.reach {
             Reach::Fixed(sandcell) => Ok(sandcell.clone()),
-            Reach::AsRequestCaller(service) => {
+            Reach::AsRequestCaller(service, runner) => {
                 // The server lets no request reach `/mcp` without a key it authenticated.
                 let caller = ctx
                     .extensions
@@ -651,7 +765,11 @@ impl SandcellMcp {
                     .ok_or_else(|| {
                         tool_error("unauthenticated: this request carries no authenticated API key")
                     })?;
-                Ok(Arc::new(InProcess::new(service.clone(), caller.clone())))
+                Ok(Arc::new(InProcess::with_runner(
+                    service.clone(),
+                    runner.clone(),
+                    caller.clone(),
+                )))
             }
         }
     }
@@ -995,7 +1113,7 @@ impl ServerHandler for SandcellMcp {
         info.server_info.name = "sandcell".into();
         info.server_info.version = env!("CARGO_PKG_VERSION").into();
         info.instructions = Some(
-            "Sandcell sandboxes: create_session (or execute_python without a session_id), then run code with execute_code / execute_python and shell commands with execute_terminal in that session; state persists between calls. Destroy sessions you no longer need.".into(),
+            "Sandcell sandboxes: create_session (or execute_python without a session_id), then run code with execute_code / execute_python and shell commands with execute_terminal in that session; state persists between calls. Destroy sessions you no longer need. agent_run hands a whole task to an agent of the server's own (follow it with agent_status).".into(),
         );
         info
     }

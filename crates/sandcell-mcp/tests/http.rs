@@ -126,7 +126,10 @@ async fn each_http_request_acts_as_its_own_caller() {
     let home = tempfile::tempdir().expect("home");
     let service = service(home.path());
     let app = Router::new()
-        .nest_service("/mcp", sandcell_mcp::http_service(service.clone()))
+        .nest_service(
+            "/mcp",
+            sandcell_mcp::http_service(service.clone(), common::runner(&service)),
+        )
         .layer(middleware::from_fn(authenticate));
 
     let mut alice = Session::start(&app, Some("alice")).await;

@@ -150,3 +150,140 @@ async fn the_tools_reach_the_service_in_process_as_their_caller() {
     let (_, text) = tools.call("list_sessions", json!({})).await;
     assert_eq!(text, "no active sessions");
 }
+
+/// A field of a tool's JSON answer.
+fn field(text: &str, key: &str) -> Value {
+    let v: Value = serde_json::from_str(text).unwrap_or_else(|e| panic!("{e}: {text}"));
+    v[key].clone()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn agent_tools_start_follow_and_cancel_runs_as_their_caller() {
+    use sandcell_testkit::llm::{Fault, Script, ScriptedLlm, Turn};
+    let llm = ScriptedLlm::start(
+        Script::new()
+            .turn(Turn::Fault(Fault::Slow {
+                delay_ms: 300,
+                then: Box::new(Turn::text("the answer is 42")),
+            }))
+            .turn(Turn::Fault(Fault::Slow {
+                delay_ms: 30_000,
+                then: Box::new(Turn::text("too late")),
+            })),
+    )
+    .await
+    .expect("the scripted model");
+    let home = tempfile::tempdir().expect("home");
+    let base = llm.openai_base();
+    let service = common::service_with(home.path(), &[("agent.openai.base_url", &base)]);
+    let runner = common::runner(&service);
+    let alice = caller("alice");
+    let mut tools = Client::start(InProcess::with_runner(
+        service.clone(),
+        runner.clone(),
+        alice.clone(),
+    ))
+    .await;
+
+    let (failed, text) = tools
+        .call(
+            "agent_run",
+            json!({"task": "What is 6 times 7?", "model": "openai/test-model", "max_iterations": 3}),
+        )
+        .await;
+    assert!(!failed, "{text}");
+    assert_eq!(field(&text, "status"), "running", "{text}");
+    let run = field(&text, "run_id")
+        .as_str()
+        .expect("a run id")
+        .to_string();
+    // The run is the caller's, in the runner the tools were given.
+    assert_eq!(
+        runner.get(&alice, &run).expect("alice's run").model,
+        "openai/test-model"
+    );
+
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    let text = loop {
+        let (failed, text) = tools.call("agent_status", json!({"run_id": run})).await;
+        assert!(!failed, "{text}");
+        if field(&text, "status") != "running" {
+            break text;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still running: {text}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(field(&text, "status"), "succeeded", "{text}");
+    assert_eq!(field(&text, "reason"), "text", "{text}");
+    assert_eq!(field(&text, "answer"), "the answer is 42", "{text}");
+    assert_eq!(field(&text, "usage")["llm_calls"], 1, "{text}");
+    let recent = field(&text, "recent_events");
+    let lines: Vec<&str> = recent
+        .as_array()
+        .expect("recent events")
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert!(
+        lines
+            .last()
+            .is_some_and(|l| l.ends_with("run_finished: succeeded (text)")),
+        "{lines:?}"
+    );
+
+    // Another caller's tools do not see it.
+    let mut bobs = Client::start(InProcess::with_runner(
+        service.clone(),
+        runner.clone(),
+        caller("bob"),
+    ))
+    .await;
+    for tool in ["agent_status", "agent_cancel"] {
+        let (failed, text) = bobs.call(tool, json!({"run_id": run})).await;
+        assert!(failed, "{tool}: {text}");
+        assert_eq!(text, format!("not_found: no run '{run}'"), "{tool}");
+    }
+    // A bad argument is the model's to fix.
+    let (failed, text) = tools
+        .call("agent_run", json!({"task": "x", "budgets": 1}))
+        .await;
+    assert!(failed && text.starts_with("invalid_argument: "), "{text}");
+
+    // A run stuck in a slow model call ends `cancelled` at once.
+    let (failed, text) = tools
+        .call(
+            "agent_run",
+            json!({"task": "Wait for it.", "model": "openai/test-model"}),
+        )
+        .await;
+    assert!(!failed, "{text}");
+    let slow = field(&text, "run_id")
+        .as_str()
+        .expect("a run id")
+        .to_string();
+    while runner
+        .last_events(&alice, &slow, 1)
+        .expect("its events")
+        .first()
+        .is_none_or(|e| e["type"] != "llm_request")
+    {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let asked = tokio::time::Instant::now();
+    let (failed, text) = tools.call("agent_cancel", json!({"run_id": slow})).await;
+    assert!(!failed, "{text}");
+    assert!(
+        asked.elapsed() < Duration::from_secs(2),
+        "{:?}",
+        asked.elapsed()
+    );
+    assert_eq!(
+        (field(&text, "status"), field(&text, "reason")),
+        (json!("cancelled"), json!("cancelled")),
+        "{text}"
+    );
+    service.fleet.stop_all("the test is over").await;
+}

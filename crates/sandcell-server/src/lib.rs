@@ -36,7 +36,8 @@ pub use serve::{
 pub use state::AppState;
 
 use crate::api::{
-    background, code, exec, files, keys, processes, sandboxes, snapshots, system, transfer, usage,
+    background, code, exec, files, keys, processes, runs, sandboxes, snapshots, system, transfer,
+    usage,
 };
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorTag};
@@ -56,6 +57,7 @@ use crate::error::{ApiError, ErrorTag};
         (name = "code", description = "Code in live kernels (contexts)"),
         (name = "files", description = "Files in a sandbox"),
         (name = "snapshots", description = "Snapshots: take, list, fork, restore, automatic"),
+        (name = "runs", description = "Agent runs: start, follow, cancel"),
         (name = "keys", description = "API keys"),
         (name = "system", description = "The service itself"),
     )
@@ -125,6 +127,10 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(snapshots::get, snapshots::delete))
         .routes(routes!(snapshots::fork))
         .routes(routes!(snapshots::get_auto, snapshots::set_auto))
+        .routes(routes!(runs::start, runs::list))
+        .routes(routes!(runs::get))
+        .routes(routes!(runs::cancel))
+        .routes(routes!(runs::events))
         .routes(routes!(system::system))
 }
 
@@ -141,7 +147,10 @@ pub fn openapi() -> utoipa::openapi::OpenApi {
 pub fn app(state: AppState) -> Router {
     let rest = rest_app(state.clone());
     let mcp = Router::new()
-        .nest_service("/mcp", sandcell_mcp::http_service(state.service.clone()))
+        .nest_service(
+            "/mcp",
+            sandcell_mcp::http_service(state.service.clone(), state.runner.clone()),
+        )
         .layer(middleware::from_fn(sandcell_mcp::screen_http))
         .layer(middleware::from_fn_with_state(state.clone(), require_key));
     // Outermost, so `/mcp` requests get a request id (their tools' audit events carry it),

@@ -36,12 +36,13 @@ const PATH_PARAMS: &[(&str, Option<&str>)] = &[
     ("export_id", Some("^ex-[0-9a-f]{16}$")),
     ("snapshot_id", Some("^sn-[0-9a-f]{16}$")),
     ("key_id", Some("^[0-9a-f]{1,64}$")),
+    ("run_id", Some("^run-[0-9a-f]{16}$")),
     ("context", Some("^[A-Za-z0-9_.-]{1,64}$")),
     ("pid", None),
 ];
 
 /// Operations that make a resource: (path of the `POST`, the path parameter its id fills in
-/// later operations, the field of its `201` body holding that id).
+/// later operations, the field of its `201` (or `202`: made, going on) body holding that id).
 const PRODUCERS: &[(&str, &str, &str)] = &[
     ("/v1/sandboxes", "id", "id"),
     ("/v1/sandboxes/{id}/contexts", "context", "id"),
@@ -49,6 +50,7 @@ const PRODUCERS: &[(&str, &str, &str)] = &[
     ("/v1/sandboxes/{id}/exports", "export_id", "id"),
     ("/v1/sandboxes/{id}/snapshots", "snapshot_id", "id"),
     ("/v1/keys", "key_id", "id"),
+    ("/v1/runs", "run_id", "id"),
 ];
 
 /// Adds the error answers, parameter shapes and links to every operation, and makes the
@@ -129,8 +131,8 @@ fn path_params(path: &str) -> Vec<&str> {
         .collect()
 }
 
-/// Links each producer's `201` answer to every operation whose path parameters it can fill:
-/// the new id from the answer, the others from the producer's own path.
+/// Links each producer's `201` (or `202`) answer to every operation whose path parameters it
+/// can fill: the new id from the answer, the others from the producer's own path.
 fn add_links(doc: &mut OpenApi) {
     let mut targets: Vec<(String, &'static str)> = Vec::new();
     for (path, item) in &doc.paths.paths {
@@ -153,7 +155,15 @@ fn add_links(doc: &mut OpenApi) {
             .paths
             .get_mut(*producer)
             .and_then(|item| item.post.as_mut())
-            .and_then(|op| op.responses.responses.get_mut("201"))
+            .and_then(|op| {
+                let answers = &mut op.responses.responses;
+                let made = if answers.contains_key("201") {
+                    "201"
+                } else {
+                    "202"
+                };
+                answers.get_mut(made)
+            })
         else {
             continue;
         };

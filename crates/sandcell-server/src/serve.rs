@@ -58,6 +58,10 @@ pub enum ServeError {
     /// The first admin key could not be made.
     #[error("creating the admin key: {0}")]
     AdminKey(String),
+    /// The agent runtime could not start, or could not settle the runs a previous process
+    /// left.
+    #[error("the agent runtime: {0}")]
+    Agent(String),
 }
 
 /// What `serve` runs with.
@@ -95,6 +99,12 @@ impl Embedded {
     /// tools over stdio).
     pub fn service(&self) -> Arc<Service> {
         self.state.service.clone()
+    }
+
+    /// The agent runs over the service (the same ones `/v1/runs` and `/mcp` reach), for
+    /// front ends in this process (`sandcell agent` embedded, the MCP tools over stdio).
+    pub fn runner(&self) -> Arc<sandcell_agent::Runner> {
+        self.state.runner.clone()
     }
 
     /// Who the admin key is (`None`: it is unknown or revoked).
@@ -178,9 +188,20 @@ async fn prepare(config: Config, engine: Engine) -> Result<AppState, ServeError>
         "read or create",
         &crate::signed_url::key_path(&config.home),
     ))?;
-    Ok(AppState::new(Arc::new(Service::new(
-        fleet, store, config, signer,
-    ))))
+    let service = Arc::new(Service::new(fleet, store, config, signer));
+    let runner = sandcell_agent::Runner::from_service(service.clone())
+        .map_err(|e| ServeError::Agent(e.message))?;
+    // Nothing runs yet: a run still `running` was left by a process that is gone.
+    let settled = runner
+        .settle_interrupted()
+        .map_err(|e| ServeError::Agent(format!("settling interrupted runs: {}", e.message)))?;
+    if settled > 0 {
+        tracing::info!(
+            runs = settled,
+            "runs a previous process left running marked failed (interrupted)"
+        );
+    }
+    Ok(AppState::new(service, Arc::new(runner)))
 }
 
 /// Continues [`serve`] once the state is ready: listeners, loops, the end.

@@ -18,6 +18,7 @@ use std::sync::Arc;
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Method, Request, StatusCode};
+use sandcell_agent::Runner;
 use sandcell_engine::Engine;
 use sandcell_engine::fleet::Fleet;
 use sandcell_server::AppState;
@@ -49,7 +50,7 @@ enum Payload {
 struct Route {
     method: &'static str,
     /// As in the OpenAPI document, with `{id}`, `{pid}`, `{context}`, `{snapshot_id}`,
-    /// `{export_id}` and `{key_id}` to fill in.
+    /// `{export_id}`, `{key_id}` and `{run_id}` to fill in.
     path: &'static str,
     /// A query the route needs to get past its own checks (e.g. a file's `path`).
     query: &'static str,
@@ -219,6 +220,15 @@ const ROUTES: &[Route] = &[
         r#"{"keep": "all"}"#,
     ),
     route("GET", "/v1/system"),
+    json(
+        route("POST", "/v1/runs"),
+        r#"{"task": "say hi", "model": "openai/test-model"}"#,
+        r#"{"task": 1}"#,
+    ),
+    route("GET", "/v1/runs"),
+    route("GET", "/v1/runs/{run_id}"),
+    route("POST", "/v1/runs/{run_id}/cancel"),
+    route("GET", "/v1/runs/{run_id}/events"),
 ];
 
 /// The values path parameters are filled with.
@@ -230,6 +240,7 @@ struct Ids {
     snapshot_id: String,
     export_id: String,
     key_id: String,
+    run_id: String,
 }
 
 impl Ids {
@@ -242,6 +253,7 @@ impl Ids {
             snapshot_id: "sn-0000000000000000".into(),
             export_id: "ex-0000000000000000".into(),
             key_id: "0000000000ff".into(),
+            run_id: "run-0000000000000000".into(),
         }
     }
 
@@ -253,7 +265,8 @@ impl Ids {
             .replace("{context}", &self.context)
             .replace("{snapshot_id}", &self.snapshot_id)
             .replace("{export_id}", &self.export_id)
-            .replace("{key_id}", &self.key_id);
+            .replace("{key_id}", &self.key_id)
+            .replace("{run_id}", &self.run_id);
         if route.query.is_empty() {
             path
         } else {
@@ -296,7 +309,9 @@ impl Harness {
             config.fleet_limits(),
         ));
         let signer = UrlSigner::load_or_create(&config.home).expect("the signing key");
-        let state = AppState::new(Arc::new(Service::new(fleet, store.clone(), config, signer)));
+        let service = Arc::new(Service::new(fleet, store.clone(), config, signer));
+        let runner = Arc::new(Runner::from_service(service.clone()).expect("the runner"));
+        let state = AppState::new(service, runner);
         let key = |owner: &str| {
             let (record, secret) = new_key(owner, owner, false).expect("a key");
             store.insert_key(&record).expect("store the key");
@@ -566,12 +581,13 @@ async fn a_malformed_id_in_the_path_is_a_400() {
     let good = Ids::missing();
     let mut mismatches = Vec::new();
     type Field = fn(&mut Ids) -> &mut String;
-    let malformed: [(&str, Field, &str); 5] = [
+    let malformed: [(&str, Field, &str); 6] = [
         ("{id}", |i| &mut i.id, "SB-Not-An-Id"),
         ("{pid}", |i| &mut i.pid, "forty-two"),
         ("{snapshot_id}", |i| &mut i.snapshot_id, "sn-xyz"),
         ("{export_id}", |i| &mut i.export_id, "ex-123"),
         ("{key_id}", |i| &mut i.key_id, "not-hex"),
+        ("{run_id}", |i| &mut i.run_id, "run-xyz"),
     ];
     for route in ROUTES {
         for (param, field, bad) in &malformed {
@@ -736,6 +752,17 @@ async fn a_bad_query_is_a_400() {
         ("GET", "/v1/snapshots?limit=-1".to_string()),
         ("GET", "/v1/exports?no_such_parameter=1".to_string()),
         ("GET", "/v1/keys?no_such_parameter=1".to_string()),
+        ("GET", "/v1/runs?limit=many".to_string()),
+        ("GET", "/v1/runs?limit=0".to_string()),
+        ("GET", "/v1/runs?no_such_parameter=1".to_string()),
+        (
+            "GET",
+            "/v1/runs/run-0000000000000000/events?after=soon".to_string(),
+        ),
+        (
+            "GET",
+            "/v1/runs/run-0000000000000000/events?format=xml".to_string(),
+        ),
         (
             "GET",
             "/v1/exports/ex-0000000000000000/content?expires=soon&signature=00".to_string(),
@@ -812,6 +839,11 @@ async fn another_owners_resources_are_a_404() {
             path: h.home.path().join("snapshots/none").display().to_string(),
         })
         .expect("a snapshot record");
+    // A run of alice's, ended (its record and a first event), as the runner leaves one.
+    let run_id = "run-00000000000000a1";
+    h.store
+        .insert_run(&alices_run(run_id, &id))
+        .expect("a run record");
     let alices = Ids {
         id: id.clone(),
         pid: "4242".into(),
@@ -819,6 +851,7 @@ async fn another_owners_resources_are_a_404() {
         snapshot_id: snapshot_id.into(),
         export_id: export["id"].as_str().expect("an export id").into(),
         key_id: h.alice.id.clone(),
+        run_id: run_id.into(),
     };
     let mut mismatches = Vec::new();
     for route in ROUTES.iter().filter(|r| r.path.contains('{')) {
@@ -832,7 +865,13 @@ async fn another_owners_resources_are_a_404() {
         );
     }
     // Nor do bob's lists show them.
-    for list in ["/v1/sandboxes", "/v1/exports", "/v1/snapshots", "/v1/keys"] {
+    for list in [
+        "/v1/sandboxes",
+        "/v1/exports",
+        "/v1/snapshots",
+        "/v1/keys",
+        "/v1/runs",
+    ] {
         let req = Request::builder()
             .uri(list)
             .header("x-api-key", &h.bob.secret)
@@ -845,6 +884,7 @@ async fn another_owners_resources_are_a_404() {
             || text.contains(&alices.export_id)
             || text.contains(snapshot_id)
             || text.contains(&alices.key_id)
+            || text.contains(run_id)
         {
             mismatches.push(format!("bob: GET {list}: {status} {body}"));
         }
@@ -853,6 +893,12 @@ async fn another_owners_resources_are_a_404() {
     // Alice's things are all still there.
     let (status, body) = h.alice("GET", &format!("/v1/sandboxes/{id}"), None).await;
     assert_eq!(status, StatusCode::OK, "{body}");
+    let (status, body) = h.alice("GET", &format!("/v1/runs/{run_id}"), None).await;
+    assert_eq!(
+        (status, &body["status"]),
+        (StatusCode::OK, &json!("succeeded")),
+        "{body}"
+    );
     h.shutdown().await;
 }
 
@@ -1177,4 +1223,282 @@ async fn mcp_requests_are_observed_like_rest_ones() {
             "{uri}"
         );
     }
+}
+
+/// A run of alice's that has ended, as the runner records one.
+fn alices_run(id: &str, sandbox_id: &str) -> sandcell_store::RunRecord {
+    let now = sandcell_engine::fleet::now_ms();
+    sandcell_store::RunRecord {
+        id: id.into(),
+        owner: "alice".into(),
+        root_id: id.into(),
+        parent_id: None,
+        depth: 0,
+        mode: "tools".into(),
+        model: "openai/test-model".into(),
+        task: "alice's task".into(),
+        sandbox_id: Some(sandbox_id.into()),
+        status: "succeeded".into(),
+        reason: Some("text".into()),
+        answer: Some("alice's answer".into()),
+        settings: json!({}),
+        totals: json!({}),
+        created_at: now,
+        updated_at: now,
+        ended_at: Some(now),
+    }
+}
+
+/// One server-sent event: its `id`, its name and its data as JSON.
+#[derive(Debug, Clone, PartialEq)]
+struct Sse {
+    id: Option<u64>,
+    name: String,
+    data: Value,
+}
+
+/// The events of a whole `text/event-stream` body.
+fn parse_sse(text: &str) -> Vec<Sse> {
+    text.split("\n\n")
+        .filter_map(|block| {
+            let (mut id, mut name, mut data) = (None, String::from("message"), None);
+            for line in block.lines() {
+                if let Some(v) = line.strip_prefix("id:") {
+                    id = v.trim().parse().ok();
+                } else if let Some(v) = line.strip_prefix("event:") {
+                    name = v.trim().to_string();
+                } else if let Some(v) = line.strip_prefix("data:") {
+                    data = serde_json::from_str(v.trim()).ok();
+                }
+            }
+            Some(Sse {
+                id,
+                name,
+                data: data?,
+            })
+        })
+        .collect()
+}
+
+impl Harness {
+    /// `GET uri` as alice with these headers, read to the end of its body (a stream ends when
+    /// the server ends it): the status, the content type and the text.
+    async fn alice_text(
+        &self,
+        uri: &str,
+        headers: &[(&str, &str)],
+    ) -> (StatusCode, String, String) {
+        let mut req = Request::builder()
+            .uri(uri)
+            .header("x-api-key", &self.alice.secret);
+        for (k, v) in headers {
+            req = req.header(*k, *v);
+        }
+        let resp = self
+            .app
+            .clone()
+            .oneshot(req.body(Body::empty()).expect("a request"))
+            .await
+            .expect("the router answers");
+        let status = resp.status();
+        let kind = resp
+            .headers()
+            .get("content-type")
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or_default()
+            .to_string();
+        let body = tokio::time::timeout(
+            std::time::Duration::from_secs(60),
+            axum::body::to_bytes(resp.into_body(), 16 << 20),
+        )
+        .await
+        .expect("the stream ends within a minute")
+        .expect("the whole body");
+        (status, kind, String::from_utf8_lossy(&body).into_owned())
+    }
+
+    /// Waits until run `id` has written an event of type `kind`.
+    async fn wait_for_event(&self, id: &str, kind: &str) {
+        let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            let (_, body) = self
+                .alice("GET", &format!("/v1/runs/{id}/events?format=json"), None)
+                .await;
+            let seen = body["events"]
+                .as_array()
+                .is_some_and(|e| e.iter().any(|e| e["type"] == kind));
+            if seen {
+                return;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "no {kind} in {body}"
+            );
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    }
+}
+
+/// Asserts `events` are numbered without gaps from `first`, each named after its type, the
+/// last one `run_finished`; their data.
+fn contiguous(events: &[Sse], first: u64) -> Vec<Value> {
+    assert!(!events.is_empty(), "no events");
+    for (i, e) in events.iter().enumerate() {
+        let seq = first + i as u64;
+        assert_eq!(e.id, Some(seq), "{events:?}");
+        assert_eq!(e.data["seq"], seq, "{events:?}");
+        assert_eq!(e.data["type"], e.name.as_str(), "{events:?}");
+    }
+    assert_eq!(
+        events.last().map(|e| e.name.as_str()),
+        Some("run_finished"),
+        "{events:?}"
+    );
+    events.iter().map(|e| e.data.clone()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_start_stream_their_events_and_cancel() {
+    use sandcell_testkit::llm::{Fault, Script, ScriptedLlm, Turn};
+    let slow = |ms: u64, text: &str| {
+        Turn::Fault(Fault::Slow {
+            delay_ms: ms,
+            then: Box::new(Turn::text(text)),
+        })
+    };
+    let llm = ScriptedLlm::start(Script::new().turns([
+        slow(300, "the answer is 42"),
+        Turn::text("waited: 42"),
+        slow(30_000, "too late"),
+    ]))
+    .await
+    .expect("the scripted model");
+    let base = llm.openai_base();
+    let h = Harness::new(&[("agent.openai.base_url", base.as_str())]).await;
+    let start = |wait: bool| json!({"task": "What is 6 times 7?", "model": "openai/test-model", "wait": wait});
+
+    // Started: 202, running.
+    let (status, run) = h.alice("POST", "/v1/runs", Some(start(false))).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{run}");
+    assert_eq!(run["status"], "running", "{run}");
+    let id = run["id"].as_str().expect("a run id").to_string();
+
+    // Followed while it runs: every event once, in order, then the stream ends.
+    let (status, kind, text) = h.alice_text(&format!("/v1/runs/{id}/events"), &[]).await;
+    assert_eq!(status, StatusCode::OK, "{text}");
+    assert!(kind.starts_with("text/event-stream"), "{kind}");
+    let all = contiguous(&parse_sse(&text), 1);
+    assert!(all.len() >= 5, "{all:?}");
+    assert_eq!(all.last().expect("an event")["answer"], "the answer is 42");
+
+    // Resumed: after Last-Event-ID 3 (or ?after=3) comes 4.
+    for (uri, headers) in [
+        (
+            format!("/v1/runs/{id}/events"),
+            vec![("last-event-id", "3")],
+        ),
+        (format!("/v1/runs/{id}/events?after=3"), vec![]),
+    ] {
+        let (_, _, text) = h.alice_text(&uri, &headers).await;
+        assert_eq!(contiguous(&parse_sse(&text), 4), all[3..].to_vec(), "{uri}");
+    }
+    // As one JSON list, by query or by Accept.
+    for (uri, headers) in [
+        (format!("/v1/runs/{id}/events?format=json"), vec![]),
+        (
+            format!("/v1/runs/{id}/events"),
+            vec![("accept", "application/json")],
+        ),
+    ] {
+        let (status, kind, text) = h.alice_text(&uri, &headers).await;
+        assert_eq!(status, StatusCode::OK, "{text}");
+        assert!(kind.starts_with("application/json"), "{kind}");
+        let list: Value = serde_json::from_str(&text).expect("JSON");
+        assert_eq!(list["events"], json!(all), "{uri}");
+    }
+    let (_, page) = h
+        .alice(
+            "GET",
+            &format!("/v1/runs/{id}/events?format=json&after=1&limit=2"),
+            None,
+        )
+        .await;
+    assert_eq!(page["events"], json!(all[1..3]), "{page}");
+
+    // Its record, and the list.
+    let (status, info) = h.alice("GET", &format!("/v1/runs/{id}"), None).await;
+    assert_eq!(status, StatusCode::OK, "{info}");
+    assert_eq!(
+        (&info["status"], &info["reason"], &info["answer"]),
+        (
+            &json!("succeeded"),
+            &json!("text"),
+            &json!("the answer is 42")
+        )
+    );
+    let (_, list) = h.alice("GET", "/v1/runs?limit=5", None).await;
+    assert_eq!(list["runs"][0]["id"], id.as_str(), "{list}");
+    // Cancelling a run that has ended answers it as it is.
+    let (status, again) = h
+        .alice("POST", &format!("/v1/runs/{id}/cancel"), None)
+        .await;
+    assert_eq!(
+        (status, &again["status"]),
+        (StatusCode::OK, &json!("succeeded"))
+    );
+
+    // Waited for: 200, ended, with its answer.
+    let (status, waited) = h.alice("POST", "/v1/runs", Some(start(true))).await;
+    assert_eq!(status, StatusCode::OK, "{waited}");
+    assert_eq!(
+        (&waited["status"], &waited["answer"]),
+        (&json!("succeeded"), &json!("waited: 42")),
+        "{waited}"
+    );
+    assert!(waited["ended_at"].is_string(), "{waited}");
+
+    // Cancelled in a slow model call: ends at once, and a follower sees its end.
+    let (status, run) = h.alice("POST", "/v1/runs", Some(start(false))).await;
+    assert_eq!(status, StatusCode::ACCEPTED, "{run}");
+    let slow_id = run["id"].as_str().expect("a run id").to_string();
+    h.wait_for_event(&slow_id, "llm_request").await;
+    let follower = {
+        let app = h.app.clone();
+        let key = h.alice.secret.clone();
+        let uri = format!("/v1/runs/{slow_id}/events");
+        tokio::spawn(async move {
+            let req = Request::builder()
+                .uri(uri)
+                .header("x-api-key", key)
+                .body(Body::empty())
+                .expect("a request");
+            let resp = app.oneshot(req).await.expect("the router answers");
+            let body = axum::body::to_bytes(resp.into_body(), 16 << 20)
+                .await
+                .expect("the whole stream");
+            String::from_utf8_lossy(&body).into_owned()
+        })
+    };
+    let asked = std::time::Instant::now();
+    let (status, ended) = h
+        .alice("POST", &format!("/v1/runs/{slow_id}/cancel"), None)
+        .await;
+    assert!(
+        asked.elapsed() < std::time::Duration::from_secs(2),
+        "{:?}",
+        asked.elapsed()
+    );
+    assert_eq!(status, StatusCode::OK, "{ended}");
+    assert_eq!(
+        (&ended["status"], &ended["reason"]),
+        (&json!("cancelled"), &json!("cancelled")),
+        "{ended}"
+    );
+    let text = tokio::time::timeout(std::time::Duration::from_secs(10), follower)
+        .await
+        .expect("the follower's stream ends")
+        .expect("the follower");
+    let events = contiguous(&parse_sse(&text), 1);
+    assert_eq!(events.last().expect("an event")["status"], "cancelled");
+    h.shutdown().await;
 }

@@ -20,4 +20,5 @@ mod limits;
 mod mcp;
 mod processes;
 mod rootless;
+mod runs_api;
 mod service;

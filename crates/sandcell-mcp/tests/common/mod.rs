@@ -12,7 +12,16 @@ use sandcell_testkit::local::LocalBackend;
 
 /// A service over a fresh home and the test backend.
 pub fn service(home: &std::path::Path) -> Arc<Service> {
-    let (config, _) = sandcell_service::config::load(home, None, &[], &[]).expect("settings");
+    service_with(home, &[])
+}
+
+/// A service over a fresh home and the test backend, with these settings (dotted key, value).
+pub fn service_with(home: &std::path::Path, settings: &[(&str, &str)]) -> Arc<Service> {
+    let flags: Vec<(String, String)> = settings
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect();
+    let (config, _) = sandcell_service::config::load(home, None, &[], &flags).expect("settings");
     let store = Arc::new(Store::open(&config.database).expect("store"));
     let engine = Engine::builder().backend(LocalBackend::new()).build();
     let fleet = Arc::new(Fleet::new(
@@ -22,6 +31,12 @@ pub fn service(home: &std::path::Path) -> Arc<Service> {
     ));
     let signer = UrlSigner::load_or_create(home).expect("signing key");
     Arc::new(Service::new(fleet, store, config, signer))
+}
+
+/// The agent runs over `service` (its `[agent]` settings).
+#[allow(dead_code)]
+pub fn runner(service: &Arc<Service>) -> Arc<sandcell_agent::Runner> {
+    Arc::new(sandcell_agent::Runner::from_service(service.clone()).expect("the runner"))
 }
 
 pub fn caller(owner: &str) -> Caller {

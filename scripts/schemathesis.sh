@@ -25,8 +25,12 @@ port=$(/usr/bin/python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",
 base="http://127.0.0.1:$port"
 # Few sandboxes at a time (generated creates and forks hit the cap and get 429, which is
 # documented), stopped with the daemon.
+# Agent runs ask the daemon itself for a model: it answers 404 at once, so a generated run
+# ends quickly (provider_error) and reaches nothing outside loopback.
 "$BIN" serve --home "$scratch/home" --listen "127.0.0.1:$port" \
-  --set limits.max_per_owner=5 --set shutdown.sandboxes=stop >"$scratch/serve.log" 2>&1 &
+  --set limits.max_per_owner=5 --set shutdown.sandboxes=stop \
+  --set "agent.openai.base_url=http://127.0.0.1:$port/v1" \
+  --set "agent.anthropic.base_url=http://127.0.0.1:$port" >"$scratch/serve.log" 2>&1 &
 daemon=$!
 cleanup() {
   kill -TERM "$daemon" 2>/dev/null || true
@@ -65,6 +69,8 @@ snapshot=$(api POST "/v1/sandboxes/$sb/snapshots" '{"name": "seed"}' id)
 # Only so that every path parameter has a value here: the hooks give
 # `DELETE /v1/keys/{key_id}` keys of its own.
 victim_key=$(api POST /v1/keys '{"name": "victim"}' id)
+# A run that has ended (its budget cannot fit one call), for the routes of one run.
+run=$(api POST /v1/runs '{"task": "seed", "model": "openai/seed-model", "budgets": {"token_budget": 1}, "wait": true}' id)
 
 cat >"$scratch/schemathesis.toml" <<EOF
 hooks = "$PWD/scripts/schemathesis_hooks.py"
@@ -76,6 +82,7 @@ hooks = "$PWD/scripts/schemathesis_hooks.py"
 "path.export_id" = "$export_id"
 "path.snapshot_id" = "$snapshot"
 "path.key_id" = "$victim_key"
+"path.run_id" = "$run"
 EOF
 export SANDCELL_FUZZ_BASE=$base SANDCELL_FUZZ_KEY=$key SANDCELL_FUZZ_SANDBOX=$sb
 

@@ -47,10 +47,12 @@ have found; you cannot call tools any more.";
 pub enum SandboxPlan {
     /// An existing sandbox of the caller's.
     Existing(SandboxId),
-    /// A new one from this template.
+    /// A new one from this template, deleted when the run ends unless `keep`.
     Create {
         /// The template.
         template: String,
+        /// Keep it after the run.
+        keep: bool,
     },
 }
 
@@ -129,6 +131,13 @@ pub async fn drive(mut ctx: RunContext, task: String) -> Ended {
         }
     };
     finish(&mut ctx, &ended);
+    if let (SandboxPlan::Create { keep: false, .. }, Some(id)) =
+        (&ctx.sandbox, ctx.journal.record.sandbox_id.as_deref())
+        && let Ok(id) = SandboxId::parse(id)
+        && let Err(e) = ctx.service.delete_sandbox(&ctx.caller, &id).await
+    {
+        tracing::warn!(run = %ctx.journal.record.id, sandbox = %id, error = %e, "the run's sandbox was not deleted");
+    }
     ended
 }
 
@@ -157,7 +166,7 @@ async fn prepare_sandbox(ctx: &mut RunContext) -> Result<SandboxId, ServiceError
             ctx.service.get_sandbox(&ctx.caller, id)?;
             (id.clone(), false)
         }
-        SandboxPlan::Create { template } => {
+        SandboxPlan::Create { template, .. } => {
             let req = CreateSandbox {
                 template: Some(template.clone()),
                 ..CreateSandbox::default()

@@ -152,6 +152,16 @@ impl Runner {
             .parse()
             .map_err(|e: sandcell_llm::LlmError| ServiceError::invalid(e.message))?;
         let budgets = self.defaults.budgets(&req.budgets)?;
+        // Refused here rather than after a sandbox is made: the official endpoints need a key.
+        let provider = self.llm.config().provider(model.provider);
+        if provider.api_key.is_none() && provider.is_official(model.provider) {
+            return Err(ServiceError::invalid(format!(
+                "no key for {}: set ${} (or point agent.{}.base_url at a server that needs none)",
+                model.provider.name(),
+                provider.key_env,
+                model.provider.name()
+            )));
+        }
         let plan = match (&req.sandbox_id, &req.template) {
             (Some(id), _) => {
                 self.service.get_sandbox(caller, id)?;
@@ -159,6 +169,7 @@ impl Runner {
             }
             (None, t) => SandboxPlan::Create {
                 template: t.clone().unwrap_or_else(|| "python".to_string()),
+                keep: req.keep_sandbox,
             },
         };
         let id = new_record_id("run")?;

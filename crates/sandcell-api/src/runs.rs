@@ -101,6 +101,10 @@ pub struct StartRun {
     /// Answer when the run has ended (the run's result) instead of at once (202).
     #[serde(default)]
     pub wait: bool,
+    /// Keep the sandbox the run made when it ends (default: it is deleted then; a sandbox
+    /// given by `sandbox_id` is never deleted).
+    #[serde(default)]
+    pub keep_sandbox: bool,
 }
 
 /// Tokens and money a run (with its sub-calls and sub-runs) has used.

@@ -70,6 +70,9 @@ pub struct AgentArgs {
     /// Seconds the run may take (default 300, at most 600).
     #[arg(long, value_name = "SECS")]
     pub timeout: Option<f64>,
+    /// Keep the sandbox the run makes (default: deleted when the run ends).
+    #[arg(long)]
+    pub keep_sandbox: bool,
     /// Print one JSON object at the end: run_id, status, reason, answer, usage.
     #[arg(long)]
     pub json: bool,
@@ -232,6 +235,7 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<ExitCode> {
             ..BudgetsInput::default()
         },
         wait: false,
+        keep_sandbox: args.keep_sandbox,
     };
     let live = std::io::stderr().is_terminal() && !args.json;
     let json_out = args.json;

@@ -123,7 +123,9 @@ pub async fn doctor(args: DoctorArgs, engine: sandcell_engine::Engine) -> anyhow
             None => {
                 println!(
                     "agent: default model {}",
-                    agent["model"].as_str().unwrap_or("(none: pass --model provider/model)")
+                    agent["model"]
+                        .as_str()
+                        .unwrap_or("(none: pass --model provider/model)")
                 );
                 for p in agent["providers"].as_array().into_iter().flatten() {
                     let key = if p["key_set"] == true {

@@ -78,7 +78,11 @@ pub fn mcp(args: McpArgs) -> anyhow::Result<()> {
         // The tools call the service directly, as the admin.
         let served = match embedded.admin_caller() {
             Ok(Some(admin)) => {
-                let tools = sandcell_mcp::InProcess::new(embedded.service(), admin);
+                let tools = sandcell_mcp::InProcess::with_runner(
+                    embedded.service(),
+                    embedded.runner(),
+                    admin,
+                );
                 sandcell_mcp::serve_stdio(Arc::new(tools))
                     .await
                     .context("serve MCP on stdio")

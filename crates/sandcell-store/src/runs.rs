@@ -245,7 +245,7 @@ impl Store {
                  WHERE run_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
             )?;
             let rows = stmt.query_map(
-                params![id, u64_to_sql(Some(after))?, page_size(limit)],
+                params![id, u64_to_sql(Some(after.min(i64::MAX as u64)))?, page_size(limit)],
                 event_from_row,
             )?;
             rows.collect::<Result<Vec<_>, _>>()?
@@ -377,6 +377,8 @@ mod tests {
         assert_eq!(seqs(0), [1, 2]);
         assert_eq!(seqs(1), [2]);
         assert_eq!(s.run_events("run-a", 0, 0).unwrap()[1].event["seq"], 2);
+        // A number past any event (past SQLite's integers, too) is the empty end.
+        assert!(s.run_events("run-a", u64::MAX, 0).unwrap().is_empty());
         // An event whose run update fails is not kept either.
         assert!(
             s.append_run_event(&event("run-a", 3), Some(&run("run-x", "a", 1)))

@@ -379,6 +379,21 @@ async fn bad_input_is_refused_before_any_run() {
         assert!(out.stderr.contains(wanted), "{args:?}: {}", out.stderr);
     }
     assert!(llm.requests().is_empty());
+
+    // The official endpoint without a key: refused before a sandbox is made, naming the
+    // variable.
+    let out = tokio::process::Command::new(BIN)
+        .args(["agent", "--model", "openai/gpt-4o-mini", "task"])
+        .env("SANDCELL_HOME", home.path())
+        .env_remove("OPENAI_API_KEY")
+        .env_remove("OPENAI_BASE_URL")
+        .env_remove("SANDCELL_API_URL")
+        .output()
+        .await
+        .expect("run sandcell");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(125), "{stderr}");
+    assert!(stderr.contains("OPENAI_API_KEY"), "{stderr}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -416,7 +431,10 @@ async fn a_model_that_refuses_images_gets_the_step_again_without_them() {
         .iter()
         .filter_map(|w| w["message"].as_str())
         .collect();
-    assert!(warnings.iter().any(|w| w.contains("vision is off")), "{warnings:?}");
+    assert!(
+        warnings.iter().any(|w| w.contains("vision is off")),
+        "{warnings:?}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -448,8 +466,14 @@ async fn older_steps_are_condensed_as_the_conversation_nears_the_context_window(
     let condensed = of_type(&events, "condensed");
     assert!(!condensed.is_empty(), "no condensation");
     let c = condensed[0];
-    assert!(c["messages_replaced"].as_u64().is_some_and(|n| n >= 2), "{c}");
-    assert!(c["tokens_after"].as_u64() < c["tokens_before"].as_u64(), "{c}");
+    assert!(
+        c["messages_replaced"].as_u64().is_some_and(|n| n >= 2),
+        "{c}"
+    );
+    assert!(
+        c["tokens_after"].as_u64() < c["tokens_before"].as_u64(),
+        "{c}"
+    );
     let last = llm.requests().pop().expect("requests");
     assert!(last.transcript().contains("SUMMARY-OK"));
     assert!(last.transcript().contains("Summary of the earlier steps"));

@@ -200,6 +200,10 @@ fn runs_over_rest_stream_resume_wait_cancel_and_stay_their_owners() {
         "{}",
         r.body
     );
+    // The sandbox the run made is deleted when it ends (nobody asked to keep it).
+    let made = r.body["sandbox_id"].as_str().unwrap();
+    let state = d.sandbox(made).state;
+    assert!(state == "stopped" || state == "deleted", "{made}: {state}");
 
     // Another owner: 404 on each run route, and not in their list.
     let (bob, _) = d.key_for("bob");
@@ -293,9 +297,19 @@ fn the_cli_runs_follows_and_cancels_through_the_daemon() {
     ]));
     let d = model.daemon();
 
-    // `sandcell agent` goes through the daemon: the run's sandbox is the daemon's and
+    // `sandcell agent` goes through the daemon: the run's sandbox is the daemon's and, kept,
     // outlives the command.
-    let out = sandcell(&d, &["agent", "--json", "--model", MODEL, "Double 21."]);
+    let out = sandcell(
+        &d,
+        &[
+            "agent",
+            "--json",
+            "--keep-sandbox",
+            "--model",
+            MODEL,
+            "Double 21.",
+        ],
+    );
     let summary = json_of(&out);
     assert_eq!(
         out.status.code(),

@@ -10,6 +10,7 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::{Stream, StreamExt};
+use sandcell_api::exec::SseEvent;
 use sandcell_api::runs::{RunInfo, RunList, StartRun};
 use serde::Serialize;
 use serde_json::Value;
@@ -152,7 +153,7 @@ pub async fn cancel(
     responses(
         (status = 200, description = "Server-sent events, or one JSON list", content(
             (RunEventList = "application/json"),
-            (String = "text/event-stream"),
+            (SseEvent = "text/event-stream"),
         )),
         (status = 400, body = ErrorBody),
         (status = 401, body = ErrorBody),

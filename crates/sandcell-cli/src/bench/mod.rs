@@ -8,6 +8,7 @@ use std::process::ExitCode;
 use clap::{Args, Subcommand};
 use sandcell_engine::Engine;
 
+mod agent;
 mod daemon;
 mod host;
 mod kernel;
@@ -52,6 +53,17 @@ enum BenchWhat {
     /// The daemon over HTTP on loopback: exec and `x = 1` round trips (against the embedded
     /// engine), create-to-first-result cold and from a warm pool, many concurrent clients.
     Daemon(daemon::DaemonArgs),
+    /// The agent runtime's own cost per step, against a minimal loop making the same model
+    /// call to the same scripted model and running the same code (needs `scripted-llm`:
+    /// cargo build --release -p sandcell-testkit --features llm --bin scripted-llm).
+    Agent {
+        /// Steps of each (at least 200 for the published figures).
+        #[arg(long, default_value_t = 200)]
+        steps: usize,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Runs `sandcell bench`.
@@ -66,5 +78,6 @@ pub async fn bench(args: BenchArgs, engine: Engine) -> anyhow::Result<ExitCode> 
             json,
         } => kernel::kernel(engine, runs, cold_runs, json).await,
         BenchWhat::Daemon(args) => daemon::daemon(args, engine).await,
+        BenchWhat::Agent { steps, json } => agent::agent(engine, steps, json).await,
     }
 }

@@ -1,0 +1,278 @@
+//! `sandcell bench agent`: the agent runtime's own cost per step. Both sides talk to the same
+//! scripted model (the test kit's `scripted-llm`, on loopback) and run the same code
+//! (`pass`) in the same warm kernel, through the same service:
+//! - the runtime: runs in tools mode, each step a model call, a tool call and the step's
+//!   commit, timed between `step_committed` events as they happen;
+//! - a minimal hand-written loop: the same streamed HTTP call, then `run_code`, nothing else.
+//!
+//! The difference is what the runtime adds per step: budgets, the trajectory written to the
+//! store and the mirror, tool dispatch and message building.
+
+use std::path::PathBuf;
+use std::process::{Child, ExitCode, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use sandcell_agent::Runner;
+use sandcell_agent::event::EventKind;
+use sandcell_api::SandboxId;
+use sandcell_api::code::CodeInput;
+use sandcell_api::runs::{BudgetsInput, StartRun};
+use sandcell_api::sandboxes::CreateSandbox;
+use sandcell_engine::Engine;
+use serde_json::json;
+
+use super::stats::quantile;
+
+/// Steps per run (a run's iterations are capped at 50; the last answers).
+const STEPS_PER_RUN: usize = 49;
+
+/// The scripted model server, stopped when dropped.
+struct ScriptedModel {
+    child: Child,
+    base: String,
+}
+
+impl Drop for ScriptedModel {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `scripted-llm` beside this binary (`cargo build -p sandcell-testkit --features llm --bin
+/// scripted-llm` puts it there), or at `$SANDCELL_SCRIPTED_LLM`.
+fn scripted_llm_bin() -> anyhow::Result<PathBuf> {
+    if let Some(p) = std::env::var_os("SANDCELL_SCRIPTED_LLM") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().context("find the sandcell binary")?;
+    let dir = exe.parent().context("the binary's folder")?;
+    for candidate in [dir.join("scripted-llm"), dir.join("../debug/scripted-llm")] {
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+    }
+    bail!(
+        "no scripted-llm beside {} (build it: cargo build --release -p sandcell-testkit --features llm --bin scripted-llm), or set $SANDCELL_SCRIPTED_LLM",
+        exe.display()
+    )
+}
+
+/// Starts a scripted model answering `turns` in order, on a free loopback port.
+fn start_model(
+    turns: &serde_json::Value,
+    dir: &std::path::Path,
+    name: &str,
+) -> anyhow::Result<ScriptedModel> {
+    let script = dir.join(format!("{name}.json"));
+    std::fs::write(&script, turns.to_string()).context("write the model's script")?;
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .context("find a free port")?
+        .port();
+    let mut child = std::process::Command::new(scripted_llm_bin()?)
+        .args(["--port", &port.to_string(), "--script"])
+        .arg(&script)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .context("start scripted-llm")?;
+    // It prints one line once it accepts connections.
+    let stdout = child.stdout.take().context("scripted-llm's stdout")?;
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut line)
+        .context("read scripted-llm's first line")?;
+    if !line.starts_with("listening on") {
+        bail!("scripted-llm said {line:?}");
+    }
+    Ok(ScriptedModel {
+        child,
+        base: format!("http://127.0.0.1:{port}/v1"),
+    })
+}
+
+fn code_turn() -> serde_json::Value {
+    json!({"tool_calls": [{"name": "execute_code", "arguments": {"code": "pass"}}]})
+}
+
+/// Runs the benchmark.
+pub async fn agent(engine: Engine, steps: usize, json_out: bool) -> anyhow::Result<ExitCode> {
+    let runs = steps.div_ceil(STEPS_PER_RUN).max(1);
+    let home = std::env::temp_dir().join(format!("sandcell-bench-agent-{}", std::process::id()));
+    std::fs::create_dir_all(&home).with_context(|| format!("create {}", home.display()))?;
+    let turns_per_run: Vec<serde_json::Value> = (0..STEPS_PER_RUN)
+        .map(|_| code_turn())
+        .chain([json!({"text": "done"})])
+        .collect();
+    let agent_turns: Vec<serde_json::Value> =
+        (0..runs).flat_map(|_| turns_per_run.clone()).collect();
+    let loop_turns: Vec<serde_json::Value> =
+        (0..runs * STEPS_PER_RUN).map(|_| code_turn()).collect();
+    let agent_model = start_model(&json!(agent_turns), &home, "agent")?;
+    let loop_model = start_model(&json!(loop_turns), &home, "loop")?;
+
+    let (mut config, _) = sandcell_server::config::load(
+        &home,
+        None,
+        &[],
+        &[("agent.openai.base_url".into(), agent_model.base.clone())],
+    )?;
+    config.agent.max_iterations = 50;
+    let embedded = sandcell_server::embedded(config, engine)
+        .await
+        .context("start the embedded service")?;
+    let outcome = measure(&embedded, &loop_model.base, runs).await;
+    embedded.shutdown().await;
+    let _ = std::fs::remove_dir_all(&home);
+    let (runtime, minimal) = outcome?;
+
+    let row = |name: &str, s: &[Duration]| json!({"name": name, "steps": s.len(), "median_ms": quantile(s, 0.5), "p99_ms": quantile(s, 0.99)});
+    let overhead = quantile(&runtime, 0.5) - quantile(&minimal, 0.5);
+    let overhead_p99 = quantile(&runtime, 0.99) - quantile(&minimal, 0.99);
+    if json_out {
+        let out = json!({
+            "runtime": row("agent runtime (tools mode)", &runtime),
+            "minimal": row("minimal loop (HTTP call + run_code)", &minimal),
+            "overhead_median_ms": overhead,
+            "overhead_p99_ms": overhead_p99,
+        });
+        println!("{}", serde_json::to_string_pretty(&out)?);
+    } else {
+        println!("agent step: a streamed model call on loopback + `pass` in a warm Python kernel");
+        for (name, s) in [
+            ("agent runtime (tools mode)", &runtime),
+            ("minimal loop (same call + run_code)", &minimal),
+        ] {
+            println!(
+                "  {name:<38} {:>4} steps  median {:>7.3} ms  p99 {:>7.3} ms",
+                s.len(),
+                quantile(s, 0.5),
+                quantile(s, 0.99)
+            );
+        }
+        println!(
+            "  the runtime's own cost per step: median {overhead:+.3} ms, p99 {overhead_p99:+.3} ms"
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Per-step durations of the runtime and of the minimal loop, on one warm sandbox.
+async fn measure(
+    embedded: &sandcell_server::Embedded,
+    loop_base: &str,
+    runs: usize,
+) -> anyhow::Result<(Vec<Duration>, Vec<Duration>)> {
+    let caller = embedded
+        .admin_caller()?
+        .context("the embedded service's admin key")?;
+    let service = embedded.service();
+    let runner: Arc<Runner> = embedded.runner();
+    let info = service
+        .create_sandbox(
+            &caller,
+            CreateSandbox {
+                template: Some("python".into()),
+                ..CreateSandbox::default()
+            },
+        )
+        .await?;
+    let sandbox = SandboxId::parse(info.id)?;
+    let pass = || CodeInput {
+        code: sandcell_api::Code::new("pass").expect("a short snippet"),
+        ..CodeInput::default()
+    };
+    // Warm the kernel.
+    service.run_code(&caller, &sandbox, pass()).await?;
+
+    let mut runtime = Vec::new();
+    for _ in 0..runs {
+        let started = runner
+            .start(
+                &caller,
+                StartRun {
+                    task: "bench".into(),
+                    model: Some("openai/bench".into()),
+                    sandbox_id: Some(sandbox.clone()),
+                    budgets: BudgetsInput {
+                        max_iterations: Some(50),
+                        ..BudgetsInput::default()
+                    },
+                    ..StartRun::default()
+                },
+            )
+            .await?;
+        let mut rx = runner
+            .subscribe(&caller, &started.id)?
+            .context("the run ended before it could be followed")?;
+        let mut last: Option<Instant> = None;
+        while let Ok(e) = rx.recv().await {
+            match e.kind {
+                EventKind::LlmRequest { .. } if last.is_none() => last = Some(Instant::now()),
+                EventKind::StepCommitted { .. } => {
+                    let now = Instant::now();
+                    if let Some(t) = last {
+                        runtime.push(now - t);
+                    }
+                    last = Some(now);
+                }
+                EventKind::RunFinished { .. } => break,
+                _ => {}
+            }
+        }
+        let done = runner.wait(&caller, &started.id).await?;
+        if done.status != "succeeded" {
+            bail!("a benchmark run ended {} ({:?})", done.status, done.reason);
+        }
+    }
+
+    // The minimal loop: the requests a run's steps send (the conversation grows by a tool
+    // call and its result each step, and starts again where a run would), then the code.
+    let http = reqwest::Client::new();
+    let tools: Vec<serde_json::Value> = sandcell_agent::tools::specs()
+        .iter()
+        .map(|t| {
+            json!({
+                "type": "function",
+                "function": {"name": t.name, "description": t.description, "parameters": t.parameters},
+            })
+        })
+        .collect();
+    let mut minimal = Vec::new();
+    let mut messages = Vec::new();
+    for i in 0..runs * STEPS_PER_RUN {
+        if i % STEPS_PER_RUN == 0 {
+            messages = vec![json!({"role": "user", "content": "bench"})];
+        }
+        let t = Instant::now();
+        let body = json!({
+            "model": "bench",
+            "stream": true,
+            "stream_options": {"include_usage": true},
+            "max_tokens": 4096,
+            "messages": messages,
+            "tools": tools,
+        });
+        let answer = http
+            .post(format!("{loop_base}/chat/completions"))
+            .json(&body)
+            .send()
+            .await?
+            .error_for_status()?
+            .bytes()
+            .await?;
+        if !answer.windows(6).any(|w| w == b"[DONE]") {
+            bail!("the scripted model's stream did not end");
+        }
+        let out = service.run_code(&caller, &sandbox, pass()).await?;
+        let id = format!("call_{i}");
+        messages.push(json!({"role": "assistant", "content": null, "tool_calls": [
+            {"id": id, "type": "function", "function": {"name": "execute_code", "arguments": "{\"code\":\"pass\"}"}}
+        ]}));
+        messages.push(json!({"role": "tool", "tool_call_id": id, "content": out.stdout}));
+        minimal.push(t.elapsed());
+    }
+    Ok((runtime, minimal))
+}

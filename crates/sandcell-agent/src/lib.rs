@@ -12,6 +12,7 @@
 pub mod budget;
 pub mod event;
 pub mod journal;
+pub mod repl;
 pub mod run;
 pub mod runner;
 pub mod settings;

@@ -137,11 +137,19 @@ impl Runner {
             )));
         }
         let mode = req.mode.unwrap_or(self.defaults.mode);
-        if mode == RunMode::Repl {
-            return Err(ServiceError::new(
-                ErrorKind::Unsupported,
-                "repl mode is not available yet in this build; use mode \"tools\"",
-            ));
+        if let Some(context) = &req.context {
+            if mode != RunMode::Repl {
+                return Err(ServiceError::invalid(
+                    "'context' is the input of repl mode; give mode \"repl\" (or put it in the task)",
+                ));
+            }
+            if context.len() > MAX_TASK_BYTES {
+                return Err(ServiceError::invalid(format!(
+                    "'context' of {} bytes is over the {} MiB limit",
+                    context.len(),
+                    MAX_TASK_BYTES >> 20
+                )));
+            }
         }
         let model_text = req.model.clone().or_else(|| self.defaults.model.clone()).ok_or_else(|| {
             ServiceError::invalid(
@@ -230,8 +238,12 @@ impl Runner {
         let me = self.clone();
         let run_id = id.clone();
         let task = req.task;
+        let context = req.context;
         tokio::spawn(async move {
-            drive(ctx, task).await;
+            match mode {
+                RunMode::Tools => drop(drive(ctx, task).await),
+                RunMode::Repl => drop(crate::repl::drive_repl(ctx, task, context).await),
+            }
             let _ = done_tx.send(true);
             me.live().remove(&run_id);
         });

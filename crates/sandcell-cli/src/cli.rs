@@ -90,6 +90,9 @@ enum Command {
     /// answers, within budgets (exit 0 when it succeeded, 1 when it ended otherwise). It
     /// goes through the daemon when one runs, else in this process.
     Agent(agent::AgentArgs),
+    /// A completion in repl mode: the input (--context-file) is the kernel variable `context`,
+    /// and the model's code may call the model again (llm_query, rlm_query) before FINAL(…).
+    Complete(agent::AgentArgs),
     /// Agent runs: list them, show one, cancel one (of the daemon).
     #[command(subcommand)]
     Runs(agent::RunsCommand),
@@ -143,6 +146,13 @@ fn run_command(command: Command) -> anyhow::Result<ExitCode> {
         Command::Config(cmd) => return daemon::config_command(cmd).map(|()| ExitCode::SUCCESS),
         Command::Key(cmd) => return daemon::key_command(cmd).map(|()| ExitCode::SUCCESS),
         Command::Agent(args) => return agent::agent(args),
+        Command::Complete(mut args) => {
+            if args.mode.as_deref().is_some_and(|m| m != "repl") {
+                anyhow::bail!("sandcell complete runs in repl mode; use sandcell agent for tools");
+            }
+            args.mode = Some("repl".into());
+            return agent::agent(args);
+        }
         Command::Runs(cmd) => return agent::runs(cmd),
         Command::Logs(args) => return agent::logs(args),
         Command::Sandbox { client, command } => {

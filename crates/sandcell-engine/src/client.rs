@@ -6,8 +6,8 @@ use std::sync::{Arc, Mutex as StdMutex};
 use std::time::Duration;
 
 use sandcell_protocol::{
-    Channel, DataChunk, Frame, FrameDecoder, GuestMessage, HostMessage, IsolationReport,
-    PROTOCOL_VERSION, encode_data, encode_message, frame::MAX_CHUNK,
+    Channel, DataChunk, ErrorCode, Frame, FrameDecoder, GuestMessage, HostMessage, IsolationReport,
+    PROTOCOL_VERSION, SUPPORTED_VERSIONS, encode_data, encode_message, frame::MAX_CHUNK,
 };
 use tokio::io::{AsyncReadExt, AsyncWriteExt, ReadHalf, WriteHalf};
 use tokio::sync::{Mutex, mpsc, watch};
@@ -139,8 +139,38 @@ impl GuestClient {
     ) -> Result<(Self, Hello), EngineError> {
         let client = Self::start(stream);
         let call = client.send_hello().await?;
-        let hello = Self::await_hello(call, timeout).await?;
+        let hello = client.await_hello_or_older(call, timeout).await?;
         Ok((client, hello))
+    }
+
+    /// Waits for the answer to [`Self::send_hello`]; an agent that does not speak this
+    /// build's version (one an older build started, reattached or restored) is greeted again
+    /// with each older version this build speaks, newest first.
+    pub async fn await_hello_or_older(
+        &self,
+        call: Call,
+        timeout: Duration,
+    ) -> Result<Hello, EngineError> {
+        let mut answered = Self::await_hello(call, timeout).await;
+        let older = SUPPORTED_VERSIONS
+            .iter()
+            .rev()
+            .copied()
+            .filter(|v| *v < PROTOCOL_VERSION);
+        for version in older {
+            match &answered {
+                Err(EngineError::Guest(e)) if e.code == ErrorCode::UnsupportedVersion => {}
+                _ => break,
+            }
+            let call = self
+                .request(&HostMessage::Hello {
+                    protocol: version,
+                    client: "sandcell-engine".into(),
+                })
+                .await?;
+            answered = Self::await_hello(call, timeout).await;
+        }
+        answered
     }
 
     /// Sends the handshake without waiting for its answer; requests sent after it are

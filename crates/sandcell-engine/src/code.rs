@@ -1,16 +1,20 @@
 //! Code in language kernels: executions (streamed and collected), contexts, variables.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 use std::time::Duration;
 
 use sandcell_protocol::{
-    CodeDone, CodeError, CodeStatus, Completeness, ContextInfo, GuestMessage, HostMessage,
-    Language, MimeBundle, RunCodeRequest, VariableInfo, Variables,
+    CodeDone, CodeError, CodeStatus, Completeness, ContextInfo, GuestMessage, HostCall,
+    HostCallErrorKind, HostCallResult, HostMessage, Language, MAX_PENDING_HOST_CALLS, MimeBundle,
+    RunCodeRequest, VariableInfo, Variables,
 };
 use serde::Serialize;
+use tokio::task::JoinSet;
 
 use crate::client::{Call, Reply};
 use crate::error::EngineError;
+use crate::host_call::{HostCallHandler, HostCallRequest, NO_HANDLER};
 use crate::sandbox::{Sandbox, unexpected};
 
 /// How long the host waits past an execution's own timeout (the agent interrupts, then
@@ -105,6 +109,10 @@ pub struct CodeStream {
     oom_before: Option<u64>,
     timeout_ms: Option<u64>,
     done: bool,
+    /// Answers the execution's host calls (none: they are unavailable).
+    handler: Option<Arc<dyn HostCallHandler>>,
+    /// Host calls being answered; aborted when the execution ends (or the stream is dropped).
+    host_calls: JoinSet<()>,
 }
 
 impl CodeStream {
@@ -113,20 +121,39 @@ impl CodeStream {
         self.call.id
     }
 
-    /// The next event; `None` after `Done`.
+    /// The next event; `None` after `Done`. Host calls of the code are answered meanwhile
+    /// (they are not events).
     pub async fn next(&mut self) -> Option<Result<CodeEvent, EngineError>> {
         if self.done {
             return None;
         }
-        let limit = self
-            .timeout_ms
-            .map(|t| Duration::from_millis(t) + WATCHDOG_GRACE);
-        let Some(reply) = self.call.next_within(limit).await else {
-            self.done = true;
-            return Some(Err(EngineError::Unresponsive(format!(
-                "the agent did not end an execution {}s past its timeout",
-                WATCHDOG_GRACE.as_secs()
-            ))));
+        let reply = loop {
+            let reply = if self.host_calls.is_empty() {
+                let limit = self
+                    .timeout_ms
+                    .map(|t| Duration::from_millis(t) + WATCHDOG_GRACE);
+                match self.call.next_within(limit).await {
+                    Some(reply) => reply,
+                    None => {
+                        self.finish();
+                        return Some(Err(EngineError::Unresponsive(format!(
+                            "the agent did not end an execution {}s past its timeout",
+                            WATCHDOG_GRACE.as_secs()
+                        ))));
+                    }
+                }
+            } else {
+                // While the host answers, the agent holds the execution's timeout, and so
+                // does the watchdog: it starts again once nothing is pending.
+                tokio::select! {
+                    reply = self.call.next() => reply,
+                    _ = self.host_calls.join_next() => continue,
+                }
+            };
+            match reply {
+                Reply::Message(GuestMessage::HostCall(call)) => self.host_call(call).await,
+                other => break other,
+            }
         };
         let event = match reply {
             Reply::Message(GuestMessage::CodeStream { name, text }) if name == "stderr" => {
@@ -137,31 +164,86 @@ impl CodeStream {
             Reply::Message(GuestMessage::CodeResult { data, .. }) => CodeEvent::Result { data },
             Reply::Message(GuestMessage::CodeError(e)) => CodeEvent::Error(e),
             Reply::Message(GuestMessage::CodeDone(done)) => {
-                self.done = true;
+                self.finish();
                 let mut done = *done;
                 self.explain_crash(&mut done);
                 CodeEvent::Done(done)
             }
             Reply::Message(GuestMessage::Error(e)) => {
-                self.done = true;
+                self.finish();
                 return Some(Err(EngineError::Guest(e)));
             }
             Reply::Message(other) => {
-                self.done = true;
+                self.finish();
                 return Some(Err(unexpected(other)));
             }
             Reply::Data(_) => {
-                self.done = true;
+                self.finish();
                 return Some(Err(EngineError::Connection(
                     "unexpected data chunk in an execution".into(),
                 )));
             }
             Reply::Closed(reason) => {
-                self.done = true;
+                self.finish();
                 return Some(Err(self.sandbox.gone(reason)));
             }
         };
         Some(Ok(event))
+    }
+
+    /// The execution is over: nothing more is read, and answers still being worked on are
+    /// abandoned (nobody waits for them).
+    fn finish(&mut self) {
+        self.done = true;
+        self.host_calls.abort_all();
+    }
+
+    /// Starts answering a host call of the code (or answers it at once when it cannot be).
+    async fn host_call(&mut self, call: HostCall) {
+        let id = self.call.id;
+        let refused = match &self.handler {
+            None => Some(HostCallResult::error(
+                HostCallErrorKind::Unavailable,
+                NO_HANDLER,
+            )),
+            // The agent holds calls to the same bound; a host does not trust it to.
+            Some(_) if self.host_calls.len() >= MAX_PENDING_HOST_CALLS => {
+                Some(HostCallResult::error(
+                    HostCallErrorKind::InvalidArgument,
+                    format!(
+                        "at most {MAX_PENDING_HOST_CALLS} host calls may wait at once in one execution"
+                    ),
+                ))
+            }
+            Some(_) => None,
+        };
+        if let Some(result) = refused {
+            let reply = HostMessage::HostCallReply {
+                call: call.call,
+                result,
+            };
+            // A connection gone shows as the execution's end.
+            let _ = self.sandbox.client().send(id, &reply).await;
+            return;
+        }
+        let Some(handler) = self.handler.clone() else {
+            return;
+        };
+        let sandbox = self.sandbox.clone();
+        let number = call.call;
+        let request = HostCallRequest {
+            call: call.call,
+            method: call.method,
+            payload: call.payload,
+        };
+        self.host_calls.spawn(async move {
+            let result = HostCallResult::from(handler.call(request).await);
+            let reply = HostMessage::HostCallReply {
+                call: number,
+                result,
+            };
+            let _ = sandbox.client().send(id, &reply).await;
+        });
     }
 
     /// A kernel killed by SIGKILL while the sandbox's OOM counter rose died of memory.
@@ -235,10 +317,18 @@ fn validate(req: &RunCodeRequest) -> Result<(), EngineError> {
 }
 
 impl Sandbox {
-    /// Runs code in a kernel and streams its events.
-    pub async fn run_code_stream(
+    /// Runs code in a kernel and streams its events. Its host calls (`llm_query`, …) are
+    /// answered unavailable: see [`Self::run_code_stream_with`].
+    pub async fn run_code_stream(&self, req: RunCodeRequest) -> Result<CodeStream, EngineError> {
+        self.run_code_stream_with(req, None).await
+    }
+
+    /// As [`Self::run_code_stream`], `handler` answering the code's host calls (the stream
+    /// answers them as it is read: read it to the end).
+    pub async fn run_code_stream_with(
         &self,
         mut req: RunCodeRequest,
+        handler: Option<Arc<dyn HostCallHandler>>,
     ) -> Result<CodeStream, EngineError> {
         self.check_alive().await?;
         validate(&req)?;
@@ -260,12 +350,26 @@ impl Sandbox {
             oom_before,
             timeout_ms,
             done: false,
+            handler,
+            host_calls: JoinSet::new(),
         })
     }
 
     /// Runs code in a kernel and waits for the end.
     pub async fn run_code(&self, req: RunCodeRequest) -> Result<CodeRun, EngineError> {
         self.run_code_stream(req).await?.collect().await
+    }
+
+    /// Runs code in a kernel and waits for the end, `handler` answering its host calls.
+    pub async fn run_code_with(
+        &self,
+        req: RunCodeRequest,
+        handler: Arc<dyn HostCallHandler>,
+    ) -> Result<CodeRun, EngineError> {
+        self.run_code_stream_with(req, Some(handler))
+            .await?
+            .collect()
+            .await
     }
 
     /// Runs code in the default context of `language`.

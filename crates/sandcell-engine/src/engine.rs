@@ -314,7 +314,11 @@ impl Launch {
         destroy_on_failure: bool,
     ) -> Result<Sandbox, EngineError> {
         let answered = match hello {
-            Ok(call) => GuestClient::await_hello(call, HANDSHAKE_TIMEOUT).await,
+            Ok(call) => {
+                self.client
+                    .await_hello_or_older(call, HANDSHAKE_TIMEOUT)
+                    .await
+            }
             Err(e) => Err(e),
         };
         let hello = match answered {

@@ -12,6 +12,7 @@ mod code;
 mod engine;
 pub mod error;
 pub mod fleet;
+pub mod host_call;
 mod process;
 mod sandbox;
 pub mod snapshot;
@@ -25,6 +26,7 @@ pub use backend::{
 pub use code::{CodeEvent, CodeOutput, CodeRun, CodeStream, OutputKind};
 pub use engine::{Engine, EngineBuilder, new_sandbox_id};
 pub use error::EngineError;
+pub use host_call::{HostCallFuture, HostCallHandler, HostCallRequest};
 pub use process::{AttachEvent, AttachFrom, AttachOutput, AttachStream, BackgroundProcess};
 pub use sandbox::{ExecEvent, ExecOutput, ExecStream, Sandbox, Timings};
 pub use snapshot::{FilesCapture, FilesRestore, RestoreReport, SnapshotManifest};

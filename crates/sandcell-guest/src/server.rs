@@ -90,6 +90,9 @@ pub(crate) async fn run(
         }
         // Abandon unfinished writes (their temporary files are removed on drop).
         conn.writes.clear();
+        // Nobody will answer the host calls of running executions (a host that comes back
+        // knows nothing of them): they fail now rather than wait for good.
+        kernels::host_gone(&shared);
         let Some(listener) = &listener else {
             break result;
         };
@@ -289,6 +292,9 @@ impl Conn {
     fn hello_reply(&mut self, protocol: u32) -> GuestMessage {
         if SUPPORTED_VERSIONS.contains(&protocol) {
             self.hello = true;
+            self.shared
+                .protocol
+                .store(protocol, std::sync::atomic::Ordering::SeqCst);
             GuestMessage::HelloOk {
                 protocol,
                 agent_version: env!("CARGO_PKG_VERSION").to_string(),
@@ -361,6 +367,11 @@ impl Conn {
                 if attach::detach(&self.shared, id) {
                     self.reply(id, GuestMessage::Detached).await;
                 }
+                return None;
+            }
+            HostMessage::HostCallReply { call, result } => {
+                // No reply: one for an execution that has ended is dropped.
+                kernels::host_call_reply(&self.shared, id, call, result);
                 return None;
             }
             _ => {}
@@ -607,7 +618,8 @@ impl Conn {
             | HostMessage::EndOfData
             | HostMessage::AbortData
             | HostMessage::ReadCredit { .. }
-            | HostMessage::Detach => {}
+            | HostMessage::Detach
+            | HostMessage::HostCallReply { .. } => {}
         }
         None
     }

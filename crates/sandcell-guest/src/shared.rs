@@ -3,11 +3,14 @@
 //! It outlives connections: a host that connects again finds it as it was.
 
 use std::collections::{HashMap, HashSet};
+use std::sync::atomic::AtomicU32;
 use std::sync::{Arc, Mutex};
+
+use tokio::sync::mpsc;
 
 use crate::GuestConfig;
 use crate::files::Roots;
-use crate::kernels::Kernels;
+use crate::kernels::{HostNews, Kernels};
 use crate::out::Out;
 use crate::process::{Proc, Processes};
 use crate::procs::{self, Tree};
@@ -34,6 +37,9 @@ pub(crate) struct Tables {
     pub busy: HashSet<u32>,
     /// Attachments by request id: their tasks, for `Detach`.
     pub attachments: HashMap<u32, tokio::task::AbortHandle>,
+    /// Executions that may get host-call answers, by their `RunCode` request id: where the
+    /// host's `HostCallReply`s for them go.
+    pub host_calls: HashMap<u32, mpsc::UnboundedSender<HostNews>>,
 }
 
 /// State shared by the dispatcher and every task of one connection.
@@ -64,6 +70,9 @@ pub(crate) struct Shared {
     pub kernels: Kernels,
     /// Windows of the windowed file reads in flight.
     pub reads: ReadWindows,
+    /// The protocol version the host greeted with (0 before a hello): host calls go to a
+    /// host of version 2 or later only.
+    pub protocol: AtomicU32,
 }
 
 impl Shared {
@@ -87,6 +96,7 @@ impl Shared {
             tables: Mutex::new(Tables::default()),
             processes: Processes::default(),
             reads: ReadWindows::default(),
+            protocol: AtomicU32::new(0),
         }
     }
 

@@ -14,8 +14,8 @@ pub const CTL_FD_VAR: &str = "SANDCELL_KERNEL_CTL_FD";
 pub const EVENT_FD_VAR: &str = "SANDCELL_KERNEL_EVENT_FD";
 /// The protocol version, in `SANDCELL_KERNEL_PROTOCOL`.
 pub const PROTOCOL_VAR: &str = "SANDCELL_KERNEL_PROTOCOL";
-/// The version of `PROTOCOL.md` these kernels speak.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// The version of `PROTOCOL.md` these kernels speak (2: host calls).
+pub const PROTOCOL_VERSION: u32 = 2;
 /// Where artifacts are collected, in `SANDCELL_OUTPUTS_DIR`.
 pub const OUTPUTS_DIR_VAR: &str = "SANDCELL_OUTPUTS_DIR";
 /// Bytes of stream text forwarded per stream and execution, in `SANDCELL_STREAM_LIMIT`.

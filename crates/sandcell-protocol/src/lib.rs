@@ -68,6 +68,7 @@ pub mod code;
 pub mod exec;
 pub mod frame;
 pub mod fs;
+pub mod host_call;
 pub mod isolation;
 pub mod message;
 
@@ -83,14 +84,21 @@ pub use frame::{
     encode_message,
 };
 pub use fs::{FileEntry, FileKind, mime_of_name};
+pub use host_call::{
+    HOST_CALLS_SINCE, HostCall, HostCallError, HostCallErrorKind, HostCallResult,
+    MAX_PENDING_HOST_CALLS,
+};
 pub use isolation::{Feature, FeatureState, IsolationReport};
 pub use message::{ErrorCode, GuestMessage, HostMessage, WireError};
 
-/// The protocol version this build speaks. Bumped on any incompatible change.
-pub const PROTOCOL_VERSION: u32 = 1;
+/// The protocol version this build speaks. Bumped on any incompatible change. 2 added host
+/// calls ([`host_call`]): a version-2 agent sends `HostCall` only to a host that greeted it
+/// with 2, and a host falls back to 1 for an agent that only speaks 1 (a sandbox started by an
+/// older build, reattached), so neither side ever receives a message it does not know.
+pub const PROTOCOL_VERSION: u32 = 2;
 
 /// Every protocol version this build can serve.
-pub const SUPPORTED_VERSIONS: &[u32] = &[PROTOCOL_VERSION];
+pub const SUPPORTED_VERSIONS: &[u32] = &[1, PROTOCOL_VERSION];
 
 /// The uid and gid the sandboxed user runs as, inside every sandbox.
 pub const SANDBOX_UID: u32 = 65532;

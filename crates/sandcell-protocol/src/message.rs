@@ -11,6 +11,7 @@ use crate::code::{
 use crate::exec::{ExecExit, ExecRequest, ProcessInfo};
 use crate::frame::Channel;
 use crate::fs::FileEntry;
+use crate::host_call::{HostCall, HostCallResult};
 use crate::isolation::IsolationReport;
 
 /// Host → guest. Each request has its own id; replies carry the same id.
@@ -115,8 +116,13 @@ pub enum HostMessage {
         #[serde(default)]
         kernels: Vec<Language>,
     },
-    /// Runs code in a kernel. Replies: code events, then `CodeDone`.
+    /// Runs code in a kernel. Replies: code events (and, from protocol 2, `HostCall`s the
+    /// host answers with `HostCallReply` on the same id), then `CodeDone`.
     RunCode(RunCodeRequest),
+    /// Sent on a `RunCode` request's id (protocol 2): the answer to its `HostCall` number
+    /// `call`. No reply; one for an execution that has ended, or a call it no longer waits
+    /// for, is dropped.
+    HostCallReply { call: u64, result: HostCallResult },
     /// Starts a new context. Reply: `Context`.
     CreateContext {
         language: Language,
@@ -241,6 +247,9 @@ pub enum GuestMessage {
     CodeError(CodeError),
     /// The execution ended; nothing more follows for it.
     CodeDone(Box<CodeDone>),
+    /// Code in the execution asks the host something and waits (protocol 2; see
+    /// [`crate::host_call`]): answer with `HostCallReply` on the same id.
+    HostCall(HostCall),
     /// Describes one context.
     Context { context: ContextInfo },
     /// Every context.
@@ -483,6 +492,73 @@ mod tests {
                 reason: "ModuleNotFoundError: No module named 'numpy'".into(),
             }],
         });
+    }
+
+    #[test]
+    fn host_call_messages_round_trip_with_stable_json() {
+        use crate::host_call::{HostCallErrorKind, HostCallResult};
+        let call = GuestMessage::HostCall(HostCall {
+            call: 7,
+            method: "llm_query".into(),
+            payload: serde_json::json!({"prompt": "hi"}),
+        });
+        assert_eq!(
+            serde_json::to_string(&call).unwrap(),
+            r#"{"type":"host_call","call":7,"method":"llm_query","payload":{"prompt":"hi"}}"#
+        );
+        round_trip_guest(call);
+        let reply = HostMessage::HostCallReply {
+            call: 7,
+            result: HostCallResult::Ok(serde_json::json!("hello")),
+        };
+        assert_eq!(
+            serde_json::to_string(&reply).unwrap(),
+            r#"{"type":"host_call_reply","call":7,"result":{"ok":"hello"}}"#
+        );
+        round_trip_host(reply);
+        round_trip_host(HostMessage::HostCallReply {
+            call: u64::MAX,
+            result: HostCallResult::error(HostCallErrorKind::Cancelled, "the run was cancelled"),
+        });
+        // A reply whose result is not one of the two shapes is refused, not guessed at.
+        assert!(
+            serde_json::from_str::<HostMessage>(
+                r#"{"type":"host_call_reply","call":1,"result":{"maybe":1}}"#
+            )
+            .is_err()
+        );
+    }
+
+    #[test]
+    fn frames_of_protocol_1_still_decode() {
+        // What a version-1 host sends and what a version-1 agent answers are unchanged.
+        let hello: HostMessage =
+            serde_json::from_str(r#"{"type":"hello","protocol":1,"client":"old"}"#).unwrap();
+        assert_eq!(
+            hello,
+            HostMessage::Hello {
+                protocol: 1,
+                client: "old".into()
+            }
+        );
+        let run: HostMessage = serde_json::from_str(
+            r#"{"type":"run_code","context":null,"language":"python","code":"1","timeout_ms":null}"#,
+        )
+        .unwrap();
+        assert!(matches!(run, HostMessage::RunCode(_)));
+        let stream: GuestMessage =
+            serde_json::from_str(r#"{"type":"code_stream","name":"stdout","text":"x"}"#).unwrap();
+        assert!(matches!(stream, GuestMessage::CodeStream { .. }));
+        let frame = crate::encode_message(5, &HostMessage::Ping);
+        let mut d = crate::FrameDecoder::default();
+        d.feed(&frame);
+        assert!(matches!(
+            d.next_frame::<HostMessage>(),
+            Some(Ok(crate::Frame::Message {
+                id: 5,
+                msg: HostMessage::Ping
+            }))
+        ));
     }
 
     #[test]

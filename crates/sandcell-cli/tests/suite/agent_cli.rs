@@ -478,3 +478,46 @@ async fn older_steps_are_condensed_as_the_conversation_nears_the_context_window(
     assert!(last.transcript().contains("SUMMARY-OK"));
     assert!(last.transcript().contains("Summary of the earlier steps"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn complete_runs_in_repl_mode_with_the_input_as_a_kernel_variable() {
+    // The model sees the input's length and start, not the input: its code reads it.
+    let script = Script::new().turn(Turn::text(
+        "```python\nwords = context.split()\nFINAL(str(len(words)))\n```",
+    ));
+    let llm = ScriptedLlm::start(script).await.expect("scripted model");
+    let home = tempfile::tempdir().expect("home");
+    let input = home.path().join("input.txt");
+    std::fs::write(&input, "alpha beta gamma ".repeat(20_000)).expect("input");
+    let out = sandcell(
+        &llm,
+        home.path(),
+        &[
+            "complete",
+            "--json",
+            "--model",
+            "openai/scripted",
+            "--context-file",
+            input.to_str().expect("utf-8 path"),
+            "How many words are there?",
+        ],
+    )
+    .await;
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    let run = out.json();
+    assert_eq!(
+        (&run["status"], &run["reason"]),
+        (&json!("succeeded"), &json!("final"))
+    );
+    assert_eq!(run["answer"], "60000");
+    let requests = llm.requests();
+    assert_eq!(requests.len(), 1);
+    assert!(
+        requests[0].tool_names().is_empty(),
+        "repl mode offers no tools"
+    );
+    assert!(
+        requests[0].body.to_string().len() < 40_000,
+        "the 340 kB input stayed out of the prompt"
+    );
+}

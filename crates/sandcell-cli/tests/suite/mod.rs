@@ -1,4 +1,5 @@
 mod agent_cli;
+mod agent_repl;
 mod attacks;
 mod cli;
 mod cli_code;

@@ -1,5 +1,7 @@
 //! A running kernel as its context holds it: the request pipe and the merged queue of what
-//! it sends, and request/reply calls over them.
+//! it sends, and request/reply calls over them. Lines for the request pipe go through a
+//! writer task, so a kernel that is not reading (busy in user code while a host call's late
+//! answer is sent) never holds up the execution's supervision.
 
 use std::time::Duration;
 
@@ -28,7 +30,8 @@ pub(super) enum KernelOutput {
 
 /// A running kernel process.
 pub(super) struct Kernel {
-    ctl: pipe::Sender,
+    /// Lines for the request pipe, written in order by [`write_ctl`].
+    ctl: mpsc::UnboundedSender<Vec<u8>>,
     pub(super) out: mpsc::UnboundedReceiver<KernelOutput>,
     next_request: u64,
     pub(super) execution_count: u64,
@@ -39,8 +42,10 @@ pub(super) struct Kernel {
 impl Kernel {
     /// A kernel that takes requests on `ctl` and whose output `out` merges.
     pub(super) fn new(ctl: pipe::Sender, out: mpsc::UnboundedReceiver<KernelOutput>) -> Self {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(write_ctl(ctl, rx));
         Self {
-            ctl,
+            ctl: tx,
             out,
             next_request: 1,
             execution_count: 0,
@@ -48,16 +53,23 @@ impl Kernel {
         }
     }
 
-    pub(super) async fn send(&mut self, mut req: Value) -> Result<u64, WireError> {
+    /// Queues a request with the kernel's next id; returns the id.
+    pub(super) fn send(&mut self, mut req: Value) -> Result<u64, WireError> {
         let id = self.next_request;
         self.next_request += 1;
         req["id"] = json!(id);
-        let mut line = req.to_string().into_bytes();
-        line.push(b'\n');
-        self.ctl.write_all(&line).await.map_err(|e| {
-            WireError::new(ErrorCode::Io, format!("the kernel stopped reading: {e}"))
-        })?;
+        self.write_line(&req)?;
         Ok(id)
+    }
+
+    /// Queues one line for the request pipe as it is (a `host_reply` carries the id of the
+    /// execution it answers, not a new one).
+    pub(super) fn write_line(&self, v: &Value) -> Result<(), WireError> {
+        let mut line = v.to_string().into_bytes();
+        line.push(b'\n');
+        self.ctl
+            .send(line)
+            .map_err(|_| WireError::new(ErrorCode::Io, "the kernel stopped reading its requests"))
     }
 
     /// Sends a request and waits for its `reply`.
@@ -71,7 +83,7 @@ impl Kernel {
         req: Value,
         limit: Duration,
     ) -> Result<Value, WireError> {
-        let id = self.send(req).await?;
+        let id = self.send(req)?;
         let deadline = tokio::time::sleep(limit);
         tokio::pin!(deadline);
         loop {
@@ -95,6 +107,17 @@ impl Kernel {
                     return Err(WireError::new(ErrorCode::Internal, format!("the kernel did not answer within {}s", limit.as_secs())));
                 }
             }
+        }
+    }
+}
+
+/// Writes the queued lines to the kernel's request pipe, in order, until the kernel stops
+/// reading (its end closed) or the kernel is dropped (the queue closed: the pipe then closes,
+/// which ends an idle kernel).
+async fn write_ctl(mut ctl: pipe::Sender, mut lines: mpsc::UnboundedReceiver<Vec<u8>>) {
+    while let Some(line) = lines.recv().await {
+        if ctl.write_all(&line).await.is_err() {
+            return;
         }
     }
 }

@@ -30,7 +30,7 @@ mod table;
 mod variables;
 
 pub(crate) use process::no_kernel_starting;
-pub(crate) use run::run_code;
+pub(crate) use run::{HostNews, host_call_reply, host_gone, run_code};
 pub(crate) use state::{dump_state, load_state};
 pub(crate) use table::Kernels;
 pub(crate) use variables::{clear_variables, get_variables, list_variables, set_variables};

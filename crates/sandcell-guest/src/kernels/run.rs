@@ -1,13 +1,20 @@
 //! One execution (`RunCode`): forwarding its events and output to the host as they come,
-//! the timeout (interrupt, then kill), and the final `CodeDone`.
+//! its host calls to the host and their answers back to the kernel, the timeout (interrupt,
+//! then kill; paused while the host is asked), and the final `CodeDone`.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use sandcell_kernels::DEFAULT_STREAM_LIMIT;
-use sandcell_protocol::{CodeDone, CodeError, CodeStatus, GuestMessage, RunCodeRequest};
+use sandcell_protocol::host_call::MAX_HOST_CALL_METHOD;
+use sandcell_protocol::{
+    CodeDone, CodeError, CodeStatus, GuestMessage, HOST_CALLS_SINCE, HostCall, HostCallErrorKind,
+    HostCallResult, MAX_PENDING_HOST_CALLS, RunCodeRequest,
+};
 use serde_json::{Value, json};
+use tokio::sync::mpsc;
 
 use crate::shared::Shared;
 use crate::sync::lock;
@@ -20,6 +27,41 @@ use super::try_slot;
 
 /// After an interrupt for a timeout, how long the kernel has to yield before it is killed.
 const INTERRUPT_GRACE: Duration = Duration::from_secs(2);
+
+/// What reaches a running execution from the connection about its host calls.
+#[derive(Debug)]
+pub(crate) enum HostNews {
+    /// The host's answer to call `.0`.
+    Answer(u64, HostCallResult),
+    /// The host's connection ended: nobody will answer the calls pending, or later ones.
+    Gone,
+}
+
+/// `HostCallReply` on request `id`: hands the answer to that execution, if it still runs.
+pub(crate) fn host_call_reply(shared: &Shared, id: u32, call: u64, result: HostCallResult) {
+    if let Some(tx) = lock(&shared.tables).host_calls.get(&id) {
+        let _ = tx.send(HostNews::Answer(call, result));
+    }
+}
+
+/// The host's connection ended: every running execution stops waiting for it.
+pub(crate) fn host_gone(shared: &Shared) {
+    for tx in lock(&shared.tables).host_calls.values() {
+        let _ = tx.send(HostNews::Gone);
+    }
+}
+
+/// Keeps an execution's entry in the host-call routes while it runs.
+struct Route<'a> {
+    shared: &'a Shared,
+    id: u32,
+}
+
+impl Drop for Route<'_> {
+    fn drop(&mut self) {
+        lock(&self.shared.tables).host_calls.remove(&self.id);
+    }
+}
 
 /// Serves `RunCode` on request `id`: events as they come, then `CodeDone`.
 pub(crate) async fn run_code(shared: Arc<Shared>, id: u32, req: RunCodeRequest) {
@@ -40,7 +82,14 @@ pub(crate) async fn run_code(shared: Arc<Shared>, id: u32, req: RunCodeRequest) 
         Err(e) => return out.error(id, e).await,
     };
     let before = shared.kernels.outputs.snapshot(&shared.workers).await;
-    let mut run = Run::new(&ctx, id, out.clone());
+    let (news_tx, news) = mpsc::unbounded_channel();
+    lock(&shared.tables).host_calls.insert(id, news_tx);
+    let route = Route {
+        shared: &shared,
+        id,
+    };
+    let forward = shared.protocol.load(Ordering::SeqCst) >= HOST_CALLS_SINCE;
+    let mut run = Run::new(&ctx, id, out.clone(), HostCalls::new(forward, news));
     let status = run
         .execute(
             &mut slot,
@@ -48,6 +97,7 @@ pub(crate) async fn run_code(shared: Arc<Shared>, id: u32, req: RunCodeRequest) 
             req.timeout_ms.map(Duration::from_millis),
         )
         .await;
+    drop(route);
     let artifacts = match before {
         Some(before) => {
             shared
@@ -134,10 +184,47 @@ struct Run<'a> {
     /// Incomplete UTF-8 sequences carried to the next chunk, per stream.
     partial: [Vec<u8>; 2],
     execution_count: Option<u64>,
+    host: HostCalls,
+}
+
+/// The execution's host calls: forwarded to the host, or answered here.
+struct HostCalls {
+    /// The host takes them (it greeted with protocol 2 or later) and is still connected.
+    forward: bool,
+    news: mpsc::UnboundedReceiver<HostNews>,
+    /// Whether `news` can still bring anything.
+    open: bool,
+    /// Calls forwarded and not answered yet.
+    pending: HashSet<u64>,
+    /// Since when the execution has waited for the host (its timeout is paused meanwhile).
+    waiting_since: Option<tokio::time::Instant>,
+}
+
+impl HostCalls {
+    fn new(forward: bool, news: mpsc::UnboundedReceiver<HostNews>) -> Self {
+        Self {
+            forward,
+            news,
+            open: true,
+            pending: HashSet::new(),
+            waiting_since: None,
+        }
+    }
+}
+
+/// The `host_reply` line answering call `call` of execution `request`.
+fn host_reply(request: u64, call: u64, result: &HostCallResult) -> Value {
+    let mut line = json!({"op": "host_reply", "id": request, "call": call});
+    if let Ok(Value::Object(answer)) = serde_json::to_value(result) {
+        for (k, v) in answer {
+            line[k] = v;
+        }
+    }
+    line
 }
 
 impl<'a> Run<'a> {
-    fn new(ctx: &'a Context, id: u32, out: crate::out::Out) -> Self {
+    fn new(ctx: &'a Context, id: u32, out: crate::out::Out, host: HostCalls) -> Self {
         Self {
             ctx,
             id,
@@ -147,6 +234,113 @@ impl<'a> Run<'a> {
             dropped: [0; 2],
             partial: [Vec::new(), Vec::new()],
             execution_count: None,
+            host,
+        }
+    }
+
+    /// A `host_call` event of the execution: forwarded to the host, or answered at once when
+    /// it cannot be.
+    async fn host_call(&mut self, kernel: &super::kernel::Kernel, request: u64, v: &Value) {
+        let Some(call) = v["call"].as_u64() else {
+            self.send_stream(
+                1,
+                "[sandcell: a host call without a call number was ignored]\n".into(),
+            )
+            .await;
+            return;
+        };
+        let method = v["method"].as_str().unwrap_or_default();
+        let refused = if method.is_empty() || method.len() > MAX_HOST_CALL_METHOD {
+            Some((
+                HostCallErrorKind::InvalidArgument,
+                format!("a host call names a method of 1 to {MAX_HOST_CALL_METHOD} bytes"),
+            ))
+        } else if self.host.pending.contains(&call) {
+            Some((
+                HostCallErrorKind::InvalidArgument,
+                format!("host call number {call} is already waiting for its answer"),
+            ))
+        } else if self.host.pending.len() >= MAX_PENDING_HOST_CALLS {
+            Some((
+                HostCallErrorKind::InvalidArgument,
+                format!(
+                    "at most {MAX_PENDING_HOST_CALLS} host calls may wait at once in one execution"
+                ),
+            ))
+        } else if !self.host.forward {
+            Some((
+                HostCallErrorKind::Unavailable,
+                "host calls are unavailable: the host connected to this sandbox does not take them"
+                    .to_string(),
+            ))
+        } else {
+            None
+        };
+        if let Some((kind, message)) = refused {
+            let _ = kernel.write_line(&host_reply(
+                request,
+                call,
+                &HostCallResult::error(kind, message),
+            ));
+            return;
+        }
+        if self.host.pending.is_empty() {
+            self.host.waiting_since = Some(tokio::time::Instant::now());
+        }
+        self.host.pending.insert(call);
+        let msg = GuestMessage::HostCall(HostCall {
+            call,
+            method: method.to_string(),
+            payload: v["payload"].clone(),
+        });
+        self.out.msg(self.id, &msg).await;
+    }
+
+    /// News from the connection: an answer goes to the kernel (if the call still waits); the
+    /// host gone fails every pending call. Returns how long the execution had waited when
+    /// nothing is pending any more (its timeout moves on by that much).
+    fn host_news(
+        &mut self,
+        kernel: &super::kernel::Kernel,
+        request: u64,
+        news: HostNews,
+    ) -> Option<Duration> {
+        match news {
+            HostNews::Answer(call, result) => {
+                if !self.host.pending.remove(&call) {
+                    return None;
+                }
+                let _ = kernel.write_line(&host_reply(request, call, &result));
+            }
+            HostNews::Gone => {
+                self.host.forward = false;
+                self.answer_pending(
+                    kernel,
+                    request,
+                    HostCallErrorKind::Cancelled,
+                    "the host's connection ended before it answered",
+                );
+            }
+        }
+        if self.host.pending.is_empty() {
+            return self.host.waiting_since.take().map(|t| t.elapsed());
+        }
+        None
+    }
+
+    /// Answers every pending call itself (the execution ended, or the host is gone).
+    fn answer_pending(
+        &mut self,
+        kernel: &super::kernel::Kernel,
+        request: u64,
+        kind: HostCallErrorKind,
+        message: &str,
+    ) {
+        let mut calls: Vec<u64> = self.host.pending.drain().collect();
+        calls.sort_unstable();
+        for call in calls {
+            let result = HostCallResult::error(kind, message);
+            let _ = kernel.write_line(&host_reply(request, call, &result));
         }
     }
 
@@ -161,7 +355,7 @@ impl<'a> Run<'a> {
                 _ => {}
             }
         }
-        let request = match kernel.send(json!({"op": "execute", "code": code})).await {
+        let request = match kernel.send(json!({"op": "execute", "code": code})) {
             Ok(r) => r,
             Err(e) => return self.lost(&e.message, None).await,
         };
@@ -169,9 +363,30 @@ impl<'a> Run<'a> {
         let mut deadline = timeout.map(|t| started + t);
         let mut timed_out = false;
         loop {
+            // The timeout waits while the host is asked (the host bounds its own work); once
+            // it has fired, the interrupt's grace runs regardless.
+            let limit = if self.host.pending.is_empty() || timed_out {
+                deadline
+            } else {
+                None
+            };
             let next = tokio::select! {
                 o = kernel.out.recv() => o,
-                () = sleep_until(deadline) => {
+                news = self.host.news.recv(), if self.host.open => {
+                    let Some(news) = news else {
+                        // No route any more (it lives as long as the execution): never again.
+                        self.host.open = false;
+                        continue;
+                    };
+                    if let Some(waited) = self.host_news(kernel, request, news)
+                        && !timed_out
+                        && let Some(d) = deadline.as_mut()
+                    {
+                        *d += waited;
+                    }
+                    continue;
+                }
+                () = sleep_until(limit) => {
                     if timed_out {
                         // It did not yield to the interrupt: kill it.
                         self.ctx.signal(libc::SIGKILL);
@@ -191,7 +406,18 @@ impl<'a> Run<'a> {
                     if !belongs_to(&v, request) {
                         continue;
                     }
+                    if v["type"] == "host_call" {
+                        self.host_call(kernel, request, &v).await;
+                        continue;
+                    }
                     if v["type"] == "done" {
+                        // A thread of the cell may still wait: it must not wait for good.
+                        self.answer_pending(
+                            kernel,
+                            request,
+                            HostCallErrorKind::Cancelled,
+                            "the cell ended before the host answered",
+                        );
                         self.flush_partial().await;
                         let done = read_done(&v, kernel.execution_count, timed_out);
                         kernel.execution_count = done.execution_count;

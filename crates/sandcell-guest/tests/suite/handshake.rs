@@ -53,7 +53,7 @@ fn unsupported_version_is_refused_and_a_good_hello_still_works() {
     );
     assert_eq!(
         msg,
-        "protocol version 7 is not supported; this agent speaks 1"
+        "protocol version 7 is not supported; this agent speaks 1, 2"
     );
     // Still waiting for a good hello.
     expect_code(agent.call(HostMessage::Ping), ErrorCode::HandshakeRequired);

@@ -2,6 +2,7 @@ mod client;
 mod exec;
 mod files;
 mod handshake;
+mod host_calls;
 mod kernel_state;
 mod pid1;
 mod processes;

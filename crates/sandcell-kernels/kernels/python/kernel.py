@@ -58,6 +58,10 @@ _FLUSH_SECONDS = 0.02
 _BATCH_BYTES = 65536
 
 _ctl = os.fdopen(_CTL, "rb", buffering=65536)
+# Held by whoever reads `_ctl` (the main loop, or a thread waiting for a host call's answer):
+# a buffered reader must never be read by two threads at once (it finds a line already
+# buffered without its own lock, so two readers could each take part of one).
+_ctl_lock = _thread.allocate_lock()
 _events_lock = _thread.allocate_lock()
 
 
@@ -519,6 +523,208 @@ _signal.signal(_signal.SIGINT, _on_sigint)
 _user = {"__name__": "__main__", "__builtins__": builtins, "__doc__": None}
 builtins.display = display
 _KERNEL_NAMES = {"display"}
+
+
+# ------------------------------------------------------------------------------------------
+# Host calls (PROTOCOL.md "Host calls"): code asks the host something and blocks for the
+# answer, over the pipes the kernel already has. The host does the work (a model call) and
+# sends back only the answer: no network and no key in the sandbox. Defined always; without a
+# host that answers them (plain run_code) they raise SandcellHostCallError.
+
+
+class SandcellHostCallError(Exception):
+    """A call from the code to the host got no answer (no host serves it, it failed)."""
+
+    kind = "failed"
+
+
+class SandcellBudgetError(SandcellHostCallError):
+    """The run's budget (sub-calls, tokens, cost, depth, time) does not allow the call."""
+
+
+class SandcellCancelledError(SandcellHostCallError):
+    """The run was cancelled (or the cell ended) before the host answered."""
+
+
+for _cls in (SandcellHostCallError, SandcellBudgetError, SandcellCancelledError):
+    # Shown and pickled as builtins (they are kept there), never as the kernel's __main__.
+    _cls.__module__ = "builtins"
+del _cls
+
+
+class _HostCalls:
+    """Host calls waiting for their answers. While a cell runs only `host_reply` lines arrive
+    on the request pipe, and one waiting thread of that cell at a time reads it, filing what
+    it reads for whichever call it answers; between cells the main loop reads the pipe and
+    files them the same way (a thread left over from an ended cell waits for that)."""
+
+    next = 0
+    reading = False
+    waiting = set()
+    replies = {}
+    cond = None
+
+
+_hc = _HostCalls()
+_hc_make_lock = _thread.allocate_lock()
+
+
+def _hc_cond():
+    if _hc.cond is None:
+        with _hc_make_lock:
+            if _hc.cond is None:
+                import threading
+
+                _hc.cond = threading.Condition()
+    return _hc.cond
+
+
+def _host_call(method, payload):
+    """Sends a `host_call` event for the running cell and waits for its `host_reply`."""
+    rid = _state.request
+    if rid is None:
+        raise SandcellHostCallError("%s works only while a cell runs" % method)
+    cond = _hc_cond()
+    with cond:
+        _hc.next += 1
+        call = _hc.next
+        _hc.waiting.add(call)
+    try:
+        _emit({"type": "host_call", "id": rid, "call": call, "method": method, "payload": payload})
+        reply = _hc_wait(cond, call, rid)
+    finally:
+        with cond:
+            _hc.waiting.discard(call)
+            _hc.replies.pop(call, None)
+    error = reply.get("error")
+    if error is not None:
+        if not isinstance(error, dict):
+            error = {"message": str(error)}
+        kind = error.get("kind") or "failed"
+        cls = {"budget": SandcellBudgetError, "cancelled": SandcellCancelledError}.get(
+            kind, SandcellHostCallError
+        )
+        exc = cls("%s: %s" % (method, error.get("message") or "the host call failed"))
+        exc.kind = kind
+        raise exc
+    return reply.get("ok")
+
+
+def _hc_wait(cond, call, rid):
+    while True:
+        # `line` is None while this thread is not the reader; set before `reading`, so an
+        # interrupt at any point leaves no reader marked that is not reading.
+        line = None
+        try:
+            with cond:
+                while True:
+                    if call in _hc.replies:
+                        return _hc.replies.pop(call)
+                    # Only while its cell runs: after that the main loop reads the pipe (and
+                    # the agent has answered every call of the cell before the next request).
+                    if not _hc.reading and _state.request == rid:
+                        line = b""
+                        _hc.reading = True
+                        break
+                    cond.wait()
+            with _ctl_lock:
+                line = _ctl.readline()
+            if not line:
+                raise SandcellHostCallError("the agent closed the kernel's request pipe")
+        finally:
+            if line is not None:
+                with cond:
+                    _hc.reading = False
+                    _hc_file(line)
+                    cond.notify_all()
+
+
+def _hc_file(line):
+    """Files a `host_reply` line for the call waiting for it; a reply nobody waits for (its
+    call was interrupted) and anything else read here are dropped."""
+    if not line:
+        return
+    try:
+        msg = _json_loads(line)
+    except ValueError:
+        return
+    if isinstance(msg, dict) and msg.get("op") == "host_reply":
+        call = msg.get("call")
+        if isinstance(call, int) and call in _hc.waiting:
+            _hc.replies[call] = msg
+
+
+def _hc_between_cells(req):
+    """A `host_reply` the main loop read: for a thread of an ended cell, if one waits."""
+    if _hc.cond is None:
+        return
+    call = req.get("call")
+    if not isinstance(call, int):
+        return
+    with _hc.cond:
+        if call in _hc.waiting:
+            _hc.replies[call] = req
+            _hc.cond.notify_all()
+
+
+def _text(value, what):
+    if not isinstance(value, str):
+        raise TypeError("%s must be a str, not %s" % (what, type(value).__name__))
+    return value
+
+
+def llm_query(prompt):
+    """Asks the run's model `prompt` (one sub-call, no tools); returns its answer."""
+    answer = _host_call("llm_query", {"prompt": _text(prompt, "prompt")})
+    return answer if isinstance(answer, str) else str(answer)
+
+
+def llm_query_batched(prompts):
+    """Asks the run's model every prompt at once (one host call, answered concurrently);
+    returns the answers in order."""
+    if isinstance(prompts, (str, bytes)) or not hasattr(prompts, "__iter__"):
+        raise TypeError("prompts must be a list of str, not %s" % type(prompts).__name__)
+    prompts = [_text(p, "prompts[%d]" % i) for i, p in enumerate(prompts)]
+    if not prompts:
+        return []
+    answers = _host_call("llm_query_batched", {"prompts": prompts})
+    if not isinstance(answers, list) or len(answers) != len(prompts):
+        raise SandcellHostCallError("llm_query_batched: the host answered %r" % (answers,))
+    return [a if isinstance(a, str) else str(a) for a in answers]
+
+
+def rlm_query(prompt):
+    """Hands `prompt` to a sub-run one level deeper (its own REPL, with `context` = the
+    prompt); returns its answer. At the run's depth limit: a plain llm_query."""
+    answer = _host_call("rlm_query", {"prompt": _text(prompt, "prompt")})
+    return answer if isinstance(answer, str) else str(answer)
+
+
+def FINAL(answer):
+    """Gives the run's final answer; the run ends after this code block."""
+    _host_call("final", {"answer": answer if isinstance(answer, str) else str(answer)})
+
+
+def FINAL_VAR(name):
+    """Gives the value of the variable named `name` as the run's final answer."""
+    if not isinstance(name, str):
+        raise TypeError(
+            "FINAL_VAR takes the variable's name as a str (FINAL_VAR('answer')); "
+            "to give a value, use FINAL(value)"
+        )
+    key = name.strip()
+    if key not in _user:
+        raise NameError("FINAL_VAR: no variable named %r" % key)
+    value = _user[key]
+    FINAL(value if isinstance(value, str) else str(value))
+
+
+# Builtins, like `display`: never among the user's variables, and a user's own definition
+# of one of these names simply shadows it.
+for _f in (llm_query, llm_query_batched, rlm_query, FINAL, FINAL_VAR,
+           SandcellHostCallError, SandcellBudgetError, SandcellCancelledError):
+    setattr(builtins, _f.__name__, _f)
+del _f
 
 
 def _cell_name(n):
@@ -1066,7 +1272,8 @@ def _serve():
     )
     while True:
         try:
-            line = _ctl.readline()
+            with _ctl_lock:
+                line = _ctl.readline()
         except KeyboardInterrupt:
             continue  # idle SIGINT
         if not line:
@@ -1077,6 +1284,11 @@ def _serve():
             _emit({"type": "reply", "id": None, "error": "bad request: %s" % e})
             continue
         op = req.get("op")
+        if op == "host_reply":
+            # An answer the agent sent as a cell ended: for a thread of that cell still
+            # waiting, else for nobody (its call was interrupted). No reply either way.
+            _hc_between_cells(req)
+            continue
         try:
             if op == "execute":
                 _execute(req)

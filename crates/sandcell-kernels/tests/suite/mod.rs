@@ -1,4 +1,5 @@
 mod bash;
+mod host_calls;
 mod node;
 mod python;
 mod r;

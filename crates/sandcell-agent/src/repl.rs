@@ -17,7 +17,7 @@ use futures_util::future::join_all;
 use sandcell_api::SandboxId;
 use sandcell_api::code::CreateContext;
 use sandcell_api::runs::{RunMode, RunUsage};
-use sandcell_api::sandboxes::{CreateSandbox, Lang};
+use sandcell_api::sandboxes::Lang;
 use sandcell_engine::host_call::{HostCallError, HostCallErrorKind};
 use sandcell_engine::{HostCallFuture, HostCallHandler, HostCallRequest, Sandbox};
 use sandcell_llm::{
@@ -34,7 +34,7 @@ use tokio_util::sync::CancellationToken;
 use crate::budget::{Exhausted, Pool, Reservation};
 use crate::event::{ArtifactRef, Event, EventKind};
 use crate::journal::{Journal, now_ms};
-use crate::run::{Ended, RunContext, SandboxPlan};
+use crate::run::{self, Ended, RunContext, SandboxPlan};
 use crate::tools;
 
 /// Characters of `context` the model is shown.
@@ -360,7 +360,7 @@ impl Repl {
     async fn ask(&self, mut req: ChatRequest) -> Result<Result<ChatResponse, Ended>, ServiceError> {
         let held = match self.reserve(&req, false) {
             Ok(h) => h,
-            Err(which) => return Ok(Err(failed(which.reason()))),
+            Err(which) => return Ok(Err(Ended::failed(which.reason()))),
         };
         req.max_tokens = held.max_tokens();
         let call = self.next_call();
@@ -368,8 +368,8 @@ impl Repl {
         let llm = self.llm.clone();
         let provider = self.model.provider;
         let answer = tokio::select! {
-            () = self.cancel.cancelled() => return Ok(Err(cancelled())),
-            () = tokio::time::sleep(self.pool.time_left()) => return Ok(Err(failed("timeout"))),
+            () = self.cancel.cancelled() => return Ok(Err(Ended::cancelled())),
+            () = tokio::time::sleep(self.pool.time_left()) => return Ok(Err(Ended::failed("timeout"))),
             r = async move {
                 let mut ignore = |_: StreamDelta<'_>| {};
                 llm.chat(provider, &req, &mut ignore).await
@@ -385,7 +385,7 @@ impl Repl {
             Err(e) => {
                 drop(held);
                 self.emit(Self::llm_error_event(call, &e), false)?;
-                Ok(Err(failed(match e.kind {
+                Ok(Err(Ended::failed(match e.kind {
                     LlmErrorKind::Config => "error",
                     _ => "provider_error",
                 })))
@@ -601,7 +601,7 @@ impl Repl {
             // Its task panicked or was aborted: nothing recorded its end but the store.
             Err(e) => {
                 tracing::error!(run = %child_id, error = %e, "a sub-run stopped before its end");
-                failed("error")
+                Ended::failed("error")
             }
         };
         let succeeded = ended.status == "succeeded";
@@ -696,30 +696,6 @@ fn millis(d: Duration) -> u64 {
     u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
 }
 
-fn failed(reason: impl Into<String>) -> Ended {
-    Ended {
-        status: "failed",
-        reason: reason.into(),
-        answer: None,
-    }
-}
-
-fn cancelled() -> Ended {
-    Ended {
-        status: "cancelled",
-        reason: "cancelled".into(),
-        answer: None,
-    }
-}
-
-fn succeeded(reason: &str, answer: String) -> Ended {
-    Ended {
-        status: "succeeded",
-        reason: reason.to_string(),
-        answer: Some(answer),
-    }
-}
-
 /// Runs a `repl`-mode run to the end and records how it ended; the run's record says the
 /// same. `context` is its input (`None`: the task itself). A sub-run (depth > 0) works in a
 /// context of its own that it removes at its end; a top-level run's context stays, for
@@ -761,7 +737,7 @@ pub async fn drive_repl(ctx: RunContext, task: String, context: Option<String>) 
                 },
                 false,
             );
-            failed("error")
+            Ended::failed("error")
         }
     };
     if let Some((sandbox, context)) = kernel
@@ -772,53 +748,18 @@ pub async fn drive_repl(ctx: RunContext, task: String, context: Option<String>) 
         let _ = service.interrupt_context(caller, &sandbox, &context).await;
         let _ = service.delete_context(caller, &sandbox, &context).await;
     }
-    finish(&repl, &ended);
+    let made = {
+        let mut journal = lock(&repl.journal);
+        run::finish(&mut journal, repl.pool.usage(), &ended);
+        journal.record.sandbox_id.clone()
+    };
+    run::release_sandbox(&repl.service, &repl.caller, &sandbox, made.as_deref()).await;
     ended
 }
 
-fn finish(repl: &Repl, ended: &Ended) {
-    let usage = repl.pool.usage();
-    let mut journal = lock(&repl.journal);
-    let r = &mut journal.record;
-    r.status = ended.status.to_string();
-    r.reason = Some(ended.reason.clone());
-    r.answer.clone_from(&ended.answer);
-    r.totals = serde_json::to_value(&usage).unwrap_or(Value::Null);
-    r.ended_at = Some(now_ms());
-    let event = EventKind::RunFinished {
-        status: ended.status.to_string(),
-        reason: ended.reason.clone(),
-        answer: ended.answer.clone(),
-        usage,
-    };
-    if let Err(e) = journal.emit(event, true) {
-        tracing::error!(run = %journal.record.id, error = %e, "the end of a run was not recorded");
-    }
-}
-
 async fn prepare_sandbox(repl: &Repl, plan: &SandboxPlan) -> Result<SandboxId, ServiceError> {
-    let (id, created) = match plan {
-        SandboxPlan::Existing(id) => {
-            repl.service.get_sandbox(&repl.caller, id)?;
-            (id.clone(), false)
-        }
-        SandboxPlan::Create { template, .. } => {
-            let req = CreateSandbox {
-                template: Some(template.clone()),
-                ..CreateSandbox::default()
-            };
-            let info = repl.service.create_sandbox(&repl.caller, req).await?;
-            (SandboxId::parse(info.id)?, true)
-        }
-    };
-    lock(&repl.journal).record.sandbox_id = Some(id.to_string());
-    repl.emit(
-        EventKind::SandboxReady {
-            sandbox_id: id.to_string(),
-            created,
-        },
-        true,
-    )?;
+    let (id, created) = run::open_sandbox(&repl.service, &repl.caller, plan).await?;
+    run::sandbox_ready(&mut lock(&repl.journal), &id, created)?;
     Ok(id)
 }
 
@@ -934,10 +875,10 @@ async fn steps(
     }];
     for iteration in 1..=budgets.max_iterations + 1 {
         if repl.cancel.is_cancelled() {
-            return Ok(cancelled());
+            return Ok(Ended::cancelled());
         }
         if repl.pool.time_left().is_zero() {
-            return Ok(failed("timeout"));
+            return Ok(Ended::failed("timeout"));
         }
         let forced = iteration > budgets.max_iterations;
         if forced {
@@ -961,11 +902,11 @@ async fn steps(
             Err(ended) => return Ok(ended),
         };
         if forced {
-            return Ok(succeeded("forced", text_answer(&response.text)));
+            return Ok(Ended::succeeded("forced", text_answer(&response.text)));
         }
         let blocks = code_blocks(&response.text);
         if blocks.is_empty() {
-            return Ok(succeeded("text", text_answer(&response.text)));
+            return Ok(Ended::succeeded("text", text_answer(&response.text)));
         }
         messages.push(Message {
             role: Role::Assistant,
@@ -998,11 +939,11 @@ async fn steps(
                 () = repl.cancel.cancelled() => {
                     // The kernel's state stays; only the cell stops.
                     let _ = repl.service.interrupt_context(&repl.caller, &sandbox_id, &info.id).await;
-                    return Ok(cancelled());
+                    return Ok(Ended::cancelled());
                 }
                 () = tokio::time::sleep(repl.pool.time_left()) => {
                     let _ = repl.service.interrupt_context(&repl.caller, &sandbox_id, &info.id).await;
-                    return Ok(failed("timeout"));
+                    return Ok(Ended::failed("timeout"));
                 }
                 r = sandbox.run_code_with(req, handler.clone()) => r?,
             };
@@ -1047,10 +988,10 @@ async fn steps(
             j.emit(EventKind::StepCommitted { usage }, true)?;
         }
         if let Some(answer) = final_answer {
-            return Ok(succeeded("final", answer));
+            return Ok(Ended::succeeded("final", answer));
         }
     }
-    Ok(failed(Exhausted::Iterations.reason()))
+    Ok(Ended::failed(Exhausted::Iterations.reason()))
 }
 
 #[cfg(test)]

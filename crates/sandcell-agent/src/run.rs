@@ -91,7 +91,7 @@ pub struct Ended {
 }
 
 impl Ended {
-    fn succeeded(reason: &str, answer: String) -> Self {
+    pub(crate) fn succeeded(reason: &str, answer: String) -> Self {
         Self {
             status: "succeeded",
             reason: reason.to_string(),
@@ -99,7 +99,7 @@ impl Ended {
         }
     }
 
-    fn failed(reason: impl Into<String>) -> Self {
+    pub(crate) fn failed(reason: impl Into<String>) -> Self {
         Self {
             status: "failed",
             reason: reason.into(),
@@ -107,7 +107,7 @@ impl Ended {
         }
     }
 
-    fn cancelled() -> Self {
+    pub(crate) fn cancelled() -> Self {
         Self {
             status: "cancelled",
             reason: "cancelled".into(),
@@ -130,20 +130,15 @@ pub async fn drive(mut ctx: RunContext, task: String) -> Ended {
             Ended::failed("error")
         }
     };
-    finish(&mut ctx, &ended);
-    if let (SandboxPlan::Create { keep: false, .. }, Some(id)) =
-        (&ctx.sandbox, ctx.journal.record.sandbox_id.as_deref())
-        && let Ok(id) = SandboxId::parse(id)
-        && let Err(e) = ctx.service.delete_sandbox(&ctx.caller, &id).await
-    {
-        tracing::warn!(run = %ctx.journal.record.id, sandbox = %id, error = %e, "the run's sandbox was not deleted");
-    }
+    finish(&mut ctx.journal, ctx.pool.usage(), &ended);
+    let made = ctx.journal.record.sandbox_id.clone();
+    release_sandbox(&ctx.service, &ctx.caller, &ctx.sandbox, made.as_deref()).await;
     ended
 }
 
-fn finish(ctx: &mut RunContext, ended: &Ended) {
-    let usage = ctx.pool.usage();
-    let r = &mut ctx.journal.record;
+/// Records a run's end: its record and the `run_finished` event, in one commit.
+pub(crate) fn finish(journal: &mut Journal, usage: RunUsage, ended: &Ended) {
+    let r = &mut journal.record;
     r.status = ended.status.to_string();
     r.reason = Some(ended.reason.clone());
     r.answer.clone_from(&ended.answer);
@@ -155,34 +150,69 @@ fn finish(ctx: &mut RunContext, ended: &Ended) {
         answer: ended.answer.clone(),
         usage,
     };
-    if let Err(e) = ctx.journal.emit(event, true) {
-        tracing::error!(run = %ctx.journal.record.id, error = %e, "the end of a run was not recorded");
+    if let Err(e) = journal.emit(event, true) {
+        tracing::error!(run = %journal.record.id, error = %e, "the end of a run was not recorded");
     }
 }
 
-async fn prepare_sandbox(ctx: &mut RunContext) -> Result<SandboxId, ServiceError> {
-    let (id, created) = match &ctx.sandbox {
+/// The run's sandbox: the existing one (checked to be the caller's), or one made now; with
+/// whether it was made.
+pub(crate) async fn open_sandbox(
+    service: &Service,
+    caller: &Caller,
+    plan: &SandboxPlan,
+) -> Result<(SandboxId, bool), ServiceError> {
+    match plan {
         SandboxPlan::Existing(id) => {
-            ctx.service.get_sandbox(&ctx.caller, id)?;
-            (id.clone(), false)
+            service.get_sandbox(caller, id)?;
+            Ok((id.clone(), false))
         }
         SandboxPlan::Create { template, .. } => {
             let req = CreateSandbox {
                 template: Some(template.clone()),
                 ..CreateSandbox::default()
             };
-            let info = ctx.service.create_sandbox(&ctx.caller, req).await?;
-            (SandboxId::parse(info.id)?, true)
+            let info = service.create_sandbox(caller, req).await?;
+            Ok((SandboxId::parse(info.id)?, true))
         }
-    };
-    ctx.journal.record.sandbox_id = Some(id.to_string());
-    ctx.journal.emit(
+    }
+}
+
+/// Records the run's sandbox in its record and trajectory.
+pub(crate) fn sandbox_ready(
+    journal: &mut Journal,
+    id: &SandboxId,
+    created: bool,
+) -> Result<(), ServiceError> {
+    journal.record.sandbox_id = Some(id.to_string());
+    journal.emit(
         EventKind::SandboxReady {
             sandbox_id: id.to_string(),
             created,
         },
         true,
     )?;
+    Ok(())
+}
+
+/// Deletes the sandbox a run made (`made`), at its end, unless it was to be kept.
+pub(crate) async fn release_sandbox(
+    service: &Service,
+    caller: &Caller,
+    plan: &SandboxPlan,
+    made: Option<&str>,
+) {
+    if let (SandboxPlan::Create { keep: false, .. }, Some(id)) = (plan, made)
+        && let Ok(id) = SandboxId::parse(id)
+        && let Err(e) = service.delete_sandbox(caller, &id).await
+    {
+        tracing::warn!(sandbox = %id, error = %e, "a run's sandbox was not deleted");
+    }
+}
+
+async fn prepare_sandbox(ctx: &mut RunContext) -> Result<SandboxId, ServiceError> {
+    let (id, created) = open_sandbox(&ctx.service, &ctx.caller, &ctx.sandbox).await?;
+    sandbox_ready(&mut ctx.journal, &id, created)?;
     Ok(id)
 }
 

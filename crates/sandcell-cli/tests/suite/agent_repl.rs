@@ -114,7 +114,8 @@ fn start(
         journal,
         sandbox: SandboxPlan::Create {
             template: "python".into(),
-            keep: false,
+            // Kept: the tests look into the kernel after the run.
+            keep: true,
         },
     };
     (ctx, id)

@@ -2,7 +2,8 @@
 # Tests of the Python SDK against a real daemon: makes (or reuses) a virtualenv under
 # target/tools, installs the SDK from sdk/python afresh (not editable: the install itself is
 # under test) with pinned test tools, type-checks it with mypy --strict, then runs pytest,
-# whose session fixture starts `sandcell serve` ($SANDCELL_BIN, default the release build).
+# whose session fixture starts `sandcell serve` ($SANDCELL_BIN, default the release build); the
+# agent-run tests start daemons of their own, each pointed at the test kit's scripted model.
 # Idempotent; on a fresh Debian 12 it installs python3-venv first.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -30,6 +31,13 @@ pip=("$venv/bin/pip" install -q --disable-pip-version-check)
 # Uninstalled first so that the current sources are what gets tested, whatever the version.
 "$venv/bin/pip" uninstall -q -y sandcell >/dev/null 2>&1 || true
 "${pip[@]}" --no-build-isolation "$here"
+# The test kit's scripted model, which the agent-run tests point their daemons at (cheap after
+# `cargo test`, which has built the test kit); SANDCELL_SCRIPTED_LLM names another build.
+if [ -z "${SANDCELL_SCRIPTED_LLM:-}" ]; then
+  echo "sdk/python: building scripted-llm" >&2
+  (cd "$repo" && cargo build -q -p sandcell-testkit --features llm --bin scripted-llm)
+  export SANDCELL_SCRIPTED_LLM="$repo/target/debug/scripted-llm"
+fi
 # Caches go under target/, not into the source tree.
 export PYTHONDONTWRITEBYTECODE=1
 cache="$repo/target/tools/sdk-python-cache"

@@ -7,7 +7,8 @@
 # package has none), installs the pinned devDependencies only when they are missing or
 # package.json changed, compiles with `strict` (a type error fails the run), then runs the
 # tests with Node's own runner. The daemon binary is $SANDCELL_BIN, else
-# <repo>/target/release/sandcell.
+# <repo>/target/release/sandcell; the agent-run tests also need the test kit's scripted-llm,
+# built here.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -35,6 +36,14 @@ if [[ ! -x node_modules/.bin/tsc || "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]
   # No lockfile: the exact versions are pinned in package.json.
   npm install --no-package-lock --no-audit --no-fund --loglevel=error
   printf '%s' "$wanted" >"$stamp"
+fi
+
+# The test kit's scripted model, which the agent-run tests point their daemons at (cheap after
+# `cargo test`, which has built the test kit); SANDCELL_SCRIPTED_LLM names another build.
+if [[ -z "${SANDCELL_SCRIPTED_LLM:-}" ]]; then
+  echo "test.sh: building scripted-llm" >&2
+  (cd "$repo" && cargo build -q -p sandcell-testkit --features llm --bin scripted-llm)
+  export SANDCELL_SCRIPTED_LLM="$repo/target/debug/scripted-llm"
 fi
 
 # A fresh build each time, so no file of a removed source lingers.

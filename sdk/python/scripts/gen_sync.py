@@ -34,6 +34,8 @@ RENAMES = {
     "AsyncProcess": "Process",
     "AsyncCommands": "Commands",
     "AsyncFiles": "Files",
+    "AsyncRuns": "Runs",
+    "AsyncRun": "Run",
     "AsyncTerminal": "Terminal",
     "AsyncTransport": "SyncTransport",
     "AsyncIterator": "Iterator",

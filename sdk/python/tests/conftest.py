@@ -3,14 +3,16 @@ sandboxes made through the SDK under test."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -33,33 +35,24 @@ def _tail(path: Path) -> str:
     return path.read_text(errors="replace")[-3000:] if path.exists() else "(no log)"
 
 
-@pytest.fixture(scope="session")
-def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+@contextlib.contextmanager
+def serve(
+    home: Path, allowed: Path, *settings: str, env: dict[str, str] | None = None
+) -> Iterator[Daemon]:
+    """`sandcell serve` on `home` and a free port, with these `--set` settings; stopped after."""
     binary = Path(os.environ.get("SANDCELL_BIN") or REPO / "target/release/sandcell")
     if not os.access(binary, os.X_OK):
         pytest.fail(
             f"no sandcell binary at {binary}: build it (cargo build --release) or set SANDCELL_BIN",
             pytrace=False,
         )
-    home = tmp_path_factory.mktemp("home")
-    allowed = tmp_path_factory.mktemp("import-allowed")
     log = home / "daemon.log"
+    args = [str(binary), "serve", "--home", str(home), "--listen", "127.0.0.1:0"]
+    for setting in ("shutdown.sandboxes=stop", f"import.allowed_paths={allowed}", *settings):
+        args += ["--set", setting]
     with open(log, "wb") as out:
         proc = subprocess.Popen(
-            [
-                str(binary),
-                "serve",
-                "--home",
-                str(home),
-                "--listen",
-                "127.0.0.1:0",
-                "--set",
-                "shutdown.sandboxes=stop",
-                "--set",
-                f"import.allowed_paths={allowed}",
-            ],
-            stdout=out,
-            stderr=subprocess.STDOUT,
+            args, stdout=out, stderr=subprocess.STDOUT, env=None if env is None else os.environ | env
         )
     try:
         url = _wait_ready(proc, home, log)
@@ -72,6 +65,12 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture(scope="session")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Daemon]:
+    with serve(tmp_path_factory.mktemp("home"), tmp_path_factory.mktemp("import-allowed")) as d:
+        yield d
 
 
 def _wait_ready(proc: subprocess.Popen[bytes], home: Path, log: Path) -> str:
@@ -119,3 +118,93 @@ def client() -> Iterator[Sandcell]:
 async def asb() -> AsyncIterator[AsyncSandbox]:
     async with await AsyncSandbox.create("python", ephemeral=True) as sandbox:
         yield sandbox
+
+
+# --- agent runs: the test kit's scripted model, and a daemon whose runs ask it ----------------
+
+
+@dataclass
+class ScriptedModel:
+    """`scripted-llm` serving one script: `base_url` is its OpenAI base (with /v1)."""
+
+    base_url: str
+    log: Path
+
+    def requests(self) -> list[dict[str, Any]]:
+        """The requests it has answered, oldest first."""
+        if not self.log.exists():
+            return []
+        return [json.loads(line) for line in self.log.read_text().splitlines() if line.strip()]
+
+
+@contextlib.contextmanager
+def scripted_model(script: list[Any], folder: Path) -> Iterator[ScriptedModel]:
+    """The test kit's scripted OpenAI / Anthropic server on a free port of 127.0.0.1, answering
+    the turns of `script` in order (`{"text": …}`, `{"tool_calls": […]}`, `{"slow": …}`), then
+    its small deterministic agent. `scripts/test.sh` (and this suite's test.sh) builds it."""
+    binary = Path(os.environ.get("SANDCELL_SCRIPTED_LLM") or REPO / "target/debug/scripted-llm")
+    if not os.access(binary, os.X_OK):
+        pytest.fail(
+            f"no scripted-llm at {binary}: build it with `cargo build -p sandcell-testkit --features llm "
+            "--bin scripted-llm`, or set SANDCELL_SCRIPTED_LLM",
+            pytrace=False,
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "script.json").write_text(json.dumps(script))
+    out, log = folder / "llm.out", folder / "requests.jsonl"
+    with open(out, "wb") as sink:
+        proc = subprocess.Popen(
+            [str(binary), "--port", "0", "--script", str(folder / "script.json"), "--log", str(log)],
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+        )
+    try:
+        deadline = time.monotonic() + 20
+        while True:
+            text = out.read_text(errors="replace")
+            if text.startswith("listening on ") and text.endswith("\n"):
+                yield ScriptedModel(text.split()[2] + "/v1", log)
+                return
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"scripted-llm did not start: {_tail(out)}", pytrace=False)
+            time.sleep(0.02)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+@dataclass
+class AgentDaemon:
+    """A daemon of its own whose runs ask a scripted model."""
+
+    daemon: Daemon
+    model: ScriptedModel
+
+    @property
+    def url(self) -> str:
+        return self.daemon.url
+
+    @property
+    def key(self) -> str:
+        return self.daemon.key
+
+
+@pytest.fixture
+def agent_daemon(tmp_path: Path) -> Iterator[Callable[[list[Any]], AgentDaemon]]:
+    """Makes a scripted model serving a script, and a daemon pointed at it (as
+    OPENAI_BASE_URL / OPENAI_API_KEY would point it; the key is a test key); both stop at the
+    end of the test."""
+    with contextlib.ExitStack() as stack:
+        made = 0
+
+        def make(script: list[Any]) -> AgentDaemon:
+            nonlocal made
+            made += 1
+            model = stack.enter_context(scripted_model(script, tmp_path / f"model-{made}"))
+            home, allowed = tmp_path / f"home-{made}", tmp_path / f"allowed-{made}"
+            home.mkdir()
+            allowed.mkdir()
+            env = {"OPENAI_BASE_URL": model.base_url, "OPENAI_API_KEY": "sk-test"}
+            return AgentDaemon(stack.enter_context(serve(home, allowed, env=env)), model)
+
+        yield make

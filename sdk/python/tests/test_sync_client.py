@@ -18,12 +18,16 @@ from sandcell import (
     AsyncCommands,
     AsyncFiles,
     AsyncProcess,
+    AsyncRun,
+    AsyncRuns,
     AsyncSandbox,
     AsyncSandcell,
     AsyncTerminal,
     Commands,
     Files,
     Process,
+    Run,
+    Runs,
     Sandbox,
     Sandcell,
     Terminal,
@@ -50,6 +54,8 @@ TWINS = [
     (Process, AsyncProcess),
     (Commands, AsyncCommands),
     (Files, AsyncFiles),
+    (Runs, AsyncRuns),
+    (Run, AsyncRun),
     (Terminal, AsyncTerminal),
     (SyncTransport, AsyncTransport),
 ]
@@ -144,12 +150,13 @@ def test_twins_have_the_same_methods_and_signatures(sync_cls: type, async_cls: t
 
 
 def _attributes_set_in_init(cls: type) -> dict[str, str]:
-    """Public `self.NAME = CLASS(...)` in `__init__`: the sub-objects (`commands`, `files`,
-    ...) and other attributes, with the class each is made from."""
+    """Public `self.NAME = CLASS(...)` in `__init__` (or `_setup`, which `Sandcell` calls from
+    it): the sub-objects (`commands`, `files`, `runs`, ...) and other attributes, with the
+    class each is made from."""
     tree = ast.parse(inspect.getsource(cls))
     out: dict[str, str] = {}
     for node in ast.walk(tree):
-        if isinstance(node, ast.FunctionDef) and node.name == "__init__":
+        if isinstance(node, ast.FunctionDef) and node.name in ("__init__", "_setup"):
             for stmt in ast.walk(node):
                 if isinstance(stmt, ast.Assign | ast.AnnAssign):
                     targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]

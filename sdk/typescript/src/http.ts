@@ -26,6 +26,8 @@ export interface RequestSpec {
   timeout?: number | null;
   /** Cancels the request (and a stream being read). */
   signal?: AbortSignal;
+  /** Headers besides the key and the body's type (lowercase names; `accept` replaces the JSON default). */
+  headers?: Record<string, string>;
 }
 
 /** Whether a request's deadline passed, and what it was. */
@@ -86,7 +88,7 @@ export class HttpClient {
   }
 
   private async send(method: string, path: string, spec: RequestSpec): Promise<Sent> {
-    const headers: Record<string, string> = { accept: "application/json" };
+    const headers: Record<string, string> = { accept: "application/json", ...spec.headers };
     if (this.config.apiKey !== undefined) headers["x-api-key"] = this.config.apiKey;
     let body: RequestInit["body"];
     if (spec.body !== undefined && "json" in spec.body) {

@@ -13,6 +13,19 @@ export type {
   RunOnceResult,
   SandboxMetrics,
 } from "./sandbox.js";
+export { Run } from "./runs.js";
+export type {
+  Budgets,
+  BudgetsInput,
+  RunEvent,
+  RunEventsOptions,
+  RunInfo,
+  RunMode,
+  RunStatus,
+  RunUsage,
+  StartRunOptions,
+  WaitOptions,
+} from "./runs.js";
 export { Snapshot } from "./snapshots.js";
 export type {
   AutoSnapshotSettings,

@@ -1,7 +1,7 @@
 /** Starts and stops a real `sandcell serve` on a temporary home, for the tests. */
 
 import { spawn, type ChildProcess } from "node:child_process";
-import { existsSync, mkdtempSync, readFileSync, rmSync, mkdirSync } from "node:fs";
+import { existsSync, mkdtempSync, readFileSync, rmSync, mkdirSync, writeFileSync } from "node:fs";
 import { tmpdir } from "node:os";
 import { join, resolve } from "node:path";
 import { fileURLToPath } from "node:url";
@@ -33,14 +33,22 @@ async function waitFor<T>(what: string, child: ChildProcess, log: () => string, 
   for (;;) {
     const value = probe();
     if (value !== undefined) return value;
-    if (child.exitCode !== null) throw new Error(`sandcell serve exited (${child.exitCode}) before ${what}:\n${log()}`);
-    if (Date.now() > deadline) throw new Error(`sandcell serve: no ${what} after 20 s:\n${log()}`);
+    if (child.exitCode !== null) throw new Error(`${child.spawnfile} exited (${child.exitCode}) before ${what}:\n${log()}`);
+    if (Date.now() > deadline) throw new Error(`${child.spawnfile}: no ${what} after 20 s:\n${log()}`);
     await new Promise((r) => setTimeout(r, 50));
   }
 }
 
+/** What a daemon is started with besides the tests' usual settings. */
+export interface DaemonOptions {
+  /** More `--set key=value` settings. */
+  settings?: string[];
+  /** More environment variables (`OPENAI_BASE_URL`, …). */
+  env?: Record<string, string>;
+}
+
 /** Starts a daemon listening on a free port of 127.0.0.1. */
-export async function startDaemon(): Promise<Daemon> {
+export async function startDaemon(options: DaemonOptions = {}): Promise<Daemon> {
   const bin = binaryPath();
   if (!existsSync(bin)) {
     throw new Error(`the sandcell binary is not at ${bin}: build it (cargo build --release) or set SANDCELL_BIN`);
@@ -57,9 +65,10 @@ export async function startDaemon(): Promise<Daemon> {
       "--set", "shutdown.sandboxes=stop",
       // The test files run side by side: room for all their sandboxes at once.
       "--set", "limits.max_per_owner=60",
+      ...(options.settings ?? []).flatMap((s) => ["--set", s]),
     ],
     {
-      env: { ...process.env, SANDCELL_IMPORT_ALLOWED_PATHS: importDir, SANDCELL_LOG: "warn" },
+      env: { ...process.env, SANDCELL_IMPORT_ALLOWED_PATHS: importDir, SANDCELL_LOG: "warn", ...options.env },
       stdio: ["ignore", "ignore", "pipe"],
     },
   );
@@ -90,6 +99,61 @@ export async function startDaemon(): Promise<Daemon> {
         clearTimeout(timer);
       }
       rmSync(home, { recursive: true, force: true });
+    },
+  };
+}
+
+/** The test kit's scripted model, serving one script. */
+export interface ScriptedModel {
+  /** Its OpenAI base URL (with `/v1`). */
+  baseUrl: string;
+  /** The requests it has answered, oldest first. */
+  requests(): Record<string, unknown>[];
+  /** Stops it and removes its folder. */
+  stop(): Promise<void>;
+}
+
+/**
+ * Starts the test kit's scripted OpenAI / Anthropic server (`scripted-llm`:
+ * `$SANDCELL_SCRIPTED_LLM`, else this repository's debug build, which test.sh makes) on a
+ * free port of 127.0.0.1, answering the turns of `script` in order, then its small
+ * deterministic agent.
+ */
+export async function startScriptedModel(script: unknown[]): Promise<ScriptedModel> {
+  const bin = process.env["SANDCELL_SCRIPTED_LLM"] ?? join(REPO, "target/debug/scripted-llm");
+  if (!existsSync(bin)) {
+    throw new Error(`no scripted-llm at ${bin}: build it (cargo build -p sandcell-testkit --features llm --bin scripted-llm) or set SANDCELL_SCRIPTED_LLM`);
+  }
+  const dir = mkdtempSync(join(tmpdir(), "sandcell-ts-llm-"));
+  writeFileSync(join(dir, "script.json"), JSON.stringify(script));
+  const log = join(dir, "requests.jsonl");
+  const child = spawn(bin, ["--port", "0", "--script", join(dir, "script.json"), "--log", log], {
+    stdio: ["ignore", "pipe", "pipe"],
+  });
+  let out = "";
+  child.stdout?.on("data", (c: Buffer) => {
+    out += c.toString();
+  });
+  child.stderr?.on("data", (c: Buffer) => {
+    out += c.toString();
+  });
+  const baseUrl = await waitFor("the scripted model's address", child, () => out, () => {
+    const m = /^listening on (http:\/\/\S+)\n/.exec(out);
+    return m === null ? undefined : `${m[1]}/v1`;
+  });
+  return {
+    baseUrl,
+    requests() {
+      if (!existsSync(log)) return [];
+      return readFileSync(log, "utf8").split("\n").filter((l) => l.trim() !== "").map((l) => JSON.parse(l) as Record<string, unknown>);
+    },
+    async stop() {
+      if (child.exitCode === null && child.signalCode === null) {
+        const exited = new Promise((r) => child.once("exit", r));
+        child.kill("SIGKILL");
+        await exited;
+      }
+      rmSync(dir, { recursive: true, force: true });
     },
   };
 }

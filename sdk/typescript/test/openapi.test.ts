@@ -15,7 +15,7 @@ import { dirname, join, resolve } from "node:path";
 import { test } from "node:test";
 import { fileURLToPath } from "node:url";
 
-import { FileExport, Sandbox, Snapshot, system } from "sandcell";
+import { FileExport, Run, Sandbox, Snapshot, system } from "sandcell";
 
 type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
 type Schema = { [key: string]: any };
@@ -224,6 +224,9 @@ const WIRE: Record<string, WireModel> = {
   WireCodeResult: { schema: "CodeResult" },
   WireContext: { schema: "ContextView" },
   WireBackend: { schema: { none: "SystemInfo.backends' items are untyped objects in the document" } },
+  WireRun: { schema: "RunInfo" },
+  WireBudgets: { schema: "Budgets" },
+  WireRunUsage: { schema: "RunUsage" },
 };
 
 /** Named TypeScript types and the JSON types they hold. */
@@ -238,6 +241,7 @@ const NAMED: Record<string, string[]> = {
   ExitCause: ["string"],
   'FileInfo["kind"]': ["string"],
   'CodeDone["status"]': ["string"],
+  RunMode: ["string"],
   StringMap: ["object"],
   MimeBundle: ["object"],
   ExecutionError: ["object"],
@@ -345,6 +349,16 @@ test("each Wire* interface declares only what its schema has, with compatible ty
     }
   }
   assert.deepEqual(problems, [], "Wire* interfaces that do not fit docs/openapi.json");
+});
+
+test("the headers a run's event stream sends are the document's", () => {
+  const source = readFileSync(join(srcDir, "runs.ts"), "utf8");
+  const sent = [...source.matchAll(/headers\["([\w-]+)"\]|\{ (accept): "text\/event-stream" \}/g)].map((m) => m[1] ?? m[2]!);
+  assert.ok(sent.includes("last-event-id") && sent.includes("accept"), `runs.ts no longer sends these headers: ${sent}`);
+  const { op } = operation("GET", "/v1/runs/x/events");
+  const documented = (op.parameters ?? []).filter((p: Schema) => p.in === "header").map((p: Schema) => String(p.name).toLowerCase());
+  // `accept` is HTTP's own; the others must be parameters of the operation.
+  assert.deepEqual(sent.filter((h) => h !== "accept" && !documented.includes(h)), []);
 });
 
 // ---- the SDK's methods against a fake daemon that answers samples of the schemas ----
@@ -538,6 +552,27 @@ async function everyMethod(): Promise<void> {
   await sb.enableAutoSnapshot({ intervalMins: 1, keep: 2 });
   await sb.disableAutoSnapshot();
   await system(client);
+  const run = await Run.start("task", {
+    ...client,
+    model: "openai/m",
+    mode: "tools",
+    sandbox: sb,
+    template: "python",
+    context: "c",
+    budgets: { maxIterations: 5, maxDepth: 2, maxSubCalls: 3, tokenBudget: 1000, costLimitUsd: 0.5, timeoutSecs: 60.5, cellTimeoutSecs: 10, maxOutputTokens: 512 },
+    keepSandbox: true,
+  });
+  await Run.start("task", { ...client, sandbox: "sb-0123456789ab", budgets: { tokenBudget: null } });
+  await Run.run("task", { ...client, budgets: {}, timeout: 5 });
+  await Run.get(run.id, client);
+  await Run.list({ ...client, limit: 10 });
+  await Run.list(client);
+  await run.refresh();
+  await run.wait({ timeout: 1 });
+  await run.listEvents({ after: 3 });
+  await run.cancel();
+  // A run without a sandbox (the required-only answers) has none to give.
+  if (run.info.sandboxId !== null) await run.sandbox();
   await sb.kill();
 }
 

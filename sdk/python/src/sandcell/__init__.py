@@ -10,6 +10,7 @@ from ._http import DEFAULT_API_URL, VERSION
 from ._models import (
     Artifact,
     AutoSnapshot,
+    Budgets,
     CodeEvent,
     CommandResult,
     Context,
@@ -27,13 +28,24 @@ from ._models import (
     ProcessInfo,
     ProcessOutput,
     Result,
+    RunEvent,
+    RunInfo,
     RunOnceMetrics,
     RunOnceResult,
+    RunUsage,
     SandboxInfo,
     SnapshotInfo,
     Variables,
 )
-from .async_sandbox import AsyncCommands, AsyncFiles, AsyncProcess, AsyncSandbox, AsyncSandcell
+from .async_sandbox import (
+    AsyncCommands,
+    AsyncFiles,
+    AsyncProcess,
+    AsyncRun,
+    AsyncRuns,
+    AsyncSandbox,
+    AsyncSandcell,
+)
 from .errors import (
     AuthenticationError,
     ConflictError,
@@ -47,7 +59,7 @@ from .errors import (
     ServerError,
     TimeoutError,
 )
-from .sandbox import Commands, Files, Process, Sandbox, Sandcell
+from .sandbox import Commands, Files, Process, Run, Runs, Sandbox, Sandcell
 from .terminal import AsyncTerminal, Terminal
 
 __version__ = VERSION
@@ -58,11 +70,14 @@ __all__ = [
     "AsyncCommands",
     "AsyncFiles",
     "AsyncProcess",
+    "AsyncRun",
+    "AsyncRuns",
     "AsyncSandbox",
     "AsyncSandcell",
     "AsyncTerminal",
     "AuthenticationError",
     "AutoSnapshot",
+    "Budgets",
     "CodeEvent",
     "CommandResult",
     "Commands",
@@ -89,8 +104,13 @@ __all__ = [
     "ProcessInfo",
     "ProcessOutput",
     "Result",
+    "Run",
+    "RunEvent",
+    "RunInfo",
     "RunOnceMetrics",
     "RunOnceResult",
+    "RunUsage",
+    "Runs",
     "Sandbox",
     "SandboxGoneError",
     "SandboxInfo",

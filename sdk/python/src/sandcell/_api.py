@@ -7,7 +7,7 @@ import base64
 import enum
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from datetime import timedelta
 from typing import Any, Generic, Literal, TypeVar
 from urllib.parse import quote
@@ -17,6 +17,7 @@ import httpx
 from ._models import (
     Artifact,
     AutoSnapshot,
+    Budgets,
     CodeEvent,
     CommandResult,
     Context,
@@ -32,6 +33,8 @@ from ._models import (
     ProcessInfo,
     ProcessOutput,
     Result,
+    RunEvent,
+    RunInfo,
     SandboxInfo,
     SnapshotInfo,
     Variables,
@@ -78,6 +81,7 @@ class StreamCall(Generic[T]):
     convert: Callable[[SseEvent], T | None]
     params: Sequence[tuple[str, str]] = ()
     json: Any = None
+    headers: Sequence[tuple[str, str]] = ()
 
 
 def _json(resp: httpx.Response) -> Any:
@@ -712,6 +716,109 @@ def set_auto_snapshot(sandbox_id: str, settings: AutoSnapshot) -> Call[AutoSnaps
         _sb(sandbox_id, "/auto-snapshot"),
         lambda r: AutoSnapshot.from_json(r.json()),
         json=settings.to_json(),
+    )
+
+
+# --- agent runs -------------------------------------------------------------------------
+
+
+def _run(run_id: str, rest: str = "") -> str:
+    return f"/v1/runs/{quote(run_id, safe='')}{rest}"
+
+
+def _run_info(r: httpx.Response) -> RunInfo:
+    return RunInfo.from_json(r.json())
+
+
+def start_run(
+    task: str,
+    *,
+    model: str | None,
+    mode: str | None,
+    sandbox_id: str | None,
+    template: str | None,
+    context: str | None,
+    budgets: Budgets | Mapping[str, float | None] | None,
+    keep_sandbox: bool,
+) -> Call[RunInfo]:
+    """`POST /v1/runs` (answered at once, the run going on in the background)."""
+    if isinstance(budgets, Mapping):
+        unknown = sorted(set(budgets) - {f.name for f in fields(Budgets)})
+        if unknown:
+            raise ValueError(f"unknown budgets {unknown}: the limits are the fields of Budgets")
+        budgets = Budgets.from_json(dict(budgets))
+    limits = budgets.to_json() if budgets is not None else None
+    body = _drop_none(
+        {
+            "task": task,
+            "model": model,
+            "mode": mode,
+            "sandbox_id": sandbox_id,
+            "template": template,
+            "context": context,
+            "budgets": limits or None,
+            "keep_sandbox": keep_sandbox or None,
+        }
+    )
+    return Call("POST", "/v1/runs", _run_info, json=body)
+
+
+def get_run(run_id: str) -> Call[RunInfo]:
+    """`GET /v1/runs/{run_id}`."""
+    return Call("GET", _run(run_id), _run_info)
+
+
+def list_runs(limit: int | None) -> Call[list[RunInfo]]:
+    """`GET /v1/runs`: the newest first."""
+    return Call(
+        "GET",
+        "/v1/runs",
+        lambda r: [RunInfo.from_json(i) for i in r.json()["runs"]],
+        params=[("limit", str(limit))] if limit is not None else [],
+    )
+
+
+def cancel_run(run_id: str) -> Call[RunInfo]:
+    """`POST /v1/runs/{run_id}/cancel`: answers once the run's end is recorded."""
+    return Call("POST", _run(run_id, "/cancel"), _run_info)
+
+
+# Most events one `format=json` answer holds (the route's own cap).
+RUN_EVENTS_PAGE = 1000
+
+
+def run_event_list(run_id: str, after: int, limit: int = RUN_EVENTS_PAGE) -> Call[list[RunEvent]]:
+    """`GET /v1/runs/{run_id}/events?format=json`: stored events numbered after `after`."""
+    return Call(
+        "GET",
+        _run(run_id, "/events"),
+        lambda r: [RunEvent.from_json(e) for e in r.json()["events"]],
+        params=[("format", "json"), ("after", str(after)), ("limit", str(limit))],
+    )
+
+
+def run_event(ev: SseEvent) -> RunEvent | None:
+    """A run's stream event (each is named after its type; comments are dropped already)."""
+    if isinstance(ev.data, dict) and "seq" in ev.data and "type" in ev.data:
+        return RunEvent.from_json(ev.data)
+    if ev.name == "error" and isinstance(ev.data, dict):
+        raise error_from_body(ev.data, None)
+    return None
+
+
+def follow_run(run_id: str, *, after: int = 0, last_event_id: int | None = None) -> StreamCall[RunEvent]:
+    """`GET /v1/runs/{run_id}/events` as server-sent events: from event `after + 1` (or, on a
+    reconnect, after `Last-Event-ID`), the stored events then the live ones; the stream ends
+    after `run_finished`."""
+    headers = [("Accept", "text/event-stream")]
+    if last_event_id is not None:
+        headers.append(("Last-Event-ID", str(last_event_id)))
+    return StreamCall(
+        "GET",
+        _run(run_id, "/events"),
+        run_event,
+        params=[("after", str(after))] if after else [],
+        headers=headers,
     )
 
 

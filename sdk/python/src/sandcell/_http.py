@@ -156,7 +156,10 @@ def _check(resp: httpx.Response, config: Config) -> None:
 
 
 def _request_args(call: Call[Any] | StreamCall[Any]) -> dict[str, Any]:
-    return {"params": list(call.params), "json": call.json}
+    args: dict[str, Any] = {"params": list(call.params), "json": call.json}
+    if isinstance(call, StreamCall) and call.headers:
+        args["headers"] = dict(call.headers)
+    return args
 
 
 class SyncTransport:

@@ -748,3 +748,158 @@ class CodeCallbacks:
         if event.error is not None and self.on_error:
             return self.on_error(event.error)
         return None
+
+
+# --- agent runs ---------------------------------------------------------------------------
+
+
+@dataclass
+class Budgets:
+    """A run's limits. Asked for at start (each field left None takes the daemon's default,
+    and each is capped by its hard maximum); a run's `info.budgets` has them all resolved
+    (`token_budget` None there: no token limit)."""
+
+    max_iterations: int | None = None
+    """Model calls that may use tools (default 10, at most 50)."""
+    max_depth: int | None = None
+    """Levels of sub-runs below the run (default 4, at most 5)."""
+    max_sub_calls: int | None = None
+    """Sub-calls (`sub_complete`, …) in the whole run tree (default 12)."""
+    token_budget: int | None = None
+    """Input plus output tokens of the whole run tree (default: no limit)."""
+    cost_limit_usd: float | None = None
+    """US dollars the run tree may spend (default 2.00, at most 10.00)."""
+    timeout_secs: float | None = None
+    """Seconds the run may take in all (default 300, at most 600)."""
+    cell_timeout_secs: float | None = None
+    """Seconds one cell of code may run (default 30, at most 600)."""
+    max_output_tokens: int | None = None
+    """Output tokens one model call may produce (default 4096)."""
+
+    @classmethod
+    def from_json(cls, d: JsonDict) -> Budgets:
+        """Parses a run's `budgets`."""
+        return cls(**_known(cls, d))
+
+    def to_json(self) -> JsonDict:
+        """The request's `budgets` (only the limits set)."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+@dataclass
+class RunUsage:
+    """Tokens and money a run, with its sub-calls and sub-runs, has used (`cost_usd` None
+    when some model's price is unknown; `estimated` when a server reported no token counts)."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+    steps: int = 0
+    llm_calls: int = 0
+    tool_calls: int = 0
+    sub_calls: int = 0
+    cost_usd: float | None = None
+    estimated: bool = False
+
+    @classmethod
+    def from_json(cls, d: JsonDict) -> RunUsage:
+        """Parses a run's `usage`."""
+        return cls(
+            input_tokens=d.get("input_tokens", 0),
+            output_tokens=d.get("output_tokens", 0),
+            steps=d.get("steps", 0),
+            llm_calls=d.get("llm_calls", 0),
+            tool_calls=d.get("tool_calls", 0),
+            sub_calls=d.get("sub_calls", 0),
+            cost_usd=d.get("cost_usd"),
+            estimated=bool(d.get("estimated", False)),
+        )
+
+
+@dataclass
+class RunInfo:
+    """An agent run's record: `status` is `running`, `succeeded`, `failed` or `cancelled`;
+    `reason` says why it ended (`final`, `text`, `forced`, `budget:<which>`, `timeout`,
+    `cancelled`, `provider_error`, `error`, `interrupted`)."""
+
+    id: str
+    status: str
+    task: str
+    model: str
+    mode: str
+    root_id: str
+    depth: int
+    budgets: Budgets
+    usage: RunUsage
+    created_at: str
+    answer: str | None = None
+    reason: str | None = None
+    sandbox_id: str | None = None
+    parent_id: str | None = None
+    ended_at: str | None = None
+
+    @classmethod
+    def from_json(cls, d: JsonDict) -> RunInfo:
+        """Parses a `RunInfo` answer."""
+        return cls(
+            id=d["id"],
+            status=d["status"],
+            task=d.get("task", ""),
+            model=d.get("model", ""),
+            mode=d.get("mode", ""),
+            root_id=d.get("root_id") or d["id"],
+            depth=d.get("depth", 0),
+            budgets=Budgets.from_json(d.get("budgets") or {}),
+            usage=RunUsage.from_json(d.get("usage") or {}),
+            created_at=d.get("created_at", ""),
+            answer=d.get("answer"),
+            reason=d.get("reason"),
+            sandbox_id=d.get("sandbox_id"),
+            parent_id=d.get("parent_id"),
+            ended_at=d.get("ended_at"),
+        )
+
+    @property
+    def done(self) -> bool:
+        """Whether it has ended (any status but `running`)."""
+        return self.status != "running"
+
+    @property
+    def ok(self) -> bool:
+        """Whether it succeeded (it answered)."""
+        return self.status == "succeeded"
+
+
+@dataclass
+class RunEvent:
+    """One event of a run's trajectory: its number `seq` (1, 2, 3, … without gaps), `type`
+    (`run_started`, `llm_request`, `llm_response`, `tool_call`, `tool_result`,
+    `step_committed`, `run_finished`, …) and `data`, the whole event as recorded (the fields
+    of each type are in docs/agent.md); `event["answer"]` reads `data`."""
+
+    seq: int
+    type: str
+    ts: str
+    run_id: str
+    step: int | None
+    depth: int
+    data: JsonDict
+
+    @classmethod
+    def from_json(cls, d: JsonDict) -> RunEvent:
+        """Parses one trajectory event (a flat JSON object)."""
+        return cls(
+            seq=int(d.get("seq", 0)),
+            type=str(d.get("type", "")),
+            ts=str(d.get("ts", "")),
+            run_id=str(d.get("run_id", "")),
+            step=d.get("step"),
+            depth=int(d.get("depth", 0)),
+            data=dict(d),
+        )
+
+    def __getitem__(self, key: str) -> Any:
+        return self.data[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """A field of the event, or `default`."""
+        return self.data.get(key, default)

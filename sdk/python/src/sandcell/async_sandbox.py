@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio  # async only
 import builtins
 import contextlib
 import inspect  # async only
@@ -18,6 +19,7 @@ from ._http import AsyncTransport, Config, aread_chunks
 from ._models import (
     Artifact,
     AutoSnapshot,
+    Budgets,
     CodeCallbacks,
     CodeEvent,
     CommandBuilder,
@@ -35,12 +37,14 @@ from ._models import (
     ProcessInfo,
     ProcessOutput,
     Result,
+    RunEvent,
+    RunInfo,
     RunOnceResult,
     SandboxInfo,
     SnapshotInfo,
     Variables,
 )
-from .errors import NotFoundError, SandboxGoneError
+from .errors import ConnectionError, NotFoundError, SandboxGoneError, TimeoutError
 from .terminal import AsyncTerminal
 
 PathOrFile = str | os.PathLike[str] | IO[bytes]
@@ -70,6 +74,8 @@ class AsyncSandcell:
     def _setup(self, config: Config) -> None:
         self.config = config
         self._http = AsyncTransport(config)
+        self.runs = AsyncRuns(self)
+        """Agent runs: `start`, `run`, `get`, `list`."""
 
     @classmethod
     def _from_config(cls, config: Config) -> AsyncSandcell:
@@ -920,3 +926,194 @@ class AsyncFiles:
     async def rename(self, old_path: str, new_path: str) -> FileInfo:
         """`rename`."""
         return await self._sandbox.rename(old_path, new_path)
+
+
+# A run's event stream that breaks is followed again this many times in a row (without an
+# event coming in between) before the error is raised; the waits between grow from 0.2 s.
+_RECONNECTS = 5
+# `AsyncRun.wait` asks for the run's state every this many seconds, growing to the second.
+_POLL_FIRST, _POLL_MAX = 0.1, 1.0
+
+
+class AsyncRuns:
+    """`client.runs`, for asyncio: agent runs, in which a model writes code, Sandcell runs it
+    in a sandbox's live kernels and the model goes on until it answers, within budgets."""
+
+    def __init__(self, client: AsyncSandcell) -> None:
+        self._client = client
+
+    async def start(
+        self,
+        task: str,
+        *,
+        model: str | None = None,
+        mode: str | None = None,
+        sandbox: str | AsyncSandbox | None = None,
+        template: str | None = None,
+        context: str | None = None,
+        budgets: Budgets | Mapping[str, float | None] | None = None,
+        keep_sandbox: bool = False,
+    ) -> AsyncRun:
+        """Starts a run and returns at once (it goes on in the daemon). `model` is
+        `provider/model` (default: the daemon's `agent.model`); `sandbox` runs it in an
+        existing sandbox (its kernels' state is where the model starts), else one is made from
+        `template` (default `python`) and deleted when the run ends unless `keep_sandbox`."""
+        sandbox_id = sandbox.id if isinstance(sandbox, AsyncSandbox) else sandbox
+        info = await self._client._http.call(
+            _api.start_run(
+                task,
+                model=model,
+                mode=mode,
+                sandbox_id=sandbox_id,
+                template=template,
+                context=context,
+                budgets=budgets,
+                keep_sandbox=keep_sandbox,
+            )
+        )
+        return AsyncRun(info, self._client)
+
+    async def run(
+        self,
+        task: str,
+        *,
+        model: str | None = None,
+        mode: str | None = None,
+        sandbox: str | AsyncSandbox | None = None,
+        template: str | None = None,
+        context: str | None = None,
+        budgets: Budgets | Mapping[str, float | None] | None = None,
+        keep_sandbox: bool = False,
+        timeout: float | None = None,
+    ) -> RunInfo:
+        """`start(…)`, then `wait(timeout)`: the run as it ended (a run that fails or is
+        cancelled is a result, `info.ok == False`, not an exception)."""
+        started = await self.start(
+            task,
+            model=model,
+            mode=mode,
+            sandbox=sandbox,
+            template=template,
+            context=context,
+            budgets=budgets,
+            keep_sandbox=keep_sandbox,
+        )
+        return await started.wait(timeout)
+
+    async def get(self, run_id: str) -> AsyncRun:
+        """A handle on an existing run (NotFoundError if this key has none of that id)."""
+        return AsyncRun(await self._client._http.call(_api.get_run(run_id)), self._client)
+
+    async def list(self, *, limit: int | None = None) -> builtins.list[RunInfo]:
+        """This key's runs, newest first (at most `limit`, 1 to 1000; the daemon's default
+        is 100)."""
+        return await self._client._http.call(_api.list_runs(limit))
+
+
+class AsyncRun:
+    """One agent run, for asyncio: wait for its end, follow its trajectory, cancel it."""
+
+    def __init__(self, info: RunInfo, client: AsyncSandcell) -> None:
+        self.info = info
+        self.client = client
+        self._http = client._http
+
+    def __repr__(self) -> str:
+        return f"<AsyncRun {self.id} {self.info.status}>"
+
+    @property
+    def id(self) -> str:
+        """The run's id (`run-…`)."""
+        return self.info.id
+
+    async def refresh(self) -> RunInfo:
+        """Reads the run's record again (status, answer, usage so far)."""
+        self.info = await self._http.call(_api.get_run(self.id))
+        return self.info
+
+    async def wait(self, timeout: float | None = None) -> RunInfo:
+        """Waits for the run to end and returns its record; TimeoutError if it is still
+        running after `timeout` seconds (it goes on: wait again, or `cancel()` it). The run's
+        own `budgets.timeout_secs` bounds it in any case."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        pause = _POLL_FIRST
+        while not self.info.done:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"run {self.id} is still running after {timeout} s", code="timeout"
+                )
+            delay = pause if deadline is None else max(0.0, min(pause, deadline - time.monotonic()))
+            await asyncio.sleep(delay)  # sync: time.sleep(delay)
+            pause = min(pause * 1.5, _POLL_MAX)
+            await self.refresh()
+        return self.info
+
+    async def events(self, after: int = 0) -> AsyncIterator[RunEvent]:
+        """Yields the run's events numbered after `after` (0: all) in order: the stored ones,
+        then the live ones as they happen, ending with `run_finished`. A connection that drops
+        on the way is followed again from the last event seen (`Last-Event-ID`), so no event
+        comes twice or goes missing."""
+        last = after
+        finished = False
+        failures = 0
+        first = True
+        while not finished:
+            call = (
+                _api.follow_run(self.id, after=after)
+                if first
+                else _api.follow_run(self.id, last_event_id=last)
+            )
+            first = False
+            try:
+                async for event in self._http.stream(call):
+                    if event.seq <= last:
+                        continue  # already given (a server that replayed from earlier)
+                    last, failures = event.seq, 0
+                    finished = finished or event.type == "run_finished"
+                    yield event
+            except (ConnectionError, TimeoutError) as e:
+                # A 504 is the daemon's answer, not a broken connection.
+                if e.status is not None or failures >= _RECONNECTS:
+                    raise
+            else:
+                if finished:
+                    return
+                # Ended without `run_finished`: a run that ended without one (its process
+                # died) has no more to give; one still going is followed again.
+                if (await self.refresh()).done:
+                    return
+                if failures >= _RECONNECTS:
+                    raise ConnectionError(
+                        f"the event stream of run {self.id} keeps ending before the run does",
+                        code="connection_failed",
+                    )
+            failures += 1
+            delay = min(0.2 * 2 ** (failures - 1), 5.0)
+            await asyncio.sleep(delay)  # sync: time.sleep(delay)
+
+    async def list_events(self, after: int = 0) -> builtins.list[RunEvent]:
+        """The run's stored events numbered after `after` (0: all), oldest first, read at
+        once (`format=json`, page by page); a run going on has more later."""
+        found: builtins.list[RunEvent] = []
+        while True:
+            page = await self._http.call(_api.run_event_list(self.id, after))
+            found += page
+            if len(page) < _api.RUN_EVENTS_PAGE:
+                return found
+            after = page[-1].seq
+
+    async def cancel(self) -> RunInfo:
+        """Cancels the run: its model call stops and a running cell is interrupted (the
+        kernel's state stays). Answers once the end is recorded (`cancelled`); a run that
+        has ended already is answered as it is."""
+        self.info = await self._http.call(_api.cancel_run(self.id))
+        return self.info
+
+    async def sandbox(self) -> AsyncSandbox:
+        """The run's sandbox (one it made is deleted when the run ends, unless it was
+        started with `keep_sandbox=True`)."""
+        if self.info.sandbox_id is None:
+            await self.refresh()
+        if self.info.sandbox_id is None:
+            raise ValueError(f"run {self.id} has no sandbox yet")
+        return await AsyncSandbox.get(self.info.sandbox_id, client=self.client)

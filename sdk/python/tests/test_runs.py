@@ -1,0 +1,263 @@
+"""Agent runs through the SDK, sync and async, against real daemons whose runs ask the test
+kit's scripted model (a daemon and a model per test, each with the script the test needs): a
+run answers, with its usage; its trajectory is followed, resumed, read whole, and followed
+again across a connection cut in the middle; a run stuck in a slow model call is cancelled; a
+kept sandbox holds the run's state and takes another run; errors map as everywhere else."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from typing import Any
+
+import httpx
+import pytest
+
+import sandcell
+from sandcell import (
+    AsyncRun,
+    AsyncSandcell,
+    Budgets,
+    InvalidArgumentError,
+    NotFoundError,
+    Run,
+    RunEvent,
+    RunInfo,
+    Sandbox,
+    Sandcell,
+)
+
+from .conftest import AgentDaemon
+
+MODEL = "openai/test-model"
+TASK = "Set x to 21 in Python, then print x * 2."
+
+
+def code(source: str) -> dict[str, Any]:
+    """A model turn that calls the `execute_code` tool."""
+    return {"tool_calls": [{"name": "execute_code", "arguments": {"code": source}}]}
+
+
+# Set x, double it (the kernel keeps x), answer.
+DOUBLING: list[Any] = [code("x = 21"), code("print(x * 2)"), {"text": "the answer is 42"}]
+
+
+def contiguous(events: list[RunEvent], first: int = 1) -> None:
+    """The events are numbered from `first` without a gap, and the last is `run_finished`."""
+    assert [e.seq for e in events] == list(range(first, first + len(events))), events
+    assert all(e.seq == e["seq"] and e.type == e["type"] for e in events)
+    assert events[-1].type == "run_finished", events[-1]
+
+
+def tool_texts(events: list[RunEvent]) -> list[str]:
+    return [str(e["text"]) for e in events if e.type == "tool_result"]
+
+
+def test_a_run_answers_with_its_usage_and_its_trajectory_resumes(
+    agent_daemon: Any,
+) -> None:
+    d: AgentDaemon = agent_daemon(DOUBLING)
+    with Sandcell(d.url, d.key) as client:
+        run = client.runs.start(TASK, model=MODEL, budgets=Budgets(max_iterations=5, timeout_secs=120))
+        assert isinstance(run, Run) and run.id.startswith("run-")
+        assert run.info.status == "running" and not run.info.done
+        assert (run.info.task, run.info.model, run.info.mode) == (TASK, MODEL, "tools")
+
+        info = run.wait(timeout=120)
+        assert info is run.info and isinstance(info, RunInfo)
+        assert (info.status, info.reason, info.answer) == ("succeeded", "text", "the answer is 42")
+        assert info.ok and info.done and info.ended_at and info.sandbox_id
+        # Every scripted answer counts 100 input and 10 output tokens.
+        u = info.usage
+        assert (u.input_tokens, u.output_tokens, u.llm_calls, u.tool_calls, u.steps) == (300, 30, 3, 2, 2)
+        assert u.sub_calls == 0 and not u.estimated
+        # The limits asked for, and the daemon's defaults for the others.
+        assert (info.budgets.max_iterations, info.budgets.timeout_secs) == (5, 120.0)
+        assert info.budgets.max_depth == 4 and info.budgets.token_budget is None
+        assert len(d.model.requests()) == 3
+
+        # The trajectory: every event once, in order, run_finished last; the kernel kept x.
+        events = list(run.events())
+        contiguous(events)
+        assert events[0].type == "run_started" and events[0]["task"] == TASK
+        finished = events[-1]
+        assert (finished["status"], finished["answer"]) == ("succeeded", "the answer is 42")
+        assert finished["usage"]["input_tokens"] == 300
+        assert "42" in tool_texts(events)[-1]
+        # Resumed after event 3: the same events from 4; and read whole, at once.
+        resumed = list(run.events(after=3))
+        contiguous(resumed, 4)
+        assert resumed == events[3:]
+        assert run.list_events() == events
+        assert run.list_events(after=3) == events[3:]
+
+        # Found again, and listed.
+        again = client.runs.get(run.id)
+        assert again.info == info
+        listed = client.runs.list(limit=10)
+        assert run.id in [r.id for r in listed] and all(isinstance(r, RunInfo) for r in listed)
+        # The sandbox it made is deleted with its end (nobody asked to keep it).
+        state = Sandbox.get(info.sandbox_id, client=client).info.state
+        assert state in ("stopped", "deleted"), state
+
+
+class CuttingProxy:
+    """A TCP proxy on 127.0.0.1 in front of the daemon that cuts the first answer to an events
+    request after `cut` bytes (in the middle of the stream), and records what the client sent
+    on each connection."""
+
+    def __init__(self, upstream: str, cut: int) -> None:
+        url = httpx.URL(upstream)
+        self.upstream = (url.host, url.port or 80)
+        self.cut = cut
+        self.cut_done = False
+        self.sent: list[bytearray] = []
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.2)
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while not self.closed:
+            try:
+                conn, _ = self.listener.accept()
+            except TimeoutError:  # the builtin: socket.timeout
+                continue
+            except OSError:
+                return
+            self.sent.append(bytearray())
+            threading.Thread(target=self._serve, args=(conn, self.sent[-1]), daemon=True).start()
+
+    def _serve(self, conn: socket.socket, record: bytearray) -> None:
+        up = socket.create_connection(self.upstream)
+        # Armed once this connection carries the first events request: what the daemon sends
+        # after it is that request's answer (HTTP/1.1 answers in order).
+        budget: list[int | None] = [None]
+
+        def forward() -> None:
+            try:
+                while chunk := conn.recv(65536):
+                    record.extend(chunk)
+                    if not self.cut_done and budget[0] is None and b"/events" in chunk:
+                        budget[0] = self.cut
+                    up.sendall(chunk)
+            except OSError:
+                pass
+
+        threading.Thread(target=forward, daemon=True).start()
+        try:
+            while chunk := up.recv(65536):
+                left = budget[0]
+                if left is not None:
+                    chunk = chunk[:left]
+                    budget[0] = left - len(chunk)
+                conn.sendall(chunk)
+                if budget[0] == 0:
+                    self.cut_done = True
+                    break
+        except OSError:
+            pass
+        for s in (conn, up):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    def close(self) -> None:
+        self.closed = True
+        self.listener.close()
+
+
+def test_a_dropped_event_stream_is_followed_again_from_the_last_event(agent_daemon: Any) -> None:
+    d: AgentDaemon = agent_daemon(DOUBLING)
+    with Sandcell(d.url, d.key) as client:
+        info = client.runs.run(TASK, model=MODEL, timeout=120)
+        assert info.status == "succeeded"
+        expected = client.runs.get(info.id).list_events()
+        contiguous(expected)
+        # The whole answer's size, to cut it in the middle.
+        with httpx.stream(
+            "GET", f"{d.url}/v1/runs/{info.id}/events", headers={"X-API-Key": d.key}
+        ) as resp:
+            size = sum(len(c) for c in resp.iter_raw())
+
+    proxy = CuttingProxy(d.url, cut=size // 2)
+    try:
+        with Sandcell(proxy.url, d.key) as through:
+            got = list(through.runs.get(info.id).events())
+    finally:
+        proxy.close()
+    assert got == expected  # nothing twice, nothing lost
+    requests = [r for s in proxy.sent for r in bytes(s).lower().split(b"get /v1/runs/") if b"/events" in r]
+    # Two requests (connections may be opened in any order): the first from the start, the
+    # second for what came after the last whole event of the first.
+    assert len(requests) == 2, requests
+    resumes = [r for r in requests if b"last-event-id" in r]
+    assert len(resumes) == 1, requests
+    resumed_after = int(resumes[0].split(b"last-event-id: ")[1].split(b"\r\n")[0])
+    assert 1 <= resumed_after < len(expected)
+
+
+async def test_a_run_stuck_in_a_slow_model_call_is_cancelled_at_once(agent_daemon: Any) -> None:
+    d: AgentDaemon = agent_daemon([{"slow": {"delay_ms": 30_000, "then": {"text": "too late"}}}])
+    async with AsyncSandcell(d.url, d.key) as client:
+        run = await client.runs.start("Wait for it.", model=MODEL, budgets={"timeout_secs": 120})
+        assert isinstance(run, AsyncRun)
+        deadline = time.monotonic() + 60
+        while not any(e.type == "llm_request" for e in await run.list_events()):
+            assert time.monotonic() < deadline, await run.list_events()
+            await asyncio.sleep(0.05)
+        # Still running: a wait with a deadline gives up, and the run goes on.
+        with pytest.raises(sandcell.TimeoutError):
+            await run.wait(timeout=0.3)
+        assert (await run.refresh()).status == "running"
+
+        asked = time.monotonic()
+        ended = await run.cancel()
+        assert time.monotonic() - asked < 5
+        assert (ended.status, ended.reason, ended.ok) == ("cancelled", "cancelled", False)
+        assert run.info is ended and (await run.wait()).status == "cancelled"
+        events = [e async for e in run.events()]
+        contiguous(events)
+        assert events[-1]["status"] == "cancelled"
+        # Cancelling a run that has ended answers it as it is.
+        assert (await run.cancel()).status == "cancelled"
+
+
+async def test_a_kept_sandbox_holds_the_runs_state_and_takes_another_run(agent_daemon: Any) -> None:
+    d: AgentDaemon = agent_daemon([*DOUBLING, code("print(x + 1)"), {"text": "x + 1 is 22"}])
+    async with AsyncSandcell(d.url, d.key) as client:
+        info = await client.runs.run(TASK, model=MODEL, keep_sandbox=True, template="python", timeout=120)
+        assert (info.status, info.answer) == ("succeeded", "the answer is 42")
+        run = await client.runs.get(info.id)
+        async with await run.sandbox() as sb:
+            assert sb.id == info.sandbox_id
+            assert (await sb.run_code("x")).text == "21"
+            # A run in an existing sandbox starts from its kernels' state.
+            second = await client.runs.start("Add one to x.", model=MODEL, sandbox=sb)
+            done = await second.wait(timeout=120)
+            assert (done.status, done.answer, done.sandbox_id) == ("succeeded", "x + 1 is 22", sb.id)
+            texts = tool_texts([e async for e in second.events()])
+            assert texts and "22" in texts[-1]
+            # A sandbox given to a run is never deleted by it.
+            assert await sb.is_running()
+
+
+def test_bad_runs_raise_the_sdks_errors() -> None:
+    # The session daemon: these are refused before any model is asked.
+    with Sandcell() as client:
+        for model in ("nope", "bogus/model"):
+            with pytest.raises(InvalidArgumentError) as e:
+                client.runs.start(TASK, model=model)
+            assert e.value.code == "invalid_argument" and e.value.status == 400
+            assert model in e.value.message
+        with pytest.raises(InvalidArgumentError, match="task"):
+            client.runs.run("   ", model=MODEL)
+        with pytest.raises(NotFoundError):
+            client.runs.get("run-0000000000000000")
+        with pytest.raises(ValueError, match="max_steps"):
+            client.runs.start(TASK, model=MODEL, budgets={"max_steps": 3})

@@ -1,0 +1,246 @@
+/**
+ * Agent runs through the SDK against real daemons whose runs ask the test kit's scripted model
+ * (a model and a daemon per test, each with the script the test needs): a run answers, with
+ * its usage; its trajectory streams, resumes, reads whole, and is followed again across a
+ * connection cut in the middle; a run stuck in a slow model call is cancelled; a kept sandbox
+ * holds the run's state and takes another run; errors map as everywhere else.
+ */
+
+import assert from "node:assert/strict";
+import { createServer, connect, type Socket } from "node:net";
+import { test } from "node:test";
+
+import { InvalidArgumentError, NotFoundError, Run, TimeoutError, type ClientOptions, type RunEvent } from "sandcell";
+import { startDaemon, startScriptedModel, type ScriptedModel } from "./daemon.js";
+import { collect } from "./helpers.js";
+
+const MODEL = "openai/test-model";
+const TASK = "Set x to 21 in Python, then print x * 2.";
+
+/** A model turn that calls the `execute_code` tool. */
+function code(source: string): unknown {
+  return { tool_calls: [{ name: "execute_code", arguments: { code: source } }] };
+}
+
+/** Set x, double it (the kernel keeps x), answer. */
+const DOUBLING = [code("x = 21"), code("print(x * 2)"), { text: "the answer is 42" }];
+
+/** Runs `fn` with a scripted model serving `script` and a daemon pointed at it; stops both after. */
+async function withAgent<T>(script: unknown[], fn: (client: ClientOptions, model: ScriptedModel) => Promise<T>): Promise<T> {
+  const model = await startScriptedModel(script);
+  try {
+    const daemon = await startDaemon({ env: { OPENAI_BASE_URL: model.baseUrl, OPENAI_API_KEY: "sk-test" } });
+    try {
+      return await fn({ apiUrl: daemon.url, apiKey: daemon.key }, model);
+    } finally {
+      await daemon.stop();
+    }
+  } finally {
+    await model.stop();
+  }
+}
+
+/** The events are numbered from `first` without a gap, and the last is `run_finished`. */
+function contiguous(events: RunEvent[], first = 1): void {
+  assert.deepEqual(events.map((e) => e.seq), events.map((_, i) => first + i));
+  for (const e of events) assert.equal(e.data["type"], e.type);
+  assert.equal(events[events.length - 1]?.type, "run_finished");
+}
+
+function toolTexts(events: RunEvent[]): string[] {
+  return events.filter((e) => e.type === "tool_result").map((e) => String(e.data["text"]));
+}
+
+test("a run answers with its usage; its trajectory streams, resumes and reads whole", { timeout: 180_000 }, async () => {
+  await withAgent(DOUBLING, async (client, model) => {
+    const run = await Run.start(TASK, { ...client, model: MODEL, budgets: { maxIterations: 5, timeoutSecs: 120 } });
+    assert.match(run.id, /^run-/);
+    assert.equal(run.info.status, "running");
+    assert.equal(run.info.done, false);
+    assert.deepEqual([run.info.task, run.info.model, run.info.mode], [TASK, MODEL, "tools"]);
+
+    const info = await run.wait({ timeout: 120 });
+    assert.equal(info, run.info);
+    assert.deepEqual([info.status, info.reason, info.answer], ["succeeded", "text", "the answer is 42"]);
+    assert.ok(info.ok && info.done && info.endedAt instanceof Date && info.sandboxId !== null);
+    // Every scripted answer counts 100 input and 10 output tokens.
+    const u = info.usage;
+    assert.deepEqual([u.inputTokens, u.outputTokens, u.llmCalls, u.toolCalls, u.steps, u.subCalls], [300, 30, 3, 2, 2, 0]);
+    assert.equal(u.estimated, false);
+    // The limits asked for, and the daemon's defaults for the others.
+    assert.deepEqual([info.budgets.maxIterations, info.budgets.timeoutSecs, info.budgets.maxDepth, info.budgets.tokenBudget], [5, 120, 4, null]);
+    assert.equal(model.requests().length, 3);
+
+    // The trajectory: every event once, in order, run_finished last; the kernel kept x.
+    const events = await collect(run.events());
+    contiguous(events);
+    assert.equal(events[0]!.type, "run_started");
+    assert.equal(events[0]!.data["task"], TASK);
+    const finished = events[events.length - 1]!.data;
+    assert.deepEqual([finished["status"], finished["answer"]], ["succeeded", "the answer is 42"]);
+    assert.equal((finished["usage"] as { input_tokens: number }).input_tokens, 300);
+    assert.match(toolTexts(events).at(-1)!, /42/);
+    // Resumed after event 3: the same events from 4; and read whole, at once.
+    const resumed = await collect(run.events({ after: 3 }));
+    contiguous(resumed, 4);
+    assert.deepEqual(resumed, events.slice(3));
+    assert.deepEqual(await run.listEvents(), events);
+    assert.deepEqual(await run.listEvents({ after: 3 }), events.slice(3));
+
+    // Found again, and listed.
+    const again = await Run.get(run.id, client);
+    assert.deepEqual(again.info, info);
+    const listed = await Run.list({ ...client, limit: 10 });
+    assert.ok(listed.some((r) => r.id === run.id));
+    // The sandbox it made is deleted with its end (nobody asked to keep it).
+    const sb = await again.sandbox();
+    assert.ok(["stopped", "deleted"].includes(sb.info.state), sb.info.state);
+  });
+});
+
+/**
+ * A TCP proxy on 127.0.0.1 in front of the daemon that cuts the first answer to an events
+ * request after `cut` bytes (in the middle of the stream), and records what the client sent
+ * on each connection.
+ */
+async function cuttingProxy(upstream: string, cut: number): Promise<{ url: string; sent: Buffer[][]; close(): Promise<void> }> {
+  const target = new URL(upstream);
+  const sent: Buffer[][] = [];
+  const sockets: Socket[] = [];
+  let cutDone = false;
+  const server = createServer((client) => {
+    const record: Buffer[] = [];
+    sent.push(record);
+    const up = connect(Number(target.port), target.hostname);
+    sockets.push(client, up);
+    // Armed once this connection carries the first events request: what the daemon sends
+    // after it is that request's answer (HTTP/1.1 answers in order).
+    let budget = Infinity;
+    client.on("data", (c: Buffer) => {
+      record.push(c);
+      if (!cutDone && budget === Infinity && c.toString("latin1").includes("/events")) budget = cut;
+      up.write(c);
+    });
+    up.on("data", (c: Buffer) => {
+      if (budget <= 0) return;
+      const piece = c.subarray(0, budget);
+      budget -= piece.length;
+      if (budget > 0) {
+        client.write(piece);
+        return;
+      }
+      // The cut: what was let through is delivered, then the connection ends.
+      cutDone = true;
+      client.end(piece);
+      up.destroy();
+    });
+    up.on("end", () => client.end());
+    client.on("end", () => up.end());
+    up.on("error", () => client.destroy());
+    client.on("error", () => up.destroy());
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const address = server.address();
+  assert.ok(address !== null && typeof address === "object");
+  return {
+    url: `http://127.0.0.1:${address.port}`,
+    sent,
+    close: () =>
+      new Promise<void>((resolve) => {
+        for (const s of sockets) s.destroy();
+        server.close(() => resolve());
+      }),
+  };
+}
+
+test("a dropped event stream is followed again from the last event", { timeout: 180_000 }, async () => {
+  await withAgent(DOUBLING, async (client) => {
+    const info = await Run.run(TASK, { ...client, model: MODEL, timeout: 120 });
+    assert.equal(info.status, "succeeded");
+    const expected = await (await Run.get(info.id, client)).listEvents();
+    contiguous(expected);
+    // The whole answer's size, to cut it in the middle.
+    const whole = await fetch(`${client.apiUrl}/v1/runs/${info.id}/events`, { headers: { "x-api-key": client.apiKey! } });
+    const size = (await whole.arrayBuffer()).byteLength;
+
+    const proxy = await cuttingProxy(client.apiUrl!, Math.floor(size / 2));
+    try {
+      const through = await Run.get(info.id, { ...client, apiUrl: proxy.url });
+      assert.deepEqual(await collect(through.events()), expected); // nothing twice, nothing lost
+    } finally {
+      await proxy.close();
+    }
+    const streams = proxy.sent
+      .map((chunks) => Buffer.concat(chunks).toString("latin1").toLowerCase())
+      .flatMap((text) => text.split(/(?=get \/v1\/runs\/)/))
+      .filter((request) => request.startsWith("get ") && request.includes("/events"));
+    // Two requests (connections may be opened in any order): the first from the start, the
+    // second for what came after the last whole event of the first.
+    assert.equal(streams.length, 2, streams.join("\n---\n"));
+    const resumes = streams.filter((r) => r.includes("last-event-id"));
+    assert.equal(resumes.length, 1, streams.join("\n---\n"));
+    const resumedAfter = Number(/last-event-id: (\d+)\r\n/.exec(resumes[0]!)?.[1]);
+    assert.ok(resumedAfter >= 1 && resumedAfter < expected.length, String(resumedAfter));
+  });
+});
+
+test("a run stuck in a slow model call is cancelled at once", { timeout: 180_000 }, async () => {
+  await withAgent([{ slow: { delay_ms: 30_000, then: { text: "too late" } } }], async (client) => {
+    const run = await Run.start("Wait for it.", { ...client, model: MODEL, budgets: { timeoutSecs: 120 } });
+    const deadline = Date.now() + 60_000;
+    while (!(await run.listEvents()).some((e) => e.type === "llm_request")) {
+      assert.ok(Date.now() < deadline, "no llm_request within 60 s");
+      await new Promise((r) => setTimeout(r, 50));
+    }
+    // Still running: a wait with a deadline gives up, and the run goes on.
+    await assert.rejects(run.wait({ timeout: 0.3 }), TimeoutError);
+    assert.equal((await run.refresh()).status, "running");
+
+    const asked = Date.now();
+    const ended = await run.cancel();
+    assert.ok(Date.now() - asked < 5_000, `${Date.now() - asked} ms`);
+    assert.deepEqual([ended.status, ended.reason, ended.ok], ["cancelled", "cancelled", false]);
+    assert.equal(run.info, ended);
+    assert.equal((await run.wait()).status, "cancelled");
+    const events = await collect(run.events());
+    contiguous(events);
+    assert.equal(events[events.length - 1]!.data["status"], "cancelled");
+    // Cancelling a run that has ended answers it as it is.
+    assert.equal((await run.cancel()).status, "cancelled");
+  });
+});
+
+test("a kept sandbox holds the run's state and takes another run", { timeout: 180_000 }, async () => {
+  await withAgent([...DOUBLING, code("print(x + 1)"), { text: "x + 1 is 22" }], async (client) => {
+    const info = await Run.run(TASK, { ...client, model: MODEL, keepSandbox: true, template: "python", timeout: 120 });
+    assert.deepEqual([info.status, info.answer], ["succeeded", "the answer is 42"]);
+    const sb = await (await Run.get(info.id, client)).sandbox();
+    try {
+      assert.equal(sb.id, info.sandboxId);
+      assert.equal((await sb.runCode("x")).text, "21");
+      // A run in an existing sandbox starts from its kernels' state.
+      const second = await Run.start("Add one to x.", { ...client, model: MODEL, sandbox: sb });
+      const done = await second.wait({ timeout: 120 });
+      assert.deepEqual([done.status, done.answer, done.sandboxId], ["succeeded", "x + 1 is 22", sb.id]);
+      assert.match(toolTexts(await collect(second.events())).at(-1) ?? "", /22/);
+      // A sandbox given to a run is never deleted by it.
+      assert.equal((await sb.refresh()).state, "running");
+    } finally {
+      await sb.kill();
+    }
+  });
+});
+
+test("bad runs fail with the SDK's errors", async () => {
+  // The suite's daemon (from the environment): these are refused before any model is asked.
+  for (const model of ["nope", "bogus/model"]) {
+    await assert.rejects(Run.start(TASK, { model }), (e: unknown) => {
+      assert.ok(e instanceof InvalidArgumentError, String(e));
+      assert.deepEqual([e.code, e.status], ["invalid_argument", 400]);
+      assert.ok(e.message.includes(model), e.message);
+      return true;
+    });
+  }
+  await assert.rejects(Run.run("   ", { model: MODEL }), (e: unknown) => e instanceof InvalidArgumentError && /task/.test(e.message));
+  await assert.rejects(Run.get("run-0000000000000000"), NotFoundError);
+});

@@ -127,6 +127,16 @@ pub async fn agent(engine: Engine, steps: usize, json_out: bool) -> anyhow::Resu
     embedded.shutdown().await;
     let _ = std::fs::remove_dir_all(&home);
     let (runtime, minimal) = outcome?;
+    if std::env::var_os("SANDCELL_BENCH_STEPS").is_some() {
+        // Every step's time, in order, to find where the slow ones fall.
+        for (i, (r, m)) in runtime.iter().zip(&minimal).enumerate() {
+            eprintln!(
+                "step {i:4}  runtime {:8.3} ms  minimal {:8.3} ms",
+                r.as_secs_f64() * 1e3,
+                m.as_secs_f64() * 1e3
+            );
+        }
+    }
 
     let row = |name: &str, s: &[Duration]| json!({"name": name, "steps": s.len(), "median_ms": quantile(s, 0.5), "p99_ms": quantile(s, 0.99)});
     let overhead = quantile(&runtime, 0.5) - quantile(&minimal, 0.5);

@@ -245,7 +245,11 @@ impl Store {
                  WHERE run_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3",
             )?;
             let rows = stmt.query_map(
-                params![id, u64_to_sql(Some(after.min(i64::MAX as u64)))?, page_size(limit)],
+                params![
+                    id,
+                    u64_to_sql(Some(after.min(i64::MAX as u64)))?,
+                    page_size(limit)
+                ],
                 event_from_row,
             )?;
             rows.collect::<Result<Vec<_>, _>>()?

@@ -37,6 +37,9 @@ pub struct Journal {
     seq: u64,
     step: u32,
     live: broadcast::Sender<Event>,
+    /// The mirror, opened at the first event and kept open (one open per event showed in
+    /// the per-step cost).
+    mirror_file: Option<std::fs::File>,
 }
 
 impl Journal {
@@ -55,6 +58,7 @@ impl Journal {
             seq: 0,
             step: 0,
             live,
+            mirror_file: None,
         })
     }
 
@@ -111,16 +115,30 @@ impl Journal {
 
     /// Appends to the JSONL mirror; a failure is logged, never the run's end (the store has
     /// the event).
-    fn mirror(&self, value: &serde_json::Value) {
+    fn mirror(&mut self, value: &serde_json::Value) {
         let path = self.dir.join(format!("{}.jsonl", self.record.id));
-        let written = std::fs::create_dir_all(&self.dir).and_then(|()| {
-            let mut f = std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(&path)?;
-            writeln!(f, "{value}")
-        });
+        if self.mirror_file.is_none() {
+            let opened = std::fs::create_dir_all(&self.dir).and_then(|()| {
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(&path)
+            });
+            match opened {
+                Ok(f) => self.mirror_file = Some(f),
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "the trajectory mirror was not opened");
+                    return;
+                }
+            }
+        }
+        let written = match self.mirror_file.as_mut() {
+            Some(f) => writeln!(f, "{value}"),
+            None => return,
+        };
         if let Err(e) = written {
+            // Opened again at the next event.
+            self.mirror_file = None;
             tracing::warn!(path = %path.display(), error = %e, "the trajectory mirror was not written");
         }
     }

@@ -576,16 +576,7 @@ async fn condense_if_needed(
         .and_then(|p| p.context_window)
         .unwrap_or(DEFAULT_CONTEXT_WINDOW);
     let estimate = |messages: &[Message]| {
-        ChatRequest {
-            model: String::new(),
-            system: Some(SYSTEM_TOOLS.to_string()),
-            messages: messages.to_vec(),
-            tools: specs.to_vec(),
-            max_tokens: 0,
-            temperature: None,
-            stream: false,
-        }
-        .estimated_input_tokens()
+        sandcell_llm::estimate_input_tokens(Some(SYSTEM_TOOLS), messages, specs)
     };
     let before = estimate(messages);
     if (before as f64) < f64::from(window) * CONDENSE_AT {

@@ -34,7 +34,7 @@ pub use config::{
 pub use error::{LlmError, LlmErrorKind};
 pub use message::{
     ChatRequest, IMAGE_TOKEN_ESTIMATE, Image, Message, Part, Role, ToolCall, ToolResult, ToolSpec,
-    estimate_tokens,
+    estimate_input_tokens, estimate_tokens,
 };
 pub use model::{ModelRef, ProviderKind};
 pub use pricing::{Price, PriceTable};

@@ -176,20 +176,30 @@ impl ChatRequest {
     /// A rough count of the prompt's tokens (system, messages, tool specs), for reserving a
     /// budget before the call and for usage when the server reports none.
     pub fn estimated_input_tokens(&self) -> u64 {
-        let mut chars: u64 = 0;
-        let mut images: u64 = 0;
-        if let Some(s) = &self.system {
-            chars += s.chars().count() as u64;
-        }
-        for m in &self.messages {
-            count_parts(&m.content, &mut chars, &mut images);
-        }
-        for t in &self.tools {
-            chars += (t.name.chars().count() + t.description.chars().count()) as u64;
-            chars += t.parameters.to_string().chars().count() as u64;
-        }
-        chars.div_ceil(4) + images * IMAGE_TOKEN_ESTIMATE
+        estimate_input_tokens(self.system.as_deref(), &self.messages, &self.tools)
     }
+}
+
+/// The estimate of [`ChatRequest::estimated_input_tokens`] for a request not built yet (no
+/// copy of the conversation needed).
+pub fn estimate_input_tokens(
+    system: Option<&str>,
+    messages: &[Message],
+    tools: &[ToolSpec],
+) -> u64 {
+    let mut chars: u64 = 0;
+    let mut images: u64 = 0;
+    if let Some(s) = system {
+        chars += s.chars().count() as u64;
+    }
+    for m in messages {
+        count_parts(&m.content, &mut chars, &mut images);
+    }
+    for t in tools {
+        chars += (t.name.chars().count() + t.description.chars().count()) as u64;
+        chars += t.parameters.to_string().chars().count() as u64;
+    }
+    chars.div_ceil(4) + images * IMAGE_TOKEN_ESTIMATE
 }
 
 fn count_parts(parts: &[Part], chars: &mut u64, images: &mut u64) {

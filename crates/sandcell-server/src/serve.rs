@@ -164,6 +164,8 @@ async fn prepare(config: Config, engine: Engine) -> Result<AppState, ServeError>
     std::fs::create_dir_all(&config.home).map_err(io("create", &config.home))?;
 
     let store = Arc::new(Store::open(&config.database)?);
+    // Checkpointed by the lifecycle loop rather than inside a run's commits.
+    store.defer_checkpoints()?;
     ensure_admin_key(&store, &config.home)?;
 
     let fleet = Arc::new(Fleet::new(

@@ -23,6 +23,11 @@ impl Service {
             self.metrics.expired.fetch_add(1, Ordering::Relaxed);
             tracing::info!(sandbox = %id, reason = %why, "sandbox stopped by its lifecycle");
         }
+        // Off the writes' path: commits no longer checkpoint the log themselves (the daemon
+        // defers them), so the log is copied back here, once a tick.
+        if let Err(e) = self.store.checkpoint() {
+            tracing::warn!(error = %e, "the store's log was not checkpointed");
+        }
         Tick { stopped }
     }
 }

@@ -351,6 +351,17 @@ async fn steps(ctx: &mut RunContext, task: String) -> Result<Ended, ServiceError
     }];
     let mut vision = true;
     let mut call = 0u32;
+    // One step's request: the whole conversation, and no tools once the answer is forced.
+    let (model_name, stream) = (ctx.model.model.clone(), ctx.stream);
+    let step_request = |messages: &[Message], forced: bool| ChatRequest {
+        model: model_name.clone(),
+        system: Some(SYSTEM_TOOLS.to_string()),
+        messages: messages.to_vec(),
+        tools: if forced { Vec::new() } else { specs.clone() },
+        max_tokens: budgets.max_output_tokens,
+        temperature: None,
+        stream,
+    };
     for iteration in 1..=budgets.max_iterations + 1 {
         if ctx.cancel.is_cancelled() {
             return Ok(Ended::cancelled());
@@ -371,16 +382,7 @@ async fn steps(ctx: &mut RunContext, task: String) -> Result<Ended, ServiceError
             Err(ended) => return Ok(ended),
         }
         call += 1;
-        let req = ChatRequest {
-            model: ctx.model.model.clone(),
-            system: Some(SYSTEM_TOOLS.to_string()),
-            messages: messages.clone(),
-            tools: if forced { Vec::new() } else { specs.clone() },
-            max_tokens: budgets.max_output_tokens,
-            temperature: None,
-            stream: ctx.stream,
-        };
-        let response = match ask(ctx, call, req, false).await? {
+        let response = match ask(ctx, call, step_request(&messages, forced), false).await? {
             Asked::Answer(r) => r,
             Asked::End(ended) => return Ok(ended),
             Asked::ImagesRejected if vision && has_images(&messages) => {
@@ -397,16 +399,7 @@ async fn steps(ctx: &mut RunContext, task: String) -> Result<Ended, ServiceError
                     false,
                 )?;
                 call += 1;
-                let req = ChatRequest {
-                    model: ctx.model.model.clone(),
-                    system: Some(SYSTEM_TOOLS.to_string()),
-                    messages: messages.clone(),
-                    tools: if forced { Vec::new() } else { specs.clone() },
-                    max_tokens: budgets.max_output_tokens,
-                    temperature: None,
-                    stream: ctx.stream,
-                };
-                match ask(ctx, call, req, false).await? {
+                match ask(ctx, call, step_request(&messages, forced), false).await? {
                     Asked::Answer(r) => r,
                     Asked::End(ended) => return Ok(ended),
                     Asked::ImagesRejected => return Ok(Ended::failed("provider_error")),

@@ -144,13 +144,9 @@ fn language(args: &Value) -> Result<Lang, String> {
     }
 }
 
+/// The default context of `l` (its id is the language's name).
 fn lang_name(l: Lang) -> &'static str {
-    match l {
-        Lang::Python => "python",
-        Lang::Node => "node",
-        Lang::Bash => "bash",
-        Lang::R => "r",
-    }
+    sandcell_protocol::Language::from(l).as_str()
 }
 
 fn names(args: &Value) -> Option<Vec<String>> {

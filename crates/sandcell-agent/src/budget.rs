@@ -189,6 +189,17 @@ impl Pool {
         c.reserved_cost = (c.reserved_cost - r.cost).max(0.0);
     }
 
+    /// Counts a sub-call that is not a model call of its own (a sub-run), refused past the
+    /// sub-call budget.
+    pub fn take_sub_call(&self) -> Result<(), Exhausted> {
+        let mut c = self.counts();
+        if c.sub_calls >= self.budgets.max_sub_calls {
+            return Err(Exhausted::SubCalls);
+        }
+        c.sub_calls += 1;
+        Ok(())
+    }
+
     /// Counts a tool call.
     pub fn count_tool_call(&self) {
         self.counts().tool_calls += 1;

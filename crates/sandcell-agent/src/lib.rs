@@ -18,4 +18,4 @@ pub mod runner;
 pub mod settings;
 pub mod tools;
 
-pub use runner::{Runner, run_info};
+pub use runner::{LiveEntry, LiveRuns, Runner, run_info};

@@ -14,17 +14,16 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use sandcell_api::SandboxId;
-use sandcell_api::code::CreateContext;
+use sandcell_api::code::{CodeInput, CreateContext};
 use sandcell_api::runs::{RunMode, RunUsage};
 use sandcell_api::sandboxes::Lang;
+use sandcell_api::{Code, SandboxId, Timeout};
 use sandcell_engine::host_call::{HostCallError, HostCallErrorKind};
-use sandcell_engine::{HostCallFuture, HostCallHandler, HostCallRequest, Sandbox};
+use sandcell_engine::{HostCallFuture, HostCallHandler, HostCallRequest};
 use sandcell_llm::{
     ChatRequest, ChatResponse, Llm, LlmError, LlmErrorKind, Message, ModelRef, Part, Role,
     StreamDelta,
 };
-use sandcell_protocol::RunCodeRequest;
 use sandcell_service::caller::new_record_id;
 use sandcell_service::{Caller, Service, ServiceError};
 use sandcell_store::RunRecord;
@@ -34,7 +33,8 @@ use tokio_util::sync::CancellationToken;
 use crate::budget::{Exhausted, Pool, Reservation};
 use crate::event::{ArtifactRef, Event, EventKind};
 use crate::journal::{Journal, now_ms};
-use crate::run::{self, Ended, RunContext, SandboxPlan};
+use crate::run::{self, Asked, Ended, RunContext, SandboxPlan};
+use crate::runner::{LiveEntry, LiveRuns};
 use crate::tools;
 
 /// Characters of `context` the model is shown.
@@ -218,6 +218,8 @@ struct Repl {
     answer: Mutex<Option<String>>,
     /// The run's sandbox, once ready.
     sandbox_id: OnceLock<SandboxId>,
+    /// The runs going on in this process, where sub-runs register.
+    runs: Arc<LiveRuns>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -282,20 +284,7 @@ impl Repl {
 
     /// Keeps a cut output whole as a file beside the trajectory.
     fn keep_text(&self, text: &str) -> Option<ArtifactRef> {
-        let (dir, step) = {
-            let j = lock(&self.journal);
-            (j.artifacts_dir(), j.step())
-        };
-        let n = std::fs::read_dir(&dir).map_or(0, Iterator::count) + 1;
-        let path = dir.join(format!("step{step}-{n}.txt"));
-        std::fs::create_dir_all(&dir)
-            .and_then(|()| std::fs::write(&path, text))
-            .ok()?;
-        Some(ArtifactRef {
-            media_type: "text/plain".to_string(),
-            path: path.display().to_string(),
-            bytes: text.len() as u64,
-        })
+        run::keep_artifact(&lock(&self.journal), "text/plain", "txt", text.as_bytes())
     }
 
     fn next_call(&self) -> u32 {
@@ -356,11 +345,11 @@ impl Repl {
         }
     }
 
-    /// One step's model call: reserved, recorded, asked, settled; `Err(ended)` ends the run.
-    async fn ask(&self, mut req: ChatRequest) -> Result<Result<ChatResponse, Ended>, ServiceError> {
+    /// One step's model call: reserved, recorded, asked, settled.
+    async fn ask(&self, mut req: ChatRequest) -> Result<Asked, ServiceError> {
         let held = match self.reserve(&req, false) {
             Ok(h) => h,
-            Err(which) => return Ok(Err(Ended::failed(which.reason()))),
+            Err(which) => return Ok(Asked::End(Ended::failed(which.reason()))),
         };
         req.max_tokens = held.max_tokens();
         let call = self.next_call();
@@ -368,8 +357,8 @@ impl Repl {
         let llm = self.llm.clone();
         let provider = self.model.provider;
         let answer = tokio::select! {
-            () = self.cancel.cancelled() => return Ok(Err(Ended::cancelled())),
-            () = tokio::time::sleep(self.pool.time_left()) => return Ok(Err(Ended::failed("timeout"))),
+            () = self.cancel.cancelled() => return Ok(Asked::End(Ended::cancelled())),
+            () = tokio::time::sleep(self.pool.time_left()) => return Ok(Asked::End(Ended::failed("timeout"))),
             r = async move {
                 let mut ignore = |_: StreamDelta<'_>| {};
                 llm.chat(provider, &req, &mut ignore).await
@@ -380,15 +369,16 @@ impl Repl {
                 let cost = self.llm.cost(&self.model, &r.usage);
                 held.settle(&r.usage, cost);
                 self.emit(self.llm_response_event(call, &r, cost), false)?;
-                Ok(Ok(r))
+                Ok(Asked::Answer(r))
             }
             Err(e) => {
                 drop(held);
                 self.emit(Self::llm_error_event(call, &e), false)?;
-                Ok(Err(Ended::failed(match e.kind {
-                    LlmErrorKind::Config => "error",
-                    _ => "provider_error",
-                })))
+                Ok(match e.kind {
+                    LlmErrorKind::ImagesRejected => Asked::ImagesRejected,
+                    LlmErrorKind::Config => Asked::End(Ended::failed("error")),
+                    _ => Asked::End(Ended::failed("provider_error")),
+                })
             }
         }
     }
@@ -574,11 +564,13 @@ impl Repl {
                 "the run was cancelled",
             ));
         }
+        // A sub-run is a sub-call of the tree (its own model calls are its steps).
+        self.pool.take_sub_call().map_err(budget_refusal)?;
         // Cancelled when the run is, and when this call is abandoned (its cell ended): the
         // sub-run then records its end and cleans up on its own.
         let child_cancel = self.cancel.child_token();
         let _abandoned = child_cancel.clone().drop_guard();
-        let child = self
+        let (child, _registered) = self
             .child(&prompt, child_cancel)
             .map_err(|e| not_recorded(&e))?;
         let child_id = child.journal.record.id.clone();
@@ -642,8 +634,13 @@ impl Repl {
     }
 
     /// A sub-run's context: recorded as a run one level below this one, in the same tree,
-    /// sandbox and pool.
-    fn child(&self, prompt: &str, cancel: CancellationToken) -> Result<RunContext, ServiceError> {
+    /// sandbox and pool, and registered with the runs of this process (followed and
+    /// cancelled by its own id) until the returned entry is dropped.
+    fn child(
+        &self,
+        prompt: &str,
+        cancel: CancellationToken,
+    ) -> Result<(RunContext, LiveEntry), ServiceError> {
         let parent = lock(&self.journal).record.clone();
         let sandbox = self
             .sandbox_id
@@ -670,15 +667,15 @@ impl Repl {
             updated_at: now,
             ended_at: None,
         };
-        // Nobody follows a sub-run live; its events are in the store and the mirror.
-        let (live, _) = tokio::sync::broadcast::channel(16);
+        let (live, _) = tokio::sync::broadcast::channel(1024);
+        let entry = self.runs.register(&record.id, cancel.clone(), live.clone());
         let journal = Journal::create(
             self.service.store.clone(),
             &self.service.config.home,
             record,
             live,
         )?;
-        Ok(RunContext {
+        let ctx = RunContext {
             service: self.service.clone(),
             llm: self.llm.clone(),
             caller: self.caller.clone(),
@@ -688,7 +685,9 @@ impl Repl {
             cancel,
             journal,
             sandbox: SandboxPlan::Existing(sandbox),
-        })
+            runs: self.runs.clone(),
+        };
+        Ok((ctx, entry))
     }
 }
 
@@ -711,7 +710,7 @@ pub async fn drive_repl(ctx: RunContext, task: String, context: Option<String>) 
         cancel,
         journal,
         sandbox,
-        ..
+        runs,
     } = ctx;
     let repl = Arc::new(Repl {
         service,
@@ -726,6 +725,7 @@ pub async fn drive_repl(ctx: RunContext, task: String, context: Option<String>) 
         sub_runs: AtomicU32::new(0),
         answer: Mutex::new(None),
         sandbox_id: OnceLock::new(),
+        runs,
     });
     let mut kernel = None;
     let ended = match steps(&repl, &sandbox, task, context, &mut kernel).await {
@@ -766,16 +766,22 @@ async fn prepare_sandbox(repl: &Repl, plan: &SandboxPlan) -> Result<SandboxId, S
 /// Puts `text` in the kernel as `context`: through a file (any size; nothing large crosses a
 /// frame or the kernel's request pipe), read by a cell that then removes it.
 async fn load_context(
-    sandbox: &Sandbox,
+    repl: &Repl,
+    sandbox_id: &SandboxId,
     context_id: &str,
     run_id: &str,
-    text: &str,
+    text: String,
 ) -> Result<(), ServiceError> {
-    let file = sandbox
-        .write_file(
+    let (service, caller) = (&repl.service, &repl.caller);
+    let body = futures_util::stream::once(async move { Ok::<_, std::convert::Infallible>(text) });
+    let file = service
+        .upload_file(
+            caller,
+            sandbox_id,
             &format!(".sandcell-context-{run_id}.txt"),
-            text.as_bytes(),
             Some(0o600),
+            false,
+            body,
         )
         .await?;
     let path = serde_json::to_string(&file.path)
@@ -786,19 +792,23 @@ async fn load_context(
          _sandcell_os.remove({path})\n\
          del _sandcell_os, _sandcell_f\n"
     );
-    let run = sandbox
-        .run_code(RunCodeRequest {
-            context: Some(context_id.to_string()),
-            language: None,
-            code,
-            timeout_ms: Some(120_000),
-        })
+    let run = service
+        .run_code(
+            caller,
+            sandbox_id,
+            CodeInput {
+                code: Code::new(code)?,
+                language: None,
+                context: Some(context_id.to_string()),
+                timeout_secs: Some(Timeout::from_secs(120.0)?),
+            },
+        )
         .await?;
     match run.error {
         None => Ok(()),
         Some(e) => Err(ServiceError::internal(format!(
             "the input could not be put in the kernel: {}: {}",
-            e.ename, e.evalue
+            e.name, e.value
         ))),
     }
 }
@@ -842,10 +852,6 @@ async fn steps(
     }
     let sandbox_id = prepare_sandbox(repl, plan).await?;
     let _ = repl.sandbox_id.set(sandbox_id.clone());
-    let sandbox = repl
-        .service
-        .fleet
-        .sandbox(&repl.caller.owner, sandbox_id.as_str())?;
     // A context of its own (recorded, as any context made through the service): the run's
     // `context` variable and whatever its code defines stay out of the sandbox's default one.
     let info = repl
@@ -863,16 +869,16 @@ async fn steps(
     *kernel = Some((sandbox_id.clone(), info.id.clone()));
     let context_is_task = context.is_none();
     let input = context.unwrap_or_else(|| task.clone());
-    load_context(&sandbox, &info.id, &run_id, &input).await?;
     let first = first_message(&task, &input, context_is_task);
-    drop(input);
+    load_context(repl, &sandbox_id, &info.id, &run_id, input).await?;
     let system = system_prompt(budgets.max_sub_calls, budgets.max_depth, depth);
-    let cell_timeout_ms = (budgets.cell_timeout_secs * 1000.0).ceil().max(1.0) as u64;
+    let cell_timeout = Timeout::from_secs(budgets.cell_timeout_secs)?;
     let handler: Arc<dyn HostCallHandler> = Arc::new(Host(repl.clone()));
     let mut messages = vec![Message {
         role: Role::User,
         content: vec![Part::Text(first)],
     }];
+    let mut vision = true;
     for iteration in 1..=budgets.max_iterations + 1 {
         if repl.cancel.is_cancelled() {
             return Ok(Ended::cancelled());
@@ -888,18 +894,55 @@ async fn steps(
             });
         }
         lock(&repl.journal).next_step();
-        let req = ChatRequest {
+        if let Some(plan) = run::condensing(
+            &repl.llm,
+            &repl.model,
+            repl.stream,
+            budgets.max_output_tokens,
+            &system,
+            &messages,
+            &[],
+        ) {
+            let summary = match repl.ask(plan.request.clone()).await? {
+                Asked::Answer(r) => r.text,
+                Asked::End(ended) => return Ok(ended),
+                Asked::ImagesRejected => return Ok(Ended::failed("provider_error")),
+            };
+            let event = run::condense(&mut messages, plan, summary, &system, &[]);
+            repl.emit(event, false)?;
+        }
+        let step_request = |messages: &[Message]| ChatRequest {
             model: repl.model.model.clone(),
             system: Some(system.clone()),
-            messages: messages.clone(),
+            messages: messages.to_vec(),
             tools: Vec::new(),
             max_tokens: budgets.max_output_tokens,
             temperature: None,
             stream: repl.stream,
         };
-        let response = match repl.ask(req).await? {
-            Ok(r) => r,
-            Err(ended) => return Ok(ended),
+        let response = match repl.ask(step_request(&messages)).await? {
+            Asked::Answer(r) => r,
+            Asked::End(ended) => return Ok(ended),
+            Asked::ImagesRejected if vision && run::has_images(&messages) => {
+                // Once per run: the images go, the step is asked again without them.
+                vision = false;
+                run::strip_images(&mut messages);
+                repl.emit(
+                    EventKind::Warning {
+                        message: format!(
+                            "{} refused images: vision is off for the rest of this run",
+                            repl.model
+                        ),
+                    },
+                    false,
+                )?;
+                match repl.ask(step_request(&messages)).await? {
+                    Asked::Answer(r) => r,
+                    Asked::End(ended) => return Ok(ended),
+                    Asked::ImagesRejected => return Ok(Ended::failed("provider_error")),
+                }
+            }
+            Asked::ImagesRejected => return Ok(Ended::failed("provider_error")),
         };
         if forced {
             return Ok(Ended::succeeded("forced", text_answer(&response.text)));
@@ -914,6 +957,7 @@ async fn steps(
         });
         let step = lock(&repl.journal).step();
         let mut feedback = Vec::new();
+        let mut images = Vec::new();
         let mut final_answer = None;
         let count = blocks.len();
         for (i, code) in blocks.into_iter().enumerate() {
@@ -929,12 +973,15 @@ async fn steps(
                 false,
             )?;
             let started = Instant::now();
-            let req = RunCodeRequest {
-                context: Some(info.id.clone()),
+            let input = CodeInput {
+                code: Code::new(code)?,
                 language: None,
-                code,
-                timeout_ms: Some(cell_timeout_ms),
+                context: Some(info.id.clone()),
+                timeout_secs: Some(cell_timeout),
             };
+            let cell =
+                repl.service
+                    .run_code_with(&repl.caller, &sandbox_id, input, Some(handler.clone()));
             let run = tokio::select! {
                 () = repl.cancel.cancelled() => {
                     // The kernel's state stays; only the cell stops.
@@ -945,11 +992,15 @@ async fn steps(
                     let _ = repl.service.interrupt_context(&repl.caller, &sandbox_id, &info.id).await;
                     return Ok(Ended::failed("timeout"));
                 }
-                r = sandbox.run_code_with(req, handler.clone()) => r?,
+                r = cell => r?,
             };
-            let outcome = tools::code_outcome(&sandcell_service::code::code_result(&run));
+            let outcome = tools::code_outcome(&run);
             let (text, truncated) = tools::truncate(&outcome.text, BLOCK_OUTPUT_CHARS);
             let full_text = truncated.then(|| repl.keep_text(&outcome.text)).flatten();
+            let kept = run::keep_images(&lock(&repl.journal), &outcome.images);
+            if vision {
+                images.extend(outcome.images);
+            }
             repl.emit(
                 EventKind::ToolResult {
                     call_id,
@@ -958,7 +1009,7 @@ async fn steps(
                     text: text.clone(),
                     truncated,
                     full_text,
-                    images: Vec::new(),
+                    images: kept,
                     duration_ms: millis(started.elapsed()),
                 },
                 false,
@@ -976,9 +1027,12 @@ async fn steps(
                 break;
             }
         }
+        // The images the code showed follow the text that names its blocks.
+        let mut content = vec![Part::Text(feedback.join("\n\n"))];
+        content.extend(images.into_iter().map(Part::Image));
         messages.push(Message {
             role: Role::User,
-            content: vec![Part::Text(feedback.join("\n\n"))],
+            content,
         });
         repl.pool.count_step();
         let usage = repl.pool.usage();

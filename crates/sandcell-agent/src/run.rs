@@ -77,6 +77,8 @@ pub struct RunContext {
     pub journal: Journal,
     /// Its sandbox.
     pub sandbox: SandboxPlan,
+    /// The runs going on in this process, where its sub-runs register.
+    pub runs: Arc<crate::runner::LiveRuns>,
 }
 
 /// How a run ended.
@@ -217,7 +219,7 @@ async fn prepare_sandbox(ctx: &mut RunContext) -> Result<SandboxId, ServiceError
 }
 
 /// What a model call came to.
-enum Asked {
+pub(crate) enum Asked {
     /// Its answer.
     Answer(ChatResponse),
     /// The model refused the images in the request (recorded as an `llm_error`).
@@ -475,9 +477,9 @@ async fn steps(ctx: &mut RunContext, task: String) -> Result<Ended, ServiceError
             };
             let (text, truncated) = tools::truncate(&outcome.text, tools::MAX_RESULT_CHARS);
             let full_text = truncated
-                .then(|| keep_artifact(ctx, "text/plain", "txt", outcome.text.as_bytes()))
+                .then(|| keep_artifact(&ctx.journal, "text/plain", "txt", outcome.text.as_bytes()))
                 .flatten();
-            let images = keep_images(ctx, &outcome.images);
+            let images = keep_images(&ctx.journal, &outcome.images);
             ctx.journal.emit(
                 EventKind::ToolResult {
                     call_id: tc.id.clone(),
@@ -522,15 +524,15 @@ async fn steps(ctx: &mut RunContext, task: String) -> Result<Ended, ServiceError
 
 /// Keeps `bytes` as a file beside the trajectory (`None` when it cannot be written: the
 /// trajectory then says less, the run goes on).
-fn keep_artifact(
-    ctx: &RunContext,
+pub(crate) fn keep_artifact(
+    journal: &Journal,
     media_type: &str,
     ext: &str,
     bytes: &[u8],
 ) -> Option<ArtifactRef> {
-    let dir = ctx.journal.artifacts_dir();
+    let dir = journal.artifacts_dir();
     let n = std::fs::read_dir(&dir).map_or(0, Iterator::count) + 1;
-    let path = dir.join(format!("step{}-{n}.{ext}", ctx.journal.step()));
+    let path = dir.join(format!("step{}-{n}.{ext}", journal.step()));
     std::fs::create_dir_all(&dir)
         .and_then(|()| std::fs::write(&path, bytes))
         .ok()?;
@@ -542,66 +544,84 @@ fn keep_artifact(
 }
 
 /// Keeps a tool's images as files beside the trajectory.
-fn keep_images(ctx: &RunContext, images: &[sandcell_llm::Image]) -> Vec<ArtifactRef> {
+pub(crate) fn keep_images(journal: &Journal, images: &[sandcell_llm::Image]) -> Vec<ArtifactRef> {
     images
         .iter()
         .filter_map(|image| {
             let bytes = tools::image_bytes(image)?;
             let ext = image.media_type.rsplit('/').next().unwrap_or("bin");
-            keep_artifact(ctx, &image.media_type, ext, &bytes)
+            keep_artifact(journal, &image.media_type, ext, &bytes)
         })
         .collect()
 }
 
-/// Condenses older steps into a summary when the conversation nears the model's context
-/// window; the task and the last [`KEEP_STEPS`] steps stay whole.
-async fn condense_if_needed(
-    ctx: &mut RunContext,
-    messages: &mut Vec<Message>,
+/// A condensation due: the call that writes the summary, and where it goes.
+pub(crate) struct Condensing {
+    /// The conversation's estimated size now, in tokens.
+    before: u64,
+    /// The first message kept whole.
+    tail_start: usize,
+    /// The call that writes the summary.
+    pub request: ChatRequest,
+}
+
+/// The condensing call due for `messages` (`None`: none is), when the conversation (with
+/// `system` and `specs`) nears the model's context window. The first message (the task) and
+/// the last [`KEEP_STEPS`] steps stay whole; a step is an assistant message and the one
+/// after it.
+pub(crate) fn condensing(
+    llm: &Llm,
+    model: &ModelRef,
+    stream: bool,
+    max_output_tokens: u32,
+    system: &str,
+    messages: &[Message],
     specs: &[ToolSpec],
-    call: &mut u32,
-) -> Result<Result<(), Ended>, ServiceError> {
-    let window = ctx
-        .llm
+) -> Option<Condensing> {
+    let window = llm
         .config()
         .prices
-        .get(&ctx.model)
+        .get(model)
         .and_then(|p| p.context_window)
         .unwrap_or(DEFAULT_CONTEXT_WINDOW);
-    let estimate = |messages: &[Message]| {
-        sandcell_llm::estimate_input_tokens(Some(SYSTEM_TOOLS), messages, specs)
-    };
-    let before = estimate(messages);
+    let before = sandcell_llm::estimate_input_tokens(Some(system), messages, specs);
     if (before as f64) < f64::from(window) * CONDENSE_AT {
-        return Ok(Ok(()));
+        return None;
     }
-    // Steps are an assistant message and the results after it: cut where one begins.
     let tail_start = messages.len().saturating_sub(2 * KEEP_STEPS);
     if tail_start <= 1 || messages[tail_start].role != Role::Assistant {
-        return Ok(Ok(()));
+        return None;
     }
-    let older = &messages[1..tail_start];
-    let req = ChatRequest {
-        model: ctx.model.model.clone(),
+    let request = ChatRequest {
+        model: model.model.clone(),
         system: Some(CONDENSE_SYSTEM.to_string()),
         messages: vec![Message {
             role: Role::User,
-            content: vec![Part::Text(render(older))],
+            content: vec![Part::Text(render(&messages[1..tail_start]))],
         }],
         tools: Vec::new(),
-        max_tokens: ctx.pool.budgets().max_output_tokens.min(4096),
+        max_tokens: max_output_tokens.min(4096),
         temperature: None,
-        stream: ctx.stream,
+        stream,
     };
-    *call += 1;
-    let summary = match ask(ctx, *call, req, false).await? {
-        Asked::Answer(r) => r.text,
-        Asked::End(ended) => return Ok(Err(ended)),
-        Asked::ImagesRejected => return Ok(Err(Ended::failed("provider_error"))),
-    };
-    let replaced = older.len();
+    Some(Condensing {
+        before,
+        tail_start,
+        request,
+    })
+}
+
+/// Puts `summary` in place of the steps `plan` condensed; the `condensed` event to record.
+pub(crate) fn condense(
+    messages: &mut Vec<Message>,
+    plan: Condensing,
+    summary: String,
+    system: &str,
+    specs: &[ToolSpec],
+) -> EventKind {
+    let replaced = plan.tail_start - 1;
     messages.splice(
-        1..tail_start,
+        1..plan.tail_start,
         [Message {
             role: Role::User,
             content: vec![Part::Text(format!(
@@ -609,16 +629,41 @@ async fn condense_if_needed(
             ))],
         }],
     );
-    let after = estimate(messages);
-    ctx.journal.emit(
-        EventKind::Condensed {
-            summary,
-            messages_replaced: replaced,
-            tokens_before: before,
-            tokens_after: after,
-        },
-        false,
-    )?;
+    EventKind::Condensed {
+        summary,
+        messages_replaced: replaced,
+        tokens_before: plan.before,
+        tokens_after: sandcell_llm::estimate_input_tokens(Some(system), messages, specs),
+    }
+}
+
+/// Condenses older steps into a summary when the conversation nears the model's context
+/// window (see [`condensing`]).
+async fn condense_if_needed(
+    ctx: &mut RunContext,
+    messages: &mut Vec<Message>,
+    specs: &[ToolSpec],
+    call: &mut u32,
+) -> Result<Result<(), Ended>, ServiceError> {
+    let Some(plan) = condensing(
+        &ctx.llm,
+        &ctx.model,
+        ctx.stream,
+        ctx.pool.budgets().max_output_tokens,
+        SYSTEM_TOOLS,
+        messages,
+        specs,
+    ) else {
+        return Ok(Ok(()));
+    };
+    *call += 1;
+    let summary = match ask(ctx, *call, plan.request.clone(), false).await? {
+        Asked::Answer(r) => r.text,
+        Asked::End(ended) => return Ok(Err(ended)),
+        Asked::ImagesRejected => return Ok(Err(Ended::failed("provider_error"))),
+    };
+    let event = condense(messages, plan, summary, SYSTEM_TOOLS, specs);
+    ctx.journal.emit(event, false)?;
     Ok(Ok(()))
 }
 
@@ -658,7 +703,7 @@ fn render(messages: &[Message]) -> String {
     out
 }
 
-fn has_images(messages: &[Message]) -> bool {
+pub(crate) fn has_images(messages: &[Message]) -> bool {
     messages.iter().any(|m| {
         m.content.iter().any(|p| match p {
             Part::Image(_) => true,
@@ -669,7 +714,7 @@ fn has_images(messages: &[Message]) -> bool {
 }
 
 /// Replaces every image with a note, for a model that refuses them.
-fn strip_images(messages: &mut [Message]) {
+pub(crate) fn strip_images(messages: &mut [Message]) {
     let note = || Part::Text("[an image was here; this model does not take images]".into());
     for m in messages {
         for p in &mut m.content {

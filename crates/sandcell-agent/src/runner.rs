@@ -41,13 +41,72 @@ struct Live {
     done: watch::Receiver<bool>,
 }
 
+/// The runs going on in this process, top-level and sub-runs alike: what cancels each, its
+/// live events and its end. Shared by the runner and every run it starts, so a sub-run
+/// (`rlm_query`) can be followed and cancelled by its own id.
+#[derive(Debug, Default)]
+pub struct LiveRuns(Mutex<HashMap<String, Live>>);
+
+/// A run's place in [`LiveRuns`]: dropped when the run has ended, which removes it and wakes
+/// whoever waits for its end.
+#[derive(Debug)]
+pub struct LiveEntry {
+    runs: Arc<LiveRuns>,
+    id: String,
+    done: watch::Sender<bool>,
+}
+
+impl Drop for LiveEntry {
+    fn drop(&mut self) {
+        self.runs.map().remove(&self.id);
+        let _ = self.done.send(true);
+    }
+}
+
+impl LiveRuns {
+    fn map(&self) -> std::sync::MutexGuard<'_, HashMap<String, Live>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Registers run `id`, cancelled by `cancel`; its live events go to `events`.
+    pub fn register(
+        self: &Arc<Self>,
+        id: &str,
+        cancel: CancellationToken,
+        events: broadcast::Sender<Event>,
+    ) -> LiveEntry {
+        let (done_tx, done) = watch::channel(false);
+        self.map().insert(
+            id.to_string(),
+            Live {
+                cancel,
+                events,
+                done,
+            },
+        );
+        LiveEntry {
+            runs: self.clone(),
+            id: id.to_string(),
+            done: done_tx,
+        }
+    }
+
+    fn get(&self, id: &str) -> Option<Live> {
+        self.map().get(id).cloned()
+    }
+
+    fn contains(&self, id: &str) -> bool {
+        self.map().contains_key(id)
+    }
+}
+
 /// The runs of one service.
 #[derive(Debug)]
 pub struct Runner {
     service: Arc<Service>,
     llm: Arc<Llm>,
     defaults: AgentDefaults,
-    live: Mutex<HashMap<String, Live>>,
+    live: Arc<LiveRuns>,
 }
 
 /// A run as the API shows it.
@@ -95,7 +154,7 @@ impl Runner {
             service,
             llm,
             defaults,
-            live: Mutex::default(),
+            live: Arc::default(),
         }
     }
 
@@ -108,10 +167,6 @@ impl Runner {
         .map_err(|e| ServiceError::internal(format!("the model client: {e}")))?;
         let defaults = AgentDefaults::from_config(agent);
         Ok(Self::new(service, Arc::new(llm), defaults))
-    }
-
-    fn live(&self) -> std::sync::MutexGuard<'_, HashMap<String, Live>> {
-        self.live.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The caller's run `id`.
@@ -215,15 +270,7 @@ impl Runner {
             events.clone(),
         )?;
         let cancel = CancellationToken::new();
-        let (done_tx, done) = watch::channel(false);
-        self.live().insert(
-            id.clone(),
-            Live {
-                cancel: cancel.clone(),
-                events,
-                done,
-            },
-        );
+        let entry = self.live.register(&id, cancel.clone(), events);
         let ctx = RunContext {
             service: self.service.clone(),
             llm: self.llm.clone(),
@@ -234,9 +281,8 @@ impl Runner {
             cancel,
             journal,
             sandbox: plan,
+            runs: self.live.clone(),
         };
-        let me = self.clone();
-        let run_id = id.clone();
         let task = req.task;
         let context = req.context;
         tokio::spawn(async move {
@@ -244,8 +290,7 @@ impl Runner {
                 RunMode::Tools => drop(drive(ctx, task).await),
                 RunMode::Repl => drop(crate::repl::drive_repl(ctx, task, context).await),
             }
-            let _ = done_tx.send(true);
-            me.live().remove(&run_id);
+            drop(entry);
         });
         if req.wait {
             return self.wait(caller, &id).await;
@@ -292,14 +337,14 @@ impl Runner {
         id: &str,
     ) -> ServiceResult<Option<broadcast::Receiver<Event>>> {
         self.own(caller, id)?;
-        Ok(self.live().get(id).map(|l| l.events.subscribe()))
+        Ok(self.live.get(id).map(|l| l.events.subscribe()))
     }
 
     /// Cancels the caller's run: its model call stops, its cell is interrupted (the kernel's
     /// state kept); returns once its end is recorded.
     pub async fn cancel(&self, caller: &Caller, id: &str) -> ServiceResult<RunInfo> {
         let record = self.own(caller, id)?;
-        let live = self.live().get(id).cloned();
+        let live = self.live.get(id);
         match live {
             Some(l) => {
                 l.cancel.cancel();
@@ -317,7 +362,7 @@ impl Runner {
 
     /// Waits for the caller's run to end.
     pub async fn wait(&self, caller: &Caller, id: &str) -> ServiceResult<RunInfo> {
-        let live = self.live().get(id).map(|l| l.done.clone());
+        let live = self.live.get(id).map(|l| l.done);
         if let Some(mut done) = live {
             let _ = done.wait_for(|d| *d).await;
         }
@@ -337,7 +382,7 @@ impl Runner {
         after: u64,
     ) -> ServiceResult<impl futures_util::Stream<Item = Value> + Send + 'static> {
         self.own(caller, id)?;
-        let live = self.live().get(id).map(|l| l.events.subscribe());
+        let live = self.live.get(id).map(|l| l.events.subscribe());
         let follower = Follower {
             store: self.service.store.clone(),
             run: id.to_string(),
@@ -363,7 +408,7 @@ impl Runner {
     pub fn settle_interrupted(&self) -> ServiceResult<usize> {
         let mut n = 0;
         for mut r in self.service.store.runs_with_status("running")? {
-            if self.live().contains_key(&r.id) {
+            if self.live.contains(&r.id) {
                 continue;
             }
             r.status = "failed".into();

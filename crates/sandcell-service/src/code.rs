@@ -13,7 +13,7 @@ use sandcell_api::code::{
 use sandcell_api::sandboxes::Lang;
 use sandcell_api::time::rfc3339;
 use sandcell_api::{SandboxId, Timeout};
-use sandcell_engine::{CodeEvent, CodeRun, OutputKind};
+use sandcell_engine::{CodeEvent, CodeRun, HostCallHandler, OutputKind};
 use sandcell_protocol::{CodeDone, Language, RunCodeRequest};
 use sandcell_store::ContextRecord;
 
@@ -123,10 +123,25 @@ impl Service {
         id: &SandboxId,
         input: CodeInput,
     ) -> ServiceResult<CodeResult> {
+        self.run_code_with(caller, id, input, None).await
+    }
+
+    /// [`Service::run_code`], with the cell's host calls (an agent run's `llm_query` and the
+    /// like) answered by `handler`; without one they are refused as unavailable.
+    pub async fn run_code_with(
+        &self,
+        caller: &Caller,
+        id: &SandboxId,
+        input: CodeInput,
+        handler: Option<Arc<dyn HostCallHandler>>,
+    ) -> ServiceResult<CodeResult> {
         let req = run_code_request(&input)?;
         let sandbox = self.running_sandbox(caller, id)?;
         let start = Instant::now();
-        let run = sandbox.run_code(req).await?;
+        let run = match handler {
+            Some(h) => sandbox.run_code_with(req, h).await?,
+            None => sandbox.run_code(req).await?,
+        };
         self.metrics.code_latency.observe(start.elapsed());
         self.record_context_seen(&caller.owner, id, &run.done);
         Ok(code_result(&run))

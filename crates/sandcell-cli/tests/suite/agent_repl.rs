@@ -32,7 +32,13 @@ struct Harness {
 }
 
 fn harness(scripted: &ScriptedLlm) -> Harness {
+    harness_with(scripted, "")
+}
+
+/// A harness whose settings file says `config`.
+fn harness_with(scripted: &ScriptedLlm, config: &str) -> Harness {
     let home = tempfile::tempdir().expect("home");
+    std::fs::write(home.path().join("config.toml"), config).expect("settings file");
     let (config, _) =
         sandcell_service::config::load(home.path(), None, &[], &[]).expect("settings");
     let store = Arc::new(Store::open(&config.database).expect("store"));
@@ -72,6 +78,17 @@ fn start(
     budgets: BudgetsInput,
     cancel: CancellationToken,
 ) -> (RunContext, String) {
+    start_with(h, "openai/scripted", task, budgets, cancel)
+}
+
+/// [`start`] with another model.
+fn start_with(
+    h: &Harness,
+    model: &str,
+    task: &str,
+    budgets: BudgetsInput,
+    cancel: CancellationToken,
+) -> (RunContext, String) {
     let defaults = AgentDefaults::from_config(&h.service.config.agent);
     let budgets = defaults.budgets(&budgets).expect("budgets");
     let id = sandcell_service::caller::new_record_id("run").expect("id");
@@ -83,7 +100,7 @@ fn start(
         parent_id: None,
         depth: 0,
         mode: "repl".into(),
-        model: "openai/scripted".into(),
+        model: model.into(),
         task: task.into(),
         sandbox_id: None,
         status: "running".into(),
@@ -107,7 +124,7 @@ fn start(
         service: h.service.clone(),
         llm: h.llm.clone(),
         caller: caller(),
-        model: "openai/scripted".parse().expect("model"),
+        model: model.parse().expect("model"),
         stream: true,
         pool: Arc::new(Pool::new(budgets)),
         cancel,
@@ -117,6 +134,7 @@ fn start(
             // Kept: the tests look into the kernel after the run.
             keep: true,
         },
+        runs: Arc::default(),
     };
     (ctx, id)
 }
@@ -394,10 +412,11 @@ async fn rlm_query_runs_a_sub_run_and_stops_at_max_depth() {
         .expect("the sub-run's call");
     assert_eq!(link["arguments"]["child_run_id"], child.id.as_str());
     assert_eq!(link["arguments"]["depth"], 1);
-    // The pool is the tree's: the root's totals count the child's calls and the leaf's.
+    // The pool is the tree's: the root's totals count the child's calls and the leaf's;
+    // the sub-run and the leaf's plain query are its two sub-calls.
     let root = h.service.store.get_run(&id).expect("store").expect("run");
     let usage: RunUsage = serde_json::from_value(root.totals).expect("totals");
-    assert_eq!((usage.llm_calls, usage.sub_calls), (3, 1));
+    assert_eq!((usage.llm_calls, usage.sub_calls), (3, 2));
     // The sub-run's context is gone with it; the root's stays for whoever looks afterwards.
     let sandbox_id = root.sandbox_id.expect("a sandbox");
     assert_eq!(child.sandbox_id.as_deref(), Some(sandbox_id.as_str()));
@@ -544,4 +563,199 @@ async fn cancelling_a_run_breaks_a_pending_sub_call_and_keeps_the_kernel() {
         }
     }
     assert_eq!(found, Some(serde_json::json!(7)));
+}
+
+/// A 1×1 PNG.
+const PNG_1X1: &str = "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg==";
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_image_the_code_shows_reaches_the_model_after_the_blocks_output() {
+    sandcell_testkit::skip_unless_root!();
+    let script = Script::new().respond_with(|r: &Recorded| {
+        let last = r
+            .messages()
+            .iter()
+            .rev()
+            .find(|m| m["role"] == "user")
+            .map(text_of)
+            .unwrap_or_default();
+        if last.contains("Output of code block") {
+            python("FINAL('seen %d image(s)' % 1)")
+        } else {
+            python(&format!(
+                "import base64\nclass Plot:\n    def _repr_png_(self):\n        return base64.b64decode('{PNG_1X1}')\nPlot()"
+            ))
+        }
+    });
+    let scripted = ScriptedLlm::start(script).await.expect("scripted model");
+    let h = harness(&scripted);
+    let (ended, id) = run(&h, "Plot it.", None, BudgetsInput::default()).await;
+    assert_eq!(
+        (ended.status, ended.reason.as_str()),
+        ("succeeded", "final"),
+        "{ended:?}"
+    );
+    let requests = scripted.requests();
+    assert_eq!(requests.len(), 2);
+    assert!(requests[0].images().is_empty());
+    let images = requests[1].images();
+    assert_eq!(images.len(), 1, "{images:?}");
+    assert_eq!(images[0].media_type.as_deref(), Some("image/png"));
+    // In the user message that carries the block's output, after the model's code.
+    assert_eq!(images[0].role, "user");
+    let messages = requests[1].messages();
+    assert_eq!(messages[images[0].message_index - 1]["role"], "assistant");
+    assert!(text_of(&messages[images[0].message_index]).contains("Output of code block 1"));
+    // The trajectory keeps it as a file.
+    let events = events(&h, &id);
+    let result = events
+        .iter()
+        .find(|e| e["type"] == "tool_result")
+        .expect("a tool result");
+    let path = result["images"][0]["path"].as_str().expect("an artifact");
+    assert!(std::fs::metadata(path).is_ok_and(|m| m.len() > 0), "{path}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn older_repl_steps_are_condensed_near_the_context_window() {
+    sandcell_testkit::skip_unless_root!();
+    // Each block prints ~12k characters (~3k tokens); an 8k-token window fills by step 3.
+    let steps = std::sync::atomic::AtomicUsize::new(0);
+    let script = Script::new().respond_with(move |r: &Recorded| {
+        if !is_step(r) {
+            return Turn::text("unused");
+        }
+        if r.messages()[0]["content"]
+            .as_str()
+            .is_some_and(|s| s.contains("condense"))
+        {
+            return Turn::text("SUMMARY-OK: printed A blocks");
+        }
+        if steps.fetch_add(1, std::sync::atomic::Ordering::SeqCst) < 4 {
+            python("print('A' * 12000)")
+        } else {
+            python("FINAL('done')")
+        }
+    });
+    let scripted = ScriptedLlm::start(script).await.expect("scripted model");
+    let h = harness_with(&scripted, "[agent]\nprices = [\"openai/tiny=0,0,8000\"]\n");
+    let (ctx, id) = start_with(
+        &h,
+        "openai/tiny",
+        "Print.",
+        BudgetsInput::default(),
+        CancellationToken::new(),
+    );
+    let ended = tokio::time::timeout(
+        std::time::Duration::from_secs(180),
+        drive_repl(ctx, "Print.".into(), None),
+    )
+    .await
+    .expect("the run ends");
+    assert_eq!(ended.answer.as_deref(), Some("done"), "{ended:?}");
+    let events = events(&h, &id);
+    contiguous(&events);
+    let condensed: Vec<&Value> = events.iter().filter(|e| e["type"] == "condensed").collect();
+    assert!(!condensed.is_empty(), "no condensation");
+    let c = condensed[0];
+    assert!(
+        c["messages_replaced"].as_u64().is_some_and(|n| n >= 2),
+        "{c}"
+    );
+    assert!(
+        c["tokens_after"].as_u64() < c["tokens_before"].as_u64(),
+        "{c}"
+    );
+    let last = scripted.requests().pop().expect("requests");
+    assert!(last.transcript().contains("SUMMARY-OK"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sub_run_is_a_sub_call_and_can_be_followed_and_cancelled_by_its_own_id() {
+    use futures_util::StreamExt;
+    sandcell_testkit::skip_unless_root!();
+    let script = Script::new().respond_with(|r: &Recorded| {
+        let task = first_user(r);
+        if task.contains("ROOT") {
+            python(
+                "try:\n    r = rlm_query('CHILD: wait')\nexcept Exception as e:\n    r = 'child ended: %s' % e\nFINAL(r)",
+            )
+        } else {
+            python("import time\nstarted = True\ntime.sleep(120)")
+        }
+    });
+    let scripted = ScriptedLlm::start(script).await.expect("scripted model");
+    let h = harness(&scripted);
+    let runner = Arc::new(sandcell_agent::Runner::new(
+        h.service.clone(),
+        h.llm.clone(),
+        AgentDefaults::from_config(&h.service.config.agent),
+    ));
+    let root = runner
+        .start(
+            &caller(),
+            sandcell_api::runs::StartRun {
+                task: "ROOT: delegate".into(),
+                model: Some("openai/scripted".into()),
+                mode: Some(sandcell_api::runs::RunMode::Repl),
+                sandbox_id: None,
+                template: None,
+                context: None,
+                budgets: BudgetsInput::default(),
+                wait: false,
+                keep_sandbox: false,
+            },
+        )
+        .await
+        .expect("the run starts");
+    // The sub-run appears as a run of its own, one level down.
+    let child = tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        loop {
+            let runs = runner.list(&caller(), 50).expect("runs").runs;
+            if let Some(c) = runs
+                .into_iter()
+                .find(|r| r.parent_id.as_deref() == Some(&root.id))
+            {
+                let events = runner.events(&caller(), &c.id, 0, 100).expect("events");
+                if events.iter().any(|e| e["type"] == "tool_call") {
+                    return c;
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the sub-run starts its cell");
+    assert_eq!((child.depth, child.root_id.as_str()), (1, root.id.as_str()));
+    let followed = runner.follow(&caller(), &child.id, 0).expect("follow");
+    let follower = tokio::spawn(followed.collect::<Vec<Value>>());
+    let cancelled_at = std::time::Instant::now();
+    let info = runner
+        .cancel(&caller(), &child.id)
+        .await
+        .expect("cancel the sub-run");
+    assert!(cancelled_at.elapsed() < std::time::Duration::from_secs(3));
+    assert_eq!(info.status, "cancelled");
+    let seen = tokio::time::timeout(std::time::Duration::from_secs(10), follower)
+        .await
+        .expect("the follower ends with the sub-run")
+        .expect("the follower's task");
+    assert_eq!(seen.last().expect("events")["type"], "run_finished");
+    contiguous(&seen);
+    // The parent goes on: its code caught the sub-run's end.
+    let root = tokio::time::timeout(
+        std::time::Duration::from_secs(60),
+        runner.wait(&caller(), &root.id),
+    )
+    .await
+    .expect("the root ends")
+    .expect("the root");
+    assert_eq!(root.status, "succeeded", "{root:?}");
+    let answer = root.answer.unwrap_or_default();
+    assert!(
+        answer.starts_with("child ended:") && answer.contains("cancelled"),
+        "{answer}"
+    );
+    // The sub-run counted as one sub-call of the tree.
+    assert_eq!(root.usage.sub_calls, 1, "{:?}", root.usage);
 }

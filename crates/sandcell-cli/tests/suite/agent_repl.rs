@@ -759,3 +759,75 @@ async fn a_sub_run_is_a_sub_call_and_can_be_followed_and_cancelled_by_its_own_id
     // The sub-run counted as one sub-call of the tree.
     assert_eq!(root.usage.sub_calls, 1, "{:?}", root.usage);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancelling_the_root_cancels_its_sub_run_within_a_second_or_so() {
+    sandcell_testkit::skip_unless_root!();
+    let script = Script::new().respond_with(|r: &Recorded| {
+        if first_user(r).contains("ROOT") {
+            python("r = rlm_query('CHILD: wait')\nFINAL(r)")
+        } else {
+            python("import time\ntime.sleep(120)")
+        }
+    });
+    let scripted = ScriptedLlm::start(script).await.expect("scripted model");
+    let h = harness(&scripted);
+    let runner = Arc::new(sandcell_agent::Runner::new(
+        h.service.clone(),
+        h.llm.clone(),
+        AgentDefaults::from_config(&h.service.config.agent),
+    ));
+    let root = runner
+        .start(
+            &caller(),
+            sandcell_api::runs::StartRun {
+                task: "ROOT: delegate".into(),
+                model: Some("openai/scripted".into()),
+                mode: Some(sandcell_api::runs::RunMode::Repl),
+                sandbox_id: None,
+                template: None,
+                context: None,
+                budgets: BudgetsInput::default(),
+                wait: false,
+                keep_sandbox: false,
+            },
+        )
+        .await
+        .expect("the run starts");
+    let child = tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        loop {
+            let runs = runner.list(&caller(), 50).expect("runs").runs;
+            if let Some(c) = runs
+                .into_iter()
+                .find(|r| r.parent_id.as_deref() == Some(&root.id))
+            {
+                let events = runner.events(&caller(), &c.id, 0, 100).expect("events");
+                if events.iter().any(|e| e["type"] == "tool_call") {
+                    return c;
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the sub-run starts its cell");
+    let cancelled_at = std::time::Instant::now();
+    let info = runner.cancel(&caller(), &root.id).await.expect("cancel");
+    let root_took = cancelled_at.elapsed();
+    assert_eq!(info.status, "cancelled");
+    let child = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        runner.wait(&caller(), &child.id),
+    )
+    .await
+    .expect("the sub-run ends")
+    .expect("the sub-run");
+    let child_took = cancelled_at.elapsed();
+    assert_eq!(child.status, "cancelled", "{child:?}");
+    eprintln!("cancel recorded: root after {root_took:?}, sub-run after {child_took:?}");
+    // "Within about a second"; bounded loosely here (a busy 2-core machine), measured above.
+    assert!(
+        child_took < std::time::Duration::from_secs(3),
+        "{child_took:?}"
+    );
+}

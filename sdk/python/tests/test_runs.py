@@ -2,11 +2,16 @@
 kit's scripted model (a daemon and a model per test, each with the script the test needs): a
 run answers, with its usage; its trajectory is followed, resumed, read whole, and followed
 again across a connection cut in the middle; a run stuck in a slow model call is cancelled; a
-kept sandbox holds the run's state and takes another run; errors map as everywhere else."""
+wait follows the run's events (it sees an end it was not told of at once, with one stream and
+no polling; a run that has ended returns at once; a daemon without the run's live events is
+asked instead); a kept sandbox holds the run's state and takes another run; errors map as
+everywhere else."""
 
 from __future__ import annotations
 
 import asyncio
+import http.server
+import re
 import socket
 import threading
 import time
@@ -226,6 +231,214 @@ async def test_a_run_stuck_in_a_slow_model_call_is_cancelled_at_once(agent_daemo
         assert events[-1]["status"] == "cancelled"
         # Cancelling a run that has ended answers it as it is.
         assert (await run.cancel()).status == "cancelled"
+
+
+# A model call that takes longer than any test: the run stays in it, sending no event, until
+# it is cancelled.
+STUCK: list[Any] = [{"slow": {"delay_ms": 60_000, "then": {"text": "too late"}}}]
+
+
+def stuck_in_model_call(client: Sandcell) -> Run:
+    """A run started and waited for until it is in its (slow) model call."""
+    run = client.runs.start("Wait for it.", model=MODEL, budgets={"timeout_secs": 120})
+    deadline = time.monotonic() + 60
+    while not any(e.type == "llm_request" for e in run.list_events()):
+        assert time.monotonic() < deadline, run.list_events()
+        time.sleep(0.05)
+    return run
+
+
+def run_requests(sent: list[bytearray], run_id: str) -> list[str]:
+    """The requests of run `run_id` that went through a proxy, as `METHOD /path` (the query
+    left out), in order per connection."""
+    pattern = re.compile(rb"(GET|POST) /v1/runs/" + re.escape(run_id.encode()) + rb"(/\w+)?[? ]")
+    return [
+        f"{m.group(1).decode()} /{(m.group(2) or b'').decode().lstrip('/')}"
+        for conn in sent
+        for m in pattern.finditer(bytes(conn))
+    ]
+
+
+def test_a_wait_follows_the_events_and_sees_an_end_it_was_not_told_of_at_once(
+    agent_daemon: Any,
+) -> None:
+    d: AgentDaemon = agent_daemon(STUCK)
+    # The waiting handle's requests go through a proxy that records them (and never cuts).
+    proxy = CuttingProxy(d.url, cut=1 << 40)
+    try:
+        with Sandcell(d.url, d.key) as client, Sandcell(proxy.url, d.key) as through:
+            run = stuck_in_model_call(client)
+            waiting = through.runs.get(run.id)
+            # No event comes while the model thinks: the deadline is kept all the same.
+            asked = time.monotonic()
+            with pytest.raises(sandcell.TimeoutError):
+                waiting.wait(timeout=0.3)
+            assert 0.3 <= time.monotonic() - asked < 1.5
+            assert waiting.info.status == "running"
+
+            returned: list[float] = []
+            results: list[RunInfo] = []
+
+            def wait() -> None:
+                results.append(waiting.wait(timeout=60))
+                returned.append(time.monotonic())
+
+            waiter = threading.Thread(target=wait, daemon=True)
+            waiter.start()
+            # Long enough for a poller to be asking once a second by now.
+            time.sleep(2.5)
+            assert not returned
+            # Ended through another handle: the waiting one is not told, it must see it.
+            ended = client.runs.get(run.id).cancel()
+            cancelled = time.monotonic()
+            waiter.join(30)
+            assert results and returned, "the wait did not return"
+            assert returned[0] - cancelled < 0.25, f"{returned[0] - cancelled:.3f} s after the end"
+            assert results[0] is waiting.info
+            assert (results[0].status, results[0].reason) == ("cancelled", "cancelled") == (
+                ended.status,
+                ended.reason,
+            )
+    finally:
+        proxy.close()
+    # One events stream, kept across the two waits, and the record read once at the end: a
+    # poller would have read it every second.
+    requests = run_requests(proxy.sent, run.id)
+    assert sorted(requests) == ["GET /", "GET /", "GET /events"], requests
+
+
+async def test_an_async_wait_sees_the_end_at_once_and_resumes_after_a_deadline(agent_daemon: Any) -> None:
+    d: AgentDaemon = agent_daemon(STUCK)
+    proxy = CuttingProxy(d.url, cut=1 << 40)
+    try:
+        async with AsyncSandcell(d.url, d.key) as client, AsyncSandcell(proxy.url, d.key) as through:
+            started = await client.runs.start("Wait for it.", model=MODEL, budgets={"timeout_secs": 120})
+            deadline = time.monotonic() + 60
+            while not any(e.type == "llm_request" for e in await started.list_events()):
+                assert time.monotonic() < deadline, await started.list_events()
+                await asyncio.sleep(0.05)
+            run = await through.runs.get(started.id)
+            # A wait given up at its deadline (the stored events came in the meantime) …
+            with pytest.raises(sandcell.TimeoutError):
+                await run.wait(timeout=1.0)
+            seen = len(await started.list_events())
+            assert seen >= 2  # run_started … llm_request
+            # … and one that goes on from the last event it saw, until an end it is not told of.
+            waiting = asyncio.ensure_future(run.wait())
+            await asyncio.sleep(2.5)
+            assert not waiting.done()
+            ended = await started.cancel()
+            cancelled = time.monotonic()
+            info = await asyncio.wait_for(waiting, 30)
+            assert time.monotonic() - cancelled < 0.25, f"{time.monotonic() - cancelled:.3f} s after the end"
+            assert (info.status, info.reason, info.ended_at) == (ended.status, ended.reason, ended.ended_at)
+            assert info.status == "cancelled" and run.info is info
+    finally:
+        proxy.close()
+    streams = [
+        bytes(r).split(b" HTTP/1.1")[0].decode()
+        for conn in proxy.sent
+        for r in re.findall(rb"GET /v1/runs/[^ ]+/events[^ ]* HTTP/1.1", bytes(conn))
+    ]
+    assert sorted(streams) == [
+        f"GET /v1/runs/{started.id}/events",
+        f"GET /v1/runs/{started.id}/events?after={seen}",
+    ], streams
+
+
+def test_a_wait_on_a_run_that_has_ended_returns_at_once(agent_daemon: Any) -> None:
+    d: AgentDaemon = agent_daemon(DOUBLING)
+    with Sandcell(d.url, d.key) as client:
+        run = client.runs.start(TASK, model=MODEL)
+        done = client.runs.get(run.id).wait(timeout=120)
+        assert done.status == "succeeded"
+        # A handle that knows it has ended answers without asking, whatever the timeout.
+        ended = client.runs.get(run.id)
+        asked = time.monotonic()
+        assert ended.wait(timeout=0) is ended.info and ended.info.status == "succeeded"
+        assert time.monotonic() - asked < 0.1
+        # A handle that still says `running` finds the end in the stored events at once.
+        assert run.info.status == "running"
+        asked = time.monotonic()
+        info = run.wait(timeout=10)
+        assert time.monotonic() - asked < 1.0
+        assert (info.status, info.answer) == ("succeeded", "the answer is 42")
+        assert run._seen == len(run.list_events())
+
+
+class EmptyEventsProxy:
+    """An HTTP proxy on 127.0.0.1 in front of the daemon that answers every events stream with
+    one that ends at once, as a daemon does for a run that goes on in another process (it has
+    none of its live events), and passes every other request on."""
+
+    def __init__(self, upstream: str) -> None:
+        proxy = self
+        self.paths: list[str] = []
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def _relay(self) -> None:
+                proxy.paths.append(f"{self.command} {self.path}")
+                if self.command == "GET" and "/events" in self.path and "format=json" not in self.path:
+                    self.send_response(200)
+                    self.send_header("Content-Type", "text/event-stream")
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
+                length = int(self.headers.get("Content-Length") or 0)
+                body = self.rfile.read(length) if length else None
+                keep = {"x-api-key", "content-type", "accept"}
+                headers = {k: v for k, v in self.headers.items() if k.lower() in keep}
+                resp = httpx.request(self.command, upstream + self.path, headers=headers, content=body)
+                self.send_response(resp.status_code)
+                self.send_header("Content-Type", resp.headers.get("content-type", "application/json"))
+                self.send_header("Content-Length", str(len(resp.content)))
+                self.end_headers()
+                self.wfile.write(resp.content)
+
+            do_GET = do_POST = _relay
+
+            def log_message(self, *args: Any) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_wait_asks_for_the_run_when_the_daemon_has_none_of_its_live_events(agent_daemon: Any) -> None:
+    d: AgentDaemon = agent_daemon(STUCK)
+    proxy = EmptyEventsProxy(d.url)
+    try:
+        with Sandcell(d.url, d.key) as client, Sandcell(proxy.url, d.key) as through:
+            run = stuck_in_model_call(client)
+            waiting = through.runs.get(run.id)
+            results: list[RunInfo] = []
+            waiter = threading.Thread(target=lambda: results.append(waiting.wait(timeout=60)), daemon=True)
+            waiter.start()
+            # Longer than a stream followed again and again would take to give up (0.2 s
+            # doubling, five times).
+            time.sleep(7)
+            assert not results and waiter.is_alive()
+            client.runs.get(run.id).cancel()
+            cancelled = time.monotonic()
+            waiter.join(30)
+            assert results, "the wait did not return"
+            # Asked for every second at most.
+            assert time.monotonic() - cancelled < 1.5
+            assert results[0].status == "cancelled"
+    finally:
+        proxy.close()
+    gets = [p for p in proxy.paths if p == f"GET /v1/runs/{run.id}"]
+    streams = [p for p in proxy.paths if p.startswith(f"GET /v1/runs/{run.id}/events")]
+    # One stream, which ended at once, then the record asked for about once a second.
+    assert len(streams) == 1, proxy.paths
+    assert 6 <= len(gets) <= 20, proxy.paths
 
 
 async def test_a_kept_sandbox_holds_the_runs_state_and_takes_another_run(agent_daemon: Any) -> None:

@@ -208,9 +208,14 @@ export interface WireRun {
 
 /** A broken event stream is followed again this many times in a row (no event in between) before its error is thrown. */
 const RECONNECTS = 5;
-/** `wait` asks for the run's state every this many seconds at first, growing to `POLL_MAX`. */
+/**
+ * `wait` asks for the run's state every this many seconds at first, growing to `POLL_MAX`,
+ * when the daemon has no live events of the run to give (it goes on in another process).
+ */
 const POLL_FIRST = 0.1;
 const POLL_MAX = 1;
+/** The longest delay `setTimeout` takes (a longer one fires at once). */
+const MAX_TIMER_MS = 2 ** 31 - 1;
 /** Most events one `format=json` answer holds (the route's own cap). */
 const EVENTS_PAGE = 1000;
 
@@ -323,6 +328,8 @@ export class Run {
   readonly id: string;
   /** What the API last said about it (refreshed by `refresh`, `wait`, `cancel`). */
   info: RunInfo;
+  /** The last event a `wait` saw: the next one follows on from there. */
+  private seen = 0;
 
   /** Wraps a run the API described; use `Run.start` or `Run.get` instead. */
   constructor(private readonly http: HttpClient, info: RunInfo) {
@@ -372,26 +379,61 @@ export class Run {
 
   /** Reads its record again (status, answer, usage so far). */
   async refresh(): Promise<RunInfo> {
-    this.info = toRunInfo(await this.http.json<WireRun>("GET", `/v1/runs/${encodeURIComponent(this.id)}`));
+    return this.load();
+  }
+
+  /** `refresh`, which `signal` can stop. */
+  private async load(signal?: AbortSignal): Promise<RunInfo> {
+    const r = await this.http.json<WireRun>("GET", `/v1/runs/${encodeURIComponent(this.id)}`, { signal });
+    this.info = toRunInfo(r);
     return this.info;
   }
 
   /**
-   * Waits for it to end and returns its record (asking every 0.1 s, growing to 1 s). Fails
-   * with `TimeoutError` when it still runs after `timeout` seconds: it goes on (wait again,
-   * or `cancel()` it). Its own `budgets.timeoutSecs` bounds it in any case.
+   * Waits for it to end and returns its record. It follows the run's events, so it returns as
+   * soon as `run_finished` comes (a run that has ended: at once); a later wait goes on from the
+   * last event this one saw. Fails with `TimeoutError` when it still runs after `timeout`
+   * seconds, and with the signal's reason when `signal` aborts: it goes on (wait again, or
+   * `cancel()` it). Its own `budgets.timeoutSecs` bounds it in any case.
    */
   async wait(options: WaitOptions = {}): Promise<RunInfo> {
-    const deadline = options.timeout === undefined ? undefined : Date.now() + options.timeout * 1000;
+    if (this.info.done) return this.info;
+    const { timeout, signal } = options;
+    if (signal?.aborted) throw signal.reason;
+    // One signal for the caller's and the deadline's: either stops the stream being read.
+    const stop = new AbortController();
+    const onAbort = (): void => stop.abort(signal?.reason);
+    signal?.addEventListener("abort", onAbort, { once: true });
+    // Past what a timer can hold (about 24.8 days), no deadline: the run's own ends far sooner.
+    const timer =
+      timeout === undefined || timeout * 1000 > MAX_TIMER_MS
+        ? undefined
+        : setTimeout(() => {
+            stop.abort(new TimeoutError(`run ${this.id} is still running after ${timeout} s`, { code: "timeout" }));
+          }, timeout * 1000);
+    try {
+      return await this.followToEnd(stop.signal);
+    } catch (e) {
+      // Whichever stopped it first, as it was given (whatever the step it stopped failed with).
+      throw stop.signal.aborted ? stop.signal.reason : e;
+    } finally {
+      clearTimeout(timer);
+      signal?.removeEventListener("abort", onAbort);
+    }
+  }
+
+  /**
+   * `wait` without its deadline: the events from the last one a wait saw until `run_finished`,
+   * then its record. A stream that ends before `run_finished` while the run goes on means the
+   * daemon has no live events of it (the run goes on in another process): its state is asked
+   * for instead, every 0.1 s growing to 1 s.
+   */
+  private async followToEnd(signal: AbortSignal): Promise<RunInfo> {
+    for await (const event of this.follow(this.seen, signal, true)) this.seen = event.seq;
     let pause = POLL_FIRST;
-    while (!this.info.done) {
-      if (deadline !== undefined && Date.now() >= deadline) {
-        throw new TimeoutError(`run ${this.id} is still running after ${options.timeout} s`, { code: "timeout" });
-      }
-      const left = deadline === undefined ? pause : Math.max(0, Math.min(pause, (deadline - Date.now()) / 1000));
-      await sleep(left, options.signal);
+    while (!(await this.load(signal)).done) {
+      await sleep(pause, signal);
       pause = Math.min(pause * 1.5, POLL_MAX);
-      await this.refresh();
     }
     return this.info;
   }
@@ -402,8 +444,16 @@ export class Run {
    * the way is followed again from the last event given (`Last-Event-ID`), so no event comes
    * twice or goes missing. Leaving the loop stops following (the run goes on).
    */
-  async *events(options: RunEventsOptions = {}): AsyncGenerator<RunEvent, void, undefined> {
-    let last = options.after ?? 0;
+  events(options: RunEventsOptions = {}): AsyncGenerator<RunEvent, void, undefined> {
+    return this.follow(options.after ?? 0, options.signal, false);
+  }
+
+  /**
+   * `events`; with `settle`, a stream that ends (without breaking) before `run_finished` ends
+   * the iteration, for `wait` to find out why, instead of being followed again.
+   */
+  private async *follow(after: number, signal: AbortSignal | undefined, settle: boolean): AsyncGenerator<RunEvent, void, undefined> {
+    let last = after;
     let resuming = false;
     let failures = 0;
     for (;;) {
@@ -418,7 +468,7 @@ export class Run {
         const stream = sseRequest(this.http, "GET", `/v1/runs/${encodeURIComponent(this.id)}/events`, {
           query,
           headers,
-          signal: options.signal,
+          signal,
         });
         for await (const message of stream) {
           const data = message.data;
@@ -433,22 +483,23 @@ export class Run {
           yield event;
         }
       } catch (e) {
-        if (!isDropped(e) || failures >= RECONNECTS) throw e;
+        // Stopped on purpose: not a connection to follow again.
+        if (signal?.aborted || !isDropped(e) || failures >= RECONNECTS) throw e;
         failures++;
-        await sleep(Math.min(0.2 * 2 ** (failures - 1), 5), options.signal);
+        await sleep(Math.min(0.2 * 2 ** (failures - 1), 5), signal);
         continue;
       }
-      if (finished) return;
+      if (finished || settle) return;
       // Ended without `run_finished`: a run that ended without one (its process died) has no
       // more to give; one still going is followed again.
-      if ((await this.refresh()).done) return;
+      if ((await this.load(signal)).done) return;
       if (failures >= RECONNECTS) {
         throw new ConnectionError(`the event stream of run ${this.id} keeps ending before the run does`, {
           code: "connection_failed",
         });
       }
       failures++;
-      await sleep(Math.min(0.2 * 2 ** (failures - 1), 5), options.signal);
+      await sleep(Math.min(0.2 * 2 ** (failures - 1), 5), signal);
     }
   }
 

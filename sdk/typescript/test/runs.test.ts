@@ -2,11 +2,15 @@
  * Agent runs through the SDK against real daemons whose runs ask the test kit's scripted model
  * (a model and a daemon per test, each with the script the test needs): a run answers, with
  * its usage; its trajectory streams, resumes, reads whole, and is followed again across a
- * connection cut in the middle; a run stuck in a slow model call is cancelled; a kept sandbox
- * holds the run's state and takes another run; errors map as everywhere else.
+ * connection cut in the middle; a run stuck in a slow model call is cancelled; a wait follows
+ * the run's events (it sees an end it was not told of at once, with one stream and no polling,
+ * and keeps its deadline and signal; a run that has ended returns at once; a daemon without the
+ * run's live events is asked instead); a kept sandbox holds the run's state and takes another
+ * run; errors map as everywhere else.
  */
 
 import assert from "node:assert/strict";
+import { createServer as createHttpServer } from "node:http";
 import { createServer, connect, type Socket } from "node:net";
 import { test } from "node:test";
 
@@ -207,6 +211,170 @@ test("a run stuck in a slow model call is cancelled at once", { timeout: 180_000
     assert.equal(events[events.length - 1]!.data["status"], "cancelled");
     // Cancelling a run that has ended answers it as it is.
     assert.equal((await run.cancel()).status, "cancelled");
+  });
+});
+
+/** A model call that takes longer than any test: the run stays in it, sending no event, until it is cancelled. */
+const STUCK = [{ slow: { delay_ms: 60_000, then: { text: "too late" } } }];
+
+/** A run started and waited for until it is in its (slow) model call. */
+async function stuckInModelCall(client: ClientOptions): Promise<Run> {
+  const run = await Run.start("Wait for it.", { ...client, model: MODEL, budgets: { timeoutSecs: 120 } });
+  const deadline = Date.now() + 60_000;
+  while (!(await run.listEvents()).some((e) => e.type === "llm_request")) {
+    assert.ok(Date.now() < deadline, "no llm_request within 60 s");
+    await new Promise((r) => setTimeout(r, 50));
+  }
+  return run;
+}
+
+/** The requests of run `id` that went through a proxy, as `METHOD path?query`. */
+function runRequests(sent: Buffer[][], id: string): string[] {
+  const pattern = new RegExp(`(GET|POST) (/v1/runs/${id}[^ ]*) HTTP/1.1`, "g");
+  return sent.flatMap((chunks) => [...Buffer.concat(chunks).toString("latin1").matchAll(pattern)].map((m) => `${m[1]} ${m[2]}`));
+}
+
+test("a wait follows the events: it sees an end it was not told of at once, and keeps its deadline", { timeout: 180_000 }, async () => {
+  await withAgent(STUCK, async (client) => {
+    const run = await stuckInModelCall(client);
+    // The waiting handle's requests go through a proxy that records them (and never cuts).
+    const proxy = await cuttingProxy(client.apiUrl!, Infinity);
+    try {
+      const waiting = await Run.get(run.id, { ...client, apiUrl: proxy.url });
+      // No event comes while the model thinks: the deadline is kept all the same, and so is a signal.
+      let asked = Date.now();
+      await assert.rejects(waiting.wait({ timeout: 0.3 }), (e: unknown) => e instanceof TimeoutError && e.code === "timeout");
+      assert.ok(Date.now() - asked >= 290 && Date.now() - asked < 1_500, `${Date.now() - asked} ms`);
+      const stop = new AbortController();
+      setTimeout(() => stop.abort(new Error("enough")), 200);
+      asked = Date.now();
+      await assert.rejects(waiting.wait({ signal: stop.signal }), /enough/);
+      assert.ok(Date.now() - asked < 1_500, `${Date.now() - asked} ms`);
+      assert.equal(waiting.info.status, "running");
+      const seen = (await run.listEvents()).length;
+
+      let returned = 0;
+      const done = waiting.wait({ timeout: 60 }).then((info) => {
+        returned = Date.now();
+        return info;
+      });
+      // Long enough for a poller to be asking once a second by now.
+      await new Promise((r) => setTimeout(r, 2_500));
+      assert.equal(returned, 0);
+      // Ended through another handle: the waiting one is not told, it must see it.
+      const ended = await (await Run.get(run.id, client)).cancel();
+      const cancelled = Date.now();
+      const info = await done;
+      assert.ok(returned - cancelled < 250, `${returned - cancelled} ms after the end`);
+      assert.equal(info, waiting.info);
+      assert.deepEqual([info.status, info.reason, info.endedAt], [ended.status, ended.reason, ended.endedAt]);
+
+      // One stream a wait, the last from the last event seen; the record read at the start and
+      // once at the end: a poller would have read it every second.
+      const requests = runRequests(proxy.sent, run.id);
+      const path = `/v1/runs/${run.id}`;
+      const streams = requests.filter((r) => r.startsWith(`GET ${path}/events`));
+      assert.equal(streams.length, 3, requests.join("\n"));
+      assert.ok(streams.includes(`GET ${path}/events`) && streams.includes(`GET ${path}/events?after=${seen}`), requests.join("\n"));
+      assert.deepEqual(requests.filter((r) => !streams.includes(r)), [`GET ${path}`, `GET ${path}`], requests.join("\n"));
+    } finally {
+      await proxy.close();
+    }
+  });
+});
+
+test("a wait on a run that has ended returns at once", { timeout: 180_000 }, async () => {
+  await withAgent(DOUBLING, async (client) => {
+    const run = await Run.start(TASK, { ...client, model: MODEL });
+    assert.equal((await (await Run.get(run.id, client)).wait({ timeout: 120 })).status, "succeeded");
+    // A handle that knows it has ended answers without asking, whatever the timeout.
+    const ended = await Run.get(run.id, client);
+    let asked = Date.now();
+    assert.equal(await ended.wait({ timeout: 0 }), ended.info);
+    assert.ok(Date.now() - asked < 100, `${Date.now() - asked} ms`);
+    // A handle that still says `running` finds the end in the stored events at once.
+    assert.equal(run.info.status, "running");
+    asked = Date.now();
+    const info = await run.wait({ timeout: 10 });
+    assert.ok(Date.now() - asked < 1_000, `${Date.now() - asked} ms`);
+    assert.deepEqual([info.status, info.answer], ["succeeded", "the answer is 42"]);
+  });
+});
+
+/**
+ * An HTTP proxy on 127.0.0.1 in front of the daemon that answers every events stream with one
+ * that ends at once, as a daemon does for a run that goes on in another process (it has none
+ * of its live events), and passes every other request on; it records the requests.
+ */
+async function emptyEventsProxy(upstream: string): Promise<{ url: string; requests: string[]; close(): Promise<void> }> {
+  const requests: string[] = [];
+  const server = createHttpServer((req, res) => {
+    const url = req.url ?? "/";
+    requests.push(`${req.method} ${url}`);
+    if (req.method === "GET" && url.includes("/events") && !url.includes("format=json")) {
+      res.writeHead(200, { "content-type": "text/event-stream", "content-length": "0" });
+      res.end();
+      return;
+    }
+    const chunks: Buffer[] = [];
+    req.on("data", (c: Buffer) => chunks.push(c));
+    req.on("end", () => {
+      const headers: Record<string, string> = {};
+      for (const name of ["x-api-key", "content-type", "accept"]) {
+        const value = req.headers[name];
+        if (typeof value === "string") headers[name] = value;
+      }
+      const body = chunks.length > 0 ? Buffer.concat(chunks) : undefined;
+      fetch(upstream + url, { method: req.method, headers, body })
+        .then(async (answer) => {
+          const bytes = Buffer.from(await answer.arrayBuffer());
+          res.writeHead(answer.status, { "content-type": answer.headers.get("content-type") ?? "application/json" });
+          res.end(bytes);
+        })
+        .catch(() => res.destroy());
+    });
+  });
+  await new Promise<void>((resolve) => server.listen(0, "127.0.0.1", resolve));
+  const address = server.address();
+  assert.ok(address !== null && typeof address === "object");
+  return {
+    url: `http://127.0.0.1:${address.port}`,
+    requests,
+    close: () =>
+      new Promise<void>((resolve) => {
+        server.closeAllConnections();
+        server.close(() => resolve());
+      }),
+  };
+}
+
+test("a wait asks for the run when the daemon has none of its live events", { timeout: 180_000 }, async () => {
+  await withAgent(STUCK, async (client) => {
+    const run = await stuckInModelCall(client);
+    const proxy = await emptyEventsProxy(client.apiUrl!);
+    try {
+      const waiting = await Run.get(run.id, { ...client, apiUrl: proxy.url });
+      let settled = false;
+      const done = waiting.wait({ timeout: 60 }).finally(() => {
+        settled = true;
+      });
+      // Longer than a stream followed again and again would take to give up (0.2 s doubling, five times).
+      await new Promise((r) => setTimeout(r, 7_000));
+      assert.equal(settled, false);
+      await (await Run.get(run.id, client)).cancel();
+      const cancelled = Date.now();
+      const info = await done;
+      // Asked for every second at most.
+      assert.ok(Date.now() - cancelled < 1_500, `${Date.now() - cancelled} ms`);
+      assert.equal(info.status, "cancelled");
+    } finally {
+      await proxy.close();
+    }
+    const path = `/v1/runs/${run.id}`;
+    // One stream, which ended at once, then the record asked for about once a second.
+    assert.equal(proxy.requests.filter((r) => r.startsWith(`GET ${path}/events`)).length, 1, proxy.requests.join("\n"));
+    const gets = proxy.requests.filter((r) => r === `GET ${path}`).length;
+    assert.ok(gets >= 6 && gets <= 20, proxy.requests.join("\n"));
   });
 });
 

@@ -8,8 +8,10 @@ import builtins
 import contextlib
 import inspect  # async only
 import os
+# sync: import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+# sync: from concurrent import futures
 from datetime import timedelta
 from types import TracebackType
 from typing import IO, Any, Literal, overload
@@ -931,8 +933,24 @@ class AsyncFiles:
 # A run's event stream that breaks is followed again this many times in a row (without an
 # event coming in between) before the error is raised; the waits between grow from 0.2 s.
 _RECONNECTS = 5
-# `AsyncRun.wait` asks for the run's state every this many seconds, growing to the second.
+# `AsyncRun.wait` asks for the run's state every this many seconds, growing to the second,
+# when the daemon has no live events of the run to give (it goes on in another process).
 _POLL_FIRST, _POLL_MAX = 0.1, 1.0
+
+
+# sync: def _in_thread(fn: Callable[[], RunInfo]) -> futures.Future[RunInfo]:
+# sync:     """`fn()` in a daemon thread (one that never holds up the interpreter's exit): a wait
+# sync:     can give up on it at its deadline, which a blocking read cannot be made to do."""
+# sync:     future: futures.Future[RunInfo] = futures.Future()
+
+# sync:     def run() -> None:
+# sync:         try:
+# sync:             future.set_result(fn())
+# sync:         except BaseException as e:  # handed to whoever waits, as the call would have raised it
+# sync:             future.set_exception(e)
+
+# sync:     threading.Thread(target=run, name="sandcell-run-wait", daemon=True).start()
+# sync:     return future
 
 
 class AsyncRuns:
@@ -1017,6 +1035,10 @@ class AsyncRun:
         self.info = info
         self.client = client
         self._http = client._http
+        # The last event a wait saw: the next wait follows on from there.
+        self._seen = 0
+        # sync: # The thread a wait follows the run in, kept when the wait gives up at its deadline.
+        # sync: self._follower: futures.Future[RunInfo] | None = None
 
     def __repr__(self) -> str:
         return f"<AsyncRun {self.id} {self.info.status}>"
@@ -1034,18 +1056,37 @@ class AsyncRun:
     async def wait(self, timeout: float | None = None) -> RunInfo:
         """Waits for the run to end and returns its record; TimeoutError if it is still
         running after `timeout` seconds (it goes on: wait again, or `cancel()` it). The run's
-        own `budgets.timeout_secs` bounds it in any case."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        own `budgets.timeout_secs` bounds it in any case. It follows the run's events, so it
+        returns as soon as `run_finished` comes (a run that has ended: at once); a later wait
+        goes on from the last event this one saw."""
+        if self.info.done:
+            return self.info
+        follow = asyncio.ensure_future(self._follow_to_end())  # sync: follow = self._follower
+        # sync: if follow is None or follow.done():
+        # sync:     # A follow still going (a wait before this one gave up on it) is waited on again.
+        # sync:     follow = self._follower = _in_thread(self._follow_to_end)
+        try:  # async only
+            await asyncio.wait([follow], timeout=timeout)  # async only
+        finally:  # async only
+            # A follow the wait gave up on (or was cancelled in) stops.  # async only
+            follow.cancel()  # async only
+        # sync: futures.wait([follow], timeout)
+        if not follow.done():
+            raise TimeoutError(f"run {self.id} is still running after {timeout} s", code="timeout")
+        # sync: self._follower = None
+        return follow.result()
+
+    async def _follow_to_end(self) -> RunInfo:
+        """`wait` without its deadline: the run's events from the last one a wait saw until
+        `run_finished`, then its record. A stream that ends before `run_finished` while the
+        run goes on means the daemon has no live events of it (the run goes on in another
+        process): its state is asked for instead, every 0.1 s growing to 1 s."""
+        async for event in self._follow(self._seen, settle=True):
+            self._seen = event.seq
         pause = _POLL_FIRST
-        while not self.info.done:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(
-                    f"run {self.id} is still running after {timeout} s", code="timeout"
-                )
-            delay = pause if deadline is None else max(0.0, min(pause, deadline - time.monotonic()))
-            await asyncio.sleep(delay)  # sync: time.sleep(delay)
+        while not (await self.refresh()).done:
+            await asyncio.sleep(pause)  # sync: time.sleep(pause)
             pause = min(pause * 1.5, _POLL_MAX)
-            await self.refresh()
         return self.info
 
     async def events(self, after: int = 0) -> AsyncIterator[RunEvent]:
@@ -1053,6 +1094,13 @@ class AsyncRun:
         then the live ones as they happen, ending with `run_finished`. A connection that drops
         on the way is followed again from the last event seen (`Last-Event-ID`), so no event
         comes twice or goes missing."""
+        async for event in self._follow(after, settle=False):
+            yield event
+
+    async def _follow(self, after: int, *, settle: bool) -> AsyncIterator[RunEvent]:
+        """`events(after)`; with `settle`, a stream that ends (without breaking) before
+        `run_finished` ends the iteration, for `wait` to find out why, instead of being
+        followed again."""
         last = after
         finished = False
         failures = 0
@@ -1076,7 +1124,7 @@ class AsyncRun:
                 if e.status is not None or failures >= _RECONNECTS:
                     raise
             else:
-                if finished:
+                if finished or settle:
                     return
                 # Ended without `run_finished`: a run that ended without one (its process
                 # died) has no more to give; one still going is followed again.

@@ -8,8 +8,10 @@ from __future__ import annotations
 import builtins
 import contextlib
 import os
+import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent import futures
 from datetime import timedelta
 from types import TracebackType
 from typing import IO, Any, Literal, overload
@@ -927,8 +929,24 @@ class Files:
 # A run's event stream that breaks is followed again this many times in a row (without an
 # event coming in between) before the error is raised; the waits between grow from 0.2 s.
 _RECONNECTS = 5
-# `Run.wait` asks for the run's state every this many seconds, growing to the second.
+# `Run.wait` asks for the run's state every this many seconds, growing to the second,
+# when the daemon has no live events of the run to give (it goes on in another process).
 _POLL_FIRST, _POLL_MAX = 0.1, 1.0
+
+
+def _in_thread(fn: Callable[[], RunInfo]) -> futures.Future[RunInfo]:
+    """`fn()` in a daemon thread (one that never holds up the interpreter's exit): a wait
+    can give up on it at its deadline, which a blocking read cannot be made to do."""
+    future: futures.Future[RunInfo] = futures.Future()
+
+    def run() -> None:
+        try:
+            future.set_result(fn())
+        except BaseException as e:  # handed to whoever waits, as the call would have raised it
+            future.set_exception(e)
+
+    threading.Thread(target=run, name="sandcell-run-wait", daemon=True).start()
+    return future
 
 
 class Runs:
@@ -1013,6 +1031,10 @@ class Run:
         self.info = info
         self.client = client
         self._http = client._http
+        # The last event a wait saw: the next wait follows on from there.
+        self._seen = 0
+        # The thread a wait follows the run in, kept when the wait gives up at its deadline.
+        self._follower: futures.Future[RunInfo] | None = None
 
     def __repr__(self) -> str:
         return f"<Run {self.id} {self.info.status}>"
@@ -1030,18 +1052,32 @@ class Run:
     def wait(self, timeout: float | None = None) -> RunInfo:
         """Waits for the run to end and returns its record; TimeoutError if it is still
         running after `timeout` seconds (it goes on: wait again, or `cancel()` it). The run's
-        own `budgets.timeout_secs` bounds it in any case."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        own `budgets.timeout_secs` bounds it in any case. It follows the run's events, so it
+        returns as soon as `run_finished` comes (a run that has ended: at once); a later wait
+        goes on from the last event this one saw."""
+        if self.info.done:
+            return self.info
+        follow = self._follower
+        if follow is None or follow.done():
+            # A follow still going (a wait before this one gave up on it) is waited on again.
+            follow = self._follower = _in_thread(self._follow_to_end)
+        futures.wait([follow], timeout)
+        if not follow.done():
+            raise TimeoutError(f"run {self.id} is still running after {timeout} s", code="timeout")
+        self._follower = None
+        return follow.result()
+
+    def _follow_to_end(self) -> RunInfo:
+        """`wait` without its deadline: the run's events from the last one a wait saw until
+        `run_finished`, then its record. A stream that ends before `run_finished` while the
+        run goes on means the daemon has no live events of it (the run goes on in another
+        process): its state is asked for instead, every 0.1 s growing to 1 s."""
+        for event in self._follow(self._seen, settle=True):
+            self._seen = event.seq
         pause = _POLL_FIRST
-        while not self.info.done:
-            if deadline is not None and time.monotonic() >= deadline:
-                raise TimeoutError(
-                    f"run {self.id} is still running after {timeout} s", code="timeout"
-                )
-            delay = pause if deadline is None else max(0.0, min(pause, deadline - time.monotonic()))
-            time.sleep(delay)
+        while not (self.refresh()).done:
+            time.sleep(pause)
             pause = min(pause * 1.5, _POLL_MAX)
-            self.refresh()
         return self.info
 
     def events(self, after: int = 0) -> Iterator[RunEvent]:
@@ -1049,6 +1085,13 @@ class Run:
         then the live ones as they happen, ending with `run_finished`. A connection that drops
         on the way is followed again from the last event seen (`Last-Event-ID`), so no event
         comes twice or goes missing."""
+        for event in self._follow(after, settle=False):
+            yield event
+
+    def _follow(self, after: int, *, settle: bool) -> Iterator[RunEvent]:
+        """`events(after)`; with `settle`, a stream that ends (without breaking) before
+        `run_finished` ends the iteration, for `wait` to find out why, instead of being
+        followed again."""
         last = after
         finished = False
         failures = 0
@@ -1072,7 +1115,7 @@ class Run:
                 if e.status is not None or failures >= _RECONNECTS:
                     raise
             else:
-                if finished:
+                if finished or settle:
                     return
                 # Ended without `run_finished`: a run that ended without one (its process
                 # died) has no more to give; one still going is followed again.

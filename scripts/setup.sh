@@ -15,6 +15,8 @@ have ps || need+=(procps)
 /usr/bin/python3 -c 'import pandas' >/dev/null 2>&1 || need+=(python3-pandas)
 # Kernel state capture (snapshots): session functions and classes pickled by value.
 /usr/bin/python3 -c 'import cloudpickle' >/dev/null 2>&1 || need+=(python3-cloudpickle)
+# Validation-aware agent runs check answers with pytest inside sandboxes.
+/usr/bin/python3 -c 'import pytest' >/dev/null 2>&1 || need+=(python3-pytest)
 # The gvisor backend (and the suites that run on it).
 have runsc || need+=(runsc)
 [ -x /usr/bin/Rscript ] || need+=(r-base-core)

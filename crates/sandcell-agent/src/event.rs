@@ -58,6 +58,28 @@ pub enum EventKind {
         budgets: Budgets,
         /// The run that started it, for a sub-run.
         parent_run_id: Option<String>,
+        /// How its final answer is checked.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        validate: Option<sandcell_api::runs::Validate>,
+    },
+    /// The final answer was checked with the run's validation command.
+    Validation {
+        /// Which answer this was (1 for the first).
+        attempt: u32,
+        /// The attempts the run allows.
+        max_attempts: u32,
+        /// The command.
+        command: String,
+        /// It exited 0.
+        passed: bool,
+        /// Its exit code, when it exited.
+        exit_code: Option<i32>,
+        /// How it ended (`exited`, `timeout`, `killed`, …).
+        cause: String,
+        /// The end of its output (stdout, then stderr).
+        output_tail: String,
+        /// How long it ran.
+        duration_ms: u64,
     },
     /// Its sandbox is ready.
     SandboxReady {
@@ -195,6 +217,7 @@ impl EventKind {
             EventKind::StepCommitted { .. } => "step_committed",
             EventKind::Condensed { .. } => "condensed",
             EventKind::Warning { .. } => "warning",
+            EventKind::Validation { .. } => "validation",
             EventKind::RunFinished { .. } => "run_finished",
         }
     }

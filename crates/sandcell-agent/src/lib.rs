@@ -17,5 +17,6 @@ pub mod run;
 pub mod runner;
 pub mod settings;
 pub mod tools;
+pub mod validate;
 
 pub use runner::{LiveEntry, LiveRuns, Runner, run_info};

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use sandcell_api::code::{CodeInput, CreateContext};
-use sandcell_api::runs::{RunMode, RunUsage};
+use sandcell_api::runs::{RunMode, RunUsage, Validate};
 use sandcell_api::sandboxes::Lang;
 use sandcell_api::{Code, SandboxId, Timeout};
 use sandcell_engine::host_call::{HostCallError, HostCallErrorKind};
@@ -36,6 +36,7 @@ use crate::journal::{Journal, now_ms};
 use crate::run::{self, Asked, Ended, RunContext, SandboxPlan};
 use crate::runner::{LiveEntry, LiveRuns};
 use crate::tools;
+use crate::validate;
 
 /// Characters of `context` the model is shown.
 pub const CONTEXT_PREVIEW_CHARS: usize = 500;
@@ -220,6 +221,8 @@ struct Repl {
     sandbox_id: OnceLock<SandboxId>,
     /// The runs going on in this process, where sub-runs register.
     runs: Arc<LiveRuns>,
+    /// How its final answer is checked.
+    validate: Option<Validate>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -285,6 +288,42 @@ impl Repl {
     /// Keeps a cut output whole as a file beside the trajectory.
     fn keep_text(&self, text: &str) -> Option<ArtifactRef> {
         run::keep_artifact(&lock(&self.journal), "text/plain", "txt", text.as_bytes())
+    }
+
+    /// Counts the step and commits it with the tree's totals.
+    fn commit_step(&self) -> Result<(), ServiceError> {
+        self.pool.count_step();
+        let usage = self.pool.usage();
+        let mut j = lock(&self.journal);
+        j.record.totals = serde_json::to_value(&usage).unwrap_or(Value::Null);
+        j.emit(EventKind::StepCommitted { usage }, true)?;
+        Ok(())
+    }
+
+    /// The model gave `answer`: how the run ends, or what it is told when the run's check
+    /// failed with attempts left (`Err`).
+    async fn answer_given(
+        &self,
+        sandbox: &SandboxId,
+        attempts: &mut u32,
+        reason: &str,
+        answer: &str,
+    ) -> Result<Result<Ended, String>, ServiceError> {
+        let given = validate::Given {
+            validate: self.validate.as_ref(),
+            sandbox,
+            reason,
+            answer,
+        };
+        validate::answer_given(
+            &self.service,
+            &self.caller,
+            &self.cancel,
+            given,
+            attempts,
+            |e| self.emit(e, false).map(drop),
+        )
+        .await
     }
 
     fn next_call(&self) -> u32 {
@@ -686,6 +725,8 @@ impl Repl {
             journal,
             sandbox: SandboxPlan::Existing(sandbox),
             runs: self.runs.clone(),
+            // What a sub-run answers goes to its parent's code, which checks it if it likes.
+            validate: None,
         };
         Ok((ctx, entry))
     }
@@ -711,6 +752,7 @@ pub async fn drive_repl(ctx: RunContext, task: String, context: Option<String>) 
         journal,
         sandbox,
         runs,
+        validate,
     } = ctx;
     let repl = Arc::new(Repl {
         service,
@@ -726,6 +768,7 @@ pub async fn drive_repl(ctx: RunContext, task: String, context: Option<String>) 
         answer: Mutex::new(None),
         sandbox_id: OnceLock::new(),
         runs,
+        validate,
     });
     let mut kernel = None;
     let ended = match steps(&repl, &sandbox, task, context, &mut kernel).await {
@@ -748,12 +791,10 @@ pub async fn drive_repl(ctx: RunContext, task: String, context: Option<String>) 
         let _ = service.interrupt_context(caller, &sandbox, &context).await;
         let _ = service.delete_context(caller, &sandbox, &context).await;
     }
-    let made = {
-        let mut journal = lock(&repl.journal);
-        run::finish(&mut journal, repl.pool.usage(), &ended);
-        journal.record.sandbox_id.clone()
-    };
+    // The sandbox goes before `run_finished`: whoever sees the end sees it gone.
+    let made = lock(&repl.journal).record.sandbox_id.clone();
     run::release_sandbox(&repl.service, &repl.caller, &sandbox, made.as_deref()).await;
+    run::finish(&mut lock(&repl.journal), repl.pool.usage(), &ended);
     ended
 }
 
@@ -836,6 +877,7 @@ async fn steps(
             model: repl.model.to_string(),
             budgets: budgets.clone(),
             parent_run_id: parent,
+            validate: repl.validate.clone(),
         },
         false,
     )?;
@@ -879,6 +921,7 @@ async fn steps(
         content: vec![Part::Text(first)],
     }];
     let mut vision = true;
+    let mut attempts = 0u32;
     for iteration in 1..=budgets.max_iterations + 1 {
         if repl.cancel.is_cancelled() {
             return Ok(Ended::cancelled());
@@ -945,11 +988,39 @@ async fn steps(
             Asked::ImagesRejected => return Ok(Ended::failed("provider_error")),
         };
         if forced {
-            return Ok(Ended::succeeded("forced", text_answer(&response.text)));
+            // The last call: a failed check cannot be answered any more.
+            let answer = text_answer(&response.text);
+            return Ok(
+                match repl
+                    .answer_given(&sandbox_id, &mut attempts, "forced", &answer)
+                    .await?
+                {
+                    Ok(ended) => ended,
+                    Err(_) => Ended::validation_failed(answer),
+                },
+            );
         }
         let blocks = code_blocks(&response.text);
         if blocks.is_empty() {
-            return Ok(Ended::succeeded("text", text_answer(&response.text)));
+            let answer = text_answer(&response.text);
+            match repl
+                .answer_given(&sandbox_id, &mut attempts, "text", &answer)
+                .await?
+            {
+                Ok(ended) => return Ok(ended),
+                Err(feedback) => {
+                    messages.push(Message {
+                        role: Role::Assistant,
+                        content: vec![Part::Text(response.text)],
+                    });
+                    messages.push(Message {
+                        role: Role::User,
+                        content: vec![Part::Text(feedback)],
+                    });
+                    repl.commit_step()?;
+                    continue;
+                }
+            }
         }
         messages.push(Message {
             role: Role::Assistant,
@@ -1027,6 +1098,16 @@ async fn steps(
                 break;
             }
         }
+        let mut ended = None;
+        if let Some(answer) = final_answer {
+            match repl
+                .answer_given(&sandbox_id, &mut attempts, "final", &answer)
+                .await?
+            {
+                Ok(e) => ended = Some(e),
+                Err(retry) => feedback.push(retry),
+            }
+        }
         // The images the code showed follow the text that names its blocks.
         let mut content = vec![Part::Text(feedback.join("\n\n"))];
         content.extend(images.into_iter().map(Part::Image));
@@ -1034,15 +1115,9 @@ async fn steps(
             role: Role::User,
             content,
         });
-        repl.pool.count_step();
-        let usage = repl.pool.usage();
-        {
-            let mut j = lock(&repl.journal);
-            j.record.totals = serde_json::to_value(&usage).unwrap_or(Value::Null);
-            j.emit(EventKind::StepCommitted { usage }, true)?;
-        }
-        if let Some(answer) = final_answer {
-            return Ok(Ended::succeeded("final", answer));
+        repl.commit_step()?;
+        if let Some(ended) = ended {
+            return Ok(ended);
         }
     }
     Ok(Ended::failed(Exhausted::Iterations.reason()))

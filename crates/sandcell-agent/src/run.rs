@@ -8,7 +8,7 @@ use std::time::Instant;
 use futures_util::future::join_all;
 use sandcell_api::SandboxId;
 use sandcell_api::Timeout;
-use sandcell_api::runs::RunUsage;
+use sandcell_api::runs::{RunUsage, Validate};
 use sandcell_api::sandboxes::CreateSandbox;
 use sandcell_llm::{
     ChatRequest, ChatResponse, Llm, LlmError, LlmErrorKind, Message, ModelRef, Part, Role,
@@ -22,6 +22,7 @@ use crate::budget::{Exhausted, Pool};
 use crate::event::{ArtifactRef, EventKind};
 use crate::journal::{Journal, now_ms};
 use crate::tools::{self, FINAL_ANSWER, SUB_COMPLETE, SUB_COMPLETE_BATCHED};
+use crate::validate;
 
 /// What the model is told in `tools` mode.
 pub const SYSTEM_TOOLS: &str = "You are an agent working in an isolated Linux sandbox with live \
@@ -79,6 +80,8 @@ pub struct RunContext {
     pub sandbox: SandboxPlan,
     /// The runs going on in this process, where its sub-runs register.
     pub runs: Arc<crate::runner::LiveRuns>,
+    /// How its final answer is checked (none: it is taken as given).
+    pub validate: Option<Validate>,
 }
 
 /// How a run ended.
@@ -109,6 +112,14 @@ impl Ended {
         }
     }
 
+    pub(crate) fn validation_failed(answer: String) -> Self {
+        Self {
+            status: "failed",
+            reason: "validation_failed".into(),
+            answer: Some(answer),
+        }
+    }
+
     pub(crate) fn cancelled() -> Self {
         Self {
             status: "cancelled",
@@ -132,9 +143,10 @@ pub async fn drive(mut ctx: RunContext, task: String) -> Ended {
             Ended::failed("error")
         }
     };
-    finish(&mut ctx.journal, ctx.pool.usage(), &ended);
+    // The sandbox goes before `run_finished`: whoever sees the end sees it gone.
     let made = ctx.journal.record.sandbox_id.clone();
     release_sandbox(&ctx.service, &ctx.caller, &ctx.sandbox, made.as_deref()).await;
+    finish(&mut ctx.journal, ctx.pool.usage(), &ended);
     ended
 }
 
@@ -330,6 +342,7 @@ async fn steps(ctx: &mut RunContext, task: String) -> Result<Ended, ServiceError
             model: ctx.model.to_string(),
             budgets: budgets.clone(),
             parent_run_id: ctx.journal.record.parent_id.clone(),
+            validate: ctx.validate.clone(),
         },
         false,
     )?;
@@ -353,6 +366,7 @@ async fn steps(ctx: &mut RunContext, task: String) -> Result<Ended, ServiceError
     }];
     let mut vision = true;
     let mut call = 0u32;
+    let mut attempts = 0u32;
     // One step's request: the whole conversation, and no tools once the answer is forced.
     let (model_name, stream) = (ctx.model.model.clone(), ctx.stream);
     let step_request = |messages: &[Message], forced: bool| ChatRequest {
@@ -410,10 +424,32 @@ async fn steps(ctx: &mut RunContext, task: String) -> Result<Ended, ServiceError
             Asked::ImagesRejected => return Ok(Ended::failed("provider_error")),
         };
         if forced {
-            return Ok(Ended::succeeded("forced", response.text));
+            // The last call: a failed check cannot be answered any more.
+            let answer = response.text;
+            return Ok(
+                match answer_given(ctx, &sandbox, &mut attempts, "forced", &answer).await? {
+                    Ok(ended) => ended,
+                    Err(_) => Ended::validation_failed(answer),
+                },
+            );
         }
         if response.tool_calls.is_empty() {
-            return Ok(Ended::succeeded("text", response.text));
+            let answer = response.text;
+            match answer_given(ctx, &sandbox, &mut attempts, "text", &answer).await? {
+                Ok(ended) => return Ok(ended),
+                Err(feedback) => {
+                    messages.push(Message {
+                        role: Role::Assistant,
+                        content: vec![Part::Text(answer)],
+                    });
+                    messages.push(Message {
+                        role: Role::User,
+                        content: vec![Part::Text(feedback)],
+                    });
+                    commit_step(ctx)?;
+                    continue;
+                }
+            }
         }
         let mut content = Vec::new();
         if !response.text.is_empty() {
@@ -441,10 +477,19 @@ async fn steps(ctx: &mut RunContext, task: String) -> Result<Ended, ServiceError
                 FINAL_ANSWER => match tc.arguments.get("answer") {
                     Some(a) => {
                         let answer = a.as_str().map_or_else(|| a.to_string(), str::to_string);
-                        final_answer = Some(answer);
-                        tools::Outcome {
-                            text: "the answer is recorded; the run ends".into(),
-                            ..tools::Outcome::default()
+                        match answer_given(ctx, &sandbox, &mut attempts, "final", &answer).await? {
+                            Ok(ended) => {
+                                final_answer = Some(ended);
+                                tools::Outcome {
+                                    text: "the answer is recorded; the run ends".into(),
+                                    ..tools::Outcome::default()
+                                }
+                            }
+                            Err(feedback) => tools::Outcome {
+                                text: feedback,
+                                is_error: true,
+                                ..tools::Outcome::default()
+                            },
                         }
                     }
                     None => tools::Outcome {
@@ -507,19 +552,44 @@ async fn steps(ctx: &mut RunContext, task: String) -> Result<Ended, ServiceError
             role: Role::User,
             content: results,
         });
-        ctx.pool.count_step();
-        ctx.journal.record.totals = serde_json::to_value(ctx.pool.usage()).unwrap_or(Value::Null);
-        ctx.journal.emit(
-            EventKind::StepCommitted {
-                usage: ctx.pool.usage(),
-            },
-            true,
-        )?;
-        if let Some(answer) = final_answer {
-            return Ok(Ended::succeeded("final", answer));
+        commit_step(ctx)?;
+        if let Some(ended) = final_answer {
+            return Ok(ended);
         }
     }
     Ok(Ended::failed(Exhausted::Iterations.reason()))
+}
+
+/// Counts the step and commits it with the tree's totals.
+fn commit_step(ctx: &mut RunContext) -> Result<(), ServiceError> {
+    ctx.pool.count_step();
+    let usage = ctx.pool.usage();
+    ctx.journal.record.totals = serde_json::to_value(&usage).unwrap_or(Value::Null);
+    ctx.journal.emit(EventKind::StepCommitted { usage }, true)?;
+    Ok(())
+}
+
+/// The model gave `answer`: how the run ends, or what the model is told (`Err`) when the
+/// run's check failed with attempts left.
+async fn answer_given(
+    ctx: &mut RunContext,
+    sandbox: &SandboxId,
+    attempts: &mut u32,
+    reason: &str,
+    answer: &str,
+) -> Result<Result<Ended, String>, ServiceError> {
+    let (service, caller, cancel) = (&ctx.service, &ctx.caller, &ctx.cancel);
+    let journal = &mut ctx.journal;
+    let given = validate::Given {
+        validate: ctx.validate.as_ref(),
+        sandbox,
+        reason,
+        answer,
+    };
+    validate::answer_given(service, caller, cancel, given, attempts, |e| {
+        journal.emit(e, false).map(drop)
+    })
+    .await
 }
 
 /// Keeps `bytes` as a file beside the trajectory (`None` when it cannot be written: the

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use sandcell_api::runs::{Budgets, RunInfo, RunList, RunMode, StartRun};
+use sandcell_api::runs::{Budgets, RunInfo, RunList, RunMode, StartRun, Validate};
 use sandcell_api::time::rfc3339;
 use sandcell_llm::{Llm, ModelRef};
 use sandcell_service::caller::new_record_id;
@@ -31,6 +31,8 @@ struct RunSettings {
     budgets: Budgets,
     stream: bool,
     template: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    validate: Option<Validate>,
 }
 
 /// A run in this process.
@@ -241,6 +243,7 @@ impl Runner {
             budgets: budgets.clone(),
             stream: self.defaults.stream,
             template: req.template.clone(),
+            validate: req.validate.clone(),
         };
         let record = RunRecord {
             id: id.clone(),
@@ -282,6 +285,7 @@ impl Runner {
             journal,
             sandbox: plan,
             runs: self.live.clone(),
+            validate: req.validate,
         };
         let task = req.task;
         let context = req.context;

@@ -3,7 +3,8 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::values::SandboxId;
+use crate::rules::ValidationError;
+use crate::values::{SandboxId, Timeout};
 
 /// How the model works.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
@@ -105,6 +106,111 @@ pub struct StartRun {
     /// given by `sandbox_id` is never deleted).
     #[serde(default)]
     pub keep_sandbox: bool,
+    /// Check the model's final answer with a command run in the run's sandbox; a failure
+    /// goes back to the model, which tries again.
+    pub validate: Option<Validate>,
+}
+
+/// The longest validation command, in bytes.
+pub const MAX_VALIDATE_COMMAND_BYTES: usize = 64 * 1024;
+/// The longest a validation command may run, in seconds.
+pub const MAX_VALIDATE_TIMEOUT_SECS: f64 = 600.0;
+/// The most attempts a run's answer may get.
+pub const MAX_VALIDATE_ATTEMPTS: u32 = 10;
+/// Seconds a validation command runs when no timeout is given.
+pub const DEFAULT_VALIDATE_TIMEOUT_SECS: f64 = 60.0;
+/// Attempts when none are given.
+pub const DEFAULT_VALIDATE_ATTEMPTS: u32 = 3;
+
+/// How a run's final answer is checked: `command` runs (through `sh -c`) in the run's
+/// sandbox; exit 0 ends the run `validated`; anything else goes back to the model, until
+/// `max_attempts` answers have failed (`validation_failed`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields, try_from = "ValidateInput")]
+pub struct Validate {
+    /// The command (`pytest -q`, `test -s out.csv`).
+    pub command: String,
+    /// Seconds it may run (default 60, at most 600).
+    #[cfg_attr(feature = "openapi", schema(value_type = Option<f64>, exclusive_minimum = 0, maximum = 600))]
+    pub timeout_s: Option<Timeout>,
+    /// Answers the model may give before the run fails (default 3, at most 10).
+    #[cfg_attr(feature = "openapi", schema(minimum = 1, maximum = 10))]
+    pub max_attempts: Option<u32>,
+}
+
+/// [`Validate`] as it arrives, before its checks.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ValidateInput {
+    command: String,
+    timeout_s: Option<Timeout>,
+    max_attempts: Option<u32>,
+}
+
+impl TryFrom<ValidateInput> for Validate {
+    type Error = ValidationError;
+
+    fn try_from(v: ValidateInput) -> Result<Self, ValidationError> {
+        Validate::new(v.command, v.timeout_s, v.max_attempts)
+    }
+}
+
+impl Validate {
+    /// Checks and keeps a validation: a command that is not blank and not too long, a timeout
+    /// of at most [`MAX_VALIDATE_TIMEOUT_SECS`], 1 to [`MAX_VALIDATE_ATTEMPTS`] attempts.
+    pub fn new(
+        command: String,
+        timeout_s: Option<Timeout>,
+        max_attempts: Option<u32>,
+    ) -> Result<Self, ValidationError> {
+        if command.trim().is_empty() {
+            return Err(ValidationError("'validate.command' is empty".into()));
+        }
+        if command.len() > MAX_VALIDATE_COMMAND_BYTES {
+            return Err(ValidationError(format!(
+                "'validate.command' of {} bytes is over the {} KiB limit",
+                command.len(),
+                MAX_VALIDATE_COMMAND_BYTES >> 10
+            )));
+        }
+        if command.contains('\0') {
+            return Err(ValidationError(
+                "'validate.command' contains a NUL byte".into(),
+            ));
+        }
+        if let Some(t) = timeout_s
+            && t.secs() > MAX_VALIDATE_TIMEOUT_SECS
+        {
+            return Err(ValidationError(format!(
+                "'validate.timeout_s' of {} is over the maximum of {MAX_VALIDATE_TIMEOUT_SECS}",
+                t.secs()
+            )));
+        }
+        if let Some(n) = max_attempts
+            && !(1..=MAX_VALIDATE_ATTEMPTS).contains(&n)
+        {
+            return Err(ValidationError(format!(
+                "'validate.max_attempts' must be 1 to {MAX_VALIDATE_ATTEMPTS}, not {n}"
+            )));
+        }
+        Ok(Self {
+            command,
+            timeout_s,
+            max_attempts,
+        })
+    }
+
+    /// The attempts the answer gets.
+    pub fn attempts(&self) -> u32 {
+        self.max_attempts.unwrap_or(DEFAULT_VALIDATE_ATTEMPTS)
+    }
+
+    /// Seconds the command may run.
+    pub fn timeout_secs(&self) -> f64 {
+        self.timeout_s
+            .map_or(DEFAULT_VALIDATE_TIMEOUT_SECS, Timeout::secs)
+    }
 }
 
 /// Tokens and money a run (with its sub-calls and sub-runs) has used.

@@ -14,8 +14,8 @@ use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 use futures_util::StreamExt;
 use sandcell_agent::event::{Event, EventKind};
-use sandcell_api::SandboxId;
-use sandcell_api::runs::{BudgetsInput, RunInfo, RunMode, StartRun};
+use sandcell_api::runs::{BudgetsInput, RunInfo, RunMode, StartRun, Validate};
+use sandcell_api::{SandboxId, Timeout};
 use sandcell_client::{Client, Discover};
 use sandcell_store::Store;
 use serde_json::{Value, json};
@@ -73,6 +73,17 @@ pub struct AgentArgs {
     /// Keep the sandbox the run makes (default: deleted when the run ends).
     #[arg(long)]
     pub keep_sandbox: bool,
+    /// Check the final answer by running CMD in the run's sandbox: exit 0 ends the run
+    /// `validated`; otherwise the model reads the failure and tries again.
+    #[arg(long, value_name = "CMD")]
+    pub validate: Option<String>,
+    /// Answers the model may give before a failing check ends the run (default 3, at most
+    /// 10).
+    #[arg(long, value_name = "N", requires = "validate")]
+    pub validate_attempts: Option<u32>,
+    /// Seconds the check may run (default 60, at most 600).
+    #[arg(long, value_name = "SECS", requires = "validate")]
+    pub validate_timeout: Option<f64>,
     /// Print one JSON object at the end: run_id, status, reason, answer, usage.
     #[arg(long)]
     pub json: bool,
@@ -236,6 +247,13 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<ExitCode> {
         },
         wait: false,
         keep_sandbox: args.keep_sandbox,
+        validate: args
+            .validate
+            .map(|command| {
+                let timeout = args.validate_timeout.map(Timeout::from_secs).transpose()?;
+                Validate::new(command, timeout, args.validate_attempts)
+            })
+            .transpose()?,
     };
     let live = std::io::stderr().is_terminal() && !args.json;
     let json_out = args.json;
@@ -412,6 +430,20 @@ fn show(e: &Event) {
         }
         EventKind::Warning { message } => format!("warning: {message}"),
         EventKind::LlmError { message, .. } => format!("model error: {message}"),
+        EventKind::Validation {
+            attempt,
+            max_attempts,
+            passed,
+            exit_code,
+            ..
+        } => format!(
+            "  check {attempt}/{max_attempts}: {}",
+            match (passed, exit_code) {
+                (true, _) => "passed".to_string(),
+                (false, Some(code)) => format!("failed (exit {code})"),
+                (false, None) => "failed".to_string(),
+            }
+        ),
         EventKind::RunFinished { status, reason, .. } => format!("{status} ({reason})"),
         _ => return,
     };
@@ -642,6 +674,22 @@ fn describe(e: &Event) -> String {
             usage.input_tokens, usage.output_tokens
         ),
         EventKind::Warning { message } => format!("warning: {message}"),
+        EventKind::Validation {
+            attempt,
+            max_attempts,
+            command,
+            passed,
+            exit_code,
+            cause,
+            ..
+        } => format!(
+            "validation {attempt}/{max_attempts} `{command}`: {}",
+            match (passed, exit_code) {
+                (true, _) => "passed".to_string(),
+                (false, Some(code)) => format!("failed (exit {code})"),
+                (false, None) => format!("failed ({cause})"),
+            }
+        ),
         EventKind::Condensed {
             messages_replaced, ..
         } => format!("condensed {messages_replaced} older messages into a summary"),

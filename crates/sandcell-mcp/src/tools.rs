@@ -19,7 +19,7 @@ use rmcp::{ErrorData, RoleServer, ServerHandler, tool, tool_router};
 use sandcell_agent::Runner;
 use sandcell_api::code::{CodeInput, ContextView, SetVariables};
 use sandcell_api::exec::ExecInput;
-use sandcell_api::runs::{BudgetsInput, StartRun};
+use sandcell_api::runs::{BudgetsInput, StartRun, Validate};
 use sandcell_api::sandboxes::{CreateSandbox, Lang, LimitsInput};
 use sandcell_api::snapshots::{CreateSnapshot, ForkSnapshot as ForkRequest};
 use sandcell_api::transfer::{CreateExport, ImportRequest};
@@ -311,6 +311,11 @@ pub struct AgentRun {
     pub cost_limit_usd: Option<f64>,
     /// Seconds the run may take in all (default 300, at most 600).
     pub timeout_secs: Option<f64>,
+    /// A command that checks the final answer in the session (e.g. `pytest -q`): exit 0
+    /// ends the run `validated`; otherwise the agent reads the failure and tries again.
+    pub validate_command: Option<String>,
+    /// Answers the agent may give before a failing check ends the run (default 3, at most 10).
+    pub validate_max_attempts: Option<u32>,
 }
 
 /// A run to act on.
@@ -743,6 +748,11 @@ impl SandcellMcp {
                 timeout_secs: p.timeout_secs,
                 ..BudgetsInput::default()
             },
+            validate: p
+                .validate_command
+                .map(|c| Validate::new(c, None, p.validate_max_attempts))
+                .transpose()
+                .map_err(|e| tool_error(&format!("invalid_argument: {}", e.0)))?,
             ..StartRun::default()
         };
         Ok(output::run_started(&api.start_run(req).await?))

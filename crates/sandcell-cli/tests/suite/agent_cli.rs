@@ -521,3 +521,132 @@ async fn complete_runs_in_repl_mode_with_the_input_as_a_kernel_variable() {
         "the 340 kB input stayed out of the prompt"
     );
 }
+
+/// Writes a module whose `add` subtracts, and a pytest file for it.
+const BUGGY: &str = "open('calc.py', 'w').write('def add(a, b):\\n    return a - b\\n')\n\
+open('test_calc.py', 'w').write('from calc import add\\n\\ndef test_add():\\n    assert add(2, 3) == 5\\n')\n\
+print('written')";
+
+fn final_answer(answer: &str) -> Turn {
+    Turn::ToolCalls(vec![ScriptedCall::new(
+        "final_answer",
+        json!({ "answer": answer }),
+    )])
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_check_goes_back_to_the_model_which_fixes_it_on_the_second_attempt() {
+    let script = Script::new()
+        .turn(code_call(BUGGY))
+        .turn(final_answer("calc.add is written"))
+        .turn(code_call(
+            "open('calc.py', 'w').write('def add(a, b):\\n    return a + b\\n')\nprint('fixed')",
+        ))
+        .turn(final_answer("calc.add is fixed"));
+    let llm = ScriptedLlm::start(script).await.expect("scripted model");
+    let home = tempfile::tempdir().expect("home");
+    let out = sandcell(
+        &llm,
+        home.path(),
+        &[
+            "agent",
+            "--json",
+            "--model",
+            "openai/scripted",
+            "--validate",
+            "python3 -m pytest -q -p no:cacheprovider test_calc.py",
+            "Write calc.add with a test.",
+        ],
+    )
+    .await;
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    let run = out.json();
+    assert_eq!(run["status"], "succeeded");
+    assert_eq!(run["reason"], "validated");
+    assert_eq!(run["answer"], "calc.add is fixed");
+    // The model read pytest's failure as the result of its final_answer call.
+    let requests = llm.requests();
+    assert_eq!(requests.len(), 4);
+    let told = requests[2].transcript();
+    assert!(told.contains("the check failed (attempt 1 of 3)"), "{told}");
+    assert!(told.contains("exited with code 1"), "{told}");
+    assert!(told.contains("1 failed"), "{told}");
+    let events = trajectory(&llm, home.path(), run["run_id"].as_str().expect("id")).await;
+    let checks = of_type(&events, "validation");
+    assert_eq!(checks.len(), 2, "{checks:?}");
+    assert_eq!(
+        (checks[0]["passed"].clone(), checks[0]["exit_code"].clone()),
+        (json!(false), json!(1))
+    );
+    assert_eq!(
+        (checks[1]["passed"].clone(), checks[1]["attempt"].clone()),
+        (json!(true), json!(2))
+    );
+    let started = of_type(&events, "run_started")[0];
+    assert_eq!(
+        started["validate"]["command"],
+        "python3 -m pytest -q -p no:cacheprovider test_calc.py"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_never_fixed_ends_the_run_validation_failed() {
+    // The model answers in plain text each time and never fixes anything.
+    let script = Script::new().respond_with(|r| {
+        if r.transcript().contains("written") {
+            Turn::text("it is done")
+        } else {
+            code_call(BUGGY)
+        }
+    });
+    let llm = ScriptedLlm::start(script).await.expect("scripted model");
+    let home = tempfile::tempdir().expect("home");
+    let out = sandcell(
+        &llm,
+        home.path(),
+        &[
+            "agent",
+            "--json",
+            "--model",
+            "openai/scripted",
+            "--validate",
+            "python3 -m pytest -q -p no:cacheprovider test_calc.py",
+            "--validate-attempts",
+            "2",
+            "Write calc.add with a test.",
+        ],
+    )
+    .await;
+    assert_eq!(out.code, 1, "{}\n{}", out.stdout, out.stderr);
+    let run = out.json();
+    assert_eq!(run["status"], "failed");
+    assert_eq!(run["reason"], "validation_failed");
+    assert_eq!(run["answer"], "it is done");
+    // One code step, then two answers, each checked.
+    assert_eq!(llm.requests().len(), 3);
+    let events = trajectory(&llm, home.path(), run["run_id"].as_str().expect("id")).await;
+    let checks = of_type(&events, "validation");
+    assert_eq!(checks.len(), 2);
+    assert!(checks.iter().all(|c| c["passed"] == false));
+
+    // Bad validation input is refused before any run.
+    for (args, wanted) in [
+        (vec!["--validate", "  "], "validate.command"),
+        (
+            vec!["--validate", "true", "--validate-attempts", "0"],
+            "validate.max_attempts",
+        ),
+        (
+            vec!["--validate", "true", "--validate-timeout", "601"],
+            "validate.timeout_s",
+        ),
+    ] {
+        let mut all = vec!["agent", "--model", "openai/scripted"];
+        all.extend(args.iter().copied());
+        all.push("task");
+        let out = sandcell(&llm, home.path(), &all).await;
+        assert_eq!(out.code, 125, "{all:?}: {}", out.stderr);
+        assert!(out.stderr.contains(wanted), "{all:?}: {}", out.stderr);
+    }
+    assert_eq!(llm.requests().len(), 3, "no request for refused input");
+}

@@ -135,6 +135,7 @@ fn start_with(
             keep: true,
         },
         runs: Arc::default(),
+        validate: None,
     };
     (ctx, id)
 }
@@ -704,6 +705,7 @@ async fn a_sub_run_is_a_sub_call_and_can_be_followed_and_cancelled_by_its_own_id
                 budgets: BudgetsInput::default(),
                 wait: false,
                 keep_sandbox: false,
+                validate: None,
             },
         )
         .await
@@ -790,6 +792,7 @@ async fn cancelling_the_root_cancels_its_sub_run_within_a_second_or_so() {
                 budgets: BudgetsInput::default(),
                 wait: false,
                 keep_sandbox: false,
+                validate: None,
             },
         )
         .await
@@ -830,4 +833,55 @@ async fn cancelling_the_root_cancels_its_sub_run_within_a_second_or_so() {
         child_took < std::time::Duration::from_secs(3),
         "{child_took:?}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_final_answer_that_fails_its_check_is_told_so_and_tried_again() {
+    sandcell_testkit::skip_unless_root!();
+    let script = Script::new().respond_with(|r: &Recorded| {
+        let last = r
+            .messages()
+            .iter()
+            .rev()
+            .find(|m| m["role"] == "user")
+            .map(text_of)
+            .unwrap_or_default();
+        if last.contains("the check failed") {
+            python("open('answer.txt', 'w').write('42')\nFINAL('42')")
+        } else {
+            python("open('answer.txt', 'w').write('41')\nFINAL('41')")
+        }
+    });
+    let scripted = ScriptedLlm::start(script).await.expect("scripted model");
+    let h = harness(&scripted);
+    let (mut ctx, id) = start(
+        &h,
+        "Answer.",
+        BudgetsInput::default(),
+        CancellationToken::new(),
+    );
+    ctx.validate = Some(
+        sandcell_api::runs::Validate::new("grep -qx 42 answer.txt".into(), None, None)
+            .expect("a check"),
+    );
+    let ended = tokio::time::timeout(
+        std::time::Duration::from_secs(120),
+        drive_repl(ctx, "Answer.".into(), None),
+    )
+    .await
+    .expect("the run ends");
+    assert_eq!(
+        (ended.status, ended.reason.as_str(), ended.answer.as_deref()),
+        ("succeeded", "validated", Some("42"))
+    );
+    assert_eq!(scripted.requests().len(), 2);
+    let events = events(&h, &id);
+    contiguous(&events);
+    let checks: Vec<&Value> = events
+        .iter()
+        .filter(|e| e["type"] == "validation")
+        .collect();
+    assert_eq!(checks.len(), 2);
+    assert_eq!(checks[0]["passed"], false);
+    assert_eq!(checks[1]["passed"], true);
 }

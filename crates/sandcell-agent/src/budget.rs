@@ -200,6 +200,20 @@ impl Pool {
         Ok(())
     }
 
+    /// Counts a model call answered before a restart (its usage spent, not yet in the
+    /// totals the run was resumed with).
+    pub fn count_spent(&self, usage: &Usage, cost: Option<f64>) {
+        let mut c = self.counts();
+        c.llm_calls += 1;
+        c.input += usage.input_tokens;
+        c.output += usage.output_tokens;
+        c.estimated |= usage.estimated;
+        match cost {
+            Some(v) => c.cost += v,
+            None => c.cost_unknown = true,
+        }
+    }
+
     /// Counts a tool call.
     pub fn count_tool_call(&self) {
         self.counts().tool_calls += 1;

@@ -42,6 +42,20 @@ pub struct ArtifactRef {
     pub bytes: u64,
 }
 
+/// A step's snapshot of the run's sandbox.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct StepSnapshot {
+    /// The snapshot (`GET /v1/snapshots/{id}`).
+    pub snapshot_id: String,
+    /// `files`, `language` or `process`: what a restore brings back.
+    pub fidelity: String,
+    /// What it does not carry (running processes, variables that could not be saved).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub not_carried: Vec<String>,
+    /// How long taking it took.
+    pub duration_ms: u64,
+}
+
 /// What happened.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case")]
@@ -172,6 +186,30 @@ pub enum EventKind {
     StepCommitted {
         /// Usage of the run tree so far.
         usage: RunUsage,
+        /// The sandbox as the step left it (none: the policy took none, or it failed, with
+        /// a warning before this event).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        snapshot: Option<StepSnapshot>,
+        /// The messages the step added to the conversation, images as files (what a resume
+        /// or a fork rebuilds the conversation from).
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        messages: Vec<sandcell_llm::Message>,
+    },
+    /// The run goes on after the process running it stopped (a crash, a restart).
+    Resumed {
+        /// The last step committed before the stop.
+        after_step: u32,
+        /// The model's answer for the next step was recorded and is used, not asked again.
+        reused_response: bool,
+        /// Tool calls of the next step that had started and run again.
+        rerun_tool_calls: u32,
+        /// The step snapshot the sandbox was restored from (none: the sandbox was kept).
+        restored_from: Option<String>,
+        /// The sandbox the run goes on in.
+        sandbox_id: String,
+        /// What the resume could not bring back, in words.
+        #[serde(default, skip_serializing_if = "Vec::is_empty")]
+        notes: Vec<String>,
     },
     /// Older steps were replaced by a summary, as the conversation neared the model's
     /// context window.
@@ -218,6 +256,7 @@ impl EventKind {
             EventKind::Condensed { .. } => "condensed",
             EventKind::Warning { .. } => "warning",
             EventKind::Validation { .. } => "validation",
+            EventKind::Resumed { .. } => "resumed",
             EventKind::RunFinished { .. } => "run_finished",
         }
     }

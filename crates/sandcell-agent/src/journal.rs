@@ -62,6 +62,27 @@ impl Journal {
         })
     }
 
+    /// Opens the trajectory of a run recorded earlier (resumed after a restart) to go on
+    /// after event `seq`, filing under `step`.
+    pub fn reopen(
+        store: Arc<Store>,
+        home: &Path,
+        record: RunRecord,
+        live: broadcast::Sender<Event>,
+        seq: u64,
+        step: u32,
+    ) -> Self {
+        Self {
+            store,
+            dir: trajectories_dir(home),
+            record,
+            seq,
+            step,
+            live,
+            mirror_file: None,
+        }
+    }
+
     /// The step events are filed under now.
     pub fn step(&self) -> u32 {
         self.step

@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 pub mod budget;
+pub mod durable;
 pub mod event;
 pub mod journal;
 pub mod repl;

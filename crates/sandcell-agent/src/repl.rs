@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
 use sandcell_api::code::{CodeInput, CreateContext};
-use sandcell_api::runs::{RunMode, RunUsage, Validate};
+use sandcell_api::runs::{RunMode, RunUsage, SnapshotPolicy, Validate};
 use sandcell_api::sandboxes::Lang;
 use sandcell_api::{Code, SandboxId, Timeout};
 use sandcell_engine::host_call::{HostCallError, HostCallErrorKind};
@@ -31,6 +31,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use crate::budget::{Exhausted, Pool, Reservation};
+use crate::durable;
 use crate::event::{ArtifactRef, Event, EventKind};
 use crate::journal::{Journal, now_ms};
 use crate::run::{self, Asked, Ended, RunContext, SandboxPlan};
@@ -223,6 +224,8 @@ struct Repl {
     runs: Arc<LiveRuns>,
     /// How its final answer is checked.
     validate: Option<Validate>,
+    /// Its step snapshots.
+    durability: run::Durability,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -290,13 +293,52 @@ impl Repl {
         run::keep_artifact(&lock(&self.journal), "text/plain", "txt", text.as_bytes())
     }
 
-    /// Counts the step and commits it with the tree's totals.
-    fn commit_step(&self) -> Result<(), ServiceError> {
+    /// Counts the step, takes its snapshot when the policy wants one (`mutated`: it ran
+    /// code or a check) and commits it with the tree's totals and the messages it `added`.
+    async fn commit_step(
+        &self,
+        sandbox: &SandboxId,
+        mutated: bool,
+        added: &[Message],
+    ) -> Result<(), ServiceError> {
+        let (run_id, step) = {
+            let j = lock(&self.journal);
+            (j.record.id.clone(), j.step())
+        };
+        let snapshot = if durable::wants_snapshot(self.durability.policy, mutated) {
+            let owner = &self.caller.owner;
+            match durable::snapshot_step(&self.service, owner, sandbox, &run_id, step).await {
+                Ok(s) => Some(s),
+                Err(e) => {
+                    self.emit(
+                        EventKind::Warning {
+                            message: format!(
+                                "step {step}'s snapshot failed ({}: {}): a resume or fork from this step has none",
+                                e.code(),
+                                e.message
+                            ),
+                        },
+                        false,
+                    )?;
+                    None
+                }
+            }
+        } else {
+            None
+        };
         self.pool.count_step();
         let usage = self.pool.usage();
         let mut j = lock(&self.journal);
+        let messages = durable::externalize(added, &j.artifacts_dir());
         j.record.totals = serde_json::to_value(&usage).unwrap_or(Value::Null);
-        j.emit(EventKind::StepCommitted { usage }, true)?;
+        j.emit(
+            EventKind::StepCommitted {
+                usage,
+                snapshot,
+                messages,
+            },
+            true,
+        )?;
         Ok(())
     }
 
@@ -727,6 +769,11 @@ impl Repl {
             runs: self.runs.clone(),
             // What a sub-run answers goes to its parent's code, which checks it if it likes.
             validate: None,
+            // The parent's step is what a resume starts again, from the parent's snapshot.
+            durability: run::Durability {
+                policy: SnapshotPolicy::Off,
+                prune: false,
+            },
         };
         Ok((ctx, entry))
     }
@@ -753,6 +800,7 @@ pub async fn drive_repl(ctx: RunContext, task: String, context: Option<String>) 
         sandbox,
         runs,
         validate,
+        durability,
     } = ctx;
     let repl = Arc::new(Repl {
         service,
@@ -769,6 +817,7 @@ pub async fn drive_repl(ctx: RunContext, task: String, context: Option<String>) 
         sandbox_id: OnceLock::new(),
         runs,
         validate,
+        durability,
     });
     let mut kernel = None;
     let ended = match steps(&repl, &sandbox, task, context, &mut kernel).await {
@@ -954,6 +1003,8 @@ async fn steps(
             let event = run::condense(&mut messages, plan, summary, &system, &[]);
             repl.emit(event, false)?;
         }
+        // What this step adds to the conversation starts here.
+        let mark = messages.len();
         let step_request = |messages: &[Message]| ChatRequest {
             model: repl.model.model.clone(),
             system: Some(system.clone()),
@@ -1017,7 +1068,9 @@ async fn steps(
                         role: Role::User,
                         content: vec![Part::Text(feedback)],
                     });
-                    repl.commit_step()?;
+                    // The check ran a command in the sandbox.
+                    repl.commit_step(&sandbox_id, true, &messages[mark..])
+                        .await?;
                     continue;
                 }
             }
@@ -1115,7 +1168,8 @@ async fn steps(
             role: Role::User,
             content,
         });
-        repl.commit_step()?;
+        repl.commit_step(&sandbox_id, true, &messages[mark..])
+            .await?;
         if let Some(ended) = ended {
             return Ok(ended);
         }

@@ -8,7 +8,7 @@ use std::time::Instant;
 use futures_util::future::join_all;
 use sandcell_api::SandboxId;
 use sandcell_api::Timeout;
-use sandcell_api::runs::{RunUsage, Validate};
+use sandcell_api::runs::{RunUsage, SnapshotPolicy, Validate};
 use sandcell_api::sandboxes::CreateSandbox;
 use sandcell_llm::{
     ChatRequest, ChatResponse, Llm, LlmError, LlmErrorKind, Message, ModelRef, Part, Role,
@@ -19,6 +19,7 @@ use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
 use crate::budget::{Exhausted, Pool};
+use crate::durable;
 use crate::event::{ArtifactRef, EventKind};
 use crate::journal::{Journal, now_ms};
 use crate::tools::{self, FINAL_ANSWER, SUB_COMPLETE, SUB_COMPLETE_BATCHED};
@@ -82,6 +83,36 @@ pub struct RunContext {
     pub runs: Arc<crate::runner::LiveRuns>,
     /// How its final answer is checked (none: it is taken as given).
     pub validate: Option<Validate>,
+    /// Its step snapshots.
+    pub durability: Durability,
+}
+
+/// A run's step snapshots: when they are taken, and whether the unneeded ones go when the
+/// run ends.
+#[derive(Debug, Clone, Copy)]
+pub struct Durability {
+    /// When a step is snapshotted.
+    pub policy: SnapshotPolicy,
+    /// At the end, delete the step snapshots but the last and those in use.
+    pub prune: bool,
+}
+
+impl Default for Durability {
+    fn default() -> Self {
+        Self {
+            policy: SnapshotPolicy::OnMutation,
+            prune: true,
+        }
+    }
+}
+
+/// How a run starts.
+#[derive(Debug)]
+pub enum Start {
+    /// Afresh, with its task.
+    Fresh(String),
+    /// Again after its process stopped, from what its trajectory recorded.
+    Resumed(Box<durable::Rebuilt>),
 }
 
 /// How a run ended.
@@ -130,8 +161,13 @@ impl Ended {
 }
 
 /// Runs to the end and records how it ended; the run's record says the same.
-pub async fn drive(mut ctx: RunContext, task: String) -> Ended {
-    let ended = match steps(&mut ctx, task).await {
+pub async fn drive(ctx: RunContext, task: String) -> Ended {
+    drive_from(ctx, Start::Fresh(task)).await
+}
+
+/// [`drive`], from a fresh start or a resume.
+pub async fn drive_from(mut ctx: RunContext, start: Start) -> Ended {
+    let ended = match steps(&mut ctx, start).await {
         Ok(ended) => ended,
         Err(e) => {
             let _ = ctx.journal.emit(
@@ -146,6 +182,9 @@ pub async fn drive(mut ctx: RunContext, task: String) -> Ended {
     // The sandbox goes before `run_finished`: whoever sees the end sees it gone.
     let made = ctx.journal.record.sandbox_id.clone();
     release_sandbox(&ctx.service, &ctx.caller, &ctx.sandbox, made.as_deref()).await;
+    if ctx.durability.prune {
+        durable::prune(&ctx.service, &ctx.caller, &ctx.journal.record.id).await;
+    }
     finish(&mut ctx.journal, ctx.pool.usage(), &ended);
     ended
 }
@@ -238,6 +277,33 @@ pub(crate) enum Asked {
     ImagesRejected,
     /// The run ends.
     End(Ended),
+}
+
+/// Records a fresh run's start: `run_started`, and a warning when its model has no price.
+fn begin(ctx: &mut RunContext, task: &str) -> Result<(), ServiceError> {
+    ctx.journal.emit(
+        EventKind::RunStarted {
+            task: task.to_string(),
+            mode: sandcell_api::runs::RunMode::Tools,
+            model: ctx.model.to_string(),
+            budgets: ctx.pool.budgets().clone(),
+            parent_run_id: ctx.journal.record.parent_id.clone(),
+            validate: ctx.validate.clone(),
+        },
+        false,
+    )?;
+    if ctx.llm.config().prices.get(&ctx.model).is_none() {
+        ctx.journal.emit(
+            EventKind::Warning {
+                message: format!(
+                    "no price is known for {}: its cost is reported as unknown and the cost limit cannot be held (add it to agent.prices)",
+                    ctx.model
+                ),
+            },
+            false,
+        )?;
+    }
+    Ok(())
 }
 
 /// One model call, with its budget reservation and events.
@@ -333,40 +399,41 @@ fn emit_llm_error(ctx: &mut RunContext, call: u32, e: &LlmError) -> Result<(), S
     Ok(())
 }
 
-async fn steps(ctx: &mut RunContext, task: String) -> Result<Ended, ServiceError> {
+async fn steps(ctx: &mut RunContext, start: Start) -> Result<Ended, ServiceError> {
     let budgets = ctx.pool.budgets().clone();
-    ctx.journal.emit(
-        EventKind::RunStarted {
-            task: task.clone(),
-            mode: sandcell_api::runs::RunMode::Tools,
-            model: ctx.model.to_string(),
-            budgets: budgets.clone(),
-            parent_run_id: ctx.journal.record.parent_id.clone(),
-            validate: ctx.validate.clone(),
-        },
-        false,
-    )?;
-    if ctx.llm.config().prices.get(&ctx.model).is_none() {
-        ctx.journal.emit(
-            EventKind::Warning {
-                message: format!(
-                    "no price is known for {}: its cost is reported as unknown and the cost limit cannot be held (add it to agent.prices)",
-                    ctx.model
-                ),
-            },
-            false,
-        )?;
-    }
-    let sandbox = prepare_sandbox(ctx).await?;
+    let (sandbox, mut messages, resumed) = match start {
+        Start::Fresh(task) => {
+            begin(ctx, &task)?;
+            let sandbox = prepare_sandbox(ctx).await?;
+            let messages = vec![Message {
+                role: Role::User,
+                content: vec![Part::Text(task)],
+            }];
+            (sandbox, messages, None)
+        }
+        Start::Resumed(r) => {
+            let sandbox = durable::reopen(ctx, &r).await?;
+            let mut r = *r;
+            (
+                sandbox.id,
+                std::mem::take(&mut r.messages),
+                Some((r, sandbox.tools_unknown)),
+            )
+        }
+    };
     let cell_timeout = Timeout::from_secs(budgets.cell_timeout_secs)?;
     let specs = tools::specs();
-    let mut messages = vec![Message {
-        role: Role::User,
-        content: vec![Part::Text(task)],
-    }];
     let mut vision = true;
-    let mut call = 0u32;
-    let mut attempts = 0u32;
+    let mut call = resumed.as_ref().map_or(0, |(r, _)| r.calls);
+    let mut attempts = resumed.as_ref().map_or(0, |(r, _)| r.attempts);
+    let first = resumed.as_ref().map_or(1, |(r, _)| r.step + 1);
+    // A resumed run's next step may have its answer recorded already: it is used, not asked
+    // again. Tool calls that started before the stop, with no snapshot to go back to, are
+    // not run again: their effect is unknown, and the model is told so.
+    let (mut recorded, mut tools_unknown) = match resumed {
+        Some((r, unknown)) => (r.next_response.map(|n| n.response), unknown),
+        None => (None, false),
+    };
     // One step's request: the whole conversation, and no tools once the answer is forced.
     let (model_name, stream) = (ctx.model.model.clone(), ctx.stream);
     let step_request = |messages: &[Message], forced: bool| ChatRequest {
@@ -378,7 +445,7 @@ async fn steps(ctx: &mut RunContext, task: String) -> Result<Ended, ServiceError
         temperature: None,
         stream,
     };
-    for iteration in 1..=budgets.max_iterations + 1 {
+    for iteration in first..=budgets.max_iterations + 1 {
         if ctx.cancel.is_cancelled() {
             return Ok(Ended::cancelled());
         }
@@ -393,12 +460,23 @@ async fn steps(ctx: &mut RunContext, task: String) -> Result<Ended, ServiceError
             });
         }
         ctx.journal.next_step();
-        match condense_if_needed(ctx, &mut messages, &specs, &mut call).await? {
-            Ok(()) => {}
-            Err(ended) => return Ok(ended),
+        let reused = recorded.take();
+        if reused.is_none() {
+            match condense_if_needed(ctx, &mut messages, &specs, &mut call).await? {
+                Ok(()) => {}
+                Err(ended) => return Ok(ended),
+            }
         }
-        call += 1;
-        let response = match ask(ctx, call, step_request(&messages, forced), false).await? {
+        // What this step adds to the conversation starts here.
+        let mark = messages.len();
+        let asked = match reused {
+            Some(r) => Asked::Answer(r),
+            None => {
+                call += 1;
+                ask(ctx, call, step_request(&messages, forced), false).await?
+            }
+        };
+        let response = match asked {
             Asked::Answer(r) => r,
             Asked::End(ended) => return Ok(ended),
             Asked::ImagesRejected if vision && has_images(&messages) => {
@@ -446,7 +524,8 @@ async fn steps(ctx: &mut RunContext, task: String) -> Result<Ended, ServiceError
                         role: Role::User,
                         content: vec![Part::Text(feedback)],
                     });
-                    commit_step(ctx)?;
+                    // The check ran a command in the sandbox.
+                    commit_step(ctx, &sandbox, true, &messages[mark..]).await?;
                     continue;
                 }
             }
@@ -462,7 +541,10 @@ async fn steps(ctx: &mut RunContext, task: String) -> Result<Ended, ServiceError
         });
         let mut results = Vec::new();
         let mut final_answer = None;
+        let unknown = std::mem::take(&mut tools_unknown);
+        let mut mutated = false;
         for tc in &response.tool_calls {
+            mutated |= durable::MUTATING_TOOLS.contains(&tc.name.as_str());
             ctx.pool.count_tool_call();
             ctx.journal.emit(
                 EventKind::ToolCall {
@@ -474,6 +556,11 @@ async fn steps(ctx: &mut RunContext, task: String) -> Result<Ended, ServiceError
             )?;
             let started = Instant::now();
             let outcome = match tc.name.as_str() {
+                name if unknown && durable::MUTATING_TOOLS.contains(&name) => tools::Outcome {
+                    text: durable::UNKNOWN_AFTER_RESTART.into(),
+                    is_error: true,
+                    ..tools::Outcome::default()
+                },
                 FINAL_ANSWER => match tc.arguments.get("answer") {
                     Some(a) => {
                         let answer = a.as_str().map_or_else(|| a.to_string(), str::to_string);
@@ -552,7 +639,7 @@ async fn steps(ctx: &mut RunContext, task: String) -> Result<Ended, ServiceError
             role: Role::User,
             content: results,
         });
-        commit_step(ctx)?;
+        commit_step(ctx, &sandbox, mutated, &messages[mark..]).await?;
         if let Some(ended) = final_answer {
             return Ok(ended);
         }
@@ -560,12 +647,48 @@ async fn steps(ctx: &mut RunContext, task: String) -> Result<Ended, ServiceError
     Ok(Ended::failed(Exhausted::Iterations.reason()))
 }
 
-/// Counts the step and commits it with the tree's totals.
-fn commit_step(ctx: &mut RunContext) -> Result<(), ServiceError> {
+/// Counts the step, takes its snapshot when the policy wants one (`mutated`: it changed the
+/// sandbox) and commits it with the tree's totals and the messages it `added`.
+async fn commit_step(
+    ctx: &mut RunContext,
+    sandbox: &SandboxId,
+    mutated: bool,
+    added: &[Message],
+) -> Result<(), ServiceError> {
+    let snapshot = if durable::wants_snapshot(ctx.durability.policy, mutated) {
+        let (service, owner, run) = (&ctx.service, &ctx.caller.owner, &ctx.journal.record.id);
+        let step = ctx.journal.step();
+        match durable::snapshot_step(service, owner, sandbox, run, step).await {
+            Ok(s) => Some(s),
+            Err(e) => {
+                ctx.journal.emit(
+                    EventKind::Warning {
+                        message: format!(
+                            "step {step}'s snapshot failed ({}: {}): a resume or fork from this step has none",
+                            e.code(),
+                            e.message
+                        ),
+                    },
+                    false,
+                )?;
+                None
+            }
+        }
+    } else {
+        None
+    };
     ctx.pool.count_step();
     let usage = ctx.pool.usage();
     ctx.journal.record.totals = serde_json::to_value(&usage).unwrap_or(Value::Null);
-    ctx.journal.emit(EventKind::StepCommitted { usage }, true)?;
+    let messages = durable::externalize(added, &ctx.journal.artifacts_dir());
+    ctx.journal.emit(
+        EventKind::StepCommitted {
+            usage,
+            snapshot,
+            messages,
+        },
+        true,
+    )?;
     Ok(())
 }
 
@@ -690,20 +813,22 @@ pub(crate) fn condense(
     specs: &[ToolSpec],
 ) -> EventKind {
     let replaced = plan.tail_start - 1;
-    messages.splice(
-        1..plan.tail_start,
-        [Message {
-            role: Role::User,
-            content: vec![Part::Text(format!(
-                "Summary of the earlier steps (condensed to fit the context window):\n{summary}"
-            ))],
-        }],
-    );
+    messages.splice(1..plan.tail_start, [summary_message(&summary)]);
     EventKind::Condensed {
         summary,
         messages_replaced: replaced,
         tokens_before: plan.before,
         tokens_after: sandcell_llm::estimate_input_tokens(Some(system), messages, specs),
+    }
+}
+
+/// The message that stands for condensed steps.
+pub(crate) fn summary_message(summary: &str) -> Message {
+    Message {
+        role: Role::User,
+        content: vec![Part::Text(format!(
+            "Summary of the earlier steps (condensed to fit the context window):\n{summary}"
+        ))],
     }
 }
 

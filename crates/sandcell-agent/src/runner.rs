@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use sandcell_api::runs::{Budgets, RunInfo, RunList, RunMode, StartRun, Validate};
+use sandcell_api::runs::{Budgets, RunInfo, RunList, RunMode, SnapshotPolicy, StartRun, Validate};
 use sandcell_api::time::rfc3339;
 use sandcell_llm::{Llm, ModelRef};
 use sandcell_service::caller::new_record_id;
@@ -19,7 +19,7 @@ use tokio_util::sync::CancellationToken;
 use crate::budget::Pool;
 use crate::event::Event;
 use crate::journal::{Journal, now_ms};
-use crate::run::{RunContext, SandboxPlan, drive, usage_of};
+use crate::run::{Durability, RunContext, SandboxPlan, Start, drive, usage_of};
 use crate::settings::AgentDefaults;
 
 /// The longest task or context a run takes, in bytes.
@@ -33,6 +33,13 @@ struct RunSettings {
     template: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     validate: Option<Validate>,
+    #[serde(default)]
+    snapshots: SnapshotPolicy,
+    /// The sandbox the caller gave (none: the run made its own).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    given_sandbox: Option<String>,
+    #[serde(default)]
+    keep_sandbox: bool,
 }
 
 /// A run in this process.
@@ -244,6 +251,9 @@ impl Runner {
             stream: self.defaults.stream,
             template: req.template.clone(),
             validate: req.validate.clone(),
+            snapshots: req.snapshots.unwrap_or(self.defaults.snapshots),
+            given_sandbox: req.sandbox_id.as_ref().map(ToString::to_string),
+            keep_sandbox: req.keep_sandbox,
         };
         let record = RunRecord {
             id: id.clone(),
@@ -286,6 +296,10 @@ impl Runner {
             sandbox: plan,
             runs: self.live.clone(),
             validate: req.validate,
+            durability: Durability {
+                policy: settings.snapshots,
+                prune: self.defaults.prune_snapshots,
+            },
         };
         let task = req.task;
         let context = req.context;
@@ -408,21 +422,163 @@ impl Runner {
         self.events(caller, id, last.saturating_sub(u64::from(n)), n.max(1))
     }
 
-    /// Marks runs left `running` by a process that is gone as failed (`interrupted`).
-    pub fn settle_interrupted(&self) -> ServiceResult<usize> {
-        let mut n = 0;
-        for mut r in self.service.store.runs_with_status("running")? {
+    /// Resumes the caller's run `id`, which a process that stopped left unfinished (still
+    /// `running`, or `failed` with reason `interrupted`): it goes on from its last committed
+    /// step (see `durable`). Returns at once unless `wait`.
+    pub async fn resume(
+        self: &Arc<Self>,
+        caller: &Caller,
+        id: &str,
+        wait: bool,
+    ) -> ServiceResult<RunInfo> {
+        let record = self.own(caller, id)?;
+        self.resume_record(record)?;
+        if wait {
+            return self.wait(caller, id).await;
+        }
+        self.get(caller, id)
+    }
+
+    /// Starts `record` again in the background, after checking it can be.
+    fn resume_record(self: &Arc<Self>, mut record: RunRecord) -> ServiceResult<()> {
+        let id = record.id.clone();
+        let state = |m: String| ServiceError::new(ErrorKind::InvalidState, m);
+        if self.live.contains(&id) {
+            return Err(state(format!("run {id} is running in this process")));
+        }
+        let interrupted =
+            record.status == "failed" && record.reason.as_deref() == Some("interrupted");
+        if record.status != "running" && !interrupted {
+            return Err(state(format!(
+                "run {id} has ended ({}, {}): only a run a stop interrupted can be resumed; fork it to go on from one of its steps",
+                record.status,
+                record.reason.as_deref().unwrap_or("-")
+            )));
+        }
+        if record.depth > 0 {
+            return Err(state(format!(
+                "run {id} is a sub-run: it goes on with its parent; resume run {}",
+                record.root_id
+            )));
+        }
+        if record.mode == RunMode::Repl.as_str() {
+            return Err(state(format!(
+                "run {id} is a repl-mode run: only tools-mode runs can be resumed so far"
+            )));
+        }
+        let settings: RunSettings = serde_json::from_value(record.settings.clone())
+            .map_err(|e| ServiceError::internal(format!("run {id}'s settings: {e}")))?;
+        let model: ModelRef = record
+            .model
+            .parse()
+            .map_err(|e: sandcell_llm::LlmError| ServiceError::invalid(e.message))?;
+        let events = crate::durable::all_events(&self.service.store, &id)?;
+        let rebuilt = crate::durable::rebuild(&events)
+            .map_err(|e| ServiceError::internal(format!("run {id} cannot be rebuilt: {e}")))?;
+        let pool = Pool::resumed(settings.budgets.clone(), &rebuilt.usage);
+        for (usage, cost) in &rebuilt.spent_after {
+            pool.count_spent(usage, *cost);
+        }
+        let plan = match &settings.given_sandbox {
+            Some(given) => SandboxPlan::Existing(sandcell_api::SandboxId::parse(given.clone())?),
+            None => SandboxPlan::Create {
+                template: settings
+                    .template
+                    .clone()
+                    .unwrap_or_else(|| "python".to_string()),
+                keep: settings.keep_sandbox,
+            },
+        };
+        record.status = "running".into();
+        record.reason = None;
+        record.ended_at = None;
+        let caller = Caller {
+            owner: record.owner.clone(),
+            key_id: "resume".into(),
+            admin: false,
+            request_id: None,
+        };
+        let (events_tx, _) = broadcast::channel(1024);
+        let journal = Journal::reopen(
+            self.service.store.clone(),
+            &self.service.config.home,
+            record,
+            events_tx.clone(),
+            rebuilt.seq,
+            rebuilt.step,
+        );
+        let cancel = CancellationToken::new();
+        let entry = self.live.register(&id, cancel.clone(), events_tx);
+        let ctx = RunContext {
+            service: self.service.clone(),
+            llm: self.llm.clone(),
+            caller,
+            model,
+            stream: settings.stream,
+            pool: Arc::new(pool),
+            cancel,
+            journal,
+            sandbox: plan,
+            runs: self.live.clone(),
+            validate: settings.validate.clone(),
+            durability: Durability {
+                policy: settings.snapshots,
+                prune: self.defaults.prune_snapshots,
+            },
+        };
+        tokio::spawn(async move {
+            drop(crate::run::drive_from(ctx, Start::Resumed(Box::new(rebuilt))).await);
+            drop(entry);
+        });
+        Ok(())
+    }
+
+    /// At a start: resumes the top-level tools-mode runs a process that is gone left
+    /// `running`, and marks the others failed (`interrupted`; a sub-run goes on with its
+    /// parent, which starts its step again). Returns (resumed, settled).
+    pub fn resume_interrupted(self: &Arc<Self>) -> ServiceResult<(usize, usize)> {
+        let (mut resumed, mut settled) = (0, 0);
+        for r in self.service.store.runs_with_status("running")? {
             if self.live.contains(&r.id) {
                 continue;
             }
-            r.status = "failed".into();
-            r.reason = Some("interrupted".into());
-            r.ended_at = Some(now_ms());
-            r.updated_at = now_ms();
-            self.service.store.update_run(&r)?;
-            n += 1;
+            let id = r.id.clone();
+            match self.resume_record(r) {
+                Ok(()) => resumed += 1,
+                Err(e) => {
+                    tracing::info!(run = %id, reason = %e.message, "an interrupted run is not resumed");
+                    settled += self.settle(&id)?;
+                }
+            }
+        }
+        Ok((resumed, settled))
+    }
+
+    /// Marks runs left `running` by a process that is gone failed (`interrupted`); `sandcell
+    /// runs resume RUN` takes one up again.
+    pub fn settle_interrupted(&self) -> ServiceResult<usize> {
+        let mut n = 0;
+        for r in self.service.store.runs_with_status("running")? {
+            if !self.live.contains(&r.id) {
+                n += self.settle(&r.id)?;
+            }
         }
         Ok(n)
+    }
+
+    /// Marks run `id` failed (`interrupted`) if it is still `running`.
+    fn settle(&self, id: &str) -> ServiceResult<usize> {
+        match self.service.store.get_run(id)? {
+            Some(mut r) if r.status == "running" => {
+                r.status = "failed".into();
+                r.reason = Some("interrupted".into());
+                r.ended_at = Some(now_ms());
+                r.updated_at = now_ms();
+                self.service.store.update_run(&r)?;
+                Ok(1)
+            }
+            _ => Ok(0),
+        }
     }
 }
 

@@ -1,7 +1,7 @@
 //! What a run is started with when its request leaves something out: the configured model,
 //! mode and budgets, and the providers (from `[agent]` in the settings and the environment).
 
-use sandcell_api::runs::{Budgets, BudgetsInput, RunMode};
+use sandcell_api::runs::{Budgets, BudgetsInput, RunMode, SnapshotPolicy};
 use sandcell_llm::{LlmConfig, LlmSettings, Price, ProviderSettings};
 use sandcell_service::ServiceError;
 use sandcell_service::config::{AgentConfig, parse_price};
@@ -30,6 +30,10 @@ pub struct AgentDefaults {
     pub stream: bool,
     /// Budgets of a run that asks for none.
     pub budgets: Budgets,
+    /// When a run that says nothing snapshots its steps.
+    pub snapshots: SnapshotPolicy,
+    /// Delete an ended run's unneeded step snapshots.
+    pub prune_snapshots: bool,
 }
 
 impl AgentDefaults {
@@ -43,6 +47,9 @@ impl AgentDefaults {
                 RunMode::Tools
             },
             stream: a.stream,
+            // The settings are checked when loaded; anything else is the default.
+            snapshots: a.step_snapshots.parse().unwrap_or_default(),
+            prune_snapshots: a.prune_step_snapshots,
             budgets: Budgets {
                 max_iterations: clamp_u32(a.max_iterations, MAX_ITERATIONS),
                 max_depth: clamp_u32(a.max_depth, MAX_DEPTH),

@@ -109,6 +109,51 @@ pub struct StartRun {
     /// Check the model's final answer with a command run in the run's sandbox; a failure
     /// goes back to the model, which tries again.
     pub validate: Option<Validate>,
+    /// When the run snapshots its sandbox at the end of a step (default: the configured
+    /// `agent.step_snapshots`, `on_mutation` unless changed). A step's snapshot is what a
+    /// resume, a fork or a rewind starts from.
+    pub snapshots: Option<SnapshotPolicy>,
+}
+
+/// When a run snapshots its sandbox at the end of a step.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum SnapshotPolicy {
+    /// After steps that changed the sandbox: code, a terminal command, an import, a
+    /// kernel's variables set or cleared.
+    #[default]
+    OnMutation,
+    /// After every step.
+    EveryStep,
+    /// Never: the run cannot be resumed or forked with its sandbox's state.
+    Off,
+}
+
+impl SnapshotPolicy {
+    /// Its name on the wire and in the settings.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SnapshotPolicy::OnMutation => "on_mutation",
+            SnapshotPolicy::EveryStep => "every_step",
+            SnapshotPolicy::Off => "off",
+        }
+    }
+}
+
+impl std::str::FromStr for SnapshotPolicy {
+    type Err = ValidationError;
+
+    fn from_str(s: &str) -> Result<Self, ValidationError> {
+        match s {
+            "on_mutation" => Ok(SnapshotPolicy::OnMutation),
+            "every_step" => Ok(SnapshotPolicy::EveryStep),
+            "off" => Ok(SnapshotPolicy::Off),
+            other => Err(ValidationError(format!(
+                "'snapshots' must be on_mutation, every_step or off, not {other:?}"
+            ))),
+        }
+    }
 }
 
 /// The longest validation command, in bytes.

@@ -14,7 +14,7 @@ use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 use futures_util::StreamExt;
 use sandcell_agent::event::{Event, EventKind};
-use sandcell_api::runs::{BudgetsInput, RunInfo, RunMode, StartRun, Validate};
+use sandcell_api::runs::{BudgetsInput, RunInfo, RunMode, SnapshotPolicy, StartRun, Validate};
 use sandcell_api::{SandboxId, Timeout};
 use sandcell_client::{Client, Discover};
 use sandcell_store::Store;
@@ -84,6 +84,10 @@ pub struct AgentArgs {
     /// Seconds the check may run (default 60, at most 600).
     #[arg(long, value_name = "SECS", requires = "validate")]
     pub validate_timeout: Option<f64>,
+    /// When the run snapshots its sandbox at the end of a step: on_mutation (the default
+    /// setting), every_step or off. A step's snapshot is what a resume or a fork starts from.
+    #[arg(long, value_name = "POLICY")]
+    pub snapshots: Option<String>,
     /// Print one JSON object at the end: run_id, status, reason, answer, usage.
     #[arg(long)]
     pub json: bool,
@@ -114,6 +118,19 @@ pub enum RunsCommand {
         /// The run.
         run: String,
         /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        config: ConfigArgs,
+        #[command(flatten)]
+        daemon: DaemonArgs,
+    },
+    /// Take up a run a stopped process left unfinished: it goes on from its last committed
+    /// step (the daemon does this by itself for its own runs when it starts).
+    Resume {
+        /// The run.
+        run: String,
+        /// Print one JSON object at the end (as `sandcell agent --json`).
         #[arg(long)]
         json: bool,
         #[command(flatten)]
@@ -254,6 +271,11 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<ExitCode> {
                 Validate::new(command, timeout, args.validate_attempts)
             })
             .transpose()?,
+        snapshots: args
+            .snapshots
+            .as_deref()
+            .map(str::parse::<SnapshotPolicy>)
+            .transpose()?,
     };
     let live = std::io::stderr().is_terminal() && !args.json;
     let json_out = args.json;
@@ -309,10 +331,21 @@ async fn run_remote(client: &Client, req: StartRun, live: bool) -> anyhow::Resul
 async fn follow_remote(
     client: &Client,
     id: &str,
+    interrupts: Option<&mut tokio::signal::unix::Signal>,
+    each: impl FnMut(&Value),
+) -> anyhow::Result<RunInfo> {
+    follow_remote_from(client, id, 0, interrupts, each).await
+}
+
+/// [`follow_remote`] from the events numbered after `after`.
+async fn follow_remote_from(
+    client: &Client,
+    id: &str,
+    after: u64,
     mut interrupts: Option<&mut tokio::signal::unix::Signal>,
     mut each: impl FnMut(&Value),
 ) -> anyhow::Result<RunInfo> {
-    let mut last = 0u64;
+    let mut last = after;
     let mut interrupted = 0;
     let mut take = |e: &Value, last: &mut u64| {
         let seq = e["seq"].as_u64().unwrap_or(0);
@@ -533,6 +566,12 @@ pub fn runs(command: RunsCommand) -> anyhow::Result<ExitCode> {
             };
             print_info(&info, json)?;
         }
+        RunsCommand::Resume {
+            run,
+            json,
+            config,
+            daemon,
+        } => return resume(&run, json, &config, &daemon),
         RunsCommand::Cancel {
             run,
             json,
@@ -550,6 +589,73 @@ pub fn runs(command: RunsCommand) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// `sandcell runs resume RUN`: through the daemon when one runs (following the run to its
+/// end), else in this process.
+fn resume(
+    run: &str,
+    json_out: bool,
+    config: &ConfigArgs,
+    daemon: &DaemonArgs,
+) -> anyhow::Result<ExitCode> {
+    let live = std::io::stderr().is_terminal() && !json_out;
+    if let Some(client) = daemon_client(daemon, config)? {
+        return runtime()?.block_on(async move {
+            let mut interrupts =
+                tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
+                    .context("handle Ctrl-C")?;
+            let started = client.resume_run(run).await.context("resume the run")?;
+            let after = client.run_events(&started.id, 0).await?.len() as u64;
+            let info =
+                follow_remote_from(&client, &started.id, after, Some(&mut interrupts), |e| {
+                    if live && let Ok(e) = serde_json::from_value::<Event>(e.clone()) {
+                        show(&e);
+                    }
+                })
+                .await?;
+            report(&info, json_out)
+        });
+    }
+    let (config, _) = config.load(Vec::new())?;
+    runtime()?.block_on(async move {
+        let engine = sandcell_engine::Engine::builder()
+            .backend(sandcell_backend_process::ProcessBackend::new(
+                crate::cli::backend_config()?,
+            ))
+            .backend(crate::cli::gvisor_backend()?)
+            .build();
+        let embedded = sandcell_server::embedded(config, engine)
+            .await
+            .context("start the embedded engine")?;
+        let outcome = async {
+            let caller = embedded
+                .admin_caller()
+                .context("look up the admin key")?
+                .context("the admin key in the home is unknown or revoked")?;
+            let runner = embedded.runner();
+            let owner_caller = caller;
+            let after = runner
+                .last_events(&owner_caller, run, 1)?
+                .first()
+                .and_then(|e| e["seq"].as_u64())
+                .unwrap_or(0);
+            runner.resume(&owner_caller, run, false).await?;
+            if live {
+                let events = runner.follow(&owner_caller, run, after)?;
+                futures_util::pin_mut!(events);
+                while let Some(e) = events.next().await {
+                    if let Ok(e) = serde_json::from_value::<Event>(e) {
+                        show(&e);
+                    }
+                }
+            }
+            Ok::<_, anyhow::Error>(runner.wait(&owner_caller, run).await?)
+        }
+        .await;
+        embedded.shutdown().await;
+        report(&outcome?, json_out)
+    })
 }
 
 /// A run for `runs status` and `runs cancel`: all of it as JSON, or its summary.
@@ -669,9 +775,34 @@ fn describe(e: &Event) -> String {
             if *is_error { " (error)" } else { "" },
             text.trim_end()
         ),
-        EventKind::StepCommitted { usage } => format!(
-            "step done · {} in / {} out",
-            usage.input_tokens, usage.output_tokens
+        EventKind::StepCommitted {
+            usage, snapshot, ..
+        } => format!(
+            "step done · {} in / {} out{}",
+            usage.input_tokens,
+            usage.output_tokens,
+            snapshot
+                .as_ref()
+                .map(|s| format!(" · snapshot {} ({})", s.snapshot_id, s.fidelity))
+                .unwrap_or_default()
+        ),
+        EventKind::Resumed {
+            after_step,
+            reused_response,
+            restored_from,
+            sandbox_id,
+            ..
+        } => format!(
+            "resumed after step {after_step} in {sandbox_id}{}{}",
+            restored_from
+                .as_ref()
+                .map(|s| format!(", restored from {s}"))
+                .unwrap_or_default(),
+            if *reused_response {
+                ", the recorded answer reused"
+            } else {
+                ""
+            }
         ),
         EventKind::Warning { message } => format!("warning: {message}"),
         EventKind::Validation {

@@ -45,6 +45,12 @@ impl Client {
         self.call(Method::POST, &path, None::<&()>).await
     }
 
+    /// `POST /v1/runs/{id}/resume`: takes up a run a stopped process left unfinished.
+    pub async fn resume_run(&self, id: &str) -> Result<RunInfo, ClientError> {
+        let path = format!("/v1/runs/{}/resume", segment(id));
+        self.call(Method::POST, &path, None::<&()>).await
+    }
+
     /// The run's stored events numbered after `after` (0: all), oldest first, read page by
     /// page (`GET /v1/runs/{id}/events?format=json`); a run going on has more later.
     pub async fn run_events(&self, id: &str, after: u64) -> Result<Vec<Value>, ClientError> {

@@ -130,6 +130,7 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(runs::start, runs::list))
         .routes(routes!(runs::get))
         .routes(routes!(runs::cancel))
+        .routes(routes!(runs::resume))
         .routes(routes!(runs::events))
         .routes(routes!(system::system))
 }

@@ -130,7 +130,9 @@ impl Embedded {
 
 /// Starts the service in this process without listening anywhere (see [`Embedded`]).
 pub async fn embedded(config: Config, engine: Engine) -> Result<Embedded, ServeError> {
-    let state = prepare(config, engine).await?;
+    // A command's own engine does not take up runs another process left: `sandcell runs
+    // resume RUN` does, on purpose.
+    let state = prepare(config, engine, false).await?;
     let path = admin_key_path(&state.config.home);
     let admin_key = std::fs::read_to_string(&path)
         .map_err(io("read the admin key", &path))?
@@ -152,7 +154,7 @@ pub async fn embedded(config: Config, engine: Engine) -> Result<Embedded, ServeE
 
 /// Runs the service until SIGTERM or SIGINT.
 pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
-    let state = prepare(opts.config, opts.engine).await?;
+    let state = prepare(opts.config, opts.engine, true).await?;
     let config = state.config.clone();
     let fleet = state.fleet.clone();
     let app = crate::app(state.clone());
@@ -160,7 +162,11 @@ pub async fn serve(opts: ServeOptions) -> Result<(), ServeError> {
 }
 
 /// Opens the store, makes the first admin key, recovers the last run's sandboxes.
-async fn prepare(config: Config, engine: Engine) -> Result<AppState, ServeError> {
+async fn prepare(
+    config: Config,
+    engine: Engine,
+    resume_runs: bool,
+) -> Result<AppState, ServeError> {
     std::fs::create_dir_all(&config.home).map_err(io("create", &config.home))?;
 
     let store = Arc::new(Store::open(&config.database)?);
@@ -191,19 +197,27 @@ async fn prepare(config: Config, engine: Engine) -> Result<AppState, ServeError>
         &crate::signed_url::key_path(&config.home),
     ))?;
     let service = Arc::new(Service::new(fleet, store, config, signer));
-    let runner = sandcell_agent::Runner::from_service(service.clone())
-        .map_err(|e| ServeError::Agent(e.message))?;
-    // Nothing runs yet: a run still `running` was left by a process that is gone.
-    let settled = runner
-        .settle_interrupted()
-        .map_err(|e| ServeError::Agent(format!("settling interrupted runs: {}", e.message)))?;
-    if settled > 0 {
+    let runner = Arc::new(
+        sandcell_agent::Runner::from_service(service.clone())
+            .map_err(|e| ServeError::Agent(e.message))?,
+    );
+    // Nothing runs yet: a run still `running` was left by a process that is gone. The
+    // daemon resumes it from its last committed step (the sandboxes were recovered above);
+    // an embedded engine marks it interrupted.
+    let (resumed, settled) = if resume_runs {
+        runner.resume_interrupted()
+    } else {
+        runner.settle_interrupted().map(|n| (0, n))
+    }
+    .map_err(|e| ServeError::Agent(format!("interrupted runs: {}", e.message)))?;
+    if resumed + settled > 0 {
         tracing::info!(
-            runs = settled,
-            "runs a previous process left running marked failed (interrupted)"
+            resumed,
+            settled,
+            "runs a previous process left running: resumed, or marked failed (interrupted)"
         );
     }
-    Ok(AppState::new(service, Arc::new(runner)))
+    Ok(AppState::new(service, runner))
 }
 
 /// Continues [`serve`] once the state is ready: listeners, loops, the end.

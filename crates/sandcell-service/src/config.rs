@@ -210,6 +210,16 @@ const KEYS: &[Key] = &[
         help: "prices added to the built-in table: \"provider/model=input,output[,context_window]\" in US dollars per million tokens, e.g. [\"openai/my-model=0.5,1.5,128000\"] (a model with no price has its cost reported as unknown)",
         default: |_| toml::Value::Array(Vec::new()),
     },
+    Key {
+        name: "agent.step_snapshots",
+        help: "when a run snapshots its sandbox at the end of a step: \"on_mutation\" (after steps that ran code, a command or an import), \"every_step\" or \"off\" (a run then cannot be resumed or forked with its sandbox's state)",
+        default: |_| string("on_mutation"),
+    },
+    Key {
+        name: "agent.prune_step_snapshots",
+        help: "when a run ends, delete its step snapshots but the last one and those a fork or a sandbox was made from (false: keep them all)",
+        default: |_| toml::Value::Boolean(true),
+    },
 ];
 
 /// The effective settings.
@@ -273,6 +283,10 @@ pub struct AgentConfig {
     pub anthropic: ProviderConfig,
     /// Extra prices: `provider/model=input,output[,context_window]`.
     pub prices: Vec<String>,
+    /// When runs snapshot their sandbox: `on_mutation`, `every_step` or `off`.
+    pub step_snapshots: String,
+    /// Delete a run's step snapshots but the last (and those in use) when it ends.
+    pub prune_step_snapshots: bool,
 }
 
 /// Where a provider is and which variable holds its key.
@@ -569,6 +583,12 @@ fn validate(c: &Config) -> Result<(), ConfigError> {
     let a = &c.agent;
     if !["tools", "repl"].contains(&a.mode.as_str()) {
         return Err(bad("agent.mode", "must be \"tools\" or \"repl\"".into()));
+    }
+    if !["on_mutation", "every_step", "off"].contains(&a.step_snapshots.as_str()) {
+        return Err(bad(
+            "agent.step_snapshots",
+            "must be \"on_mutation\", \"every_step\" or \"off\"".into(),
+        ));
     }
     for (key, value, max) in [
         ("agent.max_iterations", a.max_iterations, 50),

@@ -136,6 +136,7 @@ fn start_with(
         },
         runs: Arc::default(),
         validate: None,
+        durability: sandcell_agent::run::Durability::default(),
     };
     (ctx, id)
 }
@@ -706,6 +707,7 @@ async fn a_sub_run_is_a_sub_call_and_can_be_followed_and_cancelled_by_its_own_id
                 wait: false,
                 keep_sandbox: false,
                 validate: None,
+                snapshots: None,
             },
         )
         .await
@@ -793,6 +795,7 @@ async fn cancelling_the_root_cancels_its_sub_run_within_a_second_or_so() {
                 wait: false,
                 keep_sandbox: false,
                 validate: None,
+                snapshots: None,
             },
         )
         .await

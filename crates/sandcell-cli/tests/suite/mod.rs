@@ -14,6 +14,7 @@ mod daemon_life;
 mod daemon_pause;
 mod daemon_processes;
 mod daemon_snapshots;
+mod durable_runs;
 mod exec;
 mod files;
 mod kernels;

@@ -18,16 +18,16 @@ use serde_json::{Value, json};
 use super::common::BIN;
 use super::daemon::{Daemon, wait_for};
 
-const MODEL: &str = "openai/test-model";
+pub(super) const MODEL: &str = "openai/test-model";
 
 /// The scripted model, served by a runtime of its own (the tests' threads block).
-struct Model {
-    llm: ScriptedLlm,
+pub(super) struct Model {
+    pub(super) llm: ScriptedLlm,
     _rt: tokio::runtime::Runtime,
 }
 
 impl Model {
-    fn start(script: Script) -> Self {
+    pub(super) fn start(script: Script) -> Self {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -38,12 +38,12 @@ impl Model {
     }
 
     /// A daemon whose runs ask this model.
-    fn daemon(&self) -> Daemon {
+    pub(super) fn daemon(&self) -> Daemon {
         Daemon::start(&[&format!("agent.openai.base_url={}", self.llm.openai_base())])
     }
 }
 
-fn code_call(code: &str) -> Turn {
+pub(super) fn code_call(code: &str) -> Turn {
     Turn::ToolCalls(vec![ScriptedCall::new(
         "execute_code",
         json!({ "code": code }),
@@ -59,7 +59,7 @@ fn doubling() -> [Turn; 3] {
     ]
 }
 
-fn slow(ms: u64, text: &str) -> Turn {
+pub(super) fn slow(ms: u64, text: &str) -> Turn {
     Turn::Fault(Fault::Slow {
         delay_ms: ms,
         then: Box::new(Turn::text(text)),
@@ -122,7 +122,7 @@ fn contiguous(events: &[SseEvent], first: u64) -> Vec<Value> {
 }
 
 /// Waits until run `run` has written an event of type `kind`.
-fn wait_for_event(d: &Daemon, run: &str, kind: &str) {
+pub(super) fn wait_for_event(d: &Daemon, run: &str, kind: &str) {
     let seen = wait_for(Duration::from_secs(60), || {
         let r = d.get(&format!("/v1/runs/{run}/events?format=json"));
         r.body["events"]

@@ -136,6 +136,31 @@ pub async fn cancel(
     Ok(Json(s.runner.cancel(&caller, &run_id).await?))
 }
 
+/// Resumes a run a stopped process left unfinished (`running` with no process, or `failed`
+/// with reason `interrupted`): it goes on from its last committed step, its sandbox restored
+/// from that step's snapshot when the next step had started to change it. The daemon resumes
+/// such runs by itself when it starts; this is for the rest (an embedded run's, or one the
+/// daemon could not take up). Answers at once; follow the events for the rest.
+#[utoipa::path(
+    post, path = "/v1/runs/{run_id}/resume", tag = "runs",
+    params(("run_id" = String, Path, description = "Run id")),
+    responses(
+        (status = 200, body = RunInfo),
+        (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+        (status = 409, description = "The run is going on, has ended, is a sub-run, or is a repl-mode run", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn resume(
+    State(s): State<AppState>,
+    caller: Caller,
+    ApiPath(run_id): ApiPath<String>,
+) -> ApiResult<Json<RunInfo>> {
+    Ok(Json(s.runner.resume(&caller, &run_id, false).await?))
+}
+
 /// A run's trajectory. As server-sent events (the default): each event's `id` is its number
 /// (`seq`), its name its `type`, its data the event's JSON; the stored events after `after`
 /// (or the `Last-Event-ID` header, which wins), then the live ones until `run_finished`, and

@@ -1,0 +1,519 @@
+//! Durable runs: a snapshot of the sandbox at the end of a step (by policy), the
+//! conversation kept in the trajectory (each step's new messages, images as files), and the
+//! state a resume or a fork starts from, rebuilt from the stored events alone.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+use std::time::Instant;
+
+use base64::Engine as _;
+use sandcell_api::SandboxId;
+use sandcell_api::runs::{Budgets, RunMode, RunUsage, SnapshotPolicy, Validate};
+use sandcell_llm::{ChatResponse, Image, Message, Part, Usage};
+use sandcell_service::{Service, ServiceError};
+use serde_json::Value;
+use sha2::{Digest, Sha256};
+
+use crate::event::{Event, EventKind, StepSnapshot};
+use crate::run::{RunContext, SandboxPlan};
+
+/// Tools whose call changes the sandbox: a step that made one is snapshotted under
+/// [`SnapshotPolicy::OnMutation`].
+pub const MUTATING_TOOLS: [&str; 6] = [
+    "execute_code",
+    "execute_terminal",
+    "import_files",
+    "set_repl_context",
+    "clear_repl_context",
+    // Repl mode's code blocks.
+    crate::repl::REPL_TOOL,
+];
+
+/// Where an image's bytes went: `file:<path>` in place of its base64.
+const FILE_PREFIX: &str = "file:";
+
+/// Whether a step is snapshotted under `policy`; `mutated`: it called a [`MUTATING_TOOLS`].
+pub fn wants_snapshot(policy: SnapshotPolicy, mutated: bool) -> bool {
+    match policy {
+        SnapshotPolicy::Off => false,
+        SnapshotPolicy::EveryStep => true,
+        SnapshotPolicy::OnMutation => mutated,
+    }
+}
+
+/// Takes step `step`'s snapshot of `owner`'s sandbox for run `run_id`.
+pub async fn snapshot_step(
+    service: &Service,
+    owner: &str,
+    sandbox: &SandboxId,
+    run_id: &str,
+    step: u32,
+) -> Result<StepSnapshot, ServiceError> {
+    let started = Instant::now();
+    let tags = BTreeMap::from([
+        ("run".to_string(), run_id.to_string()),
+        ("step".to_string(), step.to_string()),
+    ]);
+    let rec = service
+        .take_snapshot(
+            owner,
+            sandbox.as_str(),
+            format!("{run_id} step {step}"),
+            "the sandbox at the end of an agent run's step".into(),
+            tags,
+        )
+        .await?;
+    Ok(StepSnapshot {
+        snapshot_id: rec.id,
+        fidelity: rec.fidelity,
+        not_carried: not_carried(&rec.manifest),
+        duration_ms: u64::try_from(started.elapsed().as_millis()).unwrap_or(u64::MAX),
+    })
+}
+
+/// What a snapshot's manifest says it does not carry: the fidelity's gaps and each
+/// variable left out.
+fn not_carried(kept: &Value) -> Vec<String> {
+    let manifest = &kept["manifest"];
+    let mut out: Vec<String> = manifest["not_carried"]
+        .as_array()
+        .map(|a| {
+            a.iter()
+                .filter_map(Value::as_str)
+                .map(str::to_string)
+                .collect()
+        })
+        .unwrap_or_default();
+    for kernel in manifest["kernels"].as_array().into_iter().flatten() {
+        let context = kernel["context"].as_str().unwrap_or("?");
+        for skipped in kernel["skipped"].as_array().into_iter().flatten() {
+            out.push(format!(
+                "variable {} of context {context}: {}",
+                skipped["name"].as_str().unwrap_or("?"),
+                skipped["reason"].as_str().unwrap_or("not saved")
+            ));
+        }
+    }
+    out
+}
+
+/// `messages` as the trajectory keeps them: each image written once into `dir` (named by
+/// its content) and replaced by a reference to that file.
+pub fn externalize(messages: &[Message], dir: &Path) -> Vec<Message> {
+    let store = |image: &Image| -> Part {
+        let digest = Sha256::digest(image.data.as_bytes());
+        let name: String = digest.iter().take(12).map(|b| format!("{b:02x}")).collect();
+        let ext = image.media_type.rsplit('/').next().unwrap_or("bin");
+        let path = dir.join(format!("img-{name}.{ext}"));
+        let written = path.exists()
+            || crate::tools::image_bytes(image).is_some_and(|bytes| {
+                std::fs::create_dir_all(dir)
+                    .and_then(|()| std::fs::write(&path, bytes))
+                    .is_ok()
+            });
+        if written {
+            Part::Image(Image {
+                media_type: image.media_type.clone(),
+                data: format!("{FILE_PREFIX}{}", path.display()),
+            })
+        } else {
+            Part::Text(IMAGE_LOST.into())
+        }
+    };
+    map_images(messages.to_vec(), &store)
+}
+
+/// What stands for an image whose file is gone.
+const IMAGE_LOST: &str = "[an image was here; its file is gone]";
+
+/// `messages` from the trajectory, images read back from their files.
+pub fn internalize(messages: Vec<Message>) -> Vec<Message> {
+    let load = |image: &Image| -> Part {
+        let Some(path) = image.data.strip_prefix(FILE_PREFIX) else {
+            return Part::Image(image.clone());
+        };
+        match std::fs::read(path) {
+            Ok(bytes) => Part::Image(Image {
+                media_type: image.media_type.clone(),
+                data: base64::engine::general_purpose::STANDARD.encode(bytes),
+            }),
+            Err(_) => Part::Text(IMAGE_LOST.into()),
+        }
+    };
+    map_images(messages, &load)
+}
+
+fn map_images(mut messages: Vec<Message>, f: &dyn Fn(&Image) -> Part) -> Vec<Message> {
+    for m in &mut messages {
+        for p in &mut m.content {
+            match p {
+                Part::Image(image) => *p = f(image),
+                Part::ToolResult(r) => {
+                    for q in &mut r.content {
+                        if let Part::Image(image) = q {
+                            *q = f(image);
+                        }
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+    messages
+}
+
+/// The model's answer for a step, as recorded.
+#[derive(Debug, Clone)]
+pub struct RecordedResponse {
+    /// Its call number.
+    pub call: u32,
+    /// The answer.
+    pub response: ChatResponse,
+}
+
+/// A run as its stored events leave it: what it was started with, its conversation as of
+/// its last committed step, and how far the next step got.
+#[derive(Debug, Clone)]
+pub struct Rebuilt {
+    /// Its task.
+    pub task: String,
+    /// Its mode.
+    pub mode: RunMode,
+    /// Its budgets.
+    pub budgets: Budgets,
+    /// Its validation.
+    pub validate: Option<Validate>,
+    /// Its sandbox, last recorded.
+    pub sandbox_id: Option<String>,
+    /// The conversation as of the last committed step (images read back).
+    pub messages: Vec<Message>,
+    /// The last committed step (0: none).
+    pub step: u32,
+    /// The newest step snapshot, with its step, at or before [`Self::step`].
+    pub snapshot: Option<(u32, StepSnapshot)>,
+    /// The run tree's usage at the last commit.
+    pub usage: RunUsage,
+    /// Model calls answered after the last commit (their usage is spent, not yet in
+    /// [`Self::usage`]), with their cost.
+    pub spent_after: Vec<(Usage, Option<f64>)>,
+    /// The next step's answer, when it was recorded (tools mode: reused, not asked again).
+    pub next_response: Option<RecordedResponse>,
+    /// Tool calls of the next step that had started.
+    pub started_tools: u32,
+    /// The highest model call number used.
+    pub calls: u32,
+    /// Answers checked by validation so far.
+    pub attempts: u32,
+    /// The last event's number.
+    pub seq: u64,
+}
+
+/// Rebuilds a run from its events (in order, as stored).
+pub fn rebuild(events: &[Value]) -> Result<Rebuilt, String> {
+    let mut r: Option<Rebuilt> = None;
+    for value in events {
+        let event: Event = serde_json::from_value(value.clone())
+            .map_err(|e| format!("event {} cannot be read: {e}", value["seq"]))?;
+        if let EventKind::RunStarted {
+            task,
+            mode,
+            budgets,
+            validate,
+            ..
+        } = &event.kind
+        {
+            if r.is_some() {
+                return Err(format!("a second run_started at event {}", event.seq));
+            }
+            r = Some(Rebuilt {
+                task: task.clone(),
+                mode: *mode,
+                budgets: budgets.clone(),
+                validate: validate.clone(),
+                sandbox_id: None,
+                messages: vec![Message {
+                    role: sandcell_llm::Role::User,
+                    content: vec![Part::Text(task.clone())],
+                }],
+                step: 0,
+                snapshot: None,
+                usage: RunUsage::default(),
+                spent_after: Vec::new(),
+                next_response: None,
+                started_tools: 0,
+                calls: 0,
+                attempts: 0,
+                seq: event.seq,
+            });
+            continue;
+        }
+        let r = r
+            .as_mut()
+            .ok_or_else(|| format!("event {} comes before run_started", event.seq))?;
+        r.seq = event.seq;
+        match event.kind {
+            EventKind::SandboxReady { sandbox_id, .. } => r.sandbox_id = Some(sandbox_id),
+            EventKind::Resumed { sandbox_id, .. } => {
+                r.sandbox_id = Some(sandbox_id);
+                // What the stop left half done was done again after it.
+                r.next_response = None;
+                r.started_tools = 0;
+            }
+            EventKind::LlmRequest { call, .. } => r.calls = r.calls.max(call),
+            EventKind::LlmResponse {
+                call,
+                text,
+                tool_calls,
+                finish,
+                usage,
+                cost_usd,
+                latency_ms,
+                attempts,
+                request_id,
+            } => {
+                r.spent_after.push((usage, cost_usd));
+                if event.step == r.step + 1 {
+                    r.next_response = Some(RecordedResponse {
+                        call,
+                        response: ChatResponse {
+                            text,
+                            tool_calls,
+                            finish,
+                            usage,
+                            model: String::new(),
+                            request_id,
+                            attempts,
+                            latency_ms,
+                        },
+                    });
+                }
+            }
+            EventKind::ToolCall { .. } => r.started_tools += 1,
+            EventKind::Condensed {
+                summary,
+                messages_replaced,
+                ..
+            } => {
+                // The same splice the run made (`run::condense`).
+                let end = (1 + messages_replaced).min(r.messages.len());
+                r.messages
+                    .splice(1..end, [crate::run::summary_message(&summary)]);
+            }
+            EventKind::Validation { .. } => r.attempts += 1,
+            EventKind::StepCommitted {
+                usage,
+                snapshot,
+                messages,
+            } => {
+                r.step = event.step;
+                r.usage = usage;
+                r.messages.extend(internalize(messages));
+                if let Some(s) = snapshot {
+                    r.snapshot = Some((event.step, s));
+                }
+                r.spent_after.clear();
+                r.next_response = None;
+                r.started_tools = 0;
+            }
+            _ => {}
+        }
+    }
+    r.ok_or_else(|| "the run has no run_started event".to_string())
+}
+
+/// What a tool call that a stop interrupted, with no snapshot to go back to, answers.
+pub const UNKNOWN_AFTER_RESTART: &str = "unknown after restart: the process running this run \
+stopped while this call was running, and no snapshot of the sandbox from before it exists, so \
+it may or may not have taken effect. Check the sandbox before you repeat it.";
+
+/// The sandbox a resumed run goes on in.
+#[derive(Debug)]
+pub struct Reopened {
+    /// The sandbox.
+    pub id: SandboxId,
+    /// Tool calls of the next step had started and nothing could undo them.
+    pub tools_unknown: bool,
+}
+
+/// Finds the sandbox a resumed run goes on in and records the `resumed` event: the run's
+/// own when it is still there and nothing of the next step had touched it; else a new one
+/// restored from the last step snapshot (tool calls that had started then run again, once);
+/// else, without a snapshot, the one still there (the started calls' effects unknown) or a
+/// new one from the run's template (earlier effects lost, said so).
+pub async fn reopen(ctx: &mut RunContext, r: &Rebuilt) -> Result<Reopened, ServiceError> {
+    let (service, caller) = (ctx.service.clone(), ctx.caller.clone());
+    let current = r
+        .sandbox_id
+        .as_deref()
+        .and_then(|id| SandboxId::parse(id).ok())
+        .filter(|id| {
+            service
+                .get_sandbox(&caller, id)
+                .is_ok_and(|info| info.state == "running" || info.state == "paused")
+        });
+    let mut notes = Vec::new();
+    let mut restored_from = None;
+    let mut tools_unknown = false;
+    let started = r.started_tools > 0;
+    let id = match (&current, &r.snapshot, started) {
+        (Some(id), _, false) => id.clone(),
+        (_, Some((step, snap)), _) => {
+            let opts = sandcell_engine::fleet::CreateOptions::default();
+            let made = service
+                .restore_snapshot(&caller, &snap.snapshot_id, &opts)
+                .await?;
+            let id = SandboxId::parse(made.sandbox.id)?;
+            notes.push(format!(
+                "the sandbox was restored from step {step}'s snapshot ({} fidelity)",
+                snap.fidelity
+            ));
+            notes.extend(snap.not_carried.iter().map(|n| format!("not carried: {n}")));
+            // The one the stop left behind goes when the run made it; a sandbox the caller
+            // gave is theirs and stays.
+            if let (Some(old), SandboxPlan::Create { .. }) = (&current, &ctx.sandbox) {
+                let _ = service.delete_sandbox(&caller, old).await;
+            }
+            restored_from = Some(snap.snapshot_id.clone());
+            id
+        }
+        (Some(id), None, true) => {
+            tools_unknown = true;
+            notes.push(
+                "tool calls of the next step had started and no snapshot exists to go back to: \
+                 their effect is unknown"
+                    .into(),
+            );
+            id.clone()
+        }
+        (None, None, _) => {
+            let (id, _) = crate::run::open_sandbox(&service, &caller, &ctx.sandbox).await?;
+            if r.step > 0 {
+                notes.push(
+                    "the run's sandbox was gone and no step snapshot exists: a new sandbox was \
+                     made; what earlier steps did to the old one is lost"
+                        .into(),
+                );
+            }
+            id
+        }
+    };
+    ctx.journal.record.sandbox_id = Some(id.to_string());
+    ctx.journal.emit(
+        EventKind::Resumed {
+            after_step: r.step,
+            reused_response: r.next_response.is_some(),
+            rerun_tool_calls: if restored_from.is_some() {
+                r.started_tools
+            } else {
+                0
+            },
+            restored_from,
+            sandbox_id: id.to_string(),
+            notes,
+        },
+        true,
+    )?;
+    Ok(Reopened { id, tools_unknown })
+}
+
+/// All of a run's stored events, in order.
+pub fn all_events(store: &sandcell_store::Store, run: &str) -> Result<Vec<Value>, ServiceError> {
+    let mut out = Vec::new();
+    loop {
+        let after = out
+            .last()
+            .and_then(|e: &Value| e["seq"].as_u64())
+            .unwrap_or(0);
+        let page = store.run_events(run, after, 1000)?;
+        if page.is_empty() {
+            return Ok(out);
+        }
+        out.extend(page.into_iter().map(|e| e.event));
+    }
+}
+
+/// Deletes an ended run's step snapshots but the last one and those in use (a sandbox or a
+/// snapshot was made from it). Failures are logged: a snapshot left behind costs disk, not
+/// correctness.
+pub async fn prune(service: &Service, caller: &sandcell_service::Caller, run: &str) {
+    let events = match all_events(&service.store, run) {
+        Ok(e) => e,
+        Err(e) => {
+            tracing::warn!(run, error = %e, "a run's step snapshots were not pruned");
+            return;
+        }
+    };
+    let mut ids: Vec<String> = events
+        .iter()
+        .filter(|e| e["type"] == "step_committed")
+        .filter_map(|e| e["snapshot"]["snapshot_id"].as_str().map(str::to_string))
+        .collect();
+    // The last is kept: the run's end state, for a fork or a thread to go on from.
+    ids.pop();
+    for id in ids {
+        let in_use = service
+            .store
+            .sandboxes_from_snapshot(&id)
+            .map_or(true, |s| !s.is_empty());
+        if in_use {
+            continue;
+        }
+        if let Err(e) = service.delete_snapshot(caller, &id) {
+            tracing::debug!(run, snapshot = %id, error = %e, "a step snapshot was kept");
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_policy_says_which_steps_are_snapshotted() {
+        assert!(wants_snapshot(SnapshotPolicy::OnMutation, true));
+        assert!(!wants_snapshot(SnapshotPolicy::OnMutation, false));
+        assert!(wants_snapshot(SnapshotPolicy::EveryStep, false));
+        assert!(!wants_snapshot(SnapshotPolicy::Off, true));
+        assert!(MUTATING_TOOLS.contains(&"execute_code"));
+        assert!(!MUTATING_TOOLS.contains(&"get_repl_context"));
+    }
+
+    #[test]
+    fn images_go_to_files_once_and_come_back_whole() {
+        let dir = tempfile::tempdir().expect("dir");
+        let image = Image {
+            media_type: "image/png".into(),
+            data: base64::engine::general_purpose::STANDARD.encode(b"\x89PNG fake"),
+        };
+        let messages = vec![Message {
+            role: sandcell_llm::Role::User,
+            content: vec![
+                Part::Text("see".into()),
+                Part::Image(image.clone()),
+                Part::Image(image.clone()),
+            ],
+        }];
+        let stored = externalize(&messages, dir.path());
+        let files: Vec<_> = std::fs::read_dir(dir.path()).expect("dir").collect();
+        assert_eq!(files.len(), 1, "one file for the same image");
+        let json = serde_json::to_string(&stored).expect("json");
+        assert!(!json.contains(&image.data), "{json}");
+        let back = internalize(serde_json::from_str(&json).expect("parse"));
+        assert_eq!(back, messages);
+    }
+
+    #[test]
+    fn what_a_snapshot_does_not_carry_is_named() {
+        let kept = serde_json::json!({"manifest": {
+            "not_carried": ["running processes"],
+            "kernels": [{"context": "python", "skipped": [{"name": "sock", "reason": "a socket"}]}],
+        }});
+        assert_eq!(
+            not_carried(&kept),
+            vec![
+                "running processes".to_string(),
+                "variable sock of context python: a socket".to_string()
+            ]
+        );
+    }
+}

@@ -1,0 +1,163 @@
+//! Durable agent runs through a real daemon, end to end: a snapshot of the sandbox at each
+//! step that changed it, and `kill -9` of the daemon in the middle of a run (during a model
+//! call, during a tool call), after which the restarted daemon resumes the run to the same
+//! answer, each model answer paid once and each step's effect on the sandbox made once.
+
+use std::time::Duration;
+
+use sandcell_testkit::llm::{Script, Turn};
+use serde_json::Value;
+
+use super::daemon::{Daemon, wait_for};
+use super::runs_api::{MODEL, Model, code_call, slow, wait_for_event};
+
+/// The run's events as stored.
+fn events(d: &Daemon, run: &str) -> Vec<Value> {
+    let r = d.get(&format!("/v1/runs/{run}/events?format=json"));
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.body["events"].as_array().cloned().unwrap_or_default()
+}
+
+/// Waits for run `run` to end; its record.
+fn ended(d: &Daemon, run: &str) -> Value {
+    wait_for(Duration::from_secs(120), || {
+        let r = d.get(&format!("/v1/runs/{run}"));
+        (r.body["status"] != "running").then_some(r.body)
+    })
+    .unwrap_or_else(|| panic!("run {run} did not end:\n{}", d.log()))
+}
+
+fn of_type<'a>(events: &'a [Value], kind: &str) -> Vec<&'a Value> {
+    events.iter().filter(|e| e["type"] == kind).collect()
+}
+
+/// Numbered 1, 2, 3, … without a gap or a repeat, across the restart.
+fn contiguous(events: &[Value]) {
+    let seqs: Vec<u64> = events.iter().filter_map(|e| e["seq"].as_u64()).collect();
+    assert_eq!(seqs, (1..=events.len() as u64).collect::<Vec<_>>());
+}
+
+fn start(d: &Daemon) -> String {
+    let r = d.post(
+        "/v1/runs",
+        serde_json::json!({"task": "Set x to 21, then double it.", "model": MODEL}),
+    );
+    assert_eq!(r.status, 202, "{}", r.body);
+    r.body["id"].as_str().unwrap().to_string()
+}
+
+#[test]
+fn a_run_killed_during_a_model_call_resumes_and_asks_only_that_call_again() {
+    sandcell_testkit::skip_unless_root!();
+    let model = Model::start(Script::new().turns([
+        code_call("x = 21\nprint('SET', x)"),
+        // Step 2's first ask: the daemon dies while it waits.
+        slow(60_000, "never read"),
+        code_call("print('DOUBLE', x * 2)"),
+        Turn::text("the answer is 42"),
+    ]));
+    let mut d = model.daemon();
+    let run = start(&d);
+    wait_for(Duration::from_secs(60), || {
+        (model.llm.requests().len() >= 2).then_some(())
+    })
+    .expect("step 2's request");
+    d.kill9();
+    d.restart(&[&format!(
+        "agent.openai.base_url={}",
+        model.llm.openai_base()
+    )]);
+    let info = ended(&d, &run);
+    assert_eq!(info["status"], "succeeded", "{info}\n{}", d.log());
+    assert_eq!(info["answer"], "the answer is 42");
+
+    let requests = model.llm.requests();
+    assert_eq!(
+        requests.len(),
+        4,
+        "step 1, step 2 twice (unanswered once), step 3"
+    );
+    // Step 1 was asked once; step 2 again with the same conversation.
+    assert_eq!(requests[1].messages().len(), requests[2].messages().len());
+    assert!(requests[0].messages().len() < requests[1].messages().len());
+    let events = events(&d, &run);
+    contiguous(&events);
+    let results: Vec<&str> = of_type(&events, "tool_result")
+        .iter()
+        .filter_map(|e| e["text"].as_str())
+        .collect();
+    // The kernel kept x from step 1 across the restart.
+    assert!(
+        results.iter().any(|t| t.contains("DOUBLE 42")),
+        "{results:?}"
+    );
+    let resumed = of_type(&events, "resumed");
+    assert_eq!(resumed.len(), 1, "{resumed:?}");
+    assert_eq!(resumed[0]["after_step"], 1);
+    assert_eq!(resumed[0]["reused_response"], false);
+    // Step 1 ran code: its snapshot is recorded.
+    let step1 = of_type(&events, "step_committed")[0];
+    assert!(
+        step1["snapshot"]["snapshot_id"].as_str().is_some(),
+        "{step1}"
+    );
+    assert_eq!(events.last().unwrap()["type"], "run_finished");
+}
+
+#[test]
+fn a_run_killed_during_a_tool_call_reruns_it_once_on_the_restored_sandbox() {
+    sandcell_testkit::skip_unless_root!();
+    let model = Model::start(Script::new().turns([
+        code_call("x = 21"),
+        // Appends a line, then runs long enough for the daemon to be killed.
+        code_call(
+            "import time\nopen('log.txt', 'a').write('line\\n')\ntime.sleep(4)\nprint('slept')",
+        ),
+        code_call("print('LINES', open('log.txt').read().count('line'), 'X', x)"),
+        Turn::text("done"),
+    ]));
+    let mut d = model.daemon();
+    let run = start(&d);
+    // In step 2's cell.
+    wait_for(Duration::from_secs(60), || {
+        let e = events(&d, &run);
+        (of_type(&e, "tool_call").len() >= 2).then_some(())
+    })
+    .expect("step 2's tool call");
+    std::thread::sleep(Duration::from_millis(1500));
+    d.kill9();
+    d.restart(&[&format!(
+        "agent.openai.base_url={}",
+        model.llm.openai_base()
+    )]);
+    let info = ended(&d, &run);
+    assert_eq!(info["status"], "succeeded", "{info}\n{}", d.log());
+    // Each step's answer was asked for once: step 2's was recorded and reused.
+    assert_eq!(model.llm.requests().len(), 4);
+    let events = events(&d, &run);
+    contiguous(&events);
+    let resumed = of_type(&events, "resumed");
+    assert_eq!(resumed.len(), 1, "{resumed:?}");
+    assert_eq!(resumed[0]["reused_response"], true, "{}", resumed[0]);
+    assert_eq!(resumed[0]["rerun_tool_calls"], 1, "{}", resumed[0]);
+    assert!(
+        resumed[0]["restored_from"].as_str().is_some(),
+        "{}",
+        resumed[0]
+    );
+    // The line was written once: the restored sandbox did not keep the killed call's.
+    let results: Vec<&str> = of_type(&events, "tool_result")
+        .iter()
+        .filter_map(|e| e["text"].as_str())
+        .collect();
+    assert!(
+        results.iter().any(|t| t.contains("LINES 1 X 21")),
+        "{results:?}"
+    );
+    // The run's sandbox is the restored one, and the old one is gone with the run.
+    assert_eq!(
+        info["sandbox_id"].as_str(),
+        resumed[0]["sandbox_id"].as_str()
+    );
+    let _ = wait_for_event;
+}

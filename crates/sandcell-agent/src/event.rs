@@ -75,6 +75,22 @@ pub enum EventKind {
         /// How its final answer is checked.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         validate: Option<sandcell_api::runs::Validate>,
+        /// The run and step a fork's history comes from.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        forked_from: Option<sandcell_api::runs::ForkedFrom>,
+    },
+    /// A fork's history: the original's conversation up to the step it was forked from
+    /// (and the fork's own instruction), and the sandbox it goes on in.
+    Forked {
+        /// The original run.
+        from_run_id: String,
+        /// Its step.
+        from_step: u32,
+        /// The conversation the fork starts from, images as files.
+        messages: Vec<sandcell_llm::Message>,
+        /// The step snapshot its sandbox was restored from (none: a new sandbox, as
+        /// nothing had changed the original's before that step).
+        restored_from: Option<String>,
     },
     /// The final answer was checked with the run's validation command.
     Validation {
@@ -257,6 +273,7 @@ impl EventKind {
             EventKind::Warning { .. } => "warning",
             EventKind::Validation { .. } => "validation",
             EventKind::Resumed { .. } => "resumed",
+            EventKind::Forked { .. } => "forked",
             EventKind::RunFinished { .. } => "run_finished",
         }
     }

@@ -927,6 +927,7 @@ async fn steps(
             budgets: budgets.clone(),
             parent_run_id: parent,
             validate: repl.validate.clone(),
+            forked_from: None,
         },
         false,
     )?;

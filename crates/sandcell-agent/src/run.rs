@@ -113,6 +113,13 @@ pub enum Start {
     Fresh(String),
     /// Again after its process stopped, from what its trajectory recorded.
     Resumed(Box<durable::Rebuilt>),
+    /// A fork, its start recorded: this conversation, in this sandbox.
+    Forked {
+        /// The sandbox, ready.
+        sandbox: SandboxId,
+        /// The history.
+        messages: Vec<Message>,
+    },
 }
 
 /// How a run ended.
@@ -289,6 +296,7 @@ fn begin(ctx: &mut RunContext, task: &str) -> Result<(), ServiceError> {
             budgets: ctx.pool.budgets().clone(),
             parent_run_id: ctx.journal.record.parent_id.clone(),
             validate: ctx.validate.clone(),
+            forked_from: None,
         },
         false,
     )?;
@@ -411,6 +419,7 @@ async fn steps(ctx: &mut RunContext, start: Start) -> Result<Ended, ServiceError
             }];
             (sandbox, messages, None)
         }
+        Start::Forked { sandbox, messages } => (sandbox, messages, None),
         Start::Resumed(r) => {
             let sandbox = durable::reopen(ctx, &r).await?;
             let mut r = *r;

@@ -5,7 +5,10 @@
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, PoisonError};
 
-use sandcell_api::runs::{Budgets, RunInfo, RunList, RunMode, SnapshotPolicy, StartRun, Validate};
+use sandcell_api::runs::{
+    Budgets, ForkRun, ForkedFrom, RunInfo, RunList, RunMode, SnapshotPolicy, StartRun, StepSandbox,
+    Validate,
+};
 use sandcell_api::time::rfc3339;
 use sandcell_llm::{Llm, ModelRef};
 use sandcell_service::caller::new_record_id;
@@ -17,7 +20,7 @@ use tokio::sync::{broadcast, watch};
 use tokio_util::sync::CancellationToken;
 
 use crate::budget::Pool;
-use crate::event::Event;
+use crate::event::{Event, EventKind};
 use crate::journal::{Journal, now_ms};
 use crate::run::{Durability, RunContext, SandboxPlan, Start, drive, usage_of};
 use crate::settings::AgentDefaults;
@@ -40,6 +43,20 @@ struct RunSettings {
     given_sandbox: Option<String>,
     #[serde(default)]
     keep_sandbox: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    forked_from: Option<ForkedFrom>,
+    #[serde(default)]
+    keep_snapshots: bool,
+}
+
+/// A fork or a step's sandbox asked of a step with no snapshot to restore.
+fn no_snapshot(id: &str, step: u32) -> ServiceError {
+    ServiceError::new(
+        ErrorKind::InvalidState,
+        format!(
+            "run {id} has no step snapshot at or before step {step} (its snapshots were off, or the sandbox was the caller's and nothing had been saved yet)"
+        ),
+    )
 }
 
 /// A run in this process.
@@ -121,6 +138,7 @@ pub struct Runner {
 /// A run as the API shows it.
 pub fn run_info(r: &RunRecord) -> RunInfo {
     let settings: Option<RunSettings> = serde_json::from_value(r.settings.clone()).ok();
+    let forked_from = settings.as_ref().and_then(|s| s.forked_from.clone());
     RunInfo {
         id: r.id.clone(),
         status: r.status.clone(),
@@ -153,6 +171,7 @@ pub fn run_info(r: &RunRecord) -> RunInfo {
         usage: usage_of(&r.totals),
         created_at: rfc3339(r.created_at),
         ended_at: r.ended_at.map(rfc3339),
+        forked_from,
     }
 }
 
@@ -224,16 +243,7 @@ impl Runner {
             .parse()
             .map_err(|e: sandcell_llm::LlmError| ServiceError::invalid(e.message))?;
         let budgets = self.defaults.budgets(&req.budgets)?;
-        // Refused here rather than after a sandbox is made: the official endpoints need a key.
-        let provider = self.llm.config().provider(model.provider);
-        if provider.api_key.is_none() && provider.is_official(model.provider) {
-            return Err(ServiceError::invalid(format!(
-                "no key for {}: set ${} (or point agent.{}.base_url at a server that needs none)",
-                model.provider.name(),
-                provider.key_env,
-                model.provider.name()
-            )));
-        }
+        self.check_key(&model)?;
         let plan = match (&req.sandbox_id, &req.template) {
             (Some(id), _) => {
                 self.service.get_sandbox(caller, id)?;
@@ -254,6 +264,8 @@ impl Runner {
             snapshots: req.snapshots.unwrap_or(self.defaults.snapshots),
             given_sandbox: req.sandbox_id.as_ref().map(ToString::to_string),
             keep_sandbox: req.keep_sandbox,
+            forked_from: None,
+            keep_snapshots: req.keep_snapshots,
         };
         let record = RunRecord {
             id: id.clone(),
@@ -298,7 +310,7 @@ impl Runner {
             validate: req.validate,
             durability: Durability {
                 policy: settings.snapshots,
-                prune: self.defaults.prune_snapshots,
+                prune: self.defaults.prune_snapshots && !settings.keep_snapshots,
             },
         };
         let task = req.task;
@@ -308,6 +320,300 @@ impl Runner {
                 RunMode::Tools => drop(drive(ctx, task).await),
                 RunMode::Repl => drop(crate::repl::drive_repl(ctx, task, context).await),
             }
+            drop(entry);
+        });
+        if req.wait {
+            return self.wait(caller, &id).await;
+        }
+        self.get(caller, &id)
+    }
+
+    /// Refused before a sandbox is made: the official endpoints need a key.
+    fn check_key(&self, model: &ModelRef) -> ServiceResult<()> {
+        let provider = self.llm.config().provider(model.provider);
+        if provider.api_key.is_none() && provider.is_official(model.provider) {
+            return Err(ServiceError::invalid(format!(
+                "no key for {}: set ${} (or point agent.{}.base_url at a server that needs none)",
+                model.provider.name(),
+                provider.key_env,
+                model.provider.name()
+            )));
+        }
+        Ok(())
+    }
+
+    /// The caller's run `id` as its events leave it at the end of its committed step `step`,
+    /// with its settings.
+    fn at_step(
+        &self,
+        caller: &Caller,
+        id: &str,
+        step: u32,
+    ) -> ServiceResult<(RunRecord, RunSettings, crate::durable::Rebuilt)> {
+        let record = self.own(caller, id)?;
+        if record.mode == RunMode::Repl.as_str() {
+            return Err(ServiceError::new(
+                ErrorKind::InvalidState,
+                format!("run {id} is a repl-mode run: only tools-mode runs can be forked so far"),
+            ));
+        }
+        let settings: RunSettings = serde_json::from_value(record.settings.clone())
+            .map_err(|e| ServiceError::internal(format!("run {id}'s settings: {e}")))?;
+        let events = crate::durable::all_events(&self.service.store, id)?;
+        let committed = |e: &Value| e["type"] == "step_committed";
+        let Some(cut) = events
+            .iter()
+            .position(|e| committed(e) && e["step"].as_u64() == Some(u64::from(step)))
+        else {
+            let last = events
+                .iter()
+                .filter(|e| committed(e))
+                .filter_map(|e| e["step"].as_u64())
+                .max()
+                .unwrap_or(0);
+            return Err(ServiceError::invalid(format!(
+                "'from_step' {step}: run {id} has committed steps 1 to {last}"
+            )));
+        };
+        let rebuilt = crate::durable::rebuild(&events[..=cut])
+            .map_err(|e| ServiceError::internal(format!("run {id} cannot be rebuilt: {e}")))?;
+        Ok((record, settings, rebuilt))
+    }
+
+    /// A new sandbox from run `id`'s snapshot `snapshot` of step `step`; one pruned when the
+    /// run ended is said to be.
+    async fn restore_step(
+        &self,
+        caller: &Caller,
+        id: &str,
+        step: u32,
+        snapshot: &str,
+    ) -> ServiceResult<sandcell_api::snapshots::Forked> {
+        let opts = sandcell_engine::fleet::CreateOptions::default();
+        match self.service.restore_snapshot(caller, snapshot, &opts).await {
+            Err(e) if e.kind == ErrorKind::NotFound => Err(ServiceError::new(
+                ErrorKind::InvalidState,
+                format!(
+                    "step {step}'s snapshot of run {id} ({snapshot}) was pruned when the run ended; runs keep them all with agent.prune_step_snapshots = false"
+                ),
+            )),
+            other => other,
+        }
+    }
+
+    /// A new sandbox of the caller's as run `id`'s was at the end of step `step`, restored
+    /// from the newest step snapshot at or before it; no run starts.
+    pub async fn step_sandbox(
+        &self,
+        caller: &Caller,
+        id: &str,
+        step: u32,
+    ) -> ServiceResult<StepSandbox> {
+        let (_, _, rebuilt) = self.at_step(caller, id, step)?;
+        let Some((at, snap)) = rebuilt.snapshot else {
+            return Err(no_snapshot(id, step));
+        };
+        let made = self.restore_step(caller, id, at, &snap.snapshot_id).await?;
+        Ok(StepSandbox {
+            sandbox_id: made.sandbox.id,
+            snapshot_id: snap.snapshot_id,
+            snapshot_step: at,
+            not_carried: snap.not_carried,
+        })
+    }
+
+    /// Forks the caller's run `id` at step `req.from_step`: a new run whose history is the
+    /// original's steps up to it and whose sandbox is restored from that step's snapshot;
+    /// the original is never changed. Returns at once unless `req.wait`.
+    pub async fn fork(
+        self: &Arc<Self>,
+        caller: &Caller,
+        id: &str,
+        req: ForkRun,
+    ) -> ServiceResult<RunInfo> {
+        if let Some(t) = &req.task {
+            if t.trim().is_empty() {
+                return Err(ServiceError::invalid("'task' is empty"));
+            }
+            if t.len() > MAX_TASK_BYTES {
+                return Err(ServiceError::invalid(format!(
+                    "'task' of {} bytes is over the {} MiB limit",
+                    t.len(),
+                    MAX_TASK_BYTES >> 20
+                )));
+            }
+        }
+        let (original, settings, rebuilt) = self.at_step(caller, id, req.from_step)?;
+        let model_text = req.model.clone().unwrap_or_else(|| original.model.clone());
+        let model: ModelRef = model_text
+            .parse()
+            .map_err(|e: sandcell_llm::LlmError| ServiceError::invalid(e.message))?;
+        let budgets = self.defaults.budgets(&req.budgets)?;
+        self.check_key(&model)?;
+        let template = settings
+            .template
+            .clone()
+            .unwrap_or_else(|| "python".to_string());
+        // The sandbox as the original left it at that step.
+        let (sandbox, restored_from) = match &rebuilt.snapshot {
+            Some((at, snap)) => {
+                let made = self
+                    .restore_step(caller, id, *at, &snap.snapshot_id)
+                    .await?;
+                (
+                    sandcell_api::SandboxId::parse(made.sandbox.id)?,
+                    Some(snap.snapshot_id.clone()),
+                )
+            }
+            // Nothing had changed the sandbox the original made: a new one is that state.
+            None if settings.given_sandbox.is_none()
+                && settings.snapshots != SnapshotPolicy::Off =>
+            {
+                let plan = SandboxPlan::Create {
+                    template: template.clone(),
+                    keep: false,
+                };
+                (
+                    crate::run::open_sandbox(&self.service, caller, &plan)
+                        .await?
+                        .0,
+                    None,
+                )
+            }
+            None => return Err(no_snapshot(id, req.from_step)),
+        };
+        let made = sandbox.clone();
+        let started = self
+            .start_fork(
+                caller,
+                req,
+                original,
+                settings,
+                rebuilt,
+                model,
+                budgets,
+                template,
+                sandbox,
+                restored_from,
+            )
+            .await;
+        if started.is_err() {
+            let _ = self.service.delete_sandbox(caller, &made).await;
+        }
+        started
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    async fn start_fork(
+        self: &Arc<Self>,
+        caller: &Caller,
+        req: ForkRun,
+        original: RunRecord,
+        settings: RunSettings,
+        rebuilt: crate::durable::Rebuilt,
+        model: ModelRef,
+        budgets: Budgets,
+        template: String,
+        sandbox: sandcell_api::SandboxId,
+        restored_from: Option<String>,
+    ) -> ServiceResult<RunInfo> {
+        let id = new_record_id("run")?;
+        let now = now_ms();
+        let forked_from = ForkedFrom {
+            run_id: original.id.clone(),
+            step: req.from_step,
+        };
+        let validate = req.validate.clone().or(settings.validate.clone());
+        let fork_settings = RunSettings {
+            budgets: budgets.clone(),
+            stream: settings.stream,
+            template: Some(template.clone()),
+            validate: validate.clone(),
+            snapshots: settings.snapshots,
+            given_sandbox: None,
+            keep_sandbox: req.keep_sandbox,
+            forked_from: Some(forked_from.clone()),
+            keep_snapshots: false,
+        };
+        let task = req.task.clone().unwrap_or_else(|| original.task.clone());
+        let record = RunRecord {
+            id: id.clone(),
+            owner: caller.owner.clone(),
+            root_id: id.clone(),
+            parent_id: None,
+            depth: 0,
+            mode: RunMode::Tools.as_str().to_string(),
+            model: model.to_string(),
+            task: task.clone(),
+            sandbox_id: Some(sandbox.to_string()),
+            status: "running".into(),
+            reason: None,
+            answer: None,
+            settings: serde_json::to_value(&fork_settings).unwrap_or(Value::Null),
+            totals: serde_json::to_value(sandcell_api::runs::RunUsage::default())
+                .unwrap_or(Value::Null),
+            created_at: now,
+            updated_at: now,
+            ended_at: None,
+        };
+        let (events, _) = broadcast::channel(1024);
+        let mut journal = Journal::create(
+            self.service.store.clone(),
+            &self.service.config.home,
+            record,
+            events.clone(),
+        )?;
+        let mut messages = rebuilt.messages;
+        if let Some(t) = &req.task {
+            messages.push(sandcell_llm::Message::user(t.clone()));
+        }
+        journal.emit(
+            EventKind::RunStarted {
+                task,
+                mode: RunMode::Tools,
+                model: model.to_string(),
+                budgets: budgets.clone(),
+                parent_run_id: None,
+                validate: validate.clone(),
+                forked_from: Some(forked_from),
+            },
+            false,
+        )?;
+        journal.emit(
+            EventKind::Forked {
+                from_run_id: original.id.clone(),
+                from_step: req.from_step,
+                messages: crate::durable::externalize(&messages, &journal.artifacts_dir()),
+                restored_from,
+            },
+            false,
+        )?;
+        crate::run::sandbox_ready(&mut journal, &sandbox, true)?;
+        let cancel = CancellationToken::new();
+        let entry = self.live.register(&id, cancel.clone(), events);
+        let ctx = RunContext {
+            service: self.service.clone(),
+            llm: self.llm.clone(),
+            caller: caller.clone(),
+            model,
+            stream: settings.stream,
+            pool: Arc::new(Pool::new(budgets)),
+            cancel,
+            journal,
+            sandbox: SandboxPlan::Create {
+                template,
+                keep: req.keep_sandbox,
+            },
+            runs: self.live.clone(),
+            validate,
+            durability: Durability {
+                policy: settings.snapshots,
+                prune: self.defaults.prune_snapshots,
+            },
+        };
+        tokio::spawn(async move {
+            let start = Start::Forked { sandbox, messages };
+            drop(crate::run::drive_from(ctx, start).await);
             drop(entry);
         });
         if req.wait {
@@ -523,7 +829,7 @@ impl Runner {
             validate: settings.validate.clone(),
             durability: Durability {
                 policy: settings.snapshots,
-                prune: self.defaults.prune_snapshots,
+                prune: self.defaults.prune_snapshots && !settings.keep_snapshots,
             },
         };
         tokio::spawn(async move {

@@ -113,6 +113,11 @@ pub struct StartRun {
     /// `agent.step_snapshots`, `on_mutation` unless changed). A step's snapshot is what a
     /// resume, a fork or a rewind starts from.
     pub snapshots: Option<SnapshotPolicy>,
+    /// Keep all its step snapshots when it ends (default: the last one and those in use
+    /// stay, the rest go, unless `agent.prune_step_snapshots` is false), so that it can be
+    /// forked from any step later.
+    #[serde(default)]
+    pub keep_snapshots: bool,
 }
 
 /// When a run snapshots its sandbox at the end of a step.
@@ -316,6 +321,62 @@ pub struct RunInfo {
     pub created_at: String,
     /// When it ended (RFC 3339).
     pub ended_at: Option<String>,
+    /// The run and step it was forked from.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub forked_from: Option<ForkedFrom>,
+}
+
+/// Where a forked run's history comes from.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ForkedFrom {
+    /// The original run.
+    pub run_id: String,
+    /// Its last step the fork's history holds.
+    pub step: u32,
+}
+
+/// `POST /v1/runs/{id}/fork`: a new run whose history is steps 1..`from_step` of the
+/// original and whose sandbox is restored from that step's snapshot; the original is never
+/// changed.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct ForkRun {
+    /// The original's step to go on from (1 for the first; it must be committed).
+    pub from_step: u32,
+    /// A new instruction, given to the model after the history (default: the model goes on
+    /// with the original task).
+    pub task: Option<String>,
+    /// Another `provider/model` (default: the original's).
+    pub model: Option<String>,
+    /// Limits of the fork (absent ones: the configured defaults).
+    #[serde(default)]
+    pub budgets: BudgetsInput,
+    /// Its check of the final answer (default: the original's).
+    pub validate: Option<Validate>,
+    /// Answer when the fork has ended instead of at once (202).
+    #[serde(default)]
+    pub wait: bool,
+    /// Keep the fork's sandbox when it ends.
+    #[serde(default)]
+    pub keep_sandbox: bool,
+}
+
+/// `POST /v1/runs/{id}/steps/{step}/sandbox`: a new sandbox as the run's sandbox was at the
+/// end of that step, without starting a run.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct StepSandbox {
+    /// The new sandbox.
+    pub sandbox_id: String,
+    /// The step snapshot it was restored from.
+    pub snapshot_id: String,
+    /// The step that snapshot was taken at (the newest at or before the step asked for:
+    /// the steps between changed nothing).
+    pub snapshot_step: u32,
+    /// What the snapshot did not carry.
+    pub not_carried: Vec<String>,
 }
 
 /// Runs, newest first.

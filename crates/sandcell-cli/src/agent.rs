@@ -14,7 +14,9 @@ use anyhow::{Context, bail};
 use clap::{Args, Subcommand};
 use futures_util::StreamExt;
 use sandcell_agent::event::{Event, EventKind};
-use sandcell_api::runs::{BudgetsInput, RunInfo, RunMode, SnapshotPolicy, StartRun, Validate};
+use sandcell_api::runs::{
+    BudgetsInput, ForkRun, RunInfo, RunMode, SnapshotPolicy, StartRun, Validate,
+};
 use sandcell_api::{SandboxId, Timeout};
 use sandcell_client::{Client, Discover};
 use sandcell_store::Store;
@@ -88,6 +90,10 @@ pub struct AgentArgs {
     /// setting), every_step or off. A step's snapshot is what a resume or a fork starts from.
     #[arg(long, value_name = "POLICY")]
     pub snapshots: Option<String>,
+    /// Keep all the run's step snapshots when it ends (default: only the last one and those
+    /// in use), so that it can be forked from any step later.
+    #[arg(long)]
+    pub keep_snapshots: bool,
     /// Print one JSON object at the end: run_id, status, reason, answer, usage.
     #[arg(long)]
     pub json: bool,
@@ -131,6 +137,47 @@ pub enum RunsCommand {
         /// The run.
         run: String,
         /// Print one JSON object at the end (as `sandcell agent --json`).
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        config: ConfigArgs,
+        #[command(flatten)]
+        daemon: DaemonArgs,
+    },
+    /// Fork a run at one of its steps: a new run whose history is the original's steps up
+    /// to it, in a sandbox restored from that step's snapshot (the original is not changed).
+    Fork {
+        /// The original run.
+        run: String,
+        /// Its committed step to go on from.
+        #[arg(long, value_name = "N")]
+        from_step: u32,
+        /// A new instruction after the history (default: go on with the original task).
+        #[arg(long, value_name = "TASK")]
+        task: Option<String>,
+        /// Another provider/model (default: the original's).
+        #[arg(long)]
+        model: Option<String>,
+        /// Keep the fork's sandbox when it ends.
+        #[arg(long)]
+        keep_sandbox: bool,
+        /// Print one JSON object at the end (as `sandcell agent --json`).
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        config: ConfigArgs,
+        #[command(flatten)]
+        daemon: DaemonArgs,
+    },
+    /// Open a new sandbox of the daemon's as a run's sandbox was at the end of a step,
+    /// without starting a run; prints its id.
+    Sandbox {
+        /// The run.
+        run: String,
+        /// One of its committed steps.
+        #[arg(long, value_name = "N")]
+        step: u32,
+        /// Print JSON (the sandbox, the snapshot, what it did not carry).
         #[arg(long)]
         json: bool,
         #[command(flatten)]
@@ -276,6 +323,7 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<ExitCode> {
             .as_deref()
             .map(str::parse::<SnapshotPolicy>)
             .transpose()?,
+        keep_snapshots: args.keep_snapshots,
     };
     let live = std::io::stderr().is_terminal() && !args.json;
     let json_out = args.json;
@@ -571,7 +619,46 @@ pub fn runs(command: RunsCommand) -> anyhow::Result<ExitCode> {
             json,
             config,
             daemon,
-        } => return resume(&run, json, &config, &daemon),
+        } => return go_on(GoOn::Resume(run), json, &config, &daemon),
+        RunsCommand::Fork {
+            run,
+            from_step,
+            task,
+            model,
+            keep_sandbox,
+            json,
+            config,
+            daemon,
+        } => {
+            let req = ForkRun {
+                from_step,
+                task,
+                model,
+                keep_sandbox,
+                ..ForkRun::default()
+            };
+            return go_on(GoOn::Fork(run, req), json, &config, &daemon);
+        }
+        RunsCommand::Sandbox {
+            run,
+            step,
+            json,
+            config,
+            daemon,
+        } => {
+            let made = match daemon_client(&daemon, &config)? {
+                Some(client) => runtime()?.block_on(client.step_sandbox(&run, step))?,
+                None => bail!(
+                    "no daemon runs on {}: the sandbox would end with this command; start one (sandcell daemon start)",
+                    config.home().display()
+                ),
+            };
+            if json {
+                println!("{}", serde_json::to_string_pretty(&made)?);
+            } else {
+                println!("{}", made.sandbox_id);
+            }
+        }
         RunsCommand::Cancel {
             run,
             json,
@@ -591,29 +678,54 @@ pub fn runs(command: RunsCommand) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// `sandcell runs resume RUN`: through the daemon when one runs (following the run to its
-/// end), else in this process.
-fn resume(
-    run: &str,
+/// What `sandcell runs resume|fork` asks of a run.
+enum GoOn {
+    /// Take up the run a stopped process left.
+    Resume(String),
+    /// Fork the run.
+    Fork(String, ForkRun),
+}
+
+/// `sandcell runs resume|fork`: through the daemon when one runs, else in this process;
+/// follows the run to its end (live in a terminal) and reports it as `sandcell agent` does.
+fn go_on(
+    what: GoOn,
     json_out: bool,
     config: &ConfigArgs,
     daemon: &DaemonArgs,
 ) -> anyhow::Result<ExitCode> {
     let live = std::io::stderr().is_terminal() && !json_out;
+    let show_live = move |e: &Value| {
+        if live && let Ok(e) = serde_json::from_value::<Event>(e.clone()) {
+            show(&e);
+        }
+    };
     if let Some(client) = daemon_client(daemon, config)? {
         return runtime()?.block_on(async move {
             let mut interrupts =
                 tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())
                     .context("handle Ctrl-C")?;
-            let started = client.resume_run(run).await.context("resume the run")?;
-            let after = client.run_events(&started.id, 0).await?.len() as u64;
-            let info =
-                follow_remote_from(&client, &started.id, after, Some(&mut interrupts), |e| {
-                    if live && let Ok(e) = serde_json::from_value::<Event>(e.clone()) {
-                        show(&e);
-                    }
-                })
-                .await?;
+            let (started, after) = match what {
+                GoOn::Resume(run) => {
+                    let after = client.run_events(&run, 0).await?.len() as u64;
+                    (
+                        client.resume_run(&run).await.context("resume the run")?,
+                        after,
+                    )
+                }
+                GoOn::Fork(run, req) => (
+                    client.fork_run(&run, &req).await.context("fork the run")?,
+                    0,
+                ),
+            };
+            let info = follow_remote_from(
+                &client,
+                &started.id,
+                after,
+                Some(&mut interrupts),
+                show_live,
+            )
+            .await?;
             report(&info, json_out)
         });
     }
@@ -634,25 +746,28 @@ fn resume(
                 .context("look up the admin key")?
                 .context("the admin key in the home is unknown or revoked")?;
             let runner = embedded.runner();
-            let owner_caller = caller;
-            let after = runner
-                .last_events(&owner_caller, run, 1)?
-                .first()
-                .and_then(|e| e["seq"].as_u64())
-                .unwrap_or(0);
-            runner.resume(&owner_caller, run, false).await?;
+            let (id, after) = match what {
+                GoOn::Resume(run) => {
+                    let after = runner
+                        .last_events(&caller, &run, 1)?
+                        .first()
+                        .and_then(|e| e["seq"].as_u64())
+                        .unwrap_or(0);
+                    (runner.resume(&caller, &run, false).await?.id, after)
+                }
+                GoOn::Fork(run, req) => (runner.fork(&caller, &run, req).await?.id, 0),
+            };
             if live {
-                let events = runner.follow(&owner_caller, run, after)?;
+                let events = runner.follow(&caller, &id, after)?;
                 futures_util::pin_mut!(events);
                 while let Some(e) = events.next().await {
-                    if let Ok(e) = serde_json::from_value::<Event>(e) {
-                        show(&e);
-                    }
+                    show_live(&e);
                 }
             }
-            Ok::<_, anyhow::Error>(runner.wait(&owner_caller, run).await?)
+            Ok::<_, anyhow::Error>(runner.wait(&caller, &id).await?)
         }
         .await;
+        // The run's sandbox ends with this process: nothing else could reach it.
         embedded.shutdown().await;
         report(&outcome?, json_out)
     })
@@ -784,6 +899,19 @@ fn describe(e: &Event) -> String {
             snapshot
                 .as_ref()
                 .map(|s| format!(" · snapshot {} ({})", s.snapshot_id, s.fidelity))
+                .unwrap_or_default()
+        ),
+        EventKind::Forked {
+            from_run_id,
+            from_step,
+            messages,
+            restored_from,
+        } => format!(
+            "forked from {from_run_id} at step {from_step} ({} messages of history){}",
+            messages.len(),
+            restored_from
+                .as_ref()
+                .map(|s| format!(", sandbox restored from {s}"))
                 .unwrap_or_default()
         ),
         EventKind::Resumed {

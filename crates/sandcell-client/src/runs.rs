@@ -2,7 +2,7 @@
 //! server-sent events).
 
 use reqwest::Method;
-use sandcell_api::runs::{RunInfo, RunList, StartRun};
+use sandcell_api::runs::{ForkRun, RunInfo, RunList, StartRun, StepSandbox};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -42,6 +42,19 @@ impl Client {
     /// `POST /v1/runs/{id}/cancel`: answers once the run's end is recorded.
     pub async fn cancel_run(&self, id: &str) -> Result<RunInfo, ClientError> {
         let path = format!("/v1/runs/{}/cancel", segment(id));
+        self.call(Method::POST, &path, None::<&()>).await
+    }
+
+    /// `POST /v1/runs/{id}/fork`: a new run from one of the run's committed steps.
+    pub async fn fork_run(&self, id: &str, req: &ForkRun) -> Result<RunInfo, ClientError> {
+        let path = format!("/v1/runs/{}/fork", segment(id));
+        self.call(Method::POST, &path, Some(req)).await
+    }
+
+    /// `POST /v1/runs/{id}/steps/{step}/sandbox`: a new sandbox as the run's was at the end
+    /// of that step.
+    pub async fn step_sandbox(&self, id: &str, step: u32) -> Result<StepSandbox, ClientError> {
+        let path = format!("/v1/runs/{}/steps/{step}/sandbox", segment(id));
         self.call(Method::POST, &path, None::<&()>).await
     }
 

@@ -131,6 +131,8 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(runs::get))
         .routes(routes!(runs::cancel))
         .routes(routes!(runs::resume))
+        .routes(routes!(runs::fork))
+        .routes(routes!(runs::step_sandbox))
         .routes(routes!(runs::events))
         .routes(routes!(system::system))
 }

@@ -8,7 +8,7 @@ use std::time::Duration;
 use sandcell_testkit::llm::{Script, Turn};
 use serde_json::Value;
 
-use super::daemon::{Daemon, wait_for};
+use super::daemon::{CodeResultExt, Daemon, wait_for};
 use super::runs_api::{MODEL, Model, code_call, slow, wait_for_event};
 
 /// The run's events as stored.
@@ -160,4 +160,156 @@ fn a_run_killed_during_a_tool_call_reruns_it_once_on_the_restored_sandbox() {
         resumed[0]["sandbox_id"].as_str()
     );
     let _ = wait_for_event;
+}
+
+#[test]
+fn a_fork_from_step_2_sees_step_2s_state_and_leaves_the_original_alone() {
+    sandcell_testkit::skip_unless_root!();
+    let model = Model::start(Script::new().turns([
+        code_call("x = 1"),
+        code_call("x = 2"),
+        code_call("x = 3"),
+        Turn::text("original done"),
+        // The fork, through the CLI.
+        code_call("print('X IS', x)"),
+        Turn::text("fork done"),
+        // A run whose earlier step snapshots are pruned at its end.
+        code_call("y = 1"),
+        code_call("y = 2"),
+        Turn::text("pruned"),
+    ]));
+    let d = model.daemon();
+    let r = d.post(
+        "/v1/runs",
+        // All its step snapshots kept, so it can be forked from any step after its end.
+        serde_json::json!({"task": "Count.", "model": MODEL, "wait": true, "keep_sandbox": true, "keep_snapshots": true}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let run = r.body["id"].as_str().unwrap().to_string();
+    let original_sandbox = r.body["sandbox_id"].as_str().unwrap().to_string();
+    let before = events(&d, &run);
+    // Three code steps, each with its snapshot.
+    let commits = of_type(&before, "step_committed");
+    assert_eq!(commits.len(), 3);
+    assert!(
+        commits
+            .iter()
+            .all(|c| c["snapshot"]["snapshot_id"].is_string())
+    );
+
+    let out = std::process::Command::new(super::common::BIN)
+        .args([
+            "runs",
+            "fork",
+            &run,
+            "--from-step",
+            "2",
+            "--task",
+            "Print x.",
+            "--json",
+        ])
+        .env("SANDCELL_HOME", d.home())
+        .env_remove("SANDCELL_API_URL")
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let fork: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(fork["answer"], "fork done");
+    let fork_id = fork["run_id"].as_str().unwrap();
+    let fork_events = events(&d, fork_id);
+    contiguous(&fork_events);
+    let printed: Vec<&str> = of_type(&fork_events, "tool_result")
+        .iter()
+        .filter_map(|e| e["text"].as_str())
+        .collect();
+    // Step 2's x, not step 3's.
+    assert!(printed.iter().any(|t| t.contains("X IS 2")), "{printed:?}");
+    let forked = of_type(&fork_events, "forked")[0];
+    assert_eq!(
+        (&forked["from_run_id"], &forked["from_step"]),
+        (&serde_json::json!(run), &serde_json::json!(2))
+    );
+    // The fork's model saw the original's history up to step 2 and the new instruction.
+    let asked = model.llm.requests();
+    let history = asked[4].messages();
+    let tool_results = history.iter().filter(|m| m["role"] == "tool").count();
+    assert_eq!(tool_results, 2, "steps 1 and 2 only: {history:?}");
+    assert!(history.iter().any(|m| m.to_string().contains("x = 2")));
+    assert!(!history.iter().any(|m| m.to_string().contains("x = 3")));
+    assert!(asked[4].transcript().contains("Print x."));
+    let info = d.get(&format!("/v1/runs/{fork_id}"));
+    assert_eq!(info.body["forked_from"]["run_id"], run.as_str());
+
+    // The original is as it was, its sandbox too.
+    assert_eq!(events(&d, &run), before);
+    assert_eq!(d.code(&original_sandbox, "x").plain(), "3");
+
+    // A sandbox at step 1, without a run.
+    let r = d.post(
+        &format!("/v1/runs/{run}/steps/1/sandbox"),
+        serde_json::json!({}),
+    );
+    assert_eq!(r.status, 201, "{}", r.body);
+    let at1 = r.body["sandbox_id"].as_str().unwrap();
+    assert_eq!(d.code(at1, "x").plain(), "1");
+
+    // Bad input and other owners.
+    d.post(
+        &format!("/v1/runs/{run}/fork"),
+        serde_json::json!({"from_step": 9}),
+    )
+    .expect_error(400, "invalid_argument");
+    d.post(
+        &format!("/v1/runs/{run}/fork"),
+        serde_json::json!({"from_step": 1, "colour": 1}),
+    )
+    .expect_error(400, "invalid_argument");
+    let (bob, _) = d.key_for("bob");
+    for path in [
+        format!("/v1/runs/{run}/fork"),
+        format!("/v1/runs/{run}/steps/1/sandbox"),
+        format!("/v1/runs/{run}/resume"),
+    ] {
+        d.call_as(
+            Some(&bob),
+            reqwest::Method::POST,
+            &path,
+            Some(serde_json::json!({"from_step": 1})),
+        )
+        .expect_error(404, "not_found");
+    }
+    // An ended run is not resumed.
+    d.post(&format!("/v1/runs/{run}/resume"), serde_json::json!({}))
+        .expect_error(409, "invalid_state");
+
+    // Pruned: the last step's snapshot stays, the earlier ones go, and a fork from one of
+    // them says why it cannot be.
+    let r = d.post(
+        "/v1/runs",
+        serde_json::json!({"task": "Again.", "model": MODEL, "wait": true}),
+    );
+    let pruned = r.body["id"].as_str().unwrap().to_string();
+    let _ = d.post(
+        "/v1/runs",
+        serde_json::json!({"task": "noop", "model": MODEL, "wait": true}),
+    );
+    let commits = of_type(&events(&d, &pruned), "step_committed")
+        .iter()
+        .map(|c| c["snapshot"]["snapshot_id"].as_str().unwrap().to_string())
+        .collect::<Vec<_>>();
+    assert_eq!(commits.len(), 2);
+    assert_eq!(d.get(&format!("/v1/snapshots/{}", commits[0])).status, 404);
+    assert_eq!(d.get(&format!("/v1/snapshots/{}", commits[1])).status, 200);
+    let r = d.post(
+        &format!("/v1/runs/{pruned}/fork"),
+        serde_json::json!({"from_step": 1}),
+    );
+    assert_eq!(r.status, 409, "{}", r.body);
+    assert!(r.body.to_string().contains("pruned"), "{}", r.body);
 }

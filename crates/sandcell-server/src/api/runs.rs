@@ -11,7 +11,7 @@ use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
 use futures_util::{Stream, StreamExt};
 use sandcell_api::exec::SseEvent;
-use sandcell_api::runs::{RunInfo, RunList, StartRun};
+use sandcell_api::runs::{ForkRun, RunInfo, RunList, StartRun, StepSandbox};
 use serde::Serialize;
 use serde_json::Value;
 
@@ -159,6 +159,64 @@ pub async fn resume(
     ApiPath(run_id): ApiPath<String>,
 ) -> ApiResult<Json<RunInfo>> {
     Ok(Json(s.runner.resume(&caller, &run_id, false).await?))
+}
+
+/// Forks a run at one of its committed steps: a new run whose history is the original's
+/// steps up to `from_step` and whose sandbox is restored from that step's snapshot (a
+/// variable set at that step is there, one set later is not); the original is never
+/// changed. Answers at once (202), or with `"wait": true` when the fork has ended (200).
+#[utoipa::path(
+    post, path = "/v1/runs/{run_id}/fork", tag = "runs",
+    params(("run_id" = String, Path, description = "The original run")),
+    request_body = ForkRun,
+    responses(
+        (status = 202, description = "Started: it goes on in the background", body = RunInfo),
+        (status = 200, description = "Ended (`wait`: true)", body = RunInfo),
+        (status = 400, description = "No such committed step, or bad input", body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+        (status = 409, description = "No step snapshot to restore, or a repl-mode run", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn fork(
+    State(s): State<AppState>,
+    caller: Caller,
+    ApiPath(run_id): ApiPath<String>,
+    ApiJson(req): ApiJson<ForkRun>,
+) -> ApiResult<(StatusCode, Json<RunInfo>)> {
+    let status = if req.wait {
+        StatusCode::OK
+    } else {
+        StatusCode::ACCEPTED
+    };
+    Ok((status, Json(s.runner.fork(&caller, &run_id, req).await?)))
+}
+
+/// Opens a new sandbox as the run's sandbox was at the end of a committed step (restored
+/// from the newest step snapshot at or before it), without starting a run.
+#[utoipa::path(
+    post, path = "/v1/runs/{run_id}/steps/{step}/sandbox", tag = "runs",
+    params(
+        ("run_id" = String, Path, description = "The run"),
+        ("step" = u32, Path, description = "One of its committed steps"),
+    ),
+    responses(
+        (status = 201, body = StepSandbox),
+        (status = 400, description = "No such committed step", body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+        (status = 409, description = "No step snapshot to restore", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn step_sandbox(
+    State(s): State<AppState>,
+    caller: Caller,
+    ApiPath((run_id, step)): ApiPath<(String, u32)>,
+) -> ApiResult<(StatusCode, Json<StepSandbox>)> {
+    let made = s.runner.step_sandbox(&caller, &run_id, step).await?;
+    Ok((StatusCode::CREATED, Json(made)))
 }
 
 /// A run's trajectory. As server-sent events (the default): each event's `id` is its number

@@ -300,7 +300,9 @@ pub fn rebuild(events: &[Value]) -> Result<Rebuilt, String> {
                     .splice(1..end, [crate::run::summary_message(&summary)]);
             }
             EventKind::Validation { .. } => r.attempts += 1,
-            EventKind::Forked { messages, .. } => r.messages = internalize(messages),
+            EventKind::Forked { messages, .. } | EventKind::ThreadHistory { messages, .. } => {
+                r.messages = internalize(messages);
+            }
             EventKind::StepCommitted {
                 usage,
                 snapshot,

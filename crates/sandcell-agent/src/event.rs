@@ -79,6 +79,18 @@ pub enum EventKind {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         forked_from: Option<sandcell_api::runs::ForkedFrom>,
     },
+    /// A thread's history: the conversation of its earlier runs (and this run's task), and
+    /// the sandbox its runs share.
+    ThreadHistory {
+        /// The thread.
+        thread_id: String,
+        /// Its run before this one (none: this is its first).
+        from_run_id: Option<String>,
+        /// The conversation this run starts from, images as files.
+        messages: Vec<sandcell_llm::Message>,
+        /// The step snapshot the thread's sandbox was restored from (its sandbox was gone).
+        restored_from: Option<String>,
+    },
     /// A fork's history: the original's conversation up to the step it was forked from
     /// (and the fork's own instruction), and the sandbox it goes on in.
     Forked {
@@ -274,6 +286,7 @@ impl EventKind {
             EventKind::Validation { .. } => "validation",
             EventKind::Resumed { .. } => "resumed",
             EventKind::Forked { .. } => "forked",
+            EventKind::ThreadHistory { .. } => "thread_history",
             EventKind::RunFinished { .. } => "run_finished",
         }
     }

@@ -17,6 +17,7 @@ pub mod repl;
 pub mod run;
 pub mod runner;
 pub mod settings;
+pub mod threads;
 pub mod tools;
 pub mod validate;
 

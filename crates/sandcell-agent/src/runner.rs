@@ -30,23 +30,55 @@ pub const MAX_TASK_BYTES: usize = 8 * 1024 * 1024;
 
 /// What a run was started with, kept in its record.
 #[derive(Debug, Clone, Serialize, Deserialize)]
-struct RunSettings {
-    budgets: Budgets,
-    stream: bool,
-    template: Option<String>,
+pub(crate) struct RunSettings {
+    pub(crate) budgets: Budgets,
+    pub(crate) stream: bool,
+    pub(crate) template: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    validate: Option<Validate>,
+    pub(crate) validate: Option<Validate>,
     #[serde(default)]
-    snapshots: SnapshotPolicy,
+    pub(crate) snapshots: SnapshotPolicy,
     /// The sandbox the caller gave (none: the run made its own).
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    given_sandbox: Option<String>,
+    pub(crate) given_sandbox: Option<String>,
     #[serde(default)]
-    keep_sandbox: bool,
+    pub(crate) keep_sandbox: bool,
     #[serde(default, skip_serializing_if = "Option::is_none")]
-    forked_from: Option<ForkedFrom>,
+    pub(crate) forked_from: Option<ForkedFrom>,
     #[serde(default)]
-    keep_snapshots: bool,
+    pub(crate) keep_snapshots: bool,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub(crate) thread_id: Option<String>,
+}
+
+/// Where a run that starts from a history got it.
+pub(crate) enum History {
+    /// A fork of a run at a step.
+    Fork {
+        from_run_id: String,
+        from_step: u32,
+        restored_from: Option<String>,
+    },
+    /// A thread's earlier runs.
+    Thread {
+        thread_id: String,
+        from_run_id: Option<String>,
+        restored_from: Option<String>,
+    },
+}
+
+/// A run to start from a history (see [`Runner::launch`]).
+pub(crate) struct Launch {
+    pub task: String,
+    pub model: ModelRef,
+    pub settings: RunSettings,
+    /// The sandbox, ready, and whose it is.
+    pub sandbox: sandcell_api::SandboxId,
+    pub plan: SandboxPlan,
+    pub history: History,
+    /// The conversation so far, the new task included.
+    pub messages: Vec<sandcell_llm::Message>,
+    pub wait: bool,
 }
 
 /// A fork or a step's sandbox asked of a step with no snapshot to restore.
@@ -121,7 +153,7 @@ impl LiveRuns {
         self.map().get(id).cloned()
     }
 
-    fn contains(&self, id: &str) -> bool {
+    pub(crate) fn contains(&self, id: &str) -> bool {
         self.map().contains_key(id)
     }
 }
@@ -129,10 +161,10 @@ impl LiveRuns {
 /// The runs of one service.
 #[derive(Debug)]
 pub struct Runner {
-    service: Arc<Service>,
+    pub(crate) service: Arc<Service>,
     llm: Arc<Llm>,
-    defaults: AgentDefaults,
-    live: Arc<LiveRuns>,
+    pub(crate) defaults: AgentDefaults,
+    pub(crate) live: Arc<LiveRuns>,
 }
 
 /// A run as the API shows it.
@@ -198,7 +230,7 @@ impl Runner {
     }
 
     /// The caller's run `id`.
-    fn own(&self, caller: &Caller, id: &str) -> ServiceResult<RunRecord> {
+    pub(crate) fn own(&self, caller: &Caller, id: &str) -> ServiceResult<RunRecord> {
         sandcell_api::rules::check_record_id(id, "run", "a run")?;
         match self.service.store.get_run(id)? {
             Some(r) if r.owner == caller.owner || caller.admin => Ok(r),
@@ -244,6 +276,21 @@ impl Runner {
             .map_err(|e: sandcell_llm::LlmError| ServiceError::invalid(e.message))?;
         let budgets = self.defaults.budgets(&req.budgets)?;
         self.check_key(&model)?;
+        if let Some(thread) = req.thread_id.clone() {
+            if mode != RunMode::Tools {
+                return Err(ServiceError::invalid(
+                    "a run on a thread is a tools-mode run (mode \"repl\" is not for threads yet)",
+                ));
+            }
+            if req.sandbox_id.is_some() {
+                return Err(ServiceError::invalid(
+                    "'thread_id' and 'sandbox_id' both name a sandbox: a thread's runs work in the thread's; give one",
+                ));
+            }
+            return self
+                .start_on_thread(caller, &thread, req, model, budgets)
+                .await;
+        }
         let plan = match (&req.sandbox_id, &req.template) {
             (Some(id), _) => {
                 self.service.get_sandbox(caller, id)?;
@@ -266,6 +313,7 @@ impl Runner {
             keep_sandbox: req.keep_sandbox,
             forked_from: None,
             keep_snapshots: req.keep_snapshots,
+            thread_id: None,
         };
         let record = RunRecord {
             id: id.clone(),
@@ -329,7 +377,7 @@ impl Runner {
     }
 
     /// Refused before a sandbox is made: the official endpoints need a key.
-    fn check_key(&self, model: &ModelRef) -> ServiceResult<()> {
+    pub(crate) fn check_key(&self, model: &ModelRef) -> ServiceResult<()> {
         let provider = self.llm.config().provider(model.provider);
         if provider.api_key.is_none() && provider.is_official(model.provider) {
             return Err(ServiceError::invalid(format!(
@@ -517,25 +565,59 @@ impl Runner {
         sandbox: sandcell_api::SandboxId,
         restored_from: Option<String>,
     ) -> ServiceResult<RunInfo> {
-        let id = new_record_id("run")?;
-        let now = now_ms();
         let forked_from = ForkedFrom {
             run_id: original.id.clone(),
             step: req.from_step,
         };
-        let validate = req.validate.clone().or(settings.validate.clone());
         let fork_settings = RunSettings {
-            budgets: budgets.clone(),
+            budgets,
             stream: settings.stream,
             template: Some(template.clone()),
-            validate: validate.clone(),
+            validate: req.validate.clone().or(settings.validate.clone()),
             snapshots: settings.snapshots,
             given_sandbox: None,
             keep_sandbox: req.keep_sandbox,
-            forked_from: Some(forked_from.clone()),
+            forked_from: Some(forked_from),
             keep_snapshots: false,
+            thread_id: None,
         };
-        let task = req.task.clone().unwrap_or_else(|| original.task.clone());
+        let mut messages = rebuilt.messages;
+        if let Some(t) = &req.task {
+            messages.push(sandcell_llm::Message::user(t.clone()));
+        }
+        self.launch(
+            caller,
+            Launch {
+                task: req.task.clone().unwrap_or_else(|| original.task.clone()),
+                model,
+                settings: fork_settings,
+                plan: SandboxPlan::Create {
+                    template,
+                    keep: req.keep_sandbox,
+                },
+                sandbox,
+                history: History::Fork {
+                    from_run_id: original.id.clone(),
+                    from_step: req.from_step,
+                    restored_from,
+                },
+                messages,
+                wait: req.wait,
+            },
+        )
+        .await
+    }
+
+    /// Records a run that starts from a history (a fork's, a thread's) in a sandbox made
+    /// for it, and starts it in the background (or waits for its end).
+    pub(crate) async fn launch(
+        self: &Arc<Self>,
+        caller: &Caller,
+        l: Launch,
+    ) -> ServiceResult<RunInfo> {
+        let id = new_record_id("run")?;
+        let now = now_ms();
+        let budgets = l.settings.budgets.clone();
         let record = RunRecord {
             id: id.clone(),
             owner: caller.owner.clone(),
@@ -543,13 +625,13 @@ impl Runner {
             parent_id: None,
             depth: 0,
             mode: RunMode::Tools.as_str().to_string(),
-            model: model.to_string(),
-            task: task.clone(),
-            sandbox_id: Some(sandbox.to_string()),
+            model: l.model.to_string(),
+            task: l.task.clone(),
+            sandbox_id: Some(l.sandbox.to_string()),
             status: "running".into(),
             reason: None,
             answer: None,
-            settings: serde_json::to_value(&fork_settings).unwrap_or(Value::Null),
+            settings: serde_json::to_value(&l.settings).unwrap_or(Value::Null),
             totals: serde_json::to_value(sandcell_api::runs::RunUsage::default())
                 .unwrap_or(Value::Null),
             created_at: now,
@@ -563,60 +645,70 @@ impl Runner {
             record,
             events.clone(),
         )?;
-        let mut messages = rebuilt.messages;
-        if let Some(t) = &req.task {
-            messages.push(sandcell_llm::Message::user(t.clone()));
-        }
         journal.emit(
             EventKind::RunStarted {
-                task,
+                task: l.task,
                 mode: RunMode::Tools,
-                model: model.to_string(),
+                model: l.model.to_string(),
                 budgets: budgets.clone(),
                 parent_run_id: None,
-                validate: validate.clone(),
-                forked_from: Some(forked_from),
+                validate: l.settings.validate.clone(),
+                forked_from: l.settings.forked_from.clone(),
             },
             false,
         )?;
-        journal.emit(
-            EventKind::Forked {
-                from_run_id: original.id.clone(),
-                from_step: req.from_step,
-                messages: crate::durable::externalize(&messages, &journal.artifacts_dir()),
+        let messages = crate::durable::externalize(&l.messages, &journal.artifacts_dir());
+        let history = match l.history {
+            History::Fork {
+                from_run_id,
+                from_step,
+                restored_from,
+            } => EventKind::Forked {
+                from_run_id,
+                from_step,
+                messages,
                 restored_from,
             },
-            false,
-        )?;
-        crate::run::sandbox_ready(&mut journal, &sandbox, true)?;
+            History::Thread {
+                thread_id,
+                from_run_id,
+                restored_from,
+            } => EventKind::ThreadHistory {
+                thread_id,
+                from_run_id,
+                messages,
+                restored_from,
+            },
+        };
+        journal.emit(history, false)?;
+        let created = matches!(l.plan, SandboxPlan::Create { .. });
+        crate::run::sandbox_ready(&mut journal, &l.sandbox, created)?;
         let cancel = CancellationToken::new();
         let entry = self.live.register(&id, cancel.clone(), events);
         let ctx = RunContext {
             service: self.service.clone(),
             llm: self.llm.clone(),
             caller: caller.clone(),
-            model,
-            stream: settings.stream,
+            model: l.model,
+            stream: l.settings.stream,
             pool: Arc::new(Pool::new(budgets)),
             cancel,
             journal,
-            sandbox: SandboxPlan::Create {
-                template,
-                keep: req.keep_sandbox,
-            },
+            sandbox: l.plan,
             runs: self.live.clone(),
-            validate,
+            validate: l.settings.validate.clone(),
             durability: Durability {
-                policy: settings.snapshots,
-                prune: self.defaults.prune_snapshots,
+                policy: l.settings.snapshots,
+                prune: self.defaults.prune_snapshots && !l.settings.keep_snapshots,
             },
         };
+        let (sandbox, messages) = (l.sandbox, l.messages);
         tokio::spawn(async move {
             let start = Start::Forked { sandbox, messages };
             drop(crate::run::drive_from(ctx, start).await);
             drop(entry);
         });
-        if req.wait {
+        if l.wait {
             return self.wait(caller, &id).await;
         }
         self.get(caller, &id)

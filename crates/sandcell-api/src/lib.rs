@@ -13,6 +13,7 @@ pub mod error;
 pub mod exec;
 pub mod files;
 pub mod keys;
+pub mod memories;
 pub mod processes;
 pub mod rules;
 pub mod runs;

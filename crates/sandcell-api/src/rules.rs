@@ -113,6 +113,63 @@ pub fn check_owner(owner: &str) -> Result<(), ValidationError> {
     }
 }
 
+/// A memory's longest text, in bytes.
+pub const MAX_MEMORY_TEXT: usize = 64 * 1024;
+/// A memory category's longest length, in bytes.
+pub const MAX_CATEGORY: usize = 64;
+/// A memory search's longest query, in bytes.
+pub const MAX_QUERY: usize = 4096;
+
+/// Checks a memory's text: not blank, at most [`MAX_MEMORY_TEXT`] bytes, no NUL (it is
+/// stored and searched as text).
+pub fn check_memory_text(text: &str) -> Result<(), ValidationError> {
+    if text.trim().is_empty() {
+        return invalid("text must not be empty".to_string());
+    }
+    if text.len() > MAX_MEMORY_TEXT {
+        return invalid(format!(
+            "text of {} bytes is over the {} KiB limit",
+            text.len(),
+            MAX_MEMORY_TEXT >> 10
+        ));
+    }
+    if text.contains('\0') {
+        return invalid("text must not contain NUL characters".to_string());
+    }
+    Ok(())
+}
+
+/// Checks a memory category: 1 to [`MAX_CATEGORY`] of lowercase ASCII letters, digits, `-`,
+/// `_`, `.` (one spelling per category, so a filter finds them all).
+pub fn check_category(category: &str) -> Result<(), ValidationError> {
+    let ok = (1..=MAX_CATEGORY).contains(&category.len())
+        && category
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "-_.".contains(c));
+    if ok {
+        Ok(())
+    } else {
+        invalid(format!(
+            "category {category:?} must be 1 to {MAX_CATEGORY} of lowercase letters, digits, '-', '_' or '.'"
+        ))
+    }
+}
+
+/// Checks a memory search's query: not blank, at most [`MAX_QUERY`] bytes. (Any text is
+/// safe to search for: its words are looked for, never read as search syntax.)
+pub fn check_query(query: &str) -> Result<(), ValidationError> {
+    if query.trim().is_empty() {
+        return invalid("query must not be empty".to_string());
+    }
+    if query.len() > MAX_QUERY {
+        return invalid(format!(
+            "query of {} bytes is over the {MAX_QUERY}-byte limit",
+            query.len()
+        ));
+    }
+    Ok(())
+}
+
 /// Whole seconds to milliseconds, refusing what would overflow.
 pub fn secs_to_ms(field: &str, secs: u64) -> Result<u64, ValidationError> {
     secs.checked_mul(1000)
@@ -171,6 +228,44 @@ mod tests {
         for bad in ["", "a b", "a/b", &"x".repeat(65)] {
             assert!(check_owner(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn memory_texts_categories_and_queries_have_rules() {
+        assert!(check_memory_text("the user likes tea").is_ok());
+        assert!(check_memory_text(&"x".repeat(MAX_MEMORY_TEXT)).is_ok());
+        for (bad, says) in [
+            ("", "empty"),
+            (" \n\t", "empty"),
+            ("a\0b", "NUL"),
+            (&"x".repeat(MAX_MEMORY_TEXT + 1), "over the 64 KiB limit"),
+        ] {
+            let err = check_memory_text(bad).unwrap_err();
+            assert!(err.0.starts_with("text") && err.0.contains(says), "{err}");
+        }
+        for good in [
+            "general",
+            "user_prefs",
+            "a",
+            "v1.2-beta",
+            &"c".repeat(MAX_CATEGORY),
+        ] {
+            assert!(check_category(good).is_ok(), "{good}");
+        }
+        for bad in [
+            "",
+            "Prefs",
+            "a b",
+            "a/b",
+            "é",
+            &"c".repeat(MAX_CATEGORY + 1),
+        ] {
+            let err = check_category(bad).unwrap_err();
+            assert!(err.0.starts_with("category"), "{err}");
+        }
+        assert!(check_query("\"NEAR( OR").is_ok());
+        assert!(check_query("  ").is_err());
+        assert!(check_query(&"q".repeat(MAX_QUERY + 1)).is_err());
     }
 
     #[test]

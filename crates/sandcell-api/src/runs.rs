@@ -118,6 +118,75 @@ pub struct StartRun {
     /// forked from any step later.
     #[serde(default)]
     pub keep_snapshots: bool,
+    /// Run on this thread (`th-…`): the model sees the thread's earlier conversation and
+    /// works in its sandbox (restored from its last step snapshot when that sandbox is gone).
+    pub thread_id: Option<String>,
+}
+
+/// The longest thread name, in characters.
+pub const MAX_THREAD_NAME_CHARS: usize = 100;
+
+/// Checks a thread's name: 1 to [`MAX_THREAD_NAME_CHARS`] characters, none a control
+/// character.
+pub fn check_thread_name(name: &str) -> Result<(), ValidationError> {
+    let n = name.chars().count();
+    if name.trim().is_empty() || n > MAX_THREAD_NAME_CHARS {
+        return Err(ValidationError(format!(
+            "'name' must be 1 to {MAX_THREAD_NAME_CHARS} characters, not {n}"
+        )));
+    }
+    if name.chars().any(char::is_control) {
+        return Err(ValidationError(
+            "'name' contains a control character".into(),
+        ));
+    }
+    Ok(())
+}
+
+/// `POST /v1/threads`.
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct CreateThread {
+    /// Its name, unique among the caller's threads (default: its id).
+    pub name: Option<String>,
+}
+
+/// `PATCH /v1/threads/{id}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct RenameThread {
+    /// Its new name.
+    pub name: String,
+}
+
+/// A thread: a conversation that persists across runs, in one sandbox.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ThreadInfo {
+    /// `th-…`.
+    pub id: String,
+    /// Its name.
+    pub name: String,
+    /// The sandbox its runs share (none until its first run).
+    pub sandbox_id: Option<String>,
+    /// Its latest run.
+    pub last_run_id: Option<String>,
+    /// Runs started on it.
+    pub runs: u32,
+    /// When it was made (RFC 3339).
+    pub created_at: String,
+    /// When it last changed (RFC 3339).
+    pub updated_at: String,
+}
+
+/// Threads, the most recently used first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct ThreadList {
+    /// The threads.
+    pub threads: Vec<ThreadInfo>,
 }
 
 /// When a run snapshots its sandbox at the end of a step.

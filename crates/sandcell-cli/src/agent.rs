@@ -15,7 +15,7 @@ use clap::{Args, Subcommand};
 use futures_util::StreamExt;
 use sandcell_agent::event::{Event, EventKind};
 use sandcell_api::runs::{
-    BudgetsInput, ForkRun, RunInfo, RunMode, SnapshotPolicy, StartRun, Validate,
+    BudgetsInput, CreateThread, ForkRun, RunInfo, RunMode, SnapshotPolicy, StartRun, Validate,
 };
 use sandcell_api::{SandboxId, Timeout};
 use sandcell_client::{Client, Discover};
@@ -94,6 +94,10 @@ pub struct AgentArgs {
     /// in use), so that it can be forked from any step later.
     #[arg(long)]
     pub keep_snapshots: bool,
+    /// Run on this thread (an id `th-…`, or a name, made if new): the model sees the
+    /// thread's earlier conversation and works in its sandbox.
+    #[arg(long, value_name = "THREAD")]
+    pub thread: Option<String>,
     /// Print one JSON object at the end: run_id, status, reason, answer, usage.
     #[arg(long)]
     pub json: bool,
@@ -324,7 +328,9 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<ExitCode> {
             .map(str::parse::<SnapshotPolicy>)
             .transpose()?,
         keep_snapshots: args.keep_snapshots,
+        thread_id: None,
     };
+    let thread = args.thread.clone();
     let live = std::io::stderr().is_terminal() && !args.json;
     let json_out = args.json;
     if let Some(client) = daemon_client(&args.daemon, &args.config)? {
@@ -334,6 +340,10 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<ExitCode> {
             );
         }
         return runtime()?.block_on(async move {
+            let mut req = req;
+            if let Some(t) = thread {
+                req.thread_id = Some(thread_remote(&client, &t).await?);
+            }
             let info = run_remote(&client, req, live).await?;
             report(&info, json_out)
         });
@@ -348,11 +358,135 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<ExitCode> {
         let embedded = sandcell_server::embedded(config, engine)
             .await
             .context("start the embedded engine")?;
-        let outcome = run_embedded(&embedded, req, live).await;
+        let outcome = run_embedded(&embedded, req, thread, live).await;
         // The run's sandbox ends with this process: nothing else could reach it.
         embedded.shutdown().await;
         report(&outcome?, json_out)
     })
+}
+
+/// The id of the daemon's thread `t` (an id, or a name, made if new).
+async fn thread_remote(client: &Client, t: &str) -> anyhow::Result<String> {
+    let known = client.threads().await.context("list threads")?.threads;
+    if let Some(k) = known.into_iter().find(|k| k.id == t || k.name == t) {
+        return Ok(k.id);
+    }
+    let made = CreateThread {
+        name: Some(t.to_string()),
+    };
+    Ok(client
+        .create_thread(&made)
+        .await
+        .context("make the thread")?
+        .id)
+}
+
+/// `sandcell threads …`.
+#[derive(Debug, Subcommand)]
+pub enum ThreadsCommand {
+    /// The threads, the most recently used first.
+    List {
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+        #[command(flatten)]
+        config: ConfigArgs,
+        #[command(flatten)]
+        daemon: DaemonArgs,
+    },
+    /// Make a thread.
+    Create {
+        /// Its name.
+        name: String,
+        #[command(flatten)]
+        config: ConfigArgs,
+        #[command(flatten)]
+        daemon: DaemonArgs,
+    },
+    /// One thread, as JSON.
+    Show {
+        /// Its id.
+        thread: String,
+        #[command(flatten)]
+        config: ConfigArgs,
+        #[command(flatten)]
+        daemon: DaemonArgs,
+    },
+    /// Rename a thread.
+    Rename {
+        /// Its id.
+        thread: String,
+        /// The new name.
+        name: String,
+        #[command(flatten)]
+        config: ConfigArgs,
+        #[command(flatten)]
+        daemon: DaemonArgs,
+    },
+    /// Delete a thread and its sandbox (its runs stay).
+    Delete {
+        /// Its id.
+        thread: String,
+        #[command(flatten)]
+        config: ConfigArgs,
+        #[command(flatten)]
+        daemon: DaemonArgs,
+    },
+}
+
+/// `sandcell threads …`: through the daemon, which holds the threads' sandboxes.
+pub fn threads(command: ThreadsCommand) -> anyhow::Result<ExitCode> {
+    let (config, daemon) = match &command {
+        ThreadsCommand::List { config, daemon, .. }
+        | ThreadsCommand::Create { config, daemon, .. }
+        | ThreadsCommand::Show { config, daemon, .. }
+        | ThreadsCommand::Rename { config, daemon, .. }
+        | ThreadsCommand::Delete { config, daemon, .. } => (config, daemon),
+    };
+    let Some(client) = daemon_client(daemon, config)? else {
+        bail!(
+            "no daemon runs on {}: threads live in the daemon (start one: sandcell daemon start)",
+            config.home().display()
+        );
+    };
+    let rt = runtime()?;
+    match &command {
+        ThreadsCommand::List { json, .. } => {
+            let list = rt.block_on(client.threads())?;
+            if *json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
+            } else {
+                for t in &list.threads {
+                    println!(
+                        "{}  {:<24}  runs {:<3}  {}  {}",
+                        t.id,
+                        t.name,
+                        t.runs,
+                        t.sandbox_id.as_deref().unwrap_or("-"),
+                        t.updated_at
+                    );
+                }
+            }
+        }
+        ThreadsCommand::Create { name, .. } => {
+            let made = CreateThread {
+                name: Some(name.clone()),
+            };
+            println!("{}", rt.block_on(client.create_thread(&made))?.id);
+        }
+        ThreadsCommand::Show { thread, .. } => {
+            let t = rt.block_on(client.thread(thread))?;
+            println!("{}", serde_json::to_string_pretty(&t)?);
+        }
+        ThreadsCommand::Rename { thread, name, .. } => {
+            let t = rt.block_on(client.rename_thread(thread, name))?;
+            println!("{}", serde_json::to_string_pretty(&t)?);
+        }
+        ThreadsCommand::Delete { thread, .. } => {
+            rt.block_on(client.delete_thread(thread))?;
+        }
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// Starts the run on the daemon and follows it to its end (Ctrl-C cancels it).
@@ -449,7 +583,8 @@ async fn follow_remote_from(
 
 async fn run_embedded(
     embedded: &sandcell_server::Embedded,
-    req: StartRun,
+    mut req: StartRun,
+    thread: Option<String>,
     live: bool,
 ) -> anyhow::Result<RunInfo> {
     let caller = embedded
@@ -458,6 +593,16 @@ async fn run_embedded(
         .context("the admin key in the home is unknown or revoked")?;
     // The embedded service settled the runs a dead process left when it started.
     let runner = embedded.runner();
+    if let Some(t) = thread {
+        let known = runner.list_threads(&caller, 1000)?.threads;
+        req.thread_id = Some(match known.into_iter().find(|k| k.id == t || k.name == t) {
+            Some(k) => k.id,
+            None => {
+                let made = CreateThread { name: Some(t) };
+                runner.create_thread(&caller, made)?.id
+            }
+        });
+    }
     let started = runner.start(&caller, req).await?;
     if live {
         let events = runner.follow(&caller, &started.id, 0)?;
@@ -899,6 +1044,23 @@ fn describe(e: &Event) -> String {
             snapshot
                 .as_ref()
                 .map(|s| format!(" · snapshot {} ({})", s.snapshot_id, s.fidelity))
+                .unwrap_or_default()
+        ),
+        EventKind::ThreadHistory {
+            thread_id,
+            from_run_id,
+            messages,
+            restored_from,
+        } => format!(
+            "on thread {thread_id}{} ({} messages of history){}",
+            from_run_id
+                .as_ref()
+                .map(|r| format!(", after run {r}"))
+                .unwrap_or_default(),
+            messages.len(),
+            restored_from
+                .as_ref()
+                .map(|s| format!(", its sandbox restored from {s}"))
                 .unwrap_or_default()
         ),
         EventKind::Forked {

@@ -9,7 +9,7 @@ use sandcell_engine::Engine;
 
 use crate::client::{self, ClientArgs};
 use crate::daemon;
-use crate::{agent, bench, doctor, repl, run};
+use crate::{agent, bench, doctor, memory, repl, run};
 
 /// Stateful, isolated sandboxes for AI agents.
 #[derive(Debug, Parser)]
@@ -98,6 +98,13 @@ enum Command {
     Runs(agent::RunsCommand),
     /// An agent run's trajectory (`sandcell logs RUN [--json] [-f]`), or the recent runs.
     Logs(agent::LogsArgs),
+    /// Threads: conversations that persist across agent runs (`sandcell agent --thread T`).
+    #[command(subcommand)]
+    Threads(agent::ThreadsCommand),
+    /// Memories of a sandbox (--sandbox ID) or your own: add, search (ranked), list, show,
+    /// delete. Through the daemon when one runs, else on the home's store.
+    #[command(subcommand)]
+    Memory(memory::MemoryCommand),
 }
 
 /// Parses the arguments and runs the command; errors print as `sandcell: …` (exit 125).
@@ -155,6 +162,8 @@ fn run_command(command: Command) -> anyhow::Result<ExitCode> {
         }
         Command::Runs(cmd) => return agent::runs(cmd),
         Command::Logs(args) => return agent::logs(args),
+        Command::Threads(cmd) => return agent::threads(cmd),
+        Command::Memory(cmd) => return memory::memory(cmd),
         Command::Sandbox { client, command } => {
             return client_rt()?.block_on(client::sandbox(&client, command));
         }

@@ -12,6 +12,7 @@ mod client;
 mod daemon;
 mod doctor;
 mod mcp;
+mod memory;
 mod options;
 mod render;
 mod repl;

@@ -11,6 +11,7 @@
 mod error;
 pub mod events;
 mod files;
+mod memories;
 mod processes;
 mod runs;
 mod sandboxes;

@@ -2,7 +2,10 @@
 //! server-sent events).
 
 use reqwest::Method;
-use sandcell_api::runs::{ForkRun, RunInfo, RunList, StartRun, StepSandbox};
+use sandcell_api::runs::{
+    CreateThread, ForkRun, RenameThread, RunInfo, RunList, StartRun, StepSandbox, ThreadInfo,
+    ThreadList,
+};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -43,6 +46,37 @@ impl Client {
     pub async fn cancel_run(&self, id: &str) -> Result<RunInfo, ClientError> {
         let path = format!("/v1/runs/{}/cancel", segment(id));
         self.call(Method::POST, &path, None::<&()>).await
+    }
+
+    /// `POST /v1/threads`.
+    pub async fn create_thread(&self, req: &CreateThread) -> Result<ThreadInfo, ClientError> {
+        self.call(Method::POST, "/v1/threads", Some(req)).await
+    }
+
+    /// `GET /v1/threads`: the caller's threads, the most recently used first.
+    pub async fn threads(&self) -> Result<ThreadList, ClientError> {
+        self.call(Method::GET, "/v1/threads", None::<&()>).await
+    }
+
+    /// `GET /v1/threads/{id}`.
+    pub async fn thread(&self, id: &str) -> Result<ThreadInfo, ClientError> {
+        let path = format!("/v1/threads/{}", segment(id));
+        self.call(Method::GET, &path, None::<&()>).await
+    }
+
+    /// `PATCH /v1/threads/{id}`.
+    pub async fn rename_thread(&self, id: &str, name: &str) -> Result<ThreadInfo, ClientError> {
+        let path = format!("/v1/threads/{}", segment(id));
+        let req = RenameThread {
+            name: name.to_string(),
+        };
+        self.call(Method::PATCH, &path, Some(&req)).await
+    }
+
+    /// `DELETE /v1/threads/{id}`: the thread and its sandbox (its runs stay).
+    pub async fn delete_thread(&self, id: &str) -> Result<(), ClientError> {
+        let path = format!("/v1/threads/{}", segment(id));
+        self.call_empty(Method::DELETE, &path, None::<&()>).await
     }
 
     /// `POST /v1/runs/{id}/fork`: a new run from one of the run's committed steps.

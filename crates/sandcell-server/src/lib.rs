@@ -36,8 +36,8 @@ pub use serve::{
 pub use state::AppState;
 
 use crate::api::{
-    background, code, exec, files, keys, processes, runs, sandboxes, snapshots, system, transfer,
-    usage,
+    background, code, exec, files, keys, memories, processes, runs, sandboxes, snapshots, system,
+    threads, transfer, usage,
 };
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorTag};
@@ -57,7 +57,9 @@ use crate::error::{ApiError, ErrorTag};
         (name = "code", description = "Code in live kernels (contexts)"),
         (name = "files", description = "Files in a sandbox"),
         (name = "snapshots", description = "Snapshots: take, list, fork, restore, automatic"),
-        (name = "runs", description = "Agent runs: start, follow, cancel"),
+        (name = "runs", description = "Agent runs: start, follow, cancel, resume, fork"),
+        (name = "threads", description = "Threads: conversations that persist across agent runs"),
+        (name = "memories", description = "Memories of a sandbox or of its owner: add, search, list, delete"),
         (name = "keys", description = "API keys"),
         (name = "system", description = "The service itself"),
     )
@@ -133,7 +135,15 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(runs::resume))
         .routes(routes!(runs::fork))
         .routes(routes!(runs::step_sandbox))
+        .routes(routes!(threads::create, threads::list))
+        .routes(routes!(threads::get, threads::rename, threads::delete))
         .routes(routes!(runs::events))
+        .routes(routes!(memories::add_sandbox, memories::list_sandbox))
+        .routes(routes!(memories::search_sandbox))
+        .routes(routes!(memories::get_sandbox, memories::delete_sandbox))
+        .routes(routes!(memories::add, memories::list))
+        .routes(routes!(memories::search))
+        .routes(routes!(memories::get, memories::delete))
         .routes(routes!(system::system))
 }
 

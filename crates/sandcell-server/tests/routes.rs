@@ -50,7 +50,7 @@ enum Payload {
 struct Route {
     method: &'static str,
     /// As in the OpenAPI document, with `{id}`, `{pid}`, `{context}`, `{snapshot_id}`,
-    /// `{export_id}`, `{key_id}` and `{run_id}` to fill in.
+    /// `{export_id}`, `{key_id}`, `{run_id}` and `{memory_id}` to fill in.
     path: &'static str,
     /// A query the route needs to get past its own checks (e.g. a file's `path`).
     query: &'static str,
@@ -228,7 +228,48 @@ const ROUTES: &[Route] = &[
     route("GET", "/v1/runs"),
     route("GET", "/v1/runs/{run_id}"),
     route("POST", "/v1/runs/{run_id}/cancel"),
+    route("POST", "/v1/runs/{run_id}/resume"),
+    json(
+        route("POST", "/v1/runs/{run_id}/fork"),
+        r#"{"from_step": 1}"#,
+        r#"{"from_step": "one"}"#,
+    ),
+    route("POST", "/v1/runs/{run_id}/steps/{step}/sandbox"),
     route("GET", "/v1/runs/{run_id}/events"),
+    json(
+        route("POST", "/v1/threads"),
+        r#"{"name": "work"}"#,
+        r#"{"name": 1}"#,
+    ),
+    route("GET", "/v1/threads"),
+    route("GET", "/v1/threads/{thread_id}"),
+    json(
+        route("PATCH", "/v1/threads/{thread_id}"),
+        r#"{"name": "renamed"}"#,
+        r#"{"name": ["renamed"]}"#,
+    ),
+    route("DELETE", "/v1/threads/{thread_id}"),
+    json(
+        route("POST", "/v1/sandboxes/{id}/memories"),
+        r#"{"text": "the answer is 42"}"#,
+        r#"{"text": 42}"#,
+    ),
+    route("GET", "/v1/sandboxes/{id}/memories"),
+    with_query(
+        route("GET", "/v1/sandboxes/{id}/memories/search"),
+        "q=answer",
+    ),
+    route("GET", "/v1/sandboxes/{id}/memories/{memory_id}"),
+    route("DELETE", "/v1/sandboxes/{id}/memories/{memory_id}"),
+    json(
+        route("POST", "/v1/memories"),
+        r#"{"text": "the answer is 42", "category": "facts"}"#,
+        r#"{"text": "a", "metadata": ["k"]}"#,
+    ),
+    route("GET", "/v1/memories"),
+    with_query(route("GET", "/v1/memories/search"), "q=answer"),
+    route("GET", "/v1/memories/{memory_id}"),
+    route("DELETE", "/v1/memories/{memory_id}"),
 ];
 
 /// The values path parameters are filled with.
@@ -241,6 +282,9 @@ struct Ids {
     export_id: String,
     key_id: String,
     run_id: String,
+    memory_id: String,
+    thread_id: String,
+    step: String,
 }
 
 impl Ids {
@@ -254,6 +298,9 @@ impl Ids {
             export_id: "ex-0000000000000000".into(),
             key_id: "0000000000ff".into(),
             run_id: "run-0000000000000000".into(),
+            memory_id: "mem-0000000000000000".into(),
+            thread_id: "th-0000000000000000".into(),
+            step: "1".into(),
         }
     }
 
@@ -266,7 +313,10 @@ impl Ids {
             .replace("{snapshot_id}", &self.snapshot_id)
             .replace("{export_id}", &self.export_id)
             .replace("{key_id}", &self.key_id)
-            .replace("{run_id}", &self.run_id);
+            .replace("{run_id}", &self.run_id)
+            .replace("{memory_id}", &self.memory_id)
+            .replace("{thread_id}", &self.thread_id)
+            .replace("{step}", &self.step);
         if route.query.is_empty() {
             path
         } else {
@@ -581,13 +631,16 @@ async fn a_malformed_id_in_the_path_is_a_400() {
     let good = Ids::missing();
     let mut mismatches = Vec::new();
     type Field = fn(&mut Ids) -> &mut String;
-    let malformed: [(&str, Field, &str); 6] = [
+    let malformed: [(&str, Field, &str); 9] = [
         ("{id}", |i| &mut i.id, "SB-Not-An-Id"),
         ("{pid}", |i| &mut i.pid, "forty-two"),
         ("{snapshot_id}", |i| &mut i.snapshot_id, "sn-xyz"),
         ("{export_id}", |i| &mut i.export_id, "ex-123"),
         ("{key_id}", |i| &mut i.key_id, "not-hex"),
         ("{run_id}", |i| &mut i.run_id, "run-xyz"),
+        ("{memory_id}", |i| &mut i.memory_id, "mem-xyz"),
+        ("{thread_id}", |i| &mut i.thread_id, "th-xyz"),
+        ("{step}", |i| &mut i.step, "one"),
     ];
     for route in ROUTES {
         for (param, field, bad) in &malformed {
@@ -634,7 +687,7 @@ async fn a_value_breaking_its_rule_is_a_400_naming_the_field_and_the_rule() {
         (
             "POST",
             "/v1/sandboxes".into(),
-            Some(json!({"metadata": too_many})),
+            Some(json!({"metadata": too_many.clone()})),
             "metadata: at most 64 tag entries",
         ),
         (
@@ -666,6 +719,42 @@ async fn a_value_breaking_its_rule_is_a_400_naming_the_field_and_the_rule() {
             "/v1/snapshots?sandbox=../x".into(),
             None,
             "is not a sandbox id",
+        ),
+        (
+            "POST",
+            format!("{sb}/memories"),
+            Some(json!({"text": " "})),
+            "text: text must not be empty",
+        ),
+        (
+            "POST",
+            "/v1/memories".into(),
+            Some(json!({"text": "x".repeat(sandcell_api::rules::MAX_MEMORY_TEXT + 1)})),
+            "text: text of 65537 bytes is over the 64 KiB limit",
+        ),
+        (
+            "POST",
+            "/v1/memories".into(),
+            Some(json!({"text": "a", "category": "Not OK"})),
+            "category: category \"Not OK\" must be",
+        ),
+        (
+            "POST",
+            "/v1/memories".into(),
+            Some(json!({"text": "a", "metadata": too_many.clone()})),
+            "metadata: at most 64 tag entries",
+        ),
+        (
+            "GET",
+            "/v1/memories/search?q=%20".into(),
+            None,
+            "q: query must not be empty",
+        ),
+        (
+            "GET",
+            "/v1/memories?category=a%2Fb".into(),
+            None,
+            "category \"a/b\" must be",
         ),
     ];
     for (method, uri, body, wanted) in cases {
@@ -755,6 +844,22 @@ async fn a_bad_query_is_a_400() {
         ("GET", "/v1/runs?limit=many".to_string()),
         ("GET", "/v1/runs?limit=0".to_string()),
         ("GET", "/v1/runs?no_such_parameter=1".to_string()),
+        ("GET", "/v1/memories/search".to_string()),
+        ("GET", "/v1/memories/search?q=a&limit=many".to_string()),
+        ("GET", "/v1/memories/search?q=a&limit=0".to_string()),
+        ("GET", "/v1/memories/search?q=a&limit=101".to_string()),
+        (
+            "GET",
+            "/v1/memories/search?q=a&no_such_parameter=1".to_string(),
+        ),
+        ("GET", "/v1/memories?cursor=abc".to_string()),
+        ("GET", "/v1/memories?limit=1001".to_string()),
+        ("GET", "/v1/memories?no_such_parameter=1".to_string()),
+        ("GET", format!("/v1/sandboxes/{id}/memories/search")),
+        (
+            "GET",
+            format!("/v1/sandboxes/{id}/memories?no_such_parameter=1"),
+        ),
         (
             "GET",
             "/v1/runs/run-0000000000000000/events?after=soon".to_string(),
@@ -844,6 +949,28 @@ async fn another_owners_resources_are_a_404() {
     h.store
         .insert_run(&alices_run(run_id, &id))
         .expect("a run record");
+    // A memory of alice's sandbox, and one of her own.
+    let (status, memory) = h
+        .alice(
+            "POST",
+            &format!("/v1/sandboxes/{id}/memories"),
+            Some(json!({"text": "alice's secret plan"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{memory}");
+    let (status, own_memory) = h
+        .alice(
+            "POST",
+            "/v1/memories",
+            Some(json!({"text": "alice's own secret"})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{own_memory}");
+    let own_memory_id = own_memory["id"].as_str().expect("a memory id").to_string();
+    let (status, thread) = h
+        .alice("POST", "/v1/threads", Some(json!({"name": "alice's"})))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{thread}");
     let alices = Ids {
         id: id.clone(),
         pid: "4242".into(),
@@ -852,6 +979,9 @@ async fn another_owners_resources_are_a_404() {
         export_id: export["id"].as_str().expect("an export id").into(),
         key_id: h.alice.id.clone(),
         run_id: run_id.into(),
+        memory_id: memory["id"].as_str().expect("a memory id").into(),
+        thread_id: thread["id"].as_str().expect("a thread id").into(),
+        step: "1".into(),
     };
     let mut mismatches = Vec::new();
     for route in ROUTES.iter().filter(|r| r.path.contains('{')) {
@@ -864,6 +994,23 @@ async fn another_owners_resources_are_a_404() {
             "not_found",
         );
     }
+    // Alice's own memory is missing for bob too.
+    for method in ["GET", "DELETE"] {
+        let uri = format!("/v1/memories/{own_memory_id}");
+        let req = Request::builder()
+            .method(method)
+            .uri(&uri)
+            .header("x-api-key", &h.bob.secret)
+            .body(Body::empty())
+            .expect("a request");
+        expect(
+            &mut mismatches,
+            &format!("bob: {method} {uri}"),
+            &h.send(req).await,
+            StatusCode::NOT_FOUND,
+            "not_found",
+        );
+    }
     // Nor do bob's lists show them.
     for list in [
         "/v1/sandboxes",
@@ -871,6 +1018,8 @@ async fn another_owners_resources_are_a_404() {
         "/v1/snapshots",
         "/v1/keys",
         "/v1/runs",
+        "/v1/memories",
+        "/v1/memories/search?q=alice%27s+secret",
     ] {
         let req = Request::builder()
             .uri(list)
@@ -885,6 +1034,9 @@ async fn another_owners_resources_are_a_404() {
             || text.contains(snapshot_id)
             || text.contains(&alices.key_id)
             || text.contains(run_id)
+            || text.contains(&alices.memory_id)
+            || text.contains(&own_memory_id)
+            || text.contains("secret")
         {
             mismatches.push(format!("bob: GET {list}: {status} {body}"));
         }
@@ -899,6 +1051,22 @@ async fn another_owners_resources_are_a_404() {
         (StatusCode::OK, &json!("succeeded")),
         "{body}"
     );
+    let (status, body) = h
+        .alice("GET", &format!("/v1/memories/{own_memory_id}"), None)
+        .await;
+    assert_eq!(
+        (status, &body["text"]),
+        (StatusCode::OK, &json!("alice's own secret")),
+        "{body}"
+    );
+    let (status, body) = h
+        .alice(
+            "GET",
+            &format!("/v1/sandboxes/{id}/memories/{}", alices.memory_id),
+            None,
+        )
+        .await;
+    assert_eq!(status, StatusCode::OK, "{body}");
     h.shutdown().await;
 }
 
@@ -1165,6 +1333,113 @@ async fn a_live_sandbox_answers_its_routes() {
         "system",
         h.alice("GET", "/v1/system", None).await,
         StatusCode::OK,
+    );
+    // Memories: the sandbox's, then alice's own.
+    let mem = ok(
+        m,
+        "add memory",
+        h.alice(
+            "POST",
+            &s("/memories"),
+            Some(json!({"text": "the build uses cargo", "category": "tools", "metadata": {"k": "v"}})),
+        )
+        .await,
+        StatusCode::CREATED,
+    );
+    assert_eq!(
+        (&mem["scope"], &mem["sandbox_id"], &mem["metadata"]["k"]),
+        (&json!("sandbox"), &json!(id), &json!("v")),
+        "{mem}"
+    );
+    let mem_id = mem["id"].as_str().unwrap_or_default().to_string();
+    let list = ok(
+        m,
+        "memories",
+        h.alice("GET", &s("/memories?category=tools"), None).await,
+        StatusCode::OK,
+    );
+    assert_eq!(list["memories"][0]["id"], mem_id.as_str(), "{list}");
+    let found = ok(
+        m,
+        "search memories",
+        h.alice("GET", &s("/memories/search?q=which+build+tool%3F"), None)
+            .await,
+        StatusCode::OK,
+    );
+    assert_eq!(found["memories"][0]["id"], mem_id.as_str(), "{found}");
+    assert!(found["memories"][0]["score"].as_f64().is_some(), "{found}");
+    ok(
+        m,
+        "memory",
+        h.alice("GET", &s(&format!("/memories/{mem_id}")), None)
+            .await,
+        StatusCode::OK,
+    );
+    ok(
+        m,
+        "delete memory",
+        h.alice("DELETE", &s(&format!("/memories/{mem_id}")), None)
+            .await,
+        StatusCode::NO_CONTENT,
+    );
+    ok(
+        m,
+        "deleted memory",
+        h.alice("GET", &s(&format!("/memories/{mem_id}")), None)
+            .await,
+        StatusCode::NOT_FOUND,
+    );
+    let own = ok(
+        m,
+        "add own memory",
+        h.alice(
+            "POST",
+            "/v1/memories",
+            Some(json!({"text": "alice likes tea"})),
+        )
+        .await,
+        StatusCode::CREATED,
+    );
+    assert_eq!(
+        (&own["scope"], &own["category"]),
+        (&json!("owner"), &json!("general"))
+    );
+    let own_id = own["id"].as_str().unwrap_or_default().to_string();
+    let found = ok(
+        m,
+        "search own memories",
+        h.alice("GET", "/v1/memories/search?q=tea&limit=5", None)
+            .await,
+        StatusCode::OK,
+    );
+    assert_eq!(found["memories"][0]["id"], own_id.as_str(), "{found}");
+    ok(
+        m,
+        "own memories",
+        h.alice("GET", "/v1/memories", None).await,
+        StatusCode::OK,
+    );
+    ok(
+        m,
+        "own memory",
+        h.alice("GET", &format!("/v1/memories/{own_id}"), None)
+            .await,
+        StatusCode::OK,
+    );
+    // Not the sandbox's: missing under it.
+    ok(
+        m,
+        "own memory under the sandbox",
+        h.alice("GET", &s(&format!("/memories/{own_id}")), None)
+            .await,
+        StatusCode::NOT_FOUND,
+    );
+    ok(
+        m,
+        "delete own memory",
+        h.alice("DELETE", &format!("/v1/memories/{own_id}"), None)
+            .await,
+        StatusCode::NO_CONTENT,
     );
     // What the local backend cannot do is refused as unsupported, not failed.
     for what in ["/pause", "/snapshots"] {

@@ -21,6 +21,7 @@ pub mod files;
 pub mod keys;
 pub mod ledger;
 pub mod lifecycle;
+pub mod memory;
 pub mod metrics;
 pub mod processes;
 pub mod sandboxes;

@@ -355,6 +355,9 @@ impl Service {
                     .await
                 }
             };
+            // It remembers what its origin did when the snapshot was taken.
+            let restored = restored
+                .and_then(|report| self.inherit_memories(rec, &record.id).map(|_| report));
             match restored {
                 Ok(report) => {
                     self.store.set_sandbox_origin(&record.id, &rec.id)?;

@@ -2,8 +2,9 @@
 //!
 //! It keeps what must outlive the daemon process: sandbox records and the history of their
 //! state transitions, API keys (as SHA-256 hashes, never the secrets), exports copied out of
-//! sandboxes, the contexts (kernels) of sandboxes, agent runs and their trajectories, and the audit log. Files themselves (exports, snapshots, trajectories) live on
-//! disk next to the database; the store only records where.
+//! sandboxes, the contexts (kernels) of sandboxes, agent runs and their trajectories, memories
+//! (with their full-text index), and the audit log. Files themselves (exports, snapshots,
+//! trajectories) live on disk next to the database; the store only records where.
 //!
 //! # Plain records, JSON columns
 //!
@@ -35,21 +36,25 @@ mod contexts;
 mod error;
 mod exports;
 mod keys;
+mod memories;
 mod records;
 mod runs;
 mod sandboxes;
 mod schema;
 mod snapshots;
 mod store;
+mod threads;
 
 pub use error::StoreError;
 pub use keys::hash_secret;
+pub use memories::{MAX_QUERY_TERMS, MemoryHit, MemoryRecord, fts_query};
 pub use records::{
     ApiKeyRecord, AuditEvent, AutoSnapshotRecord, ContextRecord, ExportKind, ExportRecord, Page,
     RunEventRecord, RunRecord, SandboxEvent, SandboxQuery, SandboxRecord, SnapshotRecord,
 };
 pub use schema::{LATEST_SCHEMA_VERSION, migrations};
 pub use store::{BUSY_TIMEOUT, Durability, Store};
+pub use threads::ThreadRecord;
 
 /// Page size of a listing that asks for none (`limit: 0`).
 pub const DEFAULT_PAGE_SIZE: u32 = 100;

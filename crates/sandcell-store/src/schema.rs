@@ -209,6 +209,78 @@ CREATE TABLE run_events (
 
 const V8_DOWN: &str = "DROP TABLE run_events; DROP TABLE runs;";
 
+/// Step 10: threads, conversations that persist across agent runs (their runs stay in
+/// `runs`; a thread names its shared sandbox and its latest run).
+const V10_THREADS: &str = r#"
+CREATE TABLE threads (
+    id          TEXT    NOT NULL PRIMARY KEY,
+    owner       TEXT    NOT NULL,
+    name        TEXT    NOT NULL,
+    sandbox_id  TEXT,
+    last_run_id TEXT,
+    runs        INTEGER NOT NULL DEFAULT 0 CHECK (runs >= 0),
+    created_at  INTEGER NOT NULL,
+    updated_at  INTEGER NOT NULL,
+    UNIQUE (owner, name)
+) STRICT;
+CREATE INDEX threads_by_owner ON threads (owner, updated_at);
+"#;
+
+const V10_DOWN: &str = "DROP TABLE threads;";
+
+/// Step 9: memories, of a sandbox (`sandbox_id`) or of their owner (`sandbox_id` NULL), and
+/// their full-text index.
+///
+/// `seq` is the row's rowid (an `INTEGER PRIMARY KEY` alias, so `VACUUM` never renumbers it)
+/// and the index's rowid; `id` is what the API shows. A deleted memory that a snapshot taken
+/// since it was made may still hand to a fork keeps its row with `deleted_at` set (its
+/// text is what that fork will see); any other is deleted outright (the store decides, see
+/// `Store::delete_memory`).
+///
+/// The index is contentless (it keeps only the tokens; the text stays in `memories`) with
+/// `contentless_delete`, and holds exactly the memories not deleted: the triggers keep it
+/// in step with every insert, delete and change of `text` or `deleted_at`, so no code path
+/// can forget to. (An external-content index would have to mirror the whole table,
+/// tombstones included, for its own integrity check and `rebuild` to hold.) Porter stemming
+/// over unicode61 with diacritics folded: "running" finds "run", "café" finds "cafe".
+const V9_MEMORIES: &str = r#"
+CREATE TABLE memories (
+    seq        INTEGER NOT NULL PRIMARY KEY,
+    id         TEXT    NOT NULL UNIQUE,
+    owner      TEXT    NOT NULL,
+    sandbox_id TEXT,
+    text       TEXT    NOT NULL,
+    category   TEXT    NOT NULL,
+    metadata   TEXT    NOT NULL DEFAULT '{}' CHECK (json_valid(metadata)),
+    created_at INTEGER NOT NULL,
+    deleted_at INTEGER
+) STRICT;
+-- Listing and counting one scope, newest first (`sandbox_id IS ?` uses it, NULL included).
+CREATE INDEX memories_by_scope ON memories (owner, sandbox_id, seq);
+-- A fork copying what its origin sandbox had at the snapshot.
+CREATE INDEX memories_by_sandbox ON memories (sandbox_id, created_at);
+CREATE VIRTUAL TABLE memories_fts USING fts5(
+    text,
+    content = '',
+    contentless_delete = 1,
+    tokenize = 'porter unicode61 remove_diacritics 2'
+);
+CREATE TRIGGER memories_fts_insert AFTER INSERT ON memories
+WHEN new.deleted_at IS NULL BEGIN
+    INSERT INTO memories_fts (rowid, text) VALUES (new.seq, new.text);
+END;
+CREATE TRIGGER memories_fts_delete AFTER DELETE ON memories
+WHEN old.deleted_at IS NULL BEGIN
+    DELETE FROM memories_fts WHERE rowid = old.seq;
+END;
+CREATE TRIGGER memories_fts_update AFTER UPDATE OF text, deleted_at ON memories BEGIN
+    DELETE FROM memories_fts WHERE rowid = old.seq AND old.deleted_at IS NULL;
+    INSERT INTO memories_fts (rowid, text) SELECT new.seq, new.text WHERE new.deleted_at IS NULL;
+END;
+"#;
+
+const V9_DOWN: &str = "DROP TABLE memories_fts; DROP TABLE memories;";
+
 const STEPS: &[M<'static>] = &[
     M::up(V1_SANDBOXES).down(V1_DOWN),
     M::up(V2_API_KEYS).down(V2_DOWN),
@@ -218,6 +290,8 @@ const STEPS: &[M<'static>] = &[
     M::up(V6_SNAPSHOTS).down(V6_DOWN),
     M::up(V7_AUTO_SNAPSHOTS).down(V7_DOWN),
     M::up(V8_RUNS).down(V8_DOWN),
+    M::up(V9_MEMORIES).down(V9_DOWN),
+    M::up(V10_THREADS).down(V10_DOWN),
 ];
 
 /// The store's migrations, oldest first; version N is the schema after step N.

@@ -364,6 +364,7 @@ def every_call() -> Iterator[tuple[str, _api.Call[Any] | _api.StreamCall[Any]]]:
             context="c",
             budgets=every_budget,
             keep_sandbox=True,
+            validate=_models.Validate("python3 -m pytest -q", timeout_s=30.5, max_attempts=2),
         ),
     )
     yield (
@@ -377,6 +378,21 @@ def every_call() -> Iterator[tuple[str, _api.Call[Any] | _api.StreamCall[Any]]]:
             context=None,
             budgets={"max_iterations": 3, "timeout_secs": 30.0},
             keep_sandbox=False,
+            validate={"command": "test -f done.txt", "max_attempts": 3},
+        ),
+    )
+    yield (
+        "start_run",
+        _api.start_run(
+            "task",
+            model=None,
+            mode=None,
+            sandbox_id=None,
+            template=None,
+            context=None,
+            budgets=None,
+            keep_sandbox=False,
+            validate="true",
         ),
     )
     yield "get_run", _api.get_run(RUN)
@@ -536,6 +552,8 @@ MODELS = [
     Model(_models.RunInfo, "RunInfo"),
     Model(_models.RunUsage, "RunUsage"),
     Model(_models.Budgets, "Budgets"),
+    # Read from `run_started`'s `validate`, as sent (the schema of StartRun.validate).
+    Model(_models.Validate, "Validate"),
 ]
 
 # Models parsed from answers whose schema the document does not spell out, and why.

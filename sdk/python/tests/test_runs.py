@@ -4,8 +4,9 @@ run answers, with its usage; its trajectory is followed, resumed, read whole, an
 again across a connection cut in the middle; a run stuck in a slow model call is cancelled; a
 wait follows the run's events (it sees an end it was not told of at once, with one stream and
 no polling; a run that has ended returns at once; a daemon without the run's live events is
-asked instead); a kept sandbox holds the run's state and takes another run; errors map as
-everywhere else."""
+asked instead); a kept sandbox holds the run's state and takes another run; a run with a
+validation command is sent back to work by a failed check and ends `validated` once it passes,
+or `validation_failed` when its attempts are spent; errors map as everywhere else."""
 
 from __future__ import annotations
 
@@ -32,6 +33,7 @@ from sandcell import (
     RunInfo,
     Sandbox,
     Sandcell,
+    Validate,
 )
 
 from .conftest import AgentDaemon
@@ -460,6 +462,74 @@ async def test_a_kept_sandbox_holds_the_runs_state_and_takes_another_run(agent_d
             assert await sb.is_running()
 
 
+def final(answer: str) -> dict[str, Any]:
+    """A model turn that answers with the `final_answer` tool."""
+    return {"tool_calls": [{"name": "final_answer", "arguments": {"answer": answer}}]}
+
+
+# Answers before doing the work (the check fails), does it, answers again (the check passes).
+HASTY: list[Any] = [final("done"), code("open('done.txt', 'w').write('x')"), final("done.txt is written")]
+
+
+def checks(events: list[RunEvent]) -> list[RunEvent]:
+    return [e for e in events if e.type == "validation"]
+
+
+def test_a_failed_check_sends_the_run_back_to_work_until_it_passes(agent_daemon: Any) -> None:
+    d: AgentDaemon = agent_daemon(HASTY)
+    with Sandcell(d.url, d.key) as client:
+        # A command alone: the daemon's defaults for the rest (60 s, 3 attempts).
+        run = client.runs.start(TASK, model=MODEL, validate="test -f done.txt")
+        info = run.wait(timeout=120)
+        assert (info.status, info.reason, info.answer) == ("succeeded", "validated", "done.txt is written")
+        assert info.ok and info.usage.llm_calls == 3
+
+        events = run.list_events()
+        contiguous(events)
+        assert Validate.from_json(events[0]["validate"]) == Validate("test -f done.txt")
+        first, second = checks(events)
+        fields = ("attempt", "max_attempts", "passed", "exit_code")
+        assert [first[f] for f in fields] == [1, 3, False, 1]
+        assert [second[f] for f in fields] == [2, 3, True, 0]
+        assert first["command"] == second["command"] == "test -f done.txt"
+        assert isinstance(first["duration_ms"], int) and "output_tail" in first.data and "cause" in first.data
+        # The failed check came back to the model as its final_answer call's result.
+        told = str(d.model.requests()[1])
+        assert "the check failed (attempt 1 of 3)" in told and "exited with code 1" in told, told
+        # The check ran after the code that made the file, before the run ended.
+        kinds = [e.type for e in events]
+        assert kinds.index("tool_result") < kinds.index("validation", kinds.index("validation") + 1)
+        assert events[-1]["reason"] == "validated"
+
+
+async def test_an_answer_that_never_passes_ends_the_run_validation_failed(agent_daemon: Any) -> None:
+    d: AgentDaemon = agent_daemon([final("first try"), final("second try")])
+    async with AsyncSandcell(d.url, d.key) as client:
+        # The fields as a mapping (as budgets may be), with runs.run: start, then wait.
+        info = await client.runs.run(
+            TASK,
+            model=MODEL,
+            validate={"command": "test -f never.txt", "timeout_s": 10, "max_attempts": 2},
+            timeout=120,
+        )
+        # Failed, its last answer kept.
+        assert (info.status, info.reason, info.answer, info.ok) == (
+            "failed",
+            "validation_failed",
+            "second try",
+            False,
+        )
+        run = await client.runs.get(info.id)
+        events = await run.list_events()
+        contiguous(events)
+        assert Validate.from_json(events[0]["validate"]) == Validate("test -f never.txt", 10.0, 2)
+        assert [(c["attempt"], c["max_attempts"], c["passed"]) for c in checks(events)] == [
+            (1, 2, False),
+            (2, 2, False),
+        ]
+        assert len(d.model.requests()) == 2
+
+
 def test_bad_runs_raise_the_sdks_errors() -> None:
     # The session daemon: these are refused before any model is asked.
     with Sandcell() as client:
@@ -474,3 +544,22 @@ def test_bad_runs_raise_the_sdks_errors() -> None:
             client.runs.get("run-0000000000000000")
         with pytest.raises(ValueError, match="max_steps"):
             client.runs.start(TASK, model=MODEL, budgets={"max_steps": 3})
+        # Validation values are the daemon's to judge: each bad one is its 400, naming the field.
+        for validate, field in [
+            (Validate("true", max_attempts=0), "validate.max_attempts"),
+            ({"command": "true", "max_attempts": 11}, "validate.max_attempts"),
+            ({"command": "true", "timeout_s": 601}, "validate.timeout_s"),
+            ({"command": "true", "timeout_s": 0}, "validate.timeout_s"),
+            ("   ", "validate.command"),
+        ]:
+            with pytest.raises(InvalidArgumentError) as e:
+                client.runs.start(TASK, model=MODEL, validate=validate)
+            assert (e.value.code, e.value.status) == ("invalid_argument", 400), validate
+            assert field in e.value.message, (validate, e.value.message)
+        with pytest.raises(InvalidArgumentError, match="validate.max_attempts"):
+            client.runs.run(TASK, model=MODEL, validate={"command": "true", "max_attempts": 0})
+        # Its shape is the SDK's: an unknown field, or none of the command, is refused unsent.
+        with pytest.raises(ValueError, match="attempts"):
+            client.runs.start(TASK, model=MODEL, validate={"command": "true", "attempts": 2})
+        with pytest.raises(ValueError, match="command"):
+            client.runs.start(TASK, model=MODEL, validate={"max_attempts": 2})

@@ -24,6 +24,7 @@ export type {
   RunStatus,
   RunUsage,
   StartRunOptions,
+  Validate,
   WaitOptions,
 } from "./runs.js";
 export { Snapshot } from "./snapshots.js";

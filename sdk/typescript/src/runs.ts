@@ -45,6 +45,22 @@ export interface Budgets {
  */
 export type BudgetsInput = Partial<Budgets>;
 
+/**
+ * How a run checks its final answer before it accepts it: `command` runs (`sh -c`) in the
+ * run's sandbox; exit 0 ends the run `succeeded` with reason `validated`, anything else goes
+ * back to the model (exit code and output tail), until `maxAttempts` answers have failed
+ * (`failed`, reason `validation_failed`, the last answer kept). The daemon checks the values
+ * (a bad one is an `InvalidArgumentError`).
+ */
+export interface Validate {
+  /** The command (`python3 -m pytest -q`, `test -s out.csv`). */
+  command: string;
+  /** Seconds it may run (default 60, more than 0 and at most 600). */
+  timeoutS?: number;
+  /** Answers the model may give before the run fails (default 3, 1 to 10). */
+  maxAttempts?: number;
+}
+
 /** Tokens and money a run, with its sub-calls and sub-runs, has used. */
 export interface RunUsage {
   /** Input tokens the providers counted. */
@@ -72,8 +88,9 @@ export interface RunInfo {
   /** Where it is. */
   status: RunStatus;
   /**
-   * Why it ended: `final`, `text`, `forced`, `budget:<which>`, `timeout`, `cancelled`,
-   * `provider_error`, `error`, `interrupted` (null while it runs).
+   * Why it ended: `final`, `text`, `forced`, `validated`, `validation_failed`,
+   * `budget:<which>`, `timeout`, `cancelled`, `provider_error`, `error`, `interrupted` (null
+   * while it runs).
    */
   reason: string | null;
   /** Its answer, when it gave one. */
@@ -109,7 +126,7 @@ export interface RunInfo {
 /**
  * One event of a run's trajectory: `seq` numbers them 1, 2, 3, … without gaps; `type` is
  * `run_started`, `sandbox_ready`, `llm_request`, `llm_response`, `tool_call`, `tool_result`,
- * `step_committed`, `warning`, `run_finished`, …; `data` is the whole event as recorded, its
+ * `step_committed`, `validation`, `warning`, `run_finished`, …; `data` is the whole event as recorded, its
  * fields named as docs/agent.md lists them (snake_case: `data.answer`, `data.usage.input_tokens`).
  */
 export interface RunEvent {
@@ -145,6 +162,11 @@ export interface StartRunOptions extends ClientOptions {
   budgets?: BudgetsInput;
   /** Keep the sandbox the run made when it ends (default: it is deleted then). */
   keepSandbox?: boolean;
+  /**
+   * Check the model's final answer with a command run in the run's sandbox (a command alone
+   * takes the daemon's defaults: 60 s, 3 attempts); a failed check goes back to the model.
+   */
+  validate?: string | Validate;
 }
 
 /** Options of `run.wait()`. */
@@ -244,6 +266,12 @@ function fromBudgets(b: BudgetsInput): Partial<WireBudgets> {
     cell_timeout_secs: b.cellTimeoutSecs,
     max_output_tokens: b.maxOutputTokens,
   };
+}
+
+/** Maps a validation to the wire; only the fields the server takes (it refuses any other key). */
+function fromValidate(v: string | Validate): { command: string; timeout_s?: number; max_attempts?: number } {
+  if (typeof v === "string") return { command: v };
+  return { command: v.command, timeout_s: v.timeoutS, max_attempts: v.maxAttempts };
 }
 
 function toUsage(u: WireRunUsage): RunUsage {
@@ -350,6 +378,7 @@ export class Run {
       context: options.context,
       budgets: options.budgets === undefined ? undefined : fromBudgets(options.budgets),
       keep_sandbox: options.keepSandbox,
+      validate: options.validate === undefined ? undefined : fromValidate(options.validate),
     };
     const r = await http.json<WireRun>("POST", "/v1/runs", { body: { json: body } });
     return new Run(http, toRunInfo(r));

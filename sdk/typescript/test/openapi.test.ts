@@ -561,8 +561,9 @@ async function everyMethod(): Promise<void> {
     context: "c",
     budgets: { maxIterations: 5, maxDepth: 2, maxSubCalls: 3, tokenBudget: 1000, costLimitUsd: 0.5, timeoutSecs: 60.5, cellTimeoutSecs: 10, maxOutputTokens: 512 },
     keepSandbox: true,
+    validate: { command: "python3 -m pytest -q", timeoutS: 30.5, maxAttempts: 2 },
   });
-  await Run.start("task", { ...client, sandbox: "sb-0123456789ab", budgets: { tokenBudget: null } });
+  await Run.start("task", { ...client, sandbox: "sb-0123456789ab", budgets: { tokenBudget: null }, validate: "true" });
   await Run.run("task", { ...client, budgets: {}, timeout: 5 });
   await Run.get(run.id, client);
   await Run.list({ ...client, limit: 10 });

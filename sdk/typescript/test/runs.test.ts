@@ -6,7 +6,9 @@
  * the run's events (it sees an end it was not told of at once, with one stream and no polling,
  * and keeps its deadline and signal; a run that has ended returns at once; a daemon without the
  * run's live events is asked instead); a kept sandbox holds the run's state and takes another
- * run; errors map as everywhere else.
+ * run; a run with a validation command is sent back to work by a failed check and ends
+ * `validated` once it passes, or `validation_failed` when its attempts are spent; errors map as
+ * everywhere else.
  */
 
 import assert from "node:assert/strict";
@@ -14,7 +16,7 @@ import { createServer as createHttpServer } from "node:http";
 import { createServer, connect, type Socket } from "node:net";
 import { test } from "node:test";
 
-import { InvalidArgumentError, NotFoundError, Run, TimeoutError, type ClientOptions, type RunEvent } from "sandcell";
+import { InvalidArgumentError, NotFoundError, Run, TimeoutError, type ClientOptions, type RunEvent, type Validate } from "sandcell";
 import { startDaemon, startScriptedModel, type ScriptedModel } from "./daemon.js";
 import { collect } from "./helpers.js";
 
@@ -399,6 +401,73 @@ test("a kept sandbox holds the run's state and takes another run", { timeout: 18
   });
 });
 
+/** A model turn that answers with the `final_answer` tool. */
+function final(answer: string): unknown {
+  return { tool_calls: [{ name: "final_answer", arguments: { answer } }] };
+}
+
+/** Answers before doing the work (the check fails), does it, answers again (the check passes). */
+const HASTY = [final("done"), code("open('done.txt', 'w').write('x')"), final("done.txt is written")];
+
+function checks(events: RunEvent[]): Record<string, unknown>[] {
+  return events.filter((e) => e.type === "validation").map((e) => e.data);
+}
+
+test("a failed check sends the run back to work until it passes", { timeout: 180_000 }, async () => {
+  await withAgent(HASTY, async (client, model) => {
+    // A command alone: the daemon's defaults for the rest (60 s, 3 attempts).
+    const run = await Run.start(TASK, { ...client, model: MODEL, validate: "test -f done.txt" });
+    const info = await run.wait({ timeout: 120 });
+    assert.deepEqual([info.status, info.reason, info.answer, info.ok], ["succeeded", "validated", "done.txt is written", true]);
+    assert.equal(info.usage.llmCalls, 3);
+
+    const events = await run.listEvents();
+    contiguous(events);
+    assert.equal((events[0]!.data["validate"] as { command: string }).command, "test -f done.txt");
+    const [first, second, ...more] = checks(events);
+    assert.equal(more.length, 0);
+    assert.deepEqual(
+      [first!["attempt"], first!["max_attempts"], first!["passed"], first!["exit_code"], first!["command"]],
+      [1, 3, false, 1, "test -f done.txt"],
+    );
+    assert.deepEqual([second!["attempt"], second!["max_attempts"], second!["passed"], second!["exit_code"]], [2, 3, true, 0]);
+    assert.equal(typeof first!["duration_ms"], "number");
+    assert.ok("output_tail" in first! && "cause" in first!);
+    // The failed check came back to the model as its final_answer call's result.
+    const told = JSON.stringify(model.requests()[1]);
+    assert.ok(told.includes("the check failed (attempt 1 of 3)") && told.includes("exited with code 1"), told);
+    // The second check came after the code that made the file.
+    const kinds = events.map((e) => e.type);
+    assert.ok(kinds.indexOf("tool_result") < kinds.lastIndexOf("validation"));
+    assert.equal(events.at(-1)!.data["reason"], "validated");
+  });
+});
+
+test("an answer that never passes ends the run validation_failed", { timeout: 180_000 }, async () => {
+  await withAgent([final("first try"), final("second try")], async (client, model) => {
+    const info = await Run.run(TASK, {
+      ...client,
+      model: MODEL,
+      validate: { command: "test -f never.txt", timeoutS: 10, maxAttempts: 2 },
+      timeout: 120,
+    });
+    // Failed, its last answer kept.
+    assert.deepEqual([info.status, info.reason, info.answer, info.ok], ["failed", "validation_failed", "second try", false]);
+    const events = await (await Run.get(info.id, client)).listEvents();
+    contiguous(events);
+    // Sent in snake_case: the run took both fields.
+    assert.deepEqual(events[0]!.data["validate"], { command: "test -f never.txt", timeout_s: 10, max_attempts: 2 });
+    assert.deepEqual(
+      checks(events).map((c) => [c["attempt"], c["max_attempts"], c["passed"]]),
+      [
+        [1, 2, false],
+        [2, 2, false],
+      ],
+    );
+    assert.equal(model.requests().length, 2);
+  });
+});
+
 test("bad runs fail with the SDK's errors", async () => {
   // The suite's daemon (from the environment): these are refused before any model is asked.
   for (const model of ["nope", "bogus/model"]) {
@@ -411,4 +480,24 @@ test("bad runs fail with the SDK's errors", async () => {
   }
   await assert.rejects(Run.run("   ", { model: MODEL }), (e: unknown) => e instanceof InvalidArgumentError && /task/.test(e.message));
   await assert.rejects(Run.get("run-0000000000000000"), NotFoundError);
+  // Validation values are the daemon's to judge: each bad one is its 400, naming the field.
+  const bad: [string | Validate, string][] = [
+    [{ command: "true", maxAttempts: 0 }, "validate.max_attempts"],
+    [{ command: "true", maxAttempts: 11 }, "validate.max_attempts"],
+    [{ command: "true", timeoutS: 601 }, "validate.timeout_s"],
+    [{ command: "true", timeoutS: 0 }, "validate.timeout_s"],
+    ["   ", "validate.command"],
+  ];
+  for (const [validate, field] of bad) {
+    await assert.rejects(Run.start(TASK, { model: MODEL, validate }), (e: unknown) => {
+      assert.ok(e instanceof InvalidArgumentError, String(e));
+      assert.deepEqual([e.code, e.status], ["invalid_argument", 400]);
+      assert.ok(e.message.includes(field), `${JSON.stringify(validate)}: ${e.message}`);
+      return true;
+    });
+  }
+  await assert.rejects(
+    Run.run(TASK, { model: MODEL, validate: { command: "true", maxAttempts: 0 } }),
+    (e: unknown) => e instanceof InvalidArgumentError && e.message.includes("validate.max_attempts"),
+  );
 });

@@ -709,6 +709,7 @@ async fn a_sub_run_is_a_sub_call_and_can_be_followed_and_cancelled_by_its_own_id
                 validate: None,
                 snapshots: None,
                 keep_snapshots: false,
+                thread_id: None,
             },
         )
         .await
@@ -798,6 +799,7 @@ async fn cancelling_the_root_cancels_its_sub_run_within_a_second_or_so() {
                 validate: None,
                 snapshots: None,
                 keep_snapshots: false,
+                thread_id: None,
             },
         )
         .await

@@ -313,3 +313,101 @@ fn a_fork_from_step_2_sees_step_2s_state_and_leaves_the_original_alone() {
     assert_eq!(r.status, 409, "{}", r.body);
     assert!(r.body.to_string().contains("pruned"), "{}", r.body);
 }
+
+#[test]
+fn a_thread_goes_on_after_a_restart_with_its_conversation_and_its_kernel() {
+    sandcell_testkit::skip_unless_root!();
+    let model = Model::start(Script::new().turns([
+        code_call("x = 41"),
+        Turn::text("x is set"),
+        code_call("print('X', x + 1)"),
+        Turn::text("42"),
+    ]));
+    let mut d = model.daemon();
+    let r = d.post("/v1/threads", serde_json::json!({"name": "work"}));
+    assert_eq!(r.status, 201, "{}", r.body);
+    let thread = r.body["id"].as_str().unwrap().to_string();
+    let run = |d: &Daemon, task: &str| {
+        let r = d.post(
+            "/v1/runs",
+            serde_json::json!({"task": task, "model": MODEL, "thread_id": thread, "wait": true}),
+        );
+        assert_eq!(r.status, 200, "{}", r.body);
+        assert_eq!(r.body["status"], "succeeded", "{}", r.body);
+        r.body
+    };
+    let first = run(&d, "Set x to 41.");
+    let sandbox = first["sandbox_id"].as_str().unwrap().to_string();
+
+    // The daemon dies; the thread, its sandbox and its kernel are there after the restart.
+    d.kill9();
+    d.restart(&[&format!(
+        "agent.openai.base_url={}",
+        model.llm.openai_base()
+    )]);
+    let second = run(&d, "Add one to x.");
+    assert_eq!(second["answer"], "42");
+    assert_eq!(second["sandbox_id"].as_str(), Some(sandbox.as_str()));
+    let results: Vec<String> = of_type(&events(&d, second["id"].as_str().unwrap()), "tool_result")
+        .iter()
+        .filter_map(|e| e["text"].as_str().map(str::to_string))
+        .collect();
+    assert!(results.iter().any(|t| t.contains("X 42")), "{results:?}");
+    // The model saw the first run's conversation and answer before the new task.
+    let asked = model.llm.requests();
+    let transcript = asked[2].transcript();
+    let (set, answered, added) = (
+        transcript.find("Set x to 41."),
+        transcript.find("x is set"),
+        transcript.find("Add one to x."),
+    );
+    assert!(
+        set < answered && answered < added && set.is_some(),
+        "{transcript}"
+    );
+
+    let t = d.get(&format!("/v1/threads/{thread}"));
+    assert_eq!(t.body["runs"], 2, "{}", t.body);
+    assert_eq!(t.body["last_run_id"], second["id"]);
+    assert_eq!(t.body["sandbox_id"].as_str(), Some(sandbox.as_str()));
+    let r = d.call(
+        reqwest::Method::PATCH,
+        &format!("/v1/threads/{thread}"),
+        Some(serde_json::json!({"name": "renamed"})),
+    );
+    assert_eq!(r.body["name"], "renamed", "{}", r.body);
+    let list = d.get("/v1/threads");
+    assert_eq!(list.body["threads"].as_array().map(Vec::len), Some(1));
+    // Bad input, other owners.
+    d.post("/v1/threads", serde_json::json!({"name": "renamed"}))
+        .expect_error(409, "already_exists");
+    d.post("/v1/threads", serde_json::json!({"name": ""}))
+        .expect_error(400, "invalid_argument");
+    d.post(
+        "/v1/runs",
+        serde_json::json!({"task": "t", "model": MODEL, "thread_id": "th-0123456789abcdef"}),
+    )
+    .expect_error(404, "not_found");
+    let (bob, _) = d.key_for("bob");
+    d.call_as(
+        Some(&bob),
+        reqwest::Method::GET,
+        &format!("/v1/threads/{thread}"),
+        None,
+    )
+    .expect_error(404, "not_found");
+    // Deleted with its sandbox; its runs stay.
+    let r = d.call(
+        reqwest::Method::DELETE,
+        &format!("/v1/threads/{thread}"),
+        None,
+    );
+    assert_eq!(r.status, 204, "{}", r.body);
+    let state = d.sandbox(&sandbox).state;
+    assert!(state == "stopped" || state == "deleted", "{state}");
+    assert_eq!(
+        d.get(&format!("/v1/runs/{}", second["id"].as_str().unwrap()))
+            .status,
+        200
+    );
+}

@@ -20,6 +20,7 @@ mod files;
 mod kernels;
 mod limits;
 mod mcp;
+mod memory;
 mod processes;
 mod rootless;
 mod runs_api;

@@ -326,7 +326,7 @@ fn wants_json(headers: &HeaderMap) -> bool {
     accept.contains("application/json") && !accept.contains("text/event-stream")
 }
 
-fn parse_limit(v: &str) -> Result<u32, ApiError> {
+pub(crate) fn parse_limit(v: &str) -> Result<u32, ApiError> {
     v.parse::<u32>()
         .ok()
         .filter(|n| (1..=MAX_LIMIT).contains(n))

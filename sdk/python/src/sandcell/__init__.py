@@ -35,6 +35,7 @@ from ._models import (
     RunUsage,
     SandboxInfo,
     SnapshotInfo,
+    Validate,
     Variables,
 )
 from .async_sandbox import (
@@ -120,5 +121,6 @@ __all__ = [
     "SnapshotInfo",
     "Terminal",
     "TimeoutError",
+    "Validate",
     "Variables",
 ]

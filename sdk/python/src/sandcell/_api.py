@@ -37,6 +37,7 @@ from ._models import (
     RunInfo,
     SandboxInfo,
     SnapshotInfo,
+    Validate,
     Variables,
 )
 from ._sse import SseEvent
@@ -740,6 +741,7 @@ def start_run(
     context: str | None,
     budgets: Budgets | Mapping[str, float | None] | None,
     keep_sandbox: bool,
+    validate: str | Validate | Mapping[str, Any] | None,
 ) -> Call[RunInfo]:
     """`POST /v1/runs` (answered at once, the run going on in the background)."""
     if isinstance(budgets, Mapping):
@@ -748,6 +750,7 @@ def start_run(
             raise ValueError(f"unknown budgets {unknown}: the limits are the fields of Budgets")
         budgets = Budgets.from_json(dict(budgets))
     limits = budgets.to_json() if budgets is not None else None
+    check = _validate(validate)
     body = _drop_none(
         {
             "task": task,
@@ -758,9 +761,28 @@ def start_run(
             "context": context,
             "budgets": limits or None,
             "keep_sandbox": keep_sandbox or None,
+            "validate": check.to_json() if check is not None else None,
         }
     )
     return Call("POST", "/v1/runs", _run_info, json=body)
+
+
+def _validate(validate: str | Validate | Mapping[str, Any] | None) -> Validate | None:
+    """A run's `validate` as given (a command alone, a `Validate`, or a mapping of its fields)
+    made a `Validate`. Only its shape is checked here: its values are the daemon's to judge."""
+    if validate is None or isinstance(validate, Validate):
+        return validate
+    if isinstance(validate, str):
+        return Validate(validate)
+    if isinstance(validate, Mapping):
+        names = {f.name for f in fields(Validate)}
+        unknown = sorted(set(validate) - names)
+        if unknown:
+            raise ValueError(f"unknown validate fields {unknown}: they are {sorted(names)}")
+        if "command" not in validate:
+            raise ValueError("validate needs a 'command'")
+        return Validate.from_json(dict(validate))
+    raise TypeError(f"validate is a command, a Validate or a mapping, not {type(validate).__name__}")
 
 
 def get_run(run_id: str) -> Call[RunInfo]:

@@ -787,6 +787,31 @@ class Budgets:
 
 
 @dataclass
+class Validate:
+    """How a run checks its final answer before it accepts it: `command` runs (`sh -c`) in the
+    run's sandbox; exit 0 ends the run `succeeded` with reason `validated`, anything else goes
+    back to the model (exit code and output tail), until `max_attempts` answers have failed
+    (`failed`, reason `validation_failed`, the last answer kept). Fields left None take the
+    daemon's defaults; the daemon checks the values (a bad one is an InvalidArgumentError)."""
+
+    command: str
+    """The command (`python3 -m pytest -q`, `test -s out.csv`)."""
+    timeout_s: float | None = None
+    """Seconds it may run (default 60, more than 0 and at most 600)."""
+    max_attempts: int | None = None
+    """Answers the model may give before the run fails (default 3, 1 to 10)."""
+
+    @classmethod
+    def from_json(cls, d: JsonDict) -> Validate:
+        """Parses a `validate` object (as `run_started` carries it)."""
+        return cls(**_known(cls, d))
+
+    def to_json(self) -> JsonDict:
+        """The request's `validate` (the fields left None are not sent)."""
+        return {k: v for k, v in asdict(self).items() if v is not None}
+
+
+@dataclass
 class RunUsage:
     """Tokens and money a run, with its sub-calls and sub-runs, has used (`cost_usd` None
     when some model's price is unknown; `estimated` when a server reported no token counts)."""
@@ -818,8 +843,8 @@ class RunUsage:
 @dataclass
 class RunInfo:
     """An agent run's record: `status` is `running`, `succeeded`, `failed` or `cancelled`;
-    `reason` says why it ended (`final`, `text`, `forced`, `budget:<which>`, `timeout`,
-    `cancelled`, `provider_error`, `error`, `interrupted`)."""
+    `reason` says why it ended (`final`, `text`, `forced`, `validated`, `validation_failed`,
+    `budget:<which>`, `timeout`, `cancelled`, `provider_error`, `error`, `interrupted`)."""
 
     id: str
     status: str
@@ -873,8 +898,8 @@ class RunInfo:
 class RunEvent:
     """One event of a run's trajectory: its number `seq` (1, 2, 3, … without gaps), `type`
     (`run_started`, `llm_request`, `llm_response`, `tool_call`, `tool_result`,
-    `step_committed`, `run_finished`, …) and `data`, the whole event as recorded (the fields
-    of each type are in docs/agent.md); `event["answer"]` reads `data`."""
+    `step_committed`, `validation`, `run_finished`, …) and `data`, the whole event as recorded
+    (the fields of each type are in docs/agent.md); `event["answer"]` reads `data`."""
 
     seq: int
     type: str

@@ -44,6 +44,7 @@ from ._models import (
     RunOnceResult,
     SandboxInfo,
     SnapshotInfo,
+    Validate,
     Variables,
 )
 from .errors import ConnectionError, NotFoundError, SandboxGoneError, TimeoutError
@@ -971,11 +972,16 @@ class AsyncRuns:
         context: str | None = None,
         budgets: Budgets | Mapping[str, float | None] | None = None,
         keep_sandbox: bool = False,
+        validate: str | Validate | Mapping[str, Any] | None = None,
     ) -> AsyncRun:
         """Starts a run and returns at once (it goes on in the daemon). `model` is
         `provider/model` (default: the daemon's `agent.model`); `sandbox` runs it in an
         existing sandbox (its kernels' state is where the model starts), else one is made from
-        `template` (default `python`) and deleted when the run ends unless `keep_sandbox`."""
+        `template` (default `python`) and deleted when the run ends unless `keep_sandbox`.
+        `validate` checks the model's final answer with a command run in that sandbox (a
+        command, or a `Validate` / mapping with `command`, `timeout_s`, `max_attempts`): exit 0
+        ends the run `validated`, anything else goes back to the model, until the attempts are
+        spent (`validation_failed`)."""
         sandbox_id = sandbox.id if isinstance(sandbox, AsyncSandbox) else sandbox
         info = await self._client._http.call(
             _api.start_run(
@@ -987,6 +993,7 @@ class AsyncRuns:
                 context=context,
                 budgets=budgets,
                 keep_sandbox=keep_sandbox,
+                validate=validate,
             )
         )
         return AsyncRun(info, self._client)
@@ -1002,6 +1009,7 @@ class AsyncRuns:
         context: str | None = None,
         budgets: Budgets | Mapping[str, float | None] | None = None,
         keep_sandbox: bool = False,
+        validate: str | Validate | Mapping[str, Any] | None = None,
         timeout: float | None = None,
     ) -> RunInfo:
         """`start(…)`, then `wait(timeout)`: the run as it ended (a run that fails or is
@@ -1015,6 +1023,7 @@ class AsyncRuns:
             context=context,
             budgets=budgets,
             keep_sandbox=keep_sandbox,
+            validate=validate,
         )
         return await started.wait(timeout)
 

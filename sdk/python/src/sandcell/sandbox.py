@@ -44,6 +44,7 @@ from ._models import (
     RunOnceResult,
     SandboxInfo,
     SnapshotInfo,
+    Validate,
     Variables,
 )
 from .errors import ConnectionError, NotFoundError, SandboxGoneError, TimeoutError
@@ -967,11 +968,16 @@ class Runs:
         context: str | None = None,
         budgets: Budgets | Mapping[str, float | None] | None = None,
         keep_sandbox: bool = False,
+        validate: str | Validate | Mapping[str, Any] | None = None,
     ) -> Run:
         """Starts a run and returns at once (it goes on in the daemon). `model` is
         `provider/model` (default: the daemon's `agent.model`); `sandbox` runs it in an
         existing sandbox (its kernels' state is where the model starts), else one is made from
-        `template` (default `python`) and deleted when the run ends unless `keep_sandbox`."""
+        `template` (default `python`) and deleted when the run ends unless `keep_sandbox`.
+        `validate` checks the model's final answer with a command run in that sandbox (a
+        command, or a `Validate` / mapping with `command`, `timeout_s`, `max_attempts`): exit 0
+        ends the run `validated`, anything else goes back to the model, until the attempts are
+        spent (`validation_failed`)."""
         sandbox_id = sandbox.id if isinstance(sandbox, Sandbox) else sandbox
         info = self._client._http.call(
             _api.start_run(
@@ -983,6 +989,7 @@ class Runs:
                 context=context,
                 budgets=budgets,
                 keep_sandbox=keep_sandbox,
+                validate=validate,
             )
         )
         return Run(info, self._client)
@@ -998,6 +1005,7 @@ class Runs:
         context: str | None = None,
         budgets: Budgets | Mapping[str, float | None] | None = None,
         keep_sandbox: bool = False,
+        validate: str | Validate | Mapping[str, Any] | None = None,
         timeout: float | None = None,
     ) -> RunInfo:
         """`start(…)`, then `wait(timeout)`: the run as it ended (a run that fails or is
@@ -1011,6 +1019,7 @@ class Runs:
             context=context,
             budgets=budgets,
             keep_sandbox=keep_sandbox,
+            validate=validate,
         )
         return started.wait(timeout)
 

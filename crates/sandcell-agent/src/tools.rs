@@ -6,10 +6,12 @@ use base64::Engine as _;
 use sandcell_api::SandboxId;
 use sandcell_api::code::{CodeInput, CodeResult, SetVariables};
 use sandcell_api::exec::ExecInput;
+use sandcell_api::memories::{AddMemory, SearchMemories};
 use sandcell_api::sandboxes::Lang;
 use sandcell_api::transfer::{CreateExport, ImportRequest};
 use sandcell_api::{Code, Timeout};
 use sandcell_llm::{Image, ToolSpec};
+use sandcell_service::memory::Scope;
 use sandcell_service::{Caller, Service, ServiceError};
 use serde_json::{Value, json};
 
@@ -70,6 +72,16 @@ pub fn specs() -> Vec<ToolSpec> {
             "export_files",
             "Copy files or folders out of the sandbox so they outlive it; returns an export id per path.",
             json!({"type": "object", "properties": {"paths": {"type": "array", "items": {"type": "string"}}}, "required": ["paths"]}),
+        ),
+        spec(
+            "memory_add",
+            "Remember a fact for later runs: kept with this sandbox (scope \"sandbox\", the default) or with you across sandboxes (scope \"owner\"). Forks of this sandbox see what it remembered.",
+            json!({"type": "object", "properties": {"text": {"type": "string"}, "category": {"type": "string", "description": "lowercase letters, digits, - _ . (default general)"}, "scope": {"type": "string", "enum": ["sandbox", "owner"]}}, "required": ["text"]}),
+        ),
+        spec(
+            "memory_search",
+            "Search what was remembered (memory_add), most relevant first, by the words of the query.",
+            json!({"type": "object", "properties": {"query": {"type": "string"}, "limit": {"type": "integer", "minimum": 1, "maximum": 100}, "category": {"type": "string"}, "scope": {"type": "string", "enum": ["sandbox", "owner"]}}, "required": ["query"]}),
         ),
         spec(
             SUB_COMPLETE,
@@ -348,6 +360,36 @@ impl Sandbox<'_> {
                     text: lines.join("\n"),
                     ..Outcome::default()
                 })
+            }
+            "memory_add" | "memory_search" => {
+                let scope = match args.get("scope").and_then(Value::as_str) {
+                    None | Some("sandbox") => Scope::Sandbox(id),
+                    Some("owner") => Scope::Owner,
+                    Some(other) => {
+                        return Err(Failure::Argument(format!(
+                            "'scope' is sandbox or owner, not {other:?}"
+                        )));
+                    }
+                };
+                // The request types check their fields (text, query, category) as they are
+                // read: the same rules as the REST routes.
+                let mut fields = args.clone();
+                if let Some(o) = fields.as_object_mut() {
+                    o.remove("scope");
+                }
+                let bad = |e: serde_json::Error| Failure::Argument(e.to_string());
+                if name == "memory_add" {
+                    let req: AddMemory = serde_json::from_value(fields).map_err(bad)?;
+                    let m = s.add_memory(caller, scope, req)?;
+                    Ok(Outcome {
+                        text: format!("remembered as {} ({})", m.id, m.category),
+                        ..Outcome::default()
+                    })
+                } else {
+                    let req: SearchMemories = serde_json::from_value(fields).map_err(bad)?;
+                    let found = s.search_memories(caller, scope, req)?;
+                    Ok(json_outcome(&found))
+                }
             }
             other => Err(Failure::Argument(format!("there is no tool '{other}'"))),
         }

@@ -650,3 +650,62 @@ async fn an_answer_never_fixed_ends_the_run_validation_failed() {
     }
     assert_eq!(llm.requests().len(), 3, "no request for refused input");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_remembers_and_recalls_with_the_memory_tools() {
+    let call = |name: &str, args: Value| Turn::ToolCalls(vec![ScriptedCall::new(name, args)]);
+    let script = Script::new()
+        .turn(Turn::ToolCalls(vec![
+            ScriptedCall::new(
+                "memory_add",
+                json!({"text": "the deploy key lives in the vault", "category": "ops"}),
+            ),
+            ScriptedCall::new("memory_add", json!({"text": "lunch is at noon"})),
+            ScriptedCall::new(
+                "memory_add",
+                json!({"text": "owner-wide: prefers metric units", "scope": "owner"}),
+            ),
+        ]))
+        .turn(call(
+            "memory_search",
+            json!({"query": "where is the deploy key"}),
+        ))
+        .turn(call("memory_add", json!({"text": "   "})))
+        .turn(Turn::text("recalled"));
+    let llm = ScriptedLlm::start(script).await.expect("scripted model");
+    let home = tempfile::tempdir().expect("home");
+    let out = agent(&llm, home.path(), "openai/scripted", &[]).await;
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    let run = out.json();
+    let events = trajectory(&llm, home.path(), run["run_id"].as_str().expect("id")).await;
+    let results: Vec<&Value> = of_type(&events, "tool_result");
+    assert_eq!(results.len(), 5);
+    assert!(
+        results[..3].iter().all(|r| r["is_error"] == false),
+        "{results:?}"
+    );
+    // The search found the sandbox's memories, the relevant one first, not the owner's.
+    let found: Value = serde_json::from_str(results[3]["text"].as_str().expect("text"))
+        .expect("the search's JSON");
+    let texts: Vec<&str> = found["memories"]
+        .as_array()
+        .expect("memories")
+        .iter()
+        .filter_map(|m| m["text"].as_str())
+        .collect();
+    assert_eq!(
+        texts.first(),
+        Some(&"the deploy key lives in the vault"),
+        "{found}"
+    );
+    assert!(!texts.iter().any(|t| t.contains("metric")), "{found}");
+    // A blank memory is refused as the tool's error, naming the field.
+    assert_eq!(results[4]["is_error"], true);
+    assert!(
+        results[4]["text"]
+            .as_str()
+            .is_some_and(|t| t.contains("text")),
+        "{}",
+        results[4]
+    );
+}

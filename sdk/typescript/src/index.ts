@@ -17,16 +17,24 @@ export { Run } from "./runs.js";
 export type {
   Budgets,
   BudgetsInput,
+  ForkedFrom,
+  ForkRunOptions,
   RunEvent,
   RunEventsOptions,
   RunInfo,
   RunMode,
   RunStatus,
   RunUsage,
+  SnapshotPolicy,
   StartRunOptions,
+  StepSandbox,
   Validate,
   WaitOptions,
 } from "./runs.js";
+export { Threads, threads } from "./threads.js";
+export type { CreateThreadOptions, ThreadInfo } from "./threads.js";
+export { Memories, memory } from "./memory.js";
+export type { AddMemoryOptions, ListMemoriesOptions, Memory, MemoryScope, SearchMemoriesOptions } from "./memory.js";
 export { Snapshot } from "./snapshots.js";
 export type {
   AutoSnapshotSettings,

@@ -2,7 +2,8 @@
  * Agent runs: a model writes code, the daemon runs it in a sandbox's live kernels and gives
  * back the result, and the model goes on until it answers, within budgets (docs/agent.md).
  * Start one, wait for its end, follow its trajectory live (resuming across dropped
- * connections), cancel it.
+ * connections), cancel it; resume one a stopped process left, fork one from any committed
+ * step, or open a sandbox as it was at a step.
  */
 
 import { clientFor, type HttpClient, type Query } from "./http.js";
@@ -17,6 +18,21 @@ export type RunStatus = "running" | "succeeded" | "failed" | "cancelled";
 
 /** How the model works: `tools` (JSON tools, the default) or `repl`. */
 export type RunMode = "tools" | "repl";
+
+/**
+ * When a run snapshots its sandbox at the end of a step (what a resume, a fork or
+ * `stepSandbox` starts from): `on_mutation` (steps that changed something: ran code, a
+ * command, an import, …), `every_step`, or `off` (the run cannot be restored to a step).
+ */
+export type SnapshotPolicy = "on_mutation" | "every_step" | "off";
+
+/** Where a forked run's history comes from. */
+export interface ForkedFrom {
+  /** The original run. */
+  runId: string;
+  /** Its last step the fork's history holds. */
+  step: number;
+}
 
 /** The limits a run runs under, every one resolved (`tokenBudget` null: no token limit). */
 export interface Budgets {
@@ -111,6 +127,8 @@ export interface RunInfo {
   depth: number;
   /** The limits it runs under. */
   budgets: Budgets;
+  /** For a fork: the run and step it was forked from. */
+  forkedFrom: ForkedFrom | null;
   /** What it used (so far, while it runs). */
   usage: RunUsage;
   /** When it was made. */
@@ -167,6 +185,50 @@ export interface StartRunOptions extends ClientOptions {
    * takes the daemon's defaults: 60 s, 3 attempts); a failed check goes back to the model.
    */
   validate?: string | Validate;
+  /** When it snapshots its sandbox at the end of a step (default: the daemon's `agent.step_snapshots`, `on_mutation`). */
+  snapshots?: SnapshotPolicy;
+  /**
+   * Keep all its step snapshots when it ends (default: only the last one and those a sandbox
+   * was made from stay), so that it can be forked from any step later.
+   */
+  keepSnapshots?: boolean;
+  /**
+   * Run on this thread (`th-…`, see `threads()`): the model sees the thread's earlier
+   * conversation and works in the thread's sandbox.
+   */
+  threadId?: string;
+}
+
+/** Options of `Run.fork` (and `run.fork`). */
+export interface ForkRunOptions {
+  /** The original's committed step to go on from (1 for the first). */
+  fromStep: number;
+  /** A new instruction, given after the history (default: the model goes on with the original task). */
+  task?: string;
+  /** Another `provider/model` (default: the original's). */
+  model?: string;
+  /** The fork's limits (each left out: the daemon's default). */
+  budgets?: BudgetsInput;
+  /** Its check of the final answer (default: the original's). */
+  validate?: string | Validate;
+  /** Keep the fork's sandbox when it ends (default: it is deleted then). */
+  keepSandbox?: boolean;
+  /** Answer once the fork has ended (its `info` then says how) instead of at once. */
+  wait?: boolean;
+}
+
+/** What `Run.stepSandbox` made: a new sandbox as the run's was at the end of a step. */
+export interface StepSandbox {
+  /** The new sandbox (running; yours to kill). */
+  sandbox: Sandbox;
+  /** Its id. */
+  sandboxId: string;
+  /** The step snapshot it was restored from. */
+  snapshotId: string;
+  /** The step that snapshot was taken at: the newest at or before the step asked for (the steps between changed nothing). */
+  snapshotStep: number;
+  /** What the snapshot did not carry (running processes, variables it could not save). */
+  notCarried: string[];
 }
 
 /** Options of `run.wait()`. */
@@ -209,6 +271,20 @@ export interface WireRunUsage {
   estimated?: boolean;
 }
 
+/** `ForkedFrom` as sent. */
+export interface WireForkedFrom {
+  run_id: string;
+  step: number;
+}
+
+/** `StepSandbox` as sent. */
+export interface WireStepSandbox {
+  sandbox_id: string;
+  snapshot_id: string;
+  snapshot_step: number;
+  not_carried: string[];
+}
+
 /** `RunInfo` as sent. */
 export interface WireRun {
   id: string;
@@ -223,6 +299,7 @@ export interface WireRun {
   root_id: string;
   depth: number;
   budgets: WireBudgets;
+  forked_from?: WireForkedFrom | null;
   usage: WireRunUsage;
   created_at: string;
   ended_at?: string | null;
@@ -303,6 +380,7 @@ export function toRunInfo(r: WireRun): RunInfo {
     rootId: r.root_id,
     depth: r.depth,
     budgets: toBudgets(r.budgets),
+    forkedFrom: r.forked_from === undefined || r.forked_from === null ? null : { runId: r.forked_from.run_id, step: r.forked_from.step },
     usage: toUsage(r.usage),
     createdAt: new Date(r.created_at),
     endedAt: toDate(r.ended_at),
@@ -379,9 +457,40 @@ export class Run {
       budgets: options.budgets === undefined ? undefined : fromBudgets(options.budgets),
       keep_sandbox: options.keepSandbox,
       validate: options.validate === undefined ? undefined : fromValidate(options.validate),
+      snapshots: options.snapshots,
+      keep_snapshots: options.keepSnapshots,
+      thread_id: options.threadId,
     };
     const r = await http.json<WireRun>("POST", "/v1/runs", { body: { json: body } });
     return new Run(http, toRunInfo(r));
+  }
+
+  /**
+   * Takes up a run a stopped process left unfinished (`running` with no process, or `failed`
+   * with reason `interrupted`): it goes on from its last committed step. Answers at once
+   * (follow it with `Run.get(id)` then `wait` or `events`); a run that is going on or has
+   * ended is a `ConflictError` (fork one that has ended instead).
+   */
+  static async resume(runId: string, options: ClientOptions = {}): Promise<RunInfo> {
+    return resumeRun(clientFor(options), runId);
+  }
+
+  /**
+   * Starts a new run whose history is the original's steps 1..`fromStep` and whose sandbox is
+   * restored from that step's snapshot (the original is never changed); its `info.forkedFrom`
+   * says where it came from. A step whose snapshot was pruned is a `ConflictError`: start runs
+   * you mean to fork later with `keepSnapshots`.
+   */
+  static async fork(runId: string, options: ForkRunOptions & ClientOptions): Promise<Run> {
+    return forkRun(clientFor(options), runId, options);
+  }
+
+  /**
+   * Makes a new sandbox as the run's sandbox was at the end of committed step `step` (from the
+   * newest step snapshot at or before it), without starting a run.
+   */
+  static async stepSandbox(runId: string, step: number, options: ClientOptions = {}): Promise<StepSandbox> {
+    return openStepSandbox(clientFor(options), runId, step);
   }
 
   /**
@@ -559,6 +668,22 @@ export class Run {
     return this.info;
   }
 
+  /** `Run.resume(this.id)`, keeping what it says in `info`. */
+  async resume(): Promise<RunInfo> {
+    this.info = await resumeRun(this.http, this.id);
+    return this.info;
+  }
+
+  /** `Run.fork(this.id, options)`: a new run from one of this one's steps. */
+  fork(options: ForkRunOptions): Promise<Run> {
+    return forkRun(this.http, this.id, options);
+  }
+
+  /** `Run.stepSandbox(this.id, step)`: a new sandbox as this run's was at the end of `step`. */
+  stepSandbox(step: number): Promise<StepSandbox> {
+    return openStepSandbox(this.http, this.id, step);
+  }
+
   /** Its sandbox (one it made is deleted when it ends, unless started with `keepSandbox`). */
   async sandbox(): Promise<Sandbox> {
     if (this.info.sandboxId === null) await this.refresh();
@@ -566,4 +691,48 @@ export class Run {
     if (id === null) throw new Error(`run ${this.id} has no sandbox yet`);
     return new Sandbox(this.http, toSandboxInfo(await this.http.json<WireSandbox>("GET", `/v1/sandboxes/${id}`)));
   }
+}
+
+/** `POST /v1/runs/{id}/resume`. */
+async function resumeRun(http: HttpClient, runId: string): Promise<RunInfo> {
+  // No client deadline: going on may restore the sandbox from a snapshot first.
+  const r = await http.json<WireRun>("POST", `/v1/runs/${encodeURIComponent(runId)}/resume`, { timeout: null });
+  return toRunInfo(r);
+}
+
+/** `POST /v1/runs/{id}/fork`. */
+async function forkRun(http: HttpClient, runId: string, options: ForkRunOptions): Promise<Run> {
+  // Only the fields the server takes: it refuses any other key, and `options` may carry the client's.
+  const body = {
+    from_step: options.fromStep,
+    task: options.task,
+    model: options.model,
+    budgets: options.budgets === undefined ? undefined : fromBudgets(options.budgets),
+    validate: options.validate === undefined ? undefined : fromValidate(options.validate),
+    keep_sandbox: options.keepSandbox,
+    wait: options.wait,
+  };
+  // No client deadline: the fork's sandbox is restored from a snapshot (and `wait` waits for its end).
+  const r = await http.json<WireRun>("POST", `/v1/runs/${encodeURIComponent(runId)}/fork`, {
+    body: { json: body },
+    timeout: null,
+  });
+  return new Run(http, toRunInfo(r));
+}
+
+/** `POST /v1/runs/{id}/steps/{step}/sandbox`, then the new sandbox's description. */
+async function openStepSandbox(http: HttpClient, runId: string, step: number): Promise<StepSandbox> {
+  const made = await http.json<WireStepSandbox>(
+    "POST",
+    `/v1/runs/${encodeURIComponent(runId)}/steps/${encodeURIComponent(String(step))}/sandbox`,
+    { timeout: null },
+  );
+  const info = await http.json<WireSandbox>("GET", `/v1/sandboxes/${made.sandbox_id}`);
+  return {
+    sandbox: new Sandbox(http, toSandboxInfo(info)),
+    sandboxId: made.sandbox_id,
+    snapshotId: made.snapshot_id,
+    snapshotStep: made.snapshot_step,
+    notCarried: made.not_carried,
+  };
 }

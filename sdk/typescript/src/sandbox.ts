@@ -6,6 +6,7 @@ import { NotFoundError, SandboxGoneError } from "./errors.js";
 import * as commands from "./commands.js";
 import * as code from "./code.js";
 import * as files from "./files.js";
+import { Memories } from "./memory.js";
 import { Commands, Files } from "./namespaces.js";
 import { Terminal, type AttachTerminalOptions, type TerminalOptions } from "./pty.js";
 import {
@@ -179,6 +180,8 @@ export class Sandbox {
   readonly commands: Commands;
   /** E2B's names for the file calls: `write`, `read`, `list`, `getInfo`, `exists`, `makeDir`, `remove`, `rename`. */
   readonly files: Files;
+  /** Its memories: `add`, `search`, `list`, `get`, `delete` (a sandbox made from a snapshot of it starts with copies of them). */
+  readonly memory: Memories;
 
   /** Wraps a sandbox the API described; use `Sandbox.create` or `Sandbox.get` instead. */
   constructor(private readonly http: HttpClient, info: SandboxInfo) {
@@ -186,6 +189,7 @@ export class Sandbox {
     this.info = info;
     this.commands = new Commands(this);
     this.files = new Files(this);
+    this.memory = new Memories(http, info.id);
   }
 
   /** Creates a sandbox (or restores one from `snapshotId`) and returns it running. */

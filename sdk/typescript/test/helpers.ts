@@ -1,7 +1,8 @@
 /** What every test file shares: the daemon `run.ts` started, and sandboxes that clean up after themselves. */
 
 import { createHash } from "node:crypto";
-import { Sandbox, type CreateSandboxOptions } from "sandcell";
+import { Sandbox, type ClientOptions, type CreateSandboxOptions } from "sandcell";
+import { startDaemon, startScriptedModel, type ScriptedModel } from "./daemon.js";
 
 /** The daemon's URL, admin key and home, as `run.ts` passed them. */
 export function daemonEnv(): { url: string; key: string; home: string } {
@@ -54,4 +55,22 @@ export async function collect<T>(items: AsyncIterable<T>): Promise<T[]> {
 /** SHA-256 of bytes, in hex. */
 export function sha256(data: Uint8Array | string): string {
   return createHash("sha256").update(data).digest("hex");
+}
+
+/**
+ * Runs `fn` with the test kit's scripted model serving `script` (its turns in order, across
+ * every run `fn` starts) and a daemon of its own pointed at it; stops both after.
+ */
+export async function withAgent<T>(script: unknown[], fn: (client: ClientOptions, model: ScriptedModel) => Promise<T>): Promise<T> {
+  const model = await startScriptedModel(script);
+  try {
+    const daemon = await startDaemon({ env: { OPENAI_BASE_URL: model.baseUrl, OPENAI_API_KEY: "sk-test" } });
+    try {
+      return await fn({ apiUrl: daemon.url, apiKey: daemon.key }, model);
+    } finally {
+      await daemon.stop();
+    }
+  } finally {
+    await model.stop();
+  }
 }

@@ -15,7 +15,7 @@ import { dirname, join, resolve } from "node:path";
 import { test } from "node:test";
 import { fileURLToPath } from "node:url";
 
-import { FileExport, Run, Sandbox, Snapshot, system } from "sandcell";
+import { FileExport, Run, Sandbox, Snapshot, memory, system, threads } from "sandcell";
 
 type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
 type Schema = { [key: string]: any };
@@ -118,12 +118,21 @@ function operation(method: string, path: string): { template: string; op: Schema
 
 // ---- every request call in the sources names a documented path and method ----
 
-/** How the sources' path helpers expand (each checked against its definition below). */
-const HELPERS: [RegExp, string, string][] = [
-  [/^filesPath\(\w+(?:, "([^"]*)")?\)$/, "/v1/sandboxes/{}/files$1", "function filesPath(id: string, rest = \"\"): string {\n  return `/v1/sandboxes/${id}/files${rest}`;"],
-  [/^this\.path\((?:"([^"]*)")?\)$/, "/v1/sandboxes/{}$1", "private path(rest = \"\"): string {\n    return `/v1/sandboxes/${this.id}${rest}`;"],
-  [/^variablesPath\([^)]*\)\)*$/, "/v1/sandboxes/{}/contexts/{}/variables", "return `/v1/sandboxes/${id}/contexts/${encodeURIComponent(contextId(context ?? \"python\"))}/variables`;"],
-  [/^`\$\{this\.path\}([^`]*)`$/, "/v1/sandboxes/{}/processes/{}$1", "return `/v1/sandboxes/${this.sandboxId}/processes/${this.pid}`;"],
+/**
+ * How the sources' path helpers expand (each checked against its definition below); `$1`
+ * takes the captured rest of the path, itself a string or template literal.
+ */
+const HELPERS: [RegExp, string[], string][] = [
+  [/^filesPath\(\w+(?:, ("[^"]*"))?\)$/, ["/v1/sandboxes/{}/files$1"], "function filesPath(id: string, rest = \"\"): string {\n  return `/v1/sandboxes/${id}/files${rest}`;"],
+  [/^this\.path\(("[^"]*")?\)$/, ["/v1/sandboxes/{}$1"], "private path(rest = \"\"): string {\n    return `/v1/sandboxes/${this.id}${rest}`;"],
+  [/^variablesPath\([^)]*\)\)*$/, ["/v1/sandboxes/{}/contexts/{}/variables"], "return `/v1/sandboxes/${id}/contexts/${encodeURIComponent(contextId(context ?? \"python\"))}/variables`;"],
+  [/^`\$\{this\.path\}([^`]*)`$/, ["/v1/sandboxes/{}/processes/{}$1"], "return `/v1/sandboxes/${this.sandboxId}/processes/${this.pid}`;"],
+  // A memory call is checked in both scopes: a sandbox's and the owner's.
+  [
+    /^memoriesPath\(this\.sandboxId(?:, ("[^"]*"|`[^`]*`))?\)$/,
+    ["/v1/sandboxes/{}/memories$1", "/v1/memories$1"],
+    "return sandboxId === undefined ? `/v1/memories${rest}` : `/v1/sandboxes/${sandboxId}/memories${rest}`;",
+  ],
 ];
 
 function sources(): [string, string][] {
@@ -161,15 +170,20 @@ function argumentAt(text: string, start: number): string {
   return text.slice(start).trim();
 }
 
-function expandPath(expr: string): string | undefined {
-  if (/^"[^"]*"$/.test(expr)) return expr.slice(1, -1);
-  for (const [pattern, expansion] of HELPERS) {
+/** The paths a path expression can be (more than one for a helper that serves several routes). */
+function expandPath(expr: string): string[] | undefined {
+  if (/^"[^"]*"$/.test(expr)) return [expr.slice(1, -1)];
+  for (const [pattern, expansions] of HELPERS) {
     const m = pattern.exec(expr);
-    if (m) return expansion.replace("$1", m[1] ?? "");
+    if (!m) continue;
+    // A captured literal is expanded in turn; other captured text is the path as written.
+    const rests = m[1] === undefined ? [""] : /^["`]/.test(m[1]) ? expandPath(m[1]) : [m[1]];
+    if (rests === undefined) return undefined;
+    return expansions.flatMap((e) => rests.map((rest) => e.replace("$1", rest)));
   }
   if (/^`[^`]*`$/.test(expr)) {
     // `${id}` and `${encodeURIComponent(…)}` are one path segment each.
-    return expr.slice(1, -1).replace(/\$\{(?:[^{}]|\{[^}]*\})*\}/g, "{}");
+    return [expr.slice(1, -1).replace(/\$\{(?:[^{}]|\{[^}]*\})*\}/g, "{}")];
   }
   return undefined;
 }
@@ -182,12 +196,12 @@ test("every request call in src/*.ts names a path and method of the document", (
   }
   let calls = 0;
   for (const [file, source] of all) {
-    for (const m of source.matchAll(/"(GET|POST|PUT|DELETE)",\s*/g)) {
+    for (const m of source.matchAll(/"(GET|POST|PUT|PATCH|DELETE)",\s*/g)) {
       const expr = argumentAt(source, m.index! + m[0].length);
       const line = source.slice(0, m.index).split("\n").length;
-      const path = expandPath(expr);
-      assert.ok(path !== undefined, `src/${file}:${line}: cannot read the path ${expr}: add its helper to HELPERS in openapi.test.ts`);
-      operation(m[1]!, path.replace(/\{\}/g, "x"));
+      const paths = expandPath(expr);
+      assert.ok(paths !== undefined, `src/${file}:${line}: cannot read the path ${expr}: add its helper to HELPERS in openapi.test.ts`);
+      for (const path of paths) operation(m[1]!, path.replace(/\{\}/g, "x"));
       calls++;
     }
   }
@@ -227,6 +241,11 @@ const WIRE: Record<string, WireModel> = {
   WireRun: { schema: "RunInfo" },
   WireBudgets: { schema: "Budgets" },
   WireRunUsage: { schema: "RunUsage" },
+  WireForkedFrom: { schema: "ForkedFrom" },
+  WireStepSandbox: { schema: "StepSandbox" },
+  WireThread: { schema: "ThreadInfo" },
+  WireMemory: { schema: "Memory" },
+  WireMemoryList: { schema: "MemoryList" },
 };
 
 /** Named TypeScript types and the JSON types they hold. */
@@ -242,6 +261,7 @@ const NAMED: Record<string, string[]> = {
   'FileInfo["kind"]': ["string"],
   'CodeDone["status"]': ["string"],
   RunMode: ["string"],
+  MemoryScope: ["string"],
   StringMap: ["object"],
   MimeBundle: ["object"],
   ExecutionError: ["object"],
@@ -564,6 +584,7 @@ async function everyMethod(): Promise<void> {
     validate: { command: "python3 -m pytest -q", timeoutS: 30.5, maxAttempts: 2 },
   });
   await Run.start("task", { ...client, sandbox: "sb-0123456789ab", budgets: { tokenBudget: null }, validate: "true" });
+  await Run.start("task", { ...client, snapshots: "every_step", keepSnapshots: true, threadId: "th-0123456789abcdef" });
   await Run.run("task", { ...client, budgets: {}, timeout: 5 });
   await Run.get(run.id, client);
   await Run.list({ ...client, limit: 10 });
@@ -572,6 +593,40 @@ async function everyMethod(): Promise<void> {
   await run.wait({ timeout: 1 });
   await run.listEvents({ after: 3 });
   await run.cancel();
+  await Run.resume(run.id, client);
+  await run.resume();
+  const fork = await Run.fork(run.id, {
+    ...client,
+    fromStep: 1,
+    task: "again",
+    model: "openai/m",
+    budgets: { maxIterations: 3, tokenBudget: 100 },
+    validate: { command: "true", timeoutS: 5, maxAttempts: 1 },
+    keepSandbox: true,
+    wait: true,
+  });
+  await fork.refresh();
+  await run.fork({ fromStep: 2 });
+  await Run.stepSandbox(run.id, 1, client);
+  await run.stepSandbox(2);
+  const th = threads(client);
+  const made = await th.create({ name: "n" });
+  await th.create();
+  await th.list({ limit: 5 });
+  await th.list();
+  await th.get(made.id);
+  await th.rename(made.id, "m");
+  await th.delete(made.id);
+  for (const scope of [sb.memory, memory(client)]) {
+    const m = await scope.add("text", { category: "notes", metadata: { k: "v" } });
+    await scope.add("text");
+    await scope.search("query", { limit: 5, category: "notes" });
+    await scope.search("query");
+    await scope.list({ category: "notes", limit: 1500 });
+    await scope.list();
+    await scope.get(m.id);
+    await scope.delete(m.id);
+  }
   // A run without a sandbox (the required-only answers) has none to give.
   if (run.info.sandboxId !== null) await run.sandbox();
   await sb.kill();

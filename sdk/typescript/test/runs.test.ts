@@ -17,8 +17,7 @@ import { createServer, connect, type Socket } from "node:net";
 import { test } from "node:test";
 
 import { InvalidArgumentError, NotFoundError, Run, TimeoutError, type ClientOptions, type RunEvent, type Validate } from "sandcell";
-import { startDaemon, startScriptedModel, type ScriptedModel } from "./daemon.js";
-import { collect } from "./helpers.js";
+import { collect, withAgent } from "./helpers.js";
 
 const MODEL = "openai/test-model";
 const TASK = "Set x to 21 in Python, then print x * 2.";
@@ -30,21 +29,6 @@ function code(source: string): unknown {
 
 /** Set x, double it (the kernel keeps x), answer. */
 const DOUBLING = [code("x = 21"), code("print(x * 2)"), { text: "the answer is 42" }];
-
-/** Runs `fn` with a scripted model serving `script` and a daemon pointed at it; stops both after. */
-async function withAgent<T>(script: unknown[], fn: (client: ClientOptions, model: ScriptedModel) => Promise<T>): Promise<T> {
-  const model = await startScriptedModel(script);
-  try {
-    const daemon = await startDaemon({ env: { OPENAI_BASE_URL: model.baseUrl, OPENAI_API_KEY: "sk-test" } });
-    try {
-      return await fn({ apiUrl: daemon.url, apiKey: daemon.key }, model);
-    } finally {
-      await daemon.stop();
-    }
-  } finally {
-    await model.stop();
-  }
-}
 
 /** The events are numbered from `first` without a gap, and the last is `run_finished`. */
 function contiguous(events: RunEvent[], first = 1): void {

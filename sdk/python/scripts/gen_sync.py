@@ -36,6 +36,8 @@ RENAMES = {
     "AsyncFiles": "Files",
     "AsyncRuns": "Runs",
     "AsyncRun": "Run",
+    "AsyncThreads": "Threads",
+    "AsyncMemories": "Memories",
     "AsyncTerminal": "Terminal",
     "AsyncTransport": "SyncTransport",
     "AsyncIterator": "Iterator",

@@ -241,6 +241,8 @@ SB = "sb-0123456789ab"
 RUN = "run-0123456789abcdef"
 SNAP = "snap-0123456789ab"
 EXPORT = "exp-0123456789ab"
+THREAD = "th-0123456789abcdef"
+MEMORY = "mem-0123456789abcdef"
 AUTO = AutoSnapshot(interval_secs=60, keep=2, before_reclaim=True)
 
 
@@ -365,6 +367,9 @@ def every_call() -> Iterator[tuple[str, _api.Call[Any] | _api.StreamCall[Any]]]:
             budgets=every_budget,
             keep_sandbox=True,
             validate=_models.Validate("python3 -m pytest -q", timeout_s=30.5, max_attempts=2),
+            snapshots="every_step",
+            keep_snapshots=True,
+            thread_id=THREAD,
         ),
     )
     yield (
@@ -379,6 +384,9 @@ def every_call() -> Iterator[tuple[str, _api.Call[Any] | _api.StreamCall[Any]]]:
             budgets={"max_iterations": 3, "timeout_secs": 30.0},
             keep_sandbox=False,
             validate={"command": "test -f done.txt", "max_attempts": 3},
+            snapshots=None,
+            keep_snapshots=False,
+            thread_id=None,
         ),
     )
     yield (
@@ -393,6 +401,9 @@ def every_call() -> Iterator[tuple[str, _api.Call[Any] | _api.StreamCall[Any]]]:
             budgets=None,
             keep_sandbox=False,
             validate="true",
+            snapshots="off",
+            keep_snapshots=False,
+            thread_id=None,
         ),
     )
     yield "get_run", _api.get_run(RUN)
@@ -401,6 +412,51 @@ def every_call() -> Iterator[tuple[str, _api.Call[Any] | _api.StreamCall[Any]]]:
     yield "run_event_list", _api.run_event_list(RUN, 3)
     yield "follow_run", _api.follow_run(RUN, after=3)
     yield "follow_run", _api.follow_run(RUN, last_event_id=7)
+    yield "resume_run", _api.resume_run(RUN)
+    yield (
+        "fork_run",
+        _api.fork_run(
+            RUN,
+            from_step=2,
+            task="go on",
+            model="openai/m",
+            budgets=every_budget,
+            validate=_models.Validate("true", timeout_s=5, max_attempts=1),
+            keep_sandbox=True,
+            wait=True,
+        ),
+    )
+    yield (
+        "fork_run",
+        _api.fork_run(
+            RUN,
+            from_step=1,
+            task=None,
+            model=None,
+            budgets=None,
+            validate=None,
+            keep_sandbox=False,
+            wait=False,
+        ),
+    )
+    yield "step_sandbox", _api.step_sandbox(RUN, 3)
+    yield "create_thread", _api.create_thread("work")
+    yield "create_thread", _api.create_thread(None)
+    yield "list_threads", _api.list_threads(10)
+    yield "get_thread", _api.get_thread(THREAD)
+    yield "rename_thread", _api.rename_thread(THREAD, "renamed")
+    yield "delete_thread", _api.delete_thread(THREAD)
+    # Both scopes: a sandbox's memories and the owner's own.
+    for scope in (SB, None):
+        yield (
+            "add_memory",
+            _api.add_memory(scope, "remember", category="notes", metadata={"k": "v"}),
+        )
+        yield "add_memory", _api.add_memory(scope, "remember", category=None, metadata=None)
+        yield "search_memories", _api.search_memories(scope, "words", limit=5, category="notes")
+        yield "list_memories", _api.list_memories(scope, limit=5, cursor="12", category="notes")
+        yield "get_memory", _api.get_memory(scope, MEMORY)
+        yield "delete_memory", _api.delete_memory(scope, MEMORY)
 
 
 CALLS = list(every_call())
@@ -550,6 +606,11 @@ MODELS = [
     Model(_models.ExecutionDone, "CodeDoneInfo"),
     Model(_models.Execution, "CodeResult", renamed={"results": "outputs"}),
     Model(_models.RunInfo, "RunInfo"),
+    Model(_models.ForkedFrom, "ForkedFrom"),
+    Model(_models.StepSandbox, "StepSandbox"),
+    Model(_models.ThreadInfo, "ThreadInfo"),
+    Model(_models.Memory, "Memory"),
+    Model(_models.MemoryList, "MemoryList"),
     Model(_models.RunUsage, "RunUsage"),
     Model(_models.Budgets, "Budgets"),
     # Read from `run_started`'s `validate`, as sent (the schema of StartRun.validate).

@@ -17,20 +17,24 @@ import pytest
 from sandcell import (
     AsyncCommands,
     AsyncFiles,
+    AsyncMemories,
     AsyncProcess,
     AsyncRun,
     AsyncRuns,
     AsyncSandbox,
     AsyncSandcell,
     AsyncTerminal,
+    AsyncThreads,
     Commands,
     Files,
+    Memories,
     Process,
     Run,
     Runs,
     Sandbox,
     Sandcell,
     Terminal,
+    Threads,
 )
 from sandcell._http import AsyncTransport, SyncTransport
 
@@ -56,6 +60,8 @@ TWINS = [
     (Files, AsyncFiles),
     (Runs, AsyncRuns),
     (Run, AsyncRun),
+    (Threads, AsyncThreads),
+    (Memories, AsyncMemories),
     (Terminal, AsyncTerminal),
     (SyncTransport, AsyncTransport),
 ]

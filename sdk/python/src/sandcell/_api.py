@@ -28,6 +28,8 @@ from ._models import (
     ExportInfo,
     FileInfo,
     ImportResult,
+    Memory,
+    MemoryList,
     Metrics,
     OutputEvent,
     ProcessInfo,
@@ -37,6 +39,9 @@ from ._models import (
     RunInfo,
     SandboxInfo,
     SnapshotInfo,
+    SnapshotPolicy,
+    StepSandbox,
+    ThreadInfo,
     Validate,
     Variables,
 )
@@ -742,14 +747,11 @@ def start_run(
     budgets: Budgets | Mapping[str, float | None] | None,
     keep_sandbox: bool,
     validate: str | Validate | Mapping[str, Any] | None,
+    snapshots: SnapshotPolicy | None,
+    keep_snapshots: bool,
+    thread_id: str | None,
 ) -> Call[RunInfo]:
     """`POST /v1/runs` (answered at once, the run going on in the background)."""
-    if isinstance(budgets, Mapping):
-        unknown = sorted(set(budgets) - {f.name for f in fields(Budgets)})
-        if unknown:
-            raise ValueError(f"unknown budgets {unknown}: the limits are the fields of Budgets")
-        budgets = Budgets.from_json(dict(budgets))
-    limits = budgets.to_json() if budgets is not None else None
     check = _validate(validate)
     body = _drop_none(
         {
@@ -759,12 +761,27 @@ def start_run(
             "sandbox_id": sandbox_id,
             "template": template,
             "context": context,
-            "budgets": limits or None,
+            "budgets": _budgets(budgets),
             "keep_sandbox": keep_sandbox or None,
             "validate": check.to_json() if check is not None else None,
+            "snapshots": snapshots,
+            "keep_snapshots": keep_snapshots or None,
+            "thread_id": thread_id,
         }
     )
     return Call("POST", "/v1/runs", _run_info, json=body)
+
+
+def _budgets(budgets: Budgets | Mapping[str, float | None] | None) -> dict[str, Any] | None:
+    """A run's `budgets` as sent (None when no limit is set): a mapping must name fields of
+    `Budgets`, so that a misspelt limit is not silently the default."""
+    if isinstance(budgets, Mapping):
+        unknown = sorted(set(budgets) - {f.name for f in fields(Budgets)})
+        if unknown:
+            raise ValueError(f"unknown budgets {unknown}: the limits are the fields of Budgets")
+        budgets = Budgets.from_json(dict(budgets))
+    limits = budgets.to_json() if budgets is not None else None
+    return limits or None
 
 
 def _validate(validate: str | Validate | Mapping[str, Any] | None) -> Validate | None:
@@ -805,6 +822,57 @@ def cancel_run(run_id: str) -> Call[RunInfo]:
     return Call("POST", _run(run_id, "/cancel"), _run_info)
 
 
+def resume_run(run_id: str) -> Call[RunInfo]:
+    """`POST /v1/runs/{run_id}/resume`: answered at once, the run going on in the background."""
+    return Call("POST", _run(run_id, "/resume"), _run_info)
+
+
+def fork_run(
+    run_id: str,
+    *,
+    from_step: int,
+    task: str | None,
+    model: str | None,
+    budgets: Budgets | Mapping[str, float | None] | None,
+    validate: str | Validate | Mapping[str, Any] | None,
+    keep_sandbox: bool,
+    wait: bool,
+) -> Call[RunInfo]:
+    """`POST /v1/runs/{run_id}/fork`: answered once the fork's sandbox is restored (no read
+    timeout, as for a snapshot's fork), or with `wait` once the fork has ended (its own
+    budgets bound it)."""
+    check = _validate(validate)
+    body = _drop_none(
+        {
+            "from_step": from_step,
+            "task": task,
+            "model": model,
+            "budgets": _budgets(budgets),
+            "validate": check.to_json() if check is not None else None,
+            "keep_sandbox": keep_sandbox or None,
+            "wait": wait or None,
+        }
+    )
+    return Call(
+        "POST",
+        _run(run_id, "/fork"),
+        _run_info,
+        json=body,
+        read_timeout=None,
+    )
+
+
+def step_sandbox(run_id: str, step: int) -> Call[StepSandbox]:
+    """`POST /v1/runs/{run_id}/steps/{step}/sandbox` (a restore: no read timeout, as for
+    snapshots)."""
+    return Call(
+        "POST",
+        _run(run_id, f"/steps/{step}/sandbox"),
+        lambda r: StepSandbox.from_json(r.json()),
+        read_timeout=None,
+    )
+
+
 # Most events one `format=json` answer holds (the route's own cap).
 RUN_EVENTS_PAGE = 1000
 
@@ -842,6 +910,115 @@ def follow_run(run_id: str, *, after: int = 0, last_event_id: int | None = None)
         params=[("after", str(after))] if after else [],
         headers=headers,
     )
+
+
+# --- threads ----------------------------------------------------------------------------
+
+
+def _thread(thread_id: str) -> str:
+    return f"/v1/threads/{quote(thread_id, safe='')}"
+
+
+def _thread_info(r: httpx.Response) -> ThreadInfo:
+    return ThreadInfo.from_json(r.json())
+
+
+def create_thread(name: str | None) -> Call[ThreadInfo]:
+    """`POST /v1/threads`."""
+    return Call("POST", "/v1/threads", _thread_info, json=_drop_none({"name": name}))
+
+
+def list_threads(limit: int | None) -> Call[list[ThreadInfo]]:
+    """`GET /v1/threads`: the most recently used first."""
+    return Call(
+        "GET",
+        "/v1/threads",
+        lambda r: [ThreadInfo.from_json(t) for t in r.json()["threads"]],
+        params=[("limit", str(limit))] if limit is not None else [],
+    )
+
+
+def get_thread(thread_id: str) -> Call[ThreadInfo]:
+    """`GET /v1/threads/{thread_id}`."""
+    return Call("GET", _thread(thread_id), _thread_info)
+
+
+def rename_thread(thread_id: str, name: str) -> Call[ThreadInfo]:
+    """`PATCH /v1/threads/{thread_id}`."""
+    return Call("PATCH", _thread(thread_id), _thread_info, json={"name": name})
+
+
+def delete_thread(thread_id: str) -> Call[None]:
+    """`DELETE /v1/threads/{thread_id}` (its sandbox goes with it; its runs stay)."""
+    return Call("DELETE", _thread(thread_id), _nothing)
+
+
+# --- memories ---------------------------------------------------------------------------
+
+
+def _memories(sandbox_id: str | None, rest: str = "") -> str:
+    """A sandbox's memories (`/v1/sandboxes/{id}/memories…`), or with None the caller's own
+    (`/v1/memories…`)."""
+    if sandbox_id is None:
+        return f"/v1/memories{rest}"
+    return _sb(sandbox_id, f"/memories{rest}")
+
+
+def _memory(r: httpx.Response) -> Memory:
+    return Memory.from_json(r.json())
+
+
+def add_memory(
+    sandbox_id: str | None, text: str, *, category: str | None, metadata: Mapping[str, str] | None
+) -> Call[Memory]:
+    """`POST /v1/sandboxes/{id}/memories` or `POST /v1/memories`."""
+    body = _drop_none(
+        {"text": text, "category": category, "metadata": dict(metadata) if metadata else None}
+    )
+    return Call("POST", _memories(sandbox_id), _memory, json=body)
+
+
+def search_memories(
+    sandbox_id: str | None, query: str, *, limit: int | None, category: str | None
+) -> Call[list[Memory]]:
+    """`GET …/memories/search`: the best match first, each with its `score`."""
+    params = [("q", query)]
+    if limit is not None:
+        params.append(("limit", str(limit)))
+    if category is not None:
+        params.append(("category", category))
+    return Call(
+        "GET",
+        _memories(sandbox_id, "/search"),
+        lambda r: [Memory.from_json(m) for m in r.json()["memories"]],
+        params=params,
+    )
+
+
+def list_memories(
+    sandbox_id: str | None, *, limit: int | None, cursor: str | None, category: str | None
+) -> Call[MemoryList]:
+    """`GET …/memories`: one page, newest first, and the cursor of the next."""
+    params = []
+    if limit is not None:
+        params.append(("limit", str(limit)))
+    if cursor:
+        params.append(("cursor", cursor))
+    if category is not None:
+        params.append(("category", category))
+    return Call(
+        "GET", _memories(sandbox_id), lambda r: MemoryList.from_json(r.json()), params=params
+    )
+
+
+def get_memory(sandbox_id: str | None, memory_id: str) -> Call[Memory]:
+    """`GET …/memories/{memory_id}` (without a sandbox: any of the caller's memories)."""
+    return Call("GET", _memories(sandbox_id, f"/{quote(memory_id, safe='')}"), _memory)
+
+
+def delete_memory(sandbox_id: str | None, memory_id: str) -> Call[None]:
+    """`DELETE …/memories/{memory_id}` (without a sandbox: any of the caller's memories)."""
+    return Call("DELETE", _memories(sandbox_id, f"/{quote(memory_id, safe='')}"), _nothing)
 
 
 def check_status(resp: httpx.Response) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import base64
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field, fields
 from typing import Any, Literal
 
@@ -753,6 +753,12 @@ class CodeCallbacks:
 # --- agent runs ---------------------------------------------------------------------------
 
 
+SnapshotPolicy = Literal["on_mutation", "every_step", "off"]
+"""When a run snapshots its sandbox at the end of a step: `on_mutation` (the daemon's default:
+after steps that ran code, a command, an import, …), `every_step`, or `off` (then the run
+cannot be resumed, forked or opened at a step with its sandbox's state)."""
+
+
 @dataclass
 class Budgets:
     """A run's limits. Asked for at start (each field left None takes the daemon's default,
@@ -841,10 +847,25 @@ class RunUsage:
 
 
 @dataclass
+class ForkedFrom:
+    """Where a forked run's history comes from: the original run and the last of its steps
+    the fork's history holds."""
+
+    run_id: str
+    step: int
+
+    @classmethod
+    def from_json(cls, d: JsonDict) -> ForkedFrom:
+        """Parses a run's `forked_from`."""
+        return cls(run_id=d["run_id"], step=int(d["step"]))
+
+
+@dataclass
 class RunInfo:
     """An agent run's record: `status` is `running`, `succeeded`, `failed` or `cancelled`;
     `reason` says why it ended (`final`, `text`, `forced`, `validated`, `validation_failed`,
-    `budget:<which>`, `timeout`, `cancelled`, `provider_error`, `error`, `interrupted`)."""
+    `budget:<which>`, `timeout`, `cancelled`, `provider_error`, `error`, `interrupted`);
+    `forked_from` is set on a fork (`runs.fork`)."""
 
     id: str
     status: str
@@ -861,6 +882,7 @@ class RunInfo:
     sandbox_id: str | None = None
     parent_id: str | None = None
     ended_at: str | None = None
+    forked_from: ForkedFrom | None = None
 
     @classmethod
     def from_json(cls, d: JsonDict) -> RunInfo:
@@ -881,6 +903,7 @@ class RunInfo:
             sandbox_id=d.get("sandbox_id"),
             parent_id=d.get("parent_id"),
             ended_at=d.get("ended_at"),
+            forked_from=ForkedFrom.from_json(d["forked_from"]) if d.get("forked_from") else None,
         )
 
     @property
@@ -928,3 +951,112 @@ class RunEvent:
     def get(self, key: str, default: Any = None) -> Any:
         """A field of the event, or `default`."""
         return self.data.get(key, default)
+
+
+@dataclass
+class StepSandbox:
+    """A new sandbox as a run's sandbox was at the end of one of its steps (`runs.step_sandbox`):
+    restored from `snapshot_id`, the newest step snapshot at or before that step (taken at
+    `snapshot_step`: the steps between changed nothing); `not_carried` says what the snapshot
+    could not hold (running processes, variables that could not be saved)."""
+
+    sandbox_id: str
+    snapshot_id: str
+    snapshot_step: int
+    not_carried: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, d: JsonDict) -> StepSandbox:
+        """Parses a `StepSandbox` answer."""
+        return cls(
+            sandbox_id=d["sandbox_id"],
+            snapshot_id=d["snapshot_id"],
+            snapshot_step=int(d["snapshot_step"]),
+            not_carried=[str(n) for n in d.get("not_carried") or []],
+        )
+
+
+# --- threads ------------------------------------------------------------------------------
+
+
+@dataclass
+class ThreadInfo:
+    """A thread: a conversation that persists across runs (each run on it sees the ones
+    before), in one sandbox (`sandbox_id`, None until its first run)."""
+
+    id: str
+    name: str
+    runs: int
+    created_at: str
+    updated_at: str
+    sandbox_id: str | None = None
+    last_run_id: str | None = None
+
+    @classmethod
+    def from_json(cls, d: JsonDict) -> ThreadInfo:
+        """Parses a `ThreadInfo` answer."""
+        return cls(
+            id=d["id"],
+            name=d.get("name", ""),
+            runs=int(d.get("runs", 0)),
+            created_at=d.get("created_at", ""),
+            updated_at=d.get("updated_at", ""),
+            sandbox_id=d.get("sandbox_id"),
+            last_run_id=d.get("last_run_id"),
+        )
+
+
+# --- memories -----------------------------------------------------------------------------
+
+
+@dataclass
+class Memory:
+    """A remembered text: a sandbox's (`scope` `sandbox`, `sandbox_id` says which) or its
+    owner's (`owner`). `score` is set in search results only: how well it matched (bm25,
+    higher is better, comparable within one search)."""
+
+    id: str
+    scope: str
+    text: str
+    category: str
+    created_at: str
+    metadata: dict[str, str] = field(default_factory=dict)
+    sandbox_id: str | None = None
+    score: float | None = None
+
+    @classmethod
+    def from_json(cls, d: JsonDict) -> Memory:
+        """Parses a `Memory` answer."""
+        return cls(
+            id=d["id"],
+            scope=d.get("scope", ""),
+            text=d.get("text", ""),
+            category=d.get("category", ""),
+            created_at=d.get("created_at", ""),
+            metadata=_strs(d.get("metadata")),
+            sandbox_id=d.get("sandbox_id"),
+            score=d.get("score"),
+        )
+
+
+@dataclass
+class MemoryList:
+    """One page of a memory listing, newest first; `next_cursor` (None on the last page) is
+    the `cursor` of the next. Iterating it gives its memories."""
+
+    memories: list[Memory]
+    next_cursor: str | None = None
+
+    @classmethod
+    def from_json(cls, d: JsonDict) -> MemoryList:
+        """Parses a `MemoryList` answer."""
+        return cls(
+            memories=[Memory.from_json(m) for m in d.get("memories") or []],
+            next_cursor=d.get("next_cursor"),
+        )
+
+    def __iter__(self) -> Iterator[Memory]:
+        return iter(self.memories)
+
+    def __len__(self) -> int:
+        return len(self.memories)

@@ -33,6 +33,8 @@ from ._models import (
     ExportInfo,
     FileInfo,
     ImportResult,
+    Memory,
+    MemoryList,
     Metrics,
     Offsets,
     OutputEvent,
@@ -44,6 +46,9 @@ from ._models import (
     RunOnceResult,
     SandboxInfo,
     SnapshotInfo,
+    SnapshotPolicy,
+    StepSandbox,
+    ThreadInfo,
     Validate,
     Variables,
 )
@@ -78,7 +83,13 @@ class Sandcell:
         self.config = config
         self._http = SyncTransport(config)
         self.runs = Runs(self)
-        """Agent runs: `start`, `run`, `get`, `list`."""
+        """Agent runs: `start`, `run`, `get`, `list`, `resume`, `fork`, `step_sandbox`."""
+        self.threads = Threads(self)
+        """Threads, conversations that persist across runs: `create`, `list`, `get`,
+        `rename`, `delete`."""
+        self.memory = Memories(self, None)
+        """The caller's own memories (not of any sandbox): `add`, `search`, `list`, `get`,
+        `delete`; `get` and `delete` reach a sandbox's memories too."""
 
     @classmethod
     def _from_config(cls, config: Config) -> Sandcell:
@@ -169,6 +180,9 @@ class Sandbox:
         self.files = Files(self)
         """Files under E2B's names: `write`, `read`, `list`, `get_info`, `exists`, `make_dir`,
         `remove`, `rename`."""
+        self.memory = Memories(client, info.id)
+        """The sandbox's memories: `add`, `search`, `list`, `get`, `delete` (a sandbox made
+        from a snapshot starts with those its origin had then)."""
 
     def __repr__(self) -> str:
         return f"<Sandbox {self.id} {self.info.state} template={self.info.template}>"
@@ -969,6 +983,9 @@ class Runs:
         budgets: Budgets | Mapping[str, float | None] | None = None,
         keep_sandbox: bool = False,
         validate: str | Validate | Mapping[str, Any] | None = None,
+        snapshots: SnapshotPolicy | None = None,
+        keep_snapshots: bool = False,
+        thread_id: str | None = None,
     ) -> Run:
         """Starts a run and returns at once (it goes on in the daemon). `model` is
         `provider/model` (default: the daemon's `agent.model`); `sandbox` runs it in an
@@ -977,7 +994,13 @@ class Runs:
         `validate` checks the model's final answer with a command run in that sandbox (a
         command, or a `Validate` / mapping with `command`, `timeout_s`, `max_attempts`): exit 0
         ends the run `validated`, anything else goes back to the model, until the attempts are
-        spent (`validation_failed`)."""
+        spent (`validation_failed`). `snapshots` says when the run snapshots its sandbox at the
+        end of a step (`on_mutation`, `every_step`, `off`; default the daemon's
+        `agent.step_snapshots`), what a resume, a fork or `step_sandbox` starts from;
+        `keep_snapshots` keeps them all when the run ends (else only the last one and those in
+        use stay), so that it can be forked from any step later. `thread_id` runs it on a
+        thread (`threads.create`): the model sees the thread's earlier conversation and works
+        in the thread's sandbox."""
         sandbox_id = sandbox.id if isinstance(sandbox, Sandbox) else sandbox
         info = self._client._http.call(
             _api.start_run(
@@ -990,6 +1013,9 @@ class Runs:
                 budgets=budgets,
                 keep_sandbox=keep_sandbox,
                 validate=validate,
+                snapshots=snapshots,
+                keep_snapshots=keep_snapshots,
+                thread_id=thread_id,
             )
         )
         return Run(info, self._client)
@@ -1006,6 +1032,9 @@ class Runs:
         budgets: Budgets | Mapping[str, float | None] | None = None,
         keep_sandbox: bool = False,
         validate: str | Validate | Mapping[str, Any] | None = None,
+        snapshots: SnapshotPolicy | None = None,
+        keep_snapshots: bool = False,
+        thread_id: str | None = None,
         timeout: float | None = None,
     ) -> RunInfo:
         """`start(…)`, then `wait(timeout)`: the run as it ended (a run that fails or is
@@ -1020,6 +1049,9 @@ class Runs:
             budgets=budgets,
             keep_sandbox=keep_sandbox,
             validate=validate,
+            snapshots=snapshots,
+            keep_snapshots=keep_snapshots,
+            thread_id=thread_id,
         )
         return started.wait(timeout)
 
@@ -1031,6 +1063,146 @@ class Runs:
         """This key's runs, newest first (at most `limit`, 1 to 1000; the daemon's default
         is 100)."""
         return self._client._http.call(_api.list_runs(limit))
+
+    def resume(self, run_id: str) -> RunInfo:
+        """Takes up a run a stopped process left unfinished (`running` with no process, or
+        `failed` with reason `interrupted`): it goes on from its last committed step, its
+        sandbox restored from that step's snapshot when the next step had started to change
+        it. Answers at once (follow it with `get(run_id)`); a run going on, one that ended,
+        a sub-run or a repl-mode run is a ConflictError. The daemon resumes the runs it
+        finds unfinished by itself when it starts."""
+        return self._client._http.call(_api.resume_run(run_id))
+
+    def fork(
+        self,
+        run_id: str,
+        from_step: int,
+        *,
+        task: str | None = None,
+        model: str | None = None,
+        budgets: Budgets | Mapping[str, float | None] | None = None,
+        validate: str | Validate | Mapping[str, Any] | None = None,
+        keep_sandbox: bool = False,
+        wait: bool = False,
+    ) -> Run:
+        """Starts a new run from step `from_step` of `run_id` (1 for the first; a committed
+        one): its history is the original's steps up to there and its sandbox is restored from
+        the newest step snapshot at or before it (a variable set at that step is there, one
+        set later is not); the original is never changed. `task` is a new instruction given
+        after the history (default: the model goes on with the original task); `model`,
+        `budgets`, `validate` default to the original's. A step whose snapshot was pruned when
+        the run ended is a ConflictError: start runs you mean to fork with
+        `keep_snapshots=True`. Returns once the fork's sandbox is restored (the run going on),
+        or with `wait=True` once the fork has ended."""
+        info = self._client._http.call(
+            _api.fork_run(
+                run_id,
+                from_step=from_step,
+                task=task,
+                model=model,
+                budgets=budgets,
+                validate=validate,
+                keep_sandbox=keep_sandbox,
+                wait=wait,
+            )
+        )
+        return Run(info, self._client)
+
+    def step_sandbox(self, run_id: str, step: int) -> StepSandbox:
+        """Opens a new sandbox as the run's sandbox was at the end of its committed step
+        `step` (restored from the newest step snapshot at or before it), without starting a
+        run; reach it with `Sandbox.get(made.sandbox_id)`. It is not deleted by itself."""
+        return self._client._http.call(_api.step_sandbox(run_id, step))
+
+
+class Threads:
+    """`client.threads`: conversations that persist across runs. A run started
+    with `runs.start(…, thread_id=thread.id)` sees the thread's earlier conversation (its
+    latest run's messages and answer) and works in the thread's sandbox, which no run deletes;
+    one run at a time per thread (a second is a ConflictError while the first goes on)."""
+
+    def __init__(self, client: Sandcell) -> None:
+        self._client = client
+
+    def create(self, name: str | None = None) -> ThreadInfo:
+        """Makes a thread; `name` is unique among this key's threads (default: its id; a
+        name taken is a ConflictError)."""
+        return self._client._http.call(_api.create_thread(name))
+
+    def list(self, *, limit: int | None = None) -> builtins.list[ThreadInfo]:
+        """This key's threads, the most recently used first (at most `limit`, 1 to 1000; the
+        daemon's default is 100)."""
+        return self._client._http.call(_api.list_threads(limit))
+
+    def get(self, thread_id: str) -> ThreadInfo:
+        """One thread (NotFoundError if this key has none of that id)."""
+        return self._client._http.call(_api.get_thread(thread_id))
+
+    def rename(self, thread_id: str, name: str) -> ThreadInfo:
+        """Gives a thread a new name (a name taken is a ConflictError)."""
+        return self._client._http.call(_api.rename_thread(thread_id, name))
+
+    def delete(self, thread_id: str) -> None:
+        """Deletes a thread and its sandbox; its runs and their trajectories stay (a thread
+        with a run going on is a ConflictError)."""
+        self._client._http.call(_api.delete_thread(thread_id))
+
+
+def _memory_id(memory: str | Memory) -> str:
+    return memory.id if isinstance(memory, Memory) else memory
+
+
+class Memories:
+    """`sb.memory` and `client.memory`: a sandbox's memories, or (without a
+    sandbox) the caller's own; short texts the daemon keeps and finds again by ranked
+    full-text search."""
+
+    def __init__(self, client: Sandcell, sandbox_id: str | None) -> None:
+        self._client = client
+        self.sandbox_id = sandbox_id
+        """The sandbox whose memories these are (None: the caller's own)."""
+
+    def __repr__(self) -> str:
+        return f"<Memories of {self.sandbox_id or 'the owner'}>"
+
+    def add(
+        self, text: str, *, category: str | None = None, metadata: Mapping[str, str] | None = None
+    ) -> Memory:
+        """Remembers `text` (not blank, at most 64 KiB) in `category` (lowercase letters,
+        digits, `-`, `_`, `.`; default `general`) with `metadata` (at most 64 entries); a bad
+        value is an InvalidArgumentError, a scope holding 10 000 already a LimitExceededError."""
+        return self._client._http.call(
+            _api.add_memory(self.sandbox_id, text, category=category, metadata=metadata)
+        )
+
+    def search(
+        self, query: str, *, limit: int | None = None, category: str | None = None
+    ) -> builtins.list[Memory]:
+        """The memories matching any of the words of `query` (stemmed: "deploying" finds
+        "Deploys"), the most relevant first (bm25: more of the words, and rarer ones, first),
+        each with its `score`; at most `limit` (1 to 100, default 10). `query` is only words:
+        no search syntax."""
+        return self._client._http.call(
+            _api.search_memories(self.sandbox_id, query, limit=limit, category=category)
+        )
+
+    def list(
+        self, *, limit: int | None = None, cursor: str | None = None, category: str | None = None
+    ) -> MemoryList:
+        """One page of the memories, newest first (at most `limit`, 1 to 1000, default 100);
+        pass its `next_cursor` as `cursor` for the next page (None: it was the last)."""
+        return self._client._http.call(
+            _api.list_memories(self.sandbox_id, limit=limit, cursor=cursor, category=category)
+        )
+
+    def get(self, memory: str | Memory) -> Memory:
+        """One memory by id (NotFoundError if it is not in this scope; `client.memory` reaches
+        any of the caller's memories, a sandbox's too)."""
+        return self._client._http.call(_api.get_memory(self.sandbox_id, _memory_id(memory)))
+
+    def delete(self, memory: str | Memory) -> None:
+        """Forgets a memory (NotFoundError as for `get`)."""
+        self._client._http.call(_api.delete_memory(self.sandbox_id, _memory_id(memory)))
 
 
 class Run:

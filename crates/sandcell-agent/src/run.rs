@@ -970,6 +970,16 @@ async fn sub_calls(
         None => ctx.model.clone(),
     };
     let budgets = ctx.pool.budgets().clone();
+    // A batch the sub-call budget cannot hold is refused whole, before anything is reserved
+    // (a reservation given back unused would still count as a call).
+    let used = ctx.pool.usage().sub_calls;
+    if u64::from(used) + prompts.len() as u64 > u64::from(budgets.max_sub_calls) {
+        return Ok(Ok(bad_args(&format!(
+            "the run's sub-call budget does not allow {} more ({used} of {} used): answer with what you have",
+            prompts.len(),
+            budgets.max_sub_calls
+        ))));
+    }
     // Reserve and record every call first (in order), then send them together.
     let price = ctx.llm.config().prices.get(&model).cloned();
     let mut pending = Vec::new();

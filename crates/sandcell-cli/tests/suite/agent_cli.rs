@@ -709,3 +709,64 @@ async fn a_run_remembers_and_recalls_with_the_memory_tools() {
         results[4]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_embedded_run_killed_mid_call_goes_on_with_runs_resume() {
+    let script = Script::new()
+        .turn(code_call("x = 21\nprint('SET', x)"))
+        // Step 2's first ask: the CLI is killed while it waits.
+        .turn(Turn::Fault(Fault::Slow {
+            delay_ms: 60_000,
+            then: Box::new(Turn::text("never read")),
+        }))
+        .turn(code_call("print('DOUBLE', x * 2)"))
+        .turn(Turn::text("the answer is 42"));
+    let llm = ScriptedLlm::start(script).await.expect("scripted model");
+    let home = tempfile::tempdir().expect("home");
+    let mut child = tokio::process::Command::new(BIN)
+        .args(["agent", "--json", "--model", "openai/scripted", "Double x."])
+        .env("SANDCELL_HOME", home.path())
+        .env("OPENAI_BASE_URL", llm.openai_base())
+        .env("OPENAI_API_KEY", OPENAI_KEY)
+        .env_remove("SANDCELL_API_URL")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start sandcell agent");
+    let asked = tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        while llm.requests().len() < 2 {
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+    })
+    .await;
+    assert!(asked.is_ok(), "step 2 was never asked");
+    child.kill().await.expect("kill -9 the command");
+    let listed = sandcell(&llm, home.path(), &["runs", "list", "--json"]).await;
+    assert_eq!(listed.code, 0, "{}", listed.stderr);
+    let runs: Value = serde_json::from_str(&listed.stdout).expect("runs");
+    let run = runs[0]["id"].as_str().expect("the run").to_string();
+    // Left `running` by a process that is gone (the next engine on the home marks it
+    // interrupted; `runs list` only reads the store).
+    assert_eq!(runs[0]["status"], "running", "{runs}");
+
+    let out = sandcell(&llm, home.path(), &["runs", "resume", &run, "--json"]).await;
+    assert_eq!(out.code, 0, "{}\n{}", out.stdout, out.stderr);
+    let done = out.json();
+    assert_eq!(done["run_id"], run.as_str());
+    assert_eq!(done["answer"], "the answer is 42");
+    let events = trajectory(&llm, home.path(), &run).await;
+    let seqs: Vec<u64> = events.iter().filter_map(|e| e["seq"].as_u64()).collect();
+    assert_eq!(seqs, (1..=events.len() as u64).collect::<Vec<_>>());
+    assert_eq!(of_type(&events, "resumed").len(), 1);
+    let results: Vec<&str> = of_type(&events, "tool_result")
+        .iter()
+        .filter_map(|e| e["text"].as_str())
+        .collect();
+    // x from step 1 is there: the kernel survived, or came back from step 1's snapshot.
+    assert!(
+        results.iter().any(|t| t.contains("DOUBLE 42")),
+        "{results:?}"
+    );
+    // Step 1 was asked once, step 2 twice (once unanswered), step 3 once.
+    assert_eq!(llm.requests().len(), 4);
+}

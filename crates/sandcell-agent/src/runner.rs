@@ -890,6 +890,9 @@ impl Runner {
         record.status = "running".into();
         record.reason = None;
         record.ended_at = None;
+        record.updated_at = now_ms();
+        // Running from now: whoever reads the run after this answer sees it so.
+        self.service.store.update_run(&record)?;
         let caller = Caller {
             owner: record.owner.clone(),
             key_id: "resume".into(),

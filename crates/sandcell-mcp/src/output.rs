@@ -5,6 +5,7 @@ use base64::Engine as _;
 use rmcp::model::{CallToolResult, ContentBlock};
 use sandcell_api::code::CodeResult;
 use sandcell_api::exec::ExecOutput;
+use sandcell_api::memories::{Memory, MemoryList, MemoryScope};
 use sandcell_api::runs::RunInfo;
 use sandcell_api::sandboxes::{SandboxInfo, SandboxList};
 
@@ -52,15 +53,81 @@ pub fn json_result<T: serde::Serialize>(value: &T) -> CallToolResult {
 /// Characters of one event's line in `agent_status`.
 const EVENT_LINE_LIMIT: usize = 160;
 
-/// The answer to `agent_run`: the run's id and status, and what to do next.
+/// The answer to `agent_run`, `agent_fork` and `agent_resume`: the run's id and status, where
+/// a fork's history comes from, and what to do next.
 pub fn run_started(info: &RunInfo) -> CallToolResult {
-    json_result(&serde_json::json!({
+    let mut v = serde_json::json!({
         "run_id": info.id,
         "status": info.status,
         "model": info.model,
         "sandbox_id": info.sandbox_id,
         "next": "call agent_status with this run_id to see how it goes (and its answer once it ends); agent_cancel stops it",
-    }))
+    });
+    if let Some(from) = &info.forked_from {
+        v["forked_from"] = serde_json::json!({"run_id": from.run_id, "step": from.step});
+    }
+    json_result(&v)
+}
+
+/// A memory as the tools show it: in the tools' words (`memory_id`, a `session`'s or the
+/// `owner`'s), metadata only when it has some, its score only in search results.
+fn memory_view(m: &Memory) -> serde_json::Value {
+    let mut v = serde_json::json!({
+        "memory_id": m.id,
+        "text": m.text,
+        "category": m.category,
+        "scope": match m.scope {
+            MemoryScope::Sandbox => "session",
+            MemoryScope::Owner => "owner",
+        },
+        "created_at": m.created_at,
+    });
+    if let Some(id) = &m.sandbox_id {
+        v["session_id"] = serde_json::json!(id);
+    }
+    if !m.metadata.is_empty() {
+        v["metadata"] = serde_json::json!(m.metadata);
+    }
+    if let Some(score) = m.score {
+        v["score"] = serde_json::json!(score);
+    }
+    v
+}
+
+/// The answer to `memory_add`.
+pub fn memory_added(m: &Memory) -> CallToolResult {
+    json_result(&memory_view(m))
+}
+
+/// The answer to `memory_search`: the results best first, each with its rank and score.
+pub fn memory_results(list: &MemoryList) -> CallToolResult {
+    let results: Vec<serde_json::Value> = list
+        .memories
+        .iter()
+        .enumerate()
+        .map(|(i, m)| {
+            let mut v = memory_view(m);
+            v["rank"] = serde_json::json!(i + 1);
+            v
+        })
+        .collect();
+    let mut v = serde_json::json!({"results": results});
+    if results.is_empty() {
+        v["note"] = serde_json::json!(
+            "no memory matched: search looks for the query's words (try fewer or other words), in one scope only (a session's, or your own without session_id)"
+        );
+    }
+    json_result(&v)
+}
+
+/// The answer to `memory_list`: a page newest first, and where the next one starts.
+pub fn memory_page(list: &MemoryList) -> CallToolResult {
+    let memories: Vec<serde_json::Value> = list.memories.iter().map(memory_view).collect();
+    let mut v = serde_json::json!({"memories": memories});
+    if let Some(cursor) = &list.next_cursor {
+        v["next_cursor"] = serde_json::json!(cursor);
+    }
+    json_result(&v)
 }
 
 /// The answer to `agent_status` and `agent_cancel`: the run's status, why it ended, its
@@ -326,6 +393,79 @@ mod tests {
             "message": "w".repeat(500)}));
         assert_eq!(long.chars().count(), EVENT_LINE_LIMIT + 1);
         assert!(long.ends_with('…'));
+    }
+
+    fn memory(id: &str, sandbox: Option<&str>, score: Option<f64>) -> Memory {
+        Memory {
+            id: id.into(),
+            scope: if sandbox.is_some() {
+                MemoryScope::Sandbox
+            } else {
+                MemoryScope::Owner
+            },
+            sandbox_id: sandbox.map(str::to_string),
+            text: format!("text of {id}"),
+            category: "general".into(),
+            metadata: std::collections::BTreeMap::new(),
+            created_at: "2026-01-01T00:00:00.000Z".into(),
+            score,
+        }
+    }
+
+    fn json_of(r: &CallToolResult) -> serde_json::Value {
+        let Some(ContentBlock::Text(t)) = r.content.first() else {
+            panic!("no text: {r:?}");
+        };
+        serde_json::from_str(&t.text).unwrap()
+    }
+
+    #[test]
+    fn search_results_keep_their_order_with_ranks_scores_and_the_tools_words() {
+        let list = MemoryList {
+            memories: vec![
+                memory("mem-a", Some("sb-1"), Some(2.5)),
+                memory("mem-b", Some("sb-1"), Some(0.5)),
+            ],
+            next_cursor: None,
+        };
+        let v = json_of(&memory_results(&list));
+        assert_eq!(v["results"][0]["memory_id"], "mem-a");
+        assert_eq!(
+            (&v["results"][0]["rank"], &v["results"][1]["rank"]),
+            (&serde_json::json!(1), &serde_json::json!(2))
+        );
+        assert_eq!(v["results"][0]["score"], 2.5);
+        assert_eq!(v["results"][1]["scope"], "session");
+        assert_eq!(v["results"][1]["session_id"], "sb-1");
+        // No metadata: none shown; the API's own names are not.
+        assert!(v["results"][0].get("metadata").is_none());
+        assert!(v["results"][0].get("sandbox_id").is_none());
+        assert!(v.get("note").is_none());
+        let none = json_of(&memory_results(&MemoryList {
+            memories: vec![],
+            next_cursor: None,
+        }));
+        assert!(
+            none["note"]
+                .as_str()
+                .unwrap()
+                .starts_with("no memory matched")
+        );
+    }
+
+    #[test]
+    fn a_page_says_where_the_next_one_starts_and_an_owners_memory_has_no_session() {
+        let page = json_of(&memory_page(&MemoryList {
+            memories: vec![memory("mem-a", None, None)],
+            next_cursor: Some("17".into()),
+        }));
+        assert_eq!(page["next_cursor"], "17");
+        let m = &page["memories"][0];
+        assert_eq!(m["scope"], "owner");
+        assert!(
+            m.get("session_id").is_none() && m.get("score").is_none(),
+            "{m}"
+        );
     }
 
     #[test]

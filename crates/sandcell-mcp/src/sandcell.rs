@@ -13,13 +13,15 @@ use sandcell_api::code::{
     CodeInput, CodeResult, ContextView, SetVariables, VariableNames, VariablesView,
 };
 use sandcell_api::exec::{ExecInput, ExecOutput};
-use sandcell_api::runs::{RunInfo, StartRun};
+use sandcell_api::memories::{AddMemory, ListMemories, Memory, MemoryList, SearchMemories};
+use sandcell_api::runs::{ForkRun, RunInfo, StartRun};
 use sandcell_api::sandboxes::{CreateSandbox, SandboxInfo, SandboxList};
 use sandcell_api::snapshots::{
     CreateSnapshot, ForkResult, ForkSnapshot, SnapshotInfo, SnapshotList,
 };
 use sandcell_api::transfer::{CreateExport, ExportInfo, ExportList, ImportRequest, ImportResult};
 use sandcell_client::{Client, ClientError, Method};
+use sandcell_service::memory::Scope;
 use sandcell_service::{Caller, Service, ServiceError};
 use serde_json::Value;
 
@@ -101,6 +103,11 @@ fn take(head: &mut FileHead, chunk: &[u8], limit: usize) {
     head.size += chunk.len() as u64;
 }
 
+/// The memories a call works on: a sandbox's, or the caller's own.
+fn scope(sandbox: Option<&SandboxId>) -> Scope<'_> {
+    sandbox.map_or(Scope::Owner, Scope::Sandbox)
+}
+
 /// The operations the tools call, each acting as one caller (the transport's).
 #[async_trait]
 pub trait Sandcell: Send + Sync {
@@ -171,6 +178,26 @@ pub trait Sandcell: Send + Sync {
     async fn last_run_events(&self, run_id: &str, n: u32) -> CallResult<Vec<Value>>;
     /// Cancels a run; its ended record.
     async fn cancel_run(&self, run_id: &str) -> CallResult<RunInfo>;
+    /// A new run from one of a run's committed steps (answers at once unless `req.wait`).
+    async fn fork_run(&self, run_id: &str, req: ForkRun) -> CallResult<RunInfo>;
+    /// Takes up a run a stopped process left unfinished; answers at once.
+    async fn resume_run(&self, run_id: &str) -> CallResult<RunInfo>;
+    /// Remembers something for a sandbox (`Some`) or for the caller as an owner (`None`).
+    async fn add_memory(&self, sandbox: Option<&SandboxId>, req: AddMemory) -> CallResult<Memory>;
+    /// A scope's memories matching the query's words, most relevant first, with scores.
+    async fn search_memories(
+        &self,
+        sandbox: Option<&SandboxId>,
+        req: SearchMemories,
+    ) -> CallResult<MemoryList>;
+    /// A page of a scope's memories, newest first.
+    async fn list_memories(
+        &self,
+        sandbox: Option<&SandboxId>,
+        req: ListMemories,
+    ) -> CallResult<MemoryList>;
+    /// Forgets any memory of the caller's, a sandbox's included (its id names it).
+    async fn delete_memory(&self, memory_id: &str) -> CallResult<()>;
     /// The base URL clients outside this process can reach (for download links), if any.
     fn public_base(&self) -> Option<String>;
 }
@@ -361,6 +388,44 @@ impl Sandcell for InProcess {
         Ok(self.runner()?.cancel(&self.caller, run_id).await?)
     }
 
+    async fn fork_run(&self, run_id: &str, req: ForkRun) -> CallResult<RunInfo> {
+        Ok(self.runner()?.fork(&self.caller, run_id, req).await?)
+    }
+
+    async fn resume_run(&self, run_id: &str) -> CallResult<RunInfo> {
+        Ok(self.runner()?.resume(&self.caller, run_id, false).await?)
+    }
+
+    async fn add_memory(&self, sandbox: Option<&SandboxId>, req: AddMemory) -> CallResult<Memory> {
+        Ok(self.service.add_memory(&self.caller, scope(sandbox), req)?)
+    }
+
+    async fn search_memories(
+        &self,
+        sandbox: Option<&SandboxId>,
+        req: SearchMemories,
+    ) -> CallResult<MemoryList> {
+        Ok(self
+            .service
+            .search_memories(&self.caller, scope(sandbox), req)?)
+    }
+
+    async fn list_memories(
+        &self,
+        sandbox: Option<&SandboxId>,
+        req: ListMemories,
+    ) -> CallResult<MemoryList> {
+        Ok(self
+            .service
+            .list_memories(&self.caller, scope(sandbox), req)?)
+    }
+
+    async fn delete_memory(&self, memory_id: &str) -> CallResult<()> {
+        Ok(self
+            .service
+            .delete_memory(&self.caller, Scope::Owner, memory_id)?)
+    }
+
     /// None: links are made from the MCP request's own Host when it came over HTTP.
     fn public_base(&self) -> Option<String> {
         None
@@ -523,6 +588,48 @@ impl Sandcell for Remote {
 
     async fn cancel_run(&self, run_id: &str) -> CallResult<RunInfo> {
         Ok(self.client.cancel_run(run_id).await?)
+    }
+
+    async fn fork_run(&self, run_id: &str, req: ForkRun) -> CallResult<RunInfo> {
+        Ok(self.client.fork_run(run_id, &req).await?)
+    }
+
+    async fn resume_run(&self, run_id: &str) -> CallResult<RunInfo> {
+        Ok(self.client.resume_run(run_id).await?)
+    }
+
+    async fn add_memory(&self, sandbox: Option<&SandboxId>, req: AddMemory) -> CallResult<Memory> {
+        Ok(self
+            .client
+            .add_memory(sandbox.map(SandboxId::as_str), &req)
+            .await?)
+    }
+
+    async fn search_memories(
+        &self,
+        sandbox: Option<&SandboxId>,
+        req: SearchMemories,
+    ) -> CallResult<MemoryList> {
+        Ok(self
+            .client
+            .search_memories(sandbox.map(SandboxId::as_str), &req)
+            .await?)
+    }
+
+    async fn list_memories(
+        &self,
+        sandbox: Option<&SandboxId>,
+        req: ListMemories,
+    ) -> CallResult<MemoryList> {
+        Ok(self
+            .client
+            .memories(sandbox.map(SandboxId::as_str), &req)
+            .await?)
+    }
+
+    async fn delete_memory(&self, memory_id: &str) -> CallResult<()> {
+        // Without a sandbox the route takes any of the caller's memories.
+        Ok(self.client.delete_memory(None, memory_id).await?)
     }
 
     fn public_base(&self) -> Option<String> {

@@ -1,6 +1,6 @@
 //! The MCP tools: sessions (sandboxes), code in live kernels, terminal commands, variables,
-//! files in and out, pause/resume, snapshots and forks, and agent runs (start, status,
-//! cancel). Each tool is one or a few typed
+//! files in and out, pause/resume, snapshots and forks, memories (add, search, list,
+//! delete), and agent runs (start, status, cancel, fork, resume). Each tool is one or a few typed
 //! operations of a [`Sandcell`]; every failure comes back as a tool error (`isError`) with the
 //! service's code and message.
 
@@ -19,7 +19,10 @@ use rmcp::{ErrorData, RoleServer, ServerHandler, tool, tool_router};
 use sandcell_agent::Runner;
 use sandcell_api::code::{CodeInput, ContextView, SetVariables};
 use sandcell_api::exec::ExecInput;
-use sandcell_api::runs::{BudgetsInput, StartRun, Validate};
+use sandcell_api::memories::{
+    AddMemory, Category, ListMemories, MemoryQuery, MemoryText, SearchMemories,
+};
+use sandcell_api::runs::{BudgetsInput, ForkRun, StartRun, Validate};
 use sandcell_api::sandboxes::{CreateSandbox, Lang, LimitsInput};
 use sandcell_api::snapshots::{CreateSnapshot, ForkSnapshot as ForkRequest};
 use sandcell_api::transfer::{CreateExport, ImportRequest};
@@ -316,6 +319,81 @@ pub struct AgentRun {
     pub validate_command: Option<String>,
     /// Answers the agent may give before a failing check ends the run (default 3, at most 10).
     pub validate_max_attempts: Option<u32>,
+    /// Keep the snapshot of every step when the run ends (default: only the last step's),
+    /// so that agent_fork can go on from any of its steps later.
+    pub keep_snapshots: Option<bool>,
+}
+
+/// `agent_fork`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AgentFork {
+    /// The run to fork (`run-…`); it is not changed.
+    pub run_id: String,
+    /// Its step to go on from (1 for the first; `agent_status` shows the steps): the fork
+    /// keeps the conversation up to the end of that step, and its session is restored from
+    /// that step's snapshot.
+    pub from_step: u32,
+    /// A new instruction for the model after that history (default: it goes on with the
+    /// original task).
+    pub task: Option<String>,
+    /// Another `provider/model` for the fork (default: the original's).
+    pub model: Option<String>,
+}
+
+/// `memory_add`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryAdd {
+    /// What to remember, in plain words (one fact per memory: search finds memories by
+    /// their words). At most 64 KiB.
+    pub text: String,
+    /// A category to filter by later: lowercase letters, digits, `-`, `_`, `.` (default
+    /// `general`).
+    pub category: Option<String>,
+    /// Name -> value pairs kept and shown with it (at most 64).
+    pub metadata: Option<BTreeMap<String, String>>,
+    /// Remember it for this session (`sb-…`): searches of that session find it, and sessions
+    /// made from its later snapshots start with it. Default: your own memory, not tied to
+    /// any session.
+    pub session_id: Option<String>,
+}
+
+/// `memory_search`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MemorySearch {
+    /// The words to look for; memories matching more of them, and rarer ones, rank first.
+    /// Punctuation and search operators are taken as plain words.
+    pub query: String,
+    /// At most this many results (1 to 100, default 10).
+    pub limit: Option<u32>,
+    /// Only memories of this category.
+    pub category: Option<String>,
+    /// Search this session's memories (default: your own).
+    pub session_id: Option<String>,
+}
+
+/// `memory_list`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryListArgs {
+    /// List this session's memories (default: your own).
+    pub session_id: Option<String>,
+    /// Only memories of this category.
+    pub category: Option<String>,
+    /// At most this many (1 to 1000, default 100).
+    pub limit: Option<u32>,
+    /// Where to go on: the `next_cursor` of the previous page.
+    pub cursor: Option<String>,
+}
+
+/// `memory_delete`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryDelete {
+    /// The memory's id (`mem-…`), as memory_add, memory_search or memory_list gave it.
+    pub memory_id: String,
 }
 
 /// A run to act on.
@@ -355,6 +433,16 @@ fn session_labels() -> Tags {
 /// A session id from a tool's arguments, checked.
 fn session_id(id: &str) -> Result<SandboxId, CallError> {
     Ok(SandboxId::parse(id)?)
+}
+
+/// An optional session id from a tool's arguments, checked.
+fn optional_session(id: Option<&str>) -> Result<Option<SandboxId>, CallError> {
+    id.map(session_id).transpose()
+}
+
+/// An optional memory category from a tool's arguments, checked.
+fn optional_category(category: Option<String>) -> Result<Option<Category>, CallError> {
+    Ok(category.map(Category::new).transpose()?)
 }
 
 #[tool_router]
@@ -723,6 +811,142 @@ impl SandcellMcp {
             .await,
         )
     }
+
+    #[tool(
+        description = "Fork an agent run from one of its steps: a new run starts with the original's conversation up to the end of from_step and a session restored from that step's snapshot, then goes on (with task as a new instruction when given, with another model when given). The original run is not changed. Returns at once with the new run_id and status running; follow it with agent_status. Forking from any step needs the original started with keep_snapshots: an ended run otherwise keeps only its last step's snapshot."
+    )]
+    async fn agent_fork(
+        &self,
+        Parameters(p): Parameters<AgentFork>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
+        answer(
+            async {
+                let api = self.sandcell(&ctx)?;
+                let req = ForkRun {
+                    from_step: p.from_step,
+                    task: p.task,
+                    model: p.model,
+                    ..ForkRun::default()
+                };
+                Ok(output::run_started(&api.fork_run(&p.run_id, req).await?))
+            }
+            .await,
+        )
+    }
+
+    #[tool(
+        description = "Resume an agent run that a stopped server left unfinished (agent_status shows it failed with reason interrupted): it goes on from its last completed step, in a session restored from that step's snapshot, with what it had used still counted against its budgets. Returns at once with status running; follow it with agent_status. A run that ended any other way cannot be resumed: fork it with agent_fork instead."
+    )]
+    async fn agent_resume(
+        &self,
+        Parameters(p): Parameters<RunRef>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
+        answer(
+            async {
+                let api = self.sandcell(&ctx)?;
+                Ok(output::run_started(&api.resume_run(&p.run_id).await?))
+            }
+            .await,
+        )
+    }
+
+    #[tool(
+        description = "Remember something for later: a fact, a preference, a finding, a decision. With session_id it is that session's memory (sessions later made from its snapshots start with it); without, it is your own memory, not tied to any session and kept after sessions end. Returns its memory_id. Find it again with memory_search."
+    )]
+    async fn memory_add(
+        &self,
+        Parameters(p): Parameters<MemoryAdd>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
+        answer(
+            async {
+                let api = self.sandcell(&ctx)?;
+                let sandbox = optional_session(p.session_id.as_deref())?;
+                let req = AddMemory {
+                    text: MemoryText::new(p.text).map_err(CallError::from)?,
+                    category: optional_category(p.category)?,
+                    metadata: Tags::new(p.metadata.unwrap_or_default()).map_err(CallError::from)?,
+                };
+                Ok(output::memory_added(
+                    &api.add_memory(sandbox.as_ref(), req).await?,
+                ))
+            }
+            .await,
+        )
+    }
+
+    #[tool(
+        description = "Search memories by their words, most relevant first, each with its rank and score (higher is better; scores compare only within one search). Searches one session's memories (session_id) or, without session_id, your own; not both at once."
+    )]
+    async fn memory_search(
+        &self,
+        Parameters(p): Parameters<MemorySearch>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
+        answer(
+            async {
+                let api = self.sandcell(&ctx)?;
+                let sandbox = optional_session(p.session_id.as_deref())?;
+                let req = SearchMemories {
+                    query: MemoryQuery::new(p.query).map_err(CallError::from)?,
+                    limit: p.limit,
+                    category: optional_category(p.category)?,
+                };
+                Ok(output::memory_results(
+                    &api.search_memories(sandbox.as_ref(), req).await?,
+                ))
+            }
+            .await,
+        )
+    }
+
+    #[tool(
+        description = "List memories, newest first: one session's (session_id) or, without session_id, your own. Optionally only one category. When there are more, the answer has next_cursor: pass it as cursor for the next page."
+    )]
+    async fn memory_list(
+        &self,
+        Parameters(p): Parameters<MemoryListArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
+        answer(
+            async {
+                let api = self.sandcell(&ctx)?;
+                let sandbox = optional_session(p.session_id.as_deref())?;
+                let req = ListMemories {
+                    limit: p.limit,
+                    cursor: p.cursor,
+                    category: optional_category(p.category)?,
+                };
+                Ok(output::memory_page(
+                    &api.list_memories(sandbox.as_ref(), req).await?,
+                ))
+            }
+            .await,
+        )
+    }
+
+    #[tool(
+        description = "Forget a memory by its memory_id (your own or one of your sessions'). Sessions already made from a snapshot taken before keep their copy."
+    )]
+    async fn memory_delete(
+        &self,
+        Parameters(p): Parameters<MemoryDelete>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
+        answer(
+            async {
+                let api = self.sandcell(&ctx)?;
+                api.delete_memory(&p.memory_id).await?;
+                Ok(CallToolResult::success(vec![ContentBlock::text(format!(
+                    "memory {} deleted",
+                    p.memory_id
+                ))]))
+            }
+            .await,
+        )
+    }
 }
 
 impl SandcellMcp {
@@ -753,6 +977,7 @@ impl SandcellMcp {
                 .map(|c| Validate::new(c, None, p.validate_max_attempts))
                 .transpose()
                 .map_err(|e| tool_error(&format!("invalid_argument: {}", e.0)))?,
+            keep_snapshots: p.keep_snapshots.unwrap_or(false),
             ..StartRun::default()
         };
         Ok(output::run_started(&api.start_run(req).await?))
@@ -1123,7 +1348,7 @@ impl ServerHandler for SandcellMcp {
         info.server_info.name = "sandcell".into();
         info.server_info.version = env!("CARGO_PKG_VERSION").into();
         info.instructions = Some(
-            "Sandcell sandboxes: create_session (or execute_python without a session_id), then run code with execute_code / execute_python and shell commands with execute_terminal in that session; state persists between calls. Destroy sessions you no longer need. agent_run hands a whole task to an agent of the server's own (follow it with agent_status).".into(),
+            "Sandcell sandboxes: create_session (or execute_python without a session_id), then run code with execute_code / execute_python and shell commands with execute_terminal in that session; state persists between calls. Destroy sessions you no longer need. agent_run hands a whole task to an agent of the server's own (follow it with agent_status; agent_fork goes on from one of its steps). memory_add and memory_search keep facts for later: a session's, or your own across sessions.".into(),
         );
         info
     }

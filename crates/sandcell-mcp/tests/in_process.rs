@@ -246,6 +246,18 @@ async fn agent_tools_start_follow_and_cancel_runs_as_their_caller() {
         assert!(failed, "{tool}: {text}");
         assert_eq!(text, format!("not_found: no run '{run}'"), "{tool}");
     }
+    let (failed, text) = bobs
+        .call("agent_fork", json!({"run_id": run, "from_step": 1}))
+        .await;
+    assert!(failed && text.starts_with("not_found: "), "{text}");
+    // An ended run is forked, not resumed; a step it does not have is the model's to fix.
+    let (failed, text) = tools.call("agent_resume", json!({"run_id": run})).await;
+    assert!(failed && text.starts_with("invalid_state: "), "{text}");
+    assert!(text.contains("fork it"), "{text}");
+    let (failed, text) = tools
+        .call("agent_fork", json!({"run_id": run, "from_step": 7}))
+        .await;
+    assert!(failed && text.starts_with("invalid_argument: "), "{text}");
     // A bad argument is the model's to fix.
     let (failed, text) = tools
         .call("agent_run", json!({"task": "x", "budgets": 1}))
@@ -285,5 +297,179 @@ async fn agent_tools_start_follow_and_cancel_runs_as_their_caller() {
         (json!("cancelled"), json!("cancelled")),
         "{text}"
     );
+    service.fleet.stop_all("the test is over").await;
+}
+
+/// The memory ids of a `memory_search` or `memory_list` answer, in its order.
+fn memory_ids(text: &str, list: &str) -> Vec<String> {
+    field(text, list)
+        .as_array()
+        .unwrap_or_else(|| panic!("no {list} in {text}"))
+        .iter()
+        .map(|m| m["memory_id"].as_str().expect("a memory id").to_string())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_tools_keep_sessions_and_owners_apart_and_rank_what_matches() {
+    let home = tempfile::tempdir().expect("home");
+    let service = service(home.path());
+    let mut tools = Client::start(InProcess::new(service.clone(), caller("alice"))).await;
+    let (failed, text) = tools
+        .call("create_session", json!({"runtime": "bash"}))
+        .await;
+    assert!(!failed, "{text}");
+    let sid = session_id(&text);
+
+    let mut add = async |args: Value| {
+        let (failed, text) = tools.call("memory_add", args).await;
+        assert!(!failed, "{text}");
+        text
+    };
+    let text = add(
+        json!({"session_id": sid, "text": "The staging database listens on port 5433",
+        "category": "infra", "metadata": {"source": "runbook"}}),
+    )
+    .await;
+    assert_eq!(field(&text, "scope"), "session", "{text}");
+    assert_eq!(field(&text, "session_id"), json!(sid), "{text}");
+    assert_eq!(field(&text, "metadata"), json!({"source": "runbook"}));
+    let port = field(&text, "memory_id")
+        .as_str()
+        .expect("an id")
+        .to_string();
+    assert!(port.starts_with("mem-"), "{port}");
+    add(json!({"session_id": sid, "text": "Deploys go out on Tuesdays"})).await;
+    add(json!({"session_id": sid, "text": "The database backups run nightly"})).await;
+    let text = add(json!({"text": "Alice prefers answers in British English"})).await;
+    assert_eq!(field(&text, "scope"), "owner", "{text}");
+    assert_eq!(field(&text, "session_id"), Value::Null, "{text}");
+    assert_eq!(field(&text, "category"), "general", "{text}");
+    let own = field(&text, "memory_id")
+        .as_str()
+        .expect("an id")
+        .to_string();
+
+    // Ranked: the memory with both words first, with ranks and falling scores.
+    let (failed, text) = tools
+        .call(
+            "memory_search",
+            json!({"session_id": sid, "query": "staging database port"}),
+        )
+        .await;
+    assert!(!failed, "{text}");
+    let ids = memory_ids(&text, "results");
+    assert_eq!(ids.len(), 2, "{text}");
+    assert_eq!(ids[0], port, "{text}");
+    let results = field(&text, "results");
+    assert_eq!(
+        (&results[0]["rank"], &results[1]["rank"]),
+        (&json!(1), &json!(2))
+    );
+    let score = |i: usize| results[i]["score"].as_f64().expect("a score");
+    assert!(score(0) > score(1), "{text}");
+    // A session's memories are not the owner's, and the other way round.
+    let (_, text) = tools
+        .call("memory_search", json!({"query": "database"}))
+        .await;
+    assert!(memory_ids(&text, "results").is_empty(), "{text}");
+    assert!(field(&text, "note").is_string(), "{text}");
+    let (_, text) = tools
+        .call("memory_search", json!({"query": "British English"}))
+        .await;
+    assert_eq!(memory_ids(&text, "results"), [own.as_str()]);
+    let (_, text) = tools
+        .call(
+            "memory_search",
+            json!({"session_id": sid, "query": "British"}),
+        )
+        .await;
+    assert!(memory_ids(&text, "results").is_empty(), "{text}");
+    // Listed newest first, filtered by category, a page at a time.
+    let (_, text) = tools
+        .call("memory_list", json!({"session_id": sid, "limit": 2}))
+        .await;
+    assert_eq!(memory_ids(&text, "memories").len(), 2, "{text}");
+    let cursor = field(&text, "next_cursor");
+    let (_, text) = tools
+        .call(
+            "memory_list",
+            json!({"session_id": sid, "limit": 2, "cursor": cursor}),
+        )
+        .await;
+    assert_eq!(memory_ids(&text, "memories"), [port.as_str()], "{text}");
+    assert_eq!(field(&text, "next_cursor"), Value::Null, "{text}");
+    let (_, text) = tools
+        .call(
+            "memory_list",
+            json!({"session_id": sid, "category": "infra"}),
+        )
+        .await;
+    assert_eq!(memory_ids(&text, "memories"), [port.as_str()], "{text}");
+
+    // Another caller sees none of it.
+    let mut bobs = Client::start(InProcess::new(service.clone(), caller("bob"))).await;
+    for (tool, args) in [
+        ("memory_list", json!({"session_id": sid})),
+        ("memory_add", json!({"session_id": sid, "text": "mine now"})),
+        ("memory_delete", json!({"memory_id": port})),
+        ("memory_delete", json!({"memory_id": own})),
+    ] {
+        let (failed, text) = bobs.call(tool, args).await;
+        assert!(failed && text.starts_with("not_found: "), "{tool}: {text}");
+    }
+
+    // Bad arguments are tool errors naming what is wrong, and nothing is stored.
+    for (tool, args, says) in [
+        ("memory_add", json!({"text": "  "}), "invalid_argument: "),
+        (
+            "memory_add",
+            json!({"text": "x", "category": "Not OK"}),
+            "invalid_argument: ",
+        ),
+        (
+            "memory_add",
+            json!({"text": "x", "session_id": "nope"}),
+            "invalid_argument: ",
+        ),
+        ("memory_add", json!({}), "invalid_argument: "),
+        ("memory_search", json!({"query": ""}), "invalid_argument: "),
+        (
+            "memory_search",
+            json!({"query": "x", "limit": 0}),
+            "invalid_argument: ",
+        ),
+        (
+            "memory_delete",
+            json!({"memory_id": "mem-x"}),
+            "invalid_argument: ",
+        ),
+        (
+            "memory_delete",
+            json!({"memory_id": "mem-0123456789abcdef"}),
+            "not_found: ",
+        ),
+    ] {
+        let (failed, text) = tools.call(tool, args.clone()).await;
+        assert!(failed && text.starts_with(says), "{tool} {args}: {text}");
+    }
+    let (_, text) = tools.call("memory_list", json!({})).await;
+    assert_eq!(memory_ids(&text, "memories"), [own.as_str()], "{text}");
+
+    // Deleted by id, a session's too: gone from search.
+    for id in [&port, &own] {
+        let (failed, text) = tools.call("memory_delete", json!({"memory_id": id})).await;
+        assert!(!failed, "{text}");
+        assert_eq!(text, format!("memory {id} deleted"));
+    }
+    let (_, text) = tools
+        .call(
+            "memory_search",
+            json!({"session_id": sid, "query": "staging"}),
+        )
+        .await;
+    assert!(memory_ids(&text, "results").is_empty(), "{text}");
+    let (failed, text) = tools.call("memory_delete", json!({"memory_id": own})).await;
+    assert!(failed && text.starts_with("not_found: "), "{text}");
     service.fleet.stop_all("the test is over").await;
 }

@@ -1,12 +1,16 @@
 //! The MCP server driven by the official MCP Python SDK (installed by scripts/tools.sh) as a
 //! real client: over stdio with the engine embedded, over stdio through a daemon, and over
 //! streamable HTTP on the daemon. The scenarios live in tests/mcp/*.py; each prints one JSON
-//! line per check and fails on the first one that does not hold.
+//! line per check and fails on the first one that does not hold. The memory tools and the
+//! tools of durable runs (fork, resume) too, the runs asking the test kit's scripted model.
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
+use sandcell_testkit::llm::{Script, Turn};
+
 use super::daemon::Daemon;
+use super::runs_api::{Model, code_call, slow};
 
 const BIN: &str = env!("CARGO_BIN_EXE_sandcell");
 
@@ -204,6 +208,180 @@ fn mcp_without_a_key_is_refused() {
         Some(serde_json::json!({"jsonrpc": "2.0", "id": 1, "method": "tools/list"})),
     );
     r.expect_error(401, "unauthenticated");
+}
+
+/// The checks of tests/mcp/memory.py.
+const MEMORY_CHECKS: &[&str] = &[
+    "memory tools listed",
+    "search ranks the relevant one first",
+    "owner memory is separate from session memory (owner side)",
+    "owner memory is separate from session memory (session side)",
+    "memory_list newest first, a page at a time",
+    "a fork remembers its origin's memories",
+    "deleted is forgotten",
+    "empty text is a tool error",
+    "a bad memory id is a tool error",
+    "an unknown memory id is a tool error",
+    "one owner memory kept",
+];
+
+#[test]
+fn memory_tools_through_the_official_mcp_client() {
+    // With the engine embedded: what the tools kept is in the home's store, where
+    // `sandcell memory` (without a daemon) finds it.
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path().to_str().unwrap();
+    let out = run("memory.py", &["stdio", BIN, h]);
+    assert_ran(&String::from_utf8_lossy(&out.stdout), MEMORY_CHECKS);
+    let out = Command::new(BIN)
+        .args(["memory", "list", "--json", "--home", h])
+        .env_remove("SANDCELL_API_URL")
+        .env_remove("SANDCELL_API_KEY")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let listed: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let texts: Vec<&str> = listed["memories"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|m| m["text"].as_str())
+        .collect();
+    assert_eq!(texts, ["the kept memory for the test"], "{listed}");
+
+    // On a daemon, over streamable HTTP and through `sandcell mcp --daemon`: the REST API
+    // sees the same memories.
+    let d = Daemon::start(&[]);
+    let mcp_url = format!("{}/mcp", d.url);
+    for args in [
+        vec!["http", mcp_url.as_str(), d.key.as_str()],
+        vec!["stdio-daemon", BIN, d.url.as_str(), d.key.as_str()],
+    ] {
+        let out = run("memory.py", &args);
+        assert_ran(&String::from_utf8_lossy(&out.stdout), MEMORY_CHECKS);
+    }
+    let found = d.get("/v1/memories/search?q=kept+memory");
+    assert_eq!(found.status, 200, "{}", found.body);
+    let kept = found.body["memories"]
+        .as_array()
+        .cloned()
+        .unwrap_or_default();
+    assert_eq!(kept.len(), 2, "one per scenario: {}", found.body);
+    assert!(
+        kept.iter()
+            .all(|m| m["scope"] == "owner" && m["category"] == "e2e"),
+        "{}",
+        found.body
+    );
+    // Everything else the scenarios remembered as the owner they deleted.
+    let all = d.get("/v1/memories");
+    assert_eq!(
+        all.body["memories"].as_array().map(Vec::len),
+        Some(2),
+        "{}",
+        all.body
+    );
+    let left = d.get("/v1/sandboxes");
+    assert_eq!(
+        left.body["items"].as_array().map(Vec::len),
+        Some(0),
+        "{:?}",
+        left.body
+    );
+}
+
+/// The turns of one fork scenario of tests/mcp/durable.py: the original counts x to 3 and
+/// answers, then the fork from step 2 prints x and answers.
+fn counting_and_a_fork() -> [Turn; 6] {
+    [
+        code_call("x = 1"),
+        code_call("x = 2"),
+        code_call("x = 3"),
+        Turn::text("original done"),
+        code_call("print('X IS', x)"),
+        Turn::text("fork done"),
+    ]
+}
+
+#[test]
+fn agent_fork_and_resume_through_the_official_mcp_client() {
+    sandcell_testkit::skip_unless_root!();
+    let model = Model::start(
+        Script::new().turns(
+            counting_and_a_fork()
+                .into_iter()
+                .chain(counting_and_a_fork()),
+        ),
+    );
+    let d = model.daemon();
+    let mcp_url = format!("{}/mcp", d.url);
+    for (i, args) in [
+        vec!["fork", "http", mcp_url.as_str(), d.key.as_str()],
+        vec!["fork", "stdio-daemon", BIN, d.url.as_str(), d.key.as_str()],
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let out = run("durable.py", &args);
+        assert_ran(
+            &String::from_utf8_lossy(&out.stdout),
+            &[
+                "durable run tools listed",
+                "agent_run with keep_snapshots",
+                "agent_fork answers at once with the new run",
+                "the fork goes on from step 2's session",
+                "the original is unchanged",
+                "agent_fork: a step the run does not have",
+                "agent_fork: an unknown run",
+                "agent_resume of an ended run",
+            ],
+        );
+        // The fork's first model call saw the original's history up to step 2 (its two
+        // code steps, not the third) and the new task.
+        let asked = model.llm.requests();
+        assert_eq!(asked.len(), 6 * (i + 1), "{args:?}");
+        let first = &asked[6 * i + 4];
+        let history = first.messages();
+        let tool_results = history.iter().filter(|m| m["role"] == "tool").count();
+        assert_eq!(tool_results, 2, "steps 1 and 2 only: {history:?}");
+        assert!(history.iter().any(|m| m.to_string().contains("x = 2")));
+        assert!(!history.iter().any(|m| m.to_string().contains("x = 3")));
+        assert!(first.transcript().contains("Print x."));
+    }
+
+    // Resume, with the engine embedded: a run the end of its `sandcell mcp` interrupted.
+    let model = Model::start(Script::new().turns([
+        code_call("x = 21\nprint('SET', x)"),
+        // Step 2's first ask: the server goes away while it waits.
+        slow(60_000, "never read"),
+        code_call("print('DOUBLE', x * 2)"),
+        Turn::text("the answer is 42"),
+    ]));
+    let home = tempfile::tempdir().unwrap();
+    let base = model.llm.openai_base();
+    let out = run(
+        "durable.py",
+        &["resume", BIN, home.path().to_str().unwrap(), &base],
+    );
+    assert_ran(
+        &String::from_utf8_lossy(&out.stdout),
+        &[
+            "in step 2's model call",
+            "the stop interrupted it",
+            "agent_resume answers at once",
+            "the resumed run succeeded",
+            "x came back from step 1's snapshot",
+            "resuming it again is refused",
+        ],
+    );
+    // Step 2 was asked again with the same conversation; step 1 was not asked again.
+    let requests = model.llm.requests();
+    assert_eq!(requests.len(), 4, "step 1, step 2 twice, step 3");
+    assert_eq!(requests[1].messages().len(), requests[2].messages().len());
 }
 
 #[test]

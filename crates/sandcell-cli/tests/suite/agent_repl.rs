@@ -672,6 +672,48 @@ async fn older_repl_steps_are_condensed_near_the_context_window() {
     assert!(last.transcript().contains("SUMMARY-OK"));
 }
 
+/// A runner over the harness's service, and a repl run it started whose task says ROOT.
+async fn start_root(h: &Harness) -> (Arc<sandcell_agent::Runner>, sandcell_api::runs::RunInfo) {
+    let runner = Arc::new(sandcell_agent::Runner::new(
+        h.service.clone(),
+        h.llm.clone(),
+        AgentDefaults::from_config(&h.service.config.agent),
+    ));
+    let req = sandcell_api::runs::StartRun {
+        task: "ROOT: delegate".into(),
+        model: Some("openai/scripted".into()),
+        mode: Some(sandcell_api::runs::RunMode::Repl),
+        ..sandcell_api::runs::StartRun::default()
+    };
+    let root = runner.start(&caller(), req).await.expect("the run starts");
+    (runner, root)
+}
+
+/// The sub-run of `root`, once it has started a cell (it is a run of its own, one level
+/// down).
+async fn sub_run_in_its_cell(
+    runner: &sandcell_agent::Runner,
+    root: &str,
+) -> sandcell_api::runs::RunInfo {
+    tokio::time::timeout(std::time::Duration::from_secs(60), async {
+        loop {
+            let runs = runner.list(&caller(), 50).expect("runs").runs;
+            if let Some(c) = runs
+                .into_iter()
+                .find(|r| r.parent_id.as_deref() == Some(root))
+            {
+                let events = runner.events(&caller(), &c.id, 0, 100).expect("events");
+                if events.iter().any(|e| e["type"] == "tool_call") {
+                    return c;
+                }
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the sub-run starts its cell")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sub_run_is_a_sub_call_and_can_be_followed_and_cancelled_by_its_own_id() {
     use futures_util::StreamExt;
@@ -688,50 +730,8 @@ async fn a_sub_run_is_a_sub_call_and_can_be_followed_and_cancelled_by_its_own_id
     });
     let scripted = ScriptedLlm::start(script).await.expect("scripted model");
     let h = harness(&scripted);
-    let runner = Arc::new(sandcell_agent::Runner::new(
-        h.service.clone(),
-        h.llm.clone(),
-        AgentDefaults::from_config(&h.service.config.agent),
-    ));
-    let root = runner
-        .start(
-            &caller(),
-            sandcell_api::runs::StartRun {
-                task: "ROOT: delegate".into(),
-                model: Some("openai/scripted".into()),
-                mode: Some(sandcell_api::runs::RunMode::Repl),
-                sandbox_id: None,
-                template: None,
-                context: None,
-                budgets: BudgetsInput::default(),
-                wait: false,
-                keep_sandbox: false,
-                validate: None,
-                snapshots: None,
-                keep_snapshots: false,
-                thread_id: None,
-            },
-        )
-        .await
-        .expect("the run starts");
-    // The sub-run appears as a run of its own, one level down.
-    let child = tokio::time::timeout(std::time::Duration::from_secs(60), async {
-        loop {
-            let runs = runner.list(&caller(), 50).expect("runs").runs;
-            if let Some(c) = runs
-                .into_iter()
-                .find(|r| r.parent_id.as_deref() == Some(&root.id))
-            {
-                let events = runner.events(&caller(), &c.id, 0, 100).expect("events");
-                if events.iter().any(|e| e["type"] == "tool_call") {
-                    return c;
-                }
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-    })
-    .await
-    .expect("the sub-run starts its cell");
+    let (runner, root) = start_root(&h).await;
+    let child = sub_run_in_its_cell(&runner, &root.id).await;
     assert_eq!((child.depth, child.root_id.as_str()), (1, root.id.as_str()));
     let followed = runner.follow(&caller(), &child.id, 0).expect("follow");
     let follower = tokio::spawn(followed.collect::<Vec<Value>>());
@@ -778,49 +778,8 @@ async fn cancelling_the_root_cancels_its_sub_run_within_a_second_or_so() {
     });
     let scripted = ScriptedLlm::start(script).await.expect("scripted model");
     let h = harness(&scripted);
-    let runner = Arc::new(sandcell_agent::Runner::new(
-        h.service.clone(),
-        h.llm.clone(),
-        AgentDefaults::from_config(&h.service.config.agent),
-    ));
-    let root = runner
-        .start(
-            &caller(),
-            sandcell_api::runs::StartRun {
-                task: "ROOT: delegate".into(),
-                model: Some("openai/scripted".into()),
-                mode: Some(sandcell_api::runs::RunMode::Repl),
-                sandbox_id: None,
-                template: None,
-                context: None,
-                budgets: BudgetsInput::default(),
-                wait: false,
-                keep_sandbox: false,
-                validate: None,
-                snapshots: None,
-                keep_snapshots: false,
-                thread_id: None,
-            },
-        )
-        .await
-        .expect("the run starts");
-    let child = tokio::time::timeout(std::time::Duration::from_secs(60), async {
-        loop {
-            let runs = runner.list(&caller(), 50).expect("runs").runs;
-            if let Some(c) = runs
-                .into_iter()
-                .find(|r| r.parent_id.as_deref() == Some(&root.id))
-            {
-                let events = runner.events(&caller(), &c.id, 0, 100).expect("events");
-                if events.iter().any(|e| e["type"] == "tool_call") {
-                    return c;
-                }
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-        }
-    })
-    .await
-    .expect("the sub-run starts its cell");
+    let (runner, root) = start_root(&h).await;
+    let child = sub_run_in_its_cell(&runner, &root.id).await;
     let cancelled_at = std::time::Instant::now();
     let info = runner.cancel(&caller(), &root.id).await.expect("cancel");
     let root_took = cancelled_at.elapsed();

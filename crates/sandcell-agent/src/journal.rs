@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use sandcell_api::time::rfc3339;
 use sandcell_service::ServiceError;
-use sandcell_store::{RunEventRecord, RunRecord, Store};
+use sandcell_store::{RunRecord, Store};
 use tokio::sync::broadcast;
 
 use crate::event::{EVENT_VERSION, Event, EventKind};
@@ -112,33 +112,33 @@ impl Journal {
             depth: self.record.depth,
             kind,
         };
-        let value = serde_json::to_value(&event)
+        // Serialized once: the store keeps this text and the mirror gets the same line.
+        let mut line = serde_json::to_string(&event)
             .map_err(|e| ServiceError::internal(format!("an event does not serialize: {e}")))?;
         if with_record {
             self.record.updated_at = now;
         }
-        self.store.append_run_event(
-            &RunEventRecord {
-                run_id: event.run_id.clone(),
-                seq: event.seq,
-                at: now,
-                kind: event.kind.name().to_string(),
-                event: value.clone(),
-            },
+        self.store.append_run_event_json(
+            &event.run_id,
+            event.seq,
+            now,
+            event.kind.name(),
+            &line,
             with_record.then_some(&self.record),
         )?;
         self.seq = event.seq;
-        self.mirror(&value);
+        line.push('\n');
+        self.mirror(&line);
         // Nobody following is fine.
         let _ = self.live.send(event.clone());
         Ok(event)
     }
 
-    /// Appends to the JSONL mirror; a failure is logged, never the run's end (the store has
-    /// the event).
-    fn mirror(&mut self, value: &serde_json::Value) {
-        let path = self.dir.join(format!("{}.jsonl", self.record.id));
+    /// Appends `line` (one event and its newline) to the JSONL mirror in one write; a failure
+    /// is logged, never the run's end (the store has the event).
+    fn mirror(&mut self, line: &str) {
         if self.mirror_file.is_none() {
+            let path = self.mirror_path();
             let opened = std::fs::create_dir_all(&self.dir).and_then(|()| {
                 std::fs::OpenOptions::new()
                     .create(true)
@@ -154,13 +154,82 @@ impl Journal {
             }
         }
         let written = match self.mirror_file.as_mut() {
-            Some(f) => writeln!(f, "{value}"),
+            // One write: formatting a value straight into the file made a system call per
+            // JSON token (hundreds per step).
+            Some(f) => f.write_all(line.as_bytes()),
             None => return,
         };
         if let Err(e) = written {
             // Opened again at the next event.
             self.mirror_file = None;
-            tracing::warn!(path = %path.display(), error = %e, "the trajectory mirror was not written");
+            tracing::warn!(path = %self.mirror_path().display(), error = %e, "the trajectory mirror was not written");
+        }
+    }
+
+    fn mirror_path(&self) -> PathBuf {
+        self.dir.join(format!("{}.jsonl", self.record.id))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn record(id: &str) -> RunRecord {
+        RunRecord {
+            id: id.into(),
+            owner: "alice".into(),
+            root_id: id.into(),
+            parent_id: None,
+            depth: 0,
+            mode: "tools".into(),
+            model: "openai/m".into(),
+            task: "t".into(),
+            sandbox_id: None,
+            status: "running".into(),
+            reason: None,
+            answer: None,
+            settings: serde_json::json!({}),
+            totals: serde_json::json!({}),
+            created_at: 1,
+            updated_at: 1,
+            ended_at: None,
+        }
+    }
+
+    #[test]
+    fn every_event_is_stored_mirrored_and_sent_as_the_same_json() {
+        let home = tempfile::tempdir().unwrap();
+        let store = Arc::new(Store::open_in_memory().unwrap());
+        let (live, mut rx) = broadcast::channel(16);
+        let mut j = Journal::create(store.clone(), home.path(), record("run-1"), live).unwrap();
+        j.next_step();
+        let warning = |m: &str| EventKind::Warning { message: m.into() };
+        j.emit(warning("one \"quoted\" é"), false).unwrap();
+        j.record.status = "succeeded".into();
+        j.emit(warning("two"), true).unwrap();
+
+        let stored = store.run_events("run-1", 0, 0).unwrap();
+        assert_eq!(stored.iter().map(|e| e.seq).collect::<Vec<_>>(), [1, 2]);
+        assert_eq!(stored[0].kind, "warning");
+        assert_eq!(stored[0].event["message"], "one \"quoted\" é");
+        assert_eq!(stored[1].event["step"], 1);
+        // The event that carried the record saved it in the same commit.
+        assert_eq!(store.get_run("run-1").unwrap().unwrap().status, "succeeded");
+
+        let mirror =
+            std::fs::read_to_string(trajectories_dir(home.path()).join("run-1.jsonl")).unwrap();
+        let lines: Vec<serde_json::Value> = mirror
+            .lines()
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect();
+        let events: Vec<serde_json::Value> = stored.into_iter().map(|e| e.event).collect();
+        assert_eq!(lines, events);
+        assert!(mirror.ends_with('\n'));
+
+        for want in &events {
+            let sent = serde_json::to_value(rx.try_recv().unwrap()).unwrap();
+            assert_eq!(&sent, want);
         }
     }
 }

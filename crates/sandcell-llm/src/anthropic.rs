@@ -258,11 +258,7 @@ impl StreamAssembler for AnthropicStream {
         }
         let v: Value = serde_json::from_str(data).map_err(|e| decode_error("a stream event", e))?;
         // The data's `type` is authoritative; the `event:` line says the same.
-        let ty = v
-            .get("type")
-            .and_then(Value::as_str)
-            .or(ev.event.as_deref())
-            .unwrap_or("");
+        let ty = v.get("type").and_then(Value::as_str).unwrap_or(&ev.event);
         let index = v.get("index").and_then(Value::as_u64).unwrap_or(0);
         match ty {
             "message_start" => {

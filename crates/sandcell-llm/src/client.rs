@@ -125,11 +125,11 @@ impl Llm {
                 format!("{base}/chat/completions"),
                 openai::request_body(req, official),
             ),
-            ProviderKind::Anthropic => {
-                (format!("{base}/v1/messages"), anthropic::request_body(req))
-            }
+            ProviderKind::Anthropic => (
+                format!("{base}/v1/messages"),
+                anthropic::request_body(req).to_string().into_bytes(),
+            ),
         };
-        let body = body.to_string().into_bytes();
         let started = Instant::now();
         let mut attempt: u32 = 1;
         loop {
@@ -269,10 +269,10 @@ async fn read_stream<A: StreamAssembler + Send>(
             }
         }
     }
-    if !asm.is_done() {
-        for ev in parser.finish() {
-            asm.event(&ev, &mut *on_delta)?;
-        }
+    if !asm.is_done()
+        && let Some(ev) = parser.finish()
+    {
+        asm.event(&ev, &mut *on_delta)?;
     }
     Ok(asm.finish(req)?)
 }

@@ -197,9 +197,29 @@ pub fn estimate_input_tokens(
     }
     for t in tools {
         chars += (t.name.chars().count() + t.description.chars().count()) as u64;
-        chars += t.parameters.to_string().chars().count() as u64;
+        chars += json_chars(&t.parameters);
     }
     chars.div_ceil(4) + images * IMAGE_TOKEN_ESTIMATE
+}
+
+/// The characters of `value`'s compact JSON, counted as it is written rather than in a
+/// string made for it (the agent estimates every step, over every tool's schema).
+fn json_chars(value: &serde_json::Value) -> u64 {
+    /// Counts UTF-8 characters: every byte but continuation bytes starts one.
+    struct Chars(u64);
+    impl std::io::Write for Chars {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0 += buf.iter().filter(|b| (**b & 0xC0) != 0x80).count() as u64;
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut n = Chars(0);
+    // Writing a value into a counter cannot fail.
+    let _ = serde_json::to_writer(&mut n, value);
+    n.0
 }
 
 fn count_parts(parts: &[Part], chars: &mut u64, images: &mut u64) {
@@ -209,7 +229,7 @@ fn count_parts(parts: &[Part], chars: &mut u64, images: &mut u64) {
             Part::Image(_) => *images += 1,
             Part::ToolCall(c) => {
                 *chars += c.name.chars().count() as u64;
-                *chars += c.arguments.to_string().chars().count() as u64;
+                *chars += json_chars(&c.arguments);
             }
             Part::ToolResult(r) => count_parts(&r.content, chars, images),
         }
@@ -250,6 +270,17 @@ mod tests {
         assert_eq!(v[3]["content"][0], json!({"type": "text", "text": "2"}));
         let back: Vec<Part> = serde_json::from_value(v).unwrap();
         assert_eq!(back, parts);
+    }
+
+    #[test]
+    fn json_chars_counts_as_the_json_text_would() {
+        for v in [
+            json!({"code": "print('é✓')", "n": [1, 2.5, null, true]}),
+            json!("plain"),
+            json!({"nested": {"emoji": "🦀", "quote": "\"", "ctl": "\n"}}),
+        ] {
+            assert_eq!(json_chars(&v), v.to_string().chars().count() as u64, "{v}");
+        }
     }
 
     #[test]

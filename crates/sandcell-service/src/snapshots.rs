@@ -356,8 +356,8 @@ impl Service {
                 }
             };
             // It remembers what its origin did when the snapshot was taken.
-            let restored = restored
-                .and_then(|report| self.inherit_memories(rec, &record.id).map(|_| report));
+            let restored =
+                restored.and_then(|report| self.inherit_memories(rec, &record.id).map(|_| report));
             match restored {
                 Ok(report) => {
                     self.store.set_sandbox_origin(&record.id, &rec.id)?;

@@ -200,29 +200,38 @@ impl Store {
         e: &RunEventRecord,
         run: Option<&RunRecord>,
     ) -> Result<(), StoreError> {
+        let json = e.event.to_string();
+        self.append_run_event_json(&e.run_id, e.seq, e.at, &e.kind, &json, run)
+    }
+
+    /// [`Store::append_run_event`] for an event the caller has serialized already (`json`,
+    /// one JSON object): a writer that also mirrors the event writes it once, not twice.
+    pub fn append_run_event_json(
+        &self,
+        run_id: &str,
+        seq: u64,
+        at: i64,
+        kind: &str,
+        json: &str,
+        run: Option<&RunRecord>,
+    ) -> Result<(), StoreError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         let last: i64 = tx
             .prepare_cached("SELECT COALESCE(MAX(seq), 0) FROM run_events WHERE run_id = ?1")?
-            .query_row([&e.run_id], |row| row.get(0))?;
-        let last = u64_from_sql("run", &e.run_id, "seq", Some(last))?.unwrap_or(0);
-        if e.seq != last + 1 {
+            .query_row([run_id], |row| row.get(0))?;
+        let last = u64_from_sql("run", run_id, "seq", Some(last))?.unwrap_or(0);
+        if seq != last + 1 {
             return Err(StoreError::OutOfSequence {
-                run_id: e.run_id.clone(),
-                seq: e.seq,
+                run_id: run_id.to_string(),
+                seq,
                 last,
             });
         }
         tx.prepare_cached(
             "INSERT INTO run_events (run_id, seq, at, kind, event) VALUES (?1, ?2, ?3, ?4, ?5)",
         )?
-        .execute(params![
-            e.run_id,
-            u64_to_sql(Some(e.seq))?,
-            e.at,
-            e.kind,
-            e.event.to_string()
-        ])?;
+        .execute(params![run_id, u64_to_sql(Some(seq))?, at, kind, json])?;
         if let Some(r) = run {
             update_run_in(&tx, r)?;
         }
@@ -389,5 +398,30 @@ mod tests {
                 .is_err()
         );
         assert_eq!(s.last_run_seq("run-a").unwrap(), 2);
+    }
+
+    #[test]
+    fn an_event_serialized_by_its_writer_is_kept_as_written() {
+        let s = Store::open_in_memory().unwrap();
+        s.insert_run(&run("run-a", "alice", 1)).unwrap();
+        let text = r#"{"seq":1,"type":"note","text":"é \"q\""}"#;
+        s.append_run_event_json("run-a", 1, 7, "note", text, None)
+            .unwrap();
+        assert!(matches!(
+            s.append_run_event_json("run-a", 3, 7, "note", text, None),
+            Err(StoreError::OutOfSequence { last: 1, .. })
+        ));
+        // Text that is not JSON is refused, and the number stays free.
+        assert!(
+            s.append_run_event_json("run-a", 2, 7, "note", "{not json", None)
+                .is_err()
+        );
+        let e = &s.run_events("run-a", 0, 0).unwrap()[0];
+        assert_eq!((e.seq, e.at, e.kind.as_str()), (1, 7, "note"));
+        assert_eq!(
+            e.event,
+            serde_json::from_str::<serde_json::Value>(text).unwrap()
+        );
+        assert_eq!(s.last_run_seq("run-a").unwrap(), 1);
     }
 }

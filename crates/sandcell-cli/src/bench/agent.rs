@@ -6,7 +6,9 @@
 //! - a minimal hand-written loop: the same streamed HTTP call, then `run_code`, nothing else.
 //!
 //! The difference is what the runtime adds per step: budgets, the trajectory written to the
-//! store and the mirror, tool dispatch and message building.
+//! store and the mirror, tool dispatch and message building. The runtime runs without step
+//! snapshots for that, then again with the default policy (`on_mutation`: every step here,
+//! since each runs code), to show what a step snapshot adds on top.
 
 use std::path::PathBuf;
 use std::process::{Child, ExitCode, Stdio};
@@ -18,9 +20,10 @@ use sandcell_agent::Runner;
 use sandcell_agent::event::EventKind;
 use sandcell_api::SandboxId;
 use sandcell_api::code::CodeInput;
-use sandcell_api::runs::{BudgetsInput, StartRun};
+use sandcell_api::runs::{BudgetsInput, SnapshotPolicy, StartRun};
 use sandcell_api::sandboxes::CreateSandbox;
 use sandcell_engine::Engine;
+use sandcell_service::Caller;
 use serde_json::json;
 
 use super::stats::quantile;
@@ -106,8 +109,9 @@ pub async fn agent(engine: Engine, steps: usize, json_out: bool) -> anyhow::Resu
         .map(|_| code_turn())
         .chain([json!({"text": "done"})])
         .collect();
+    // The runtime's runs twice: without step snapshots, then with them.
     let agent_turns: Vec<serde_json::Value> =
-        (0..runs).flat_map(|_| turns_per_run.clone()).collect();
+        (0..2 * runs).flat_map(|_| turns_per_run.clone()).collect();
     let loop_turns: Vec<serde_json::Value> =
         (0..runs * STEPS_PER_RUN).map(|_| code_turn()).collect();
     let agent_model = start_model(&json!(agent_turns), &home, "agent")?;
@@ -126,13 +130,18 @@ pub async fn agent(engine: Engine, steps: usize, json_out: bool) -> anyhow::Resu
     let outcome = measure(&embedded, &loop_model.base, runs).await;
     embedded.shutdown().await;
     let _ = std::fs::remove_dir_all(&home);
-    let (runtime, minimal) = outcome?;
+    let Steps {
+        runtime,
+        snapshotted,
+        minimal,
+    } = outcome?;
     if std::env::var_os("SANDCELL_BENCH_STEPS").is_some() {
         // Every step's time, in order, to find where the slow ones fall.
-        for (i, (r, m)) in runtime.iter().zip(&minimal).enumerate() {
+        for (i, ((r, s), m)) in runtime.iter().zip(&snapshotted).zip(&minimal).enumerate() {
             eprintln!(
-                "step {i:4}  runtime {:8.3} ms  minimal {:8.3} ms",
+                "step {i:4}  runtime {:8.3} ms  with snapshots {:8.3} ms  minimal {:8.3} ms",
                 r.as_secs_f64() * 1e3,
+                s.as_secs_f64() * 1e3,
                 m.as_secs_f64() * 1e3
             );
         }
@@ -141,18 +150,22 @@ pub async fn agent(engine: Engine, steps: usize, json_out: bool) -> anyhow::Resu
     let row = |name: &str, s: &[Duration]| json!({"name": name, "steps": s.len(), "median_ms": quantile(s, 0.5), "p99_ms": quantile(s, 0.99)});
     let overhead = quantile(&runtime, 0.5) - quantile(&minimal, 0.5);
     let overhead_p99 = quantile(&runtime, 0.99) - quantile(&minimal, 0.99);
+    let snapshot_median = quantile(&snapshotted, 0.5) - quantile(&runtime, 0.5);
     if json_out {
         let out = json!({
             "runtime": row("agent runtime (tools mode)", &runtime),
+            "runtime_snapshots": row("agent runtime, step snapshots on_mutation", &snapshotted),
             "minimal": row("minimal loop (HTTP call + run_code)", &minimal),
             "overhead_median_ms": overhead,
             "overhead_p99_ms": overhead_p99,
+            "step_snapshot_median_ms": snapshot_median,
         });
         println!("{}", serde_json::to_string_pretty(&out)?);
     } else {
         println!("agent step: a streamed model call on loopback + `pass` in a warm Python kernel");
         for (name, s) in [
             ("agent runtime (tools mode)", &runtime),
+            ("  with step snapshots (on_mutation)", &snapshotted),
             ("minimal loop (same call + run_code)", &minimal),
         ] {
             println!(
@@ -165,8 +178,19 @@ pub async fn agent(engine: Engine, steps: usize, json_out: bool) -> anyhow::Resu
         println!(
             "  the runtime's own cost per step: median {overhead:+.3} ms, p99 {overhead_p99:+.3} ms"
         );
+        println!("  a step snapshot adds: median {snapshot_median:+.3} ms");
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Per-step durations of each side.
+struct Steps {
+    /// The runtime without step snapshots: its own cost.
+    runtime: Vec<Duration>,
+    /// The runtime with the default step snapshots.
+    snapshotted: Vec<Duration>,
+    /// The minimal loop.
+    minimal: Vec<Duration>,
 }
 
 /// Per-step durations of the runtime and of the minimal loop, on one warm sandbox.
@@ -174,7 +198,7 @@ async fn measure(
     embedded: &sandcell_server::Embedded,
     loop_base: &str,
     runs: usize,
-) -> anyhow::Result<(Vec<Duration>, Vec<Duration>)> {
+) -> anyhow::Result<Steps> {
     let caller = embedded
         .admin_caller()?
         .context("the embedded service's admin key")?;
@@ -197,46 +221,11 @@ async fn measure(
     // Warm the kernel.
     service.run_code(&caller, &sandbox, pass()).await?;
 
-    let mut runtime = Vec::new();
-    for _ in 0..runs {
-        let started = runner
-            .start(
-                &caller,
-                StartRun {
-                    task: "bench".into(),
-                    model: Some("openai/bench".into()),
-                    sandbox_id: Some(sandbox.clone()),
-                    budgets: BudgetsInput {
-                        max_iterations: Some(50),
-                        ..BudgetsInput::default()
-                    },
-                    ..StartRun::default()
-                },
-            )
-            .await?;
-        let mut rx = runner
-            .subscribe(&caller, &started.id)?
-            .context("the run ended before it could be followed")?;
-        let mut last: Option<Instant> = None;
-        while let Ok(e) = rx.recv().await {
-            match e.kind {
-                EventKind::LlmRequest { .. } if last.is_none() => last = Some(Instant::now()),
-                EventKind::StepCommitted { .. } => {
-                    let now = Instant::now();
-                    if let Some(t) = last {
-                        runtime.push(now - t);
-                    }
-                    last = Some(now);
-                }
-                EventKind::RunFinished { .. } => break,
-                _ => {}
-            }
-        }
-        let done = runner.wait(&caller, &started.id).await?;
-        if done.status != "succeeded" {
-            bail!("a benchmark run ended {} ({:?})", done.status, done.reason);
-        }
-    }
+    // The runtime's own cost without step snapshots, then what the default policy adds: every
+    // step here runs code, so `on_mutation` snapshots each one.
+    let runtime = runtime_steps(&runner, &caller, &sandbox, runs, SnapshotPolicy::Off).await?;
+    let snapshotted =
+        runtime_steps(&runner, &caller, &sandbox, runs, SnapshotPolicy::OnMutation).await?;
 
     // The minimal loop: the requests a run's steps send (the conversation grows by a tool
     // call and its result each step, and starts again where a run would), then the code.
@@ -284,5 +273,62 @@ async fn measure(
         messages.push(json!({"role": "tool", "tool_call_id": id, "content": out.stdout}));
         minimal.push(t.elapsed());
     }
-    Ok((runtime, minimal))
+    Ok(Steps {
+        runtime,
+        snapshotted,
+        minimal,
+    })
+}
+
+/// Per-step durations of the runtime, `runs` runs of [`STEPS_PER_RUN`] steps under the
+/// step-snapshot `policy`, timed between `step_committed` events as they happen.
+async fn runtime_steps(
+    runner: &Arc<Runner>,
+    caller: &Caller,
+    sandbox: &SandboxId,
+    runs: usize,
+    policy: SnapshotPolicy,
+) -> anyhow::Result<Vec<Duration>> {
+    let mut runtime = Vec::new();
+    for _ in 0..runs {
+        let started = runner
+            .start(
+                caller,
+                StartRun {
+                    task: "bench".into(),
+                    model: Some("openai/bench".into()),
+                    sandbox_id: Some(sandbox.clone()),
+                    budgets: BudgetsInput {
+                        max_iterations: Some(50),
+                        ..BudgetsInput::default()
+                    },
+                    snapshots: Some(policy),
+                    ..StartRun::default()
+                },
+            )
+            .await?;
+        let mut rx = runner
+            .subscribe(caller, &started.id)?
+            .context("the run ended before it could be followed")?;
+        let mut last: Option<Instant> = None;
+        while let Ok(e) = rx.recv().await {
+            match e.kind {
+                EventKind::LlmRequest { .. } if last.is_none() => last = Some(Instant::now()),
+                EventKind::StepCommitted { .. } => {
+                    let now = Instant::now();
+                    if let Some(t) = last {
+                        runtime.push(now - t);
+                    }
+                    last = Some(now);
+                }
+                EventKind::RunFinished { .. } => break,
+                _ => {}
+            }
+        }
+        let done = runner.wait(caller, &started.id).await?;
+        if done.status != "succeeded" {
+            bail!("a benchmark run ended {} ({:?})", done.status, done.reason);
+        }
+    }
+    Ok(runtime)
 }

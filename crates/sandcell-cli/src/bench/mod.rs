@@ -10,6 +10,7 @@ use sandcell_engine::Engine;
 
 mod agent;
 mod daemon;
+mod durable;
 mod host;
 mod kernel;
 mod startup;
@@ -64,6 +65,10 @@ enum BenchWhat {
         #[arg(long)]
         json: bool,
     },
+    /// Durable agent runs: a step snapshot of a kernel holding ~5 MB, a run resumed after
+    /// `kill -9` of the daemon, a fork from step 2 to its first result (needs `scripted-llm`,
+    /// as `agent` does).
+    Durable(durable::DurableArgs),
 }
 
 /// Runs `sandcell bench`.
@@ -79,5 +84,6 @@ pub async fn bench(args: BenchArgs, engine: Engine) -> anyhow::Result<ExitCode> 
         } => kernel::kernel(engine, runs, cold_runs, json).await,
         BenchWhat::Daemon(args) => daemon::daemon(args, engine).await,
         BenchWhat::Agent { steps, json } => agent::agent(engine, steps, json).await,
+        BenchWhat::Durable(args) => durable::durable(args, engine).await,
     }
 }

@@ -27,7 +27,7 @@ mod report;
 mod requests;
 mod round_trips;
 mod row;
-mod server;
+pub(super) mod server;
 mod snapshots;
 
 pub use args::DaemonArgs;

@@ -38,36 +38,79 @@ pub(super) struct Backend {
 
 /// A `sandcell serve` of this benchmark, on its own temporary home. Dropping it stops it
 /// (SIGTERM, then SIGKILL) if [`Daemon::stop`] did not, and removes the home.
-pub(super) struct Daemon {
+pub(in crate::bench) struct Daemon {
     child: Option<Child>,
     pid: u32,
     home: PathBuf,
     url: String,
+    /// The admin key, once the daemon wrote it (kept for the clients of a restart).
+    key: Option<String>,
+    /// `--set` settings given on top of the benchmark's own, again at each restart.
+    extra: Vec<String>,
+    /// The warm pool's size.
+    pool: usize,
     /// The daemon's typed client (with the admin key once the daemon wrote it).
-    pub(super) api: sandcell_client::Client,
+    pub(in crate::bench) api: sandcell_client::Client,
+}
+
+/// When a restarted daemon came back (see [`Daemon::restart`]).
+pub(in crate::bench) struct Restarted {
+    /// Just before its process was spawned.
+    pub(in crate::bench) spawned: Instant,
+    /// When `GET /healthz` first answered 200 (polled every millisecond).
+    pub(in crate::bench) up: Instant,
 }
 
 impl Daemon {
     /// Starts it with a warm pool of `pool` python sandboxes and waits until it answers and
     /// the pool is full.
     pub(super) async fn start(pool: usize) -> anyhow::Result<Self> {
+        Self::start_with(pool, &[]).await
+    }
+
+    /// [`Daemon::start`] with `extra` settings (`key=value`, as `--set` takes them) after
+    /// the benchmark's own, e.g. the model server agent runs use.
+    pub(in crate::bench) async fn start_with(
+        pool: usize,
+        extra: &[String],
+    ) -> anyhow::Result<Self> {
         let home = temp_home()?;
         let mut d = Self {
             child: None,
             pid: 0,
             home,
             url: String::new(),
+            key: None,
+            extra: extra.to_vec(),
+            pool,
             api: sandcell_client::Client::builder("http://127.0.0.1:1").build()?,
         };
-        let log = std::fs::File::create(d.home.join("daemon.log"))
-            .with_context(|| format!("create {}", d.home.join("daemon.log").display()))?;
+        d.spawn()?;
+        d.wait_up(Duration::from_millis(20)).await?;
+        let key_path = sandcell_api::discovery::admin_key_path(&d.home);
+        let key = std::fs::read_to_string(&key_path)
+            .with_context(|| format!("read {}", key_path.display()))?;
+        d.api = d.api.with_api_key(key.trim());
+        d.key = Some(key.trim().to_string());
+        d.wait_pool_full(pool).await?;
+        Ok(d)
+    }
+
+    /// Spawns `sandcell serve` on the home (its log appended to `daemon.log`).
+    fn spawn(&mut self) -> anyhow::Result<()> {
+        let log_path = self.home.join("daemon.log");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .with_context(|| format!("open {}", log_path.display()))?;
         let exe = std::env::current_exe().context("find the sandcell binary")?;
-        let pools = if pool > 0 {
-            format!("pools.warm={POOL}={pool}")
+        let pools = if self.pool > 0 {
+            format!("pools.warm={POOL}={}", self.pool)
         } else {
             "pools.warm=".into()
         };
-        let database = format!("database={}", d.home.join("sandcell.db").display());
+        let database = format!("database={}", self.home.join("sandcell.db").display());
         let sets = [
             pools.as_str(),
             "shutdown.sandboxes=stop",
@@ -83,9 +126,13 @@ impl Daemon {
         let mut cmd = Command::new(exe);
         cmd.arg("serve")
             .arg("--home")
-            .arg(&d.home)
+            .arg(&self.home)
             .args(["--listen", "127.0.0.1:0"]);
-        for s in sets {
+        for s in sets
+            .iter()
+            .copied()
+            .chain(self.extra.iter().map(String::as_str))
+        {
             cmd.args(["--set", s]);
         }
         let child = cmd
@@ -97,47 +144,87 @@ impl Daemon {
             .stderr(log)
             .spawn()
             .context("start sandcell serve")?;
-        d.pid = child.id();
-        d.child = Some(child);
+        self.pid = child.id();
+        self.child = Some(child);
+        Ok(())
+    }
+
+    /// Waits until the spawned daemon has written its `daemon.json` and answers
+    /// `/healthz`, checking every `every`; points the client at it and returns when
+    /// `/healthz` first answered.
+    async fn wait_up(&mut self, every: Duration) -> anyhow::Result<Instant> {
         let deadline = Instant::now() + START_TIMEOUT;
-        let info_path = sandcell_api::discovery::daemon_info_path(&d.home);
-        d.url = loop {
-            d.check_running()?;
+        let info_path = sandcell_api::discovery::daemon_info_path(&self.home);
+        self.url = loop {
+            self.check_running()?;
             let info: Option<sandcell_api::discovery::DaemonInfo> =
                 std::fs::read_to_string(&info_path)
                     .ok()
                     .and_then(|t| serde_json::from_str(&t).ok());
-            if let Some(info) = info.filter(|i| i.pid == d.pid) {
+            if let Some(info) = info.filter(|i| i.pid == self.pid) {
                 break info.url;
             }
             if Instant::now() > deadline {
                 bail!(
                     "the daemon wrote no {} in {START_TIMEOUT:?}\n{}",
                     info_path.display(),
-                    d.log_tail(20)
+                    self.log_tail(20)
                 );
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::time::sleep(every).await;
         };
-        d.api = sandcell_client::Client::builder(d.url.clone())
+        let api = sandcell_client::Client::builder(self.url.clone())
             .timeout(Duration::from_secs(300))
             .build()?;
+        self.api = match &self.key {
+            Some(key) => api.with_api_key(key.as_str()),
+            None => api,
+        };
         loop {
-            d.check_running()?;
-            if d.healthz().await.is_ok() {
-                break;
+            self.check_running()?;
+            if self.healthz().await.is_ok() {
+                return Ok(Instant::now());
             }
             if Instant::now() > deadline {
-                bail!("the daemon at {} never answered /healthz", d.url);
+                bail!("the daemon at {} never answered /healthz", self.url);
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::time::sleep(every).await;
         }
-        let key_path = sandcell_api::discovery::admin_key_path(&d.home);
-        let key = std::fs::read_to_string(&key_path)
-            .with_context(|| format!("read {}", key_path.display()))?;
-        d.api = d.api.with_api_key(key.trim());
-        d.wait_pool_full(pool).await?;
-        Ok(d)
+    }
+
+    /// A client of the daemon with the admin key that shares no connection with
+    /// [`Daemon::api`]: its first request opens a new one.
+    pub(in crate::bench) fn new_client(&self) -> anyhow::Result<sandcell_client::Client> {
+        let api = sandcell_client::Client::builder(self.url.clone())
+            .timeout(Duration::from_secs(300))
+            .build()?;
+        Ok(match &self.key {
+            Some(key) => api.with_api_key(key.as_str()),
+            None => api,
+        })
+    }
+
+    /// SIGKILL, as a crash would: the daemon stops at once, leaving its records as they
+    /// were and its sandboxes running.
+    pub(in crate::bench) fn kill9(&mut self) -> anyhow::Result<()> {
+        let Some(mut child) = self.child.take() else {
+            bail!("the daemon is not running");
+        };
+        child.kill().context("kill -9 the daemon")?;
+        child.wait().context("wait for the killed daemon")?;
+        Ok(())
+    }
+
+    /// Starts it again on the same home with the same settings, after [`Daemon::kill9`],
+    /// and waits until it answers (its pool is not waited for).
+    pub(in crate::bench) async fn restart(&mut self) -> anyhow::Result<Restarted> {
+        if self.child.is_some() {
+            bail!("the daemon is still running: kill it first");
+        }
+        let spawned = Instant::now();
+        self.spawn()?;
+        let up = self.wait_up(Duration::from_millis(1)).await?;
+        Ok(Restarted { spawned, up })
     }
 
     pub(super) fn pid(&self) -> u32 {
@@ -156,7 +243,7 @@ impl Daemon {
     }
 
     /// The last `n` lines of the daemon's log.
-    pub(super) fn log_tail(&self, n: usize) -> String {
+    pub(in crate::bench) fn log_tail(&self, n: usize) -> String {
         let log = std::fs::read_to_string(self.home.join("daemon.log")).unwrap_or_default();
         let lines: Vec<&str> = log.lines().collect();
         let tail = lines[lines.len().saturating_sub(n)..].join("\n");
@@ -281,7 +368,7 @@ impl Daemon {
 
     /// SIGTERM, waits for a clean exit, then checks that no sandbox of its is left running
     /// (one that is gets killed, and the stop fails).
-    pub(super) async fn stop(&mut self, engine: &Engine) -> anyhow::Result<()> {
+    pub(in crate::bench) async fn stop(&mut self, engine: &Engine) -> anyhow::Result<()> {
         let Some(mut child) = self.child.take() else {
             bail!("the daemon is not running");
         };

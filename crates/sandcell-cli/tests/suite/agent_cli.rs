@@ -540,7 +540,9 @@ async fn a_failing_check_goes_back_to_the_model_which_fixes_it_on_the_second_att
         .turn(code_call(BUGGY))
         .turn(final_answer("calc.add is written"))
         .turn(code_call(
-            "open('calc.py', 'w').write('def add(a, b):\\n    return a + b\\n')\nprint('fixed')",
+            // Another size than the buggy file: a bytecode cache keyed on the file's mtime
+            // (seconds) and size must not hand pytest the old module.
+            "open('calc.py', 'w').write('def add(a, b):\\n    return b + a  # fixed\\n')\nprint('fixed')",
         ))
         .turn(final_answer("calc.add is fixed"));
     let llm = ScriptedLlm::start(script).await.expect("scripted model");
@@ -554,7 +556,7 @@ async fn a_failing_check_goes_back_to_the_model_which_fixes_it_on_the_second_att
             "--model",
             "openai/scripted",
             "--validate",
-            "python3 -m pytest -q -p no:cacheprovider test_calc.py",
+            "PYTHONDONTWRITEBYTECODE=1 python3 -m pytest -q -p no:cacheprovider test_calc.py",
             "Write calc.add with a test.",
         ],
     )
@@ -585,7 +587,7 @@ async fn a_failing_check_goes_back_to_the_model_which_fixes_it_on_the_second_att
     let started = of_type(&events, "run_started")[0];
     assert_eq!(
         started["validate"]["command"],
-        "python3 -m pytest -q -p no:cacheprovider test_calc.py"
+        "PYTHONDONTWRITEBYTECODE=1 python3 -m pytest -q -p no:cacheprovider test_calc.py"
     );
 }
 
@@ -610,7 +612,7 @@ async fn an_answer_never_fixed_ends_the_run_validation_failed() {
             "--model",
             "openai/scripted",
             "--validate",
-            "python3 -m pytest -q -p no:cacheprovider test_calc.py",
+            "PYTHONDONTWRITEBYTECODE=1 python3 -m pytest -q -p no:cacheprovider test_calc.py",
             "--validate-attempts",
             "2",
             "Write calc.add with a test.",

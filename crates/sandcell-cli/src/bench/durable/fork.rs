@@ -4,8 +4,8 @@
 //! over the run's event stream (SSE), the scripted model answering at once. The stream is
 //! read two ways, interleaved: on the connection the POST used (kept alive, as a client
 //! does), and on a new one. Its parts: the POST's answer (the sandbox restored from step
-//! 2's snapshot, the fork started), then the rest; and when the daemon committed each of
-//! the fork's events (their `ts`, milliseconds). Beside it, the restore alone:
+//! 2's snapshot, the fork started), and when the daemon committed each of the fork's events
+//! (their `ts`, milliseconds). Beside it, the restore alone:
 //! `POST /v1/runs/{id}/steps/2/sandbox`.
 
 use std::collections::{BTreeMap, BTreeSet};

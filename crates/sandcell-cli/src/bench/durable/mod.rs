@@ -10,8 +10,8 @@
 //!
 //! `step_snapshot`, `resume` and `fork` measure, each giving a [`Section`]; `model` runs the
 //! scripted model; this module checks the arguments, runs them and prints the report. The
-//! daemon is `bench daemon`'s (`daemon::server`). No submodule uses this one except for
-//! [`Row`] and [`Section`].
+//! daemon is `bench daemon`'s (`daemon::server`). The submodules use this one only for
+//! what they report with: [`Row`], [`Section`] and the helpers on event times.
 
 use std::process::ExitCode;
 use std::time::Duration;

@@ -338,6 +338,18 @@ pub struct Reopened {
     pub tools_unknown: bool,
 }
 
+/// The caller's sandbox `id` when it can still be worked in (running or paused); a resume
+/// or a thread falls back on a snapshot otherwise.
+pub fn usable_sandbox(
+    service: &Service,
+    caller: &sandcell_service::Caller,
+    id: Option<&str>,
+) -> Option<SandboxId> {
+    let id = SandboxId::parse(id?).ok()?;
+    let info = service.get_sandbox(caller, &id).ok()?;
+    (info.state == "running" || info.state == "paused").then_some(id)
+}
+
 /// Finds the sandbox a resumed run goes on in and records the `resumed` event: the run's
 /// own when it is still there and nothing of the next step had touched it; else a new one
 /// restored from the last step snapshot (tool calls that had started then run again, once);
@@ -345,15 +357,7 @@ pub struct Reopened {
 /// new one from the run's template (earlier effects lost, said so).
 pub async fn reopen(ctx: &mut RunContext, r: &Rebuilt) -> Result<Reopened, ServiceError> {
     let (service, caller) = (ctx.service.clone(), ctx.caller.clone());
-    let current = r
-        .sandbox_id
-        .as_deref()
-        .and_then(|id| SandboxId::parse(id).ok())
-        .filter(|id| {
-            service
-                .get_sandbox(&caller, id)
-                .is_ok_and(|info| info.state == "running" || info.state == "paused")
-        });
+    let current = usable_sandbox(&service, &caller, r.sandbox_id.as_deref());
     let mut notes = Vec::new();
     let mut restored_from = None;
     let mut tools_unknown = false;

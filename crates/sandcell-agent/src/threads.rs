@@ -169,15 +169,8 @@ impl Runner {
         messages.push(Message::user(req.task.clone()));
         let template = req.template.clone().unwrap_or_else(|| "python".to_string());
         // Its sandbox: the one it has, else one restored from its last snapshot, else new.
-        let alive = thread
-            .sandbox_id
-            .as_deref()
-            .and_then(|s| SandboxId::parse(s).ok())
-            .filter(|id| {
-                self.service
-                    .get_sandbox(caller, id)
-                    .is_ok_and(|i| i.state == "running" || i.state == "paused")
-            });
+        let alive =
+            crate::durable::usable_sandbox(&self.service, caller, thread.sandbox_id.as_deref());
         let (sandbox, restored_from) = match (alive, last_snapshot) {
             (Some(id), _) => (id, None),
             (None, Some(snapshot)) => {

@@ -79,17 +79,7 @@ pub async fn list(
     caller: Caller,
     RawQuery(query): RawQuery,
 ) -> ApiResult<Json<RunList>> {
-    let mut limit = 0;
-    for (k, v) in query_pairs(query.as_deref())? {
-        match k.as_str() {
-            "limit" => limit = parse_limit(&v)?,
-            other => {
-                return Err(ApiError::invalid(format!(
-                    "unknown query parameter '{other}' (this route takes: limit)"
-                )));
-            }
-        }
-    }
+    let limit = limit_only(query.as_deref())?;
     Ok(Json(s.runner.list(&caller, limit)?))
 }
 
@@ -326,7 +316,23 @@ fn wants_json(headers: &HeaderMap) -> bool {
     accept.contains("application/json") && !accept.contains("text/event-stream")
 }
 
-pub(crate) fn parse_limit(v: &str) -> Result<u32, ApiError> {
+/// The `limit` of a listing that takes no other parameter (0: the default page).
+pub(crate) fn limit_only(query: Option<&str>) -> Result<u32, ApiError> {
+    let mut limit = 0;
+    for (k, v) in query_pairs(query)? {
+        match k.as_str() {
+            "limit" => limit = parse_limit(&v)?,
+            other => {
+                return Err(ApiError::invalid(format!(
+                    "unknown query parameter '{other}' (this route takes: limit)"
+                )));
+            }
+        }
+    }
+    Ok(limit)
+}
+
+fn parse_limit(v: &str) -> Result<u32, ApiError> {
     v.parse::<u32>()
         .ok()
         .filter(|n| (1..=MAX_LIMIT).contains(n))

@@ -6,10 +6,10 @@ use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use sandcell_api::runs::{CreateThread, RenameThread, ThreadInfo, ThreadList};
 
-use super::extract::{ApiJson, ApiPath, query_pairs};
-use super::runs::parse_limit;
+use super::extract::{ApiJson, ApiPath};
+use super::runs::limit_only;
 use crate::auth::Caller;
-use crate::error::{ApiError, ApiResult, ErrorBody};
+use crate::error::{ApiResult, ErrorBody};
 use crate::state::AppState;
 
 /// Makes a thread. Its runs (`POST /v1/runs` with `thread_id`) each see the conversation
@@ -52,17 +52,7 @@ pub async fn list(
     caller: Caller,
     RawQuery(query): RawQuery,
 ) -> ApiResult<Json<ThreadList>> {
-    let mut limit = 0;
-    for (k, v) in query_pairs(query.as_deref())? {
-        match k.as_str() {
-            "limit" => limit = parse_limit(&v)?,
-            other => {
-                return Err(ApiError::invalid(format!(
-                    "unknown query parameter '{other}' (this route takes: limit)"
-                )));
-            }
-        }
-    }
+    let limit = limit_only(query.as_deref())?;
     Ok(Json(s.runner.list_threads(&caller, limit)?))
 }
 

@@ -85,8 +85,12 @@ impl Pool {
     }
 
     /// A pool that continues from usage recorded earlier (a run resumed after a restart).
-    pub fn resumed(budgets: Budgets, used: &RunUsage) -> Self {
-        let pool = Self::new(budgets);
+    pub fn resumed(budgets: Budgets, used: &RunUsage, ran: Duration) -> Self {
+        let mut pool = Self::new(budgets);
+        // The run's clock goes on from the time it had run before it stopped.
+        if let Some(started) = pool.started.checked_sub(ran) {
+            pool.started = started;
+        }
         {
             let mut c = pool.counts();
             c.input = used.input_tokens;

@@ -14,8 +14,8 @@ use sandcell_service::{Service, ServiceError};
 use serde_json::Value;
 use sha2::{Digest, Sha256};
 
-use crate::event::{Event, EventKind, StepSnapshot};
-use crate::run::{RunContext, SandboxPlan};
+use crate::event::{ArtifactRef, Event, EventKind, StepSnapshot};
+use crate::run::SandboxPlan;
 
 /// Tools whose call changes the sandbox: a step that made one is snapshotted under
 /// [`SnapshotPolicy::OnMutation`].
@@ -206,11 +206,18 @@ pub struct Rebuilt {
     pub attempts: u32,
     /// The last event's number.
     pub seq: u64,
+    /// Repl mode: its input kept as a file (none: the task is the input).
+    pub input: Option<ArtifactRef>,
+    /// Repl mode: the kernel context its code runs in.
+    pub kernel: Option<String>,
+    /// Repl mode: sub-runs started (`rlm_query` calls).
+    pub sub_runs: u32,
 }
 
 /// Rebuilds a run from its events (in order, as stored).
 pub fn rebuild(events: &[Value]) -> Result<Rebuilt, String> {
     let mut r: Option<Rebuilt> = None;
+    let mut side_calls = std::collections::HashSet::new();
     for value in events {
         let event: Event = serde_json::from_value(value.clone())
             .map_err(|e| format!("event {} cannot be read: {e}", value["seq"]))?;
@@ -219,6 +226,7 @@ pub fn rebuild(events: &[Value]) -> Result<Rebuilt, String> {
             mode,
             budgets,
             validate,
+            input,
             ..
         } = &event.kind
         {
@@ -231,10 +239,15 @@ pub fn rebuild(events: &[Value]) -> Result<Rebuilt, String> {
                 budgets: budgets.clone(),
                 validate: validate.clone(),
                 sandbox_id: None,
-                messages: vec![Message {
-                    role: sandcell_llm::Role::User,
-                    content: vec![Part::Text(task.clone())],
-                }],
+                // A repl run's first message (a description of its input) is in its first
+                // step's messages.
+                messages: match mode {
+                    RunMode::Tools => vec![Message {
+                        role: sandcell_llm::Role::User,
+                        content: vec![Part::Text(task.clone())],
+                    }],
+                    RunMode::Repl => Vec::new(),
+                },
                 step: 0,
                 snapshot: None,
                 usage: RunUsage::default(),
@@ -244,6 +257,9 @@ pub fn rebuild(events: &[Value]) -> Result<Rebuilt, String> {
                 calls: 0,
                 attempts: 0,
                 seq: event.seq,
+                input: input.clone(),
+                kernel: None,
+                sub_runs: 0,
             });
             continue;
         }
@@ -259,7 +275,18 @@ pub fn rebuild(events: &[Value]) -> Result<Rebuilt, String> {
                 r.next_response = None;
                 r.started_tools = 0;
             }
-            EventKind::LlmRequest { call, .. } => r.calls = r.calls.max(call),
+            EventKind::LlmRequest {
+                call,
+                sub_call,
+                condense,
+                ..
+            } => {
+                r.calls = r.calls.max(call);
+                if sub_call || condense {
+                    side_calls.insert(call);
+                }
+            }
+            EventKind::KernelReady { context_id, .. } => r.kernel = Some(context_id),
             EventKind::LlmResponse {
                 call,
                 text,
@@ -272,7 +299,8 @@ pub fn rebuild(events: &[Value]) -> Result<Rebuilt, String> {
                 request_id,
             } => {
                 r.spent_after.push((usage, cost_usd));
-                if event.step == r.step + 1 {
+                // Only the step's own answer is reused; a sub-call's or a summary's is not it.
+                if event.step == r.step + 1 && !side_calls.contains(&call) {
                     r.next_response = Some(RecordedResponse {
                         call,
                         response: ChatResponse {
@@ -288,7 +316,12 @@ pub fn rebuild(events: &[Value]) -> Result<Rebuilt, String> {
                     });
                 }
             }
-            EventKind::ToolCall { .. } => r.started_tools += 1,
+            EventKind::ToolCall { name, .. } => {
+                r.started_tools += 1;
+                if name == crate::repl::RLM_QUERY {
+                    r.sub_runs += 1;
+                }
+            }
             EventKind::Condensed {
                 summary,
                 messages_replaced,
@@ -336,6 +369,8 @@ pub struct Reopened {
     pub id: SandboxId,
     /// Tool calls of the next step had started and nothing could undo them.
     pub tools_unknown: bool,
+    /// It was restored from a step snapshot (a new sandbox).
+    pub restored: bool,
 }
 
 /// The caller's sandbox `id` when it can still be worked in (running or paused); a resume
@@ -355,9 +390,13 @@ pub fn usable_sandbox(
 /// restored from the last step snapshot (tool calls that had started then run again, once);
 /// else, without a snapshot, the one still there (the started calls' effects unknown) or a
 /// new one from the run's template (earlier effects lost, said so).
-pub async fn reopen(ctx: &mut RunContext, r: &Rebuilt) -> Result<Reopened, ServiceError> {
-    let (service, caller) = (ctx.service.clone(), ctx.caller.clone());
-    let current = usable_sandbox(&service, &caller, r.sandbox_id.as_deref());
+pub async fn reopen(
+    service: &Service,
+    caller: &sandcell_service::Caller,
+    plan: &SandboxPlan,
+    r: &Rebuilt,
+) -> Result<(Reopened, EventKind), ServiceError> {
+    let current = usable_sandbox(service, caller, r.sandbox_id.as_deref());
     let mut notes = Vec::new();
     let mut restored_from = None;
     let mut tools_unknown = false;
@@ -367,7 +406,7 @@ pub async fn reopen(ctx: &mut RunContext, r: &Rebuilt) -> Result<Reopened, Servi
         (_, Some((step, snap)), _) => {
             let opts = sandcell_engine::fleet::CreateOptions::default();
             let made = service
-                .restore_snapshot(&caller, &snap.snapshot_id, &opts)
+                .restore_snapshot(caller, &snap.snapshot_id, &opts)
                 .await?;
             let id = SandboxId::parse(made.sandbox.id)?;
             notes.push(format!(
@@ -377,8 +416,8 @@ pub async fn reopen(ctx: &mut RunContext, r: &Rebuilt) -> Result<Reopened, Servi
             notes.extend(snap.not_carried.iter().map(|n| format!("not carried: {n}")));
             // The one the stop left behind goes when the run made it; a sandbox the caller
             // gave is theirs and stays.
-            if let (Some(old), SandboxPlan::Create { .. }) = (&current, &ctx.sandbox) {
-                let _ = service.delete_sandbox(&caller, old).await;
+            if let (Some(old), SandboxPlan::Create { .. }) = (&current, plan) {
+                let _ = service.delete_sandbox(caller, old).await;
             }
             restored_from = Some(snap.snapshot_id.clone());
             id
@@ -393,7 +432,7 @@ pub async fn reopen(ctx: &mut RunContext, r: &Rebuilt) -> Result<Reopened, Servi
             id.clone()
         }
         (None, None, _) => {
-            let (id, _) = crate::run::open_sandbox(&service, &caller, &ctx.sandbox).await?;
+            let (id, _) = crate::run::open_sandbox(service, caller, plan).await?;
             if r.step > 0 {
                 notes.push(
                     "the run's sandbox was gone and no step snapshot exists: a new sandbox was \
@@ -404,39 +443,84 @@ pub async fn reopen(ctx: &mut RunContext, r: &Rebuilt) -> Result<Reopened, Servi
             id
         }
     };
-    ctx.journal.record.sandbox_id = Some(id.to_string());
-    ctx.journal.emit(
-        EventKind::Resumed {
-            after_step: r.step,
-            reused_response: r.next_response.is_some(),
-            rerun_tool_calls: if restored_from.is_some() {
-                r.started_tools
-            } else {
-                0
-            },
-            restored_from,
-            sandbox_id: id.to_string(),
-            notes,
+    let restored = restored_from.is_some();
+    let event = EventKind::Resumed {
+        after_step: r.step,
+        reused_response: r.next_response.is_some(),
+        rerun_tool_calls: if restored_from.is_some() {
+            r.started_tools
+        } else {
+            0
         },
-        true,
-    )?;
-    Ok(Reopened { id, tools_unknown })
+        restored_from,
+        sandbox_id: id.to_string(),
+        notes,
+    };
+    Ok((
+        Reopened {
+            id,
+            tools_unknown,
+            restored,
+        },
+        event,
+    ))
+}
+
+/// Records a resumed run's sandbox and its `resumed` event.
+pub fn record_reopened(
+    journal: &mut crate::journal::Journal,
+    reopened: &Reopened,
+    event: EventKind,
+) -> Result<(), ServiceError> {
+    journal.record.sandbox_id = Some(reopened.id.to_string());
+    journal.emit(event, true)?;
+    Ok(())
 }
 
 /// All of a run's stored events, in order.
 pub fn all_events(store: &sandcell_store::Store, run: &str) -> Result<Vec<Value>, ServiceError> {
-    let mut out = Vec::new();
+    Ok(all_event_records(store, run)?
+        .into_iter()
+        .map(|e| e.event)
+        .collect())
+}
+
+/// All of a run's stored event records (with their times), in order.
+pub fn all_event_records(
+    store: &sandcell_store::Store,
+    run: &str,
+) -> Result<Vec<sandcell_store::RunEventRecord>, ServiceError> {
+    let mut out: Vec<sandcell_store::RunEventRecord> = Vec::new();
     loop {
-        let after = out
-            .last()
-            .and_then(|e: &Value| e["seq"].as_u64())
-            .unwrap_or(0);
+        let after = out.last().map_or(0, |e| e.seq);
         let page = store.run_events(run, after, 1000)?;
         if page.is_empty() {
             return Ok(out);
         }
-        out.extend(page.into_iter().map(|e| e.event));
+        out.extend(page);
     }
+}
+
+/// How long a run has run, as its events show: from its start, and from each resume, to the
+/// last event before the next stop (the time it was stopped does not count against its
+/// wall-time budget).
+pub fn time_run(events: &[sandcell_store::RunEventRecord]) -> std::time::Duration {
+    let mut total = 0i64;
+    let mut segment: Option<(i64, i64)> = None;
+    for e in events {
+        match segment {
+            Some((start, last)) if e.kind == "resumed" => {
+                total += last - start;
+                segment = Some((e.at, e.at));
+            }
+            Some((start, _)) => segment = Some((start, e.at)),
+            None => segment = Some((e.at, e.at)),
+        }
+    }
+    if let Some((start, last)) = segment {
+        total += last - start;
+    }
+    std::time::Duration::from_millis(u64::try_from(total).unwrap_or(0))
 }
 
 /// Deletes an ended run's step snapshots but the last one and those in use (a sandbox or a
@@ -522,5 +606,155 @@ mod tests {
                 "variable sock of context python: a socket".to_string()
             ]
         );
+    }
+
+    /// An event as stored, numbered in order.
+    fn stored(events: Vec<(u32, EventKind)>) -> Vec<Value> {
+        events
+            .into_iter()
+            .enumerate()
+            .map(|(i, (step, kind))| {
+                serde_json::to_value(Event {
+                    v: 1,
+                    run_id: "run-1".into(),
+                    root_run_id: "run-1".into(),
+                    seq: i as u64 + 1,
+                    ts: String::new(),
+                    step,
+                    depth: 0,
+                    kind,
+                })
+                .expect("event")
+            })
+            .collect()
+    }
+
+    fn request(call: u32, sub_call: bool, condense: bool) -> EventKind {
+        EventKind::LlmRequest {
+            call,
+            model: "openai/m".into(),
+            messages: 1,
+            tools: Vec::new(),
+            max_tokens: 10,
+            prompt_estimate: 1,
+            sub_call,
+            condense,
+        }
+    }
+
+    fn response(call: u32, text: &str) -> EventKind {
+        EventKind::LlmResponse {
+            call,
+            text: text.into(),
+            tool_calls: Vec::new(),
+            finish: sandcell_llm::FinishReason::Stop,
+            usage: Usage::default(),
+            cost_usd: None,
+            latency_ms: 1,
+            attempts: 1,
+            request_id: None,
+        }
+    }
+
+    #[test]
+    fn a_repl_run_is_rebuilt_with_its_input_kernel_and_the_steps_own_answer() {
+        let budgets: Budgets = serde_json::from_value(serde_json::json!({
+            "max_iterations": 5, "max_depth": 1, "max_sub_calls": 5, "token_budget": null,
+            "cost_limit_usd": 1.0, "timeout_secs": 60.0, "cell_timeout_secs": 10.0,
+            "max_output_tokens": 100
+        }))
+        .expect("budgets");
+        let input = ArtifactRef {
+            media_type: "text/plain".into(),
+            path: "/tmp/input.txt".into(),
+            bytes: 3,
+        };
+        let events = stored(vec![
+            (
+                0,
+                EventKind::RunStarted {
+                    task: "t".into(),
+                    mode: RunMode::Repl,
+                    model: "openai/m".into(),
+                    budgets,
+                    parent_run_id: None,
+                    validate: None,
+                    forked_from: None,
+                    input: Some(input.clone()),
+                },
+            ),
+            (
+                0,
+                EventKind::KernelReady {
+                    context_id: "ctx-1".into(),
+                    fresh: true,
+                },
+            ),
+            (1, request(1, false, false)),
+            (1, response(1, "step one")),
+            (
+                1,
+                EventKind::StepCommitted {
+                    usage: RunUsage::default(),
+                    snapshot: None,
+                    messages: vec![Message::user("the input is …"), Message::user("out")],
+                },
+            ),
+            // Step 2: a summary first, then the step's answer, then its code's sub-call.
+            (2, request(2, false, true)),
+            (2, response(2, "a summary")),
+            (2, request(3, false, false)),
+            (2, response(3, "```python\nllm_query('q')\n```")),
+            (
+                2,
+                EventKind::ToolCall {
+                    call_id: "step2-block1".into(),
+                    name: crate::repl::REPL_TOOL.into(),
+                    arguments: Value::Null,
+                },
+            ),
+            (2, request(4, true, false)),
+            (2, response(4, "a sub-call's answer")),
+        ]);
+        let r = rebuild(&events).expect("rebuilt");
+        assert_eq!(r.mode, RunMode::Repl);
+        assert_eq!(r.input, Some(input));
+        assert_eq!(r.kernel.as_deref(), Some("ctx-1"));
+        // The first message comes from step 1's messages, not from the task.
+        assert_eq!(r.messages.len(), 2);
+        assert_eq!(r.step, 1);
+        assert_eq!(r.calls, 4);
+        assert_eq!(r.started_tools, 1);
+        let next = r.next_response.expect("step 2's answer");
+        assert_eq!(
+            (next.call, next.response.text.as_str()),
+            (3, "```python\nllm_query('q')\n```")
+        );
+        // All three answers after the commit were paid for.
+        assert_eq!(r.spent_after.len(), 3);
+        // Stopped after the summary: the step's own answer is not recorded yet.
+        let r = rebuild(&events[..7]).expect("rebuilt");
+        assert!(r.next_response.is_none(), "{:?}", r.next_response);
+        assert_eq!(r.spent_after.len(), 1);
+    }
+
+    #[test]
+    fn the_time_a_run_ran_leaves_out_the_time_it_was_stopped() {
+        let at = |seq: u64, at: i64, kind: &str| sandcell_store::RunEventRecord {
+            run_id: "run-1".into(),
+            seq,
+            at,
+            kind: kind.into(),
+            event: Value::Null,
+        };
+        let events = [
+            at(1, 1_000, "run_started"),
+            at(2, 4_000, "llm_request"),
+            // Stopped for 100 s.
+            at(3, 104_000, "resumed"),
+            at(4, 106_000, "step_committed"),
+        ];
+        assert_eq!(time_run(&events), std::time::Duration::from_millis(5_000));
+        assert_eq!(time_run(&[]), std::time::Duration::ZERO);
     }
 }

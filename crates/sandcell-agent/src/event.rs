@@ -78,6 +78,18 @@ pub enum EventKind {
         /// The run and step a fork's history comes from.
         #[serde(default, skip_serializing_if = "Option::is_none")]
         forked_from: Option<sandcell_api::runs::ForkedFrom>,
+        /// Repl mode: its input (`context`), kept as a file when it is not the task, so a
+        /// resume or a fork can load it into a new kernel.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        input: Option<ArtifactRef>,
+    },
+    /// Repl mode: the kernel context the run's code runs in (its variables are the run's
+    /// working state, carried by the step snapshots).
+    KernelReady {
+        /// The context (`/v1/sandboxes/{id}/contexts/{context_id}`).
+        context_id: String,
+        /// Made and loaded with the input now (else the one the sandbox already had).
+        fresh: bool,
     },
     /// A thread's history: the conversation of its earlier runs (and this run's task), and
     /// the sandbox its runs share.
@@ -146,6 +158,9 @@ pub enum EventKind {
         prompt_estimate: u64,
         /// A sub-call (not the run's own step).
         sub_call: bool,
+        /// The call that summarizes older steps (not the step's own answer).
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        condense: bool,
     },
     /// A model call answered.
     LlmResponse {
@@ -275,6 +290,7 @@ impl EventKind {
         match self {
             EventKind::RunStarted { .. } => "run_started",
             EventKind::SandboxReady { .. } => "sandbox_ready",
+            EventKind::KernelReady { .. } => "kernel_ready",
             EventKind::LlmRequest { .. } => "llm_request",
             EventKind::LlmResponse { .. } => "llm_response",
             EventKind::LlmError { .. } => "llm_error",

@@ -34,7 +34,7 @@ use crate::budget::{Exhausted, Pool, Reservation};
 use crate::durable;
 use crate::event::{ArtifactRef, Event, EventKind};
 use crate::journal::{Journal, now_ms};
-use crate::run::{self, Asked, Ended, RunContext, SandboxPlan};
+use crate::run::{self, Asked, CallKind, Ended, RunContext, SandboxPlan};
 use crate::runner::{LiveEntry, LiveRuns};
 use crate::tools;
 use crate::validate;
@@ -390,7 +390,7 @@ impl Repl {
         })
     }
 
-    fn llm_request_event(&self, call: u32, req: &ChatRequest, sub_call: bool) -> EventKind {
+    fn llm_request_event(&self, call: u32, req: &ChatRequest, kind: CallKind) -> EventKind {
         EventKind::LlmRequest {
             call,
             model: self.model.to_string(),
@@ -398,7 +398,8 @@ impl Repl {
             tools: Vec::new(),
             max_tokens: req.max_tokens,
             prompt_estimate: req.estimated_input_tokens(),
-            sub_call,
+            sub_call: kind == CallKind::Sub,
+            condense: kind == CallKind::Condense,
         }
     }
 
@@ -427,14 +428,14 @@ impl Repl {
     }
 
     /// One step's model call: reserved, recorded, asked, settled.
-    async fn ask(&self, mut req: ChatRequest) -> Result<Asked, ServiceError> {
+    async fn ask(&self, mut req: ChatRequest, kind: CallKind) -> Result<Asked, ServiceError> {
         let held = match self.reserve(&req, false) {
             Ok(h) => h,
             Err(which) => return Ok(Asked::End(Ended::failed(which.reason()))),
         };
         req.max_tokens = held.max_tokens();
         let call = self.next_call();
-        self.emit(self.llm_request_event(call, &req, false), false)?;
+        self.emit(self.llm_request_event(call, &req, kind), false)?;
         let llm = self.llm.clone();
         let provider = self.model.provider;
         let answer = tokio::select! {
@@ -566,7 +567,7 @@ impl Repl {
             let held = self.reserve(&req, true).map_err(budget_refusal)?;
             req.max_tokens = held.max_tokens();
             let call = self.next_call();
-            self.emit(self.llm_request_event(call, &req, true), false)
+            self.emit(self.llm_request_event(call, &req, CallKind::Sub), false)
                 .map_err(|e| not_recorded(&e))?;
             pending.push((call, req, held));
         }
@@ -788,6 +789,38 @@ fn millis(d: Duration) -> u64 {
 /// context of its own that it removes at its end; a top-level run's context stays, for
 /// whoever looks at the sandbox afterwards.
 pub async fn drive_repl(ctx: RunContext, task: String, context: Option<String>) -> Ended {
+    drive_repl_from(ctx, ReplStart::Fresh { task, context }).await
+}
+
+/// How a repl run starts.
+#[derive(Debug)]
+pub enum ReplStart {
+    /// Afresh: its task, and its input (`None`: the task itself).
+    Fresh {
+        /// The task.
+        task: String,
+        /// The input.
+        context: Option<String>,
+    },
+    /// Again after its process stopped, from what its trajectory recorded.
+    Resumed(Box<durable::Rebuilt>),
+    /// A fork, its start recorded: this conversation, in this sandbox.
+    Forked {
+        /// The sandbox, ready (restored from the original's step snapshot).
+        sandbox: SandboxId,
+        /// The history, the description of the input first.
+        messages: Vec<Message>,
+        /// The original's kernel context, which the snapshot brought back.
+        kernel: Option<String>,
+        /// Where the input is kept (`None`: the task is the input).
+        input: Option<ArtifactRef>,
+        /// The original's task.
+        task: String,
+    },
+}
+
+/// [`drive_repl`], from a fresh start, a resume or a fork.
+pub async fn drive_repl_from(ctx: RunContext, start: ReplStart) -> Ended {
     let RunContext {
         service,
         llm,
@@ -820,7 +853,7 @@ pub async fn drive_repl(ctx: RunContext, task: String, context: Option<String>) 
         durability,
     });
     let mut kernel = None;
-    let ended = match steps(&repl, &sandbox, task, context, &mut kernel).await {
+    let ended = match steps(&repl, &sandbox, start, &mut kernel).await {
         Ok(ended) => ended,
         Err(e) => {
             let _ = repl.emit(
@@ -843,6 +876,10 @@ pub async fn drive_repl(ctx: RunContext, task: String, context: Option<String>) 
     // The sandbox goes before `run_finished`: whoever sees the end sees it gone.
     let made = lock(&repl.journal).record.sandbox_id.clone();
     run::release_sandbox(&repl.service, &repl.caller, &sandbox, made.as_deref()).await;
+    if repl.durability.prune {
+        let run_id = lock(&repl.journal).record.id.clone();
+        durable::prune(&repl.service, &repl.caller, &run_id).await;
+    }
     run::finish(&mut lock(&repl.journal), repl.pool.usage(), &ended);
     ended
 }
@@ -903,54 +940,85 @@ async fn load_context(
     }
 }
 
-async fn steps(
-    repl: &Arc<Repl>,
-    plan: &SandboxPlan,
-    task: String,
-    context: Option<String>,
-    kernel: &mut Option<(SandboxId, String)>,
-) -> Result<Ended, ServiceError> {
-    let budgets = repl.pool.budgets().clone();
-    let (run_id, parent, depth) = {
-        let j = lock(&repl.journal);
-        (
-            j.record.id.clone(),
-            j.record.parent_id.clone(),
-            j.record.depth,
-        )
-    };
-    repl.emit(
-        EventKind::RunStarted {
-            task: task.clone(),
-            mode: RunMode::Repl,
-            model: repl.model.to_string(),
-            budgets: budgets.clone(),
-            parent_run_id: parent,
-            validate: repl.validate.clone(),
-            forked_from: None,
-        },
-        false,
-    )?;
-    if repl.llm.config().prices.get(&repl.model).is_none() && depth == 0 {
+/// Where a repl run's loop starts: its sandbox, kernel context and conversation, and how
+/// far a resumed run had got.
+struct Begun {
+    sandbox: SandboxId,
+    context: String,
+    messages: Vec<Message>,
+    /// The first step to run.
+    first: u32,
+    /// The first step's messages include the first one (a fresh start: a resume or a fork
+    /// rebuilds the conversation from the steps' messages alone).
+    first_message_in_step: bool,
+    /// The next step's answer, recorded before a stop.
+    recorded: Option<ChatResponse>,
+    /// Code of the next step had started before a stop and nothing could undo it.
+    blocks_unknown: bool,
+    attempts: u32,
+}
+
+/// The input text: `input` read back from its file, else the task.
+fn read_input(input: Option<&ArtifactRef>, task: &str) -> Result<String, ServiceError> {
+    match input {
+        None => Ok(task.to_string()),
+        Some(a) => std::fs::read_to_string(&a.path).map_err(|e| {
+            ServiceError::internal(format!("the run's input ({}) cannot be read: {e}", a.path))
+        }),
+    }
+}
+
+/// The kernel context a resumed or forked run goes on in: `known` when the sandbox still
+/// has it (its variables are the run's state), else a new one loaded with the input (and a
+/// warning when earlier steps' variables are lost).
+async fn reattach_kernel(
+    repl: &Repl,
+    sandbox: &SandboxId,
+    known: Option<&str>,
+    input: Option<&ArtifactRef>,
+    task: &str,
+    after_step: u32,
+) -> Result<String, ServiceError> {
+    if let Some(id) = known {
+        let live = repl.service.list_contexts(&repl.caller, sandbox).await?;
+        if live.iter().any(|c| c.id == id) {
+            repl.emit(
+                EventKind::KernelReady {
+                    context_id: id.to_string(),
+                    fresh: false,
+                },
+                false,
+            )?;
+            return Ok(id.to_string());
+        }
+    }
+    if after_step > 0 {
         repl.emit(
             EventKind::Warning {
-                message: format!(
-                    "no price is known for {}: its cost is reported as unknown and the cost limit cannot be held (add it to agent.prices)",
-                    repl.model
-                ),
+                message: "the run's kernel is not in its sandbox any more: a new one was started \
+                          with the input in `context`; variables of earlier steps are lost"
+                    .into(),
             },
             false,
         )?;
     }
-    let sandbox_id = prepare_sandbox(repl, plan).await?;
-    let _ = repl.sandbox_id.set(sandbox_id.clone());
+    new_kernel(repl, sandbox, read_input(input, task)?).await
+}
+
+/// A new kernel context of the run's own, with `input` loaded as `context`, recorded.
+async fn new_kernel(
+    repl: &Repl,
+    sandbox: &SandboxId,
+    input: String,
+) -> Result<String, ServiceError> {
+    let run_id = lock(&repl.journal).record.id.clone();
     // A context of its own (recorded, as any context made through the service): the run's
     // `context` variable and whatever its code defines stay out of the sandbox's default one.
     let info = repl
         .service
         .create_context(
             &repl.caller,
-            &sandbox_id,
+            sandbox,
             CreateContext {
                 language: Lang::Python,
                 cwd: None,
@@ -958,21 +1026,165 @@ async fn steps(
             },
         )
         .await?;
-    *kernel = Some((sandbox_id.clone(), info.id.clone()));
-    let context_is_task = context.is_none();
-    let input = context.unwrap_or_else(|| task.clone());
-    let first = first_message(&task, &input, context_is_task);
-    load_context(repl, &sandbox_id, &info.id, &run_id, input).await?;
+    load_context(repl, sandbox, &info.id, &run_id, input).await?;
+    repl.emit(
+        EventKind::KernelReady {
+            context_id: info.id.clone(),
+            fresh: true,
+        },
+        false,
+    )?;
+    Ok(info.id)
+}
+
+async fn begin(
+    repl: &Arc<Repl>,
+    plan: &SandboxPlan,
+    start: ReplStart,
+    kernel: &mut Option<(SandboxId, String)>,
+) -> Result<Begun, ServiceError> {
+    let depth = repl.depth();
+    match start {
+        ReplStart::Fresh { task, context } => {
+            // A top-level run's input is kept, for a resume or a fork to load again (a
+            // sub-run is not resumed alone: its parent's step runs again).
+            let input = match &context {
+                Some(text) if depth == 0 => Some(
+                    run::keep_artifact(&lock(&repl.journal), "text/plain", "txt", text.as_bytes())
+                        .ok_or_else(|| {
+                            ServiceError::internal("the run's input could not be kept as a file")
+                        })?,
+                ),
+                _ => None,
+            };
+            let parent = lock(&repl.journal).record.parent_id.clone();
+            repl.emit(
+                EventKind::RunStarted {
+                    task: task.clone(),
+                    mode: RunMode::Repl,
+                    model: repl.model.to_string(),
+                    budgets: repl.pool.budgets().clone(),
+                    parent_run_id: parent,
+                    validate: repl.validate.clone(),
+                    forked_from: None,
+                    input,
+                },
+                false,
+            )?;
+            if repl.llm.config().prices.get(&repl.model).is_none() && depth == 0 {
+                repl.emit(
+                    EventKind::Warning {
+                        message: format!(
+                            "no price is known for {}: its cost is reported as unknown and the cost limit cannot be held (add it to agent.prices)",
+                            repl.model
+                        ),
+                    },
+                    false,
+                )?;
+            }
+            let sandbox = prepare_sandbox(repl, plan).await?;
+            let _ = repl.sandbox_id.set(sandbox.clone());
+            let context_is_task = context.is_none();
+            let input = context.unwrap_or_else(|| task.clone());
+            let first = first_message(&task, &input, context_is_task);
+            let context = new_kernel(repl, &sandbox, input).await?;
+            *kernel = Some((sandbox.clone(), context.clone()));
+            Ok(Begun {
+                sandbox,
+                context,
+                messages: vec![Message::user(first)],
+                first: 1,
+                first_message_in_step: true,
+                recorded: None,
+                blocks_unknown: false,
+                attempts: 0,
+            })
+        }
+        ReplStart::Resumed(r) => {
+            let (reopened, event) = durable::reopen(&repl.service, &repl.caller, plan, &r).await?;
+            durable::record_reopened(&mut lock(&repl.journal), &reopened, event)?;
+            let sandbox = reopened.id.clone();
+            let _ = repl.sandbox_id.set(sandbox.clone());
+            repl.calls.store(r.calls, Ordering::SeqCst);
+            repl.sub_runs.store(r.sub_runs, Ordering::SeqCst);
+            let context = reattach_kernel(
+                repl,
+                &sandbox,
+                r.kernel.as_deref(),
+                r.input.as_ref(),
+                &r.task,
+                r.step,
+            )
+            .await?;
+            *kernel = Some((sandbox.clone(), context.clone()));
+            let r = *r;
+            // Stopped before its first step was committed: the conversation starts again.
+            let (messages, first_message_in_step) = if r.messages.is_empty() {
+                let input = read_input(r.input.as_ref(), &r.task)?;
+                let first = first_message(&r.task, &input, r.input.is_none());
+                (vec![Message::user(first)], true)
+            } else {
+                (r.messages, false)
+            };
+            Ok(Begun {
+                sandbox,
+                context,
+                messages,
+                first: r.step + 1,
+                first_message_in_step,
+                recorded: r.next_response.map(|n| n.response),
+                blocks_unknown: reopened.tools_unknown,
+                attempts: r.attempts,
+            })
+        }
+        ReplStart::Forked {
+            sandbox,
+            messages,
+            kernel: known,
+            input,
+            task,
+        } => {
+            let _ = repl.sandbox_id.set(sandbox.clone());
+            let context =
+                reattach_kernel(repl, &sandbox, known.as_deref(), input.as_ref(), &task, 1).await?;
+            *kernel = Some((sandbox.clone(), context.clone()));
+            Ok(Begun {
+                sandbox,
+                context,
+                messages,
+                first: 1,
+                first_message_in_step: false,
+                recorded: None,
+                blocks_unknown: false,
+                attempts: 0,
+            })
+        }
+    }
+}
+
+async fn steps(
+    repl: &Arc<Repl>,
+    plan: &SandboxPlan,
+    start: ReplStart,
+    kernel: &mut Option<(SandboxId, String)>,
+) -> Result<Ended, ServiceError> {
+    let budgets = repl.pool.budgets().clone();
+    let depth = repl.depth();
+    let Begun {
+        sandbox: sandbox_id,
+        context: context_id,
+        mut messages,
+        first,
+        mut first_message_in_step,
+        mut recorded,
+        mut blocks_unknown,
+        mut attempts,
+    } = begin(repl, plan, start, kernel).await?;
     let system = system_prompt(budgets.max_sub_calls, budgets.max_depth, depth);
     let cell_timeout = Timeout::from_secs(budgets.cell_timeout_secs)?;
     let handler: Arc<dyn HostCallHandler> = Arc::new(Host(repl.clone()));
-    let mut messages = vec![Message {
-        role: Role::User,
-        content: vec![Part::Text(first)],
-    }];
     let mut vision = true;
-    let mut attempts = 0u32;
-    for iteration in 1..=budgets.max_iterations + 1 {
+    for iteration in first..=budgets.max_iterations + 1 {
         if repl.cancel.is_cancelled() {
             return Ok(Ended::cancelled());
         }
@@ -987,16 +1199,20 @@ async fn steps(
             });
         }
         lock(&repl.journal).next_step();
-        if let Some(plan) = run::condensing(
-            &repl.llm,
-            &repl.model,
-            repl.stream,
-            budgets.max_output_tokens,
-            &system,
-            &messages,
-            &[],
-        ) {
-            let summary = match repl.ask(plan.request.clone()).await? {
+        // A resumed run's next step may have its answer recorded: it is used, not asked again.
+        let reused = recorded.take();
+        if reused.is_none()
+            && let Some(plan) = run::condensing(
+                &repl.llm,
+                &repl.model,
+                repl.stream,
+                budgets.max_output_tokens,
+                &system,
+                &messages,
+                &[],
+            )
+        {
+            let summary = match repl.ask(plan.request.clone(), CallKind::Condense).await? {
                 Asked::Answer(r) => r.text,
                 Asked::End(ended) => return Ok(ended),
                 Asked::ImagesRejected => return Ok(Ended::failed("provider_error")),
@@ -1004,8 +1220,14 @@ async fn steps(
             let event = run::condense(&mut messages, plan, summary, &system, &[]);
             repl.emit(event, false)?;
         }
-        // What this step adds to the conversation starts here.
-        let mark = messages.len();
+        // What this step adds to the conversation starts here (a fresh run's first step
+        // also records the first message, which describes the input).
+        let mark = if first_message_in_step {
+            0
+        } else {
+            messages.len()
+        };
+        first_message_in_step = false;
         let step_request = |messages: &[Message]| ChatRequest {
             model: repl.model.model.clone(),
             system: Some(system.clone()),
@@ -1015,7 +1237,11 @@ async fn steps(
             temperature: None,
             stream: repl.stream,
         };
-        let response = match repl.ask(step_request(&messages)).await? {
+        let asked = match reused {
+            Some(r) => Asked::Answer(r),
+            None => repl.ask(step_request(&messages), CallKind::Step).await?,
+        };
+        let response = match asked {
             Asked::Answer(r) => r,
             Asked::End(ended) => return Ok(ended),
             Asked::ImagesRejected if vision && run::has_images(&messages) => {
@@ -1031,7 +1257,7 @@ async fn steps(
                     },
                     false,
                 )?;
-                match repl.ask(step_request(&messages)).await? {
+                match repl.ask(step_request(&messages), CallKind::Step).await? {
                     Asked::Answer(r) => r,
                     Asked::End(ended) => return Ok(ended),
                     Asked::ImagesRejected => return Ok(Ended::failed("provider_error")),
@@ -1080,6 +1306,16 @@ async fn steps(
             role: Role::Assistant,
             content: vec![Part::Text(response.text.clone())],
         });
+        if std::mem::take(&mut blocks_unknown) {
+            // The stop came while this reply's code ran, with no snapshot to go back to.
+            messages.push(Message::user(format!(
+                "The code blocks of your last reply: {}",
+                durable::UNKNOWN_AFTER_RESTART
+            )));
+            repl.commit_step(&sandbox_id, true, &messages[mark..])
+                .await?;
+            continue;
+        }
         let step = lock(&repl.journal).step();
         let mut feedback = Vec::new();
         let mut images = Vec::new();
@@ -1101,7 +1337,7 @@ async fn steps(
             let input = CodeInput {
                 code: Code::new(code)?,
                 language: None,
-                context: Some(info.id.clone()),
+                context: Some(context_id.clone()),
                 timeout_secs: Some(cell_timeout),
             };
             let cell =
@@ -1110,11 +1346,11 @@ async fn steps(
             let run = tokio::select! {
                 () = repl.cancel.cancelled() => {
                     // The kernel's state stays; only the cell stops.
-                    let _ = repl.service.interrupt_context(&repl.caller, &sandbox_id, &info.id).await;
+                    let _ = repl.service.interrupt_context(&repl.caller, &sandbox_id, &context_id).await;
                     return Ok(Ended::cancelled());
                 }
                 () = tokio::time::sleep(repl.pool.time_left()) => {
-                    let _ = repl.service.interrupt_context(&repl.caller, &sandbox_id, &info.id).await;
+                    let _ = repl.service.interrupt_context(&repl.caller, &sandbox_id, &context_id).await;
                     return Ok(Ended::failed("timeout"));
                 }
                 r = cell => r?,

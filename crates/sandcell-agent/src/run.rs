@@ -297,6 +297,7 @@ fn begin(ctx: &mut RunContext, task: &str) -> Result<(), ServiceError> {
             parent_run_id: ctx.journal.record.parent_id.clone(),
             validate: ctx.validate.clone(),
             forked_from: None,
+            input: None,
         },
         false,
     )?;
@@ -314,13 +315,25 @@ fn begin(ctx: &mut RunContext, task: &str) -> Result<(), ServiceError> {
     Ok(())
 }
 
+/// What a model call is for (recorded, so a resume knows which answer was the step's).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CallKind {
+    /// The step's own answer.
+    Step,
+    /// A sub-call (a tool's or the code's).
+    Sub,
+    /// The summary of older steps.
+    Condense,
+}
+
 /// One model call, with its budget reservation and events.
 async fn ask(
     ctx: &mut RunContext,
     call: u32,
     mut req: ChatRequest,
-    sub_call: bool,
+    kind: CallKind,
 ) -> Result<Asked, ServiceError> {
+    let sub_call = kind == CallKind::Sub;
     let price = ctx.llm.config().prices.get(&ctx.model).cloned();
     let estimate = req.estimated_input_tokens();
     let reservation = match ctx
@@ -340,6 +353,7 @@ async fn ask(
             max_tokens: req.max_tokens,
             prompt_estimate: estimate,
             sub_call,
+            condense: kind == CallKind::Condense,
         },
         false,
     )?;
@@ -421,7 +435,9 @@ async fn steps(ctx: &mut RunContext, start: Start) -> Result<Ended, ServiceError
         }
         Start::Forked { sandbox, messages } => (sandbox, messages, None),
         Start::Resumed(r) => {
-            let sandbox = durable::reopen(ctx, &r).await?;
+            let (sandbox, event) =
+                durable::reopen(&ctx.service, &ctx.caller, &ctx.sandbox, &r).await?;
+            durable::record_reopened(&mut ctx.journal, &sandbox, event)?;
             let mut r = *r;
             (
                 sandbox.id,
@@ -482,7 +498,7 @@ async fn steps(ctx: &mut RunContext, start: Start) -> Result<Ended, ServiceError
             Some(r) => Asked::Answer(r),
             None => {
                 call += 1;
-                ask(ctx, call, step_request(&messages, forced), false).await?
+                ask(ctx, call, step_request(&messages, forced), CallKind::Step).await?
             }
         };
         let response = match asked {
@@ -502,7 +518,7 @@ async fn steps(ctx: &mut RunContext, start: Start) -> Result<Ended, ServiceError
                     false,
                 )?;
                 call += 1;
-                match ask(ctx, call, step_request(&messages, forced), false).await? {
+                match ask(ctx, call, step_request(&messages, forced), CallKind::Step).await? {
                     Asked::Answer(r) => r,
                     Asked::End(ended) => return Ok(ended),
                     Asked::ImagesRejected => return Ok(Ended::failed("provider_error")),
@@ -861,7 +877,7 @@ async fn condense_if_needed(
         return Ok(Ok(()));
     };
     *call += 1;
-    let summary = match ask(ctx, *call, plan.request.clone(), false).await? {
+    let summary = match ask(ctx, *call, plan.request.clone(), CallKind::Condense).await? {
         Asked::Answer(r) => r.text,
         Asked::End(ended) => return Ok(Err(ended)),
         Asked::ImagesRejected => return Ok(Err(Ended::failed("provider_error"))),
@@ -1029,6 +1045,7 @@ async fn sub_calls(
                 max_tokens: req.max_tokens,
                 prompt_estimate: estimate,
                 sub_call: true,
+                condense: false,
             },
             false,
         )?;

@@ -79,6 +79,16 @@ pub(crate) struct Launch {
     /// The conversation so far, the new task included.
     pub messages: Vec<sandcell_llm::Message>,
     pub wait: bool,
+    /// A repl-mode run's kernel and input (`None`: a tools-mode run).
+    pub repl: Option<ReplOrigin>,
+}
+
+/// Where a repl-mode fork's kernel state comes from.
+pub(crate) struct ReplOrigin {
+    /// The original's kernel context, brought back by the step snapshot.
+    pub kernel: Option<String>,
+    /// The original's input, to load into a new kernel if that one is gone.
+    pub input: String,
 }
 
 /// A fork or a step's sandbox asked of a step with no snapshot to restore.
@@ -399,12 +409,6 @@ impl Runner {
         step: u32,
     ) -> ServiceResult<(RunRecord, RunSettings, crate::durable::Rebuilt)> {
         let record = self.own(caller, id)?;
-        if record.mode == RunMode::Repl.as_str() {
-            return Err(ServiceError::new(
-                ErrorKind::InvalidState,
-                format!("run {id} is a repl-mode run: only tools-mode runs can be forked so far"),
-            ));
-        }
         let settings: RunSettings = serde_json::from_value(record.settings.clone())
             .map_err(|e| ServiceError::internal(format!("run {id}'s settings: {e}")))?;
         let events = crate::durable::all_events(&self.service.store, id)?;
@@ -581,6 +585,21 @@ impl Runner {
             keep_snapshots: false,
             thread_id: None,
         };
+        let repl = match rebuilt.mode {
+            RunMode::Tools => None,
+            RunMode::Repl => Some(ReplOrigin {
+                kernel: rebuilt.kernel.clone(),
+                input: match &rebuilt.input {
+                    Some(file) => std::fs::read_to_string(&file.path).map_err(|e| {
+                        ServiceError::internal(format!(
+                            "run {}'s input ({}) cannot be read: {e}",
+                            original.id, file.path
+                        ))
+                    })?,
+                    None => original.task.clone(),
+                },
+            }),
+        };
         let mut messages = rebuilt.messages;
         if let Some(t) = &req.task {
             messages.push(sandcell_llm::Message::user(t.clone()));
@@ -603,6 +622,7 @@ impl Runner {
                 },
                 messages,
                 wait: req.wait,
+                repl,
             },
         )
         .await
@@ -618,13 +638,18 @@ impl Runner {
         let id = new_record_id("run")?;
         let now = now_ms();
         let budgets = l.settings.budgets.clone();
+        let mode = if l.repl.is_some() {
+            RunMode::Repl
+        } else {
+            RunMode::Tools
+        };
         let record = RunRecord {
             id: id.clone(),
             owner: caller.owner.clone(),
             root_id: id.clone(),
             parent_id: None,
             depth: 0,
-            mode: RunMode::Tools.as_str().to_string(),
+            mode: mode.as_str().to_string(),
             model: l.model.to_string(),
             task: l.task.clone(),
             sandbox_id: Some(l.sandbox.to_string()),
@@ -645,15 +670,27 @@ impl Runner {
             record,
             events.clone(),
         )?;
+        // A repl fork keeps its input as a file of its own (its task may be another): a
+        // resume of the fork reads it there.
+        let input = match &l.repl {
+            Some(origin) => Some(
+                crate::run::keep_artifact(&journal, "text/plain", "txt", origin.input.as_bytes())
+                    .ok_or_else(|| {
+                    ServiceError::internal("the run's input could not be kept as a file")
+                })?,
+            ),
+            None => None,
+        };
         journal.emit(
             EventKind::RunStarted {
-                task: l.task,
-                mode: RunMode::Tools,
+                task: l.task.clone(),
+                mode,
                 model: l.model.to_string(),
                 budgets: budgets.clone(),
                 parent_run_id: None,
                 validate: l.settings.validate.clone(),
                 forked_from: l.settings.forked_from.clone(),
+                input: input.clone(),
             },
             false,
         )?;
@@ -703,9 +740,18 @@ impl Runner {
             },
         };
         let (sandbox, messages) = (l.sandbox, l.messages);
+        let repl = l.repl.map(|origin| crate::repl::ReplStart::Forked {
+            sandbox: sandbox.clone(),
+            messages: messages.clone(),
+            kernel: origin.kernel,
+            input,
+            task: l.task,
+        });
         tokio::spawn(async move {
-            let start = Start::Forked { sandbox, messages };
-            drop(crate::run::drive_from(ctx, start).await);
+            drop(match repl {
+                Some(start) => crate::repl::drive_repl_from(ctx, start).await,
+                None => crate::run::drive_from(ctx, Start::Forked { sandbox, messages }).await,
+            });
             drop(entry);
         });
         if l.wait {
@@ -859,21 +905,18 @@ impl Runner {
                 record.root_id
             )));
         }
-        if record.mode == RunMode::Repl.as_str() {
-            return Err(state(format!(
-                "run {id} is a repl-mode run: only tools-mode runs can be resumed so far"
-            )));
-        }
         let settings: RunSettings = serde_json::from_value(record.settings.clone())
             .map_err(|e| ServiceError::internal(format!("run {id}'s settings: {e}")))?;
         let model: ModelRef = record
             .model
             .parse()
             .map_err(|e: sandcell_llm::LlmError| ServiceError::invalid(e.message))?;
-        let events = crate::durable::all_events(&self.service.store, &id)?;
+        let records = crate::durable::all_event_records(&self.service.store, &id)?;
+        let ran = crate::durable::time_run(&records);
+        let events: Vec<Value> = records.into_iter().map(|e| e.event).collect();
         let rebuilt = crate::durable::rebuild(&events)
             .map_err(|e| ServiceError::internal(format!("run {id} cannot be rebuilt: {e}")))?;
-        let pool = Pool::resumed(settings.budgets.clone(), &rebuilt.usage);
+        let pool = Pool::resumed(settings.budgets.clone(), &rebuilt.usage, ran);
         for (usage, cost) in &rebuilt.spent_after {
             pool.count_spent(usage, *cost);
         }
@@ -928,7 +971,14 @@ impl Runner {
             },
         };
         tokio::spawn(async move {
-            drop(crate::run::drive_from(ctx, Start::Resumed(Box::new(rebuilt))).await);
+            let rebuilt = Box::new(rebuilt);
+            drop(match rebuilt.mode {
+                RunMode::Tools => crate::run::drive_from(ctx, Start::Resumed(rebuilt)).await,
+                RunMode::Repl => {
+                    crate::repl::drive_repl_from(ctx, crate::repl::ReplStart::Resumed(rebuilt))
+                        .await
+                }
+            });
             drop(entry);
         });
         Ok(())

@@ -224,6 +224,7 @@ impl Runner {
                     },
                     messages,
                     wait: false,
+                    repl: None,
                 },
             )
             .await?;

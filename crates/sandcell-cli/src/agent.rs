@@ -1002,6 +1002,10 @@ fn describe(e: &Event) -> String {
     let what = match &e.kind {
         EventKind::RunStarted { task, model, .. } => format!("started · {model} · {task}"),
         EventKind::SandboxReady { sandbox_id, .. } => format!("sandbox {sandbox_id}"),
+        EventKind::KernelReady { context_id, fresh } => format!(
+            "kernel {context_id}{}",
+            if *fresh { "" } else { " (kept its variables)" }
+        ),
         EventKind::LlmRequest {
             call, max_tokens, ..
         } => format!("llm request {call} (max {max_tokens} tokens)"),

@@ -411,3 +411,117 @@ fn a_thread_goes_on_after_a_restart_with_its_conversation_and_its_kernel() {
         200
     );
 }
+
+/// A repl-mode reply: one python block.
+fn block(code: &str) -> Turn {
+    Turn::text(format!("```python\n{code}\n```"))
+}
+
+#[test]
+fn a_repl_run_killed_during_a_cell_resumes_on_the_restored_sandbox_with_its_kernel() {
+    sandcell_testkit::skip_unless_root!();
+    let model = Model::start(Script::new().turns([
+        block("x = len(context)\nopen('log.txt', 'a').write('a\\n')"),
+        // Appends a line, then runs long enough for the daemon to be killed.
+        block("import time\nopen('log.txt', 'a').write('b\\n')\ntime.sleep(4)\nprint('slept')"),
+        block("print('LINES', open('log.txt').read().count('\\n'), 'X', x, context[:5])"),
+        Turn::text("FINAL(done)"),
+    ]));
+    let mut d = model.daemon();
+    let r = d.post(
+        "/v1/runs",
+        serde_json::json!({"task": "Measure the input.", "mode": "repl", "context": "HELLO world", "model": MODEL}),
+    );
+    assert_eq!(r.status, 202, "{}", r.body);
+    let run = r.body["id"].as_str().unwrap().to_string();
+    // In step 2's cell.
+    wait_for(Duration::from_secs(60), || {
+        let e = events(&d, &run);
+        (of_type(&e, "tool_call").len() >= 2).then_some(())
+    })
+    .expect("step 2's code block");
+    std::thread::sleep(Duration::from_millis(1500));
+    d.kill9();
+    d.restart(&[&format!(
+        "agent.openai.base_url={}",
+        model.llm.openai_base()
+    )]);
+    let info = ended(&d, &run);
+    assert_eq!(info["status"], "succeeded", "{info}\n{}", d.log());
+    assert_eq!(info["answer"], "done");
+    // Each step's answer was asked for once: step 2's was recorded and reused.
+    let requests = model.llm.requests();
+    assert_eq!(requests.len(), 4);
+    // After the restart the model saw the same conversation it would have: the input's
+    // description first, then steps 1 and 2.
+    assert!(requests[2].transcript().contains("HELLO world"));
+    assert!(requests[2].transcript().contains("Output of code block 1"));
+    let events = events(&d, &run);
+    contiguous(&events);
+    let resumed = of_type(&events, "resumed");
+    assert_eq!(resumed.len(), 1, "{resumed:?}");
+    assert_eq!(resumed[0]["reused_response"], true, "{}", resumed[0]);
+    assert_eq!(resumed[0]["rerun_tool_calls"], 1, "{}", resumed[0]);
+    assert!(resumed[0]["restored_from"].is_string(), "{}", resumed[0]);
+    // The kernel came back with the snapshot: the same context, with `x` and `context`.
+    let kernels = of_type(&events, "kernel_ready");
+    assert_eq!(kernels.len(), 2, "{kernels:?}");
+    assert_eq!(kernels[0]["context_id"], kernels[1]["context_id"]);
+    assert_eq!(kernels[1]["fresh"], false);
+    let results: Vec<&str> = of_type(&events, "tool_result")
+        .iter()
+        .filter_map(|e| e["text"].as_str())
+        .collect();
+    // Two lines: step 1's and step 2's once (the killed cell's line went with its sandbox).
+    assert!(
+        results.iter().any(|t| t.contains("LINES 2 X 11 HELLO")),
+        "{results:?}"
+    );
+    assert_eq!(events.last().unwrap()["type"], "run_finished");
+}
+
+#[test]
+fn a_repl_run_forked_from_step_1_has_step_1s_variables_and_its_input() {
+    sandcell_testkit::skip_unless_root!();
+    let model = Model::start(Script::new().turns([
+        block("x = 1"),
+        block("x = 2"),
+        Turn::text("original done"),
+        // The fork.
+        block("print('X IS', x, 'INPUT', context)"),
+        Turn::text("fork done"),
+    ]));
+    let d = model.daemon();
+    let r = d.post(
+        "/v1/runs",
+        serde_json::json!({"task": "Count.", "mode": "repl", "context": "the input", "model": MODEL, "wait": true, "keep_snapshots": true}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let run = r.body["id"].as_str().unwrap().to_string();
+    let before = events(&d, &run);
+    let r = d.post(
+        &format!("/v1/runs/{run}/fork"),
+        serde_json::json!({"from_step": 1, "task": "Print x.", "wait": true}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["answer"], "fork done", "{}", r.body);
+    assert_eq!(r.body["mode"], "repl", "{}", r.body);
+    let fork = r.body["id"].as_str().unwrap().to_string();
+    let fork_events = events(&d, &fork);
+    contiguous(&fork_events);
+    let printed: Vec<&str> = of_type(&fork_events, "tool_result")
+        .iter()
+        .filter_map(|e| e["text"].as_str())
+        .collect();
+    assert!(
+        printed.iter().any(|t| t.contains("X IS 1 INPUT the input")),
+        "{printed:?}"
+    );
+    // The fork's model saw the input's description, step 1 (not step 2) and the new task.
+    let asked = model.llm.requests();
+    let transcript = asked[3].transcript();
+    assert!(transcript.contains("the input"), "{transcript}");
+    assert!(transcript.contains("x = 1") && !transcript.contains("x = 2"));
+    assert!(transcript.contains("Print x."));
+    assert_eq!(events(&d, &run), before, "the original is not changed");
+}

@@ -139,7 +139,7 @@ pub async fn cancel(
         (status = 400, body = ErrorBody),
         (status = 401, body = ErrorBody),
         (status = 404, body = ErrorBody),
-        (status = 409, description = "The run is going on, has ended, is a sub-run, or is a repl-mode run", body = ErrorBody),
+        (status = 409, description = "The run is going on, has ended, or is a sub-run", body = ErrorBody),
     ),
     security(("api_key" = []))
 )]
@@ -165,7 +165,7 @@ pub async fn resume(
         (status = 400, description = "No such committed step, or bad input", body = ErrorBody),
         (status = 401, body = ErrorBody),
         (status = 404, body = ErrorBody),
-        (status = 409, description = "No step snapshot to restore, or a repl-mode run", body = ErrorBody),
+        (status = 409, description = "No step snapshot to restore", body = ErrorBody),
     ),
     security(("api_key" = []))
 )]

@@ -1072,8 +1072,8 @@ class AsyncRuns:
         """Takes up a run a stopped process left unfinished (`running` with no process, or
         `failed` with reason `interrupted`): it goes on from its last committed step, its
         sandbox restored from that step's snapshot when the next step had started to change
-        it. Answers at once (follow it with `get(run_id)`); a run going on, one that ended,
-        a sub-run or a repl-mode run is a ConflictError. The daemon resumes the runs it
+        it. Answers at once (follow it with `get(run_id)`); a run going on, one that ended
+        or a sub-run is a ConflictError. The daemon resumes the runs it
         finds unfinished by itself when it starts."""
         return await self._client._http.call(_api.resume_run(run_id))
 

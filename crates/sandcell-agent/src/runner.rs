@@ -984,7 +984,7 @@ impl Runner {
         Ok(())
     }
 
-    /// At a start: resumes the top-level tools-mode runs a process that is gone left
+    /// At a start: resumes the top-level runs a process that is gone left
     /// `running`, and marks the others failed (`interrupted`; a sub-run goes on with its
     /// parent, which starts its step again). Returns (resumed, settled).
     pub fn resume_interrupted(self: &Arc<Self>) -> ServiceResult<(usize, usize)> {

@@ -14,6 +14,7 @@ pub mod exec;
 pub mod files;
 pub mod keys;
 pub mod memories;
+pub mod network;
 pub mod processes;
 pub mod rules;
 pub mod runs;

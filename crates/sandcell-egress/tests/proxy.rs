@@ -1,0 +1,388 @@
+//! The egress proxy end to end on loopback: a sandbox-side client on its Unix socket,
+//! upstream servers on 127.0.0.1 reached by names the test pins to that address.
+
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use sandcell_api::network::NetworkPolicy;
+use sandcell_egress::tls::minimal_client_hello;
+use sandcell_egress::{
+    EgressEvent, EgressProxy, Limits, Outcome, Protocol, Resolution, Resolver, StaticResolver,
+};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, UnixStream};
+
+/// A proxy on a Unix socket, and the events it recorded.
+struct Setup {
+    _dir: tempfile::TempDir,
+    socket: std::path::PathBuf,
+    proxy: Arc<EgressProxy>,
+    events: Arc<Mutex<Vec<EgressEvent>>>,
+}
+
+impl Setup {
+    async fn start(policy: &str, limits: Limits, resolver: Arc<dyn Resolver>) -> Self {
+        let dir = tempfile::tempdir().expect("dir");
+        let socket = dir.path().join("egress.sock");
+        let events = Arc::new(Mutex::new(Vec::new()));
+        let sink = events.clone();
+        let proxy = EgressProxy::new(
+            policy.parse().expect("policy"),
+            resolver,
+            limits,
+            Arc::new(move |e| sink.lock().expect("events").push(e)),
+        );
+        let listener = tokio::net::UnixListener::bind(&socket).expect("bind");
+        tokio::spawn(proxy.clone().serve_unix(listener));
+        Self {
+            _dir: dir,
+            socket,
+            proxy,
+            events,
+        }
+    }
+
+    async fn client(&self) -> UnixStream {
+        UnixStream::connect(&self.socket).await.expect("connect")
+    }
+
+    /// The events so far, once `n` are in.
+    async fn events(&self, n: usize) -> Vec<EgressEvent> {
+        for _ in 0..200 {
+            let e = self.events.lock().expect("events").clone();
+            if e.len() >= n {
+                return e;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        panic!(
+            "fewer than {n} events: {:?}",
+            self.events.lock().expect("events")
+        );
+    }
+}
+
+/// Names pinned to loopback, as an operator's test resolver maps them.
+fn pinned() -> Arc<dyn Resolver> {
+    let lo: IpAddr = "127.0.0.1".parse().expect("ip");
+    Arc::new(StaticResolver::new([
+        ("upstream.test".to_string(), vec![lo]),
+        ("other.test".to_string(), vec![lo]),
+    ]))
+}
+
+/// An echo server on loopback, and what it received per connection.
+async fn echo() -> (SocketAddr, Arc<Mutex<Vec<Vec<u8>>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let record = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let record = record.clone();
+            tokio::spawn(async move {
+                let mut got = Vec::new();
+                let mut buf = [0u8; 16384];
+                while let Ok(n) = s.read(&mut buf).await {
+                    if n == 0 || s.write_all(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                    got.extend_from_slice(&buf[..n]);
+                }
+                record.lock().expect("seen").push(got);
+            });
+        }
+    });
+    (addr, seen)
+}
+
+async fn read_head(s: &mut UnixStream) -> String {
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        if s.read(&mut byte).await.expect("read") == 0 {
+            break;
+        }
+        head.push(byte[0]);
+    }
+    String::from_utf8_lossy(&head).into_owned()
+}
+
+async fn read_all(s: &mut UnixStream) -> String {
+    let mut out = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut out)).await;
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+async fn connect(s: &mut UnixStream, target: &str) -> String {
+    s.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
+        .await
+        .expect("write");
+    read_head(s).await
+}
+
+#[tokio::test]
+async fn a_tunnel_to_an_allowed_host_carries_its_tls_and_is_recorded_with_its_bytes() {
+    let (addr, seen) = echo().await;
+    let setup = Setup::start("allow:upstream.test", Limits::default(), pinned()).await;
+    let mut c = setup.client().await;
+    let head = connect(&mut c, &format!("upstream.test:{}", addr.port())).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let mut hello = minimal_client_hello(Some("upstream.test"));
+    hello.extend_from_slice(b"ping");
+    c.write_all(&hello).await.expect("write");
+    let mut back = vec![0u8; hello.len()];
+    c.read_exact(&mut back).await.expect("echo");
+    assert_eq!(back, hello);
+    drop(c);
+    let events = setup.events(1).await;
+    let e = &events[0];
+    assert_eq!(
+        (e.protocol, e.outcome),
+        (Protocol::Connect, Outcome::Allowed),
+        "{e:?}"
+    );
+    assert_eq!((e.host.as_str(), e.port), ("upstream.test", addr.port()));
+    assert_eq!(e.sni.as_deref(), Some("upstream.test"));
+    assert_eq!(
+        (e.bytes_up, e.bytes_down),
+        (hello.len() as u64, hello.len() as u64)
+    );
+    assert_eq!(e.address, Some(addr));
+    let _ = seen;
+}
+
+#[tokio::test]
+async fn a_client_hello_for_another_host_cuts_the_tunnel_before_a_byte_goes_up() {
+    let (addr, seen) = echo().await;
+    let setup = Setup::start("allow:upstream.test", Limits::default(), pinned()).await;
+    let mut c = setup.client().await;
+    let head = connect(&mut c, &format!("upstream.test:{}", addr.port())).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    c.write_all(&minimal_client_hello(Some("other.test")))
+        .await
+        .expect("write");
+    assert_eq!(read_all(&mut c).await, "", "cut, nothing echoed");
+    let e = &setup.events(1).await[0];
+    assert_eq!(e.outcome, Outcome::Denied, "{e:?}");
+    assert!(
+        e.reason
+            .as_deref()
+            .unwrap_or("")
+            .contains("names 'other.test'"),
+        "{e:?}"
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        seen.lock().expect("seen").iter().all(Vec::is_empty),
+        "the upstream got nothing"
+    );
+}
+
+#[tokio::test]
+async fn hosts_outside_the_policy_and_names_that_rebind_to_loopback_are_refused() {
+    #[derive(Debug)]
+    struct Rebinding;
+    impl Resolver for Rebinding {
+        fn resolve<'a>(&'a self, _: &'a str) -> sandcell_egress::resolve::ResolveFuture<'a> {
+            Box::pin(async {
+                Ok(Resolution {
+                    addrs: vec!["127.0.0.1".parse().expect("ip")],
+                    pinned: false,
+                })
+            })
+        }
+    }
+    let (addr, _) = echo().await;
+    let setup = Setup::start(
+        "allow:upstream.test",
+        Limits::default(),
+        Arc::new(Rebinding),
+    )
+    .await;
+    let mut c = setup.client().await;
+    let head = connect(&mut c, &format!("elsewhere.test:{}", addr.port())).await;
+    assert!(head.starts_with("HTTP/1.1 403"), "{head}");
+    let mut c = setup.client().await;
+    c.write_all(format!("CONNECT upstream.test:{} HTTP/1.1\r\n\r\n", addr.port()).as_bytes())
+        .await
+        .expect("write");
+    let answer = read_all(&mut c).await;
+    assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+    assert!(answer.contains("127.0.0.1 (loopback)"), "{answer}");
+    // The metadata address, asked for directly.
+    let mut c = setup.client().await;
+    let head = connect(&mut c, "169.254.169.254:80").await;
+    assert!(head.starts_with("HTTP/1.1 403"), "{head}");
+    let events = setup.events(3).await;
+    assert!(
+        events.iter().all(|e| e.outcome == Outcome::Denied),
+        "{events:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_plain_request_goes_on_alone_and_the_next_one_on_the_connection_does_not() {
+    // An origin server that answers with what it read.
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let seen = Arc::new(Mutex::new(Vec::<u8>::new()));
+    let record = seen.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let mut got = Vec::new();
+            let mut buf = [0u8; 4096];
+            // Reads until the client stops sending (the proxy half-closes after the body).
+            while let Ok(Ok(n)) =
+                tokio::time::timeout(Duration::from_millis(300), s.read(&mut buf)).await
+            {
+                if n == 0 {
+                    break;
+                }
+                got.extend_from_slice(&buf[..n]);
+            }
+            let body = format!("read {} bytes", got.len());
+            let _ = s
+                .write_all(
+                    format!(
+                        "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                        body.len()
+                    )
+                    .as_bytes(),
+                )
+                .await;
+            record.lock().expect("seen").extend_from_slice(&got);
+        }
+    });
+    let setup = Setup::start("allow:upstream.test", Limits::default(), pinned()).await;
+    let mut c = setup.client().await;
+    c.write_all(
+        format!(
+            "POST http://upstream.test:{port}/p?q=1 HTTP/1.1\r\nHost: upstream.test:{port}\r\nProxy-Connection: keep-alive\r\nContent-Length: 5\r\n\r\nhelloGET http://other.test:{port}/ HTTP/1.1\r\n\r\n"
+        )
+        .as_bytes(),
+    )
+    .await
+    .expect("write");
+    let answer = read_all(&mut c).await;
+    assert!(answer.starts_with("HTTP/1.1 200 OK"), "{answer}");
+    let sent = String::from_utf8_lossy(&seen.lock().expect("seen")).into_owned();
+    assert!(sent.starts_with("POST /p?q=1 HTTP/1.1\r\n"), "{sent}");
+    assert!(
+        sent.contains("Connection: close\r\n") && !sent.contains("Proxy-Connection"),
+        "{sent}"
+    );
+    assert!(
+        sent.ends_with("\r\n\r\nhello"),
+        "the body, and nothing after it: {sent}"
+    );
+    let e = &setup.events(1).await[0];
+    assert_eq!(
+        (e.protocol, e.outcome),
+        (Protocol::Http, Outcome::Allowed),
+        "{e:?}"
+    );
+    // The next request is on a new connection, and decided again.
+    setup.proxy.set_policy(NetworkPolicy::Loopback);
+    let mut c = setup.client().await;
+    c.write_all(format!("GET http://upstream.test:{port}/ HTTP/1.1\r\n\r\n").as_bytes())
+        .await
+        .expect("write");
+    let answer = read_all(&mut c).await;
+    assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+    assert!(answer.contains("'loopback'"), "{answer}");
+}
+
+#[tokio::test]
+async fn socks5_reaches_an_allowed_name_and_is_refused_the_rest() {
+    let (addr, _) = echo().await;
+    let setup = Setup::start("allow:upstream.test", Limits::default(), pinned()).await;
+    let socks = |name: &str, port: u16| {
+        let mut req = vec![5, 1, 0, 5, 1, 0, 3, name.len() as u8];
+        req.extend_from_slice(name.as_bytes());
+        req.extend_from_slice(&port.to_be_bytes());
+        req
+    };
+    let mut c = setup.client().await;
+    c.write_all(&socks("upstream.test", addr.port()))
+        .await
+        .expect("write");
+    let mut reply = [0u8; 12];
+    c.read_exact(&mut reply).await.expect("reply");
+    assert_eq!(&reply[..4], &[5, 0, 5, 0], "no auth, then succeeded");
+    c.write_all(b"plain bytes").await.expect("write");
+    let mut back = [0u8; 11];
+    c.read_exact(&mut back).await.expect("echo");
+    assert_eq!(&back, b"plain bytes");
+    let mut c = setup.client().await;
+    c.write_all(&socks("elsewhere.test", addr.port()))
+        .await
+        .expect("write");
+    let mut reply = [0u8; 12];
+    c.read_exact(&mut reply).await.expect("reply");
+    assert_eq!(&reply[..4], &[5, 0, 5, 2], "not allowed by the ruleset");
+    let events = setup.events(1).await;
+    assert!(
+        events
+            .iter()
+            .any(|e| e.protocol == Protocol::Socks5 && e.outcome == Outcome::Denied)
+    );
+}
+
+#[tokio::test]
+async fn the_connection_and_byte_limits_hold() {
+    let (addr, _) = echo().await;
+    let limits = Limits {
+        max_connections: 1,
+        max_bytes: Some(4096),
+        ..Limits::default()
+    };
+    let setup = Setup::start("allow:upstream.test", limits, pinned()).await;
+    let mut first = setup.client().await;
+    let head = connect(&mut first, &format!("upstream.test:{}", addr.port())).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let mut second = setup.client().await;
+    let head = connect(&mut second, &format!("upstream.test:{}", addr.port())).await;
+    assert!(head.starts_with("HTTP/1.1 429"), "{head}");
+    // 64 KiB through a 4 KiB budget: cut.
+    first.write_all(&[b'x'; 1]).await.expect("write");
+    let big = vec![b'y'; 64 * 1024];
+    let _ = first.write_all(&big).await;
+    let echoed = read_all(&mut first).await;
+    assert!(echoed.len() < 16 * 1024, "{} bytes came back", echoed.len());
+    let e = &setup.events(1).await[0];
+    assert_eq!(e.outcome, Outcome::Denied, "{e:?}");
+    assert!(
+        e.reason.as_deref().unwrap_or("").contains("byte limit"),
+        "{e:?}"
+    );
+    assert!(setup.proxy.bytes() >= 4096);
+}
+
+#[tokio::test]
+async fn a_request_whose_body_could_be_read_two_ways_is_refused() {
+    let (addr, seen) = echo().await;
+    let setup = Setup::start("allow:upstream.test", Limits::default(), pinned()).await;
+    let mut c = setup.client().await;
+    c.write_all(
+        format!(
+            "POST http://upstream.test:{}/ HTTP/1.1\r\nContent-Length: 4\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n\r\nGET http://elsewhere.test/ HTTP/1.1\r\n\r\n",
+            addr.port()
+        )
+        .as_bytes(),
+    )
+    .await
+    .expect("write");
+    let answer = read_all(&mut c).await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(
+        answer.contains("both Transfer-Encoding and Content-Length"),
+        "{answer}"
+    );
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        seen.lock().expect("seen").is_empty(),
+        "nothing reached the upstream"
+    );
+}

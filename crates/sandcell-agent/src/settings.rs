@@ -2,9 +2,8 @@
 //! mode and budgets, and the providers (from `[agent]` in the settings and the environment).
 
 use sandcell_api::runs::{Budgets, BudgetsInput, RunMode, SnapshotPolicy};
-use sandcell_llm::{LlmConfig, LlmSettings, Price, ProviderSettings};
 use sandcell_service::ServiceError;
-use sandcell_service::config::{AgentConfig, parse_price};
+use sandcell_service::config::AgentConfig;
 
 /// Hard maxima: what no request or setting may go past.
 pub const MAX_ITERATIONS: u32 = 50;
@@ -147,35 +146,9 @@ fn clamp_u32(v: u64, max: u32) -> u32 {
     u32::try_from(v).unwrap_or(u32::MAX).min(max)
 }
 
-/// The providers' settings: the environment as the official clients read it, then the
-/// `[agent]` settings over it (base URLs, which variables hold the keys, extra prices).
-pub fn llm_config(a: &AgentConfig, get: impl Fn(&str) -> Option<String>) -> LlmConfig {
-    let provider = |p: &sandcell_service::config::ProviderConfig| {
-        Some(ProviderSettings {
-            base_url: (!p.base_url.is_empty()).then(|| p.base_url.clone()),
-            key_env: Some(p.key_env.clone()),
-        })
-    };
-    let mut settings = LlmSettings {
-        openai: provider(&a.openai),
-        anthropic: provider(&a.anthropic),
-        ..LlmSettings::default()
-    };
-    for entry in &a.prices {
-        // Checked when the settings were loaded.
-        if let Ok((model, input, output, window)) = parse_price(entry) {
-            settings.prices.insert(
-                model,
-                Price {
-                    input_per_mtok: input,
-                    output_per_mtok: output,
-                    context_window: window,
-                },
-            );
-        }
-    }
-    LlmConfig::from_vars(&get).with_settings(&settings, &get)
-}
+/// The providers' settings, as the service reads them (moved there so memories' models
+/// share them): kept here for the agent's callers.
+pub use sandcell_service::config::llm_config;
 
 #[cfg(test)]
 mod tests {

@@ -380,14 +380,14 @@ impl Sandbox<'_> {
                 let bad = |e: serde_json::Error| Failure::Argument(e.to_string());
                 if name == "memory_add" {
                     let req: AddMemory = serde_json::from_value(fields).map_err(bad)?;
-                    let m = s.add_memory(caller, scope, req)?;
+                    let m = s.add_memory(caller, scope, req).await?;
                     Ok(Outcome {
                         text: format!("remembered as {} ({})", m.id, m.category),
                         ..Outcome::default()
                     })
                 } else {
                     let req: SearchMemories = serde_json::from_value(fields).map_err(bad)?;
-                    let found = s.search_memories(caller, scope, req)?;
+                    let found = s.search_memories(caller, scope, req).await?;
                     Ok(json_outcome(&found))
                 }
             }

@@ -1,5 +1,7 @@
-//! `sandcell memory add|search|list|show|delete`: memories of a sandbox (`--sandbox ID`) or
-//! of the caller. Through the daemon when one runs on the home (or `--url` /
+//! `sandcell memory add|search|list|show|delete|infer-status`: memories of a sandbox
+//! (`--sandbox ID`) or of the caller; `add --infer` has the configured model extract facts
+//! from the text (a background job; without a daemon the command waits for it, since it
+//! runs in the command's process). Through the daemon when one runs on the home (or `--url` /
 //! `$SANDCELL_API_URL` names one), with its key; without one, the same service operations
 //! in this process on the home's store, as the admin owner (whom the home's admin key acts
 //! as). The embedded path starts no sandbox and recovers none: memories need only the
@@ -11,8 +13,11 @@ use std::sync::Arc;
 
 use anyhow::Context;
 use clap::{Args, Subcommand};
+use std::time::Duration;
+
 use sandcell_api::memories::{
-    AddMemory, Category, ListMemories, Memory, MemoryList, MemoryQuery, MemoryText, SearchMemories,
+    AddMemory, Category, InferJob, InferMemories, ListInferJobs, ListMemories, Memory, MemoryList,
+    MemoryQuery, MemoryText, SearchMemories,
 };
 use sandcell_api::{SandboxId, Tags};
 use sandcell_client::{Client, Discover};
@@ -52,10 +57,31 @@ pub enum MemoryCommand {
         /// Metadata KEY=VALUE (repeatable).
         #[arg(long = "meta", value_name = "KEY=VALUE")]
         meta: Vec<String>,
+        /// Have the configured model (memory.infer_model, else agent.model) extract the facts
+        /// in the text, each kept as a memory: prints the job's id (follow it with
+        /// `infer-status`).
+        #[arg(long)]
+        infer: bool,
+        /// With --infer: wait for the job to end and print it (without a daemon it always
+        /// waits: the job runs in this process).
+        #[arg(long, requires = "infer")]
+        wait: bool,
         #[command(flatten)]
         args: MemoryArgs,
     },
-    /// The memories matching the query's words, most relevant first.
+    /// An infer job (`add --infer`): queued, running, succeeded (with the memories it
+    /// added) or failed (with why); without JOB, the scope's jobs, newest first.
+    InferStatus {
+        /// The job's id (`inf-…`).
+        job: Option<String>,
+        /// Wait for the job to end.
+        #[arg(long, requires = "job")]
+        wait: bool,
+        #[command(flatten)]
+        args: MemoryArgs,
+    },
+    /// The memories matching the query (its words; also its meaning when the daemon has an
+    /// embedding model), most relevant first.
     Search {
         /// What to look for.
         query: String,
@@ -202,7 +228,36 @@ fn print_json(v: &impl serde::Serialize) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// How long `--wait` waits for an infer job.
+const INFER_WAIT: Duration = Duration::from_secs(600);
+
+fn print_job(job: &InferJob) {
+    println!(
+        "{} · {} · {} · {}",
+        job.id,
+        job.status.as_str(),
+        job.sandbox_id.as_deref().unwrap_or("(owner)"),
+        job.model
+    );
+    for id in &job.memories {
+        println!("added {id}");
+    }
+    if let Some(e) = &job.error {
+        println!("error: {e}");
+    }
+}
+
 fn print_list(list: &MemoryList, scores: bool) {
+    if let Some(r) = list.ranking {
+        let name = serde_json::to_value(r).ok();
+        eprintln!(
+            "ranking: {}",
+            name.as_ref().and_then(|v| v.as_str()).unwrap_or("?")
+        );
+    }
+    if let Some(w) = &list.warning {
+        eprintln!("warning: {w}");
+    }
     let rows: Vec<Vec<String>> = list
         .memories
         .iter()
@@ -210,13 +265,19 @@ fn print_list(list: &MemoryList, scores: bool) {
             let mut row = vec![m.id.clone()];
             if scores {
                 row.push(format!("{:.3}", m.score.unwrap_or_default()));
+                let by = m
+                    .matched_by
+                    .and_then(|b| serde_json::to_value(b).ok())
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default();
+                row.push(by);
             }
             row.extend([m.category.clone(), m.created_at.clone(), gist(&m.text, 80)]);
             row
         })
         .collect();
     let headers: &[&str] = if scores {
-        &["ID", "SCORE", "CATEGORY", "CREATED", "TEXT"]
+        &["ID", "SCORE", "MATCHED", "CATEGORY", "CREATED", "TEXT"]
     } else {
         &["ID", "CATEGORY", "CREATED", "TEXT"]
     };
@@ -235,6 +296,7 @@ pub fn memory(cmd: MemoryCommand) -> anyhow::Result<ExitCode> {
 async fn run(cmd: MemoryCommand) -> anyhow::Result<ExitCode> {
     let args = match &cmd {
         MemoryCommand::Add { args, .. }
+        | MemoryCommand::InferStatus { args, .. }
         | MemoryCommand::Search { args, .. }
         | MemoryCommand::List { args, .. }
         | MemoryCommand::Show { args, .. }
@@ -252,6 +314,8 @@ async fn run(cmd: MemoryCommand) -> anyhow::Result<ExitCode> {
             text,
             category: c,
             meta,
+            infer,
+            wait,
             ..
         } => {
             let text = if text == "-" {
@@ -268,14 +332,96 @@ async fn run(cmd: MemoryCommand) -> anyhow::Result<ExitCode> {
                 category: category(c)?,
                 metadata: metadata(&meta)?,
             };
+            if infer {
+                let req = InferMemories::from(req);
+                let job = match &at {
+                    Memories::Daemon(client) => {
+                        let job = client.infer_memories(sb, &req).await?;
+                        if wait {
+                            client.wait_infer_job(sb, &job.id, INFER_WAIT).await?
+                        } else {
+                            job
+                        }
+                    }
+                    Memories::Local { service, caller } => {
+                        let job = service.infer_memories(caller, scope, req).await?;
+                        // The job runs in this process: it ends with it.
+                        service
+                            .wait_infer_job(caller, scope, &job.id, INFER_WAIT)
+                            .await?
+                    }
+                };
+                if args.json {
+                    print_json(&job)?;
+                } else if job.status.is_done() {
+                    print_job(&job);
+                } else {
+                    println!("{}", job.id);
+                }
+                if job.status == sandcell_api::memories::InferStatus::Failed {
+                    return Ok(ExitCode::FAILURE);
+                }
+                return Ok(ExitCode::SUCCESS);
+            }
             let made: Memory = match &at {
                 Memories::Daemon(client) => client.add_memory(sb, &req).await?,
-                Memories::Local { service, caller } => service.add_memory(caller, scope, req)?,
+                Memories::Local { service, caller } => {
+                    service.add_memory(caller, scope, req).await?
+                }
             };
+            if let Some(w) = &made.warning {
+                eprintln!("warning: {w}");
+            }
             if args.json {
                 print_json(&made)?;
             } else {
                 println!("{}", made.id);
+            }
+        }
+        MemoryCommand::InferStatus { job, wait, .. } => {
+            let Some(job) = job else {
+                let jobs = match &at {
+                    Memories::Daemon(client) => {
+                        client.infer_jobs(sb, &ListInferJobs::default()).await?
+                    }
+                    Memories::Local { service, caller } => {
+                        service.list_infer_jobs(caller, scope, ListInferJobs::default())?
+                    }
+                };
+                if args.json {
+                    print_json(&jobs)?;
+                } else {
+                    let rows: Vec<Vec<String>> = jobs
+                        .jobs
+                        .iter()
+                        .map(|j| {
+                            vec![
+                                j.id.clone(),
+                                j.status.as_str().to_string(),
+                                j.memories.len().to_string(),
+                                j.created_at.clone(),
+                                j.error.clone().unwrap_or_default(),
+                            ]
+                        })
+                        .collect();
+                    print!(
+                        "{}",
+                        table(&["JOB", "STATUS", "ADDED", "CREATED", "ERROR"], &rows)
+                    );
+                }
+                return Ok(ExitCode::SUCCESS);
+            };
+            let timeout = if wait { INFER_WAIT } else { Duration::ZERO };
+            let job = match &at {
+                Memories::Daemon(client) => client.wait_infer_job(sb, &job, timeout).await?,
+                Memories::Local { service, caller } => {
+                    service.wait_infer_job(caller, scope, &job, timeout).await?
+                }
+            };
+            if args.json {
+                print_json(&job)?;
+            } else {
+                print_job(&job);
             }
         }
         MemoryCommand::Search {
@@ -292,7 +438,7 @@ async fn run(cmd: MemoryCommand) -> anyhow::Result<ExitCode> {
             let found = match &at {
                 Memories::Daemon(client) => client.search_memories(sb, &req).await?,
                 Memories::Local { service, caller } => {
-                    service.search_memories(caller, scope, req)?
+                    service.search_memories(caller, scope, req).await?
                 }
             };
             if args.json {

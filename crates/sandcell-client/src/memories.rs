@@ -1,8 +1,13 @@
 //! Memories of a sandbox (`sandbox_id` given) or of the caller (`None`): add, search, list,
-//! show, delete.
+//! show, delete; infer jobs (facts extracted by the daemon's model): start, show, list, wait.
 
 use reqwest::Method;
-use sandcell_api::memories::{AddMemory, ListMemories, Memory, MemoryList, SearchMemories};
+use std::time::{Duration, Instant};
+
+use sandcell_api::memories::{
+    AddMemory, InferJob, InferJobList, InferMemories, ListInferJobs, ListMemories, Memory,
+    MemoryList, SearchMemories,
+};
 
 use crate::{Client, ClientError, query, segment};
 
@@ -80,6 +85,63 @@ impl Client {
     ) -> Result<(), ClientError> {
         let path = format!("{}/{}", base(sandbox_id), segment(memory_id));
         self.call_empty(Method::DELETE, &path, None::<&()>).await
+    }
+}
+
+impl Client {
+    /// `POST …/memories/infer`: starts extracting facts from a text with the daemon's model;
+    /// the job, `queued`.
+    pub async fn infer_memories(
+        &self,
+        sandbox_id: Option<&str>,
+        req: &InferMemories,
+    ) -> Result<InferJob, ClientError> {
+        let path = format!("{}/infer", base(sandbox_id));
+        self.call(Method::POST, &path, Some(req)).await
+    }
+
+    /// `GET …/memories/infer/{job_id}` (without a sandbox: any of the caller's jobs).
+    pub async fn infer_job(
+        &self,
+        sandbox_id: Option<&str>,
+        job_id: &str,
+    ) -> Result<InferJob, ClientError> {
+        let path = format!("{}/infer/{}", base(sandbox_id), segment(job_id));
+        self.call(Method::GET, &path, None::<&()>).await
+    }
+
+    /// `GET …/memories/infer`: a page of the scope's infer jobs, newest first.
+    pub async fn infer_jobs(
+        &self,
+        sandbox_id: Option<&str>,
+        req: &ListInferJobs,
+    ) -> Result<InferJobList, ClientError> {
+        let mut pairs = Vec::new();
+        if let Some(n) = req.limit {
+            pairs.push(("limit", n.to_string()));
+        }
+        if let Some(c) = &req.cursor {
+            pairs.push(("cursor", c.clone()));
+        }
+        let path = format!("{}/infer{}", base(sandbox_id), query(&pairs));
+        self.call(Method::GET, &path, None::<&()>).await
+    }
+
+    /// Polls an infer job until it has ended or `timeout` has passed; the job as it then is.
+    pub async fn wait_infer_job(
+        &self,
+        sandbox_id: Option<&str>,
+        job_id: &str,
+        timeout: Duration,
+    ) -> Result<InferJob, ClientError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let job = self.infer_job(sandbox_id, job_id).await?;
+            if job.status.is_done() || Instant::now() >= deadline {
+                return Ok(job);
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 }
 

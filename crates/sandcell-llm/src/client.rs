@@ -18,14 +18,14 @@ use crate::sse::SseParser;
 /// behind an `Arc`; calls may run concurrently.
 #[derive(Debug, Clone)]
 pub struct Llm {
-    http: reqwest::Client,
-    config: LlmConfig,
+    pub(crate) http: reqwest::Client,
+    pub(crate) config: LlmConfig,
 }
 
 /// A failed attempt and the wait the server asked for before the next.
-struct Failure {
-    error: LlmError,
-    retry_after: Option<Duration>,
+pub(crate) struct Failure {
+    pub(crate) error: LlmError,
+    pub(crate) retry_after: Option<Duration>,
 }
 
 impl From<LlmError> for Failure {
@@ -38,7 +38,7 @@ impl From<LlmError> for Failure {
 }
 
 /// A transport error with its causes (reqwest's own message is only the outermost).
-fn transport(provider: ProviderKind, what: &str, e: &reqwest::Error) -> Failure {
+pub(crate) fn transport(provider: ProviderKind, what: &str, e: &reqwest::Error) -> Failure {
     let mut message = format!("{provider} {what}: {e}");
     let mut source = std::error::Error::source(e);
     while let Some(s) = source {
@@ -54,7 +54,7 @@ fn transport(provider: ProviderKind, what: &str, e: &reqwest::Error) -> Failure 
 
 /// The provider's id for the request, from the headers OpenAI (`x-request-id`) and
 /// Anthropic (`request-id`) set.
-fn header_request_id(headers: &HeaderMap) -> Option<String> {
+pub(crate) fn header_request_id(headers: &HeaderMap) -> Option<String> {
     ["x-request-id", "request-id"]
         .iter()
         .filter_map(|h| headers.get(*h))

@@ -8,6 +8,8 @@
 //! finish reason and [`Usage`] (estimated and marked so when the server sent none).
 //! [`Llm::chat`] adds what every caller needs: retries with backoff honouring `retry-after`,
 //! errors classified into a closed [`LlmErrorKind`] set, and [`PriceTable`] costs.
+//! [`Llm::embed`] calls an OpenAI-compatible `/embeddings` endpoint (memories' hybrid
+//! ranking) with the same keys, retries and error kinds.
 //!
 //! The crate knows nothing of the engine or the agent: the agent runtime drives it and writes
 //! the same types into its trajectory (hence serde on all of them).
@@ -17,6 +19,7 @@
 mod anthropic;
 mod client;
 mod config;
+mod embeddings;
 mod error;
 mod message;
 mod model;
@@ -31,6 +34,7 @@ pub use config::{
     ANTHROPIC_DEFAULT_BASE_URL, LlmConfig, LlmSettings, OPENAI_DEFAULT_BASE_URL, ProviderConfig,
     ProviderSettings, RetryPolicy,
 };
+pub use embeddings::Embeddings;
 pub use error::{LlmError, LlmErrorKind};
 pub use message::{
     ChatRequest, IMAGE_TOKEN_ESTIMATE, Image, Message, Part, Role, ToolCall, ToolResult, ToolSpec,

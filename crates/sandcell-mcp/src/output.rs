@@ -5,7 +5,7 @@ use base64::Engine as _;
 use rmcp::model::{CallToolResult, ContentBlock};
 use sandcell_api::code::CodeResult;
 use sandcell_api::exec::ExecOutput;
-use sandcell_api::memories::{Memory, MemoryList, MemoryScope};
+use sandcell_api::memories::{InferJob, Memory, MemoryList, MemoryScope};
 use sandcell_api::runs::RunInfo;
 use sandcell_api::sandboxes::{SandboxInfo, SandboxList};
 
@@ -91,7 +91,44 @@ fn memory_view(m: &Memory) -> serde_json::Value {
     if let Some(score) = m.score {
         v["score"] = serde_json::json!(score);
     }
+    if let Some(by) = m.matched_by {
+        v["matched_by"] = serde_json::json!(by);
+    }
+    if let Some(sim) = m.similarity {
+        v["similarity"] = serde_json::json!(sim);
+    }
+    if let Some(w) = &m.warning {
+        v["warning"] = serde_json::json!(w);
+    }
     v
+}
+
+/// The answer to `memory_add` with `infer` and to `memory_infer_status`: the job in the
+/// tools' words, and what to do next while it runs.
+pub fn infer_job(j: &InferJob) -> CallToolResult {
+    let mut v = serde_json::json!({
+        "job_id": j.id,
+        "status": j.status,
+        "scope": match j.scope {
+            MemoryScope::Sandbox => "session",
+            MemoryScope::Owner => "owner",
+        },
+        "model": j.model,
+        "category": j.category,
+        "memory_ids": j.memories,
+    });
+    if let Some(id) = &j.sandbox_id {
+        v["session_id"] = serde_json::json!(id);
+    }
+    if let Some(e) = &j.error {
+        v["error"] = serde_json::json!(e);
+    }
+    if !j.status.is_done() {
+        v["next"] = serde_json::json!(
+            "the facts are being extracted in the background: call memory_infer_status with this job_id to see when they are added"
+        );
+    }
+    json_result(&v)
 }
 
 /// The answer to `memory_add`.
@@ -112,6 +149,12 @@ pub fn memory_results(list: &MemoryList) -> CallToolResult {
         })
         .collect();
     let mut v = serde_json::json!({"results": results});
+    if let Some(r) = list.ranking {
+        v["ranking"] = serde_json::json!(r);
+    }
+    if let Some(w) = &list.warning {
+        v["warning"] = serde_json::json!(w);
+    }
     if results.is_empty() {
         v["note"] = serde_json::json!(
             "no memory matched: search looks for the query's words (try fewer or other words), in one scope only (a session's, or your own without session_id)"
@@ -409,6 +452,9 @@ mod tests {
             metadata: std::collections::BTreeMap::new(),
             created_at: "2026-01-01T00:00:00.000Z".into(),
             score,
+            matched_by: None,
+            similarity: None,
+            warning: None,
         }
     }
 
@@ -427,6 +473,8 @@ mod tests {
                 memory("mem-b", Some("sb-1"), Some(0.5)),
             ],
             next_cursor: None,
+            ranking: Some(sandcell_api::memories::Ranking::Fts),
+            warning: Some("ranked by words only".into()),
         };
         let v = json_of(&memory_results(&list));
         assert_eq!(v["results"][0]["memory_id"], "mem-a");
@@ -441,9 +489,18 @@ mod tests {
         assert!(v["results"][0].get("metadata").is_none());
         assert!(v["results"][0].get("sandbox_id").is_none());
         assert!(v.get("note").is_none());
+        assert_eq!(
+            (&v["ranking"], &v["warning"]),
+            (
+                &serde_json::json!("fts"),
+                &serde_json::json!("ranked by words only")
+            )
+        );
         let none = json_of(&memory_results(&MemoryList {
             memories: vec![],
             next_cursor: None,
+            ranking: None,
+            warning: None,
         }));
         assert!(
             none["note"]
@@ -458,6 +515,8 @@ mod tests {
         let page = json_of(&memory_page(&MemoryList {
             memories: vec![memory("mem-a", None, None)],
             next_cursor: Some("17".into()),
+            ranking: None,
+            warning: None,
         }));
         assert_eq!(page["next_cursor"], "17");
         let m = &page["memories"][0];

@@ -13,7 +13,9 @@ use sandcell_api::code::{
     CodeInput, CodeResult, ContextView, SetVariables, VariableNames, VariablesView,
 };
 use sandcell_api::exec::{ExecInput, ExecOutput};
-use sandcell_api::memories::{AddMemory, ListMemories, Memory, MemoryList, SearchMemories};
+use sandcell_api::memories::{
+    AddMemory, InferJob, InferMemories, ListMemories, Memory, MemoryList, SearchMemories,
+};
 use sandcell_api::runs::{ForkRun, RunInfo, StartRun};
 use sandcell_api::sandboxes::{CreateSandbox, SandboxInfo, SandboxList};
 use sandcell_api::snapshots::{
@@ -198,6 +200,14 @@ pub trait Sandcell: Send + Sync {
     ) -> CallResult<MemoryList>;
     /// Forgets any memory of the caller's, a sandbox's included (its id names it).
     async fn delete_memory(&self, memory_id: &str) -> CallResult<()>;
+    /// Starts extracting facts from a text with the configured model into a scope's memories.
+    async fn infer_memories(
+        &self,
+        sandbox: Option<&SandboxId>,
+        req: InferMemories,
+    ) -> CallResult<InferJob>;
+    /// Any infer job of the caller's, a sandbox's included (its id names it).
+    async fn get_infer_job(&self, job_id: &str) -> CallResult<InferJob>;
     /// The base URL clients outside this process can reach (for download links), if any.
     fn public_base(&self) -> Option<String>;
 }
@@ -397,7 +407,10 @@ impl Sandcell for InProcess {
     }
 
     async fn add_memory(&self, sandbox: Option<&SandboxId>, req: AddMemory) -> CallResult<Memory> {
-        Ok(self.service.add_memory(&self.caller, scope(sandbox), req)?)
+        Ok(self
+            .service
+            .add_memory(&self.caller, scope(sandbox), req)
+            .await?)
     }
 
     async fn search_memories(
@@ -407,7 +420,8 @@ impl Sandcell for InProcess {
     ) -> CallResult<MemoryList> {
         Ok(self
             .service
-            .search_memories(&self.caller, scope(sandbox), req)?)
+            .search_memories(&self.caller, scope(sandbox), req)
+            .await?)
     }
 
     async fn list_memories(
@@ -424,6 +438,23 @@ impl Sandcell for InProcess {
         Ok(self
             .service
             .delete_memory(&self.caller, Scope::Owner, memory_id)?)
+    }
+
+    async fn infer_memories(
+        &self,
+        sandbox: Option<&SandboxId>,
+        req: InferMemories,
+    ) -> CallResult<InferJob> {
+        Ok(self
+            .service
+            .infer_memories(&self.caller, scope(sandbox), req)
+            .await?)
+    }
+
+    async fn get_infer_job(&self, job_id: &str) -> CallResult<InferJob> {
+        Ok(self
+            .service
+            .get_infer_job(&self.caller, Scope::Owner, job_id)?)
     }
 
     /// None: links are made from the MCP request's own Host when it came over HTTP.
@@ -630,6 +661,22 @@ impl Sandcell for Remote {
     async fn delete_memory(&self, memory_id: &str) -> CallResult<()> {
         // Without a sandbox the route takes any of the caller's memories.
         Ok(self.client.delete_memory(None, memory_id).await?)
+    }
+
+    async fn infer_memories(
+        &self,
+        sandbox: Option<&SandboxId>,
+        req: InferMemories,
+    ) -> CallResult<InferJob> {
+        Ok(self
+            .client
+            .infer_memories(sandbox.map(SandboxId::as_str), &req)
+            .await?)
+    }
+
+    async fn get_infer_job(&self, job_id: &str) -> CallResult<InferJob> {
+        // Without a sandbox the route takes any of the caller's jobs.
+        Ok(self.client.infer_job(None, job_id).await?)
     }
 
     fn public_base(&self) -> Option<String> {

@@ -1,6 +1,6 @@
 //! The MCP tools: sessions (sandboxes), code in live kernels, terminal commands, variables,
-//! files in and out, pause/resume, snapshots and forks, memories (add, search, list,
-//! delete), and agent runs (start, status, cancel, fork, resume). Each tool is one or a few typed
+//! files in and out, pause/resume, snapshots and forks, memories (add, or infer facts with
+//! the server's model; search, list, delete, infer status), and agent runs (start, status, cancel, fork, resume). Each tool is one or a few typed
 //! operations of a [`Sandcell`]; every failure comes back as a tool error (`isError`) with the
 //! service's code and message.
 
@@ -20,7 +20,7 @@ use sandcell_agent::Runner;
 use sandcell_api::code::{CodeInput, ContextView, SetVariables};
 use sandcell_api::exec::ExecInput;
 use sandcell_api::memories::{
-    AddMemory, Category, ListMemories, MemoryQuery, MemoryText, SearchMemories,
+    AddMemory, Category, InferMemories, ListMemories, MemoryQuery, MemoryText, SearchMemories,
 };
 use sandcell_api::runs::{BudgetsInput, ForkRun, StartRun, Validate};
 use sandcell_api::sandboxes::{CreateSandbox, Lang, LimitsInput};
@@ -357,6 +357,18 @@ pub struct MemoryAdd {
     /// made from its later snapshots start with it. Default: your own memory, not tied to
     /// any session.
     pub session_id: Option<String>,
+    /// Instead of keeping `text` as it is, have the server's model extract the facts in it
+    /// (in the background), each kept as a memory; returns a job_id to follow with
+    /// memory_infer_status.
+    pub infer: Option<bool>,
+}
+
+/// `memory_infer_status`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MemoryInferStatus {
+    /// The job's id (`inf-…`), as memory_add with infer gave it.
+    pub job_id: String,
 }
 
 /// `memory_search`.
@@ -853,7 +865,7 @@ impl SandcellMcp {
     }
 
     #[tool(
-        description = "Remember something for later: a fact, a preference, a finding, a decision. With session_id it is that session's memory (sessions later made from its snapshots start with it); without, it is your own memory, not tied to any session and kept after sessions end. Returns its memory_id. Find it again with memory_search."
+        description = "Remember something for later: a fact, a preference, a finding, a decision. With session_id it is that session's memory (sessions later made from its snapshots start with it); without, it is your own memory, not tied to any session and kept after sessions end. Returns its memory_id. Find it again with memory_search. With infer: true the server's model extracts the facts in text in the background, each kept as a memory: it returns a job_id to follow with memory_infer_status."
     )]
     async fn memory_add(
         &self,
@@ -869,6 +881,12 @@ impl SandcellMcp {
                     category: optional_category(p.category)?,
                     metadata: Tags::new(p.metadata.unwrap_or_default()).map_err(CallError::from)?,
                 };
+                if p.infer == Some(true) {
+                    return Ok(output::infer_job(
+                        &api.infer_memories(sandbox.as_ref(), InferMemories::from(req))
+                            .await?,
+                    ));
+                }
                 Ok(output::memory_added(
                     &api.add_memory(sandbox.as_ref(), req).await?,
                 ))
@@ -878,7 +896,7 @@ impl SandcellMcp {
     }
 
     #[tool(
-        description = "Search memories by their words, most relevant first, each with its rank and score (higher is better; scores compare only within one search). Searches one session's memories (session_id) or, without session_id, your own; not both at once."
+        description = "Search memories, most relevant first, each with its rank and score (higher is better; scores compare only within one search). By their words, and also by meaning when the server has an embedding model (ranking: hybrid; matched_by says how each was found); a warning says when it could only rank by words. Searches one session's memories (session_id) or, without session_id, your own; not both at once."
     )]
     async fn memory_search(
         &self,
@@ -922,6 +940,23 @@ impl SandcellMcp {
                 Ok(output::memory_page(
                     &api.list_memories(sandbox.as_ref(), req).await?,
                 ))
+            }
+            .await,
+        )
+    }
+
+    #[tool(
+        description = "How a memory_add with infer: true goes: status queued, running, succeeded (memory_ids: the memories added) or failed (error says why)."
+    )]
+    async fn memory_infer_status(
+        &self,
+        Parameters(p): Parameters<MemoryInferStatus>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
+        answer(
+            async {
+                let api = self.sandcell(&ctx)?;
+                Ok(output::infer_job(&api.get_infer_job(&p.job_id).await?))
             }
             .await,
         )
@@ -1348,7 +1383,7 @@ impl ServerHandler for SandcellMcp {
         info.server_info.name = "sandcell".into();
         info.server_info.version = env!("CARGO_PKG_VERSION").into();
         info.instructions = Some(
-            "Sandcell sandboxes: create_session (or execute_python without a session_id), then run code with execute_code / execute_python and shell commands with execute_terminal in that session; state persists between calls. Destroy sessions you no longer need. agent_run hands a whole task to an agent of the server's own (follow it with agent_status; agent_fork goes on from one of its steps). memory_add and memory_search keep facts for later: a session's, or your own across sessions.".into(),
+            "Sandcell sandboxes: create_session (or execute_python without a session_id), then run code with execute_code / execute_python and shell commands with execute_terminal in that session; state persists between calls. Destroy sessions you no longer need. agent_run hands a whole task to an agent of the server's own (follow it with agent_status; agent_fork goes on from one of its steps). memory_add and memory_search keep facts for later: a session's, or your own across sessions (memory_add with infer: true has the server's model extract them from a text).".into(),
         );
         info
     }

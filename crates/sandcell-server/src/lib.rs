@@ -144,6 +144,13 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(memories::add, memories::list))
         .routes(routes!(memories::search))
         .routes(routes!(memories::get, memories::delete))
+        .routes(routes!(
+            memories::infer_sandbox,
+            memories::list_infer_sandbox
+        ))
+        .routes(routes!(memories::get_infer_sandbox))
+        .routes(routes!(memories::infer, memories::list_infer))
+        .routes(routes!(memories::get_infer))
         .routes(routes!(system::system))
 }
 

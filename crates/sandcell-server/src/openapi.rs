@@ -38,6 +38,7 @@ const PATH_PARAMS: &[(&str, Option<&str>)] = &[
     ("key_id", Some("^[0-9a-f]{1,64}$")),
     ("run_id", Some("^run-[0-9a-f]{16}$")),
     ("memory_id", Some("^mem-[0-9a-f]{16}$")),
+    ("job_id", Some("^inf-[0-9a-f]{16}$")),
     ("context", Some("^[A-Za-z0-9_.-]{1,64}$")),
     ("pid", None),
 ];
@@ -54,6 +55,8 @@ const PRODUCERS: &[(&str, &str, &str)] = &[
     ("/v1/runs", "run_id", "id"),
     ("/v1/sandboxes/{id}/memories", "memory_id", "id"),
     ("/v1/memories", "memory_id", "id"),
+    ("/v1/sandboxes/{id}/memories/infer", "job_id", "id"),
+    ("/v1/memories/infer", "job_id", "id"),
 ];
 
 /// Adds the error answers, parameter shapes and links to every operation, and makes the

@@ -270,6 +270,20 @@ const ROUTES: &[Route] = &[
     with_query(route("GET", "/v1/memories/search"), "q=answer"),
     route("GET", "/v1/memories/{memory_id}"),
     route("DELETE", "/v1/memories/{memory_id}"),
+    json(
+        route("POST", "/v1/sandboxes/{id}/memories/infer"),
+        r#"{"text": "I moved to Lisbon"}"#,
+        r#"{"text": 1}"#,
+    ),
+    route("GET", "/v1/sandboxes/{id}/memories/infer"),
+    route("GET", "/v1/sandboxes/{id}/memories/infer/{job_id}"),
+    json(
+        route("POST", "/v1/memories/infer"),
+        r#"{"text": "I moved to Lisbon", "category": "facts"}"#,
+        r#"{"text": "a", "category": 5}"#,
+    ),
+    route("GET", "/v1/memories/infer"),
+    route("GET", "/v1/memories/infer/{job_id}"),
 ];
 
 /// The values path parameters are filled with.
@@ -283,6 +297,7 @@ struct Ids {
     key_id: String,
     run_id: String,
     memory_id: String,
+    job_id: String,
     thread_id: String,
     step: String,
 }
@@ -299,6 +314,7 @@ impl Ids {
             key_id: "0000000000ff".into(),
             run_id: "run-0000000000000000".into(),
             memory_id: "mem-0000000000000000".into(),
+            job_id: "inf-0000000000000000".into(),
             thread_id: "th-0000000000000000".into(),
             step: "1".into(),
         }
@@ -315,6 +331,7 @@ impl Ids {
             .replace("{key_id}", &self.key_id)
             .replace("{run_id}", &self.run_id)
             .replace("{memory_id}", &self.memory_id)
+            .replace("{job_id}", &self.job_id)
             .replace("{thread_id}", &self.thread_id)
             .replace("{step}", &self.step);
         if route.query.is_empty() {
@@ -631,7 +648,7 @@ async fn a_malformed_id_in_the_path_is_a_400() {
     let good = Ids::missing();
     let mut mismatches = Vec::new();
     type Field = fn(&mut Ids) -> &mut String;
-    let malformed: [(&str, Field, &str); 9] = [
+    let malformed: [(&str, Field, &str); 10] = [
         ("{id}", |i| &mut i.id, "SB-Not-An-Id"),
         ("{pid}", |i| &mut i.pid, "forty-two"),
         ("{snapshot_id}", |i| &mut i.snapshot_id, "sn-xyz"),
@@ -639,6 +656,7 @@ async fn a_malformed_id_in_the_path_is_a_400() {
         ("{key_id}", |i| &mut i.key_id, "not-hex"),
         ("{run_id}", |i| &mut i.run_id, "run-xyz"),
         ("{memory_id}", |i| &mut i.memory_id, "mem-xyz"),
+        ("{job_id}", |i| &mut i.job_id, "inf-xyz"),
         ("{thread_id}", |i| &mut i.thread_id, "th-xyz"),
         ("{step}", |i| &mut i.step, "one"),
     ];
@@ -967,6 +985,26 @@ async fn another_owners_resources_are_a_404() {
         .await;
     assert_eq!(status, StatusCode::CREATED, "{own_memory}");
     let own_memory_id = own_memory["id"].as_str().expect("a memory id").to_string();
+    // An infer job of alice's sandbox, ended (the harness has no model to start one).
+    let job_id = "inf-00000000000000a1";
+    h.store
+        .insert_memory_job(&sandcell_store::MemoryJobRecord {
+            seq: 0,
+            id: job_id.into(),
+            owner: "alice".into(),
+            sandbox_id: Some(id.clone()),
+            status: "succeeded".into(),
+            model: "openai/m".into(),
+            text: "t".into(),
+            category: "general".into(),
+            metadata: Default::default(),
+            memories: Vec::new(),
+            error: None,
+            worker: "0:0".into(),
+            created_at: 1,
+            updated_at: 1,
+        })
+        .expect("a job record");
     let (status, thread) = h
         .alice("POST", "/v1/threads", Some(json!({"name": "alice's"})))
         .await;
@@ -980,6 +1018,7 @@ async fn another_owners_resources_are_a_404() {
         key_id: h.alice.id.clone(),
         run_id: run_id.into(),
         memory_id: memory["id"].as_str().expect("a memory id").into(),
+        job_id: job_id.into(),
         thread_id: thread["id"].as_str().expect("a thread id").into(),
         step: "1".into(),
     };

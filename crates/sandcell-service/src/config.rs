@@ -220,6 +220,21 @@ const KEYS: &[Key] = &[
         help: "when a run ends, delete its step snapshots but the last one and those a fork or a sandbox was made from (false: keep them all)",
         default: |_| toml::Value::Boolean(true),
     },
+    Key {
+        name: "memory.embedding_model",
+        help: "the embedding model of memories' hybrid search: \"openai/model\" (any OpenAI-compatible /embeddings endpoint, at agent.openai's base URL and key), e.g. \"openai/text-embedding-3-small\" (empty: full-text search only)",
+        default: |_| string(""),
+    },
+    Key {
+        name: "memory.min_similarity",
+        help: "the least cosine similarity at which a memory counts as found by its embedding (0 to 1)",
+        default: |_| float(0.3),
+    },
+    Key {
+        name: "memory.infer_model",
+        help: "the model that extracts facts from a text for `…/memories/infer`: \"provider/model\" (empty: agent.model)",
+        default: |_| string(""),
+    },
 ];
 
 /// The effective settings.
@@ -250,6 +265,69 @@ pub struct Config {
     pub shutdown: ShutdownConfig,
     /// Agent runs: the default model, budgets and providers.
     pub agent: AgentConfig,
+    /// Memories: embeddings and fact extraction.
+    pub memory: MemoryConfig,
+}
+
+/// Memories' settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemoryConfig {
+    /// The embedding model, `openai/…` (empty: full-text search only).
+    pub embedding_model: String,
+    /// The least cosine similarity of a match by embedding.
+    pub min_similarity: f64,
+    /// The model that extracts facts (empty: `agent.model`).
+    pub infer_model: String,
+}
+
+impl MemoryConfig {
+    /// The embedding model, when one is set (checked when the settings were loaded).
+    pub fn embedding_model(&self) -> Option<sandcell_llm::ModelRef> {
+        self.embedding_model.parse().ok()
+    }
+
+    /// The model infer jobs ask: `memory.infer_model`, else `agent.model`; none when
+    /// neither is set.
+    pub fn infer_model(&self, agent: &AgentConfig) -> Option<sandcell_llm::ModelRef> {
+        [&self.infer_model, &agent.model]
+            .into_iter()
+            .find(|m| !m.is_empty())
+            .and_then(|m| m.parse().ok())
+    }
+}
+
+/// The providers' settings: the environment as the official clients read it, then the
+/// `[agent]` settings over it (base URLs, which variables hold the keys, extra prices). The
+/// agent's runs and the memories' models use the same.
+pub fn llm_config(
+    a: &AgentConfig,
+    get: impl Fn(&str) -> Option<String>,
+) -> sandcell_llm::LlmConfig {
+    let provider = |p: &ProviderConfig| {
+        Some(sandcell_llm::ProviderSettings {
+            base_url: (!p.base_url.is_empty()).then(|| p.base_url.clone()),
+            key_env: Some(p.key_env.clone()),
+        })
+    };
+    let mut settings = sandcell_llm::LlmSettings {
+        openai: provider(&a.openai),
+        anthropic: provider(&a.anthropic),
+        ..sandcell_llm::LlmSettings::default()
+    };
+    for entry in &a.prices {
+        // Checked when the settings were loaded.
+        if let Ok((model, input, output, window)) = parse_price(entry) {
+            settings.prices.insert(
+                model,
+                sandcell_llm::Price {
+                    input_per_mtok: input,
+                    output_per_mtok: output,
+                    context_window: window,
+                },
+            );
+        }
+    }
+    sandcell_llm::LlmConfig::from_vars(&get).with_settings(&settings, &get)
 }
 
 /// Agent runs' settings.
@@ -621,6 +699,32 @@ fn validate(c: &Config) -> Result<(), ConfigError> {
     for entry in &a.prices {
         parse_price(entry).map_err(|m| bad("agent.prices", m))?;
     }
+    let m = &c.memory;
+    if !m.embedding_model.is_empty() {
+        let model: sandcell_llm::ModelRef = m
+            .embedding_model
+            .parse()
+            .map_err(|e: sandcell_llm::LlmError| bad("memory.embedding_model", e.message))?;
+        if model.provider != sandcell_llm::ProviderKind::OpenAi {
+            return Err(bad(
+                "memory.embedding_model",
+                format!(
+                    "'{model}': embeddings come from an OpenAI-compatible /embeddings endpoint; write openai/<model>"
+                ),
+            ));
+        }
+    }
+    if !m.infer_model.is_empty() {
+        m.infer_model
+            .parse::<sandcell_llm::ModelRef>()
+            .map_err(|e| bad("memory.infer_model", e.message))?;
+    }
+    if !(0.0..=1.0).contains(&m.min_similarity) {
+        return Err(bad(
+            "memory.min_similarity",
+            format!("must be 0 to 1, got {}", m.min_similarity),
+        ));
+    }
     if let Some(p) = c.import.allowed_paths.iter().find(|p| !p.is_absolute()) {
         return Err(bad(
             "import.allowed_paths",
@@ -857,7 +961,43 @@ mod tests {
             parse_price(&c.agent.prices[0]).unwrap(),
             ("openai/mine".to_string(), 0.5, 1.5, Some(128_000))
         );
+        // Memories: off by default; an embedding model must speak the OpenAI protocol.
+        assert_eq!(c.memory.embedding_model(), None);
+        assert_eq!(
+            c.memory
+                .infer_model(&c.agent)
+                .map(|m| m.to_string())
+                .as_deref(),
+            Some("openai/gpt-4o-mini")
+        );
+        let (m, _) = load(
+            home.path(),
+            None,
+            &[],
+            &pairs(&[
+                ("memory.embedding_model", "openai/text-embedding-3-small"),
+                ("memory.infer_model", "anthropic/claude-haiku-4-5"),
+                ("memory.min_similarity", "0.5"),
+            ]),
+        )
+        .unwrap();
+        assert_eq!(
+            m.memory.embedding_model().map(|m| m.model).as_deref(),
+            Some("text-embedding-3-small")
+        );
+        assert_eq!(
+            m.memory
+                .infer_model(&m.agent)
+                .map(|m| m.to_string())
+                .as_deref(),
+            Some("anthropic/claude-haiku-4-5")
+        );
+        assert_eq!(m.memory.min_similarity, 0.5);
         for (key, value) in [
+            ("memory.embedding_model", "anthropic/claude"),
+            ("memory.embedding_model", "text-embedding-3-small"),
+            ("memory.infer_model", "gpt-4o"),
+            ("memory.min_similarity", "1.5"),
             ("agent.max_iterations", "51"),
             ("agent.cost_limit_usd", "10.5"),
             ("agent.mode", "chat"),

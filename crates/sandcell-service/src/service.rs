@@ -34,6 +34,8 @@ pub struct Service {
     pub signer: UrlSigner,
     /// Contexts recorded in the store already, so runs do not write them again.
     pub seen_contexts: SeenContexts,
+    /// The models memories use (embeddings, infer) and the infer jobs running here.
+    pub memory: crate::memory::MemoryModels,
 }
 
 impl std::fmt::Debug for Service {
@@ -52,6 +54,7 @@ impl Service {
             store,
             keys: KeyCache::default(),
             metrics: Metrics::default(),
+            memory: crate::memory::MemoryModels::from_config(&config, |k| std::env::var(k).ok()),
             config,
             started: Instant::now(),
             cpu_samples: CpuSamples::default(),

@@ -3,7 +3,8 @@
 //! It keeps what must outlive the daemon process: sandbox records and the history of their
 //! state transitions, API keys (as SHA-256 hashes, never the secrets), exports copied out of
 //! sandboxes, the contexts (kernels) of sandboxes, agent runs and their trajectories, memories
-//! (with their full-text index), and the audit log. Files themselves (exports, snapshots,
+//! (with their full-text index, their vectors, and the jobs that extract them with a model),
+//! and the audit log. Files themselves (exports, snapshots,
 //! trajectories) live on disk next to the database; the store only records where.
 //!
 //! # Plain records, JSON columns
@@ -37,6 +38,7 @@ mod error;
 mod exports;
 mod keys;
 mod memories;
+mod memory_jobs;
 mod records;
 mod runs;
 mod sandboxes;
@@ -47,7 +49,8 @@ mod threads;
 
 pub use error::StoreError;
 pub use keys::hash_secret;
-pub use memories::{MAX_QUERY_TERMS, MemoryHit, MemoryRecord, fts_query};
+pub use memories::{MAX_QUERY_TERMS, MemoryHit, MemoryRecord, MemoryVector, fts_query};
+pub use memory_jobs::MemoryJobRecord;
 pub use records::{
     ApiKeyRecord, AuditEvent, AutoSnapshotRecord, ContextRecord, ExportKind, ExportRecord, Page,
     RunEventRecord, RunRecord, SandboxEvent, SandboxQuery, SandboxRecord, SnapshotRecord,

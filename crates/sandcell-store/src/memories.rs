@@ -5,6 +5,12 @@
 //! The full-text index is kept in step by the schema's triggers (see `schema.rs`, step 9),
 //! so nothing here writes it; the code here only reads it, through [`fts_query`], which turns
 //! whatever a user typed into quoted terms: no FTS5 syntax of theirs reaches `MATCH`.
+//!
+//! A memory may also have a vector (its embedding, `schema.rs` step 11) for hybrid ranking:
+//! written with the memory ([`Store::insert_memory_with`]) or later
+//! ([`Store::put_memory_vectors`]), copied with it into a fork ([`Store::copy_memories`]),
+//! gone with its row (a trigger). [`Store::nearest_memories`] ranks a scope's vectors by
+//! cosine similarity to a query's.
 
 use std::collections::BTreeMap;
 
@@ -53,6 +59,36 @@ pub struct MemoryHit {
     pub memory: MemoryRecord,
     /// Relevance: bm25 negated, so higher is better (bm25 itself is lower for better).
     pub score: f64,
+}
+
+/// A memory's embedding: which model made it, and the numbers.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MemoryVector {
+    /// The model (`provider/model`) that made it; vectors of other models are not compared.
+    pub model: String,
+    /// The vector (kept as little-endian f32s).
+    pub vector: Vec<f32>,
+}
+
+/// Vectors as stored: little-endian f32s, back to back.
+fn vector_blob(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| x.to_le_bytes()).collect()
+}
+
+/// The cosine similarity of a stored vector (bytes) with `query` (whose length is
+/// `query_norm`); 0 when either is all zeros.
+fn cosine_blob(blob: &[u8], query: &[f32], query_norm: f32) -> f32 {
+    let (mut dot, mut norm) = (0f32, 0f32);
+    for (chunk, q) in blob.chunks_exact(4).zip(query) {
+        let x = f32::from_le_bytes([chunk[0], chunk[1], chunk[2], chunk[3]]);
+        dot += x * q;
+        norm += x * x;
+    }
+    if norm <= 0.0 || query_norm <= 0.0 {
+        0.0
+    } else {
+        dot / (norm.sqrt() * query_norm)
+    }
 }
 
 /// A row before its metadata is decoded.
@@ -121,6 +157,17 @@ impl Store {
     /// already: then nothing is written and `false` comes back. The count and the insert
     /// are one transaction.
     pub fn insert_memory(&self, m: &MemoryRecord, cap: u64) -> Result<bool, StoreError> {
+        Ok(self.insert_memory_with(m, cap, None)?.is_some())
+    }
+
+    /// [`Store::insert_memory`] with the memory's vector, if it has one, in the same
+    /// transaction; the new memory's `seq`, or `None` when its scope is full.
+    pub fn insert_memory_with(
+        &self,
+        m: &MemoryRecord,
+        cap: u64,
+        vector: Option<&MemoryVector>,
+    ) -> Result<Option<i64>, StoreError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;
         let held: i64 = tx
@@ -130,11 +177,158 @@ impl Store {
             )?
             .query_row(params![m.owner, m.sandbox_id], |row| row.get(0))?;
         if count_from_sql(held) >= cap {
-            return Ok(false);
+            return Ok(None);
         }
-        insert_in(&tx, m)?;
+        let seq = insert_in(&tx, m)?;
+        if let Some(v) = vector {
+            put_vector_in(&tx, seq, v)?;
+        }
         tx.commit()?;
-        Ok(true)
+        Ok(Some(seq))
+    }
+
+    /// Records copies of memories (a fork's of its origin's) in one transaction, all or
+    /// none, each with its original's vector: each record's `seq` names its original (the
+    /// copy gets a `seq` of its own).
+    pub fn copy_memories(&self, copies: &[MemoryRecord]) -> Result<(), StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        for m in copies {
+            let seq = insert_in(&tx, m)?;
+            tx.prepare_cached(
+                "INSERT INTO memory_vectors (seq, model, dims, vector) \
+                 SELECT ?1, model, dims, vector FROM memory_vectors WHERE seq = ?2",
+            )?
+            .execute(params![seq, m.seq])?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// Stores (or replaces) the vectors of memories by `seq`, skipping any memory deleted
+    /// outright meanwhile (no vector outlives its memory).
+    pub fn put_memory_vectors(&self, vectors: &[(i64, MemoryVector)]) -> Result<(), StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        for (seq, v) in vectors {
+            put_vector_in(&tx, *seq, v)?;
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// The vector of memory `seq`, if it has one.
+    pub fn memory_vector(&self, seq: i64) -> Result<Option<MemoryVector>, StoreError> {
+        let found: Option<(String, Vec<u8>)> = self
+            .conn()
+            .prepare_cached("SELECT model, vector FROM memory_vectors WHERE seq = ?1")?
+            .query_row([seq], |row| Ok((row.get(0)?, row.get(1)?)))
+            .optional()?;
+        Ok(found.map(|(model, blob)| MemoryVector {
+            model,
+            vector: blob
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect(),
+        }))
+    }
+
+    /// Memories of one scope (optionally of one category) without a vector of `model`,
+    /// oldest first, at most `limit`; and how many there are in all.
+    pub fn memories_without_vector(
+        &self,
+        owner: &str,
+        sandbox_id: Option<&str>,
+        category: Option<&str>,
+        model: &str,
+        limit: u32,
+    ) -> Result<(Vec<MemoryRecord>, u64), StoreError> {
+        const MISSING: &str = "FROM memories AS m \
+             WHERE m.owner = ?1 AND m.sandbox_id IS ?2 AND m.deleted_at IS NULL \
+             AND (?3 IS NULL OR m.category = ?3) AND NOT EXISTS (SELECT 1 FROM memory_vectors \
+             AS v WHERE v.seq = m.seq AND v.model = ?4)";
+        let (raws, total) = {
+            let conn = self.conn();
+            let total: i64 = conn
+                .prepare_cached(&format!("SELECT COUNT(*) {MISSING}"))?
+                .query_row(params![owner, sandbox_id, category, model], |row| {
+                    row.get(0)
+                })?;
+            let mut stmt = conn.prepare_cached(&format!(
+                "SELECT {M_COLUMNS} {MISSING} ORDER BY m.seq LIMIT ?5"
+            ))?;
+            let rows = stmt.query_map(
+                params![owner, sandbox_id, category, model, i64::from(limit)],
+                from_row,
+            )?;
+            (rows.collect::<Result<Vec<_>, _>>()?, total)
+        };
+        let records = raws
+            .into_iter()
+            .map(RawMemory::decode)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((records, count_from_sql(total)))
+    }
+
+    /// The memories of one scope (optionally of one category) whose vector of `model` is
+    /// nearest `query` by cosine similarity, most similar first (ties: newest first), at
+    /// most `limit`, none below `min_similarity`. Vectors of another length than the
+    /// query's are not compared.
+    #[allow(clippy::too_many_arguments)]
+    pub fn nearest_memories(
+        &self,
+        owner: &str,
+        sandbox_id: Option<&str>,
+        category: Option<&str>,
+        model: &str,
+        query: &[f32],
+        limit: u32,
+        min_similarity: f32,
+    ) -> Result<Vec<(MemoryRecord, f32)>, StoreError> {
+        let query_norm = query.iter().map(|x| x * x).sum::<f32>().sqrt();
+        let dims = i64::try_from(query.len()).unwrap_or(i64::MAX);
+        let size = page_size(limit) as usize;
+        // Every vector of the scope is compared; only the best `size` are kept.
+        let mut best: Vec<(i64, f32)> = Vec::with_capacity(size + 1);
+        {
+            let conn = self.conn();
+            let mut stmt = conn.prepare_cached(
+                "SELECT m.seq, v.vector FROM memory_vectors AS v \
+                 JOIN memories AS m ON m.seq = v.seq \
+                 WHERE m.owner = ?1 AND m.sandbox_id IS ?2 AND m.deleted_at IS NULL \
+                 AND (?3 IS NULL OR m.category = ?3) AND v.model = ?4 AND v.dims = ?5",
+            )?;
+            let mut rows = stmt.query(params![owner, sandbox_id, category, model, dims])?;
+            while let Some(row) = rows.next()? {
+                let seq: i64 = row.get(0)?;
+                let rusqlite::types::ValueRef::Blob(blob) = row.get_ref(1)? else {
+                    continue;
+                };
+                let sim = cosine_blob(blob, query, query_norm);
+                if sim < min_similarity || !sim.is_finite() {
+                    continue;
+                }
+                best.push((seq, sim));
+                if best.len() > size {
+                    best.sort_by(|a, b| b.1.total_cmp(&a.1).then(b.0.cmp(&a.0)));
+                    best.truncate(size);
+                }
+            }
+        }
+        best.sort_by(|a, b| b.1.total_cmp(&a.1).then(b.0.cmp(&a.0)));
+        best.truncate(size);
+        let mut out = Vec::with_capacity(best.len());
+        for (seq, sim) in best {
+            let raw = self
+                .conn()
+                .prepare_cached(&format!("SELECT {COLUMNS} FROM memories WHERE seq = ?1"))?
+                .query_row([seq], from_row)
+                .optional()?;
+            if let Some(raw) = raw {
+                out.push((raw.decode()?, sim));
+            }
+        }
+        Ok(out)
     }
 
     /// Records memories (a fork's copies of its origin's) in one transaction: all or none.
@@ -306,7 +500,26 @@ impl Store {
     }
 }
 
-fn insert_in(tx: &rusqlite::Transaction<'_>, m: &MemoryRecord) -> Result<(), StoreError> {
+fn put_vector_in(
+    tx: &rusqlite::Transaction<'_>,
+    seq: i64,
+    v: &MemoryVector,
+) -> Result<(), StoreError> {
+    tx.prepare_cached(
+        "INSERT OR REPLACE INTO memory_vectors (seq, model, dims, vector) \
+         SELECT ?1, ?2, ?3, ?4 WHERE EXISTS (SELECT 1 FROM memories WHERE seq = ?1)",
+    )?
+    .execute(params![
+        seq,
+        v.model,
+        i64::try_from(v.vector.len()).unwrap_or(i64::MAX),
+        vector_blob(&v.vector)
+    ])?;
+    Ok(())
+}
+
+/// Inserts `m`; its new `seq`.
+fn insert_in(tx: &rusqlite::Transaction<'_>, m: &MemoryRecord) -> Result<i64, StoreError> {
     let inserted = tx
         .prepare_cached(
             "INSERT INTO memories (id, owner, sandbox_id, text, category, metadata, created_at) \
@@ -326,7 +539,9 @@ fn insert_in(tx: &rusqlite::Transaction<'_>, m: &MemoryRecord) -> Result<(), Sto
             what: "memory",
             id: m.id.clone(),
         }),
-        other => other.map(drop).map_err(StoreError::from),
+        other => other
+            .map(|_| tx.last_insert_rowid())
+            .map_err(StoreError::from),
     }
 }
 
@@ -737,5 +952,129 @@ mod tests {
             store.insert_memory(&with_meta, 1000),
             Err(StoreError::AlreadyExists { .. })
         ));
+    }
+
+    fn vector(model: &str, v: &[f32]) -> MemoryVector {
+        MemoryVector {
+            model: model.to_owned(),
+            vector: v.to_vec(),
+        }
+    }
+
+    #[test]
+    fn vectors_rank_by_cosine_follow_deletes_and_go_with_copies() {
+        let store = Store::open_in_memory().unwrap();
+        let put = |id: &str, at: i64, v: Option<&[f32]>| {
+            let vec = v.map(|v| vector("openai/e", v));
+            store
+                .insert_memory_with(&memory(id, "o", Some("sb-a"), id, at), 1000, vec.as_ref())
+                .unwrap()
+                .unwrap()
+        };
+        let a = put("mem-a", 1, Some(&[1.0, 0.0, 0.0]));
+        put("mem-b", 2, Some(&[0.6, 0.8, 0.0]));
+        put("mem-c", 3, Some(&[0.0, 0.0, 1.0]));
+        let d = put("mem-d", 4, None);
+        // Stored as little-endian f32s, read back the same.
+        assert_eq!(
+            store.memory_vector(a).unwrap().unwrap().vector,
+            vec![1.0, 0.0, 0.0]
+        );
+        let near = |q: &[f32], min: f32| {
+            store
+                .nearest_memories("o", Some("sb-a"), None, "openai/e", q, 10, min)
+                .unwrap()
+                .into_iter()
+                .map(|(m, s)| (m.id, (s * 100.0).round() / 100.0))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            near(&[2.0, 0.0, 0.0], 0.1),
+            [("mem-a".to_string(), 1.0), ("mem-b".to_string(), 0.6)]
+        );
+        assert_eq!(near(&[1.0, 0.0, 0.0], 0.7), [("mem-a".to_string(), 1.0)]);
+        // Another model's vectors, or another length, are not compared.
+        assert!(
+            store
+                .nearest_memories(
+                    "o",
+                    Some("sb-a"),
+                    None,
+                    "openai/other",
+                    &[1.0, 0.0, 0.0],
+                    10,
+                    0.0
+                )
+                .unwrap()
+                .is_empty()
+        );
+        assert!(near(&[1.0, 0.0], 0.0).is_empty());
+        // Which lack one: the one added without, until it is put.
+        let (missing, total) = store
+            .memories_without_vector("o", Some("sb-a"), None, "openai/e", 10)
+            .unwrap();
+        assert_eq!((missing.len(), total), (1, 1));
+        assert_eq!(missing[0].id, "mem-d");
+        store
+            .put_memory_vectors(&[
+                (d, vector("openai/e", &[0.0, 1.0, 0.0])),
+                (9999, vector("openai/e", &[1.0])),
+            ])
+            .unwrap();
+        assert_eq!(near(&[0.0, 1.0, 0.0], 0.5)[0].0, "mem-d");
+        assert!(
+            store.memory_vector(9999).unwrap().is_none(),
+            "no memory, no vector"
+        );
+        let (_, total) = store
+            .memories_without_vector("o", Some("sb-a"), None, "openai/other", 10)
+            .unwrap();
+        assert_eq!(total, 4);
+
+        // A fork's copies carry their originals' vectors.
+        snapshot(&store, "sn-1", "sb-a", 10);
+        let copies: Vec<MemoryRecord> = store
+            .memories_at("o", "sb-a", 10)
+            .unwrap()
+            .into_iter()
+            .map(|m| MemoryRecord {
+                id: format!("{}-copy", m.id),
+                sandbox_id: Some("sb-b".to_owned()),
+                ..m
+            })
+            .collect();
+        store.copy_memories(&copies).unwrap();
+        let forked = store
+            .nearest_memories(
+                "o",
+                Some("sb-b"),
+                None,
+                "openai/e",
+                &[1.0, 0.0, 0.0],
+                10,
+                0.5,
+            )
+            .unwrap();
+        assert_eq!(forked[0].0.id, "mem-a-copy");
+
+        // Deleted outright: its vector goes too; marked deleted: kept for forks, unranked.
+        let rows = |s: &Store| -> i64 {
+            s.conn()
+                .query_row("SELECT COUNT(*) FROM memory_vectors", [], |r| r.get(0))
+                .unwrap()
+        };
+        assert_eq!(rows(&store), 8);
+        assert!(store.delete_memory("mem-a-copy", 20).unwrap());
+        assert_eq!(rows(&store), 7);
+        assert!(store.delete_memory("mem-a", 21).unwrap());
+        assert_eq!(rows(&store), 7, "a snapshot may still hand mem-a to a fork");
+        assert!(near(&[1.0, 0.0, 0.0], 0.9).is_empty());
+        store.delete_snapshot("sn-1").unwrap();
+        assert!(store.delete_memory("mem-b", 22).unwrap());
+        assert_eq!(
+            rows(&store),
+            5,
+            "mem-a's row and mem-b's went, with their vectors"
+        );
     }
 }

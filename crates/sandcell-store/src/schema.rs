@@ -281,6 +281,49 @@ END;
 
 const V9_DOWN: &str = "DROP TABLE memories_fts; DROP TABLE memories;";
 
+/// Step 11: memories' vectors (for hybrid ranking) and the jobs that extract memories from
+/// a text with a model (`infer`).
+///
+/// A vector is the memory's embedding from `model` (`provider/model`): `dims` little-endian
+/// f32s. Its `seq` is its memory's; the trigger removes it with the memory's row, so a
+/// vector never outlives its memory (a memory marked deleted keeps its row, and its vector,
+/// for the forks that may still copy it). One vector per memory: a memory embedded again
+/// (another model) has it replaced.
+///
+/// A job's `memories` is the JSON list of the ids it added; `worker` names the process that
+/// runs it (a job still `queued` or `running` whose worker is gone was interrupted).
+const V11_MEMORY_VECTORS_AND_JOBS: &str = r#"
+CREATE TABLE memory_vectors (
+    seq    INTEGER NOT NULL PRIMARY KEY,
+    model  TEXT    NOT NULL,
+    dims   INTEGER NOT NULL CHECK (dims > 0),
+    vector BLOB    NOT NULL CHECK (length(vector) = 4 * dims)
+) STRICT;
+CREATE TRIGGER memory_vectors_follow AFTER DELETE ON memories BEGIN
+    DELETE FROM memory_vectors WHERE seq = old.seq;
+END;
+CREATE TABLE memory_jobs (
+    seq        INTEGER NOT NULL PRIMARY KEY,
+    id         TEXT    NOT NULL UNIQUE,
+    owner      TEXT    NOT NULL,
+    sandbox_id TEXT,
+    status     TEXT    NOT NULL CHECK (status IN ('queued', 'running', 'succeeded', 'failed')),
+    model      TEXT    NOT NULL,
+    text       TEXT    NOT NULL,
+    category   TEXT    NOT NULL,
+    metadata   TEXT    NOT NULL DEFAULT '{}' CHECK (json_valid(metadata)),
+    memories   TEXT    NOT NULL DEFAULT '[]' CHECK (json_valid(memories)),
+    error      TEXT,
+    worker     TEXT    NOT NULL,
+    created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL
+) STRICT;
+CREATE INDEX memory_jobs_by_scope ON memory_jobs (owner, sandbox_id, seq);
+"#;
+
+const V11_DOWN: &str =
+    "DROP TABLE memory_jobs; DROP TRIGGER memory_vectors_follow; DROP TABLE memory_vectors;";
+
 const STEPS: &[M<'static>] = &[
     M::up(V1_SANDBOXES).down(V1_DOWN),
     M::up(V2_API_KEYS).down(V2_DOWN),
@@ -292,6 +335,7 @@ const STEPS: &[M<'static>] = &[
     M::up(V8_RUNS).down(V8_DOWN),
     M::up(V9_MEMORIES).down(V9_DOWN),
     M::up(V10_THREADS).down(V10_DOWN),
+    M::up(V11_MEMORY_VECTORS_AND_JOBS).down(V11_DOWN),
 ];
 
 /// The store's migrations, oldest first; version N is the schema after step N.

@@ -3,11 +3,15 @@ memory that matches best first (stemmed words, each hit with its score), filters
 and limit; a sandbox's memories (`sb.memory`) and the owner's own (`client.memory`) are
 separate scopes, except that the owner's get and delete reach a sandbox's memory by id; a
 listing pages with its cursor; a deleted memory is gone from get, search and listing; bad
-input is the daemon's InvalidArgumentError."""
+input is the daemon's InvalidArgumentError. Against daemons of their own pointed at the test
+kit's scripted model: hybrid search finds a memory by meaning, and says it ranked by words
+only when the embeddings endpoint fails; infer jobs add the model's facts, fail on output that
+is not a JSON list, and are refused at once without a model."""
 
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
 import pytest
 
@@ -15,14 +19,18 @@ from sandcell import (
     AsyncMemories,
     AsyncSandbox,
     AsyncSandcell,
+    InferJob,
     InvalidArgumentError,
     Memories,
     Memory,
     MemoryList,
+    MemorySearch,
     NotFoundError,
     Sandbox,
     Sandcell,
 )
+
+from .conftest import AgentDaemon
 
 
 def word() -> str:
@@ -162,3 +170,92 @@ async def test_async_memories_add_search_delete(asb: AsyncSandbox) -> None:
         assert await client.memory.search(w) == []
     await asb.memory.delete(first)
     assert [m.id for m in (await asb.memory.list())] == [second.id]
+
+
+# --- hybrid search and infer, against the scripted model ---------------------------------
+
+EMBEDDINGS = {"synonyms": [["automobile", "car", "vehicle"]]}
+
+
+def test_the_session_daemon_ranks_by_words_and_has_no_model_to_infer_with(client: Sandcell) -> None:
+    w = word()
+    m = client.memory.add(f"plain {w}")
+    try:
+        found = client.memory.search(w)
+        assert isinstance(found, MemorySearch) and (found.ranking, found.warning) == ("fts", None)
+        assert [h.matched_by for h in found] == ["fts"]
+        with pytest.raises(InvalidArgumentError, match="infer_model"):
+            client.memory.add("I moved to Lisbon", infer=True)
+    finally:
+        client.memory.delete(m)
+
+
+def test_hybrid_search_finds_by_meaning_and_says_when_it_could_not(
+    agent_daemon: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SANDCELL_MEMORY_EMBEDDING_MODEL", "openai/test-embed")
+    up: AgentDaemon = agent_daemon({"turns": [], "embeddings": EMBEDDINGS})
+    down: AgentDaemon = agent_daemon(
+        {"turns": [], "embeddings": {**EMBEDDINGS, "fault": {"status": 500, "message": "embedder down"}}}
+    )
+    with Sandcell(up.url, up.key) as client:
+        car = client.memory.add("The automobile needs new tyres")
+        assert car.warning is None
+        client.memory.add("Lunch is at noon on Fridays")
+        found = client.memory.search("vehicle")
+        assert (found.ranking, found.warning) == ("hybrid", None)
+        assert [h.id for h in found] == [car.id]
+        assert found[0].matched_by == "semantic"
+        assert found[0].similarity is not None and found[0].similarity > 0.3
+        embedded = [r["body"]["input"] for r in up.model.requests() if r["path"] == "/v1/embeddings"]
+        assert embedded[-1] == ["vehicle"]
+    with Sandcell(down.url, down.key) as client:
+        kept = client.memory.add("The car is parked in the garage")
+        assert kept.warning is not None and "embedder down" in kept.warning
+        assert client.memory.get(kept.id).text == kept.text
+        found = client.memory.search("vehicle garage")
+        assert found.ranking == "fts"
+        assert found.warning is not None and "embeddings endpoint failed" in found.warning
+        assert [h.id for h in found] == [kept.id] and found[0].matched_by == "fts"
+        assert client.memory.search("vehicle") == []
+
+
+async def test_infer_jobs_add_the_models_facts_or_fail_saying_why(
+    agent_daemon: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("SANDCELL_AGENT_MODEL", "openai/test-model")
+    d: AgentDaemon = agent_daemon(
+        [
+            {"text": '["The user lives in Lisbon", "The user drinks green tea"]'},
+            {"text": "Sure! The user lives in Lisbon."},
+            {"text": '["The deploy key is in the vault"]'},
+        ]
+    )
+    with Sandcell(d.url, d.key) as client:
+        job = client.memory.add("I moved to Lisbon. I drink green tea.", category="profile", infer=True)
+        assert isinstance(job, InferJob) and job.id.startswith("inf-")
+        assert job.status in ("queued", "running", "succeeded") and job.model == "openai/test-model"
+        done = client.memory.wait_infer(job, timeout=30)
+        assert (done.status, done.error, len(done.memories)) == ("succeeded", None, 2)
+        first = client.memory.get(done.memories[0])
+        assert (first.text, first.category, first.metadata) == (
+            "The user lives in Lisbon",
+            "profile",
+            {"source": "infer"},
+        )
+        assert client.memory.search("green tea")[0].id == done.memories[1]
+
+        bad = client.memory.wait_infer(client.memory.add("More.", infer=True), timeout=30)
+        assert bad.status == "failed" and bad.done
+        assert bad.error is not None and "not a JSON list of strings" in bad.error
+        assert [j.id for j in client.memory.infer_jobs()][:2] == [bad.id, job.id]
+        with pytest.raises(InvalidArgumentError):
+            client.memory.infer_status("inf-nope")
+
+    async with AsyncSandcell(d.url, d.key) as aclient:
+        job = await aclient.memory.add("Deploy keys live in the vault.", infer=True)
+        done = await aclient.memory.wait_infer(job.id, timeout=30)
+        assert done.status == "succeeded"
+        assert (await aclient.memory.infer_status(job)).memories == done.memories
+        found = await aclient.memory.search("deploy key")
+        assert found[0].id == done.memories[0]

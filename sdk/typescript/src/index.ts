@@ -33,8 +33,20 @@ export type {
 } from "./runs.js";
 export { Threads, threads } from "./threads.js";
 export type { CreateThreadOptions, ThreadInfo } from "./threads.js";
-export { Memories, memory } from "./memory.js";
-export type { AddMemoryOptions, ListMemoriesOptions, Memory, MemoryScope, SearchMemoriesOptions } from "./memory.js";
+export { Memories, inferDone, memory } from "./memory.js";
+export type {
+  AddMemoryOptions,
+  InferJob,
+  InferStatus,
+  ListMemoriesOptions,
+  MatchedBy,
+  Memory,
+  MemoryRanking,
+  MemoryScope,
+  MemorySearchResults,
+  SearchMemoriesOptions,
+  WaitInferOptions,
+} from "./memory.js";
 export { Snapshot } from "./snapshots.js";
 export type {
   AutoSnapshotSettings,

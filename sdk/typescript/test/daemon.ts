@@ -116,10 +116,10 @@ export interface ScriptedModel {
 /**
  * Starts the test kit's scripted OpenAI / Anthropic server (`scripted-llm`:
  * `$SANDCELL_SCRIPTED_LLM`, else this repository's debug build, which test.sh makes) on a
- * free port of 127.0.0.1, answering the turns of `script` in order, then its small
- * deterministic agent.
+ * free port of 127.0.0.1, answering the turns of `script` in order (a list of turns, or an
+ * object with `turns` and `embeddings`), then its small deterministic agent.
  */
-export async function startScriptedModel(script: unknown[]): Promise<ScriptedModel> {
+export async function startScriptedModel(script: unknown): Promise<ScriptedModel> {
   const bin = process.env["SANDCELL_SCRIPTED_LLM"] ?? join(REPO, "target/debug/scripted-llm");
   if (!existsSync(bin)) {
     throw new Error(`no scripted-llm at ${bin}: build it (cargo build -p sandcell-testkit --features llm --bin scripted-llm) or set SANDCELL_SCRIPTED_LLM`);

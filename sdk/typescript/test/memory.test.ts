@@ -2,13 +2,17 @@
  * Memories through the SDK on the suite's daemon: a sandbox's (`sb.memory`) are added, found by
  * ranked search (the relevant first, stemmed, by category, bounded), listed newest first, read
  * and deleted; the owner's (`memory()`) are apart from any sandbox's, though by id they reach
- * a sandbox's too; bad values are the daemon's 400 as `InvalidArgumentError`.
+ * a sandbox's too; bad values are the daemon's 400 as `InvalidArgumentError`. Against daemons
+ * of their own pointed at the test kit's scripted model: hybrid search finds a memory by
+ * meaning, and says it ranked by words only when the embeddings endpoint fails; infer jobs
+ * add the model's facts, or fail saying why; without a model infer is refused at once.
  */
 
 import assert from "node:assert/strict";
 import { test } from "node:test";
 
 import { InvalidArgumentError, NotFoundError, memory, type Memory } from "sandcell";
+import { startDaemon, startScriptedModel, type ScriptedModel } from "./daemon.js";
 import { withSandbox } from "./helpers.js";
 
 const ids = (ms: Memory[]): string[] => ms.map((m) => m.id);
@@ -114,5 +118,85 @@ test("bad memory values are InvalidArgumentError", async () => {
     }
     // Nothing was added by the refused calls.
     assert.deepEqual(await sb.memory.list(), []);
+  });
+});
+
+/** A scripted model serving `script` and a daemon pointed at it with `settings`; both stop after. */
+async function withModel<T>(
+  script: unknown,
+  settings: string[],
+  fn: (mine: ReturnType<typeof memory>, model: ScriptedModel) => Promise<T>,
+): Promise<T> {
+  const model = await startScriptedModel(script);
+  try {
+    const daemon = await startDaemon({ settings: [`agent.openai.base_url=${model.baseUrl}`, ...settings] });
+    try {
+      return await fn(memory({ apiUrl: daemon.url, apiKey: daemon.key }), model);
+    } finally {
+      await daemon.stop();
+    }
+  } finally {
+    await model.stop();
+  }
+}
+
+const EMBEDDINGS = { synonyms: [["automobile", "car", "vehicle"]] };
+
+test("the suite's daemon ranks by words, and has no model to infer with", async () => {
+  const word = `zr${Date.now().toString(36)}`;
+  const m = await memory().add(`plain ${word}`);
+  const found = await memory().search(word);
+  assert.deepEqual([found.ranking, found.warning, found[0]?.matchedBy], ["fts", null, "fts"]);
+  await assert.rejects(memory().add("I moved to Lisbon", { infer: true }), (e: unknown) => {
+    assert.ok(e instanceof InvalidArgumentError && e.message.includes("infer_model"), String(e));
+    return true;
+  });
+  await memory().delete(m.id);
+});
+
+test("hybrid search finds by meaning, and says when it ranked by words only", async () => {
+  await withModel({ turns: [], embeddings: EMBEDDINGS }, ["memory.embedding_model=openai/test-embed"], async (mine) => {
+    const car = await mine.add("The automobile needs new tyres");
+    assert.equal(car.warning, null);
+    await mine.add("Lunch is at noon on Fridays");
+    const found = await mine.search("vehicle");
+    assert.deepEqual([found.ranking, found.warning], ["hybrid", null]);
+    assert.deepEqual(ids(found), [car.id]);
+    assert.equal(found[0]!.matchedBy, "semantic");
+    assert.ok((found[0]!.similarity ?? 0) > 0.3, String(found[0]!.similarity));
+  });
+  const down = { turns: [], embeddings: { ...EMBEDDINGS, fault: { status: 500, message: "embedder down" } } };
+  await withModel(down, ["memory.embedding_model=openai/test-embed"], async (mine) => {
+    const kept = await mine.add("The car is parked in the garage");
+    assert.ok(kept.warning?.includes("embedder down"), String(kept.warning));
+    const found = await mine.search("vehicle garage");
+    assert.equal(found.ranking, "fts");
+    assert.ok(found.warning?.includes("embeddings endpoint failed"), String(found.warning));
+    assert.deepEqual(ids(found), [kept.id]);
+    assert.deepEqual(await mine.search("vehicle"), []);
+  });
+});
+
+test("infer jobs add the model's facts, or fail saying why", async () => {
+  const script = [
+    { text: '["The user lives in Lisbon", "The user drinks green tea"]' },
+    { text: "Sure! The user lives in Lisbon." },
+  ];
+  await withModel(script, ["agent.model=openai/test-model"], async (mine, model) => {
+    const job = await mine.add("I moved to Lisbon. I drink green tea.", { category: "profile", infer: true });
+    assert.match(job.id, /^inf-[0-9a-f]{16}$/);
+    assert.equal(job.model, "openai/test-model");
+    const done = await mine.waitInfer(job, { timeoutMs: 30_000 });
+    assert.deepEqual([done.status, done.error, done.memories.length], ["succeeded", null, 2]);
+    const first = await mine.get(done.memories[0]!);
+    assert.deepEqual([first.text, first.category, first.metadata], ["The user lives in Lisbon", "profile", { source: "infer" }]);
+    assert.equal((await mine.search("green tea"))[0]!.id, done.memories[1]);
+    assert.ok(model.requests().some((r) => JSON.stringify(r["body"]).includes("I drink green tea")));
+
+    const bad = await mine.waitInfer(await mine.add("More.", { infer: true }), { timeoutMs: 30_000 });
+    assert.equal(bad.status, "failed");
+    assert.ok(bad.error?.includes("not a JSON list of strings"), String(bad.error));
+    assert.deepEqual((await mine.inferJobs()).map((j) => j.id), [bad.id, job.id]);
+    assert.deepEqual((await mine.inferStatus(job.id)).memories, done.memories);
   });
 });

@@ -1,15 +1,24 @@
 //! Memories end to end: over real HTTP on a real daemon (ranked search, owners kept apart,
 //! a fork and a restore seeing their origin's memories as they were at the snapshot, bad
 //! input refused naming the field), and `sandcell memory` through that daemon and, without
-//! one, on a home's store in its own process.
+//! one, on a home's store in its own process. Hybrid search and infer jobs against the test
+//! kit's scripted model on loopback: a memory sharing no word with the query found by its
+//! embedding, the embeddings endpoint failing (the add kept, the search saying `fts`),
+//! infer jobs succeeding, failing on bad output, refused without a model, and interrupted by
+//! a daemon's death.
 
 use std::process::{Command, Output};
 
 use reqwest::Method;
 use serde_json::{Value, json};
 
+use std::time::Duration;
+
+use sandcell_testkit::llm::{EmbeddingsScript, Fault, Script, Turn};
+
 use super::common::BIN;
-use super::daemon::{Daemon, Resp};
+use super::daemon::{Daemon, Resp, wait_for};
+use super::runs_api::Model;
 
 /// Adds a memory to sandbox `sb` (or the admin's own with `None`); its id.
 fn add(d: &Daemon, sb: Option<&str>, body: Value) -> String {
@@ -383,4 +392,328 @@ fn memory_cli_round_trips_through_the_daemon_and_without_one() {
     );
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("sb-0000000000000000"));
+}
+
+/// The scripted model with its embeddings' synonym group (automobile, car, vehicle).
+fn embedder(turns: Vec<Turn>) -> Model {
+    Model::start(
+        Script::new()
+            .turns(turns)
+            .embeddings(EmbeddingsScript::default().synonyms(["automobile", "car", "vehicle"])),
+    )
+}
+
+/// The `input` of the last embeddings request the model received.
+fn last_embedded(m: &Model) -> Value {
+    m.llm
+        .requests()
+        .iter()
+        .rev()
+        .find(|r| r.path == "/v1/embeddings")
+        .map(|r| r.body["input"].clone())
+        .unwrap_or(Value::Null)
+}
+
+#[test]
+fn hybrid_search_finds_by_meaning_and_falls_back_to_words_saying_so() {
+    let model = embedder(Vec::new());
+    let d = Daemon::start(&[
+        &format!("agent.openai.base_url={}", model.llm.openai_base()),
+        "memory.embedding_model=openai/test-embed",
+    ]);
+    let sb = d.create_id(json!({}));
+    let car = add(
+        &d,
+        Some(&sb),
+        json!({"text": "The automobile needs new tyres"}),
+    );
+    add(
+        &d,
+        Some(&sb),
+        json!({"text": "Lunch is at noon on Fridays"}),
+    );
+    add(
+        &d,
+        Some(&sb),
+        json!({"text": "The staging database is PostgreSQL"}),
+    );
+
+    // "vehicle" shares no word with any memory: full-text alone finds nothing; the
+    // embedding finds the automobile, and says so.
+    let r = search(&d, &sb, "vehicle");
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["ranking"], "hybrid", "{}", r.body);
+    assert!(r.body.get("warning").is_none(), "{}", r.body);
+    let hits = r.body["memories"].as_array().unwrap();
+    assert_eq!(hits.len(), 1, "{}", r.body);
+    assert_eq!(hits[0]["id"], car.as_str());
+    assert_eq!(hits[0]["matched_by"], "semantic");
+    assert!(hits[0]["similarity"].as_f64().unwrap() > 0.3, "{}", r.body);
+    // Words and meaning together rank first.
+    let r = search(&d, &sb, "when is lunch");
+    assert_eq!(r.body["memories"][0]["matched_by"], "both", "{}", r.body);
+
+    // A fork carries the vectors: its search embeds only the query.
+    let snap = d.post(&format!("/v1/sandboxes/{sb}/snapshots"), json!({}));
+    assert_eq!(snap.status, 201, "{}", snap.body);
+    let r = d.post(
+        &format!("/v1/snapshots/{}/fork", snap.body["id"].as_str().unwrap()),
+        json!({"count": 1}),
+    );
+    assert_eq!(r.status, 201, "{}", r.body);
+    let fork = r.body["sandboxes"][0]["sandbox"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let r = search(&d, &fork, "vehicle");
+    assert_eq!(texts(&r), ["The automobile needs new tyres"]);
+    assert_eq!(last_embedded(&model), json!(["vehicle"]));
+
+    // The embeddings endpoint fails: the add keeps the memory and says so; the search ranks
+    // by words and says so.
+    model
+        .llm
+        .set_embeddings_fault(Some(Fault::status(500, "embedder down")));
+    let r = d.post(
+        &format!("/v1/sandboxes/{sb}/memories"),
+        json!({"text": "The car is parked in the garage"}),
+    );
+    assert_eq!(r.status, 201, "{}", r.body);
+    let parked = r.body["id"].as_str().unwrap().to_string();
+    assert!(
+        r.body["warning"]
+            .as_str()
+            .unwrap()
+            .contains("embedder down"),
+        "{}",
+        r.body
+    );
+    let r = search(&d, &sb, "vehicle garage");
+    assert_eq!(r.body["ranking"], "fts", "{}", r.body);
+    assert!(
+        r.body["warning"]
+            .as_str()
+            .unwrap()
+            .contains("embeddings endpoint failed"),
+        "{}",
+        r.body
+    );
+    assert_eq!(texts(&r), ["The car is parked in the garage"]);
+    assert_eq!(r.body["memories"][0]["matched_by"], "fts");
+    model.llm.set_embeddings_fault(Some(Fault::Unauthorized));
+    let r = search(&d, &sb, "vehicle");
+    assert_eq!(
+        (r.status, &r.body["ranking"]),
+        (200, &json!("fts")),
+        "{}",
+        r.body
+    );
+    assert!(texts(&r).is_empty());
+    // The CLI says how it ranked.
+    let out = sandcell(d.home(), &["memory", "search", "--sandbox", &sb, "garage"]);
+    assert!(out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("ranking: fts") && err.contains("warning:"),
+        "{err}"
+    );
+
+    // Back: the next search embeds the memory stored without a vector, and finds it.
+    model.llm.set_embeddings_fault(None);
+    let r = search(&d, &sb, "vehicle");
+    assert_eq!(r.body["ranking"], "hybrid", "{}", r.body);
+    let mut found: Vec<String> = ids_of(&r);
+    found.sort();
+    let mut want = vec![car.clone(), parked.clone()];
+    want.sort();
+    assert_eq!(found, want, "{}", r.body);
+    assert_eq!(
+        last_embedded(&model),
+        json!(["vehicle", "The car is parked in the garage"])
+    );
+    let out = sandcell(d.home(), &["memory", "search", "--sandbox", &sb, "vehicle"]);
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(stderr.contains("ranking: hybrid"), "{stderr}");
+    assert!(
+        stdout.contains("semantic") && stdout.contains(&car),
+        "{stdout}"
+    );
+
+    // This daemon has no model to infer with: refused at once, no job made.
+    let r = d.post("/v1/memories/infer", json!({"text": "I moved to Lisbon"}));
+    r.expect_error(400, "invalid_argument");
+    assert!(
+        r.body["message"]
+            .as_str()
+            .unwrap()
+            .contains("memory.infer_model"),
+        "{}",
+        r.body
+    );
+    let r = d.get("/v1/memories/infer");
+    assert_eq!(r.body["jobs"], json!([]), "{}", r.body);
+}
+
+fn ids_of(r: &Resp) -> Vec<String> {
+    r.body["memories"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// Polls a job until `done` says so (at most 30 s); its last state.
+fn job_until(d: &Daemon, path: &str, done: impl Fn(&Value) -> bool) -> Value {
+    wait_for(Duration::from_secs(30), || {
+        let r = d.get(path);
+        assert_eq!(r.status, 200, "{}", r.body);
+        done(&r.body).then_some(r.body)
+    })
+    .unwrap_or_else(|| panic!("{path} did not get there: {}", d.get(path).body))
+}
+
+#[test]
+fn infer_jobs_extract_facts_fail_on_bad_output_and_are_interrupted_by_a_stop() {
+    let model = embedder(vec![
+        Turn::text(r#"["The user lives in Lisbon", "The user drinks green tea"]"#),
+        Turn::text("Sure! The user lives in Lisbon."),
+        Turn::text(r#"["The CI runners are in eu-west-1"]"#),
+        Turn::Fault(Fault::Slow {
+            delay_ms: 60_000,
+            then: Box::new(Turn::text("[]")),
+        }),
+    ]);
+    let sets = [
+        format!("agent.openai.base_url={}", model.llm.openai_base()),
+        "agent.model=openai/test-model".to_string(),
+    ];
+    let sets: Vec<&str> = sets.iter().map(String::as_str).collect();
+    let mut d = Daemon::start(&sets);
+    let sb = d.create_id(json!({}));
+
+    // Accepted at once, then the model's facts become memories of the sandbox.
+    let r = d.post(
+        &format!("/v1/sandboxes/{sb}/memories/infer"),
+        json!({"text": "I moved to Lisbon last year. I drink green tea.", "category": "profile", "metadata": {"by": "test"}}),
+    );
+    assert_eq!(r.status, 202, "{}", r.body);
+    assert_eq!(
+        (&r.body["status"], &r.body["sandbox_id"]),
+        (&json!("queued"), &json!(sb))
+    );
+    let job = r.body["id"].as_str().unwrap().to_string();
+    let done = job_until(
+        &d,
+        &format!("/v1/sandboxes/{sb}/memories/infer/{job}"),
+        |j| j["status"] == "succeeded" || j["status"] == "failed",
+    );
+    assert_eq!(done["status"], "succeeded", "{done}");
+    let added: Vec<String> = done["memories"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m.as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(added.len(), 2, "{done}");
+    let m = d.get(&format!("/v1/sandboxes/{sb}/memories/{}", added[1]));
+    assert_eq!(m.body["text"], "The user drinks green tea");
+    assert_eq!(
+        (&m.body["category"], &m.body["metadata"]),
+        (&json!("profile"), &json!({"by": "test", "source": "infer"}))
+    );
+    let r = search(&d, &sb, "where does the user live");
+    assert_eq!(ids_of(&r)[0], added[0], "{}", r.body);
+    // The owner's route finds the sandbox's job by id too.
+    assert_eq!(
+        d.get(&format!("/v1/memories/infer/{job}")).body["id"],
+        job.as_str()
+    );
+
+    // Output that is not a JSON list: the job fails, saying so; nothing is added.
+    let r = d.post("/v1/memories/infer", json!({"text": "More about me."}));
+    assert_eq!(r.status, 202, "{}", r.body);
+    let bad = r.body["id"].as_str().unwrap().to_string();
+    let failed = job_until(&d, &format!("/v1/memories/infer/{bad}"), |j| {
+        j["status"] == "failed"
+    });
+    assert!(
+        failed["error"]
+            .as_str()
+            .unwrap()
+            .contains("not a JSON list of strings"),
+        "{failed}"
+    );
+    assert_eq!(failed["memories"], json!([]));
+    let listed = d.get("/v1/memories/infer");
+    assert_eq!(
+        listed.body["jobs"][0]["id"],
+        bad.as_str(),
+        "{}",
+        listed.body
+    );
+
+    // The CLI: --infer --wait prints the job once it has ended.
+    let out = sandcell(
+        d.home(),
+        &[
+            "memory",
+            "add",
+            "--sandbox",
+            &sb,
+            "--infer",
+            "--wait",
+            "--json",
+            "CI runs in Ireland",
+        ],
+    );
+    let job_json = json_of(&out);
+    assert_eq!(job_json["status"], "succeeded", "{job_json}");
+    let m = d.get(&format!(
+        "/v1/sandboxes/{sb}/memories/{}",
+        job_json["memories"][0].as_str().unwrap()
+    ));
+    assert_eq!(m.body["text"], "The CI runners are in eu-west-1");
+    let out = sandcell(
+        d.home(),
+        &[
+            "memory",
+            "infer-status",
+            "--sandbox",
+            &sb,
+            "--json",
+            job_json["id"].as_str().unwrap(),
+        ],
+    );
+    assert_eq!(json_of(&out)["status"], "succeeded");
+
+    // A job running when the daemon dies reads as failed, interrupted, after the restart.
+    let r = d.post("/v1/memories/infer", json!({"text": "A slow one."}));
+    let slow = r.body["id"].as_str().unwrap().to_string();
+    job_until(&d, &format!("/v1/memories/infer/{slow}"), |j| {
+        j["status"] == "running"
+    });
+    d.kill9();
+    d.restart(&sets);
+    let r = d.get(&format!("/v1/memories/infer/{slow}"));
+    assert_eq!(r.body["status"], "failed", "{}", r.body);
+    assert!(
+        r.body["error"].as_str().unwrap().starts_with("interrupted"),
+        "{}",
+        r.body
+    );
+    // Bad ids are a 400, another owner's job a 404.
+    d.get("/v1/memories/infer/inf-nope")
+        .expect_error(400, "invalid_argument");
+    let (bob, _) = d.key_for("bob");
+    d.call_as(
+        Some(&bob),
+        Method::GET,
+        &format!("/v1/memories/infer/{slow}"),
+        None,
+    )
+    .expect_error(404, "not_found");
 }

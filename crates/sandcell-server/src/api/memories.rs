@@ -1,12 +1,15 @@
 //! `/v1/sandboxes/{id}/memories` (a sandbox's memories) and `/v1/memories` (the caller's
-//! own): add, list, search (ranked full-text), show, delete.
+//! own): add, list, search (full-text, or hybrid with embeddings), show, delete; and
+//! `…/memories/infer`: facts extracted from a text by the configured model, as background
+//! jobs (start, list, show).
 
 use axum::Json;
 use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use sandcell_api::SandboxId;
 use sandcell_api::memories::{
-    AddMemory, Category, ListMemories, Memory, MemoryList, MemoryQuery, SearchMemories,
+    AddMemory, Category, InferJob, InferJobList, InferMemories, ListInferJobs, ListMemories,
+    Memory, MemoryList, MemoryQuery, SearchMemories,
 };
 use sandcell_service::memory::Scope;
 
@@ -37,6 +40,23 @@ fn list_query(raw: Option<&str>) -> Result<ListMemories, ApiError> {
             other => {
                 return Err(ApiError::invalid(format!(
                     "unknown query parameter '{other}' (this route takes: limit, cursor, category)"
+                )));
+            }
+        }
+    }
+    Ok(req)
+}
+
+/// An infer job listing's query: `limit`, `cursor`.
+fn jobs_query(raw: Option<&str>) -> Result<ListInferJobs, ApiError> {
+    let mut req = ListInferJobs::default();
+    for (k, v) in query_pairs(raw)? {
+        match k.as_str() {
+            "limit" => req.limit = Some(parse_limit(&v)?),
+            "cursor" => req.cursor = Some(v),
+            other => {
+                return Err(ApiError::invalid(format!(
+                    "unknown query parameter '{other}' (this route takes: limit, cursor)"
                 )));
             }
         }
@@ -88,7 +108,10 @@ pub async fn add_sandbox(
     ApiPath(id): ApiPath<SandboxId>,
     ApiJson(req): ApiJson<AddMemory>,
 ) -> ApiResult<(StatusCode, Json<Memory>)> {
-    let made = s.service.add_memory(&caller, Scope::Sandbox(&id), req)?;
+    let made = s
+        .service
+        .add_memory(&caller, Scope::Sandbox(&id), req)
+        .await?;
     Ok((StatusCode::CREATED, Json(made)))
 }
 
@@ -123,9 +146,11 @@ pub async fn list_sandbox(
     )?))
 }
 
-/// Searches a sandbox's memories for the words of `q`, most relevant first (bm25: the
-/// memories matching more of them, and rarer ones, first). Search syntax in `q` is not
-/// syntax: only its words count.
+/// Searches a sandbox's memories for `q`, most relevant first: by its words (bm25: the
+/// memories matching more of them, and rarer ones, first), fused with embedding similarity
+/// when the daemon has an embedding model (`ranking: hybrid`; each result's `matched_by`
+/// says how it was found). When the embeddings endpoint fails the answer is the full-text
+/// ranking with `ranking: fts` and a `warning`. Search syntax in `q` is not syntax.
 #[utoipa::path(
     get, path = "/v1/sandboxes/{id}/memories/search", tag = "memories",
     params(
@@ -149,11 +174,11 @@ pub async fn search_sandbox(
     RawQuery(query): RawQuery,
 ) -> ApiResult<Json<MemoryList>> {
     let req = search_query(query.as_deref())?;
-    Ok(Json(s.service.search_memories(
-        &caller,
-        Scope::Sandbox(&id),
-        req,
-    )?))
+    Ok(Json(
+        s.service
+            .search_memories(&caller, Scope::Sandbox(&id), req)
+            .await?,
+    ))
 }
 
 /// Shows one of a sandbox's memories.
@@ -226,7 +251,7 @@ pub async fn add(
     caller: Caller,
     ApiJson(req): ApiJson<AddMemory>,
 ) -> ApiResult<(StatusCode, Json<Memory>)> {
-    let made = s.service.add_memory(&caller, Scope::Owner, req)?;
+    let made = s.service.add_memory(&caller, Scope::Owner, req).await?;
     Ok((StatusCode::CREATED, Json(made)))
 }
 
@@ -276,11 +301,11 @@ pub async fn search(
     RawQuery(query): RawQuery,
 ) -> ApiResult<Json<MemoryList>> {
     let req = search_query(query.as_deref())?;
-    Ok(Json(s.service.search_memories(
-        &caller,
-        Scope::Owner,
-        req,
-    )?))
+    Ok(Json(
+        s.service
+            .search_memories(&caller, Scope::Owner, req)
+            .await?,
+    ))
 }
 
 /// Shows any of the caller's memories by id, its own or a sandbox's (`sandbox_id` says).
@@ -326,4 +351,164 @@ pub async fn delete(
 ) -> ApiResult<StatusCode> {
     s.service.delete_memory(&caller, Scope::Owner, &memory_id)?;
     Ok(StatusCode::NO_CONTENT)
+}
+
+/// Starts extracting facts from a text with the configured model (`memory.infer_model`,
+/// else `agent.model`), each added as a memory of the sandbox (with the request's category
+/// and metadata, plus `source: infer`). Answers at once with the job, `queued`; follow it
+/// with `GET …/memories/infer/{job_id}`. No model configured: a 400 at once.
+#[utoipa::path(
+    post, path = "/v1/sandboxes/{id}/memories/infer", tag = "memories",
+    params(("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$")),
+    request_body = InferMemories,
+    responses(
+        (status = 202, description = "Accepted: the job runs in the background", body = InferJob),
+        (status = 400, description = "Bad input, or no model to infer with", body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn infer_sandbox(
+    State(s): State<AppState>,
+    caller: Caller,
+    ApiPath(id): ApiPath<SandboxId>,
+    ApiJson(req): ApiJson<InferMemories>,
+) -> ApiResult<(StatusCode, Json<InferJob>)> {
+    let job = s
+        .service
+        .infer_memories(&caller, Scope::Sandbox(&id), req)
+        .await?;
+    Ok((StatusCode::ACCEPTED, Json(job)))
+}
+
+/// A sandbox's infer jobs, newest first, a page at a time.
+#[utoipa::path(
+    get, path = "/v1/sandboxes/{id}/memories/infer", tag = "memories",
+    params(
+        ("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$"),
+        ("limit" = Option<u32>, Query, description = "At most this many (1 to 1000, default 100)"),
+        ("cursor" = Option<String>, Query, description = "The previous page's next_cursor"),
+    ),
+    responses(
+        (status = 200, body = InferJobList),
+        (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn list_infer_sandbox(
+    State(s): State<AppState>,
+    caller: Caller,
+    ApiPath(id): ApiPath<SandboxId>,
+    RawQuery(query): RawQuery,
+) -> ApiResult<Json<InferJobList>> {
+    let req = jobs_query(query.as_deref())?;
+    Ok(Json(s.service.list_infer_jobs(
+        &caller,
+        Scope::Sandbox(&id),
+        req,
+    )?))
+}
+
+/// One of a sandbox's infer jobs: `queued`, `running`, `succeeded` (with the ids of the
+/// memories it added) or `failed` (with why; `interrupted: …` when the daemon stopped while
+/// it ran).
+#[utoipa::path(
+    get, path = "/v1/sandboxes/{id}/memories/infer/{job_id}", tag = "memories",
+    params(
+        ("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$"),
+        ("job_id" = String, Path, description = "Infer job id"),
+    ),
+    responses(
+        (status = 200, body = InferJob),
+        (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn get_infer_sandbox(
+    State(s): State<AppState>,
+    caller: Caller,
+    ApiPath((id, job_id)): ApiPath<(SandboxId, String)>,
+) -> ApiResult<Json<InferJob>> {
+    Ok(Json(s.service.get_infer_job(
+        &caller,
+        Scope::Sandbox(&id),
+        &job_id,
+    )?))
+}
+
+/// Starts extracting facts from a text with the configured model, each added as one of the
+/// caller's own memories (see the sandbox route).
+#[utoipa::path(
+    post, path = "/v1/memories/infer", tag = "memories",
+    request_body = InferMemories,
+    responses(
+        (status = 202, description = "Accepted: the job runs in the background", body = InferJob),
+        (status = 400, description = "Bad input, or no model to infer with", body = ErrorBody),
+        (status = 401, body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn infer(
+    State(s): State<AppState>,
+    caller: Caller,
+    ApiJson(req): ApiJson<InferMemories>,
+) -> ApiResult<(StatusCode, Json<InferJob>)> {
+    let job = s.service.infer_memories(&caller, Scope::Owner, req).await?;
+    Ok((StatusCode::ACCEPTED, Json(job)))
+}
+
+/// The caller's own infer jobs (not its sandboxes'), newest first, a page at a time.
+#[utoipa::path(
+    get, path = "/v1/memories/infer", tag = "memories",
+    params(
+        ("limit" = Option<u32>, Query, description = "At most this many (1 to 1000, default 100)"),
+        ("cursor" = Option<String>, Query, description = "The previous page's next_cursor"),
+    ),
+    responses(
+        (status = 200, body = InferJobList),
+        (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn list_infer(
+    State(s): State<AppState>,
+    caller: Caller,
+    RawQuery(query): RawQuery,
+) -> ApiResult<Json<InferJobList>> {
+    let req = jobs_query(query.as_deref())?;
+    Ok(Json(s.service.list_infer_jobs(
+        &caller,
+        Scope::Owner,
+        req,
+    )?))
+}
+
+/// Any of the caller's infer jobs by id, its own or a sandbox's (`sandbox_id` says).
+#[utoipa::path(
+    get, path = "/v1/memories/infer/{job_id}", tag = "memories",
+    params(("job_id" = String, Path, description = "Infer job id")),
+    responses(
+        (status = 200, body = InferJob),
+        (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn get_infer(
+    State(s): State<AppState>,
+    caller: Caller,
+    ApiPath(job_id): ApiPath<String>,
+) -> ApiResult<Json<InferJob>> {
+    Ok(Json(s.service.get_infer_job(
+        &caller,
+        Scope::Owner,
+        &job_id,
+    )?))
 }

@@ -37,6 +37,11 @@ use sandcell_testkit::llm::{Recorded, Script, ScriptedLlm, default_agent_turn};
 ///
 /// Requests a real service would refuse (no model; Anthropic without max_tokens; an OpenAI
 /// image outside a user message; tool calls left without results) get that protocol's 400.
+///
+/// POST /v1/embeddings answers deterministic vectors (a hashed bag of words, stop words left
+/// out, scaled to length 1; the script's "embeddings": {"dims", "synonyms", "fault"} sets
+/// their length, the word groups that count as one word, and a fault for every embeddings
+/// request); embeddings requests take no turn of the script.
 #[derive(Parser, Debug)]
 #[command(name = "scripted-llm", verbatim_doc_comment)]
 struct Args {
@@ -49,7 +54,8 @@ struct Args {
     /// (with "text" too: text then calls) | {"fault": {"status": 429, "retry_after": "0",
     /// "message": "…"}} | {"fault": "drop_stream"} | {"fault": "overloaded"} |
     /// {"fault": "unauthorized"} | {"slow": {"delay_ms": 500, "then": <turn>}}. Or an object
-    /// {"turns": [...], "usage": {"input_tokens": N, "output_tokens": N}, "chunk_bytes": N}.
+    /// {"turns": [...], "usage": {"input_tokens": N, "output_tokens": N}, "chunk_bytes": N,
+    /// "embeddings": {"dims": N, "synonyms": [["car", "automobile"]], "fault": <fault>}}.
     #[arg(long, value_name = "FILE.json")]
     script: Option<PathBuf>,
 

@@ -26,12 +26,17 @@
 //! # }
 //! ```
 //!
+//! `POST /v1/embeddings` answers deterministic vectors (a hashed bag of words, with synonym
+//! groups a test chooses: [`EmbeddingsScript`]), or a fault while one is set
+//! ([`ScriptedLlm::set_embeddings_fault`]); embeddings requests take no turn of the script.
+//!
 //! Requests a real service would refuse (no `model`, Anthropic without `max_tokens`, an
 //! OpenAI image outside a user message, tool calls left without results, results for calls
 //! never made) get the protocol's 400 without consuming a turn, so client bugs show up here
 //! rather than against the real service. Every request is recorded, refused or not.
 
 mod agent;
+mod embeddings;
 mod recorded;
 mod script_file;
 mod server;
@@ -47,6 +52,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use tokio::sync::oneshot;
 
 pub use agent::{NO_CODE_TOOL, NO_PYTHON_BLOCK, default_agent_turn};
+pub use embeddings::{EmbeddingsScript, STOP_WORDS};
 pub use recorded::{ImageSeen, Recorded};
 pub use script_file::ScriptError;
 
@@ -181,6 +187,7 @@ pub struct Script {
     respond: Option<Responder>,
     observe: Option<Observer>,
     chunk_bytes: usize,
+    embeddings: EmbeddingsScript,
 }
 
 impl fmt::Debug for Script {
@@ -191,6 +198,7 @@ impl fmt::Debug for Script {
             .field("respond_with", &self.respond.is_some())
             .field("on_request", &self.observe.is_some())
             .field("chunk_bytes", &self.chunk_bytes)
+            .field("embeddings", &self.embeddings)
             .finish()
     }
 }
@@ -210,7 +218,14 @@ impl Script {
             respond: None,
             observe: None,
             chunk_bytes: 7,
+            embeddings: EmbeddingsScript::default(),
         }
+    }
+
+    /// How `POST /v1/embeddings` answers (default: 64 dimensions, no synonyms, no fault).
+    pub fn embeddings(mut self, e: EmbeddingsScript) -> Self {
+        self.embeddings = e;
+        self
     }
 
     /// The deterministic agent of [`default_agent_turn`] (the `scripted-llm` binary's
@@ -268,6 +283,8 @@ struct Shared {
     chunk_bytes: usize,
     /// Numbers requests, for ids that differ between answers.
     seq: AtomicU64,
+    /// How embeddings requests are answered (its fault may change while serving).
+    embeddings: Mutex<EmbeddingsScript>,
 }
 
 /// Takes a lock even if a panicking test thread poisoned it: the data (a queue, a log) is
@@ -332,6 +349,7 @@ impl ScriptedLlm {
             usage: script.usage,
             chunk_bytes: script.chunk_bytes,
             seq: AtomicU64::new(0),
+            embeddings: Mutex::new(script.embeddings),
         });
         let listener = tokio::net::TcpListener::bind(addr).await?;
         let addr = listener.local_addr()?;
@@ -367,6 +385,11 @@ impl ScriptedLlm {
     /// Queues `t` after the turns still queued.
     pub fn push(&self, t: Turn) {
         lock(&self.shared.turns).push_back(t);
+    }
+
+    /// Makes every embeddings request fail with `fault` from now on (`None`: answer again).
+    pub fn set_embeddings_fault(&self, fault: Option<Fault>) {
+        lock(&self.shared.embeddings).fault = fault;
     }
 
     /// How many queued turns have not been answered yet.
@@ -445,6 +468,7 @@ mod tests {
             usage: Usage::default(),
             chunk_bytes: 7,
             seq: AtomicU64::new(0),
+            embeddings: Mutex::new(EmbeddingsScript::default()),
         };
         assert_eq!(plain.next_turn(&rec), Turn::text("a"));
         assert_eq!(plain.next_turn(&rec), Turn::text(NO_MORE_TURNS));

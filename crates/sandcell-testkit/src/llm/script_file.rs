@@ -2,7 +2,9 @@
 //! other languages can script the server.
 //!
 //! A script is a list of turns, or an object `{"turns": [...], "usage": {"input_tokens",
-//! "output_tokens"}, "chunk_bytes": n}`. A turn is one of:
+//! "output_tokens"}, "chunk_bytes": n, "embeddings": {"dims": n, "synonyms": [["car",
+//! "automobile"]], "fault": <fault>}}` (`embeddings`: how `POST /v1/embeddings` answers; its
+//! fault, one of the shapes below, fails every embeddings request). A turn is one of:
 //!
 //! ```json
 //! {"text": "…"}
@@ -15,7 +17,7 @@
 
 use serde_json::Value;
 
-use super::{Fault, Script, ScriptedCall, Turn, Usage};
+use super::{EmbeddingsScript, Fault, Script, ScriptedCall, Turn, Usage};
 
 /// Why a JSON script was refused.
 #[derive(Debug, thiserror::Error)]
@@ -89,6 +91,9 @@ impl Script {
                     .ok_or_else(|| shape("chunk_bytes", "must be a number"))?;
                 script = script.chunk_bytes(usize::try_from(n).unwrap_or(usize::MAX));
             }
+            if let Some(e) = o.get("embeddings") {
+                script = script.embeddings(embeddings_from_json(e)?);
+            }
         }
         Ok(script)
     }
@@ -142,6 +147,39 @@ impl Turn {
             )),
         }
     }
+}
+
+fn embeddings_from_json(v: &Value) -> Result<EmbeddingsScript, ScriptError> {
+    let o = v
+        .as_object()
+        .ok_or_else(|| shape("embeddings", "must be an object"))?;
+    let mut e = EmbeddingsScript::default();
+    if let Some(d) = o.get("dims") {
+        e.dims = d
+            .as_u64()
+            .and_then(|d| usize::try_from(d).ok())
+            .filter(|d| (1..=65_536).contains(d))
+            .ok_or_else(|| shape("embeddings dims", "must be a number from 1 to 65536"))?;
+    }
+    if let Some(groups) = o.get("synonyms") {
+        let groups = groups
+            .as_array()
+            .ok_or_else(|| shape("embeddings synonyms", "must be a list of lists of words"))?;
+        for g in groups {
+            let words = g
+                .as_array()
+                .and_then(|ws| ws.iter().map(Value::as_str).collect::<Option<Vec<_>>>())
+                .ok_or_else(|| shape("embeddings synonyms", "each group is a list of words"))?;
+            e = e.synonyms(words);
+        }
+    }
+    if let Some(f) = o.get("fault") {
+        e.fault = Some(fault_from_json(f).map_err(|err| match err {
+            ScriptError::Shape { reason, .. } => shape("embeddings fault", reason),
+            other => other,
+        })?);
+    }
+    Ok(e)
 }
 
 fn call_from_json(v: &Value) -> Result<ScriptedCall, ScriptError> {
@@ -263,6 +301,23 @@ mod tests {
         );
         assert_eq!(s.chunk_bytes, 2);
         assert_eq!(s.turns.len(), 1);
+        let s = Script::from_json(
+            r#"{"turns": [], "embeddings": {"dims": 8, "synonyms": [["Car", "automobile"]], "fault": {"status": 500}}}"#,
+        )
+        .expect("valid script");
+        assert_eq!(s.embeddings.dims, 8);
+        assert_eq!(
+            s.embeddings.synonyms,
+            vec![vec!["car".to_string(), "automobile".to_string()]]
+        );
+        assert_eq!(
+            s.embeddings.fault,
+            Some(Fault::status(500, "scripted error 500"))
+        );
+        assert!(Script::from_json(r#"{"turns": [], "embeddings": {"dims": 0}}"#).is_err());
+        assert!(
+            Script::from_json(r#"{"turns": [], "embeddings": {"synonyms": ["car"]}}"#).is_err()
+        );
     }
 
     #[test]

@@ -26,6 +26,7 @@ pub(crate) async fn serve(listener: TcpListener, shared: Arc<Shared>, stop: ones
     let app = Router::new()
         .route("/v1/chat/completions", post(openai))
         .route("/v1/messages", post(anthropic))
+        .route("/v1/embeddings", post(embeddings))
         .fallback(not_found)
         .layer(DefaultBodyLimit::max(BODY_LIMIT))
         .with_state(shared);
@@ -54,6 +55,85 @@ async fn anthropic(
     body: Bytes,
 ) -> Response {
     handle(&s, Protocol::Anthropic, &uri, &headers, &body).await
+}
+
+/// `POST /v1/embeddings`: recorded, then the script's fault if one is set, else the
+/// deterministic vectors; takes no turn.
+async fn embeddings(
+    State(s): State<Arc<Shared>>,
+    uri: Uri,
+    headers: HeaderMap,
+    body: Bytes,
+) -> Response {
+    let parsed = serde_json::from_slice::<Value>(&body);
+    let rec = Recorded {
+        protocol: Protocol::OpenAi,
+        path: uri.path().to_string(),
+        headers: header_map(&headers),
+        body: parsed.as_ref().map_or_else(
+            |_| Value::String(String::from_utf8_lossy(&body).into_owned()),
+            Clone::clone,
+        ),
+        stream: false,
+    };
+    s.record(&rec);
+    let ctx = Ctx {
+        seq: s.next_seq(),
+        model: rec
+            .body
+            .get("model")
+            .and_then(Value::as_str)
+            .unwrap_or("scripted")
+            .to_string(),
+        usage: s.usage,
+        chunk_bytes: s.chunk_bytes,
+        stream: false,
+        include_usage: false,
+    };
+    let script = super::lock(&s.embeddings).clone();
+    if let Some(mut fault) = script.fault.clone() {
+        loop {
+            match fault {
+                Fault::Slow { delay_ms, then } => {
+                    tokio::time::sleep(Duration::from_millis(delay_ms)).await;
+                    match *then {
+                        Turn::Fault(f) => fault = f,
+                        _ => break,
+                    }
+                }
+                f => {
+                    return respond(
+                        Protocol::OpenAi,
+                        &ctx,
+                        wire::render(Protocol::OpenAi, &Turn::Fault(f), &ctx),
+                    );
+                }
+            }
+        }
+    }
+    let answer = match &parsed {
+        Ok(v) => script.answer(v),
+        Err(e) => Err(format!(
+            "We could not parse the JSON body of your request: {e}"
+        )),
+    };
+    match answer {
+        Ok(v) => json_response(
+            StatusCode::OK,
+            Some(("x-request-id", ctx.request_id())),
+            None,
+            &v,
+        ),
+        Err(message) => respond(
+            Protocol::OpenAi,
+            &ctx,
+            Rendered::Json {
+                status: 400,
+                body: wire::openai_error(400, &message),
+                retry_after: None,
+            },
+        ),
+    }
 }
 
 async fn not_found(method: Method, uri: Uri) -> Response {

@@ -28,8 +28,10 @@ from ._models import (
     ExportInfo,
     FileInfo,
     ImportResult,
+    InferJob,
     Memory,
     MemoryList,
+    MemorySearch,
     Metrics,
     OutputEvent,
     ProcessInfo,
@@ -978,10 +980,43 @@ def add_memory(
     return Call("POST", _memories(sandbox_id), _memory, json=body)
 
 
+def infer_memories(
+    sandbox_id: str | None, text: str, *, category: str | None, metadata: Mapping[str, str] | None
+) -> Call[InferJob]:
+    """`POST …/memories/infer`: the job, `queued`."""
+    body = _drop_none(
+        {"text": text, "category": category, "metadata": dict(metadata) if metadata else None}
+    )
+    return Call(
+        "POST", _memories(sandbox_id, "/infer"), lambda r: InferJob.from_json(r.json()), json=body
+    )
+
+
+def get_infer_job(sandbox_id: str | None, job_id: str) -> Call[InferJob]:
+    """`GET …/memories/infer/{job_id}` (without a sandbox: any of the caller's jobs)."""
+    return Call(
+        "GET",
+        _memories(sandbox_id, f"/infer/{quote(job_id, safe='')}"),
+        lambda r: InferJob.from_json(r.json()),
+    )
+
+
+def list_infer_jobs(sandbox_id: str | None, *, limit: int | None) -> Call[list[InferJob]]:
+    """`GET …/memories/infer`: the scope's jobs, newest first."""
+    params = [] if limit is None else [("limit", str(limit))]
+    return Call(
+        "GET",
+        _memories(sandbox_id, "/infer"),
+        lambda r: [InferJob.from_json(j) for j in r.json()["jobs"]],
+        params=params,
+    )
+
+
 def search_memories(
     sandbox_id: str | None, query: str, *, limit: int | None, category: str | None
-) -> Call[list[Memory]]:
-    """`GET …/memories/search`: the best match first, each with its `score`."""
+) -> Call[MemorySearch]:
+    """`GET …/memories/search`: the best match first, each with its `score`, and how the
+    search ranked (`ranking`, `warning`)."""
     params = [("q", query)]
     if limit is not None:
         params.append(("limit", str(limit)))
@@ -990,7 +1025,7 @@ def search_memories(
     return Call(
         "GET",
         _memories(sandbox_id, "/search"),
-        lambda r: [Memory.from_json(m) for m in r.json()["memories"]],
+        lambda r: MemorySearch.from_json(r.json()),
         params=params,
     )
 

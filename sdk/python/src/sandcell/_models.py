@@ -1012,8 +1012,11 @@ class ThreadInfo:
 @dataclass
 class Memory:
     """A remembered text: a sandbox's (`scope` `sandbox`, `sandbox_id` says which) or its
-    owner's (`owner`). `score` is set in search results only: how well it matched (bm25,
-    higher is better, comparable within one search)."""
+    owner's (`owner`). In search results only: `score`, how well it matched (higher is
+    better, comparable within one search: bm25, or the fused rank with hybrid ranking),
+    `matched_by` (`fts`: its words, `semantic`: its embedding only, `both`) and, when its
+    embedding found it, `similarity` (cosine). `warning` is set on an add whose embedding
+    failed (the memory is kept; a later hybrid search embeds it)."""
 
     id: str
     scope: str
@@ -1023,6 +1026,9 @@ class Memory:
     metadata: dict[str, str] = field(default_factory=dict)
     sandbox_id: str | None = None
     score: float | None = None
+    matched_by: str | None = None
+    similarity: float | None = None
+    warning: str | None = None
 
     @classmethod
     def from_json(cls, d: JsonDict) -> Memory:
@@ -1036,6 +1042,71 @@ class Memory:
             metadata=_strs(d.get("metadata")),
             sandbox_id=d.get("sandbox_id"),
             score=d.get("score"),
+            matched_by=d.get("matched_by"),
+            similarity=d.get("similarity"),
+            warning=d.get("warning"),
+        )
+
+
+class MemorySearch(list[Memory]):
+    """Search results, best first (a list of `Memory`), and how they were ranked:
+    `ranking` is `"hybrid"` (words and embeddings, when the daemon has an embedding model) or
+    `"fts"` (words only); `warning` says why it could not rank as configured (the embeddings
+    endpoint failed) or what it left out, else None."""
+
+    def __init__(
+        self, memories: list[Memory], ranking: str | None = None, warning: str | None = None
+    ) -> None:
+        super().__init__(memories)
+        self.ranking = ranking
+        self.warning = warning
+
+    @classmethod
+    def from_json(cls, d: JsonDict) -> MemorySearch:
+        """Parses a search's `MemoryList` answer."""
+        return cls(
+            [Memory.from_json(m) for m in d.get("memories") or []],
+            ranking=d.get("ranking"),
+            warning=d.get("warning"),
+        )
+
+
+@dataclass
+class InferJob:
+    """A job extracting facts from a text with the daemon's model (`memory.add(..., infer=True)`):
+    `status` is `queued`, `running`, `succeeded` (`memories`: the ids of the memories it
+    added) or `failed` (`error` says why; `interrupted: …` when the daemon stopped first)."""
+
+    id: str
+    status: str
+    scope: str
+    model: str
+    category: str
+    created_at: str
+    updated_at: str
+    memories: list[str] = field(default_factory=list)
+    sandbox_id: str | None = None
+    error: str | None = None
+
+    @property
+    def done(self) -> bool:
+        """Whether it has ended (`succeeded` or `failed`)."""
+        return self.status in ("succeeded", "failed")
+
+    @classmethod
+    def from_json(cls, d: JsonDict) -> InferJob:
+        """Parses an `InferJob` answer."""
+        return cls(
+            id=d["id"],
+            status=d.get("status", ""),
+            scope=d.get("scope", ""),
+            model=d.get("model", ""),
+            category=d.get("category", ""),
+            created_at=d.get("created_at", ""),
+            updated_at=d.get("updated_at", ""),
+            memories=[str(m) for m in d.get("memories") or []],
+            sandbox_id=d.get("sandbox_id"),
+            error=d.get("error"),
         )
 
 

@@ -33,8 +33,10 @@ from ._models import (
     ExportInfo,
     FileInfo,
     ImportResult,
+    InferJob,
     Memory,
     MemoryList,
+    MemorySearch,
     Metrics,
     Offsets,
     OutputEvent,
@@ -1158,8 +1160,9 @@ def _memory_id(memory: str | Memory) -> str:
 
 class AsyncMemories:
     """`sb.memory` and `client.memory`, for asyncio: a sandbox's memories, or (without a
-    sandbox) the caller's own; short texts the daemon keeps and finds again by ranked
-    full-text search."""
+    sandbox) the caller's own; short texts the daemon keeps and finds again by ranked search
+    (full-text, and by meaning too when it has an embedding model). `add(..., infer=True)`
+    has the daemon's model extract the facts of a text instead, in the background."""
 
     def __init__(self, client: AsyncSandcell, sandbox_id: str | None) -> None:
         self._client = client
@@ -1169,23 +1172,88 @@ class AsyncMemories:
     def __repr__(self) -> str:
         return f"<AsyncMemories of {self.sandbox_id or 'the owner'}>"
 
+    @overload
     async def add(
-        self, text: str, *, category: str | None = None, metadata: Mapping[str, str] | None = None
-    ) -> Memory:
+        self,
+        text: str,
+        *,
+        category: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+        infer: Literal[False] = False,
+    ) -> Memory: ...
+
+    @overload
+    async def add(
+        self,
+        text: str,
+        *,
+        category: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+        infer: Literal[True],
+    ) -> InferJob: ...
+
+    async def add(
+        self,
+        text: str,
+        *,
+        category: str | None = None,
+        metadata: Mapping[str, str] | None = None,
+        infer: bool = False,
+    ) -> Memory | InferJob:
         """Remembers `text` (not blank, at most 64 KiB) in `category` (lowercase letters,
         digits, `-`, `_`, `.`; default `general`) with `metadata` (at most 64 entries); a bad
-        value is an InvalidArgumentError, a scope holding 10 000 already a LimitExceededError."""
+        value is an InvalidArgumentError, a scope holding 10 000 already a LimitExceededError.
+        The memory's `warning` is set when its embedding failed (it is kept all the same).
+
+        With `infer=True` the daemon's model (`memory.infer_model`, else `agent.model`)
+        extracts the facts of `text` in the background, each added as a memory of this
+        category and metadata (plus `source: infer`): the answer is the `InferJob`, `queued`
+        (follow it with `infer_status` or `wait_infer`). A daemon with no model to ask answers
+        InvalidArgumentError at once."""
+        if infer:
+            return await self._client._http.call(
+                _api.infer_memories(self.sandbox_id, text, category=category, metadata=metadata)
+            )
         return await self._client._http.call(
             _api.add_memory(self.sandbox_id, text, category=category, metadata=metadata)
         )
 
+    async def infer_status(self, job: str | InferJob) -> InferJob:
+        """An infer job as it is now (`client.memory` reaches any of the caller's jobs)."""
+        job_id = job.id if isinstance(job, InferJob) else job
+        return await self._client._http.call(_api.get_infer_job(self.sandbox_id, job_id))
+
+    async def infer_jobs(self, *, limit: int | None = None) -> builtins.list[InferJob]:
+        """This scope's infer jobs, newest first (at most `limit`, 1 to 1000, default 100)."""
+        return await self._client._http.call(_api.list_infer_jobs(self.sandbox_id, limit=limit))
+
+    async def wait_infer(
+        self, job: str | InferJob, *, timeout: float = 120.0, poll: float = 0.1
+    ) -> InferJob:
+        """Waits until an infer job has ended (`succeeded` or `failed`) and returns it; a
+        TimeoutError after `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        while True:
+            current = await self.infer_status(job)
+            if current.done:
+                return current
+            if time.monotonic() >= deadline:
+                raise TimeoutError(
+                    f"infer job {current.id} is still {current.status} after {timeout} s",
+                    code="timeout",
+                )
+            await asyncio.sleep(poll)  # sync: time.sleep(poll)
+
     async def search(
         self, query: str, *, limit: int | None = None, category: str | None = None
-    ) -> builtins.list[Memory]:
+    ) -> MemorySearch:
         """The memories matching any of the words of `query` (stemmed: "deploying" finds
         "Deploys"), the most relevant first (bm25: more of the words, and rarer ones, first),
         each with its `score`; at most `limit` (1 to 100, default 10). `query` is only words:
-        no search syntax."""
+        no search syntax. With an embedding model on the daemon the ranking is `hybrid`:
+        memories close in meaning are found too (`matched_by` says how each was); the
+        result's `ranking` and `warning` say how it ranked (`fts` and a warning when the
+        embeddings endpoint failed)."""
         return await self._client._http.call(
             _api.search_memories(self.sandbox_id, query, limit=limit, category=category)
         )

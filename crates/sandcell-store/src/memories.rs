@@ -488,16 +488,26 @@ impl Store {
                 .execute([id])?;
         }
         if let Some(sandbox_id) = sandbox_id {
-            tx.prepare_cached(
-                "DELETE FROM memories WHERE sandbox_id = ?1 AND deleted_at IS NOT NULL \
-                 AND NOT EXISTS (SELECT 1 FROM snapshots AS s WHERE s.sandbox_id = ?1 \
-                 AND s.created_at >= memories.created_at AND s.created_at < memories.deleted_at)",
-            )?
-            .execute([&sandbox_id])?;
+            purge_unneeded_memories(&tx, &sandbox_id)?;
         }
         tx.commit()?;
         Ok(true)
     }
+}
+
+/// Deletes sandbox `sandbox_id`'s memory rows kept (marked deleted) for a snapshot that no
+/// snapshot of it needs any more: after a memory's delete, and after a snapshot's.
+pub(crate) fn purge_unneeded_memories(
+    tx: &rusqlite::Transaction<'_>,
+    sandbox_id: &str,
+) -> Result<usize, StoreError> {
+    Ok(tx
+        .prepare_cached(
+            "DELETE FROM memories WHERE sandbox_id = ?1 AND deleted_at IS NOT NULL \
+             AND NOT EXISTS (SELECT 1 FROM snapshots AS s WHERE s.sandbox_id = ?1 \
+             AND s.created_at >= memories.created_at AND s.created_at < memories.deleted_at)",
+        )?
+        .execute([sandbox_id])?)
 }
 
 fn put_vector_in(
@@ -854,18 +864,25 @@ mod tests {
             )
             .unwrap();
         assert_eq!(rows, 0);
-        // Once the snapshot is gone, the next delete in that sandbox clears the marked row.
+        let count = |store: &Store| -> i64 {
+            store
+                .conn()
+                .query_row(
+                    "SELECT COUNT(*) FROM memories WHERE sandbox_id = 'sb-a'",
+                    [],
+                    |r| r.get(0),
+                )
+                .unwrap()
+        };
+        let before = count(&store);
+        // Deleting the snapshot clears the rows kept only for it, at once.
         store.delete_snapshot("sn-1").unwrap();
+        assert!(
+            count(&store) < before,
+            "the kept rows went with the snapshot"
+        );
         assert!(store.delete_memory("mem-4", 50).unwrap());
-        let rows: i64 = store
-            .conn()
-            .query_row(
-                "SELECT COUNT(*) FROM memories WHERE sandbox_id = 'sb-a'",
-                [],
-                |r| r.get(0),
-            )
-            .unwrap();
-        assert_eq!(rows, 2, "mem-1 and bob's are left");
+        assert_eq!(count(&store), 2, "mem-1 and bob's are left");
     }
 
     #[test]

@@ -132,10 +132,20 @@ impl Store {
 
     /// Deletes a snapshot record (not its files). Returns whether it existed.
     pub fn delete_snapshot(&self, id: &str) -> Result<bool, StoreError> {
-        let changed = self
-            .conn()
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let sandbox: Option<String> = tx
+            .prepare_cached("SELECT sandbox_id FROM snapshots WHERE id = ?1")?
+            .query_row([id], |row| row.get(0))
+            .optional()?;
+        let changed = tx
             .prepare_cached("DELETE FROM snapshots WHERE id = ?1")?
             .execute([id])?;
+        // Memory rows kept only for this snapshot go with it.
+        if let Some(sandbox) = sandbox {
+            crate::memories::purge_unneeded_memories(&tx, &sandbox)?;
+        }
+        tx.commit()?;
         Ok(changed > 0)
     }
 

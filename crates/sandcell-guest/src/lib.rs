@@ -18,6 +18,7 @@ use std::path::PathBuf;
 use sandcell_protocol::{FILE_ROOTS, FrameError, IsolationReport};
 
 mod attach;
+mod egress;
 mod exec;
 mod files;
 mod kernels;
@@ -30,6 +31,8 @@ mod server;
 mod shared;
 mod sync;
 mod workers;
+
+pub use egress::EgressBridge;
 
 /// How the agent behaves: where files may be touched, how processes start, what to report.
 #[derive(Debug, Clone)]
@@ -52,6 +55,9 @@ pub struct GuestConfig {
     /// An exec waits while a kernel is starting (set on gVisor, whose checkpoints of an
     /// agent where the two overlapped can restore it deadlocked: docs/gvisor.md).
     pub exec_waits_for_kernel_starts: bool,
+    /// The sandbox's egress: loopback ports relayed to the host's egress proxy (`None`: no
+    /// egress, the network is `off` or `loopback`).
+    pub egress: Option<EgressBridge>,
 }
 
 impl Default for GuestConfig {
@@ -77,6 +83,7 @@ impl Default for GuestConfig {
             pid1: false,
             listener: None,
             exec_waits_for_kernel_starts: false,
+            egress: None,
         }
     }
 }

@@ -57,6 +57,9 @@ pub(crate) async fn run(
     let (read, write) = stream.into_split();
     let out = Out::start(write);
     let shared = Arc::new(Shared::new(config, me, pid1, reaper, out));
+    if let Some(bridge) = &shared.config.egress {
+        crate::egress::start(bridge).await;
+    }
     let listener = match &shared.config.listener {
         Some(l) => Some(reattach_listener(l)?),
         None => None,

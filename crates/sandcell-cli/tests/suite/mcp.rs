@@ -2,12 +2,13 @@
 //! real client: over stdio with the engine embedded, over stdio through a daemon, and over
 //! streamable HTTP on the daemon. The scenarios live in tests/mcp/*.py; each prints one JSON
 //! line per check and fails on the first one that does not hold. The memory tools and the
-//! tools of durable runs (fork, resume) too, the runs asking the test kit's scripted model.
+//! tools of durable runs (fork, resume) too, the runs asking the test kit's scripted model,
+//! and memory_add with infer (the facts from the scripted model, found by hybrid search).
 
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
-use sandcell_testkit::llm::{Script, Turn};
+use sandcell_testkit::llm::{EmbeddingsScript, Script, Turn};
 
 use super::daemon::Daemon;
 use super::runs_api::{Model, code_call, slow};
@@ -292,6 +293,99 @@ fn memory_tools_through_the_official_mcp_client() {
         "{:?}",
         left.body
     );
+}
+
+/// The checks of tests/mcp/memory_infer.py's `infer` scenario.
+const INFER_CHECKS: &[&str] = &[
+    "infer tools listed",
+    "memory_add with infer answers at once with a queued job",
+    "memory_infer_status until succeeded",
+    "the facts are the session's memories",
+    "memory_search finds an inferred fact, ranked",
+    "hybrid ranking finds a fact by meaning alone",
+    "an unknown job id is a tool error",
+];
+
+/// The checks of tests/mcp/memory_infer.py's `no-model` scenario.
+const NO_MODEL_CHECKS: &[&str] = &[
+    "infer without a model is a tool error naming the setting (session)",
+    "infer without a model is a tool error naming the setting (owner)",
+    "nothing was added",
+    "the server keeps serving",
+];
+
+/// The facts the scripted model extracts, as tests/mcp/memory_infer.py expects them.
+const INFERRED: &str = r#"["The user lives in Lisbon", "The user drives an automobile to work"]"#;
+
+#[test]
+fn memory_infer_through_the_official_mcp_client() {
+    // One infer job per scenario (the daemon's over streamable HTTP, then the embedded
+    // engine's over stdio); the embeddings make "vehicle" and "automobile" one word.
+    let model = Model::start(
+        Script::new()
+            .turns([Turn::text(INFERRED), Turn::text(INFERRED)])
+            .embeddings(EmbeddingsScript::default().synonyms(["automobile", "car", "vehicle"])),
+    );
+    let base = model.llm.openai_base();
+    let d = Daemon::start(&[
+        &format!("agent.openai.base_url={base}"),
+        "agent.model=openai/test-model",
+        "memory.embedding_model=openai/test-embed",
+    ]);
+    let mcp_url = format!("{}/mcp", d.url);
+    let out = run("memory_infer.py", &["infer", "http", &mcp_url, &d.key]);
+    assert_ran(&String::from_utf8_lossy(&out.stdout), INFER_CHECKS);
+    // The scenario destroyed the session it made.
+    let left = d.get("/v1/sandboxes");
+    assert_eq!(
+        left.body["items"].as_array().map(Vec::len),
+        Some(0),
+        "{:?}",
+        left.body
+    );
+
+    let home = tempfile::tempdir().unwrap();
+    let h = home.path().to_str().unwrap();
+    let out = run("memory_infer.py", &["infer", "stdio", BIN, h, &base]);
+    assert_ran(&String::from_utf8_lossy(&out.stdout), INFER_CHECKS);
+
+    // The model was asked once per job, with the text the client gave.
+    let chats: Vec<_> = model
+        .llm
+        .requests()
+        .into_iter()
+        .filter(|r| r.path != "/v1/embeddings")
+        .collect();
+    assert_eq!(chats.len(), 2, "{chats:?}");
+    for chat in &chats {
+        assert!(
+            chat.transcript().contains("I moved to Lisbon last year"),
+            "{chat:?}"
+        );
+        assert_eq!(chat.body["model"], "test-model", "{chat:?}");
+    }
+    assert_eq!(model.llm.pending_turns(), 0);
+
+    // No model to infer with: a tool error naming the setting, over HTTP and embedded.
+    let plain = Daemon::start(&[]);
+    let out = run(
+        "memory_infer.py",
+        &[
+            "no-model",
+            "http",
+            &format!("{}/mcp", plain.url),
+            &plain.key,
+        ],
+    );
+    assert_ran(&String::from_utf8_lossy(&out.stdout), NO_MODEL_CHECKS);
+    let r = plain.get("/v1/memories/infer");
+    assert_eq!(r.body["jobs"], serde_json::json!([]), "{}", r.body);
+    let home = tempfile::tempdir().unwrap();
+    let out = run(
+        "memory_infer.py",
+        &["no-model", "stdio", BIN, home.path().to_str().unwrap()],
+    );
+    assert_ran(&String::from_utf8_lossy(&out.stdout), NO_MODEL_CHECKS);
 }
 
 /// The turns of one fork scenario of tests/mcp/durable.py: the original counts x to 3 and

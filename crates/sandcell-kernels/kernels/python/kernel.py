@@ -1150,6 +1150,86 @@ def _write_record(f, header, data=None):
         f.write(data)
 
 
+# A pickle's header is written before the pickle, its size padded to this many characters
+# (JSON allows the blanks) and filled in after: the pickle goes straight into the file, not
+# through a buffer copied into it.
+_SIZE_WIDTH = 20
+
+# Values a flat list or tuple may hold to be pickled without the memo (see `_flat`).
+_FLAT_ATOMS = frozenset((str, bytes, int, float, bool, type(None)))
+
+# Below this many items the memo costs too little to be worth the checks.
+_FLAT_MIN = 1024
+
+
+def _sole_refcount():
+    """What `sys.getrefcount` says, through `map`, of an item only its list refers to
+    (None where there is no such count: the checks then never pass)."""
+    getrefcount = getattr(sys, "getrefcount", None)
+    if getrefcount is None:
+        return None
+    return max(map(getrefcount, [object()]))
+
+
+def _flat(value):
+    """Whether `value` is a long list or tuple of strings, bytes and numbers that nothing
+    else refers to, not even the list twice. Its pickle needs no memo: the memo only refers
+    back to an object met before, which no item of such a list is (each is met once and
+    holds nothing), and the list itself is met once (it is the variable). Without it the
+    pickler skips a hash-table entry per string, most of the time of a long list of
+    strings (3/4 of it for 96,000 strings of 50 characters); the pickle reads back the
+    same."""
+    kind = type(value)
+    if (kind is not list and kind is not tuple) or len(value) < _FLAT_MIN:
+        return False
+    if not set(map(type, value)) <= _FLAT_ATOMS:
+        return False
+    # Referred to elsewhere (or twice here): the memo may refer back to it.
+    sole = _sole_refcount()
+    return sole is not None and max(map(sys.getrefcount, value)) <= sole
+
+
+def _dump_value(f, value, Pickler):
+    """Pickles `value` into `f` at its position."""
+    if _flat(value):
+        import pickle
+        import cloudpickle
+
+        p = pickle.Pickler(f, protocol=cloudpickle.DEFAULT_PROTOCOL)
+        p.fast = True  # no memo (see `_flat`)
+        p.dump(value)
+    else:
+        Pickler(f).dump(value)
+
+
+def _write_pickle_record(f, name, value, Pickler):
+    """Writes `value`'s record at the end of `f`, pickled straight into it, its size left
+    blank; returns where the header is and what it must say (written by `_fill_headers`).
+    When `value` cannot be pickled, cuts `f` back to where the record began and raises."""
+    start = f.tell()
+    head = _json_dumps({"name": name, "kind": "pickle"})[:-1] + ', "size": '
+    raw = (head + " " * _SIZE_WIDTH + "}").encode("ascii")
+    try:
+        f.write(len(raw).to_bytes(8, "big") + raw)
+        _dump_value(f, value, Pickler)
+    except BaseException:
+        f.seek(start)
+        f.truncate()
+        raise
+    size = f.tell() - start - 8 - len(raw)
+    return start + 8, (head + str(size).ljust(_SIZE_WIDTH) + "}").encode("ascii")
+
+
+def _fill_headers(f, headers):
+    """Writes the headers `_write_pickle_record` left blank, once the records are flushed
+    (one seek-free write each, the buffered writer left alone)."""
+    f.flush()
+    fd = f.fileno()
+    for offset, raw in headers:
+        if os.pwrite(fd, raw, offset) != len(raw):
+            raise OSError("a state file's header was written short")
+
+
 def _dump_state(req):
     path = _state_path(req)
     try:
@@ -1174,25 +1254,24 @@ def _dump_state(req):
         os.makedirs(parent, exist_ok=True)
     tmp = "%s.tmp-%d" % (path, os.getpid())
     try:
-        with open(tmp, "wb") as f:
+        with open(tmp, "wb", buffering=1 << 20) as f:
             f.write(_STATE_MAGIC)
             for name, mod_name in modules:
                 _write_record(f, {"name": name, "kind": "module", "module": mod_name})
                 saved.append(name)
+            headers = []
             for name in values:
                 value = _user.get(name)
-                buf = io.BytesIO()
                 try:
-                    Pickler(buf).dump(value)
+                    headers.append(_write_pickle_record(f, name, value, Pickler))
                 except KeyboardInterrupt:
                     raise
                 except BaseException as e:
                     skipped.append({"name": name, "type": type(value).__name__, "reason": _short(e)})
                     continue
-                data = buf.getbuffer()
-                _write_record(f, {"name": name, "kind": "pickle", "size": len(data)}, data)
-                del data, buf
                 saved.append(name)
+            size = f.tell()
+            _fill_headers(f, headers)
         os.replace(tmp, path)
     except BaseException:
         try:
@@ -1200,7 +1279,7 @@ def _dump_state(req):
         except OSError:
             pass
         raise
-    return {"saved": saved, "skipped": skipped, "bytes": os.path.getsize(path)}
+    return {"saved": saved, "skipped": skipped, "bytes": size}
 
 
 def _load_state(req):

@@ -190,6 +190,108 @@ fn python_restore_reports_what_cannot_come_back() {
 }
 
 #[test]
+fn python_long_lists_round_trip_and_keep_what_they_share() {
+    let dir = tempfile::tempdir().unwrap();
+    let data = dir.path().join("data.txt");
+    std::fs::write(&data, "contents").unwrap();
+    let path = dir.path().join("long.pkl");
+    let mut k = Kernel::start(Python);
+    ok(
+        &mut k,
+        &format!(
+            r#"
+rows = [str(i) * 3 for i in range(5000)]
+mixed = tuple(
+    [str(i) for i in range(3000)]
+    + [i + 0.5 for i in range(2)]
+    + [str(i).encode() * 2 for i in range(2)]
+    + ["é" * (i + 3) for i in range(1)]
+)
+few = [None, True, 7, 1.5, "a"] * 300
+big = "x" * 1000
+twice = [big] * 2000
+kept = [str(i) for i in range(2000)]
+alias = kept[10]
+broken = [1, 2, open({data:?})]
+after = 7
+"#
+        ),
+    );
+    let report = k.call(json!({"op": "dump_state", "path": path}));
+    assert!(report.get("error").is_none(), "{report}");
+    // A value that fails half-way leaves nothing of it in the file: the next one reads back.
+    assert!(skipped(&report, "broken").is_some(), "{report}");
+    let size = std::fs::metadata(&path).unwrap().len();
+    assert_eq!(report["bytes"].as_u64().unwrap(), size);
+    // `twice` holds one string 2000 times: written once, not 2000 times (2 MB).
+    assert!(size < 200_000, "{size} bytes: {report}");
+    drop(k);
+
+    let mut k = Kernel::start(Python);
+    let loaded = k.call(json!({"op": "load_state", "path": path}));
+    assert_eq!(loaded["failed"], json!([]), "{loaded}");
+    assert_eq!(
+        value(
+            &mut k,
+            "(len(rows), rows[0], rows[-1], type(rows).__name__)"
+        ),
+        "(5000, '000', '499949994999', 'list')"
+    );
+    assert_eq!(
+        value(
+            &mut k,
+            "(type(mixed).__name__, len(mixed), mixed[2999], mixed[3000:])"
+        ),
+        "('tuple', 3005, '2999', (0.5, 1.5, b'00', b'11', 'ééé'))"
+    );
+    assert_eq!(
+        value(&mut k, "(len(few), few[-5:])"),
+        "(1500, [None, True, 7, 1.5, 'a'])"
+    );
+    assert_eq!(
+        value(
+            &mut k,
+            "(len(twice), twice[0] is twice[1999], twice[0] == big)"
+        ),
+        "(2000, True, True)"
+    );
+    assert_eq!(value(&mut k, "(kept[10], alias)"), "('10', '10')");
+    assert_eq!(
+        value(&mut k, "(after, 'broken' in globals())"),
+        "(7, False)"
+    );
+}
+
+#[test]
+fn python_state_files_of_earlier_kernels_still_load() {
+    // As kernels wrote them before the pickle went straight into the file: the header's
+    // size unpadded, the pickle (protocol 2 here, `[1, 'a']`) after it.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("old.pkl");
+    let pickle: &[u8] = b"\x80\x02]q\x00(K\x01X\x01\x00\x00\x00aq\x01e.";
+    let header = format!(
+        r#"{{"name": "old", "kind": "pickle", "size": {}}}"#,
+        pickle.len()
+    );
+    let module = r#"{"name": "m", "kind": "module", "module": "json"}"#;
+    let mut file = b"sandcell-python-state 1\n".to_vec();
+    for (head, body) in [(module, &b""[..]), (header.as_str(), pickle)] {
+        file.extend_from_slice(&(head.len() as u64).to_be_bytes());
+        file.extend_from_slice(head.as_bytes());
+        file.extend_from_slice(body);
+    }
+    std::fs::write(&path, file).unwrap();
+    let mut k = Kernel::start(Python);
+    let loaded = k.call(json!({"op": "load_state", "path": path}));
+    assert_eq!(loaded["failed"], json!([]), "{loaded}");
+    assert_eq!(names(&loaded["restored"]), ["m", "old"]);
+    assert_eq!(
+        value(&mut k, "(old, m.dumps(old))"),
+        r#"([1, 'a'], '[1, "a"]')"#
+    );
+}
+
+#[test]
 fn node_state_round_trips_into_a_fresh_kernel() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("state/node.bin");

@@ -2,7 +2,9 @@
 //! end of a step, i.e. `Service::take_snapshot`) of a Python sandbox whose kernel holds
 //! ~5 MB, on an embedded service in this process (a daemon runs the same code). The
 //! snapshots are checked by restoring the last into a new sandbox and reading the state
-//! back. Beside it, for scale, what an agent would do itself in the same sandbox: one cell
+//! back. Interleaved with them, the engine's own snapshot of the same sandbox
+//! (`Sandbox::snapshot_to_timed`), part by part: where the time goes. Beside it, for scale,
+//! what an agent would do itself in the same sandbox: one cell
 //! that pickles the variables and tars the working folders, each file `fsync`ed (a step
 //! snapshot is durable before it is recorded).
 
@@ -18,6 +20,7 @@ use sandcell_engine::Engine;
 use sandcell_service::{Caller, Service};
 use serde_json::json;
 
+use super::super::stats::quantile;
 use super::fork::BIG_STATE;
 use super::{Row, Section, median_ms};
 
@@ -78,7 +81,7 @@ pub(super) async fn step_snapshot(
         let caller = embedded
             .admin_caller()?
             .context("the embedded service's admin key")?;
-        measure(&embedded.service(), &caller, samples).await
+        measure(&embedded.service(), &caller, samples, &home).await
     }
     .await;
     embedded.shutdown().await;
@@ -169,6 +172,10 @@ impl Series {
         Ok(())
     }
 
+    fn median_ms(&self) -> f64 {
+        quantile(&self.taken, 0.5)
+    }
+
     fn median_size(&self) -> u64 {
         let mut v = self.sizes.clone();
         v.sort_unstable();
@@ -176,7 +183,99 @@ impl Series {
     }
 }
 
-async fn measure(service: &Service, caller: &Caller, samples: usize) -> anyhow::Result<Section> {
+/// Where a snapshot's time goes: the engine's own snapshot of the same sandbox
+/// (`Sandbox::snapshot_to_timed`, what `Service::take_snapshot` calls before it writes the
+/// manifest and inserts the record), part by part.
+#[derive(Default)]
+struct Phases {
+    total: Vec<Duration>,
+    dump: Vec<Duration>,
+    pause: Vec<Duration>,
+    archive: Vec<Duration>,
+    resume: Vec<Duration>,
+    cleanup: Vec<Duration>,
+    sync: Vec<Duration>,
+    sync_wait: Vec<Duration>,
+}
+
+impl Phases {
+    /// Takes one into a folder under `dir`, removed after; `counted`: its figures are kept.
+    async fn take(
+        &mut self,
+        service: &Service,
+        caller: &Caller,
+        sandbox: &SandboxId,
+        dir: &Path,
+        counted: bool,
+    ) -> anyhow::Result<()> {
+        let engine_sandbox = service
+            .fleet
+            .sandbox_as_is(&caller.owner, sandbox.as_str())?;
+        let into = dir.join("phases");
+        std::fs::create_dir_all(&into).with_context(|| format!("create {}", into.display()))?;
+        let taken = engine_sandbox.snapshot_to_timed(&into).await;
+        let _ = std::fs::remove_dir_all(&into);
+        let (_, t) = taken?;
+        if counted {
+            self.total.push(t.total);
+            self.dump.push(t.dump);
+            self.pause.push(t.pause);
+            self.archive.push(t.archive);
+            self.resume.push(t.resume);
+            self.cleanup.push(t.cleanup);
+            self.sync.push(t.sync);
+            self.sync_wait.push(t.sync_wait);
+        }
+        Ok(())
+    }
+
+    fn rows(self, s: &mut Section) {
+        let rows: [(&'static str, &str, Vec<Duration>); 8] = [
+            (
+                "phase_engine_total",
+                "  of which the engine's part (Sandbox::snapshot_to)",
+                self.total,
+            ),
+            (
+                "phase_dump",
+                "    the kernel writes its state (DumpKernelState)",
+                self.dump,
+            ),
+            ("phase_pause", "    pause (freeze)", self.pause),
+            (
+                "phase_archive",
+                "    folders archived and hashed (written, not durable)",
+                self.archive,
+            ),
+            ("phase_resume", "    resume (thaw)", self.resume),
+            (
+                "phase_cleanup",
+                "    the state files removed in the sandbox",
+                self.cleanup,
+            ),
+            (
+                "phase_sync",
+                "    made durable (overlaps resume and removal)",
+                self.sync,
+            ),
+            (
+                "phase_sync_wait",
+                "    of which waited for after them",
+                self.sync_wait,
+            ),
+        ];
+        for (key, name, samples) in rows {
+            s.row(Row::new(key, name, samples));
+        }
+    }
+}
+
+async fn measure(
+    service: &Service,
+    caller: &Caller,
+    samples: usize,
+    dir: &Path,
+) -> anyhow::Result<Section> {
     let sandbox = python_with(service, caller, &state_code()).await?;
     let expected = run_ok(service, caller, &sandbox, CHECK).await?.stdout;
     // Where the time goes: the same snapshot of a kernel holding nothing, and of one
@@ -187,8 +286,12 @@ async fn measure(service: &Service, caller: &Caller, samples: usize) -> anyhow::
     // Interleaved, so that the three see the same machine; one round first, to warm up.
     let (mut main, mut of_empty, mut of_bytes) =
         (Series::default(), Series::default(), Series::default());
+    let mut phases = Phases::default();
     for step in 0..=samples {
         main.take(service, caller, &sandbox, step, step > 0).await?;
+        phases
+            .take(service, caller, &sandbox, dir, step > 0)
+            .await?;
         of_empty
             .take(service, caller, &empty, step, step > 0)
             .await?;
@@ -255,6 +358,7 @@ async fn measure(service: &Service, caller: &Caller, samples: usize) -> anyhow::
     }
     service.delete_sandbox(caller, &sandbox).await?;
 
+    let service_part = main.median_ms() - quantile(&phases.total, 0.5);
     let mut s = Section::new(
         "step_snapshot",
         "step snapshot of a python sandbox holding ~5 MB (snapshot_step, in process)",
@@ -272,6 +376,7 @@ async fn measure(service: &Service, caller: &Caller, samples: usize) -> anyhow::
         "  the same, as recorded in step_committed (duration_ms)",
         main.reported,
     ));
+    phases.rows(&mut s);
     s.row(Row::new(
         "step_snapshot_empty",
         format!(
@@ -300,6 +405,7 @@ async fn measure(service: &Service, caller: &Caller, samples: usize) -> anyhow::
             "fidelity": last.fidelity,
             "not_carried": last.not_carried,
             "restored_state_matches": true,
+            "manifest_and_record_ms": service_part,
             "restore_to_first_result_ms": restore_time.as_secs_f64() * 1e3,
         }),
     );

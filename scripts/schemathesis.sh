@@ -8,7 +8,8 @@
 #
 # Every generated request reaches its handler: the run authenticates with the admin key, and
 # every `{id}`-like path parameter is a real resource made here first (a sandbox with a Python
-# context, a process, an export, a snapshot), so requests get past the 404 of unknown ids.
+# context, a process, an export, a snapshot, a run, a memory and an infer job), so requests
+# get past the 404 of unknown ids.
 # Operations that end a resource get a live one of their own before each call
 # (scripts/schemathesis_hooks.py), `DELETE /v1/keys/{key_id}` included: schemathesis reuses ids
 # it reads in answers, and once revoked the very key it authenticates with (listed by
@@ -25,12 +26,14 @@ port=$(/usr/bin/python3 -c 'import socket;s=socket.socket();s.bind(("127.0.0.1",
 base="http://127.0.0.1:$port"
 # Few sandboxes at a time (generated creates and forks hit the cap and get 429, which is
 # documented), stopped with the daemon.
-# Agent runs ask the daemon itself for a model: it answers 404 at once, so a generated run
-# ends quickly (provider_error) and reaches nothing outside loopback.
+# Agent runs and memory infer jobs ask the daemon itself for a model: it answers 404 at once,
+# so a generated run ends quickly (provider_error), a job fails, and nothing outside loopback
+# is reached.
 "$BIN" serve --home "$scratch/home" --listen "127.0.0.1:$port" \
   --set limits.max_per_owner=5 --set shutdown.sandboxes=stop \
   --set "agent.openai.base_url=http://127.0.0.1:$port/v1" \
-  --set "agent.anthropic.base_url=http://127.0.0.1:$port" >"$scratch/serve.log" 2>&1 &
+  --set "agent.anthropic.base_url=http://127.0.0.1:$port" \
+  --set memory.infer_model=openai/seed-model >"$scratch/serve.log" 2>&1 &
 daemon=$!
 cleanup() {
   kill -TERM "$daemon" 2>/dev/null || true
@@ -72,6 +75,13 @@ victim_key=$(api POST /v1/keys '{"name": "victim"}' id)
 # A run that has ended (its budget cannot fit one call), for the routes of one run.
 run=$(api POST /v1/runs '{"task": "seed", "model": "openai/seed-model", "budgets": {"token_budget": 1}, "wait": true}' id)
 
+# An infer job of the sandbox's (it fails: see the model above), which the owner's route
+# finds too.
+job=$(api POST "/v1/sandboxes/$sb/memories/infer" '{"text": "seed"}' id)
+# A memory of the sandbox's (the owner's routes find it too; deletes get their own from the
+# hooks).
+memory=$(api POST "/v1/sandboxes/$sb/memories" '{"text": "seed"}' id)
+
 cat >"$scratch/schemathesis.toml" <<EOF
 hooks = "$PWD/scripts/schemathesis_hooks.py"
 
@@ -83,6 +93,8 @@ hooks = "$PWD/scripts/schemathesis_hooks.py"
 "path.snapshot_id" = "$snapshot"
 "path.key_id" = "$victim_key"
 "path.run_id" = "$run"
+"path.job_id" = "$job"
+"path.memory_id" = "$memory"
 EOF
 export SANDCELL_FUZZ_BASE=$base SANDCELL_FUZZ_KEY=$key SANDCELL_FUZZ_SANDBOX=$sb
 

@@ -106,6 +106,16 @@ KINDS = {
         ),
     ),
     "key": (key_alive, lambda: made("id")(call("POST", "/v1/keys", json={"name": "victim"}))),
+    "sandbox_memory": (
+        lambda mid: call("GET", f"/v1/sandboxes/{SANDBOX}/memories/{mid}").ok,
+        lambda: made("id")(
+            call("POST", f"/v1/sandboxes/{SANDBOX}/memories", json={"text": "victim"})
+        ),
+    ),
+    "owner_memory": (
+        lambda mid: call("GET", f"/v1/memories/{mid}").ok,
+        lambda: made("id")(call("POST", "/v1/memories", json={"text": "victim"})),
+    ),
 }
 
 # operation: (path parameter, kind of resource it ends or may end). Pause and resume go to
@@ -123,6 +133,8 @@ ENDS = {
     "DELETE /v1/exports/{export_id}": ("export_id", "export"),
     "DELETE /v1/snapshots/{snapshot_id}": ("snapshot_id", "snapshot"),
     "DELETE /v1/keys/{key_id}": ("key_id", "key"),
+    "DELETE /v1/sandboxes/{id}/memories/{memory_id}": ("memory_id", "sandbox_memory"),
+    "DELETE /v1/memories/{memory_id}": ("memory_id", "owner_memory"),
 }
 
 

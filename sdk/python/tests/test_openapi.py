@@ -243,6 +243,7 @@ SNAP = "snap-0123456789ab"
 EXPORT = "exp-0123456789ab"
 THREAD = "th-0123456789abcdef"
 MEMORY = "mem-0123456789abcdef"
+INFER_JOB = "inf-0123456789abcdef"
 AUTO = AutoSnapshot(interval_secs=60, keep=2, before_reclaim=True)
 
 
@@ -457,6 +458,13 @@ def every_call() -> Iterator[tuple[str, _api.Call[Any] | _api.StreamCall[Any]]]:
         yield "list_memories", _api.list_memories(scope, limit=5, cursor="12", category="notes")
         yield "get_memory", _api.get_memory(scope, MEMORY)
         yield "delete_memory", _api.delete_memory(scope, MEMORY)
+        yield (
+            "infer_memories",
+            _api.infer_memories(scope, "facts", category="notes", metadata={"k": "v"}),
+        )
+        yield "infer_memories", _api.infer_memories(scope, "facts", category=None, metadata=None)
+        yield "get_infer_job", _api.get_infer_job(scope, INFER_JOB)
+        yield "list_infer_jobs", _api.list_infer_jobs(scope, limit=5)
 
 
 CALLS = list(every_call())
@@ -611,6 +619,7 @@ MODELS = [
     Model(_models.ThreadInfo, "ThreadInfo"),
     Model(_models.Memory, "Memory"),
     Model(_models.MemoryList, "MemoryList"),
+    Model(_models.InferJob, "InferJob"),
     Model(_models.RunUsage, "RunUsage"),
     Model(_models.Budgets, "Budgets"),
     # Read from `run_started`'s `validate`, as sent (the schema of StartRun.validate).

@@ -246,6 +246,7 @@ const WIRE: Record<string, WireModel> = {
   WireThread: { schema: "ThreadInfo" },
   WireMemory: { schema: "Memory" },
   WireMemoryList: { schema: "MemoryList" },
+  WireInferJob: { schema: "InferJob" },
 };
 
 /** Named TypeScript types and the JSON types they hold. */
@@ -262,6 +263,9 @@ const NAMED: Record<string, string[]> = {
   'CodeDone["status"]': ["string"],
   RunMode: ["string"],
   MemoryScope: ["string"],
+  InferStatus: ["string"],
+  MatchedBy: ["string"],
+  MemoryRanking: ["string"],
   StringMap: ["object"],
   MimeBundle: ["object"],
   ExecutionError: ["object"],
@@ -626,6 +630,11 @@ async function everyMethod(): Promise<void> {
     await scope.list();
     await scope.get(m.id);
     await scope.delete(m.id);
+    const job = await scope.add("facts", { infer: true, category: "notes", metadata: { k: "v" } });
+    await scope.add("facts", { infer: true });
+    await scope.inferStatus(job);
+    await scope.inferJobs({ limit: 5 });
+    await scope.inferJobs();
   }
   // A run without a sandbox (the required-only answers) has none to give.
   if (run.info.sandboxId !== null) await run.sandbox();

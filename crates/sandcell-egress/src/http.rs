@@ -76,6 +76,25 @@ async fn answer<W: AsyncWrite + Unpin>(w: &mut W, status: &str, message: &str) {
     let _ = w.shutdown().await;
 }
 
+/// Connects to the first of `addrs` that answers; a failure is recorded and answered
+/// `502 Bad Gateway` (`None`).
+async fn connect_or_answer<W: AsyncWrite + Unpin>(
+    proxy: &EgressProxy,
+    asked: &Asked,
+    addrs: &[std::net::SocketAddr],
+    w: &mut W,
+) -> Option<tokio::net::TcpStream> {
+    match proxy.connect(addrs).await {
+        Ok(s) => Some(s),
+        Err(e) => {
+            let message = format!("{}:{} could not be reached: {e}", asked.host, asked.port);
+            proxy.denied(asked, message.clone(), addrs.first().copied());
+            answer(w, "502 Bad Gateway", &message).await;
+            None
+        }
+    }
+}
+
 /// Refuses a connection before its request was read (the connection limit).
 pub(crate) async fn refuse_early<S: AsyncRead + AsyncWrite + Unpin>(
     mut inbound: Inbound<S>,
@@ -155,14 +174,9 @@ where
                 return Ok(());
             }
         };
-        let upstream = match proxy.connect(&addrs).await {
-            Ok(s) => s,
-            Err(e) => {
-                let message = format!("{}:{} could not be reached: {e}", asked.host, asked.port);
-                proxy.denied(&asked, message.clone(), addrs.first().copied());
-                answer(&mut inbound.stream, "502 Bad Gateway", &message).await;
-                return Ok(());
-            }
+        let Some(upstream) = connect_or_answer(proxy, &asked, &addrs, &mut inbound.stream).await
+        else {
+            return Ok(());
         };
         inbound.buf.drain(..head.len);
         inbound
@@ -281,14 +295,8 @@ where
         answer(&mut inbound.stream, "400 Bad Request", why).await;
         return Ok(());
     }
-    let upstream = match proxy.connect(&addrs).await {
-        Ok(s) => s,
-        Err(e) => {
-            let message = format!("{}:{} could not be reached: {e}", asked.host, asked.port);
-            proxy.denied(&asked, message.clone(), addrs.first().copied());
-            answer(&mut inbound.stream, "502 Bad Gateway", &message).await;
-            return Ok(());
-        }
+    let Some(upstream) = connect_or_answer(proxy, &asked, &addrs, &mut inbound.stream).await else {
+        return Ok(());
     };
     if !has_host {
         out.extend_from_slice(format!("Host: {auth}\r\n").as_bytes());

@@ -199,21 +199,8 @@ impl Llm {
             .send()
             .await
             .map_err(|e| transport(provider, "request failed", &e))?;
-        let status = resp.status();
         let request_id = header_request_id(resp.headers());
-        if !status.is_success() {
-            let retry_after = retry::retry_after(resp.headers());
-            // A body that cannot be read still leaves the status to classify by.
-            let bytes = resp.bytes().await.unwrap_or_default();
-            let (message, error_type) = parse_error_body(&bytes);
-            let code = status.as_u16();
-            let mut error = LlmError::new(
-                classify(code, error_type.as_deref(), &message),
-                format!("{provider} returned {status}: {message}"),
-            );
-            error.status = Some(code);
-            return Err(Failure { error, retry_after });
-        }
+        let resp = failed_status(resp, &provider.to_string()).await?;
         // A server that ignores `stream` answers with one JSON body: take it as such.
         let is_json = resp
             .headers()
@@ -275,6 +262,29 @@ async fn read_stream<A: StreamAssembler + Send>(
         asm.event(&ev, &mut *on_delta)?;
     }
     Ok(asm.finish(req)?)
+}
+
+/// An answer with an error status as a `Failure` (classified, with the provider's message
+/// and its `retry-after`), or the answer itself; `who` names the provider (and the call).
+pub(crate) async fn failed_status(
+    resp: reqwest::Response,
+    who: &str,
+) -> Result<reqwest::Response, Failure> {
+    let status = resp.status();
+    if status.is_success() {
+        return Ok(resp);
+    }
+    let retry_after = retry::retry_after(resp.headers());
+    // A body that cannot be read still leaves the status to classify by.
+    let bytes = resp.bytes().await.unwrap_or_default();
+    let (message, error_type) = parse_error_body(&bytes);
+    let code = status.as_u16();
+    let mut error = LlmError::new(
+        classify(code, error_type.as_deref(), &message),
+        format!("{who} returned {status}: {message}"),
+    );
+    error.status = Some(code);
+    Err(Failure { error, retry_after })
 }
 
 #[cfg(test)]

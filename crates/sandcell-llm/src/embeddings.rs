@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 
 use crate::client::{Failure, Llm, header_request_id, transport};
 use crate::config::normalize_base_url;
-use crate::error::{LlmError, LlmErrorKind, classify, parse_error_body, redact};
+use crate::error::{LlmError, LlmErrorKind, parse_error_body, redact};
 use crate::model::{ModelRef, ProviderKind};
 use crate::response::Usage;
 use crate::retry;
@@ -242,21 +242,8 @@ impl Llm {
             .send()
             .await
             .map_err(|e| transport(provider, "embeddings request failed", &e))?;
-        let status = resp.status();
         let request_id = header_request_id(resp.headers());
-        if !status.is_success() {
-            let retry_after = retry::retry_after(resp.headers());
-            // A body that cannot be read still leaves the status to classify by.
-            let bytes = resp.bytes().await.unwrap_or_default();
-            let (message, error_type) = parse_error_body(&bytes);
-            let code = status.as_u16();
-            let mut error = LlmError::new(
-                classify(code, error_type.as_deref(), &message),
-                format!("{provider} embeddings returned {status}: {message}"),
-            );
-            error.status = Some(code);
-            return Err(Failure { error, retry_after });
-        }
+        let resp = crate::client::failed_status(resp, &format!("{provider} embeddings")).await?;
         let bytes = resp
             .bytes()
             .await

@@ -48,8 +48,9 @@ pub(crate) async fn start(bridge: &EgressBridge) {
     }
 }
 
-/// Relays every connection of `listener` to `socket`.
-pub(crate) async fn relay(listener: TcpListener, socket: PathBuf) -> io::Result<()> {
+/// Relays every connection of `listener` to `socket` (the agent runs this for each port of
+/// its [`EgressBridge`]; public for the benchmark).
+pub async fn relay(listener: TcpListener, socket: PathBuf) -> io::Result<()> {
     loop {
         let (mut client, _) = listener.accept().await?;
         let socket = socket.clone();
@@ -57,7 +58,15 @@ pub(crate) async fn relay(listener: TcpListener, socket: PathBuf) -> io::Result<
             let _ = client.set_nodelay(true);
             // The proxy gone (the sandbox's egress turned off) ends the connection at once.
             if let Ok(mut upstream) = UnixStream::connect(&socket).await {
-                let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+                // 256 KiB at a time: tokio's default 8 KiB costs a download several times
+                // the system calls.
+                let _ = tokio::io::copy_bidirectional_with_sizes(
+                    &mut client,
+                    &mut upstream,
+                    256 * 1024,
+                    256 * 1024,
+                )
+                .await;
             }
         });
     }

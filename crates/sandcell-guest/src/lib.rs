@@ -32,7 +32,7 @@ mod shared;
 mod sync;
 mod workers;
 
-pub use egress::EgressBridge;
+pub use egress::{EgressBridge, relay as egress_relay};
 
 /// How the agent behaves: where files may be touched, how processes start, what to report.
 #[derive(Debug, Clone)]

@@ -1,6 +1,6 @@
 //! `sandcell bench`: its arguments, and which benchmark runs. The benchmarks live in the
 //! submodules: `startup` and `kernel` (the embedded engine), `daemon` (the daemon over
-//! HTTP); `stats` and `host` hold what they share and use none of the others. No submodule
+//! HTTP), `agent` and `durable` (agent runs), `egress` (the egress proxy); `stats` and `host` hold what they share and use none of the others. No submodule
 //! uses this one.
 
 use std::process::ExitCode;
@@ -11,6 +11,7 @@ use sandcell_engine::Engine;
 mod agent;
 mod daemon;
 mod durable;
+mod egress;
 mod host;
 mod kernel;
 mod startup;
@@ -69,6 +70,20 @@ enum BenchWhat {
     /// `kill -9` of the daemon, a fork from step 2 to its first result (needs `scripted-llm`,
     /// as `agent` does).
     Durable(durable::DurableArgs),
+    /// The egress proxy (issue 18's, not yet in sandboxes): small requests and 1 MB and
+    /// 100 MB downloads through the guest's bridge and the proxy (a CONNECT tunnel and a
+    /// plain-HTTP request), against the same requests made directly, on loopback.
+    Egress {
+        /// Samples of the small request (at least 100) and of the 1 MB download.
+        #[arg(long, default_value_t = 100)]
+        samples: usize,
+        /// Samples of the 100 MB download.
+        #[arg(long, default_value_t = 5)]
+        big_samples: usize,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Runs `sandcell bench`.
@@ -85,5 +100,13 @@ pub async fn bench(args: BenchArgs, engine: Engine) -> anyhow::Result<ExitCode> 
         BenchWhat::Daemon(args) => daemon::daemon(args, engine).await,
         BenchWhat::Agent { steps, json } => agent::agent(engine, steps, json).await,
         BenchWhat::Durable(args) => durable::durable(args, engine).await,
+        BenchWhat::Egress {
+            samples,
+            big_samples,
+            json,
+        } => {
+            drop(engine);
+            egress::egress(samples, big_samples, json).await
+        }
     }
 }

@@ -386,3 +386,73 @@ async fn a_request_whose_body_could_be_read_two_ways_is_refused() {
         "nothing reached the upstream"
     );
 }
+
+/// A SOCKS5 request for `atyp` and its address bytes, after the no-auth greeting.
+fn socks_request(command: u8, atyp: u8, addr: &[u8], port: u16) -> Vec<u8> {
+    let mut req = vec![5, 1, 0, 5, command, 0, atyp];
+    req.extend_from_slice(addr);
+    req.extend_from_slice(&port.to_be_bytes());
+    req
+}
+
+async fn socks_reply(c: &mut UnixStream) -> [u8; 12] {
+    let mut reply = [0u8; 12];
+    c.read_exact(&mut reply).await.expect("reply");
+    reply
+}
+
+#[tokio::test]
+async fn socks5_addresses_are_decided_as_names_are() {
+    let (addr, _) = echo().await;
+    let port = addr.port();
+    // An IPv4 address a rule names is reached.
+    let setup = Setup::start(
+        &format!("allow:127.0.0.1:{port}"),
+        Limits::default(),
+        pinned(),
+    )
+    .await;
+    let mut c = setup.client().await;
+    c.write_all(&socks_request(1, 1, &[127, 0, 0, 1], port))
+        .await
+        .expect("write");
+    assert_eq!(&socks_reply(&mut c).await[..4], &[5, 0, 5, 0]);
+    c.write_all(b"by address").await.expect("write");
+    let mut back = [0u8; 10];
+    c.read_exact(&mut back).await.expect("echo");
+    assert_eq!(&back, b"by address");
+    // IPv6 loopback under `full`: refused, no rule names it.
+    let setup = Setup::start("full", Limits::default(), pinned()).await;
+    let mut c = setup.client().await;
+    let mut v6 = [0u8; 16];
+    v6[15] = 1;
+    c.write_all(&socks_request(1, 4, &v6, port))
+        .await
+        .expect("write");
+    assert_eq!(&socks_reply(&mut c).await[..4], &[5, 0, 5, 2]);
+    let e = &setup.events(1).await[0];
+    assert!(
+        e.reason.as_deref().unwrap_or("").contains("(loopback)"),
+        "{e:?}"
+    );
+    // BIND and UDP ASSOCIATE are not offered.
+    let mut c = setup.client().await;
+    c.write_all(&socks_request(2, 1, &[8, 8, 8, 8], 53))
+        .await
+        .expect("write");
+    assert_eq!(&socks_reply(&mut c).await[..4], &[5, 0, 5, 7]);
+}
+
+#[tokio::test]
+async fn a_connect_without_a_port_or_with_credentials_is_a_bad_request() {
+    let setup = Setup::start("full", Limits::default(), pinned()).await;
+    for target in [
+        "upstream.test",
+        "user:pw@upstream.test:443",
+        "upstream.test:0",
+    ] {
+        let mut c = setup.client().await;
+        let head = connect(&mut c, target).await;
+        assert!(head.starts_with("HTTP/1.1 400"), "{target}: {head}");
+    }
+}

@@ -959,7 +959,7 @@ struct Begun {
 }
 
 /// The input text: `input` read back from its file, else the task.
-fn read_input(input: Option<&ArtifactRef>, task: &str) -> Result<String, ServiceError> {
+pub(crate) fn read_input(input: Option<&ArtifactRef>, task: &str) -> Result<String, ServiceError> {
     match input {
         None => Ok(task.to_string()),
         Some(a) => std::fs::read_to_string(&a.path).map_err(|e| {
@@ -1145,6 +1145,7 @@ async fn begin(
             task,
         } => {
             let _ = repl.sandbox_id.set(sandbox.clone());
+            // A fork starts after a committed step: a kernel made anew has lost variables.
             let context =
                 reattach_kernel(repl, &sandbox, known.as_deref(), input.as_ref(), &task, 1).await?;
             *kernel = Some((sandbox.clone(), context.clone()));

@@ -589,15 +589,7 @@ impl Runner {
             RunMode::Tools => None,
             RunMode::Repl => Some(ReplOrigin {
                 kernel: rebuilt.kernel.clone(),
-                input: match &rebuilt.input {
-                    Some(file) => std::fs::read_to_string(&file.path).map_err(|e| {
-                        ServiceError::internal(format!(
-                            "run {}'s input ({}) cannot be read: {e}",
-                            original.id, file.path
-                        ))
-                    })?,
-                    None => original.task.clone(),
-                },
+                input: crate::repl::read_input(rebuilt.input.as_ref(), &original.task)?,
             }),
         };
         let mut messages = rebuilt.messages;

@@ -76,6 +76,37 @@ async fn answer<W: AsyncWrite + Unpin>(w: &mut W, status: &str, message: &str) {
     let _ = w.shutdown().await;
 }
 
+/// The decision on `target` (its parse, then the policy), or the answer that ends the
+/// connection: `400` for a target that is not `host:port`, `403` for a refusal (`None`).
+async fn decide_or_answer<W: AsyncWrite + Unpin>(
+    proxy: &EgressProxy,
+    protocol: Protocol,
+    target: Result<(String, u16), String>,
+    started: Instant,
+    w: &mut W,
+) -> Option<(Asked, Vec<std::net::SocketAddr>)> {
+    let (host, port) = match target {
+        Ok(t) => t,
+        Err(message) => {
+            answer(w, "400 Bad Request", &message).await;
+            return None;
+        }
+    };
+    let asked = Asked {
+        protocol,
+        host,
+        port,
+        started,
+    };
+    match proxy.decide(&asked).await {
+        Ok(addrs) => Some((asked, addrs)),
+        Err(denied) => {
+            answer(w, "403 Forbidden", &denied.0).await;
+            None
+        }
+    }
+}
+
 /// Connects to the first of `addrs` that answers; a failure is recorded and answered
 /// `502 Bad Gateway` (`None`).
 async fn connect_or_answer<W: AsyncWrite + Unpin>(
@@ -154,25 +185,17 @@ where
         }
     };
     if head.method.eq_ignore_ascii_case("CONNECT") {
-        let (host, port) = match authority(&head.target, None) {
-            Ok(a) => a,
-            Err(message) => {
-                answer(&mut inbound.stream, "400 Bad Request", &message).await;
-                return Ok(());
-            }
-        };
-        let asked = Asked {
-            protocol: Protocol::Connect,
-            host,
-            port,
+        let target = authority(&head.target, None);
+        let Some((asked, addrs)) = decide_or_answer(
+            proxy,
+            Protocol::Connect,
+            target,
             started,
-        };
-        let addrs = match proxy.decide(&asked).await {
-            Ok(a) => a,
-            Err(denied) => {
-                answer(&mut inbound.stream, "403 Forbidden", &denied.0).await;
-                return Ok(());
-            }
+            &mut inbound.stream,
+        )
+        .await
+        else {
+            return Ok(());
         };
         let Some(upstream) = connect_or_answer(proxy, &asked, &addrs, &mut inbound.stream).await
         else {
@@ -224,25 +247,11 @@ where
     } else {
         path.to_string()
     };
-    let (host, port) = match authority(auth, Some(80)) {
-        Ok(a) => a,
-        Err(message) => {
-            answer(&mut inbound.stream, "400 Bad Request", &message).await;
-            return Ok(());
-        }
-    };
-    let asked = Asked {
-        protocol: Protocol::Http,
-        host,
-        port,
-        started,
-    };
-    let addrs = match proxy.decide(&asked).await {
-        Ok(a) => a,
-        Err(denied) => {
-            answer(&mut inbound.stream, "403 Forbidden", &denied.0).await;
-            return Ok(());
-        }
+    let target = authority(auth, Some(80));
+    let Some((asked, addrs)) =
+        decide_or_answer(proxy, Protocol::Http, target, started, &mut inbound.stream).await
+    else {
+        return Ok(());
     };
     // The head as the origin server reads it.
     let mut out = format!("{} {path} HTTP/1.1\r\n", head.method).into_bytes();

@@ -10,7 +10,6 @@
 //! snapshots for that, then again with the default policy (`on_mutation`: every step here,
 //! since each runs code), to show what a step snapshot adds on top.
 
-use std::path::PathBuf;
 use std::process::{Child, ExitCode, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -44,25 +43,6 @@ impl Drop for ScriptedModel {
     }
 }
 
-/// `scripted-llm` beside this binary (`cargo build -p sandcell-testkit --features llm --bin
-/// scripted-llm` puts it there), or at `$SANDCELL_SCRIPTED_LLM`.
-fn scripted_llm_bin() -> anyhow::Result<PathBuf> {
-    if let Some(p) = std::env::var_os("SANDCELL_SCRIPTED_LLM") {
-        return Ok(PathBuf::from(p));
-    }
-    let exe = std::env::current_exe().context("find the sandcell binary")?;
-    let dir = exe.parent().context("the binary's folder")?;
-    for candidate in [dir.join("scripted-llm"), dir.join("../debug/scripted-llm")] {
-        if candidate.is_file() {
-            return Ok(candidate);
-        }
-    }
-    bail!(
-        "no scripted-llm beside {} (build it: cargo build --release -p sandcell-testkit --features llm --bin scripted-llm), or set $SANDCELL_SCRIPTED_LLM",
-        exe.display()
-    )
-}
-
 /// Starts a scripted model answering `turns` in order, on a free loopback port.
 fn start_model(
     turns: &serde_json::Value,
@@ -75,7 +55,7 @@ fn start_model(
         .and_then(|l| l.local_addr())
         .context("find a free port")?
         .port();
-    let mut child = std::process::Command::new(scripted_llm_bin()?)
+    let mut child = std::process::Command::new(super::host::scripted_llm_bin()?)
         .args(["--port", &port.to_string(), "--script"])
         .arg(&script)
         .stdout(Stdio::piped())

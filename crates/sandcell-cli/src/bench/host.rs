@@ -1,10 +1,11 @@
 //! The host side of the comparisons: the Python interpreter the benchmarks time against,
-//! running a host program quietly, finding one on `PATH`. It uses no other benchmark module.
+//! running a host program quietly, finding one on `PATH`, finding the test kit's
+//! `scripted-llm`. It uses no other benchmark module.
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-use anyhow::bail;
+use anyhow::{Context, bail};
 
 /// The interpreter both the sandboxes and the host comparisons run.
 pub(super) const PYTHON: &str = "/usr/bin/python3";
@@ -29,4 +30,23 @@ pub(super) fn find_on_path(name: &str) -> Option<PathBuf> {
         .split(':')
         .map(|d| Path::new(d).join(name))
         .find(|p| p.is_file())
+}
+
+/// `scripted-llm` beside this binary (`cargo build -p sandcell-testkit --features llm --bin
+/// scripted-llm` puts it there), or at `$SANDCELL_SCRIPTED_LLM`.
+pub(super) fn scripted_llm_bin() -> anyhow::Result<PathBuf> {
+    if let Some(p) = std::env::var_os("SANDCELL_SCRIPTED_LLM") {
+        return Ok(PathBuf::from(p));
+    }
+    let exe = std::env::current_exe().context("find the sandcell binary")?;
+    let dir = exe.parent().context("the binary's folder")?;
+    for candidate in [dir.join("scripted-llm"), dir.join("../debug/scripted-llm")] {
+        if candidate.is_file() {
+            return Ok(candidate);
+        }
+    }
+    bail!(
+        "no scripted-llm beside {} (build it: cargo build --release -p sandcell-testkit --features llm --bin scripted-llm), or set $SANDCELL_SCRIPTED_LLM",
+        exe.display()
+    )
 }

@@ -38,7 +38,7 @@ impl Model {
         std::fs::write(&script, Value::Array(turns.to_vec()).to_string())
             .context("write the model's script")?;
         let log = dir.join("model-requests.jsonl");
-        let mut child = Command::new(scripted_llm_bin()?)
+        let mut child = Command::new(super::super::host::scripted_llm_bin()?)
             .args(["--port", "0", "--script"])
             .arg(&script)
             .arg("--log")
@@ -138,23 +138,4 @@ pub(super) fn text(text: &str) -> Value {
 /// A turn answering `text` after `delay_ms`.
 pub(super) fn slow(delay_ms: u64, text: &str) -> Value {
     json!({"slow": {"delay_ms": delay_ms, "then": {"text": text}}})
-}
-
-/// `scripted-llm` beside this binary (`cargo build -p sandcell-testkit --features llm --bin
-/// scripted-llm` puts it there), or at `$SANDCELL_SCRIPTED_LLM`.
-fn scripted_llm_bin() -> anyhow::Result<PathBuf> {
-    if let Some(p) = std::env::var_os("SANDCELL_SCRIPTED_LLM") {
-        return Ok(PathBuf::from(p));
-    }
-    let exe = std::env::current_exe().context("find the sandcell binary")?;
-    let dir = exe.parent().context("the binary's folder")?;
-    for candidate in [dir.join("scripted-llm"), dir.join("../debug/scripted-llm")] {
-        if candidate.is_file() {
-            return Ok(candidate);
-        }
-    }
-    bail!(
-        "no scripted-llm beside {} (build it: cargo build --release -p sandcell-testkit --features llm --bin scripted-llm), or set $SANDCELL_SCRIPTED_LLM",
-        exe.display()
-    )
 }

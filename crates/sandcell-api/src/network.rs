@@ -367,6 +367,108 @@ impl<'de> Deserialize<'de> for NetworkPolicy {
     }
 }
 
+/// `PUT /v1/sandboxes/{id}/network`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct SetNetwork {
+    /// What the sandbox's network reaches from its next connection on (`off` cannot be set
+    /// on, or left from, a running sandbox).
+    pub network: NetworkPolicy,
+}
+
+/// A sandbox's network now.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct NetworkInfo {
+    /// What it reaches.
+    pub network: NetworkPolicy,
+    /// The HTTP proxy inside the sandbox (`HTTP_PROXY`, `HTTPS_PROXY`); absent when its
+    /// network is `off`.
+    pub http_proxy: Option<String>,
+    /// The SOCKS5 proxy inside the sandbox (`ALL_PROXY`); absent when its network is `off`.
+    pub socks_proxy: Option<String>,
+    /// Bytes its egress proxy carried, both directions.
+    pub bytes: u64,
+    /// Connections open through it now.
+    pub open_connections: u32,
+}
+
+/// One connection (or plain-HTTP request) through a sandbox's egress proxy.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct EgressEventInfo {
+    /// Its place in the audit log (pass as `before` for older ones).
+    pub id: i64,
+    /// When it ended or was refused (RFC 3339).
+    pub at: String,
+    /// `http` (a plain request), `connect` (an HTTP CONNECT tunnel) or `socks5`.
+    pub protocol: String,
+    /// The host it asked for.
+    pub host: String,
+    /// The port.
+    pub port: u16,
+    /// `allowed` or `denied`.
+    pub decision: String,
+    /// Why it was denied (or cut).
+    pub reason: Option<String>,
+    /// The address it connected to.
+    pub address: Option<String>,
+    /// The name its TLS ClientHello asked for.
+    pub sni: Option<String>,
+    /// Bytes from the sandbox.
+    pub bytes_up: u64,
+    /// Bytes to the sandbox.
+    pub bytes_down: u64,
+    /// How long it lasted.
+    pub duration_ms: u64,
+}
+
+/// A page of egress events, newest first.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct EgressEventList {
+    /// The events.
+    pub events: Vec<EgressEventInfo>,
+    /// Pass as `before` for the next (older) page; absent at the end.
+    pub next_before: Option<i64>,
+}
+
+/// On the wire: `"off" | "loopback" | "full"` or `{"allow": [rules]}`.
+#[cfg(feature = "openapi")]
+impl utoipa::PartialSchema for NetworkPolicy {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Type};
+        let named = ObjectBuilder::new()
+            .schema_type(Type::String)
+            .enum_values(Some(["off", "loopback", "full"]))
+            .description(Some(
+                "off: no sockets but Unix; loopback: the sandbox's own lo only (the default); \
+                 full: any public host through the egress proxy",
+            ));
+        let rules = ArrayBuilder::new()
+            .items(
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .max_length(Some(MAX_RULE_CHARS)),
+            )
+            .min_items(Some(1))
+            .max_items(Some(MAX_RULES));
+        let allow = ObjectBuilder::new()
+            .property("allow", rules)
+            .required("allow")
+            .description(Some(
+                "only these hosts through the egress proxy: \"host\", \"*.suffix\", \
+                 \"host:port\", \"127.0.0.1:8080\", \"[::1]:8080\" (loopback, private, \
+                 link-local and metadata addresses only when a rule names the address)",
+            ));
+        OneOfBuilder::new().item(named).item(allow).into()
+    }
+}
+
+#[cfg(feature = "openapi")]
+impl utoipa::ToSchema for NetworkPolicy {}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::network::NetworkPolicy;
 use crate::snapshots::AutoSnapshot;
 use crate::values::{Seconds, Tags};
 
@@ -45,17 +46,6 @@ pub struct LimitsInput {
     /// Default timeout of an exec that sets none, in seconds.
     #[cfg_attr(feature = "openapi", schema(value_type = Option<u64>))]
     pub exec_timeout_secs: Option<Seconds>,
-}
-
-/// Network policy.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
-#[serde(rename_all = "snake_case")]
-pub enum Network {
-    /// The sandbox's own loopback only.
-    Loopback,
-    /// No sockets but Unix sockets.
-    Off,
 }
 
 /// A language with a kernel.
@@ -155,8 +145,9 @@ pub struct CreateSandbox {
     /// Forget the sandbox's record when it stops.
     #[serde(default)]
     pub ephemeral: bool,
-    /// Network policy (default `loopback`).
-    pub network: Option<Network>,
+    /// What its network reaches (default `loopback`): `off`, `loopback`, `full` or
+    /// `{"allow": ["host", "*.suffix", "host:port"]}`.
+    pub network: Option<NetworkPolicy>,
     /// Kernels to start during creation, so the first code in them runs at once.
     #[serde(default)]
     pub kernels: Vec<Lang>,
@@ -200,8 +191,8 @@ pub struct SandboxInfo {
     pub metadata: BTreeMap<String, String>,
     /// Its limits.
     pub limits: LimitsInfo,
-    /// Its network policy.
-    pub network: Network,
+    /// What its network reaches now.
+    pub network: NetworkPolicy,
     /// The isolation backend.
     pub backend: String,
     /// The template it was made from.

@@ -35,6 +35,9 @@ pub struct BundleInputs<'a> {
     pub binds: &'a [String],
     /// The host folder holding the Sandcell binary (bound at [`GUEST_DIR`]).
     pub guest_dir: &'a str,
+    /// The host folder of the sandbox's egress proxy socket (bound at
+    /// [`sandcell_protocol::EGRESS_DIR`]; `None`: its network is `off`).
+    pub egress_dir: Option<&'a str>,
     /// The cgroup path (relative to each hierarchy's root).
     pub cgroup_path: &'a str,
     /// The hostname inside.
@@ -76,6 +79,13 @@ pub fn config(spec: &SandboxSpec, inputs: &BundleInputs<'_>) -> Value {
         "destination": GUEST_DIR, "type": "bind", "source": inputs.guest_dir,
         "options": ["rbind", "ro"],
     }));
+    if let Some(dir) = inputs.egress_dir {
+        // runsc's `--host-uds=open` lets the sandbox connect to the socket in it.
+        mounts.push(json!({
+            "destination": sandcell_protocol::EGRESS_DIR, "type": "bind", "source": dir,
+            "options": ["bind", "ro", "nosuid", "nodev", "noexec"],
+        }));
+    }
     let mut resources = json!({});
     if let Some(m) = l.memory_bytes {
         let limit = m.saturating_add(MEMORY_OVERHEAD);
@@ -89,8 +99,9 @@ pub fn config(spec: &SandboxSpec, inputs: &BundleInputs<'_>) -> Value {
         resources["cpu"] = json!({"quota": (c * period as f64).round() as i64, "period": period});
     }
     let network = match spec.network {
-        NetworkPolicy::Loopback => NETWORK_LOOPBACK,
         NetworkPolicy::Off => NETWORK_OFF,
+        // Egress leaves through the proxy, never through the sandbox's own network.
+        NetworkPolicy::Loopback | NetworkPolicy::Full | NetworkPolicy::Allow(_) => NETWORK_LOOPBACK,
     };
     json!({
         "ociVersion": "1.0.2",
@@ -132,6 +143,7 @@ mod tests {
             root: "/run/sandcell/rootfs/root-x",
             binds: &[],
             guest_dir: "/run/sandcell/gvisor/bin",
+            egress_dir: None,
             cgroup_path: "/sandcell/sb-1",
             hostname: "sandcell",
         }

@@ -230,7 +230,7 @@ impl GvisorBackend {
         let tmpfs: Vec<&str> = bundle::TMPFS
             .iter()
             .map(|(p, _)| *p)
-            .chain([GUEST_DIR])
+            .chain([GUEST_DIR, sandcell_protocol::EGRESS_DIR])
             .collect();
         let skeleton = skeleton::prepare(
             &self.config.runtime_dir.join("rootfs"),
@@ -265,6 +265,14 @@ impl GvisorBackend {
         Ok(shared)
     }
 
+    /// Sandbox `id`'s egress folder (created) unless its network is `off`.
+    fn egress_folder(&self, id: &str, spec: &SandboxSpec) -> Result<Option<PathBuf>, EngineError> {
+        if spec.network == NetworkPolicy::Off {
+            return Ok(None);
+        }
+        sandcell_engine::egress::make_sandbox_dir(&self.config.runtime_dir, id).map(Some)
+    }
+
     fn cgroup_path(&self, id: &str) -> String {
         format!("/{}/{id}", self.config.cgroup_parent.trim_matches('/'))
     }
@@ -285,12 +293,17 @@ impl GvisorBackend {
             .mode(0o700)
             .create(&dir)
             .map_err(|e| format!("create {}: {e}", dir.display()))?;
+        let egress = self
+            .egress_folder(id, spec)
+            .map_err(|e| e.to_string())?
+            .map(|d| d.display().to_string());
         let config = bundle::config(
             spec,
             &bundle::BundleInputs {
                 root: &shared.root,
                 binds: &shared.binds,
                 guest_dir,
+                egress_dir: egress.as_deref(),
                 cgroup_path: &self.cgroup_path(container),
                 hostname: id,
             },
@@ -426,14 +439,16 @@ impl GvisorBackend {
             ),
         );
         let network = match spec.network {
-            NetworkPolicy::Loopback => NetworkMode::Loopback,
             NetworkPolicy::Off => NetworkMode::Off,
+            _ => NetworkMode::Loopback,
         };
         r.set(
             "network",
             FeatureState::Active,
             match network {
-                NetworkMode::Loopback => "loopback only (runsc --network=none)",
+                NetworkMode::Loopback => {
+                    "loopback only (runsc --network=none); egress only through the host's proxy"
+                }
                 NetworkMode::Off => {
                     "none (runsc --network=none; seccomp refuses all but Unix sockets)"
                 }
@@ -614,6 +629,10 @@ impl Backend for GvisorBackend {
             capture_files: false,
             limits: true,
         }
+    }
+
+    fn egress_dir(&self, id: &str, spec: &SandboxSpec) -> Result<Option<PathBuf>, EngineError> {
+        self.egress_folder(id, spec)
     }
 
     async fn launch(&self, id: &str, spec: &SandboxSpec) -> Result<LaunchedSandbox, EngineError> {

@@ -36,6 +36,8 @@ impl Runsc {
         c.arg("--root")
             .arg(&self.root)
             .arg("--network=none")
+            // Sandboxes connect to their egress proxy's socket, bound into them.
+            .arg("--host-uds=open")
             .arg(format!("--platform={}", self.platform));
         if let Some(dir) = &self.debug_log {
             c.arg("--debug")

@@ -165,7 +165,12 @@ impl ProcessBackend {
     pub fn check_runtime(&self) -> Vec<Feature> {
         let root = rustix::process::geteuid().is_root();
         let cache = self.config.runtime_dir.join("rootfs");
-        let tmpfs = ["/workspace", "/home/sandbox", "/tmp"];
+        let tmpfs = [
+            "/workspace",
+            "/home/sandbox",
+            "/tmp",
+            sandcell_protocol::EGRESS_DIR,
+        ];
         let layout = RootLayout {
             system_paths: &self.config.system_paths,
             etc_files: &skeleton::sandbox_etc_files(HOSTNAME),
@@ -291,6 +296,8 @@ impl ProcessBackend {
             },
         ];
         let mut tmpfs_paths: Vec<&str> = tmpfs.iter().map(|t| t.path.as_str()).collect();
+        // Every skeleton has the egress folder's mount point: one skeleton for every policy.
+        tmpfs_paths.push(sandcell_protocol::EGRESS_DIR);
         // A checkpointable sandbox runs its agent from a binary it can see, and has a root
         // without submounts on the host (CRIU binds it as the restored root).
         let guest_dir = if spec.checkpointable {
@@ -330,8 +337,11 @@ impl ProcessBackend {
             },
             tmpfs,
             network: match spec.network {
-                NetworkPolicy::Loopback => NetworkMode::Loopback,
                 NetworkPolicy::Off => NetworkMode::Off,
+                // Egress leaves through the proxy, never through the namespace.
+                NetworkPolicy::Loopback | NetworkPolicy::Full | NetworkPolicy::Allow(_) => {
+                    NetworkMode::Loopback
+                }
             },
             // Only root can keep namespaces in the host's mount namespace.
             spares: rustix::process::geteuid().is_root().then(|| SparesConfig {
@@ -350,7 +360,29 @@ impl ProcessBackend {
                 self.agent_socket(id)?.map(|p| p.display().to_string())
             },
             guest_dir: guest_dir.map(|d| d.display().to_string()),
+            egress_dir: self
+                .egress_folder(id, spec)?
+                .map(|d| d.display().to_string()),
         })
+    }
+
+    /// Sandbox `id`'s egress folder (created), when it gets one: every network but `off`,
+    /// except checkpointable sandboxes (CRIU cannot carry a connection to the host's proxy).
+    fn egress_folder(&self, id: &str, spec: &SandboxSpec) -> Result<Option<PathBuf>, EngineError> {
+        if spec.network == NetworkPolicy::Off {
+            return Ok(None);
+        }
+        if spec.checkpointable {
+            if spec.network.has_egress() {
+                return Err(EngineError::InvalidSpec(format!(
+                    "network '{}': a checkpointable sandbox has no egress (CRIU cannot carry a \
+                     connection to the host's egress proxy); use 'loopback' or 'off'",
+                    spec.network.kind()
+                )));
+            }
+            return Ok(None);
+        }
+        sandcell_engine::egress::make_sandbox_dir(&self.config.runtime_dir, id).map(Some)
     }
 
     /// Where sandbox `id`'s agent listens, when agents listen (its directory is created).
@@ -500,6 +532,10 @@ impl Backend for ProcessBackend {
             capture_files: true,
             limits: true,
         }
+    }
+
+    fn egress_dir(&self, id: &str, spec: &SandboxSpec) -> Result<Option<PathBuf>, EngineError> {
+        self.egress_folder(id, spec)
     }
 
     async fn launch(&self, id: &str, spec: &SandboxSpec) -> Result<LaunchedSandbox, EngineError> {

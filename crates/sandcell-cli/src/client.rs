@@ -13,7 +13,8 @@ use anyhow::{Context, anyhow, bail};
 use clap::{Args, Subcommand};
 use sandcell_api::code::{CodeInput, CodeStreamEvent};
 use sandcell_api::exec::{ExecInput, ExecStreamEvent, ExitInfo};
-use sandcell_api::sandboxes::{CreateSandbox, Lang, Network, SandboxInfo, Size};
+use sandcell_api::network::NetworkPolicy;
+use sandcell_api::sandboxes::{CreateSandbox, Lang, SandboxInfo, Size};
 use sandcell_api::snapshots::{CreateSnapshot, ForkSnapshot};
 use sandcell_api::{Code, Seconds, Tags, Timeout};
 use sandcell_client::{ClientError, Discover, ListSandboxes};
@@ -142,6 +143,20 @@ pub enum SandboxCommand {
         #[arg(required = true)]
         ids: Vec<String>,
     },
+    /// Show what a sandbox's network reaches, change it live, or list its egress events.
+    Network {
+        /// The sandbox id.
+        id: String,
+        /// The new policy: loopback, full or allow:HOST[,HOST…] (`off` is set at create).
+        #[arg(value_name = "POLICY", conflicts_with = "events")]
+        policy: Option<NetworkPolicy>,
+        /// List its egress events (newest first) instead.
+        #[arg(long)]
+        events: bool,
+        /// With --events: at most this many.
+        #[arg(long, requires = "events")]
+        limit: Option<u32>,
+    },
 }
 
 /// `sandcell sandbox create`.
@@ -177,9 +192,9 @@ pub struct CreateArgs {
     /// Forget its record when it stops.
     #[arg(long)]
     ephemeral: bool,
-    /// loopback or off.
-    #[arg(long)]
-    network: Option<String>,
+    /// off, loopback, full or allow:HOST[,HOST…] (through the host's egress proxy).
+    #[arg(long, value_name = "POLICY")]
+    network: Option<NetworkPolicy>,
 }
 
 /// `sandcell sandbox ls`.
@@ -218,6 +233,63 @@ fn sandbox_rows(items: &[SandboxInfo]) -> String {
     table(&["ID", "STATE", "TEMPLATE", "CREATED", "LABELS"], &rows)
 }
 
+/// `sandcell sandbox network`.
+async fn network(
+    c: &Client,
+    id: &str,
+    policy: Option<NetworkPolicy>,
+    events: bool,
+    limit: Option<u32>,
+) -> anyhow::Result<()> {
+    if events {
+        let list = c.api.egress_events(id, None, limit).await?;
+        if c.json {
+            return print_json(&list);
+        }
+        let rows: Vec<Vec<String>> = list
+            .events
+            .iter()
+            .map(|e| {
+                vec![
+                    e.at.clone(),
+                    e.decision.clone(),
+                    e.protocol.clone(),
+                    format!("{}:{}", e.host, e.port),
+                    format!("{}/{}", e.bytes_up, e.bytes_down),
+                    e.reason.clone().unwrap_or_default(),
+                ]
+            })
+            .collect();
+        print!(
+            "{}",
+            table(
+                &["AT", "DECISION", "VIA", "HOST", "UP/DOWN", "REASON"],
+                &rows
+            )
+        );
+        return Ok(());
+    }
+    let info = match policy {
+        Some(p) => c.api.set_sandbox_network(id, &p).await?,
+        None => c.api.sandbox_network(id).await?,
+    };
+    if c.json {
+        return print_json(&info);
+    }
+    println!("network: {}", info.network);
+    if let Some(p) = &info.http_proxy {
+        println!("http proxy inside: {p}");
+    }
+    if let Some(p) = &info.socks_proxy {
+        println!("socks proxy inside: {p}");
+    }
+    println!(
+        "egress: {} bytes, {} connections open",
+        info.bytes, info.open_connections
+    );
+    Ok(())
+}
+
 /// Runs a `sandbox` command.
 pub async fn sandbox(args: &ClientArgs, cmd: SandboxCommand) -> anyhow::Result<ExitCode> {
     let c = Client::connect(args).await?;
@@ -235,10 +307,7 @@ pub async fn sandbox(args: &ClientArgs, cmd: SandboxCommand) -> anyhow::Result<E
                 timeout_secs: a.timeout.map(Seconds::new).transpose()?,
                 idle_timeout_secs: a.idle_timeout.map(Seconds::new).transpose()?,
                 ephemeral: a.ephemeral,
-                network: a
-                    .network
-                    .map(|n| choice::<Network>("--network", n, "loopback, off"))
-                    .transpose()?,
+                network: a.network,
                 backend: a.backend,
                 checkpointable: a.checkpointable,
                 ..CreateSandbox::default()
@@ -309,6 +378,12 @@ pub async fn sandbox(args: &ClientArgs, cmd: SandboxCommand) -> anyhow::Result<E
                 );
             }
         }
+        SandboxCommand::Network {
+            id,
+            policy,
+            events,
+            limit,
+        } => network(&c, &id, policy, events, limit).await?,
         SandboxCommand::Pause { ids } => return pause_or_resume(&c, true, &ids).await,
         SandboxCommand::Resume { ids } => return pause_or_resume(&c, false, &ids).await,
     }

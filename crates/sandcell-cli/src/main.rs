@@ -73,7 +73,8 @@ fn gvisor_guest() -> ExitCode {
                 pid1: true,
                 exec_waits_for_kernel_starts: true,
                 ..Default::default()
-            };
+            }
+            .with_egress_if_bound();
             ExitCode::from(u8::try_from(run_guest(socket, config)).unwrap_or(1))
         }
         Err(e) => {
@@ -102,7 +103,8 @@ fn serve_guest_with(
         pid1: true,
         listener: listener.map(std::sync::Arc::new),
         ..Default::default()
-    };
+    }
+    .with_egress_if_bound();
     run_guest(socket, config)
 }
 

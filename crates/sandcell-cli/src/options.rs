@@ -31,15 +31,6 @@ impl Lang {
     }
 }
 
-/// Network choices on the command line.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum Net {
-    /// The sandbox's own loopback only.
-    Loopback,
-    /// No network sockets at all.
-    Off,
-}
-
 /// Limits and environment of the sandbox.
 #[derive(Debug, Args)]
 pub struct SandboxArgs {
@@ -58,9 +49,11 @@ pub struct SandboxArgs {
     /// Size of the writable /workspace (e.g. 100m).
     #[arg(long, value_parser = parse_size)]
     pub disk: Option<u64>,
-    /// Network: `loopback` (the sandbox's own lo only) or `off` (no inet sockets at all).
-    #[arg(long, value_enum, default_value = "loopback")]
-    pub network: Net,
+    /// Network: `loopback` (the sandbox's own lo only), `off` (no inet sockets at all),
+    /// `full` (any public host) or `allow:HOST[,HOST…]` (only these: `pypi.org`,
+    /// `*.example.com`, `host:443`), through the host's egress proxy.
+    #[arg(long, default_value = "loopback", value_name = "POLICY")]
+    pub network: NetworkPolicy,
     /// Environment variable (repeatable).
     #[arg(short = 'e', long = "env", value_name = "KEY=VALUE")]
     pub env: Vec<String>,
@@ -86,10 +79,7 @@ impl SandboxArgs {
         if let Some(d) = self.disk {
             spec.limits.disk_bytes = d;
         }
-        spec.network = match self.network {
-            Net::Loopback => NetworkPolicy::Loopback,
-            Net::Off => NetworkPolicy::Off,
-        };
+        spec.network = self.network.clone();
         Ok(spec)
     }
 

@@ -7,6 +7,7 @@ use sandcell_api::code::{
     VariableNames, VariablesView,
 };
 use sandcell_api::exec::{ExecInput, ExecOutput, ExecStreamEvent};
+use sandcell_api::network::{EgressEventList, NetworkInfo, NetworkPolicy, SetNetwork};
 use sandcell_api::processes::ProcessList;
 use sandcell_api::sandboxes::{CreateSandbox, SandboxInfo, SandboxList, SetTimeout};
 
@@ -116,6 +117,43 @@ impl Client {
     pub async fn pause_sandbox(&self, id: &str) -> Result<SandboxInfo, ClientError> {
         let path = format!("{}/pause", sandbox_path(id));
         self.call(Method::POST, &path, None::<&()>).await
+    }
+
+    /// `GET /v1/sandboxes/{id}/network`.
+    pub async fn sandbox_network(&self, id: &str) -> Result<NetworkInfo, ClientError> {
+        let path = format!("{}/network", sandbox_path(id));
+        self.call(Method::GET, &path, None::<&()>).await
+    }
+
+    /// `PUT /v1/sandboxes/{id}/network`.
+    pub async fn set_sandbox_network(
+        &self,
+        id: &str,
+        network: &NetworkPolicy,
+    ) -> Result<NetworkInfo, ClientError> {
+        let path = format!("{}/network", sandbox_path(id));
+        let body = SetNetwork {
+            network: network.clone(),
+        };
+        self.call(Method::PUT, &path, Some(&body)).await
+    }
+
+    /// `GET /v1/sandboxes/{id}/network/events`: newest first, older than event `before`.
+    pub async fn egress_events(
+        &self,
+        id: &str,
+        before: Option<i64>,
+        limit: Option<u32>,
+    ) -> Result<EgressEventList, ClientError> {
+        let mut pairs: Vec<(&str, String)> = Vec::new();
+        if let Some(b) = before {
+            pairs.push(("before", b.to_string()));
+        }
+        if let Some(l) = limit {
+            pairs.push(("limit", l.to_string()));
+        }
+        let path = format!("{}/network/events{}", sandbox_path(id), query(&pairs));
+        self.call(Method::GET, &path, None::<&()>).await
     }
 
     /// `POST /v1/sandboxes/{id}/resume`.

@@ -20,7 +20,12 @@ pub enum AddressClass {
     Multicast,
     /// `0.0.0.0`, `::` and "this network".
     Unspecified,
-    /// Documentation, benchmarking and other reserved ranges.
+    /// Documentation and benchmarking ranges (`192.0.2/24`, `198.51.100/24`, `203.0.113/24`,
+    /// `198.18/15`, `2001:db8::/32`): never the host or its LAN by definition, yet some
+    /// networks serve real hosts from them (a fake-IP resolver, a site's registry mirror, as
+    /// on the machines Sandcell is tested on), so they are reached as public ones are.
+    Documentation,
+    /// Other reserved ranges (`240/4`, `::/8`).
     Reserved,
 }
 
@@ -35,8 +40,14 @@ impl AddressClass {
             Self::Metadata => "metadata",
             Self::Multicast => "multicast",
             Self::Unspecified => "unspecified",
+            Self::Documentation => "documentation",
             Self::Reserved => "reserved",
         }
+    }
+
+    /// Reached without a rule that names the address.
+    pub fn is_reachable_by_name(self) -> bool {
+        matches!(self, Self::Public | Self::Documentation)
     }
 }
 
@@ -63,8 +74,9 @@ fn classify_v4(ip: Ipv4Addr) -> AddressClass {
         (224..=239, _, _) => AddressClass::Multicast,
         (255, 255, 255) => AddressClass::Multicast,
         (240..=255, _, _) => AddressClass::Reserved,
-        (192, 0, 0) | (192, 0, 2) | (198, 51, 100) | (203, 0, 113) => AddressClass::Reserved,
-        (198, 18..=19, _) => AddressClass::Reserved,
+        (192, 0, 0) => AddressClass::Reserved,
+        (192, 0, 2) | (198, 51, 100) | (203, 0, 113) => AddressClass::Documentation,
+        (198, 18..=19, _) => AddressClass::Documentation,
         _ => AddressClass::Public,
     }
 }
@@ -94,7 +106,7 @@ fn classify_v6(ip: Ipv6Addr) -> AddressClass {
         0xfe80..=0xfebf => AddressClass::LinkLocal,
         0xff00..=0xffff => AddressClass::Multicast,
         // Documentation.
-        0x2001 if s[1] == 0x0db8 => AddressClass::Reserved,
+        0x2001 if s[1] == 0x0db8 => AddressClass::Documentation,
         // The deprecated IPv4-compatible form and the rest of ::/8.
         0x0000..=0x00ff => AddressClass::Reserved,
         _ => AddressClass::Public,
@@ -133,8 +145,12 @@ mod tests {
             ("ff02::1", AddressClass::Multicast),
             ("0.0.0.0", AddressClass::Unspecified),
             ("::", AddressClass::Unspecified),
-            ("192.0.2.1", AddressClass::Reserved),
-            ("2001:db8::1", AddressClass::Reserved),
+            ("192.0.2.1", AddressClass::Documentation),
+            ("203.0.113.80", AddressClass::Documentation),
+            ("198.18.0.7", AddressClass::Documentation),
+            ("2001:db8::1", AddressClass::Documentation),
+            ("192.0.0.8", AddressClass::Reserved),
+            ("240.0.0.1", AddressClass::Reserved),
         ] {
             assert_eq!(class(ip), want, "{ip}");
         }

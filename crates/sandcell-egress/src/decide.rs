@@ -53,7 +53,7 @@ pub async fn decide(
     let mut allowed = Vec::new();
     for ip in resolution.addrs {
         let class = classify(ip);
-        if class == AddressClass::Public || resolution.pinned || policy.names_address(ip, port) {
+        if class.is_reachable_by_name() || resolution.pinned || policy.names_address(ip, port) {
             allowed.push(SocketAddr::new(ip, port));
         } else {
             refused.push((ip, class));

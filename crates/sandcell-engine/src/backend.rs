@@ -188,6 +188,19 @@ pub trait Backend: Send + Sync {
     fn unavailable(&self) -> Option<String> {
         None
     }
+    /// Creates the host folder that sandbox `id` will see at
+    /// [`crate::egress::SANDBOX_EGRESS_DIR`] (the engine puts its egress proxy's socket
+    /// there before the launch) and returns it; `None`: the sandbox gets no egress folder
+    /// (its network is `off`, or this backend cannot bind one). Called before
+    /// [`Self::launch`], [`Self::reattach`] and [`Self::restore`].
+    fn egress_dir(
+        &self,
+        id: &str,
+        spec: &SandboxSpec,
+    ) -> Result<Option<std::path::PathBuf>, EngineError> {
+        let _ = (id, spec);
+        Ok(None)
+    }
     /// Starts a sandbox running the guest agent.
     async fn launch(&self, id: &str, spec: &SandboxSpec) -> Result<LaunchedSandbox, EngineError>;
     /// Reaches a sandbox a previous process launched, from its [`BackendInstance::runtime`]

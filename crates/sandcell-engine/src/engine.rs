@@ -11,6 +11,7 @@ use crate::backend::{
     LaunchedSandbox,
 };
 use crate::client::{Call, GuestClient};
+use crate::egress::{EgressHandle, EgressHub};
 use crate::error::EngineError;
 use crate::sandbox::{ExecStream, Sandbox, Timings, prepare_exec};
 use crate::snapshot::{RestoreReport, SnapshotManifest};
@@ -23,6 +24,7 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(15);
 #[derive(Default)]
 pub struct EngineBuilder {
     backends: Vec<Arc<dyn Backend>>,
+    egress: Option<EgressHub>,
 }
 
 impl EngineBuilder {
@@ -32,22 +34,57 @@ impl EngineBuilder {
         self
     }
 
+    /// Sets how sandboxes' egress proxies resolve names and what they may use (default: the
+    /// host's resolver, [`sandcell_egress::Limits::default`]).
+    pub fn egress(mut self, hub: EgressHub) -> Self {
+        self.egress = Some(hub);
+        self
+    }
+
     /// Builds the engine.
     pub fn build(self) -> Engine {
         let backends = self.backends.into_iter().map(|b| (b.kind(), b)).collect();
-        Engine { backends }
+        Engine {
+            backends,
+            egress: Arc::new(self.egress.unwrap_or_default()),
+        }
     }
 }
 
 /// Creates and runs sandboxes.
 pub struct Engine {
     backends: HashMap<crate::spec::BackendKind, Arc<dyn Backend>>,
+    egress: Arc<EgressHub>,
 }
 
 impl Engine {
     /// Starts building an engine.
     pub fn builder() -> EngineBuilder {
         EngineBuilder::default()
+    }
+
+    /// The sandboxes' egress proxies (set where their events go with
+    /// [`EgressHub::set_sink`]).
+    pub fn egress(&self) -> &Arc<EgressHub> {
+        &self.egress
+    }
+
+    /// Starts sandbox `id`'s egress proxy in the folder its backend binds into it.
+    fn open_egress(
+        &self,
+        backend: &Arc<dyn Backend>,
+        id: &str,
+        spec: &SandboxSpec,
+    ) -> Result<Option<EgressHandle>, EngineError> {
+        match backend.egress_dir(id, spec)? {
+            Some(dir) => Ok(Some(self.egress.open(id, &dir, spec.network.clone())?)),
+            None if spec.network.has_egress() => Err(EngineError::InvalidSpec(format!(
+                "network '{}': the {} backend cannot give this sandbox egress",
+                spec.network.kind(),
+                spec.backend.as_str()
+            ))),
+            None => Ok(None),
+        }
     }
 
     /// What each backend offers on this host.
@@ -128,6 +165,7 @@ impl Engine {
         validate_id(&id)?;
         let backend = self.backend(&spec)?;
         let start = Instant::now();
+        let egress = self.open_egress(backend, &id, &spec)?;
         let launched = backend.reattach(&id, runtime).await?;
         // A paused sandbox's agent cannot answer the handshake: it runs for that moment
         // and is paused again.
@@ -135,7 +173,7 @@ impl Engine {
         if was_paused {
             launched.instance.resume().await?;
         }
-        let launch = Launch::greeted_before(id, spec, launched, backend.features(), start);
+        let launch = Launch::greeted_before(id, spec, launched, backend.features(), egress, start);
         let hello = launch.client.send_hello().await;
         let sandbox = launch.finish_keeping(hello).await?;
         if was_paused {
@@ -170,15 +208,27 @@ impl Engine {
             .await
             .map_err(|e| EngineError::io("restore", std::io::Error::other(e)))
         };
-        let launched = match unpacked {
-            Ok(Ok(())) => backend.restore(&id, &spec, &image).await,
-            Ok(Err(e)) | Err(e) => Err(e),
+        let egress = match unpacked {
+            Ok(Ok(())) => self.open_egress(backend, &id, &spec).map_err(|e| (e, None)),
+            Ok(Err(e)) | Err(e) => Err((e, None)),
+        };
+        let launched = match egress {
+            Ok(egress) => match backend.restore(&id, &spec, &image).await {
+                Ok(l) => Ok((l, egress)),
+                Err(e) => Err((e, egress)),
+            },
+            Err(e) => Err(e),
         };
         // The backend has read the image into the new sandbox (or failed): not needed again.
         let _ = std::fs::remove_dir_all(&image);
-        let launched = launched?;
+        let (launched, egress) = launched.map_err(|(e, egress)| {
+            if let Some(h) = egress {
+                h.remove();
+            }
+            e
+        })?;
         // The restored agent may still hold requests of its source's host.
-        let launch = Launch::greeted_before(id, spec, launched, backend.features(), start);
+        let launch = Launch::greeted_before(id, spec, launched, backend.features(), egress, start);
         let hello = launch.client.send_hello().await;
         let sandbox = launch.finish(hello).await?;
         match sandbox.after_checkpoint_restore(manifest).await {
@@ -229,7 +279,16 @@ impl Engine {
         let features = backend.features();
         check_features(&spec, features)?;
         let start = Instant::now();
-        let launched = backend.launch(&id, &spec).await?;
+        let egress = self.open_egress(backend, &id, &spec)?;
+        let launched = match backend.launch(&id, &spec).await {
+            Ok(l) => l,
+            Err(e) => {
+                if let Some(h) = egress {
+                    h.remove();
+                }
+                return Err(e);
+            }
+        };
         let launched_at = start.elapsed();
         Ok(Launch {
             id,
@@ -238,6 +297,7 @@ impl Engine {
             instance: launched.instance,
             features,
             isolation: launched.isolation,
+            egress,
             start,
             launched_at,
         })
@@ -252,6 +312,7 @@ struct Launch {
     instance: Box<dyn BackendInstance>,
     features: BackendFeatures,
     isolation: IsolationReport,
+    egress: Option<EgressHandle>,
     start: Instant,
     launched_at: Duration,
 }
@@ -265,6 +326,7 @@ impl Launch {
         spec: SandboxSpec,
         launched: LaunchedSandbox,
         features: BackendFeatures,
+        egress: Option<EgressHandle>,
         start: Instant,
     ) -> Self {
         Self {
@@ -274,6 +336,7 @@ impl Launch {
             instance: launched.instance,
             features,
             isolation: launched.isolation,
+            egress,
             launched_at: start.elapsed(),
             start,
         }
@@ -326,6 +389,9 @@ impl Launch {
             Err(e) => {
                 if destroy_on_failure {
                     let _ = self.instance.destroy().await;
+                    if let Some(h) = &self.egress {
+                        h.remove();
+                    }
                 } else {
                     self.instance.detach();
                 }
@@ -346,6 +412,7 @@ impl Launch {
             self.instance,
             self.features,
             isolation,
+            self.egress,
             hello.agent_version,
             timings,
         ))

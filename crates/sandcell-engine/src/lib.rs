@@ -9,6 +9,7 @@
 pub mod backend;
 pub mod client;
 mod code;
+pub mod egress;
 mod engine;
 pub mod error;
 pub mod fleet;

@@ -13,8 +13,9 @@ use serde::Serialize;
 
 use crate::backend::{BackendFeatures, BackendInstance, ResourceCounters};
 use crate::client::{Call, GuestClient, Reply};
+use crate::egress::EgressHandle;
 use crate::error::EngineError;
-use crate::spec::{SandboxSpec, validate_env};
+use crate::spec::{NetworkPolicy, SandboxSpec, validate_env};
 
 /// How long the host waits past an exec's own timeout before it stops trusting the agent.
 const WATCHDOG_GRACE: Duration = Duration::from_secs(5);
@@ -45,6 +46,21 @@ struct Inner {
     destroyed: AtomicBool,
     /// Frozen by [`Sandbox::pause`].
     paused: AtomicBool,
+    /// Its egress proxy (none when its network is `off`).
+    egress: Option<EgressHandle>,
+    /// Left to outlive this process ([`Sandbox::detach`]): its egress folder stays for the
+    /// next process.
+    detached: AtomicBool,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        if let Some(egress) = &self.egress
+            && !self.detached.load(Ordering::SeqCst)
+        {
+            egress.remove();
+        }
+    }
 }
 
 /// A running sandbox. Cheap to clone; every clone is the same sandbox.
@@ -212,6 +228,7 @@ impl Sandbox {
         instance: Box<dyn BackendInstance>,
         features: BackendFeatures,
         isolation: IsolationReport,
+        egress: Option<EgressHandle>,
         agent_version: String,
         timings: Timings,
     ) -> Self {
@@ -226,6 +243,8 @@ impl Sandbox {
             timings,
             destroyed: AtomicBool::new(false),
             paused: AtomicBool::new(false),
+            egress,
+            detached: AtomicBool::new(false),
         };
         Self {
             inner: Arc::new(inner),
@@ -245,7 +264,56 @@ impl Sandbox {
 
     /// Lets the sandbox outlive this process: dropping the last handle no longer ends it.
     pub fn detach(&self) {
+        self.inner.detached.store(true, Ordering::SeqCst);
         self.inner.instance.detach();
+    }
+
+    /// What its network reaches now (its spec's policy, or the one set since with
+    /// [`Self::set_network`]).
+    pub fn network(&self) -> NetworkPolicy {
+        match &self.inner.egress {
+            Some(egress) => egress.policy(),
+            None => self.inner.spec.network.clone(),
+        }
+    }
+
+    /// Changes what its network reaches: the next connection through its egress proxy is
+    /// decided under `policy` (open ones stay). `off` is fixed when a sandbox is made (its
+    /// processes cannot get the sockets back), so changes to or from it are refused.
+    pub fn set_network(&self, policy: NetworkPolicy) -> Result<(), EngineError> {
+        let now = self.network();
+        match &self.inner.egress {
+            _ if policy == now => Ok(()),
+            Some(egress) if policy != NetworkPolicy::Off => {
+                egress.set_policy(policy);
+                Ok(())
+            }
+            _ if now == NetworkPolicy::Off || policy == NetworkPolicy::Off => {
+                Err(EngineError::InvalidRequest(format!(
+                    "network '{now}' cannot become '{policy}' on a running sandbox: 'off' is set \
+                     when a sandbox is made (its processes have no inet sockets, or have them \
+                     already); create a new sandbox instead"
+                )))
+            }
+            _ => Err(EngineError::InvalidRequest(format!(
+                "sandbox {} has no egress proxy (its backend binds none), so its network \
+                 stays '{now}'",
+                self.inner.id
+            ))),
+        }
+    }
+
+    /// Connections open through its egress proxy now.
+    pub fn egress_connections(&self) -> u32 {
+        self.inner
+            .egress
+            .as_ref()
+            .map_or(0, EgressHandle::open_connections)
+    }
+
+    /// Bytes its egress proxy carried, both directions (0 without one).
+    pub fn egress_bytes(&self) -> u64 {
+        self.inner.egress.as_ref().map_or(0, EgressHandle::bytes)
     }
 
     /// The sandbox id.
@@ -493,7 +561,11 @@ impl Sandbox {
         if self.inner.destroyed.swap(true, Ordering::SeqCst) {
             return Ok(());
         }
-        self.inner.instance.destroy().await
+        let result = self.inner.instance.destroy().await;
+        if let Some(egress) = &self.inner.egress {
+            egress.remove();
+        }
+        result
     }
 
     /// Sends the kill and returns without waiting for the teardown to finish (a one-shot

@@ -34,16 +34,8 @@ impl BackendKind {
     }
 }
 
-/// Network policy.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum NetworkPolicy {
-    /// Only the sandbox's own loopback: nothing outside the sandbox is reachable.
-    #[default]
-    Loopback,
-    /// No sockets but Unix sockets at all.
-    Off,
-}
+/// What a sandbox's network reaches (one type from the wire to the backends).
+pub use sandcell_api::network::NetworkPolicy;
 
 /// Resource limits. `None` means unlimited.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -32,6 +32,27 @@ impl EgressBridge {
     }
 }
 
+/// The variables that send programs to the bridge, in both cases (curl reads only the
+/// lower-case `http_proxy`, most others either). Raw TCP clients that speak SOCKS5 use
+/// `ALL_PROXY`; Node's built-in `fetch` reads them only from Node 24, with
+/// `NODE_USE_ENV_PROXY`.
+pub(crate) fn proxy_env() -> Vec<(&'static str, &'static str)> {
+    const HTTP: &str = "http://127.0.0.1:3128";
+    const SOCKS: &str = "socks5h://127.0.0.1:1080";
+    const LOCAL: &str = "localhost,127.0.0.1,::1";
+    vec![
+        ("HTTP_PROXY", HTTP),
+        ("HTTPS_PROXY", HTTP),
+        ("ALL_PROXY", SOCKS),
+        ("NO_PROXY", LOCAL),
+        ("http_proxy", HTTP),
+        ("https_proxy", HTTP),
+        ("all_proxy", SOCKS),
+        ("no_proxy", LOCAL),
+        ("NODE_USE_ENV_PROXY", "1"),
+    ]
+}
+
 /// Binds every address of `bridge` and relays their connections until the agent ends. A
 /// port that cannot be bound is logged: egress then fails for the programs using it, and
 /// the rest of the sandbox works.

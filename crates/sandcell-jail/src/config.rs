@@ -139,4 +139,8 @@ pub struct JailConfig {
     /// launcher's copy (a checkpointable sandbox: CRIU can only dump what its namespace sees).
     #[serde(default)]
     pub guest_dir: Option<String>,
+    /// A host folder bound read-only at [`sandcell_protocol::EGRESS_DIR`], holding the
+    /// socket of the sandbox's egress proxy (`None`: no egress, the network is `off`).
+    #[serde(default)]
+    pub egress_dir: Option<String>,
 }

@@ -10,6 +10,8 @@ pub const RDONLY: u64 = 0x0000_0001;
 pub const NOSUID: u64 = 0x0000_0002;
 /// `MOUNT_ATTR_NODEV`.
 pub const NODEV: u64 = 0x0000_0004;
+/// `MOUNT_ATTR_NOEXEC`.
+pub const NOEXEC: u64 = 0x0000_0008;
 
 const AT_RECURSIVE: libc::c_uint = 0x8000;
 

@@ -99,16 +99,6 @@ impl Runtime {
     }
 }
 
-/// Network policy of a session.
-#[derive(Debug, Clone, Copy, Deserialize, JsonSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum Network {
-    /// Loopback only: programs in the session may talk to each other over 127.0.0.1.
-    Loopback,
-    /// No network sockets at all.
-    Off,
-}
-
 /// `create_session`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -119,8 +109,12 @@ pub struct CreateSession {
     pub memory_mb: Option<u64>,
     /// CPU limit in CPUs, e.g. 1.5 (default: not limited).
     pub cpus: Option<f64>,
-    /// Network policy (default loopback).
-    pub network: Option<Network>,
+    /// What the session's network reaches (default loopback): `off` (no sockets), `loopback`
+    /// (programs in the session talk over 127.0.0.1 only), `full` (any public host through
+    /// the egress proxy) or `allow:HOST[,HOST…]` (only these: `pypi.org`, `*.example.com`,
+    /// `host:443`). Programs reach allowed hosts through the HTTP_PROXY / ALL_PROXY set in
+    /// the session.
+    pub network: Option<String>,
     /// Seconds the session may live (default: the server's setting, 2 hours).
     pub timeout_secs: Option<u64>,
     /// Seconds without use before the session is reclaimed (default: the server's, 30 minutes).
@@ -1084,10 +1078,12 @@ impl SandcellMcp {
                 .map(Seconds::new)
                 .transpose()
                 .map_err(CallError::from)?,
-            network: p.network.map(|n| match n {
-                Network::Loopback => sandcell_api::sandboxes::Network::Loopback,
-                Network::Off => sandcell_api::sandboxes::Network::Off,
-            }),
+            network: p
+                .network
+                .as_deref()
+                .map(str::parse::<sandcell_api::network::NetworkPolicy>)
+                .transpose()
+                .map_err(|e| CallError::new("invalid_argument", format!("network: {e}")))?,
             backend: p.backend,
             checkpointable: p.checkpointable.unwrap_or(false),
             snapshot_id: p.snapshot_id,

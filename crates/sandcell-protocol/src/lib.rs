@@ -105,3 +105,10 @@ pub const SANDBOX_UID: u32 = 65532;
 
 /// Directories inside a sandbox that the file API may touch; the first is the default.
 pub const FILE_ROOTS: &[&str] = &["/workspace", "/home/sandbox", "/tmp"];
+
+/// The folder, inside a sandbox, where the host's egress proxy listens (bound read-only from
+/// the host; absent when the sandbox's network is `off`).
+pub const EGRESS_DIR: &str = "/run/sandcell";
+
+/// The egress proxy's socket, in [`EGRESS_DIR`].
+pub const EGRESS_SOCKET: &str = "/run/sandcell/egress.sock";

@@ -36,8 +36,8 @@ pub use serve::{
 pub use state::AppState;
 
 use crate::api::{
-    background, code, exec, files, keys, memories, processes, runs, sandboxes, snapshots, system,
-    threads, transfer, usage,
+    background, code, exec, files, keys, memories, network, processes, runs, sandboxes, snapshots,
+    system, threads, transfer, usage,
 };
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorTag};
@@ -52,6 +52,7 @@ use crate::error::{ApiError, ErrorTag};
     modifiers(&Security),
     tags(
         (name = "sandboxes", description = "Create, find and end sandboxes"),
+        (name = "network", description = "What a sandbox's network reaches, changed live, and its egress events"),
         (name = "exec", description = "Shell commands"),
         (name = "processes", description = "Background processes and terminals"),
         (name = "code", description = "Code in live kernels (contexts)"),
@@ -90,6 +91,8 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(sandboxes::set_timeout))
         .routes(routes!(sandboxes::pause))
         .routes(routes!(sandboxes::resume))
+        .routes(routes!(network::get, network::set))
+        .routes(routes!(network::events))
         .routes(routes!(usage::usage))
         .routes(routes!(exec::exec))
         .routes(routes!(exec::exec_stream))

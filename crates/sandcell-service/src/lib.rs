@@ -23,6 +23,7 @@ pub mod ledger;
 pub mod lifecycle;
 pub mod memory;
 pub mod metrics;
+pub mod network;
 pub mod processes;
 pub mod sandboxes;
 pub mod signed_url;

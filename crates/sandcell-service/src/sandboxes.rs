@@ -6,13 +6,12 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use sandcell_api::sandboxes::{
-    CreateSandbox, DEFAULT_TEMPLATE, LimitsInfo, Network, SandboxInfo, SandboxList, Size,
-    template_kernels,
+    CreateSandbox, DEFAULT_TEMPLATE, LimitsInfo, SandboxInfo, SandboxList, Size, template_kernels,
 };
 use sandcell_api::time::rfc3339;
 use sandcell_api::{SandboxId, Seconds, Tags};
 use sandcell_engine::fleet::{CreateOptions, RecordQuery, SandboxRecord, SandboxState};
-use sandcell_engine::{BackendKind, NetworkPolicy, SandboxLimits, SandboxSpec};
+use sandcell_engine::{BackendKind, SandboxLimits, SandboxSpec};
 
 use crate::{Caller, Service, ServiceError, ServiceResult};
 
@@ -96,10 +95,7 @@ pub fn spec_of(req: &CreateSandbox) -> ServiceResult<SandboxSpec> {
     }
     let spec = SandboxSpec {
         limits,
-        network: match req.network.unwrap_or(Network::Loopback) {
-            Network::Loopback => NetworkPolicy::Loopback,
-            Network::Off => NetworkPolicy::Off,
-        },
+        network: req.network.clone().unwrap_or_default(),
         env: req.env.clone(),
         warm_kernels,
         template: Some(template.to_string()),
@@ -156,10 +152,7 @@ pub fn sandbox_info(r: &SandboxRecord) -> SandboxInfo {
             open_files: l.open_files,
             exec_timeout_secs: l.exec_timeout_ms.map(|ms| ms / 1000),
         },
-        network: match r.spec.network {
-            NetworkPolicy::Loopback => Network::Loopback,
-            NetworkPolicy::Off => Network::Off,
-        },
+        network: r.spec.network.clone(),
         backend: r.spec.backend.as_str().to_string(),
         template: r
             .spec

@@ -49,6 +49,7 @@ impl std::fmt::Debug for Service {
 impl Service {
     /// A service over a fleet and a store, with these settings and this signing key.
     pub fn new(fleet: Arc<Fleet>, store: Arc<Store>, config: Config, signer: UrlSigner) -> Self {
+        crate::network::record_egress(&fleet, &store);
         Self {
             fleet,
             store,

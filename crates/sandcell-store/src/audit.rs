@@ -91,4 +91,63 @@ impl Store {
         };
         raws.into_iter().map(RawAudit::decode).collect()
     }
+
+    /// Appends events in one transaction (their `id`s are ignored).
+    pub fn audit_many(&self, events: &[AuditEvent]) -> Result<(), StoreError> {
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        {
+            let mut insert = tx.prepare_cached(
+                "INSERT INTO audit_events (at, owner, key_id, action, target, detail, request_id) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+            )?;
+            for event in events {
+                insert.execute(params![
+                    event.at,
+                    event.owner,
+                    event.key_id,
+                    event.action,
+                    event.target,
+                    event.detail.as_ref().map(|d| d.to_string()),
+                    event.request_id,
+                ])?;
+            }
+        }
+        tx.commit()?;
+        Ok(())
+    }
+
+    /// The latest `limit` events about `target` whose action starts with `action_prefix`,
+    /// newest first, older than event `before` when given; `limit` as [`Self::list_audit`].
+    pub fn list_audit_of(
+        &self,
+        target: &str,
+        action_prefix: &str,
+        before: Option<i64>,
+        limit: u32,
+    ) -> Result<Vec<AuditEvent>, StoreError> {
+        let limit = i64::from(page_size(limit));
+        // A prefix range the index answers (`LIKE` would need escaping and a scan).
+        let upper = format!("{action_prefix}\u{10ffff}");
+        let raws: Vec<RawAudit> = {
+            let conn = self.conn();
+            conn.prepare_cached(&format!(
+                "SELECT {COLUMNS} FROM audit_events \
+                 WHERE target = ?1 AND action >= ?2 AND action < ?3 AND id < ?4 \
+                 ORDER BY id DESC LIMIT ?5"
+            ))?
+            .query_map(
+                params![
+                    target,
+                    action_prefix,
+                    upper,
+                    before.unwrap_or(i64::MAX),
+                    limit
+                ],
+                from_row,
+            )?
+            .collect::<Result<_, _>>()?
+        };
+        raws.into_iter().map(RawAudit::decode).collect()
+    }
 }

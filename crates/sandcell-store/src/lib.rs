@@ -56,7 +56,7 @@ pub use records::{
     RunEventRecord, RunRecord, SandboxEvent, SandboxQuery, SandboxRecord, SnapshotRecord,
 };
 pub use schema::{LATEST_SCHEMA_VERSION, migrations};
-pub use store::{BUSY_TIMEOUT, Durability, Store};
+pub use store::{BUSY_TIMEOUT, Durability, Store, page_size};
 pub use threads::ThreadRecord;
 
 /// Page size of a listing that asks for none (`limit: 0`).

@@ -324,6 +324,12 @@ CREATE INDEX memory_jobs_by_scope ON memory_jobs (owner, sandbox_id, seq);
 const V11_DOWN: &str =
     "DROP TABLE memory_jobs; DROP TRIGGER memory_vectors_follow; DROP TABLE memory_vectors;";
 
+/// Step 12: the audit log by target (a sandbox's egress events).
+const V12_AUDIT_BY_TARGET: &str =
+    "CREATE INDEX audit_events_by_target ON audit_events (target, action, id);";
+
+const V12_DOWN: &str = "DROP INDEX audit_events_by_target;";
+
 const STEPS: &[M<'static>] = &[
     M::up(V1_SANDBOXES).down(V1_DOWN),
     M::up(V2_API_KEYS).down(V2_DOWN),
@@ -336,6 +342,7 @@ const STEPS: &[M<'static>] = &[
     M::up(V9_MEMORIES).down(V9_DOWN),
     M::up(V10_THREADS).down(V10_DOWN),
     M::up(V11_MEMORY_VECTORS_AND_JOBS).down(V11_DOWN),
+    M::up(V12_AUDIT_BY_TARGET).down(V12_DOWN),
 ];
 
 /// The store's migrations, oldest first; version N is the schema after step N.

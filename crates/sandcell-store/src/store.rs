@@ -232,7 +232,7 @@ pub(crate) fn count_from_sql(n: i64) -> u64 {
 }
 
 /// The page size a `limit` asks for.
-pub(crate) fn page_size(limit: u32) -> u32 {
+pub fn page_size(limit: u32) -> u32 {
     match limit {
         0 => crate::DEFAULT_PAGE_SIZE,
         n => n.min(crate::MAX_PAGE_SIZE),

@@ -13,7 +13,8 @@ use reqwest::blocking::{Client, RequestBuilder};
 use sandcell_api::code::{CodeInput, CodeResult};
 use sandcell_api::exec::{ExecInput, ExecOutput};
 use sandcell_api::keys::CreateKey;
-use sandcell_api::sandboxes::{CreateSandbox, Network, SandboxInfo};
+use sandcell_api::network::NetworkPolicy as Network;
+use sandcell_api::sandboxes::{CreateSandbox, SandboxInfo};
 use sandcell_client::SseParser;
 use serde_json::{Value, json};
 

@@ -368,6 +368,11 @@ impl Fleet {
     }
 
     /// The running (or paused) sandbox `id` of `owner`; another owner's is not found.
+    /// Whose running sandbox `id` is (`None`: none runs here by that id); no ledger read.
+    pub fn owner_of(&self, id: &str) -> Option<String> {
+        lock(&self.live).get(id).map(|l| l.owner.clone())
+    }
+
     fn live_of(&self, owner: &str, id: &str) -> Result<Arc<Live>, EngineError> {
         let live = lock(&self.live).get(id).cloned();
         match live {
@@ -422,6 +427,23 @@ impl Fleet {
         record.expires_at_ms =
             Some(now.saturating_add(i64::try_from(lifetime_ms).unwrap_or(i64::MAX)));
         record.updated_at_ms = now;
+        self.ledger.update(&record).map_err(persistence)?;
+        Ok(record)
+    }
+
+    /// Changes what `owner`'s running sandbox `id` reaches (see [`Sandbox::set_network`]);
+    /// the record keeps it, so a restarted service and the sandbox's snapshots keep it too.
+    pub fn set_network(
+        &self,
+        owner: &str,
+        id: &str,
+        policy: crate::spec::NetworkPolicy,
+    ) -> Result<SandboxRecord, EngineError> {
+        let sandbox = self.sandbox_as_is(owner, id)?;
+        let mut record = self.get(owner, id)?;
+        sandbox.set_network(policy.clone())?;
+        record.spec.network = policy;
+        record.updated_at_ms = now_ms();
         self.ledger.update(&record).map_err(persistence)?;
         Ok(record)
     }

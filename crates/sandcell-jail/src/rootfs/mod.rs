@@ -140,6 +140,24 @@ pub fn setup(config: &JailConfig) -> Result<Vec<Feature>, JailError> {
             "/.sandcell",
         )?;
     }
+    if let Some(dir) = &config.egress_dir {
+        let target = format!("{root}{}", sandcell_protocol::EGRESS_DIR);
+        do_mount(
+            Some(dir),
+            &target,
+            None,
+            MsFlags::MS_BIND,
+            None,
+            "bind the egress folder",
+        )?;
+        // Read-only is enough: connecting to a socket writes nothing to its file system.
+        set_attrs(
+            &target,
+            mount_attr::RDONLY | mount_attr::NOSUID | mount_attr::NODEV | mount_attr::NOEXEC,
+            false,
+            sandcell_protocol::EGRESS_DIR,
+        )?;
+    }
     std::env::set_current_dir(root).map_err(|e| JailError::io("chdir into the new root", e))?;
     pivot_root(".", ".")?;
     // The old root (the host's) is now stacked on "/": detach it and everything under it.

@@ -216,7 +216,7 @@ fn unmount_other_skeletons(cache_dir: &Path, keep: &Path) {
 }
 
 /// Whether `path` is the root of a mount (statx; false when unknown).
-fn is_mount_root(path: &Path) -> bool {
+pub fn is_mount_root(path: &Path) -> bool {
     use rustix::fs::{AtFlags, CWD, StatxAttributes, StatxFlags};
     rustix::fs::statx(
         CWD,

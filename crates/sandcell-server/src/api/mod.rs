@@ -8,6 +8,7 @@ pub mod extract;
 pub mod files;
 pub mod keys;
 pub mod memories;
+pub mod network;
 pub mod processes;
 pub mod runs;
 pub mod sandboxes;

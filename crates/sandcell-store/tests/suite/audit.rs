@@ -65,3 +65,43 @@ fn an_event_without_optional_fields_round_trips() {
         [AuditEvent { id, ..bare }]
     );
 }
+
+#[test]
+fn a_targets_events_list_by_action_prefix_in_pages() {
+    let store = Store::open_in_memory().unwrap();
+    let mut batch = Vec::new();
+    for i in 0..5 {
+        let action = if i % 2 == 0 {
+            "egress.allowed"
+        } else {
+            "egress.denied"
+        };
+        batch.push(event(i, Some("alice"), action));
+    }
+    batch.push(event(9, Some("alice"), "sandbox.create"));
+    batch.push(AuditEvent {
+        target: Some("sb-2".into()),
+        ..event(10, Some("alice"), "egress.denied")
+    });
+    store.audit_many(&batch).unwrap();
+    let egress = store.list_audit_of("sb-1", "egress.", None, 0).unwrap();
+    assert_eq!(
+        egress.iter().map(|e| e.at).collect::<Vec<_>>(),
+        [4, 3, 2, 1, 0]
+    );
+    let page = store.list_audit_of("sb-1", "egress.", None, 2).unwrap();
+    let next = store
+        .list_audit_of("sb-1", "egress.", Some(page[1].id), 2)
+        .unwrap();
+    assert_eq!(next.iter().map(|e| e.at).collect::<Vec<_>>(), [2, 1]);
+    let denied = store
+        .list_audit_of("sb-1", "egress.denied", None, 0)
+        .unwrap();
+    assert_eq!(denied.len(), 2);
+    assert!(
+        store
+            .list_audit_of("sb-3", "egress.", None, 0)
+            .unwrap()
+            .is_empty()
+    );
+}

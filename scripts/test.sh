@@ -35,7 +35,7 @@ export SANDCELL_BIN="$PWD/target/debug/sandcell"
 # skipped by name, as GET /v1/system lists it).
 echo "== tests on gvisor"
 SANDCELL_TEST_BACKEND=gvisor cargo test -p sandcell-cli --test all --quiet -- \
-  exec:: files:: kernels:: processes:: limits:: attacks::
+  exec:: files:: kernels:: processes:: limits:: attacks:: egress::
 echo "== schemathesis"; scripts/schemathesis.sh
 # The SDKs, each against a real daemon (their scripts install their own tools: a virtualenv,
 # npm packages).

@@ -349,12 +349,7 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<ExitCode> {
         });
     }
     runtime()?.block_on(async move {
-        let engine = sandcell_engine::Engine::builder()
-            .backend(sandcell_backend_process::ProcessBackend::new(
-                crate::cli::backend_config()?,
-            ))
-            .backend(crate::cli::gvisor_backend()?)
-            .build();
+        let engine = crate::cli::service_engine(crate::cli::backend_config()?)?;
         let embedded = sandcell_server::embedded(config, engine)
             .await
             .context("start the embedded engine")?;
@@ -876,12 +871,7 @@ fn go_on(
     }
     let (config, _) = config.load(Vec::new())?;
     runtime()?.block_on(async move {
-        let engine = sandcell_engine::Engine::builder()
-            .backend(sandcell_backend_process::ProcessBackend::new(
-                crate::cli::backend_config()?,
-            ))
-            .backend(crate::cli::gvisor_backend()?)
-            .build();
+        let engine = crate::cli::service_engine(crate::cli::backend_config()?)?;
         let embedded = sandcell_server::embedded(config, engine)
             .await
             .context("start the embedded engine")?;

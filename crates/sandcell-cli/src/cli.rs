@@ -192,7 +192,7 @@ fn run_command(command: Command) -> anyhow::Result<ExitCode> {
         // Best effort: without it the launcher is executed instead.
         let _ = backend.prefork(crate::serve_guest, &prepared.id, &prepared.spec);
     }
-    let mut engine = Engine::builder().backend(backend);
+    let mut engine = Engine::builder().backend(backend).egress(egress_hub()?);
     if one_shot.is_none() {
         engine = engine.backend(gvisor_backend()?);
     }
@@ -213,6 +213,56 @@ fn run_command(command: Command) -> anyhow::Result<ExitCode> {
         (Command::Bench(args), _) => rt.block_on(Box::pin(bench::bench(args, engine))),
         (_, _) => anyhow::bail!("this command runs without the embedded engine"),
     }
+}
+
+/// The engine of a service (daemon, embedded MCP or agent): both backends, the process one
+/// with `process`, and the egress proxies' settings.
+pub fn service_engine(process: ProcessBackendConfig) -> anyhow::Result<Engine> {
+    Ok(Engine::builder()
+        .backend(ProcessBackend::new(process))
+        .backend(gvisor_backend()?)
+        .egress(egress_hub()?)
+        .build())
+}
+
+/// How sandboxes' egress proxies resolve names: the host's resolver, or for tests the names
+/// `SANDCELL_TEST_RESOLVE` maps (`name=IP` pinned, `name~IP` answered as DNS would), honoured
+/// only with `SANDCELL_TEST=1` so a stray variable cannot redirect a production service.
+pub fn egress_hub() -> anyhow::Result<sandcell_engine::egress::EgressHub> {
+    use sandcell_egress::{Limits, Resolver, StaticResolver, SystemResolver};
+    use std::sync::Arc;
+    let system: Arc<dyn Resolver> = Arc::new(SystemResolver);
+    let resolver = match std::env::var("SANDCELL_TEST_RESOLVE") {
+        Ok(spec) if !spec.trim().is_empty() => {
+            if !test_resolver_allowed() {
+                anyhow::bail!(
+                    "SANDCELL_TEST_RESOLVE maps host names for tests only; set SANDCELL_TEST=1 too \
+                     (never on a production service)"
+                );
+            }
+            let mapped = StaticResolver::parse(&spec)
+                .map_err(|e| anyhow::anyhow!("SANDCELL_TEST_RESOLVE: {e}"))?;
+            eprintln!(
+                "sandcell: warning: egress names are mapped by SANDCELL_TEST_RESOLVE={spec} (tests only)"
+            );
+            Arc::new(mapped.with_fallback(system))
+        }
+        _ => system,
+    };
+    Ok(sandcell_engine::egress::EgressHub::new(
+        resolver,
+        Limits::default(),
+    ))
+}
+
+/// Whether the test-only settings may be used (`SANDCELL_TEST=1`).
+pub fn test_resolver_allowed() -> bool {
+    std::env::var("SANDCELL_TEST").as_deref() == Ok("1")
+}
+
+/// Whether the test-only name mapping is in force.
+pub fn test_resolver_set() -> bool {
+    std::env::var("SANDCELL_TEST_RESOLVE").is_ok_and(|s| !s.trim().is_empty())
 }
 
 pub fn backend_config() -> anyhow::Result<ProcessBackendConfig> {

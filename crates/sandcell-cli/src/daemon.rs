@@ -77,12 +77,19 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let mut backend_config = crate::cli::backend_config()?;
     // Sandboxes outlive a crash of the daemon: the next start reattaches to them.
     backend_config.agent_sockets = true;
-    let engine = sandcell_engine::Engine::builder()
-        .backend(sandcell_backend_process::ProcessBackend::new(
-            backend_config,
-        ))
-        .backend(crate::cli::gvisor_backend()?)
-        .build();
+    if crate::cli::test_resolver_set() {
+        let loopback = config
+            .listen
+            .parse::<std::net::SocketAddr>()
+            .is_ok_and(|a| a.ip().is_loopback());
+        anyhow::ensure!(
+            loopback,
+            "SANDCELL_TEST_RESOLVE is for tests only: the daemon refuses it while listening on \
+             {} (not loopback)",
+            config.listen
+        );
+    }
+    let engine = crate::cli::service_engine(backend_config)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

@@ -66,12 +66,7 @@ pub fn mcp(args: McpArgs) -> anyhow::Result<()> {
                 .await
                 .context("serve MCP on stdio");
         }
-        let engine = sandcell_engine::Engine::builder()
-            .backend(sandcell_backend_process::ProcessBackend::new(
-                crate::cli::backend_config()?,
-            ))
-            .backend(crate::cli::gvisor_backend()?)
-            .build();
+        let engine = crate::cli::service_engine(crate::cli::backend_config()?)?;
         let embedded = sandcell_server::embedded(config, engine)
             .await
             .context("start the embedded engine")?;

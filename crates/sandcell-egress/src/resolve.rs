@@ -64,7 +64,9 @@ fn literal(host: &str) -> Result<IpAddr, std::net::AddrParseError> {
 /// the rest (none: every other name fails).
 #[derive(Debug, Clone, Default)]
 pub struct StaticResolver {
-    names: HashMap<String, Vec<IpAddr>>,
+    /// Each name's addresses, and whether they are pinned (set by the operator) rather than
+    /// answered as a DNS server would.
+    names: HashMap<String, (Vec<IpAddr>, bool)>,
     fallback: Option<Arc<dyn Resolver>>,
 }
 
@@ -74,10 +76,50 @@ impl StaticResolver {
         Self {
             names: names
                 .into_iter()
-                .map(|(n, a)| (sandcell_api::network::normalize_host(&n), a))
+                .map(|(n, a)| (sandcell_api::network::normalize_host(&n), (a, true)))
                 .collect(),
             fallback: None,
         }
+    }
+
+    /// Answers `name` with `addrs` as a DNS server would: not pinned, so the addresses are
+    /// checked like any resolved ones (what a test of DNS rebinding needs).
+    pub fn answer(mut self, name: &str, addrs: Vec<IpAddr>) -> Self {
+        self.names
+            .insert(sandcell_api::network::normalize_host(name), (addrs, false));
+        self
+    }
+
+    /// A resolver from `name=IP[|IP…]` (pinned) and `name~IP[|IP…]` (answered) entries
+    /// separated by `;` or `,` (the test-only `SANDCELL_TEST_RESOLVE` setting).
+    pub fn parse(spec: &str) -> Result<Self, String> {
+        let mut r = Self::default();
+        for entry in spec.split([';', ',']).map(str::trim).filter(|e| !e.is_empty()) {
+            let (name, addrs, pinned) = match (entry.split_once('='), entry.split_once('~')) {
+                (Some((n, a)), _) => (n, a, true),
+                (None, Some((n, a))) => (n, a, false),
+                (None, None) => {
+                    return Err(format!(
+                        "'{entry}' is not NAME=IP (pinned) or NAME~IP (answered)"
+                    ));
+                }
+            };
+            let addrs = addrs
+                .split('|')
+                .map(|a| {
+                    literal(a.trim()).map_err(|_| format!("'{entry}': '{a}' is not an address"))
+                })
+                .collect::<Result<Vec<IpAddr>, String>>()?;
+            let name = name.trim();
+            if name.is_empty() {
+                return Err(format!("'{entry}' has no name"));
+            }
+            r.names.insert(
+                sandcell_api::network::normalize_host(name),
+                (addrs, pinned),
+            );
+        }
+        Ok(r)
     }
 
     /// And `fallback` for the names it does not hold.
@@ -90,10 +132,12 @@ impl StaticResolver {
 impl Resolver for StaticResolver {
     fn resolve<'a>(&'a self, host: &'a str) -> ResolveFuture<'a> {
         Box::pin(async move {
-            if let Some(addrs) = self.names.get(&sandcell_api::network::normalize_host(host)) {
+            if let Some((addrs, pinned)) =
+                self.names.get(&sandcell_api::network::normalize_host(host))
+            {
                 return Ok(Resolution {
                     addrs: addrs.clone(),
-                    pinned: true,
+                    pinned: *pinned,
                 });
             }
             if let Ok(ip) = literal(host) {
@@ -110,5 +154,26 @@ impl Resolver for StaticResolver {
                 )),
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_test_setting_pins_or_answers_names() {
+        let r = StaticResolver::parse("registry.test=127.0.0.1; rebind.test~127.0.0.1|::1")
+            .expect("parse");
+        let pinned = r.resolve("Registry.Test.").await.expect("pinned");
+        assert_eq!(pinned.addrs, vec![IpAddr::from([127, 0, 0, 1])]);
+        assert!(pinned.pinned);
+        let answered = r.resolve("rebind.test").await.expect("answered");
+        assert_eq!(answered.addrs.len(), 2);
+        assert!(!answered.pinned);
+        assert!(r.resolve("other.test").await.is_err());
+        for bad in ["registry.test", "=127.0.0.1", "a.test=not-an-ip"] {
+            assert!(StaticResolver::parse(bad).is_err(), "{bad}");
+        }
     }
 }

@@ -15,6 +15,7 @@ mod daemon_pause;
 mod daemon_processes;
 mod daemon_snapshots;
 mod durable_runs;
+mod egress;
 mod exec;
 mod files;
 mod kernels;

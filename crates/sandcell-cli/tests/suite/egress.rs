@@ -1,0 +1,271 @@
+//! Network egress by policy, through each sandbox's proxy: what an allow-list lets through,
+//! what it refuses (other names, names resolving to loopback or metadata addresses, direct
+//! connections), live changes, the events, and attacks on the proxy from inside. Runs on the
+//! backend under test (scripts/test.sh runs it on both).
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::sync::{Arc, Mutex};
+
+use sandcell_backend_gvisor::{GvisorBackend, GvisorBackendConfig};
+use sandcell_backend_process::{ProcessBackend, ProcessBackendConfig, default_runtime_dir};
+use sandcell_egress::{EgressEvent, Limits, Outcome, StaticResolver, SystemResolver};
+use sandcell_engine::egress::EgressHub;
+use sandcell_engine::{Engine, NetworkPolicy, Sandbox, SandboxSpec};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::common::*;
+
+const LOOPBACK: IpAddr = IpAddr::V4(Ipv4Addr::LOCALHOST);
+
+/// A web server on the host's loopback answering every request with `hello <path>`.
+async fn web_server() -> u16 {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        loop {
+            let Ok((mut conn, _)) = listener.accept().await else {
+                return;
+            };
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 4096];
+                let mut got = Vec::new();
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match conn.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let head = String::from_utf8_lossy(&got);
+                let path = head.split(' ').nth(1).unwrap_or("?").to_string();
+                let body = format!("hello {path}");
+                let answer = format!(
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+                let _ = conn.write_all(answer.as_bytes()).await;
+            });
+        }
+    });
+    port
+}
+
+type Events = Arc<Mutex<Vec<(String, EgressEvent)>>>;
+
+/// An engine whose proxies map `web.test` to the host's loopback (pinned, as an operator's
+/// registry mirror would be), answer `rebind.test` and `meta.test` with loopback and metadata
+/// addresses as a hostile DNS server would, and record their events.
+fn egress_engine() -> (Engine, Events) {
+    let resolver = StaticResolver::new([("web.test".to_string(), vec![LOOPBACK])])
+        .answer("rebind.test", vec![LOOPBACK])
+        .answer(
+            "meta.test",
+            vec![IpAddr::V4(Ipv4Addr::new(169, 254, 169, 254))],
+        )
+        .with_fallback(Arc::new(SystemResolver));
+    let hub = EgressHub::new(Arc::new(resolver), Limits::default());
+    let events: Events = Arc::default();
+    let sink = events.clone();
+    hub.set_sink(Arc::new(move |id, e| {
+        sink.lock().unwrap().push((id.to_string(), e))
+    }));
+    let engine = Engine::builder()
+        .backend(ProcessBackend::new(ProcessBackendConfig::new(BIN)))
+        .backend(GvisorBackend::new(GvisorBackendConfig::new(
+            BIN,
+            default_runtime_dir(),
+        )))
+        .egress(hub)
+        .build();
+    (engine, events)
+}
+
+async fn sandbox_on(engine: &Engine, network: NetworkPolicy) -> Sandbox {
+    engine
+        .create(SandboxSpec { network, ..spec() })
+        .await
+        .expect("create sandbox")
+}
+
+/// `curl` inside, as a program using the proxy variables would: stdout (the body, or the
+/// proxy's refusal) and `code=<http code>` on its last line.
+async fn curl(sb: &Sandbox, args: &str) -> String {
+    let out = sh(
+        sb,
+        &format!("curl -sS --max-time 20 -w '\\ncode=%{{http_code}}' {args} 2>&1"),
+    )
+    .await;
+    text(&out.stdout)
+}
+
+fn allow(rules: &[&str]) -> NetworkPolicy {
+    NetworkPolicy::allow(rules).unwrap()
+}
+
+#[tokio::test]
+async fn an_allow_list_lets_its_hosts_through_and_refuses_the_rest() {
+    let port = web_server().await;
+    let (engine, events) = egress_engine();
+    let sb = sandbox_on(&engine, allow(&["web.test"])).await;
+    // The proxy variables are set: plain programs use the proxy unchanged.
+    let env = text(&sh(&sb, "env | grep -i _proxy= | sort").await.stdout);
+    for var in [
+        "HTTP_PROXY=http://127.0.0.1:3128",
+        "https_proxy=http://127.0.0.1:3128",
+        "ALL_PROXY=socks5h://127.0.0.1:1080",
+        "no_proxy=localhost,127.0.0.1,::1",
+    ] {
+        assert!(env.contains(var), "{var} missing: {env}");
+    }
+    let out = curl(&sb, &format!("http://web.test:{port}/a")).await;
+    assert!(out.ends_with("hello /a\ncode=200"), "{out}");
+    // SOCKS5, the way raw TCP clients get out.
+    let out = curl(
+        &sb,
+        &format!("--noproxy '' -x socks5h://127.0.0.1:1080 http://web.test:{port}/socks"),
+    )
+    .await;
+    assert!(out.ends_with("hello /socks\ncode=200"), "{out}");
+    // A CONNECT tunnel (what HTTPS clients use) to the same allowed host.
+    let out = curl(&sb, &format!("-p http://web.test:{port}/tunnel")).await;
+    assert!(out.ends_with("hello /tunnel\ncode=200"), "{out}");
+    // Not on the list: refused with the reason, and nothing reached the host.
+    let out = curl(&sb, &format!("http://other.test:{port}/")).await;
+    assert!(out.contains("code=403"), "{out}");
+    assert!(out.contains("not allowed"), "{out}");
+    let out = curl(&sb, &format!("-p http://other.test:{port}/")).await;
+    assert!(out.contains("403"), "{out}");
+
+    let seen = events.lock().unwrap().clone();
+    let mine: Vec<&EgressEvent> = seen
+        .iter()
+        .filter(|(id, _)| id == sb.id())
+        .map(|(_, e)| e)
+        .collect();
+    let allowed: Vec<_> = mine
+        .iter()
+        .filter(|e| e.outcome == Outcome::Allowed && e.host == "web.test")
+        .collect();
+    assert_eq!(allowed.len(), 3, "{mine:?}");
+    assert!(allowed.iter().all(|e| e.port == port && e.bytes_down > 0));
+    let denied = mine
+        .iter()
+        .filter(|e| e.outcome == Outcome::Denied && e.host == "other.test")
+        .count();
+    assert_eq!(denied, 2, "{mine:?}");
+    assert!(sb.egress_bytes() > 0);
+    sb.destroy().await.unwrap();
+}
+
+#[tokio::test]
+async fn names_resolving_to_loopback_or_metadata_and_direct_connections_reach_nothing() {
+    let port = web_server().await;
+    let (engine, _) = egress_engine();
+    let sb = sandbox_on(&engine, NetworkPolicy::Full).await;
+    // DNS rebinding: a name allowed by `full` that resolves to the host's loopback or to the
+    // metadata address is refused after resolution.
+    for host in [
+        "rebind.test",
+        "meta.test",
+        "localhost",
+        "127.0.0.1",
+        "[::ffff:127.0.0.1]",
+        "2130706433",
+    ] {
+        let out = curl(
+            &sb,
+            &format!("--noproxy '' -x http://127.0.0.1:3128 http://{host}:{port}/"),
+        )
+        .await;
+        assert!(out.contains("code=403"), "{host}: {out}");
+        assert!(!out.contains("hello"), "{host} reached the host: {out}");
+    }
+    // Without the proxy: the sandbox's loopback is its own, and there is no route out.
+    let out = curl(&sb, &format!("--noproxy '*' http://127.0.0.1:{port}/")).await;
+    assert!(!out.contains("hello"), "{out}");
+    let out = py(
+        &sb,
+        "import socket\ntry:\n socket.create_connection(('192.0.2.1', 80), timeout=3)\n print('connected')\nexcept OSError as e:\n print('refused', e)",
+    )
+    .await;
+    assert!(
+        text(&out.stdout).starts_with("refused"),
+        "{}",
+        text(&out.stdout)
+    );
+    sb.destroy().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_live_policy_change_applies_to_the_next_connection() {
+    let port = web_server().await;
+    let (engine, _) = egress_engine();
+    let sb = sandbox_on(&engine, NetworkPolicy::Loopback).await;
+    let url = format!("http://web.test:{port}/x");
+    // `loopback` has the proxy too: it refuses everything, saying why.
+    let out = curl(&sb, &url).await;
+    assert!(out.contains("code=403"), "{out}");
+    sb.set_network(allow(&["web.test"])).unwrap();
+    assert_eq!(sb.network(), allow(&["web.test"]));
+    let out = curl(&sb, &url).await;
+    assert!(out.ends_with("hello /x\ncode=200"), "{out}");
+    sb.set_network(allow(&["web.test:1"])).unwrap();
+    let out = curl(&sb, &url).await;
+    assert!(out.contains("code=403"), "{out}");
+    // `off` is fixed at create, both ways.
+    let err = sb.set_network(NetworkPolicy::Off).unwrap_err();
+    assert!(err.to_string().contains("'off'"), "{err}");
+    sb.destroy().await.unwrap();
+
+    let off = sandbox_on(&engine, NetworkPolicy::Off).await;
+    let out = sh(&off, "ls -A /run/sandcell; env | grep -ci _proxy=").await;
+    assert_eq!(text(&out.stdout).trim(), "0", "{}", text(&out.stdout));
+    assert!(off.set_network(NetworkPolicy::Full).is_err());
+    off.destroy().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_proxy_socket_is_the_sandboxs_own_and_nothing_else_is_reachable_through_it() {
+    let (engine, _) = egress_engine();
+    let a = sandbox_on(&engine, NetworkPolicy::Loopback).await;
+    let b = sandbox_on(&engine, NetworkPolicy::Full).await;
+    // Its folder holds only its own socket, read-only; other sandboxes' folders and the
+    // host's runtime folder are not there.
+    let out = sh(
+        &a,
+        &format!(
+            "ls -A /run/sandcell; touch /run/sandcell/x 2>&1; ls /run/sandcell/egress 2>&1; \
+             ls {}/egress/{} 2>&1",
+            default_runtime_dir().display(),
+            b.id()
+        ),
+    )
+    .await;
+    let s = text(&out.stdout);
+    assert!(s.starts_with("egress.sock\n"), "{s}");
+    assert!(
+        s.contains("Read-only file system") || s.contains("Permission denied"),
+        "{s}"
+    );
+    assert!(!s.contains(&format!("{}\n", b.id())), "{s}");
+    // Speaking anything but the proxy protocols gets nothing from it; an absolute-form
+    // request for the proxy itself is refused (it has no control interface to reach).
+    let out = py(
+        &a,
+        "import socket\ns = socket.socket(socket.AF_UNIX)\ns.connect('/run/sandcell/egress.sock')\n\
+         s.sendall(b'GET /status HTTP/1.1\\r\\nHost: x\\r\\n\\r\\n')\ns.settimeout(10)\n\
+         print(s.recv(200).split(b'\\r\\n')[0].decode())",
+    )
+    .await;
+    assert!(
+        text(&out.stdout).starts_with("HTTP/1.1 400"),
+        "{}",
+        text(&out.stdout)
+    );
+    let out = curl(&a, "http://127.0.0.1:3128/").await;
+    assert!(
+        out.contains("code=403") || out.contains("code=400"),
+        "{out}"
+    );
+    a.destroy().await.unwrap();
+    b.destroy().await.unwrap();
+}

@@ -45,6 +45,8 @@ pub struct Daemon {
     /// Drives the typed client's calls for the blocking tests.
     rt: tokio::runtime::Runtime,
     home: tempfile::TempDir,
+    /// Environment variables every start of it gets.
+    env: Vec<(String, String)>,
 }
 
 /// An HTTP answer: status, JSON body (a string for a body that is not JSON), headers.
@@ -99,6 +101,11 @@ fn http_client() -> Client {
 impl Daemon {
     /// Starts a daemon with these `--set KEY=VALUE` settings.
     pub fn start(sets: &[&str]) -> Self {
+        Self::start_with_env(sets, &[])
+    }
+
+    /// As [`Self::start`], with these environment variables (on every start).
+    pub fn start_with_env(sets: &[&str], env: &[(&str, &str)]) -> Self {
         let home = tempfile::Builder::new()
             .prefix("sandcell-daemon-")
             .tempdir()
@@ -114,6 +121,10 @@ impl Daemon {
                 .build()
                 .unwrap(),
             home,
+            env: env
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect(),
         };
         d.spawn(sets);
         d
@@ -176,6 +187,7 @@ impl Daemon {
             .env_remove("SANDCELL_API_URL")
             .env_remove("SANDCELL_API_KEY")
             .env_remove("SANDCELL_HOME")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)

@@ -11,6 +11,7 @@ mod daemon_criu;
 mod daemon_files;
 mod daemon_gvisor;
 mod daemon_life;
+mod daemon_network;
 mod daemon_pause;
 mod daemon_processes;
 mod daemon_snapshots;

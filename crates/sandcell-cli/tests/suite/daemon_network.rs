@@ -1,0 +1,225 @@
+//! A sandbox's network through the daemon: the policy at create and in its record, changed
+//! live with `PUT …/network`, its egress events over the API (and in the audit log), kept
+//! across a daemon crash; bad policies are structured errors; the test-only name mapping is
+//! refused outside tests; both backends.
+
+use std::io::{Read, Write};
+use std::net::TcpListener;
+use std::process::{Command, Stdio};
+
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use super::common::BIN;
+use super::daemon::Daemon;
+
+/// A web server on the host's loopback answering `hello <path>` (one thread, until the test
+/// process ends).
+fn web_server() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            std::thread::spawn(move || {
+                let mut got = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match conn.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let head = String::from_utf8_lossy(&got).to_string();
+                let path = head.split(' ').nth(1).unwrap_or("?").to_string();
+                let body = format!("hello {path}");
+                let _ = write!(
+                    conn,
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            });
+        }
+    });
+    port
+}
+
+/// A daemon whose proxies map `web.test` to the host's loopback (the test-only setting).
+fn daemon() -> Daemon {
+    Daemon::start_with_env(
+        &[],
+        &[
+            ("SANDCELL_TEST", "1"),
+            ("SANDCELL_TEST_RESOLVE", "web.test=127.0.0.1"),
+        ],
+    )
+}
+
+fn curl(d: &Daemon, id: &str, url: &str) -> String {
+    let out = d.exec(
+        id,
+        &format!("curl -sS --max-time 20 -w '\\ncode=%{{http_code}}' {url} 2>&1"),
+    );
+    out.stdout
+}
+
+fn events(d: &Daemon, id: &str) -> Vec<Value> {
+    let r = d.get(&format!("/v1/sandboxes/{id}/network/events"));
+    assert_eq!(r.status, 200, "{}", r.body);
+    r.body["events"].as_array().unwrap().clone()
+}
+
+#[test]
+fn the_policy_is_set_at_create_changed_live_and_its_events_are_listed() {
+    let port = web_server();
+    let mut d = daemon();
+    let sb = d.create(json!({"network": {"allow": ["web.test"]}}));
+    assert_eq!(
+        serde_json::to_value(&sb.network).unwrap(),
+        json!({"allow": ["web.test"]})
+    );
+    let id = sb.id;
+    let out = curl(&d, &id, &format!("http://web.test:{port}/one"));
+    assert!(out.ends_with("hello /one\ncode=200"), "{out}");
+    let out = curl(&d, &id, &format!("http://elsewhere.test:{port}/"));
+    assert!(out.contains("code=403"), "{out}");
+
+    let info = d.get(&format!("/v1/sandboxes/{id}/network"));
+    assert_eq!(info.status, 200, "{}", info.body);
+    assert_eq!(info.body["network"], json!({"allow": ["web.test"]}));
+    assert_eq!(info.body["http_proxy"], "http://127.0.0.1:3128");
+    assert_eq!(info.body["socks_proxy"], "socks5h://127.0.0.1:1080");
+    assert!(info.body["bytes"].as_u64().unwrap() > 0, "{}", info.body);
+
+    let evs = events(&d, &id);
+    assert_eq!(evs.len(), 2, "{evs:?}");
+    // Newest first.
+    assert_eq!(evs[0]["decision"], "denied");
+    assert_eq!(evs[0]["host"], "elsewhere.test");
+    assert!(evs[0]["reason"].as_str().unwrap().contains("not allowed"));
+    assert_eq!(evs[1]["decision"], "allowed");
+    assert_eq!(evs[1]["host"], "web.test");
+    assert_eq!(evs[1]["port"], port);
+    assert_eq!(evs[1]["address"], format!("127.0.0.1:{port}"));
+    assert!(evs[1]["bytes_down"].as_u64().unwrap() > 0);
+    let page = d.get(&format!("/v1/sandboxes/{id}/network/events?limit=1"));
+    assert_eq!(page.body["events"].as_array().unwrap().len(), 1);
+    let before = page.body["next_before"].as_i64().unwrap();
+    let older = d.get(&format!(
+        "/v1/sandboxes/{id}/network/events?limit=1&before={before}"
+    ));
+    assert_eq!(older.body["events"][0]["decision"], "allowed");
+
+    // Live: the next connection is decided under the new policy, and the record keeps it.
+    let r = d.call(
+        Method::PUT,
+        &format!("/v1/sandboxes/{id}/network"),
+        Some(json!({"network": "loopback"})),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["network"], "loopback");
+    let out = curl(&d, &id, &format!("http://web.test:{port}/two"));
+    assert!(out.contains("code=403"), "{out}");
+    assert_eq!(
+        serde_json::to_value(d.sandbox(&id).network).unwrap(),
+        json!("loopback")
+    );
+    let r = d.call(
+        Method::PUT,
+        &format!("/v1/sandboxes/{id}/network"),
+        Some(json!({"network": {"allow": ["web.test"]}})),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+
+    // Bad input: structured errors, nothing changed.
+    d.call(
+        Method::PUT,
+        &format!("/v1/sandboxes/{id}/network"),
+        Some(json!({"network": "off"})),
+    )
+    .expect_error(400, "invalid_argument");
+    for bad in [
+        json!({"network": {"allow": ["http://web.test/"]}}),
+        json!({"network": {"allow": []}}),
+        json!({"network": "wide"}),
+        json!({"policy": "full"}),
+    ] {
+        let r = d.call(
+            Method::PUT,
+            &format!("/v1/sandboxes/{id}/network"),
+            Some(bad.clone()),
+        );
+        assert_eq!(r.status, 400, "{bad}: {}", r.body);
+        r.error_code();
+    }
+    let r = d.post("/v1/sandboxes", json!({"network": {"allow": ["*.*"]}}));
+    assert_eq!(r.status, 400, "{}", r.body);
+    d.get("/v1/sandboxes/sb-nosuch/network")
+        .expect_error(404, "not_found");
+
+    // A crash of the daemon: the sandbox is reattached, its proxy listens again in the same
+    // folder, under the policy its record kept.
+    d.kill9();
+    d.restart(&[]);
+    let out = curl(&d, &id, &format!("http://web.test:{port}/three"));
+    assert!(out.ends_with("hello /three\ncode=200"), "{out}");
+    let out = curl(&d, &id, &format!("http://elsewhere.test:{port}/"));
+    assert!(out.contains("code=403"), "{out}");
+    assert!(events(&d, &id).len() >= 5);
+    d.delete(&format!("/v1/sandboxes/{id}"));
+    // The events outlive the sandbox (they are the audit log's).
+    assert!(events(&d, &id).len() >= 5);
+}
+
+#[test]
+fn a_sandbox_with_the_network_off_has_no_proxy_and_cannot_get_one() {
+    let d = daemon();
+    let id = d.create_id(json!({"network": "off"}));
+    let out = d.exec(&id, "ls -A /run/sandcell; env | grep -ci _proxy=");
+    assert_eq!(out.stdout.trim(), "0");
+    let info = d.get(&format!("/v1/sandboxes/{id}/network")).body;
+    assert_eq!(info["network"], "off");
+    assert!(info["http_proxy"].is_null(), "{info}");
+    d.call(
+        Method::PUT,
+        &format!("/v1/sandboxes/{id}/network"),
+        Some(json!({"network": "full"})),
+    )
+    .expect_error(400, "invalid_argument");
+}
+
+#[test]
+fn gvisor_sandboxes_get_out_through_the_same_proxy() {
+    let port = web_server();
+    let d = daemon();
+    let id = d.create_id(json!({"backend": "gvisor", "network": {"allow": ["web.test"]}}));
+    let out = curl(&d, &id, &format!("http://web.test:{port}/gv"));
+    assert!(out.ends_with("hello /gv\ncode=200"), "{out}");
+    let out = curl(&d, &id, &format!("-p http://elsewhere.test:{port}/"));
+    assert!(out.contains("403"), "{out}");
+    let evs = events(&d, &id);
+    assert_eq!(evs.len(), 2, "{evs:?}");
+}
+
+#[test]
+fn the_test_only_name_mapping_is_refused_outside_tests() {
+    let home = tempfile::tempdir().unwrap();
+    for (env, listen, why) in [
+        (vec![], "127.0.0.1:0", "SANDCELL_TEST=1"),
+        (vec![("SANDCELL_TEST", "1")], "0.0.0.0:0", "not loopback"),
+    ] {
+        let out = Command::new(BIN)
+            .args(["serve", "--home"])
+            .arg(home.path())
+            .args(["--listen", listen])
+            .env("SANDCELL_TEST_RESOLVE", "web.test=127.0.0.1")
+            .env_remove("SANDCELL_TEST")
+            .envs(env)
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{listen}: it started");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains(why), "{listen}: {err}");
+    }
+}

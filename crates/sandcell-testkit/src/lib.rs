@@ -7,4 +7,6 @@
 pub mod llm;
 #[cfg(feature = "local")]
 pub mod local;
+#[cfg(feature = "registries")]
+pub mod registries;
 pub mod skip;

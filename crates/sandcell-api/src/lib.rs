@@ -12,6 +12,7 @@ pub mod discovery;
 pub mod error;
 pub mod exec;
 pub mod files;
+pub mod git;
 pub mod keys;
 pub mod memories;
 pub mod network;

@@ -13,6 +13,7 @@ use anyhow::{Context, anyhow, bail};
 use clap::{Args, Subcommand};
 use sandcell_api::code::{CodeInput, CodeStreamEvent};
 use sandcell_api::exec::{ExecInput, ExecStreamEvent, ExitInfo};
+use sandcell_api::git::GitClone;
 use sandcell_api::network::NetworkPolicy;
 use sandcell_api::sandboxes::{CreateSandbox, Lang, SandboxInfo, Size};
 use sandcell_api::snapshots::{CreateSnapshot, ForkSnapshot};
@@ -142,6 +143,29 @@ pub enum SandboxCommand {
         /// The sandbox ids.
         #[arg(required = true)]
         ids: Vec<String>,
+    },
+    /// Clone a git repository into a sandbox (on the host, through a proxy that allows only
+    /// its host; credentials never enter the sandbox).
+    GitClone {
+        /// The sandbox id.
+        id: String,
+        /// The repository's https:// or http:// URL.
+        url: String,
+        /// Where in the sandbox (default /workspace/<repository name>).
+        path: Option<String>,
+        /// The branch or tag to check out.
+        #[arg(long, short)]
+        branch: Option<String>,
+        /// Only this many commits of history.
+        #[arg(long)]
+        depth: Option<u32>,
+        /// The user name for HTTP authentication.
+        #[arg(long)]
+        username: Option<String>,
+        /// The environment variable holding the password or token (never given on the
+        /// command line, where other users could see it).
+        #[arg(long, value_name = "VAR")]
+        password_env: Option<String>,
     },
     /// Show what a sandbox's network reaches, change it live, or list its egress events.
     Network {
@@ -375,6 +399,48 @@ pub async fn sandbox(args: &ClientArgs, cmd: SandboxCommand) -> anyhow::Result<E
                 println!(
                     "{id} now ends at {}",
                     v.expires_at.as_deref().unwrap_or("-")
+                );
+            }
+        }
+        SandboxCommand::GitClone {
+            id,
+            url,
+            path,
+            branch,
+            depth,
+            username,
+            password_env,
+        } => {
+            let password = match password_env {
+                Some(var) => Some(
+                    std::env::var(&var)
+                        .map_err(|_| anyhow!("--password-env {var}: the variable is not set"))?,
+                ),
+                None => None,
+            };
+            let req = GitClone {
+                url,
+                path,
+                branch,
+                depth,
+                username,
+                password,
+            };
+            let r = c.api.git_clone(&id, &req).await?;
+            if c.json {
+                print_json(&r)?;
+            } else {
+                println!(
+                    "cloned {} at {} ({}{} files, {} bytes, {} ms)",
+                    r.path,
+                    &r.commit[..r.commit.len().min(12)],
+                    r.branch
+                        .as_deref()
+                        .map(|b| format!("{b}, "))
+                        .unwrap_or_default(),
+                    r.files,
+                    r.bytes,
+                    r.duration_ms
                 );
             }
         }

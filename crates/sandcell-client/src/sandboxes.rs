@@ -7,6 +7,7 @@ use sandcell_api::code::{
     VariableNames, VariablesView,
 };
 use sandcell_api::exec::{ExecInput, ExecOutput, ExecStreamEvent};
+use sandcell_api::git::{GitClone, GitCloneResult};
 use sandcell_api::network::{EgressEventList, NetworkInfo, NetworkPolicy, SetNetwork};
 use sandcell_api::processes::ProcessList;
 use sandcell_api::sandboxes::{CreateSandbox, SandboxInfo, SandboxList, SetTimeout};
@@ -117,6 +118,12 @@ impl Client {
     pub async fn pause_sandbox(&self, id: &str) -> Result<SandboxInfo, ClientError> {
         let path = format!("{}/pause", sandbox_path(id));
         self.call(Method::POST, &path, None::<&()>).await
+    }
+
+    /// `POST /v1/sandboxes/{id}/git/clone`.
+    pub async fn git_clone(&self, id: &str, req: &GitClone) -> Result<GitCloneResult, ClientError> {
+        let path = format!("{}/git/clone", sandbox_path(id));
+        self.call(Method::POST, &path, Some(req)).await
     }
 
     /// `GET /v1/sandboxes/{id}/network`.

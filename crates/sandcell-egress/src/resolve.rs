@@ -94,7 +94,11 @@ impl StaticResolver {
     /// separated by `;` or `,` (the test-only `SANDCELL_TEST_RESOLVE` setting).
     pub fn parse(spec: &str) -> Result<Self, String> {
         let mut r = Self::default();
-        for entry in spec.split([';', ',']).map(str::trim).filter(|e| !e.is_empty()) {
+        for entry in spec
+            .split([';', ','])
+            .map(str::trim)
+            .filter(|e| !e.is_empty())
+        {
             let (name, addrs, pinned) = match (entry.split_once('='), entry.split_once('~')) {
                 (Some((n, a)), _) => (n, a, true),
                 (None, Some((n, a))) => (n, a, false),
@@ -114,10 +118,8 @@ impl StaticResolver {
             if name.is_empty() {
                 return Err(format!("'{entry}' has no name"));
             }
-            r.names.insert(
-                sandcell_api::network::normalize_host(name),
-                (addrs, pinned),
-            );
+            r.names
+                .insert(sandcell_api::network::normalize_host(name), (addrs, pinned));
         }
         Ok(r)
     }

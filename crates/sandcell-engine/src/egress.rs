@@ -121,24 +121,67 @@ impl EgressHub {
         // The sandbox's user connects; only this sandbox sees the folder.
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666))
             .map_err(|e| io("set the mode of", e))?;
+        let proxy = self.proxy(id, policy, self.limits.clone());
+        let task = tokio::spawn(proxy.clone().serve_unix(listener));
+        Ok(EgressHandle {
+            proxy,
+            task,
+            dir: Some(dir.to_path_buf()),
+        })
+    }
+
+    /// A proxy on the host's loopback for work the service does on sandbox `id`'s behalf
+    /// (a git clone), under `policy` and `limits`; its events are the sandbox's. Any local
+    /// process could connect while it lives: give it a policy as narrow as the work.
+    pub async fn open_tcp(
+        self: &Arc<Self>,
+        id: &str,
+        policy: NetworkPolicy,
+        limits: Limits,
+    ) -> Result<(std::net::SocketAddr, EgressHandle), EngineError> {
+        let listener = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+            .await
+            .map_err(|e| EngineError::io("listen on the host's loopback for a proxy", e))?;
+        let addr = listener
+            .local_addr()
+            .map_err(|e| EngineError::io("read a proxy's address", e))?;
+        let proxy = self.proxy(id, policy, limits);
+        let serving = proxy.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                let (stream, _) = listener.accept().await?;
+                let _ = stream.set_nodelay(true);
+                tokio::spawn(serving.clone().handle(stream));
+            }
+        });
+        Ok((
+            addr,
+            EgressHandle {
+                proxy,
+                task,
+                dir: None,
+            },
+        ))
+    }
+
+    fn proxy(
+        self: &Arc<Self>,
+        id: &str,
+        policy: NetworkPolicy,
+        limits: Limits,
+    ) -> Arc<EgressProxy> {
         let hub = Arc::downgrade(self);
         let sandbox = id.to_string();
-        let proxy = EgressProxy::new(
+        EgressProxy::new(
             policy,
             self.resolver.clone(),
-            self.limits.clone(),
+            limits,
             Arc::new(move |event| {
                 if let Some(hub) = hub.upgrade() {
                     hub.emit(&sandbox, event);
                 }
             }),
-        );
-        let task = tokio::spawn(proxy.clone().serve_unix(listener));
-        Ok(EgressHandle {
-            proxy,
-            task,
-            dir: dir.to_path_buf(),
-        })
+        )
     }
 }
 
@@ -147,7 +190,8 @@ impl EgressHub {
 pub struct EgressHandle {
     proxy: Arc<EgressProxy>,
     task: tokio::task::JoinHandle<std::io::Result<()>>,
-    dir: PathBuf,
+    /// The sandbox's folder (none for a loopback proxy).
+    dir: Option<PathBuf>,
 }
 
 impl EgressHandle {
@@ -174,7 +218,9 @@ impl EgressHandle {
     /// Stops the proxy and removes the sandbox's folder (the sandbox is gone).
     pub fn remove(&self) {
         self.task.abort();
-        let _ = std::fs::remove_dir_all(&self.dir);
+        if let Some(dir) = &self.dir {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 

@@ -154,6 +154,12 @@ pub trait Sandcell: Send + Sync {
     ) -> CallResult<VariableNames>;
     /// Puts a file or folder into a sandbox.
     async fn import(&self, id: &SandboxId, req: ImportRequest) -> CallResult<ImportResult>;
+    /// Clones a git repository into a sandbox (on the host).
+    async fn git_clone(
+        &self,
+        id: &SandboxId,
+        req: sandcell_api::git::GitClone,
+    ) -> CallResult<sandcell_api::git::GitCloneResult>;
     /// The first `limit` bytes of a file in a sandbox, and its length.
     async fn read_file(&self, id: &SandboxId, path: &str, limit: usize) -> CallResult<FileHead>;
     /// Copies a file or folder out of a sandbox into the service's keeping.
@@ -330,6 +336,14 @@ impl Sandcell for InProcess {
 
     async fn import(&self, id: &SandboxId, req: ImportRequest) -> CallResult<ImportResult> {
         Ok(self.service.import(&self.caller, id, req).await?)
+    }
+
+    async fn git_clone(
+        &self,
+        id: &SandboxId,
+        req: sandcell_api::git::GitClone,
+    ) -> CallResult<sandcell_api::git::GitCloneResult> {
+        Ok(self.service.git_clone(&self.caller, id, req).await?)
     }
 
     async fn read_file(&self, id: &SandboxId, path: &str, limit: usize) -> CallResult<FileHead> {
@@ -550,6 +564,14 @@ impl Sandcell for Remote {
 
     async fn import(&self, id: &SandboxId, req: ImportRequest) -> CallResult<ImportResult> {
         Ok(self.client.import(id, &req).await?)
+    }
+
+    async fn git_clone(
+        &self,
+        id: &SandboxId,
+        req: sandcell_api::git::GitClone,
+    ) -> CallResult<sandcell_api::git::GitCloneResult> {
+        Ok(self.client.git_clone(id, &req).await?)
     }
 
     async fn read_file(&self, id: &SandboxId, path: &str, limit: usize) -> CallResult<FileHead> {

@@ -145,6 +145,22 @@ pub struct SessionRef {
     pub session_id: String,
 }
 
+/// `git_clone`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct GitCloneArgs {
+    /// The session id.
+    pub session_id: String,
+    /// The repository's https:// (or http://) URL.
+    pub url: String,
+    /// Where in the session (default /workspace/<repository name>).
+    pub path: Option<String>,
+    /// The branch or tag to check out (default: the remote's default branch).
+    pub branch: Option<String>,
+    /// Only this many commits of history.
+    pub depth: Option<u32>,
+}
+
 /// `execute_code`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -693,6 +709,32 @@ impl SandcellMcp {
                 Ok(output::json_result(
                     &api.resume_sandbox(&session_id(&p.session_id)?).await?,
                 ))
+            }
+            .await,
+        )
+    }
+
+    #[tool(
+        description = "Clone a git repository (https) into a session. The clone runs on the server, allowed to reach only the repository's host, and is copied in with its .git (the session's own network policy is unchanged). Returns the path, the commit and the branch."
+    )]
+    async fn git_clone(
+        &self,
+        Parameters(p): Parameters<GitCloneArgs>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
+        answer(
+            async {
+                let api = self.sandcell(&ctx)?;
+                let req = sandcell_api::git::GitClone {
+                    url: p.url,
+                    path: p.path,
+                    branch: p.branch,
+                    depth: p.depth,
+                    username: None,
+                    password: None,
+                };
+                let cloned = api.git_clone(&session_id(&p.session_id)?, req).await?;
+                Ok(output::json_result(&cloned))
             }
             .await,
         )

@@ -18,6 +18,7 @@ pub mod config;
 pub mod error;
 pub mod exec;
 pub mod files;
+pub mod git;
 pub mod keys;
 pub mod ledger;
 pub mod lifecycle;

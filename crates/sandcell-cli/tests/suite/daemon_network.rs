@@ -223,3 +223,191 @@ fn the_test_only_name_mapping_is_refused_outside_tests() {
         assert!(err.contains(why), "{listen}: {err}");
     }
 }
+
+/// A static file server on the host's loopback for `root` (a dumb-HTTP git server when it
+/// holds a bare repository), recording each request's head.
+fn static_server(root: std::path::PathBuf) -> (u16, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let heads = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = heads.clone();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            let (root, seen) = (root.clone(), seen.clone());
+            std::thread::spawn(move || {
+                let mut got = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match conn.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let head = String::from_utf8_lossy(&got).to_string();
+                seen.lock().unwrap().push(head.clone());
+                let path = head.split(' ').nth(1).unwrap_or("/").to_string();
+                let path = path
+                    .split('?')
+                    .next()
+                    .unwrap_or("/")
+                    .trim_start_matches('/');
+                let file = root.join(path);
+                match std::fs::read(&file) {
+                    Ok(body) if !path.contains("..") && file.is_file() => {
+                        let _ = write!(
+                            conn,
+                            "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n",
+                            body.len()
+                        );
+                        let _ = conn.write_all(&body);
+                    }
+                    _ => {
+                        let _ = write!(
+                            conn,
+                            "HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+                        );
+                    }
+                }
+            });
+        }
+    });
+    (port, heads)
+}
+
+fn git(dir: &std::path::Path, args: &[&str]) {
+    let out = Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_AUTHOR_NAME", "t")
+        .env("GIT_AUTHOR_EMAIL", "t@t")
+        .env("GIT_COMMITTER_NAME", "t")
+        .env("GIT_COMMITTER_EMAIL", "t@t")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A bare repository with `main` (README.md) and `dev` (one more commit), served over dumb
+/// HTTP.
+fn repository() -> (tempfile::TempDir, std::path::PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = tmp.path().join("src");
+    std::fs::create_dir(&src).unwrap();
+    git(&src, &["init", "-q", "-b", "main"]);
+    std::fs::write(src.join("README.md"), "fake repository\n").unwrap();
+    git(&src, &["add", "README.md"]);
+    git(&src, &["commit", "-q", "-m", "first"]);
+    git(&src, &["checkout", "-q", "-b", "dev"]);
+    std::fs::write(src.join("dev.txt"), "on dev\n").unwrap();
+    git(&src, &["add", "dev.txt"]);
+    git(&src, &["commit", "-q", "-m", "second"]);
+    git(&src, &["checkout", "-q", "main"]);
+    let bare = tmp.path().join("repo.git");
+    git(tmp.path(), &["clone", "-q", "--bare", "src", "repo.git"]);
+    git(&bare, &["update-server-info"]);
+    let root = tmp.path().to_path_buf();
+    (tmp, root)
+}
+
+#[test]
+fn git_clone_runs_on_the_host_and_its_credentials_never_enter_the_sandbox() {
+    let (_repo, root) = repository();
+    let (port, heads) = static_server(root);
+    let d = Daemon::start_with_env(
+        &[],
+        &[
+            ("SANDCELL_TEST", "1"),
+            ("SANDCELL_TEST_RESOLVE", "git.test=127.0.0.1"),
+        ],
+    );
+    // The sandbox's own network stays off: the clone is the host's.
+    let id = d.create_id(json!({"network": "off"}));
+    let url = format!("http://me:s3cret-token@git.test:{port}/repo.git");
+    let r = d.post(
+        &format!("/v1/sandboxes/{id}/git/clone"),
+        json!({"url": url}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["path"], "/workspace/repo");
+    assert_eq!(r.body["branch"], "main");
+    assert_eq!(r.body["commit"].as_str().unwrap().len(), 40, "{}", r.body);
+    assert!(r.body["files"].as_u64().unwrap() > 3);
+    let out = d.exec(
+        &id,
+        "cat /workspace/repo/README.md; git -C /workspace/repo log --oneline | wc -l; \
+         stat -c %u /workspace/repo/README.md; git -C /workspace/repo remote get-url origin",
+    );
+    assert_eq!(
+        out.stdout,
+        format!("fake repository\n1\n65532\nhttp://git.test:{port}/repo.git\n"),
+        "{}",
+        out.stderr
+    );
+    // The credentials went to the server, and nowhere into the sandbox.
+    let auth = heads
+        .lock()
+        .unwrap()
+        .iter()
+        .any(|h| h.contains("Authorization: Basic bWU6czNjcmV0LXRva2Vu"));
+    assert!(auth, "the server never saw the credentials");
+    let out = d.exec(
+        &id,
+        "grep -rl s3cret-token /workspace /tmp /home/sandbox 2>/dev/null; env | grep -c s3cret",
+    );
+    assert_eq!(out.stdout.trim(), "0", "found: {}", out.stdout);
+    // A second clone there is refused; a branch elsewhere works (dumb HTTP cannot be
+    // shallow: `depth` is for smart servers).
+    d.post(
+        &format!("/v1/sandboxes/{id}/git/clone"),
+        json!({"url": url}),
+    )
+    .expect_error(409, "already_exists");
+    let r = d.post(
+        &format!("/v1/sandboxes/{id}/git/clone"),
+        json!({"url": format!("http://git.test:{port}/repo.git"), "path": "dev", "branch": "dev"}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["path"], "/workspace/dev");
+    let out = d.exec(&id, "cat /workspace/dev/dev.txt");
+    assert_eq!(out.stdout, "on dev\n");
+    // The clone's connections are the sandbox's egress events.
+    let evs = events(&d, &id);
+    assert!(
+        evs.iter()
+            .any(|e| e["host"] == "git.test" && e["decision"] == "allowed"),
+        "{evs:?}"
+    );
+    // The host's loopback by address, other transports, bad branches: refused, nothing made.
+    let r = d.post(
+        &format!("/v1/sandboxes/{id}/git/clone"),
+        json!({"url": format!("http://127.0.0.1:{port}/repo.git"), "path": "lo"}),
+    );
+    r.expect_error(400, "invalid_argument");
+    assert!(
+        r.body["message"]
+            .as_str()
+            .unwrap()
+            .contains("could not be cloned"),
+        "{}",
+        r.body
+    );
+    for bad in [
+        json!({"url": "ssh://git.test/repo.git"}),
+        json!({"url": "file:///etc/repo"}),
+        json!({"url": format!("http://git.test:{port}/repo.git"), "branch": "--upload-pack=x"}),
+        json!({"url": format!("http://git.test:{port}/repo.git"), "depth": 0}),
+        json!({"url": format!("http://git.test:{port}/repo.git"), "extra": 1}),
+    ] {
+        let r = d.post(&format!("/v1/sandboxes/{id}/git/clone"), bad.clone());
+        assert_eq!(r.status, 400, "{bad}: {}", r.body);
+    }
+    let out = d.exec(&id, "ls /workspace");
+    assert_eq!(out.stdout, "dev\nrepo\n");
+}

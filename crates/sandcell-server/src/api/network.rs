@@ -1,9 +1,10 @@
 //! `/v1/sandboxes/{id}/network`: what a sandbox's network reaches (read and changed live),
-//! and its egress events.
+//! and its egress events; `…/git/clone`, a clone made through the same proxies.
 
 use axum::Json;
 use axum::extract::{RawQuery, State};
 use sandcell_api::SandboxId;
+use sandcell_api::git::{GitClone, GitCloneResult};
 use sandcell_api::network::{EgressEventList, NetworkInfo, SetNetwork};
 
 use super::extract::{ApiJson, ApiPath, query_pairs};
@@ -24,7 +25,7 @@ use crate::state::AppState;
     ),
     security(("api_key" = []))
 )]
-pub async fn get(
+pub async fn get_network(
     State(s): State<AppState>,
     caller: Caller,
     ApiPath(id): ApiPath<SandboxId>,
@@ -48,7 +49,7 @@ pub async fn get(
     ),
     security(("api_key" = []))
 )]
-pub async fn set(
+pub async fn set_network(
     State(s): State<AppState>,
     caller: Caller,
     ApiPath(id): ApiPath<SandboxId>,
@@ -75,7 +76,7 @@ pub async fn set(
     ),
     security(("api_key" = []))
 )]
-pub async fn events(
+pub async fn egress_events(
     State(s): State<AppState>,
     caller: Caller,
     ApiPath(id): ApiPath<SandboxId>,
@@ -106,4 +107,30 @@ pub async fn events(
         }
     }
     Ok(Json(s.service.egress_events(&caller, &id, before, limit)?))
+}
+
+/// Clones a git repository into the sandbox. The clone runs on the host, through an egress
+/// proxy that allows only the repository's host (the sandbox's own policy is not changed);
+/// credentials (in the URL or as `username`/`password`) are used there and never enter the
+/// sandbox. The working tree with its `.git` is copied in, owned by the sandbox's user.
+#[utoipa::path(
+    post, path = "/v1/sandboxes/{id}/git/clone", tag = "network",
+    params(("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$")),
+    request_body = GitClone,
+    responses(
+        (status = 200, body = GitCloneResult),
+        (status = 400, description = "A bad request, or the clone failed (git's message)", body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+        (status = 409, description = "The path is not empty, or the sandbox is not running", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn git_clone(
+    State(s): State<AppState>,
+    caller: Caller,
+    ApiPath(id): ApiPath<SandboxId>,
+    ApiJson(req): ApiJson<GitClone>,
+) -> ApiResult<Json<GitCloneResult>> {
+    Ok(Json(s.service.git_clone(&caller, &id, req).await?))
 }

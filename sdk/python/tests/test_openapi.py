@@ -1,5 +1,6 @@
-"""The SDK against the committed OpenAPI document (docs/openapi.json, generated from the server),
-with no daemon: every request `_api` builds goes to a path and method the document has, with
+"""The SDK against the committed OpenAPI document (docs/openapi.json, generated from the server;
+$SANDCELL_OPENAPI names another copy, such as a newer daemon's /openapi.json), with no
+daemon: every request `_api` builds goes to a path and method the document has, with
 query parameters it lists and a body its request schema accepts (the server refuses unknown
 keys); every answer is parsed from a sample made from its response schema, and each key the
 SDK reads must be a property of that schema; each result model's fields have types compatible
@@ -10,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import os
 import re
 import types
 import typing
@@ -24,7 +26,9 @@ from sandcell import _api, _models
 from sandcell._models import AutoSnapshot
 from sandcell.errors import error_from_body
 
-DOC_PATH = Path(__file__).resolve().parents[3] / "docs" / "openapi.json"
+DOC_PATH = Path(
+    os.environ.get("SANDCELL_OPENAPI") or Path(__file__).resolve().parents[3] / "docs" / "openapi.json"
+)
 DOC: dict[str, Any] = json.loads(DOC_PATH.read_text())
 SCHEMAS: dict[str, Any] = DOC["components"]["schemas"]
 
@@ -131,6 +135,11 @@ def sample(schema: dict[str, Any], reads: Reads, *, full: bool, label: str = "")
     ts = _types(r)
     if "null" in ts and not full:
         return None
+    shapes = [b for b in r.get("oneOf", []) if b.get("type") != "null"]
+    if shapes and not ts:
+        # A value of several shapes (a network policy: a name or {"allow": [...]}): the
+        # richest one with every property, the first one else.
+        return sample(shapes[-1] if full else shapes[0], reads, full=full, label=label)
     if "enum" in r:
         return r["enum"][0]
     if "properties" in r:
@@ -197,6 +206,9 @@ def validate(value: Any, schema: dict[str, Any], where: str) -> list[str]:
         tries = [validate(value, b, where) for b in schema["oneOf"]]
         return [] if any(not t for t in tries) else [e for t in tries for e in t]
     r = resolve(schema)
+    if "oneOf" in r and r is not schema:
+        # A reference to a schema of several shapes.
+        return validate(value, r, where)
     ts = set(_types(r))
     actual = _json_type(value)
     if ts and actual not in ts and not (actual == "integer" and "number" in ts):
@@ -261,7 +273,7 @@ def every_call() -> Iterator[tuple[str, _api.Call[Any] | _api.StreamCall[Any]]]:
             labels={"a": "b"},
             metadata={"c": "d"},
             env={"E": "1"},
-            network="off",
+            network={"allow": ["example.org", "*.example.net:443", "[::1]:8080"]},
             snapshot_id=None,
             backend="process",
             limits={"memory_mb": 256, "cpus": 0.5},
@@ -270,6 +282,28 @@ def every_call() -> Iterator[tuple[str, _api.Call[Any] | _api.StreamCall[Any]]]:
             auto_snapshot=AUTO,
         ),
     )
+    for network in ("off", "loopback", "full", ["example.org:443"]):
+        yield (
+            "create_sandbox",
+            _api.create_sandbox(
+                template=None,
+                size=None,
+                timeout=None,
+                ttl=None,
+                idle_timeout=None,
+                ephemeral=False,
+                labels=None,
+                metadata=None,
+                env=None,
+                network=network,
+                snapshot_id=None,
+                backend=None,
+                limits=None,
+                kernels=None,
+                checkpointable=False,
+                auto_snapshot=None,
+            ),
+        )
     yield "get_sandbox", _api.get_sandbox(SB)
     yield (
         "list_sandboxes",
@@ -280,6 +314,12 @@ def every_call() -> Iterator[tuple[str, _api.Call[Any] | _api.StreamCall[Any]]]:
     yield "sandbox_action", _api.sandbox_action(SB, "resume")
     yield "set_timeout", _api.set_timeout(SB, 90)
     yield "metrics", _api.metrics(SB)
+    yield "get_network", _api.get_network(SB)
+    yield "set_network", _api.set_network(SB, "full")
+    yield "set_network", _api.set_network(SB, ["example.org", "127.0.0.1:8080"])
+    yield "set_network", _api.set_network(SB, {"allow": ("a.example.org",)})
+    yield "egress_events", _api.egress_events(SB, limit=50, before=12)
+    yield "egress_events", _api.egress_events(SB, limit=None, before=None)
     yield "system", _api.system()
     yield (
         "exec_command",
@@ -621,6 +661,9 @@ MODELS = [
     Model(_models.MemoryList, "MemoryList"),
     Model(_models.InferJob, "InferJob"),
     Model(_models.RunUsage, "RunUsage"),
+    Model(_models.NetworkInfo, "NetworkInfo"),
+    Model(_models.EgressEvent, "EgressEventInfo"),
+    Model(_models.EgressEventList, "EgressEventList"),
     Model(_models.Budgets, "Budgets"),
     # Read from `run_started`'s `validate`, as sent (the schema of StartRun.validate).
     Model(_models.Validate, "Validate"),
@@ -662,7 +705,7 @@ def _accepts(annotation: Any) -> set[str] | None:
         return simple[base]
     if base is list:
         return {"array"}
-    if base is dict or dataclasses.is_dataclass(base):
+    if base is dict or dataclasses.is_dataclass(base) or typing.is_typeddict(base):
         return {"object"}
     raise AssertionError(f"test_openapi: no JSON type known for {annotation!r}")
 

@@ -47,6 +47,15 @@ export type {
   SearchMemoriesOptions,
   WaitInferOptions,
 } from "./memory.js";
+export type {
+  EgressDecision,
+  EgressEvent,
+  EgressEventPage,
+  EgressEventsOptions,
+  EgressProtocol,
+  IterEgressEventsOptions,
+  NetworkInfo,
+} from "./network.js";
 export { Snapshot } from "./snapshots.js";
 export type {
   AutoSnapshotSettings,
@@ -107,12 +116,15 @@ export {
 } from "./errors.js";
 export type { ErrorBody } from "./errors.js";
 export type {
+  AllowPolicy,
   ExitCause,
   ExitInfo,
   KernelRestore,
   Language,
   LimitsInput,
   Network,
+  NetworkPolicy,
+  NetworkPolicyInput,
   RestoreReport,
   SandboxInfo,
   SandboxLimits,

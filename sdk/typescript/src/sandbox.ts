@@ -7,6 +7,7 @@ import * as commands from "./commands.js";
 import * as code from "./code.js";
 import * as files from "./files.js";
 import { Memories } from "./memory.js";
+import * as network from "./network.js";
 import { Commands, Files } from "./namespaces.js";
 import { Terminal, type AttachTerminalOptions, type TerminalOptions } from "./pty.js";
 import {
@@ -22,10 +23,12 @@ import {
 } from "./snapshots.js";
 import {
   fromLimits,
+  fromNetworkPolicy,
+  toNetworkPolicy,
   toSandboxInfo,
   type Language,
   type LimitsInput,
-  type Network,
+  type NetworkPolicyInput,
   type SandboxInfo,
   type SandboxState,
   type Size,
@@ -53,8 +56,12 @@ export interface CreateSandboxOptions extends ClientOptions {
   idleTimeoutSecs?: number;
   /** Forget its record when it stops. */
   ephemeral?: boolean;
-  /** Network policy (default `loopback`). */
-  network?: Network;
+  /**
+   * What its network reaches: `loopback` (the default), `off`, `full`, or allow rules
+   * (`["example.org", "*.example.net:443", "127.0.0.1:8080"]`, the same as `{ allow: [...] }`);
+   * a bad rule is an `InvalidArgumentError`.
+   */
+  network?: NetworkPolicyInput;
   /** Kernels to start during creation, so the first code in them runs at once. */
   kernels?: Language[];
   /** The isolation backend (`process` by default, `gvisor` where available). */
@@ -174,7 +181,7 @@ const TEMPLATE_LANGUAGES: Record<string, Language> = { python: "python", node: "
 export class Sandbox {
   /** Its id (`sb-…`). */
   readonly id: string;
-  /** What the API last said about it (refreshed by `refresh`, `pause`, `resume`, `setTimeout`). */
+  /** What the API last said about it (refreshed by `refresh`, `pause`, `resume`, `setTimeout`; `setNetwork` updates its `network`). */
   info: SandboxInfo;
   /** E2B's names for the command calls: `run`, `list`, `kill`, `connect`, `sendStdin`. */
   readonly commands: Commands;
@@ -205,7 +212,7 @@ export class Sandbox {
       timeout_secs: options.timeoutSecs,
       idle_timeout_secs: options.idleTimeoutSecs,
       ephemeral: options.ephemeral,
-      network: options.network,
+      network: options.network === undefined ? undefined : fromNetworkPolicy(options.network),
       kernels: options.kernels,
       backend: options.backend,
       checkpointable: options.checkpointable,
@@ -344,6 +351,42 @@ export class Sandbox {
       oomKills: m.oom_kills ?? null,
       pidsLimitHits: m.pids_limit_hits ?? null,
     };
+  }
+
+  // ---- network ----
+
+  /**
+   * Its network policy now, the proxies its programs reach the outside through (`httpProxy`,
+   * `socksProxy`: their `HTTP_PROXY`, `HTTPS_PROXY` and `ALL_PROXY`), and what its egress
+   * proxy has carried.
+   */
+  network(): Promise<network.NetworkInfo> {
+    return network.getNetwork(this.http, this.id);
+  }
+
+  /**
+   * Changes what it reaches, from its next connection (or plain-HTTP request) on; tunnels
+   * open now stay open. `off` is only chosen at creation: a change to or from it is an
+   * `InvalidArgumentError`, as is a bad rule. Updates `info.network`.
+   */
+  async setNetwork(policy: NetworkPolicyInput): Promise<network.NetworkInfo> {
+    const info = await network.setNetwork(this.http, this.id, policy);
+    this.info.network = toNetworkPolicy(info.network);
+    return info;
+  }
+
+  /**
+   * One page of its egress events, newest first: each connection its proxy allowed or
+   * denied. Pass the page's `nextBefore` as `before` for the next (null: it was the last).
+   * They are audit entries, so they outlive the sandbox.
+   */
+  egressEvents(options?: network.EgressEventsOptions): Promise<network.EgressEventPage> {
+    return network.egressEvents(this.http, this.id, options);
+  }
+
+  /** Every egress event, newest first, read a page at a time as the iteration gets to it. */
+  iterEgressEvents(options?: network.IterEgressEventsOptions): AsyncGenerator<network.EgressEvent, void, undefined> {
+    return network.iterEgressEvents(this.http, this.id, options);
   }
 
   // ---- commands and processes ----

@@ -11,8 +11,28 @@ export type Language = "python" | "node" | "bash" | "r";
 /** A named set of limits. */
 export type Size = "nano" | "small" | "medium" | "large";
 
-/** Network policy: `loopback` (the default: only the sandbox's own loopback) or `off`. */
-export type Network = "loopback" | "off";
+/**
+ * A network policy that lets the sandbox reach only the hosts its rules name, through its
+ * egress proxy: `"host"`, `"*.suffix"`, `"host:port"`, `"127.0.0.1:8080"`, `"[::1]:8080"` (a
+ * loopback, private, link-local or metadata address only when a rule names it).
+ */
+export interface AllowPolicy {
+  /** The rules (1 to 256). */
+  allow: string[];
+}
+
+/**
+ * What a sandbox's network reaches: `off` (no sockets but Unix ones), `loopback` (its own
+ * loopback only: the default), `full` (any public host through its egress proxy) or
+ * `{ allow: [rules] }` (only those hosts through it).
+ */
+export type NetworkPolicy = "off" | "loopback" | "full" | AllowPolicy;
+
+/** A policy as `Sandbox.create` and `setNetwork` take it: a policy, or its allow rules alone (`["example.org"]` is `{ allow: ["example.org"] }`). */
+export type NetworkPolicyInput = NetworkPolicy | readonly string[];
+
+/** `NetworkPolicy`, under the name this SDK gave it before allow rules existed. */
+export type Network = NetworkPolicy;
 
 /** Where a sandbox is in its life. */
 export type SandboxState = "creating" | "running" | "paused" | "stopped" | "failed" | "lost";
@@ -103,8 +123,8 @@ export interface SandboxInfo {
   metadata: StringMap;
   /** Limits in force. */
   limits: SandboxLimits;
-  /** Network policy. */
-  network: Network;
+  /** What its network reaches now. */
+  network: NetworkPolicy;
   /** Isolation backend (`process`, `gvisor`). */
   backend: string;
   /** The template it was made from. */
@@ -177,7 +197,7 @@ export interface WireSandbox {
   labels: StringMap;
   metadata: StringMap;
   limits: WireLimits;
-  network: Network;
+  network: NetworkPolicy;
   backend: string;
   template: string;
   restore?: WireRestore | null;
@@ -232,6 +252,21 @@ export function fromLimits(l: LimitsInput): Partial<WireLimits> {
   };
 }
 
+/** Maps a network policy from the wire (a copy: the SDK's objects share no arrays with the answer). */
+export function toNetworkPolicy(n: NetworkPolicy): NetworkPolicy {
+  return typeof n === "string" ? n : { allow: [...(n.allow ?? [])] };
+}
+
+/**
+ * A network policy as sent: a list of rules becomes `{ allow: rules }`. Only its shape is
+ * made here: the rules are the daemon's to judge (a bad one is an `InvalidArgumentError`).
+ */
+export function fromNetworkPolicy(p: NetworkPolicyInput): NetworkPolicy {
+  if (typeof p === "string") return p;
+  if (Array.isArray(p)) return { allow: [...(p as readonly string[])] };
+  return p as AllowPolicy;
+}
+
 /** Maps a restore report from the wire. */
 export function toRestore(r: WireRestore): RestoreReport {
   return { fidelity: r.fidelity, files: r.files, kernels: r.kernels, notCarried: r.not_carried };
@@ -251,7 +286,7 @@ export function toSandboxInfo(s: WireSandbox): SandboxInfo {
     labels: s.labels,
     metadata: s.metadata,
     limits: toLimits(s.limits),
-    network: s.network,
+    network: toNetworkPolicy(s.network),
     backend: s.backend,
     template: s.template,
   };

@@ -1,6 +1,7 @@
 /**
  * The SDK against the committed OpenAPI document (docs/openapi.json, generated from the
- * server), with no daemon:
+ * server; $SANDCELL_OPENAPI names another copy, such as a newer daemon's /openapi.json), with
+ * no daemon:
  *  - every request call in src/*.ts names a path and method the document has;
  *  - each `Wire*` interface (the answers as sent) declares only properties its schema has,
  *    with compatible types, and covers every required property or lists it as ignored;
@@ -22,7 +23,7 @@ type Schema = { [key: string]: any };
 
 const here = dirname(fileURLToPath(import.meta.url));
 const srcDir = resolve(here, "../src");
-const doc: Schema = JSON.parse(readFileSync(resolve(here, "../../../docs/openapi.json"), "utf8"));
+const doc: Schema = JSON.parse(readFileSync(process.env["SANDCELL_OPENAPI"] ?? resolve(here, "../../../docs/openapi.json"), "utf8"));
 const schemas: Record<string, Schema> = doc.components.schemas;
 
 // ---- the document's schemas ----
@@ -78,6 +79,8 @@ function validate(value: unknown, s: Schema, where: string): string[] {
     return tries.some((t: string[]) => t.length === 0) ? [] : tries.flat();
   }
   const r = resolveSchema(s);
+  // A reference to a schema of several shapes.
+  if (Array.isArray(r.oneOf) && r !== s) return validate(value, r, where);
   const ts = typesOf(r);
   const actual = jsonType(value);
   if (ts.length > 0 && !ts.includes(actual) && !(actual === "integer" && ts.includes("number"))) {
@@ -247,6 +250,9 @@ const WIRE: Record<string, WireModel> = {
   WireMemory: { schema: "Memory" },
   WireMemoryList: { schema: "MemoryList" },
   WireInferJob: { schema: "InferJob" },
+  WireNetworkInfo: { schema: "NetworkInfo" },
+  WireEgressEvent: { schema: "EgressEventInfo" },
+  WireEgressEventList: { schema: "EgressEventList" },
 };
 
 /** Named TypeScript types and the JSON types they hold. */
@@ -256,7 +262,9 @@ const NAMED: Record<string, string[]> = {
   boolean: ["boolean"],
   null: ["null"],
   Language: ["string"],
-  Network: ["string"],
+  NetworkPolicy: ["string", "object"],
+  EgressProtocol: ["string"],
+  EgressDecision: ["string"],
   SandboxState: ["string"],
   ExitCause: ["string"],
   'FileInfo["kind"]': ["string"],
@@ -399,6 +407,12 @@ function sample(s: Schema, reads: Reads, full: boolean, label: string): Json {
   const r = resolveSchema(s);
   const ts = typesOf(r);
   if (ts.includes("null") && !full) return null;
+  const shapes = Array.isArray(r.oneOf) ? r.oneOf.filter((b: Schema) => b.type !== "null") : [];
+  if (shapes.length > 0 && ts.length === 0) {
+    // A value of several shapes (a network policy: a name or { allow: [...] }): the richest
+    // one with every property, the first one else.
+    return sample(full ? shapes[shapes.length - 1] : shapes[0], reads, full, label);
+  }
   if (Array.isArray(r.enum)) return r.enum[0];
   if (r.properties !== undefined) {
     const required = new Set<string>(r.required ?? []);
@@ -471,8 +485,9 @@ async function withFakeDaemon(full: boolean, run: () => Promise<void>): Promise<
     sent.push({ method, template, problems });
     const [status, answer] = Object.entries<Schema>(op.responses).find(([code]) => code.startsWith("2"))!;
     const schema = answer.content?.["application/json"]?.schema;
-    // A page asked for by its cursor is the last (its next_cursor null), or a listing never ends.
-    const last = url.searchParams.has("cursor");
+    // A page asked for by its cursor (or `before`) is the last (its next_cursor or
+    // next_before null), or a listing never ends.
+    const last = url.searchParams.has("cursor") || url.searchParams.has("before");
     const body = schema === undefined ? undefined : sample(schema, reads, full && !last, template);
     return {
       ok: true,
@@ -515,6 +530,9 @@ async function everyMethod(): Promise<void> {
     autoSnapshot: { intervalSecs: 60, keep: 2, beforeReclaim: true },
   });
   await Sandbox.create({ ...client, snapshotId: "snap-0123456789ab", labels: { a: "b" } });
+  await Sandbox.create({ ...client, network: { allow: ["example.org", "*.example.net:443", "[::1]:8080"] } });
+  await Sandbox.create({ ...client, network: ["example.org:443"] });
+  await Sandbox.create({ ...client, network: "full" });
   await Sandbox.get(sb.id, client);
   await Sandbox.list({ ...client, label: { a: "b" }, metadata: { c: "d" }, state: ["running", "paused"] });
   await Sandbox.fork("snap-0123456789ab", { ...client, count: 2, labels: { a: "b" }, metadata: { c: "d" }, timeoutSecs: 60, idleTimeoutSecs: 30, ephemeral: true });
@@ -523,6 +541,13 @@ async function everyMethod(): Promise<void> {
   await sb.pause();
   await sb.resume();
   await sb.metrics();
+  await sb.network();
+  await sb.setNetwork("loopback");
+  await sb.setNetwork(["example.org", "127.0.0.1:8080"]);
+  await sb.setNetwork({ allow: ["a.example.org"] });
+  await sb.egressEvents({ limit: 50, before: 12 });
+  await sb.egressEvents();
+  for await (const event of sb.iterEgressEvents({ pageSize: 10 })) assert.equal(typeof event.id, "number");
   await sb.exec("ls", { env: { E: "1" }, cwd: "/", timeout: 5, stdin: "x" });
   await sb.exec(["ls", "-l"]);
   const proc = await sb.startProcess("top", { env: { E: "1" }, cwd: "/", timeout: 5, stdin: true, pty: { rows: 24, cols: 80 }, bufferBytes: 4096 });

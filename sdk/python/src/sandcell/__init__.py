@@ -8,12 +8,15 @@ with Sandbox.create(template="python") as sb:
 
 from ._http import DEFAULT_API_URL, VERSION
 from ._models import (
+    AllowPolicy,
     Artifact,
     AutoSnapshot,
     Budgets,
     CodeEvent,
     CommandResult,
     Context,
+    EgressEvent,
+    EgressEventList,
     Execution,
     ExecutionDone,
     ExecutionError,
@@ -28,6 +31,9 @@ from ._models import (
     MemoryList,
     MemorySearch,
     Metrics,
+    NetworkInfo,
+    NetworkPolicy,
+    NetworkPolicyInput,
     Offsets,
     OutputEvent,
     ProcessInfo,
@@ -77,6 +83,7 @@ __version__ = VERSION
 
 __all__ = [
     "DEFAULT_API_URL",
+    "AllowPolicy",
     "Artifact",
     "AsyncCommands",
     "AsyncFiles",
@@ -97,6 +104,8 @@ __all__ = [
     "ConflictError",
     "ConnectionError",
     "Context",
+    "EgressEvent",
+    "EgressEventList",
     "Execution",
     "ExecutionDone",
     "ExecutionError",
@@ -115,6 +124,9 @@ __all__ = [
     "MemoryList",
     "MemorySearch",
     "Metrics",
+    "NetworkInfo",
+    "NetworkPolicy",
+    "NetworkPolicyInput",
     "NotFoundError",
     "Offsets",
     "OutputEvent",

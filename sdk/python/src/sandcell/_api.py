@@ -21,6 +21,7 @@ from ._models import (
     CodeEvent,
     CommandResult,
     Context,
+    EgressEventList,
     Execution,
     ExecutionDone,
     ExecutionError,
@@ -33,6 +34,8 @@ from ._models import (
     MemoryList,
     MemorySearch,
     Metrics,
+    NetworkInfo,
+    NetworkPolicyInput,
     OutputEvent,
     ProcessInfo,
     ProcessOutput,
@@ -154,7 +157,7 @@ def create_sandbox(
     labels: Mapping[str, str] | None,
     metadata: Mapping[str, str] | None,
     env: Mapping[str, str] | None,
-    network: str | None,
+    network: NetworkPolicyInput | None,
     snapshot_id: str | None,
     backend: str | None,
     limits: Mapping[str, float] | None,
@@ -175,7 +178,7 @@ def create_sandbox(
             "labels": dict(labels) if labels else None,
             "metadata": dict(metadata) if metadata else None,
             "env": dict(env) if env else None,
-            "network": network,
+            "network": _network(network) if network is not None else None,
             "snapshot_id": snapshot_id,
             "backend": backend,
             "limits": dict(limits) if limits else None,
@@ -231,6 +234,53 @@ def set_timeout(sandbox_id: str, timeout: float | timedelta) -> Call[SandboxInfo
         _sb(sandbox_id, "/timeout"),
         lambda r: SandboxInfo.from_json(r.json()),
         json={"timeout_secs": _whole_secs(timeout)},
+    )
+
+
+def _network(policy: NetworkPolicyInput) -> str | dict[str, Any]:
+    """A network policy as sent: a name as it is, a list of rules as `{"allow": rules}`, a
+    mapping as it is (its lists made lists). Only its shape is made here: the rules are the
+    daemon's to judge (a bad one is an InvalidArgumentError naming it)."""
+    if isinstance(policy, str):
+        return policy
+    if isinstance(policy, Mapping):
+        return {str(k): v if isinstance(v, str) else list(v) for k, v in policy.items()}
+    if isinstance(policy, Sequence):
+        return {"allow": list(policy)}
+    raise TypeError(
+        f"network is 'off', 'loopback', 'full', a list of allow rules or {{'allow': [...]}}, "
+        f"not {type(policy).__name__}"
+    )
+
+
+def get_network(sandbox_id: str) -> Call[NetworkInfo]:
+    """`GET /v1/sandboxes/{id}/network`."""
+    return Call("GET", _sb(sandbox_id, "/network"), lambda r: NetworkInfo.from_json(r.json()))
+
+
+def set_network(sandbox_id: str, policy: NetworkPolicyInput) -> Call[NetworkInfo]:
+    """`PUT /v1/sandboxes/{id}/network`."""
+    return Call(
+        "PUT",
+        _sb(sandbox_id, "/network"),
+        lambda r: NetworkInfo.from_json(r.json()),
+        json={"network": _network(policy)},
+    )
+
+
+def egress_events(sandbox_id: str, *, limit: int | None, before: int | None) -> Call[EgressEventList]:
+    """`GET /v1/sandboxes/{id}/network/events`: one page, newest first, and the `before` of
+    the next."""
+    params = []
+    if limit is not None:
+        params.append(("limit", str(limit)))
+    if before is not None:
+        params.append(("before", str(before)))
+    return Call(
+        "GET",
+        _sb(sandbox_id, "/network/events"),
+        lambda r: EgressEventList.from_json(r.json()),
+        params=params,
     )
 
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import base64
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict
 
 JsonDict = dict[str, Any]
 
@@ -49,15 +49,47 @@ class Limits:
         )
 
 
+class AllowPolicy(TypedDict):
+    """A network policy that lets the sandbox reach only the hosts its rules name, through its
+    egress proxy: `"host"`, `"*.suffix"`, `"host:port"`, `"127.0.0.1:8080"`, `"[::1]:8080"`
+    (a loopback, private, link-local or metadata address only when a rule names it)."""
+
+    allow: list[str]
+
+
+NetworkPolicy = Literal["off", "loopback", "full"] | AllowPolicy
+"""What a sandbox's network reaches, as the daemon says it: `"off"` (no sockets but Unix
+ones), `"loopback"` (its own loopback only: the default), `"full"` (any public host through
+its egress proxy) or `{"allow": [rules]}` (only those hosts through it)."""
+
+
+NetworkPolicyInput = str | Sequence[str] | Mapping[str, Sequence[str]]
+"""A network policy as `Sandbox.create(network=…)` and `set_network` take it: `"off"`,
+`"loopback"`, `"full"`, a list of allow rules (`["example.org", "*.example.net:443"]`,
+meaning `{"allow": [...]}`), or the mapping `{"allow": [...]}` itself."""
+
+
+def _policy(value: Any) -> NetworkPolicy:
+    """A policy as the API sends it (`"off"`, …, or `{"allow": [...]}`); a missing one is
+    the daemon's default, `loopback`."""
+    if isinstance(value, dict):
+        return AllowPolicy(allow=[str(r) for r in value.get("allow") or []])
+    if value is None:
+        return "loopback"
+    policy: NetworkPolicy = value
+    return policy
+
+
 @dataclass
 class SandboxInfo:
-    """A sandbox's record: state, times, limits, labels (`restore` only right after a restore)."""
+    """A sandbox's record: state, times, limits, labels (`restore` only right after a restore);
+    `network` is its network policy now (`"loopback"`, …, or `{"allow": [...]}`)."""
 
     id: str
     state: str
     template: str
     backend: str
-    network: str
+    network: NetworkPolicy
     ephemeral: bool
     created_at: str
     last_active_at: str
@@ -77,7 +109,7 @@ class SandboxInfo:
             state=d["state"],
             template=d.get("template", ""),
             backend=d.get("backend", ""),
-            network=d.get("network", ""),
+            network=_policy(d.get("network")),
             ephemeral=bool(d.get("ephemeral", False)),
             created_at=d.get("created_at", ""),
             last_active_at=d.get("last_active_at", ""),
@@ -1131,3 +1163,79 @@ class MemoryList:
 
     def __len__(self) -> int:
         return len(self.memories)
+
+
+# --- network ------------------------------------------------------------------------------
+
+
+@dataclass
+class NetworkInfo:
+    """A sandbox's network now: its policy, the proxies its programs reach it through (set in
+    their `HTTP_PROXY`, `HTTPS_PROXY` and `ALL_PROXY`; None when the policy is `off`), and
+    what its egress proxy has carried (bytes both ways, connections open now)."""
+
+    network: NetworkPolicy
+    http_proxy: str | None = None
+    socks_proxy: str | None = None
+    bytes: int = 0
+    open_connections: int = 0
+
+    @classmethod
+    def from_json(cls, d: JsonDict) -> NetworkInfo:
+        """Parses a `NetworkInfo` answer."""
+        return cls(
+            network=_policy(d.get("network")),
+            http_proxy=d.get("http_proxy"),
+            socks_proxy=d.get("socks_proxy"),
+            bytes=int(d.get("bytes", 0)),
+            open_connections=int(d.get("open_connections", 0)),
+        )
+
+
+@dataclass
+class EgressEvent:
+    """One connection (or plain-HTTP request) through a sandbox's egress proxy: `decision` is
+    `allowed` or `denied` (`reason` says why it was denied, or cut); `protocol` is `http` (a
+    plain request), `connect` (an HTTPS tunnel) or `socks5`; `at` is when it ended or was
+    refused (RFC 3339). `id` orders events (pass it as `before` for older ones)."""
+
+    id: int
+    at: str
+    protocol: str
+    host: str
+    port: int
+    decision: str
+    reason: str | None = None
+    address: str | None = None
+    sni: str | None = None
+    bytes_up: int = 0
+    bytes_down: int = 0
+    duration_ms: int = 0
+
+    @classmethod
+    def from_json(cls, d: JsonDict) -> EgressEvent:
+        """Parses an `EgressEventInfo`."""
+        return cls(**_known(cls, d))
+
+
+@dataclass
+class EgressEventList:
+    """One page of a sandbox's egress events, newest first; `next_before` (None on the last
+    page) is the `before` of the next, older, page. Iterating it gives its events."""
+
+    events: list[EgressEvent]
+    next_before: int | None = None
+
+    @classmethod
+    def from_json(cls, d: JsonDict) -> EgressEventList:
+        """Parses an `EgressEventList` answer."""
+        return cls(
+            events=[EgressEvent.from_json(e) for e in d.get("events") or []],
+            next_before=d.get("next_before"),
+        )
+
+    def __iter__(self) -> Iterator[EgressEvent]:
+        return iter(self.events)
+
+    def __len__(self) -> int:
+        return len(self.events)

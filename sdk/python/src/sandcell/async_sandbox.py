@@ -27,6 +27,8 @@ from ._models import (
     CommandBuilder,
     CommandResult,
     Context,
+    EgressEvent,
+    EgressEventList,
     Execution,
     ExecutionBuilder,
     ExecutionError,
@@ -38,6 +40,8 @@ from ._models import (
     MemoryList,
     MemorySearch,
     Metrics,
+    NetworkInfo,
+    NetworkPolicyInput,
     Offsets,
     OutputEvent,
     ProcessInfo,
@@ -214,7 +218,7 @@ class AsyncSandbox:
         labels: Mapping[str, str] | None = None,
         metadata: Mapping[str, str] | None = None,
         env: Mapping[str, str] | None = None,
-        network: str | None = None,
+        network: NetworkPolicyInput | None = None,
         snapshot_id: str | None = None,
         backend: str | None = None,
         limits: Mapping[str, float] | None = None,
@@ -225,7 +229,10 @@ class AsyncSandbox:
         api_url: str | None = None,
         api_key: str | None = None,
     ) -> AsyncSandbox:
-        """Creates a sandbox (or restores `snapshot_id`); `timeout`/`ttl` is its lifetime in seconds."""
+        """Creates a sandbox (or restores `snapshot_id`); `timeout`/`ttl` is its lifetime in seconds.
+        `network` is what it reaches: `"loopback"` (the default), `"off"`, `"full"`, or a list of
+        allow rules (`["example.org", "*.example.net:443", "127.0.0.1:8080"]`, the same as
+        `{"allow": [...]}`); a bad rule is an InvalidArgumentError."""
         call = _api.create_sandbox(
             template=template,
             size=size,
@@ -437,6 +444,44 @@ class AsyncSandbox:
     async def metrics(self) -> Metrics:
         """CPU, memory and process counts from the sandbox's cgroups."""
         return await self._http.call(_api.metrics(self.id))
+
+    # --- network -------------------------------------------------------------------------
+
+    async def network(self) -> NetworkInfo:
+        """The sandbox's network policy now, the proxies its programs reach the outside
+        through (`http_proxy`, `socks_proxy`; set in their `HTTP_PROXY`, `HTTPS_PROXY` and
+        `ALL_PROXY`), and what its egress proxy has carried."""
+        return await self._http.call(_api.get_network(self.id))
+
+    async def set_network(self, policy: NetworkPolicyInput) -> NetworkInfo:
+        """Changes what the running sandbox reaches, from its next connection (or plain-HTTP
+        request) on; tunnels open now stay open. `policy` is `"loopback"`, `"full"`, a list of
+        allow rules or `{"allow": [...]}`; `"off"` is only set at creation, so a change to or
+        from it is an InvalidArgumentError, as is a bad rule."""
+        info = await self._http.call(_api.set_network(self.id, policy))
+        self.info.network = info.network
+        return info
+
+    async def egress_events(
+        self, *, limit: int | None = None, before: int | None = None
+    ) -> EgressEventList:
+        """One page of the sandbox's egress events, newest first: each connection its proxy
+        allowed or denied (at most `limit`, 1 to 1000, default 100; only those older than event
+        `before`). Pass the page's `next_before` as `before` for the next one (None: it was the
+        last). They are audit entries: they outlive the sandbox."""
+        return await self._http.call(_api.egress_events(self.id, limit=limit, before=before))
+
+    async def iter_egress_events(self, *, page_size: int | None = None) -> AsyncIterator[EgressEvent]:
+        """Yields every egress event of the sandbox, newest first, reading a page (of
+        `page_size`, default 100) at a time as the iteration gets to it."""
+        before: int | None = None
+        while True:
+            page = await self.egress_events(limit=page_size, before=before)
+            for event in page:
+                yield event
+            if page.next_before is None:
+                return
+            before = page.next_before
 
     # --- commands and processes ----------------------------------------------------------
 

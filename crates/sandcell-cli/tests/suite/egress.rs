@@ -269,3 +269,158 @@ async fn the_proxy_socket_is_the_sandboxs_own_and_nothing_else_is_reachable_thro
     a.destroy().await.unwrap();
     b.destroy().await.unwrap();
 }
+
+/// An engine whose proxies map the fake registries' names to the host's loopback (pinned, as
+/// an operator's mirror would be).
+fn registry_engine(names: &[&str]) -> Engine {
+    let resolver = StaticResolver::new(names.iter().map(|n| (n.to_string(), vec![LOOPBACK])));
+    let hub = EgressHub::new(Arc::new(resolver), Limits::default());
+    Engine::builder()
+        .backend(ProcessBackend::new(ProcessBackendConfig::new(BIN)))
+        .backend(GvisorBackend::new(GvisorBackendConfig::new(
+            BIN,
+            default_runtime_dir(),
+        )))
+        .egress(hub)
+        .build()
+}
+
+/// Every variable a client reads its trusted CAs from, pointing at `ca`, and nothing of the
+/// host's configuration.
+fn trusting(ca: &str) -> Vec<(String, String)> {
+    [
+        "SSL_CERT_FILE",
+        "REQUESTS_CA_BUNDLE",
+        "CURL_CA_BUNDLE",
+        "PIP_CERT",
+        "GIT_SSL_CAINFO",
+        "NODE_EXTRA_CA_CERTS",
+        "npm_config_cafile",
+    ]
+    .iter()
+    .map(|k| (k.to_string(), ca.to_string()))
+    .chain([("PIP_CONFIG_FILE".to_string(), "/dev/null".to_string())])
+    .collect()
+}
+
+async fn sh_env(sb: &Sandbox, line: &str, env: &[(String, String)]) -> sandcell_engine::ExecOutput {
+    let mut req = sandcell_protocol::ExecRequest::shell(line);
+    req.env = env.iter().cloned().collect();
+    req.timeout_ms = Some(120_000);
+    sb.exec(req).await.expect("exec")
+}
+
+#[tokio::test]
+async fn pip_npm_git_and_curl_reach_allowed_registries_over_https_and_nothing_else() {
+    use sandcell_testkit::registries::FakeRegistries;
+    let names = ["pypi.test", "npm.test", "git.test", "other.test"];
+    let regs = FakeRegistries::start(&names).await.unwrap();
+    let port = regs.https_addr().port();
+    let engine = registry_engine(&names);
+    let sb = sandbox_on(&engine, allow(&["pypi.test", "npm.test", "git.test"])).await;
+    let ca = std::fs::read(regs.ca_pem_path()).unwrap();
+    sb.write_file("/tmp/ca.pem", &ca, None).await.unwrap();
+    let env = trusting("/tmp/ca.pem");
+
+    let out = sh_env(
+        &sb,
+        &format!(
+            "python3 -m pip install -q --no-cache-dir --disable-pip-version-check --target /tmp/py \
+             --index-url https://pypi.test:{port}/simple/ sandcell-fake && \
+             PYTHONPATH=/tmp/py python3 -c 'import sandcell_fake; print(sandcell_fake.VALUE)'"
+        ),
+        &env,
+    )
+    .await;
+    assert_eq!(text(&out.stdout), "42\n", "pip: {}", text(&out.stderr));
+
+    if which(&sb, "npm").await {
+        let out = sh_env(
+            &sb,
+            &format!(
+                "mkdir -p /tmp/js && cd /tmp/js && npm install --silent --no-audit --no-fund \
+                 --registry https://npm.test:{port}/ sandcell-fake && \
+                 node -e 'console.log(require(\"sandcell-fake\"))'"
+            ),
+            &env,
+        )
+        .await;
+        assert_eq!(text(&out.stdout), "42\n", "npm: {}", text(&out.stderr));
+    } else {
+        eprintln!("skipped: npm is not installed here (the npm check)");
+    }
+
+    let out = sh_env(
+        &sb,
+        &format!(
+            "git clone -q https://git.test:{port}/repo.git /tmp/repo && cat /tmp/repo/README.md"
+        ),
+        &env,
+    )
+    .await;
+    assert_eq!(
+        text(&out.stdout),
+        "fake repository\n",
+        "git: {}",
+        text(&out.stderr)
+    );
+
+    let out = sh_env(
+        &sb,
+        &format!("curl -sS -w '\\ncode=%{{http_code}}' https://pypi.test:{port}/echo"),
+        &env,
+    )
+    .await;
+    assert!(
+        text(&out.stdout).ends_with("code=200"),
+        "{}",
+        text(&out.stdout)
+    );
+
+    // Not on the list: refused by every client, and nothing arrived.
+    regs.clear_requests();
+    let out = sh_env(
+        &sb,
+        &format!(
+            "curl -sS https://other.test:{port}/echo 2>&1; \
+             git clone -q https://other.test:{port}/repo.git /tmp/other 2>&1; \
+             python3 -m pip download -q --no-cache-dir --disable-pip-version-check --retries 0 \
+             -d /tmp/dl --index-url https://other.test:{port}/simple/ sandcell-fake 2>&1 | tail -1"
+        ),
+        &env,
+    )
+    .await;
+    let s = text(&out.stdout);
+    assert!(s.contains("403"), "{s}");
+    assert!(regs.requests().is_empty(), "{:?}", regs.requests());
+
+    // A TLS ClientHello naming another host than the CONNECT did is cut before the server
+    // sees a request.
+    let script = format!(
+        r#"import socket, ssl
+s = socket.create_connection(("127.0.0.1", 3128))
+s.sendall(b"CONNECT pypi.test:{port} HTTP/1.1\r\nHost: pypi.test:{port}\r\n\r\n")
+print(s.recv(200).split(b"\r\n")[0].decode())
+ctx = ssl.create_default_context(cafile="/tmp/ca.pem")
+try:
+    t = ctx.wrap_socket(s, server_hostname="other.test")
+    t.sendall(b"GET /echo HTTP/1.1\r\nHost: other.test\r\n\r\n")
+    print("answered", t.recv(100))
+except (OSError, ssl.SSLError) as e:
+    print("cut", type(e).__name__)
+"#
+    );
+    sb.write_file("/tmp/sni.py", script.as_bytes(), None)
+        .await
+        .unwrap();
+    let out = sh_env(&sb, "python3 /tmp/sni.py", &env).await;
+    let s = text(&out.stdout);
+    assert!(s.starts_with("HTTP/1.1 200"), "{s} {}", text(&out.stderr));
+    assert!(s.contains("cut"), "{s}");
+    assert!(regs.requests().is_empty(), "{:?}", regs.requests());
+    sb.destroy().await.unwrap();
+}
+
+async fn which(sb: &Sandbox, tool: &str) -> bool {
+    sh(sb, &format!("command -v {tool}")).await.result.success()
+}

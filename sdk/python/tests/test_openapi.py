@@ -320,6 +320,30 @@ def every_call() -> Iterator[tuple[str, _api.Call[Any] | _api.StreamCall[Any]]]:
     yield "set_network", _api.set_network(SB, {"allow": ("a.example.org",)})
     yield "egress_events", _api.egress_events(SB, limit=50, before=12)
     yield "egress_events", _api.egress_events(SB, limit=None, before=None)
+    yield (
+        "git_clone",
+        _api.git_clone(
+            SB,
+            "https://git.example.org/team/repo.git",
+            path="/workspace/src",
+            branch="main",
+            depth=1,
+            username="me",
+            password="token",
+        ),
+    )
+    yield (
+        "git_clone",
+        _api.git_clone(
+            SB,
+            "https://me:token@git.example.org/repo",
+            path=None,
+            branch=None,
+            depth=None,
+            username=None,
+            password=None,
+        ),
+    )
     yield "system", _api.system()
     yield (
         "exec_command",
@@ -664,6 +688,7 @@ MODELS = [
     Model(_models.NetworkInfo, "NetworkInfo"),
     Model(_models.EgressEvent, "EgressEventInfo"),
     Model(_models.EgressEventList, "EgressEventList"),
+    Model(_models.GitCloneResult, "GitCloneResult"),
     Model(_models.Budgets, "Budgets"),
     # Read from `run_started`'s `validate`, as sent (the schema of StartRun.validate).
     Model(_models.Validate, "Validate"),

@@ -56,6 +56,7 @@ export type {
   IterEgressEventsOptions,
   NetworkInfo,
 } from "./network.js";
+export type { GitCloneOptions, GitCloneResult } from "./git.js";
 export { Snapshot } from "./snapshots.js";
 export type {
   AutoSnapshotSettings,

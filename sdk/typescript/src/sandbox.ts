@@ -6,6 +6,7 @@ import { NotFoundError, SandboxGoneError } from "./errors.js";
 import * as commands from "./commands.js";
 import * as code from "./code.js";
 import * as files from "./files.js";
+import * as git from "./git.js";
 import { Memories } from "./memory.js";
 import * as network from "./network.js";
 import { Commands, Files } from "./namespaces.js";
@@ -575,6 +576,22 @@ export class Sandbox {
   /** Lists the files code left in `/workspace/outputs`. */
   artifacts(): Promise<files.Artifact[]> {
     return files.artifacts(this.http, this.id);
+  }
+
+  // ---- git ----
+
+  /**
+   * Clones a repository (an `https://` or `http://` URL) into the sandbox, at `path` (default
+   * `/workspace/<repository name>`), which must not exist or be empty. The clone runs on the
+   * daemon's host, through a proxy that reaches the repository's host only, whatever the
+   * sandbox's own network policy; credentials (`https://user:token@host/…`, or `username` and
+   * `password`) are used there and never enter the sandbox: its `.git/config` holds the URL
+   * without them. A bad URL, branch or depth, or a clone that failed (the message quotes git),
+   * is an `InvalidArgumentError`; a `path` that is not empty, a `ConflictError`
+   * (`already_exists`).
+   */
+  gitClone(url: string, options?: git.GitCloneOptions): Promise<git.GitCloneResult> {
+    return git.gitClone(this.http, this.id, url, options);
   }
 
   // ---- snapshots ----

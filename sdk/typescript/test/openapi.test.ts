@@ -253,6 +253,7 @@ const WIRE: Record<string, WireModel> = {
   WireNetworkInfo: { schema: "NetworkInfo" },
   WireEgressEvent: { schema: "EgressEventInfo" },
   WireEgressEventList: { schema: "EgressEventList" },
+  WireGitCloneResult: { schema: "GitCloneResult" },
 };
 
 /** Named TypeScript types and the JSON types they hold. */
@@ -548,6 +549,8 @@ async function everyMethod(): Promise<void> {
   await sb.egressEvents({ limit: 50, before: 12 });
   await sb.egressEvents();
   for await (const event of sb.iterEgressEvents({ pageSize: 10 })) assert.equal(typeof event.id, "number");
+  await sb.gitClone("https://git.example.org/team/repo.git", { path: "/workspace/src", branch: "main", depth: 1, username: "me", password: "token" });
+  await sb.gitClone("https://me:token@git.example.org/repo");
   await sb.exec("ls", { env: { E: "1" }, cwd: "/", timeout: 5, stdin: "x" });
   await sb.exec(["ls", "-l"]);
   const proc = await sb.startProcess("top", { env: { E: "1" }, cwd: "/", timeout: 5, stdin: true, pty: { rows: 24, cols: 80 }, bufferBytes: 4096 });

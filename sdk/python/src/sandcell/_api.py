@@ -28,6 +28,7 @@ from ._models import (
     ExitStatus,
     ExportInfo,
     FileInfo,
+    GitCloneResult,
     ImportResult,
     InferJob,
     Memory,
@@ -281,6 +282,30 @@ def egress_events(sandbox_id: str, *, limit: int | None, before: int | None) -> 
         _sb(sandbox_id, "/network/events"),
         lambda r: EgressEventList.from_json(r.json()),
         params=params,
+    )
+
+
+def git_clone(
+    sandbox_id: str,
+    url: str,
+    *,
+    path: str | None,
+    branch: str | None,
+    depth: int | None,
+    username: str | None,
+    password: str | None,
+) -> Call[GitCloneResult]:
+    """`POST /v1/sandboxes/{id}/git/clone`. No read timeout: the daemon bounds a clone itself
+    (and a large repository takes a while)."""
+    body = {"url": url} | _drop_none(
+        {"path": path, "branch": branch, "depth": depth, "username": username, "password": password}
+    )
+    return Call(
+        "POST",
+        _sb(sandbox_id, "/git/clone"),
+        lambda r: GitCloneResult.from_json(r.json()),
+        json=body,
+        read_timeout=None,
     )
 
 

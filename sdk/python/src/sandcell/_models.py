@@ -1239,3 +1239,25 @@ class EgressEventList:
 
     def __len__(self) -> int:
         return len(self.events)
+
+
+# --- git ----------------------------------------------------------------------------------
+
+
+@dataclass
+class GitCloneResult:
+    """What `git_clone` brought into the sandbox: where it is (absolute), the checked-out
+    `commit` (40 hex digits) and `branch` (None for a detached tag), the files copied in (its
+    `.git` folder's included) and their bytes, and how long the clone and the copy took."""
+
+    path: str
+    commit: str
+    branch: str | None = None
+    files: int = 0
+    bytes: int = 0
+    duration_ms: int = 0
+
+    @classmethod
+    def from_json(cls, d: JsonDict) -> GitCloneResult:
+        """Parses a `GitCloneResult` answer."""
+        return cls(**_known(cls, d))

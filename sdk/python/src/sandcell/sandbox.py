@@ -34,6 +34,7 @@ from ._models import (
     ExecutionError,
     ExportInfo,
     FileInfo,
+    GitCloneResult,
     ImportResult,
     InferJob,
     Memory,
@@ -770,6 +771,33 @@ class Sandbox:
     def artifacts(self) -> builtins.list[Artifact]:
         """Files code left in /workspace/outputs."""
         return self._http.call(_api.artifacts(self.id))
+
+    # --- git -----------------------------------------------------------------------------
+
+    def git_clone(
+        self,
+        url: str,
+        path: str | None = None,
+        *,
+        branch: str | None = None,
+        depth: int | None = None,
+        username: str | None = None,
+        password: str | None = None,
+    ) -> GitCloneResult:
+        """Clones a repository (an `https://` or `http://` URL) into the sandbox, at `path`
+        (default `/workspace/<repository name>`; relative paths are under /workspace), which
+        must not exist or be empty. The clone runs on the daemon's host, through a proxy that
+        lets it reach the repository's host only, whatever the sandbox's own network policy;
+        credentials (`https://user:token@host/…`, or `username` and `password`) are used there
+        and never enter the sandbox: its `.git/config` holds the URL without them. `branch`
+        checks out a branch or tag; `depth` makes a shallow clone (smart HTTP servers only).
+        A bad URL, branch or depth, or a clone that failed (the message quotes git), is an
+        InvalidArgumentError; a `path` that is not empty, a ConflictError (`already_exists`)."""
+        return self._http.call(
+            _api.git_clone(
+                self.id, url, path=path, branch=branch, depth=depth, username=username, password=password
+            )
+        )
 
     # --- snapshots -----------------------------------------------------------------------
 

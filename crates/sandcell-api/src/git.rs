@@ -195,6 +195,30 @@ fn percent_decode(s: &str) -> Result<String, ValidationError> {
     String::from_utf8(out).map_err(|_| bad("a repository URL's credentials are not UTF-8".into()))
 }
 
+/// Checks a registry's URL (`https://` or `http://`, a host): its host and port, as a
+/// network rule allowing them.
+pub fn check_registry_url(url: &str) -> Result<crate::network::HostRule, ValidationError> {
+    let (scheme, rest) = url
+        .split_once("://")
+        .ok_or_else(|| bad(format!("'{url}' is not an https:// or http:// URL")))?;
+    let default_port = match scheme.to_ascii_lowercase().as_str() {
+        "https" => 443,
+        "http" => 80,
+        _ => return Err(bad(format!("'{url}' is not an https:// or http:// URL"))),
+    };
+    let authority = rest.split(['/', '?', '#']).next().unwrap_or("");
+    if authority.contains('@') || authority.is_empty() {
+        return Err(bad(format!("'{url}' needs a host and no credentials")));
+    }
+    let rule = if authority.ends_with(']') || !authority.contains(':') {
+        format!("{authority}:{default_port}")
+    } else {
+        authority.to_string()
+    };
+    rule.parse()
+        .map_err(|e: String| bad(format!("'{url}': {e}")))
+}
+
 /// Checks a branch or tag name as git would accept it, and never as an option.
 pub fn check_branch(name: &str) -> Result<(), ValidationError> {
     let ok = !name.is_empty()

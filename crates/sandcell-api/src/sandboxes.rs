@@ -151,6 +151,11 @@ pub struct CreateSandbox {
     /// Kernels to start during creation, so the first code in them runs at once.
     #[serde(default)]
     pub kernels: Vec<Lang>,
+    /// Packages installed while the sandbox is made, through the egress proxy allowed only
+    /// to the package registries the operator configured; installs are cached by the list,
+    /// so the next sandbox with the same list gets them from the cache. Not with network
+    /// `off`.
+    pub packages: Option<Packages>,
     /// The isolation backend (default `process`; `GET /v1/system` lists those available).
     pub backend: Option<String>,
     /// On the `process` backend: make the sandbox so that CRIU can checkpoint every process
@@ -197,10 +202,100 @@ pub struct SandboxInfo {
     pub backend: String,
     /// The template it was made from.
     pub template: String,
+    /// Only when it was just made with `packages`: how they were installed.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub packages: Option<PackagesReport>,
     /// Only when it was just restored from a snapshot: what came back (fidelity, files,
     /// what was not carried).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore: Option<serde_json::Value>,
+}
+
+/// Most packages one installer may be given.
+pub const MAX_PACKAGES: usize = 64;
+/// Longest package specifier.
+pub const MAX_PACKAGE_CHARS: usize = 200;
+
+/// Packages to install while a sandbox is made.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct Packages {
+    /// Python packages, as pip takes them (`numpy`, `pandas==2.2.2`, `requests[socks]>=2`),
+    /// installed for the sandbox's user (`~/.local`).
+    #[serde(default)]
+    pub pip: Vec<String>,
+    /// npm packages (`left-pad`, `@scope/name@1.2.3`), installed globally under
+    /// `~/.npm-global` (on `PATH` and `NODE_PATH`).
+    #[serde(default)]
+    pub npm: Vec<String>,
+    /// R packages from the configured repository, installed into `~/R/library`
+    /// (`R_LIBS_USER`).
+    #[serde(default)]
+    pub r: Vec<String>,
+}
+
+impl Packages {
+    /// Whether it names no package.
+    pub fn is_empty(&self) -> bool {
+        self.pip.is_empty() && self.npm.is_empty() && self.r.is_empty()
+    }
+
+    /// Checks every specifier: 1 to [`MAX_PACKAGE_CHARS`] characters of letters, digits and
+    /// `. _ - [ ] < > = ! ~ , @ / : + ^ *`, never starting with `-` (never read as an option);
+    /// R names only letters, digits and `.`; at most [`MAX_PACKAGES`] per installer.
+    pub fn check(&self) -> Result<(), crate::ValidationError> {
+        let bad = |m: String| Err(crate::ValidationError(m));
+        for (installer, list, r) in [
+            ("pip", &self.pip, false),
+            ("npm", &self.npm, false),
+            ("r", &self.r, true),
+        ] {
+            if list.len() > MAX_PACKAGES {
+                return bad(format!(
+                    "packages.{installer}: at most {MAX_PACKAGES} packages, got {}",
+                    list.len()
+                ));
+            }
+            for p in list {
+                let charset = |b: u8| {
+                    b.is_ascii_alphanumeric()
+                        || if r {
+                            b == b'.'
+                        } else {
+                            b"._-[]<>=!~,@/:+^*".contains(&b)
+                        }
+                };
+                if p.is_empty()
+                    || p.len() > MAX_PACKAGE_CHARS
+                    || p.starts_with('-')
+                    || !p.bytes().all(charset)
+                {
+                    return bad(format!(
+                        "packages.{installer}: '{p}' is not a package name or specifier (1 to \
+                         {MAX_PACKAGE_CHARS} characters of letters, digits and {}, not starting \
+                         with '-')",
+                        if r { "'.'" } else { "._-[]<>=!~,@/:+^*" }
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// How a sandbox's packages were installed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct PackagesReport {
+    /// Served from the cache of an earlier install of the same list (no registry reached).
+    pub cached: bool,
+    /// How long installing (or unpacking the cached install) took.
+    pub duration_ms: u64,
+    /// Files the install put into the sandbox.
+    pub files: u64,
+    /// Their bytes.
+    pub bytes: u64,
 }
 
 /// Limits in force.

@@ -131,9 +131,9 @@ pub struct CreateSession {
     /// Packages the session needs, by their install name (`pandas`, `scikit-learn` for
     /// python; `lodash` for node; `ggplot2` for r): a list of names, or a map of name to
     /// version (`{"pandas": "2.2.3", "matplotlib": ""}`; `""` for any version, else exactly
-    /// that one). Each is checked in the session's runtime; sandboxes cannot download packages
-    /// (no network beyond loopback), so when any is not installed on the server (or not in
-    /// the version asked) the session is not made and the error names them.
+    /// that one). Each is checked in the session's runtime; those missing are installed from
+    /// the package registries the server allows (pip, npm, R; cached for later sessions).
+    /// When one cannot be installed the session is not made and the error names it.
     pub dependencies: Option<Dependencies>,
 }
 
@@ -1131,7 +1131,8 @@ impl SandcellMcp {
             snapshot_id: p.snapshot_id,
             ..CreateSandbox::default()
         };
-        let info = api.create_sandbox(req).await?;
+        let restored = req.snapshot_id.is_some();
+        let mut info = api.create_sandbox(req.clone()).await?;
         if !deps.is_empty() {
             // Restored: the packages are looked up in the snapshot's runtime.
             let runtime = match (p.runtime, info.template.as_str()) {
@@ -1142,9 +1143,43 @@ impl SandcellMcp {
                 _ => Runtime::Python,
             };
             let id = session_id(&info.id)?;
-            if let Err(failure) = check_dependencies(&*api, &id, runtime, &deps).await {
+            let missing = match unmet_dependencies(&*api, &id, runtime, &deps).await {
+                Ok(m) => m,
+                Err(failure) => {
+                    let _ = api.delete_sandbox(&id).await;
+                    return Err(failure);
+                }
+            };
+            if !missing.is_empty() {
                 let _ = api.delete_sandbox(&id).await;
-                return Err(failure);
+                let packages = match packages_for(runtime, &missing.deps) {
+                    Some(p) if !restored => p,
+                    _ => return Err(missing.error(runtime, restored)),
+                };
+                // Made again, with the missing packages installed from the registries the
+                // server allows (cached for the next session that asks for the same).
+                let mut again = req;
+                again.packages = Some(packages);
+                info = api.create_sandbox(again).await.map_err(|e| {
+                    tool_error(&format!(
+                        "missing_dependencies: {} not installed for {} (installing them failed: {})",
+                        missing.names.join(", "),
+                        runtime.name(),
+                        e.message
+                    ))
+                })?;
+                let id = session_id(&info.id)?;
+                match unmet_dependencies(&*api, &id, runtime, &deps).await {
+                    Ok(still) if still.is_empty() => {}
+                    Ok(still) => {
+                        let _ = api.delete_sandbox(&id).await;
+                        return Err(still.error(runtime, false));
+                    }
+                    Err(failure) => {
+                        let _ = api.delete_sandbox(&id).await;
+                        return Err(failure);
+                    }
+                }
             }
         }
         Ok(output::session_created(&info))
@@ -1323,14 +1358,66 @@ impl SandcellMcp {
     }
 }
 
-/// Checks that every package in `deps` is installed for `runtime` in session `id` (in the
-/// version asked, if any); the tool error naming the others when some are not.
-async fn check_dependencies(
+/// Packages of `deps` not installed (or not in the version asked).
+struct Unmet {
+    /// As the listing says them (`name`, `name==2 (installed: 1)`).
+    names: Vec<String>,
+    /// The dependencies themselves.
+    deps: Vec<Dependency>,
+}
+
+impl Unmet {
+    fn is_empty(&self) -> bool {
+        self.names.is_empty()
+    }
+
+    /// The tool error naming them.
+    fn error(&self, runtime: Runtime, restored: bool) -> CallToolResult {
+        let why = match (runtime, restored) {
+            (Runtime::Bash, _) => "bash dependencies are commands, which are not installed",
+            (_, true) => "a session restored from a snapshot keeps the snapshot's packages",
+            _ => "R package versions cannot be pinned",
+        };
+        tool_error(&format!(
+            "missing_dependencies: {} not installed for {} ({why}); use what is installed",
+            self.names.join(", "),
+            runtime.name()
+        ))
+    }
+}
+
+/// The packages to install for `missing` in `runtime` (`None`: it cannot install them).
+fn packages_for(
+    runtime: Runtime,
+    missing: &[Dependency],
+) -> Option<sandcell_api::sandboxes::Packages> {
+    let spec = |sep: &str| -> Vec<String> {
+        missing
+            .iter()
+            .map(|d| match &d.version {
+                Some(v) => format!("{}{sep}{}", d.name, v.trim_start_matches("==")),
+                None => d.name.clone(),
+            })
+            .collect()
+    };
+    let mut p = sandcell_api::sandboxes::Packages::default();
+    match runtime {
+        Runtime::Python => p.pip = spec("=="),
+        Runtime::Node => p.npm = spec("@"),
+        Runtime::R if missing.iter().all(|d| d.version.is_none()) => p.r = spec(""),
+        Runtime::R | Runtime::Bash => return None,
+    }
+    Some(p)
+}
+
+/// Which packages of `deps` are not installed for `runtime` in session `id` (in the version
+/// asked, if any).
+async fn unmet_dependencies(
     api: &dyn Sandcell,
     id: &SandboxId,
     runtime: Runtime,
     deps: &[Dependency],
-) -> Result<(), CallToolResult> {
+) -> Result<Unmet, CallToolResult> {
     let names: Vec<&str> = deps.iter().map(|d| d.name.as_str()).collect();
     // The names were checked (`args::valid_package_name`): safe inside a JSON list.
     let list = serde_json::to_string(&names).unwrap_or_default();
@@ -1361,15 +1448,17 @@ async fn check_dependencies(
         timeout_secs: None,
     };
     let listing = api.run_code(id, input).await?;
-    let unmet = args::unmet(deps, &listing.stdout);
-    if unmet.is_empty() {
-        return Ok(());
-    }
-    Err(tool_error(&format!(
-        "missing_dependencies: {} not installed for {} on this server, and sandboxes cannot download packages (no network beyond loopback); use what is installed, or ask the server's operator to add them",
-        unmet.join(", "),
-        runtime.name()
-    )))
+    let names = args::unmet(deps, &listing.stdout);
+    let deps = deps
+        .iter()
+        .filter(|d| {
+            names
+                .iter()
+                .any(|n| n == &d.name || n.starts_with(&format!("{}==", d.name)))
+        })
+        .cloned()
+        .collect();
+    Ok(Unmet { names, deps })
 }
 
 /// An export of `path` in session `from` to import from: the newest one that session

@@ -111,6 +111,36 @@ const KEYS: &[Key] = &[
         default: |_| toml::Value::Array(Vec::new()),
     },
     Key {
+        name: "packages.pip_index_url",
+        help: "the Python package index sandboxes' `packages.pip` install from (empty: pip's own default, as the host's pip names it)",
+        default: |_| string(""),
+    },
+    Key {
+        name: "packages.npm_registry",
+        help: "the npm registry sandboxes' `packages.npm` install from (empty: the host's `npm config get registry`)",
+        default: |_| string(""),
+    },
+    Key {
+        name: "packages.r_repo",
+        help: "the CRAN-style repository sandboxes' `packages.r` install from (empty: the host's R `repos` option)",
+        default: |_| string(""),
+    },
+    Key {
+        name: "packages.allow",
+        help: "more hosts installs may reach besides the registries above (e.g. where an index keeps its files), as network allow rules",
+        default: |_| toml::Value::Array(Vec::new()),
+    },
+    Key {
+        name: "packages.ca_file",
+        help: "a PEM file of certificate authorities installers in sandboxes trust (a mirror behind a private CA; empty: the system's)",
+        default: |_| string(""),
+    },
+    Key {
+        name: "packages.timeout_secs",
+        help: "the longest a sandbox's package install may take",
+        default: |_| int(600),
+    },
+    Key {
         name: "exports.url_ttl_secs",
         help: "how long an export's signed download link (no API key needed) stays valid (0: no signed links)",
         default: |_| int(3600),
@@ -267,6 +297,25 @@ pub struct Config {
     pub agent: AgentConfig,
     /// Memories: embeddings and fact extraction.
     pub memory: MemoryConfig,
+    /// Packages installed at create: where from.
+    pub packages: PackagesConfig,
+}
+
+/// Where packages installed at create come from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct PackagesConfig {
+    /// The Python package index URL (empty: pip's default).
+    pub pip_index_url: String,
+    /// The npm registry URL (empty: the host's npm's).
+    pub npm_registry: String,
+    /// The R repository URL (empty: the host's R's).
+    pub r_repo: String,
+    /// More hosts installs may reach.
+    pub allow: Vec<String>,
+    /// CAs installers trust (empty: the system's).
+    pub ca_file: String,
+    /// Longest install.
+    pub timeout_secs: u64,
 }
 
 /// Memories' settings.
@@ -723,6 +772,25 @@ fn validate(c: &Config) -> Result<(), ConfigError> {
         return Err(bad(
             "memory.min_similarity",
             format!("must be 0 to 1, got {}", m.min_similarity),
+        ));
+    }
+    for rule in &c.packages.allow {
+        rule.parse::<sandcell_api::network::HostRule>()
+            .map_err(|e| bad("packages.allow", e))?;
+    }
+    for (key, url) in [
+        ("packages.pip_index_url", &c.packages.pip_index_url),
+        ("packages.npm_registry", &c.packages.npm_registry),
+        ("packages.r_repo", &c.packages.r_repo),
+    ] {
+        if !url.is_empty() {
+            sandcell_api::git::check_registry_url(url).map_err(|e| bad(key, e.0))?;
+        }
+    }
+    if !c.packages.ca_file.is_empty() && !Path::new(&c.packages.ca_file).is_absolute() {
+        return Err(bad(
+            "packages.ca_file",
+            format!("'{}' is not an absolute path", c.packages.ca_file),
         ));
     }
     if let Some(p) = c.import.allowed_paths.iter().find(|p| !p.is_absolute()) {

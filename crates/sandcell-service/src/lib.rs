@@ -25,6 +25,7 @@ pub mod lifecycle;
 pub mod memory;
 pub mod metrics;
 pub mod network;
+pub mod packages;
 pub mod processes;
 pub mod sandboxes;
 pub mod signed_url;

@@ -93,7 +93,7 @@ pub fn spec_of(req: &CreateSandbox) -> ServiceResult<SandboxSpec> {
             limits.exec_timeout_ms = Some(v.as_ms());
         }
     }
-    let spec = SandboxSpec {
+    let mut spec = SandboxSpec {
         limits,
         network: req.network.clone().unwrap_or_default(),
         env: req.env.clone(),
@@ -103,6 +103,18 @@ pub fn spec_of(req: &CreateSandbox) -> ServiceResult<SandboxSpec> {
         checkpointable: req.checkpointable,
         ..SandboxSpec::default()
     };
+    if let Some(p) = &req.packages {
+        p.check()?;
+        if !p.is_empty() && spec.network == sandcell_engine::NetworkPolicy::Off {
+            return Err(ServiceError::invalid(
+                "packages are installed through the egress proxy, which a sandbox with network \
+                 'off' has none of: use 'loopback' (the default; it reaches nothing once the \
+                 install is done)",
+            ));
+        }
+        let home_given = req.limits.as_ref().is_some_and(|l| l.home_mb.is_some());
+        crate::packages::apply_to_spec(&mut spec, p, home_given);
+    }
     spec.validate()?;
     Ok(spec)
 }
@@ -133,6 +145,7 @@ pub fn sandbox_info(r: &SandboxRecord) -> SandboxInfo {
     SandboxInfo {
         id: r.id.clone(),
         restore: None,
+        packages: None,
         state: r.state.as_str().to_string(),
         reason: r.reason.clone(),
         created_at: rfc3339(r.created_at_ms),
@@ -238,13 +251,32 @@ impl Service {
             }
         }
         let record = created?.record;
+        let packages = match req.packages.as_ref().filter(|p| !p.is_empty()) {
+            Some(p) => {
+                let sandbox = self.fleet.sandbox(&caller.owner, &record.id)?;
+                match self.install_packages(&sandbox, p).await {
+                    Ok(report) => Some(report),
+                    Err(e) => {
+                        // A sandbox without what it asked for is not handed out.
+                        let _ = self.fleet.delete(&caller.owner, &record.id).await;
+                        return Err(e);
+                    }
+                }
+            }
+            None => None,
+        };
         self.audit(
             caller,
             "sandbox.create",
             Some(&record.id),
-            serde_json::Value::Null,
+            match &packages {
+                Some(p) => serde_json::json!({"packages": req.packages, "cached": p.cached}),
+                None => serde_json::Value::Null,
+            },
         );
-        Ok(sandbox_info(&record))
+        let mut info = sandbox_info(&record);
+        info.packages = packages;
+        Ok(info)
     }
 
     /// A create with `snapshot_id`: the snapshot's settings and files in a new sandbox; what
@@ -260,6 +292,7 @@ impl Service {
             || req.limits.is_some()
             || !req.env.is_empty()
             || req.network.is_some()
+            || req.packages.is_some()
             || !req.kernels.is_empty()
             || req.backend.is_some()
             || req.checkpointable

@@ -36,6 +36,8 @@ pub struct Service {
     pub seen_contexts: SeenContexts,
     /// The models memories use (embeddings, infer) and the infer jobs running here.
     pub memory: crate::memory::MemoryModels,
+    /// Where packages installed at create come from (found on first use).
+    pub packages: crate::packages::Registries,
 }
 
 impl std::fmt::Debug for Service {
@@ -61,6 +63,7 @@ impl Service {
             cpu_samples: CpuSamples::default(),
             signer,
             seen_contexts: SeenContexts::default(),
+            packages: crate::packages::Registries::default(),
         }
     }
 

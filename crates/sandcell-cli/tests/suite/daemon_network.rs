@@ -411,3 +411,111 @@ fn git_clone_runs_on_the_host_and_its_credentials_never_enter_the_sandbox() {
     let out = d.exec(&id, "ls /workspace");
     assert_eq!(out.stdout, "dev\nrepo\n");
 }
+
+#[test]
+fn packages_install_at_create_through_the_registries_only_and_come_from_the_cache_next() {
+    use sandcell_testkit::registries::FakeRegistries;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let regs = rt
+        .block_on(FakeRegistries::start(&["pypi.test", "npm.test"]))
+        .unwrap();
+    let port = regs.https_addr().port();
+    let ca = regs.ca_pem_path().display().to_string();
+    let d = Daemon::start_with_env(
+        &[
+            &format!("packages.pip_index_url=https://pypi.test:{port}/simple/"),
+            &format!("packages.npm_registry=https://npm.test:{port}/"),
+            &format!("packages.ca_file={ca}"),
+        ],
+        &[
+            ("SANDCELL_TEST", "1"),
+            (
+                "SANDCELL_TEST_RESOLVE",
+                "pypi.test=127.0.0.1;npm.test=127.0.0.1",
+            ),
+        ],
+    );
+    let npm = Command::new("npm")
+        .arg("--version")
+        .output()
+        .is_ok_and(|o| o.status.success());
+    let packages = if npm {
+        json!({"pip": ["sandcell-fake"], "npm": ["sandcell-fake"]})
+    } else {
+        eprintln!("skipped: npm is not installed here (the npm half)");
+        json!({"pip": ["sandcell-fake"]})
+    };
+    let r = d.post("/v1/sandboxes", json!({"packages": packages}));
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(r.body["packages"]["cached"], false, "{}", r.body);
+    assert!(
+        r.body["packages"]["files"].as_u64().unwrap() > 0,
+        "{}",
+        r.body
+    );
+    let first = r.body["id"].as_str().unwrap().to_string();
+    let check = |id: &str| {
+        let out = d.exec(
+            id,
+            "python3 -c 'import sandcell_fake; print(sandcell_fake.VALUE)'",
+        );
+        assert_eq!(out.stdout, "42\n", "{}", out.stderr);
+        if npm {
+            let out = d.exec(
+                id,
+                "cd /workspace && node -e 'console.log(require(\"sandcell-fake\"))'",
+            );
+            assert_eq!(out.stdout, "42\n", "{}", out.stderr);
+        }
+    };
+    check(&first);
+    // The install's access is gone: the sandbox's own policy (loopback) is back.
+    let out = d.exec(
+        &first,
+        &format!("curl -sS -o /dev/null -w '%{{http_code}}' https://pypi.test:{port}/simple/ 2>&1"),
+    );
+    assert!(out.stdout.contains("403"), "{}", out.stdout);
+    assert_eq!(
+        d.sandbox(&first).network,
+        sandcell_api::network::NetworkPolicy::Loopback
+    );
+
+    // The same list again: from the cache, no registry reached.
+    regs.clear_requests();
+    let r = d.post("/v1/sandboxes", json!({"packages": packages}));
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(r.body["packages"]["cached"], true, "{}", r.body);
+    check(r.body["id"].as_str().unwrap());
+    assert!(regs.requests().is_empty(), "{:?}", regs.requests());
+
+    // A package the index lacks: the error names it and quotes pip; no sandbox is left.
+    let before = d.get("/v1/sandboxes").body["items"]
+        .as_array()
+        .unwrap()
+        .len();
+    let r = d.post(
+        "/v1/sandboxes",
+        json!({"packages": {"pip": ["no-such-package"]}}),
+    );
+    r.expect_error(400, "invalid_argument");
+    let msg = r.body["message"].as_str().unwrap();
+    assert!(msg.contains("packages.pip (no-such-package)"), "{msg}");
+    assert!(msg.contains("No matching distribution"), "{msg}");
+    assert_eq!(
+        d.get("/v1/sandboxes").body["items"]
+            .as_array()
+            .unwrap()
+            .len(),
+        before
+    );
+    for bad in [
+        json!({"packages": {"pip": ["-e ."]}}),
+        json!({"packages": {"pip": ["six"]}, "network": "off"}),
+        json!({"packages": {"apt": ["jq"]}}),
+        json!({"packages": {"r": ["ggplot2>=3"]}}),
+    ] {
+        let r = d.post("/v1/sandboxes", bad.clone());
+        assert_eq!(r.status, 400, "{bad}: {}", r.body);
+    }
+    drop(regs);
+}

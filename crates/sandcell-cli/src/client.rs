@@ -150,8 +150,10 @@ pub enum SandboxCommand {
         /// The sandbox id.
         id: String,
         /// The repository's https:// or http:// URL.
+        #[arg(id = "repository", value_name = "URL")]
         url: String,
         /// Where in the sandbox (default /workspace/<repository name>).
+        #[arg(id = "target", value_name = "PATH")]
         path: Option<String>,
         /// The branch or tag to check out.
         #[arg(long, short)]
@@ -219,6 +221,15 @@ pub struct CreateArgs {
     /// off, loopback, full or allow:HOST[,HOST…] (through the host's egress proxy).
     #[arg(long, value_name = "POLICY")]
     network: Option<NetworkPolicy>,
+    /// A Python package to install while it is made, as pip takes it (repeatable).
+    #[arg(long = "pip", value_name = "SPEC")]
+    pip: Vec<String>,
+    /// An npm package to install while it is made (repeatable).
+    #[arg(long = "npm", value_name = "SPEC")]
+    npm: Vec<String>,
+    /// An R package to install while it is made (repeatable).
+    #[arg(long = "r", value_name = "NAME")]
+    r: Vec<String>,
 }
 
 /// `sandcell sandbox ls`.
@@ -332,6 +343,14 @@ pub async fn sandbox(args: &ClientArgs, cmd: SandboxCommand) -> anyhow::Result<E
                 idle_timeout_secs: a.idle_timeout.map(Seconds::new).transpose()?,
                 ephemeral: a.ephemeral,
                 network: a.network,
+                packages: {
+                    let p = sandcell_api::sandboxes::Packages {
+                        pip: a.pip,
+                        npm: a.npm,
+                        r: a.r,
+                    };
+                    (!p.is_empty()).then_some(p)
+                },
                 backend: a.backend,
                 checkpointable: a.checkpointable,
                 ..CreateSandbox::default()
@@ -340,6 +359,15 @@ pub async fn sandbox(args: &ClientArgs, cmd: SandboxCommand) -> anyhow::Result<E
             if c.json {
                 print_json(&v)?;
             } else {
+                if let Some(p) = &v.packages {
+                    eprintln!(
+                        "packages: {} files, {} bytes in {} ms{}",
+                        p.files,
+                        p.bytes,
+                        p.duration_ms,
+                        if p.cached { " (from the cache)" } else { "" }
+                    );
+                }
                 println!("{}", v.id);
             }
         }

@@ -519,3 +519,89 @@ fn packages_install_at_create_through_the_registries_only_and_come_from_the_cach
     }
     drop(regs);
 }
+
+/// Runs `sandcell sandbox ARGS --home HOME` against the daemon; (exit code, stdout, stderr).
+fn sandbox_cli(d: &Daemon, args: &[&str], env: &[(&str, &str)]) -> (i32, String, String) {
+    let out = Command::new(BIN)
+        .arg("sandbox")
+        .arg("--home")
+        .arg(d.home())
+        .args(args)
+        .env_remove("SANDCELL_API_URL")
+        .env_remove("SANDCELL_API_KEY")
+        .env_remove("SANDCELL_HOME")
+        .envs(env.iter().copied())
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn the_cli_sets_shows_and_lists_a_sandboxs_network_and_clones() {
+    let port = web_server();
+    let (_repo, root) = repository();
+    let (git_port, _) = static_server(root);
+    let d = Daemon::start_with_env(
+        &[],
+        &[
+            ("SANDCELL_TEST", "1"),
+            (
+                "SANDCELL_TEST_RESOLVE",
+                "web.test=127.0.0.1;git.test=127.0.0.1",
+            ),
+        ],
+    );
+    let (code, out, err) = sandbox_cli(&d, &["create", "--network", "allow:web.test"], &[]);
+    assert_eq!(code, 0, "{err}");
+    let id = out.trim().to_string();
+    let (code, out, _) = sandbox_cli(&d, &["network", &id], &[]);
+    assert_eq!(code, 0);
+    assert!(out.contains("network: allow:web.test"), "{out}");
+    assert!(
+        out.contains("http proxy inside: http://127.0.0.1:3128"),
+        "{out}"
+    );
+    let got = curl(&d, &id, &format!("http://web.test:{port}/cli"));
+    assert!(got.ends_with("hello /cli\ncode=200"), "{got}");
+    let (code, out, err) = sandbox_cli(&d, &["network", &id, "loopback"], &[]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("network: loopback"), "{out}");
+    let (code, out, _) = sandbox_cli(&d, &["network", &id, "--events"], &[]);
+    assert_eq!(code, 0);
+    assert!(
+        out.contains("allowed") && out.contains(&format!("web.test:{port}")),
+        "{out}"
+    );
+    // Bad input: a clear error and a failing status, nothing changed.
+    let (code, _, err) = sandbox_cli(&d, &["network", &id, "allow:http://x/"], &[]);
+    assert_ne!(code, 0);
+    assert!(err.contains("is a URL"), "{err}");
+    let (code, _, err) = sandbox_cli(&d, &["network", &id, "off"], &[]);
+    assert_ne!(code, 0);
+    assert!(err.contains("'off'"), "{err}");
+    // git-clone with the password from the environment, never on the command line.
+    let (code, out, err) = sandbox_cli(
+        &d,
+        &[
+            "git-clone",
+            &id,
+            &format!("http://git.test:{git_port}/repo.git"),
+            "src",
+            "--username",
+            "me",
+            "--password-env",
+            "REPO_TOKEN",
+        ],
+        &[("REPO_TOKEN", "t0ken")],
+    );
+    assert_eq!(code, 0, "{err}");
+    assert!(out.starts_with("cloned /workspace/src at "), "{out}");
+    let (code, _, err) = sandbox_cli(&d, &["git-clone", &id, "ssh://git.test/repo.git"], &[]);
+    assert_ne!(code, 0);
+    assert!(err.contains("https:// or http://"), "{err}");
+}

@@ -3,7 +3,8 @@
 # target/tools, installs the SDK from sdk/python afresh (not editable: the install itself is
 # under test) with pinned test tools, type-checks it with mypy --strict, then runs pytest,
 # whose session fixture starts `sandcell serve` ($SANDCELL_BIN, default the release build); the
-# agent-run tests start daemons of their own, each pointed at the test kit's scripted model.
+# agent-run tests start daemons of their own, each pointed at the test kit's scripted model, and
+# the packages test one pointed at the test kit's fake package registries (both built here).
 # Idempotent; on a fresh Debian 12 it installs python3-venv first.
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
@@ -37,6 +38,13 @@ if [ -z "${SANDCELL_SCRIPTED_LLM:-}" ]; then
   echo "sdk/python: building scripted-llm" >&2
   (cd "$repo" && cargo build -q -p sandcell-testkit --features llm --bin scripted-llm)
   export SANDCELL_SCRIPTED_LLM="$repo/target/debug/scripted-llm"
+fi
+# The test kit's fake package registries, which the packages test installs from (through a
+# daemon of its own); SANDCELL_FAKE_REGISTRIES names another build.
+if [ -z "${SANDCELL_FAKE_REGISTRIES:-}" ]; then
+  echo "sdk/python: building fake-registries" >&2
+  (cd "$repo" && cargo build -q -p sandcell-testkit --features registries --bin fake-registries)
+  export SANDCELL_FAKE_REGISTRIES="$repo/target/debug/fake-registries"
 fi
 # Caches go under target/, not into the source tree.
 export PYTHONDONTWRITEBYTECODE=1

@@ -8,7 +8,7 @@
 # package.json changed, compiles with `strict` (a type error fails the run), then runs the
 # tests with Node's own runner. The daemon binary is $SANDCELL_BIN, else
 # <repo>/target/release/sandcell; the agent-run tests also need the test kit's scripted-llm,
-# built here.
+# and the packages test its fake-registries, both built here.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -44,6 +44,13 @@ if [[ -z "${SANDCELL_SCRIPTED_LLM:-}" ]]; then
   echo "test.sh: building scripted-llm" >&2
   (cd "$repo" && cargo build -q -p sandcell-testkit --features llm --bin scripted-llm)
   export SANDCELL_SCRIPTED_LLM="$repo/target/debug/scripted-llm"
+fi
+# The test kit's fake package registries, which the packages test installs from (through a
+# daemon of its own); SANDCELL_FAKE_REGISTRIES names another build.
+if [[ -z "${SANDCELL_FAKE_REGISTRIES:-}" ]]; then
+  echo "test.sh: building fake-registries" >&2
+  (cd "$repo" && cargo build -q -p sandcell-testkit --features registries --bin fake-registries)
+  export SANDCELL_FAKE_REGISTRIES="$repo/target/debug/fake-registries"
 fi
 
 # A fresh build each time, so no file of a removed source lingers.

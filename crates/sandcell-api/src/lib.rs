@@ -16,6 +16,7 @@ pub mod git;
 pub mod keys;
 pub mod memories;
 pub mod network;
+pub mod previews;
 pub mod processes;
 pub mod rules;
 pub mod runs;

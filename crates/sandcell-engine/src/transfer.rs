@@ -231,3 +231,78 @@ impl Drop for Download {
         }
     }
 }
+
+/// Chunks a port connection's server may send ahead of the host's consumer.
+const PORT_WINDOW: u32 = 16;
+
+impl Sandbox {
+    /// Connects to `port` on the sandbox's loopback (a server running inside) through its
+    /// agent, never through the sandbox's network: the returned stream is that connection.
+    /// Dropping it (or shutting down its write half) ends it.
+    pub async fn connect_port(&self, port: u16) -> Result<tokio::io::DuplexStream, EngineError> {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        self.check_alive().await?;
+        let mut call = self
+            .client()
+            .request(&HostMessage::ConnectPort {
+                port,
+                window: PORT_WINDOW,
+            })
+            .await
+            .map_err(|e| self.map_closed(e))?;
+        match call.message().await.map_err(|e| self.map_closed(e))? {
+            GuestMessage::Ok => {}
+            GuestMessage::Error(e) => return Err(EngineError::Guest(e)),
+            other => return Err(unexpected(other)),
+        }
+        let id = call.id;
+        let (ours, theirs) = tokio::io::duplex(256 * 1024);
+        let (mut from_user, mut to_user) = tokio::io::split(theirs);
+        let up = self.clone();
+        tokio::spawn(async move {
+            let mut seq = 0u64;
+            let mut buf = vec![0u8; 64 * 1024];
+            loop {
+                match from_user.read(&mut buf).await {
+                    Ok(0) | Err(_) => {
+                        let _ = up.client().send(id, &HostMessage::StdinClose).await;
+                        return;
+                    }
+                    Ok(n) => match up
+                        .client()
+                        .send_data(id, Channel::Stdin, seq, &buf[..n])
+                        .await
+                    {
+                        Ok(next) => seq = next,
+                        Err(_) => return,
+                    },
+                }
+            }
+        });
+        let down = self.clone();
+        tokio::spawn(async move {
+            let mut taken = 0u32;
+            // Anything but data (`ReadDone`, an error, the agent gone) ends it.
+            while let Reply::Data(chunk) = call.next().await {
+                if to_user.write_all(&chunk.bytes).await.is_err() {
+                    break;
+                }
+                taken += 1;
+                if taken >= PORT_WINDOW / 2 {
+                    let chunks = std::mem::take(&mut taken);
+                    let granted = down
+                        .client()
+                        .send(id, &HostMessage::ReadCredit { chunks })
+                        .await;
+                    if granted.is_err() {
+                        break;
+                    }
+                }
+            }
+            let _ = to_user.shutdown().await;
+            // Frees the agent's side whichever way it ended.
+            let _ = down.client().send(id, &HostMessage::AbortData).await;
+        });
+        Ok(ours)
+    }
+}

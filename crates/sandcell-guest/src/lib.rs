@@ -23,6 +23,7 @@ mod exec;
 mod files;
 mod kernels;
 mod out;
+mod ports;
 mod process;
 mod procs;
 mod reads;

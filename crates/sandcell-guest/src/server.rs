@@ -73,6 +73,7 @@ pub(crate) async fn run(
             hello: std::mem::take(&mut greeted),
             writes: HashMap::new(),
             stdin_writes: HashMap::new(),
+            ports: HashMap::new(),
         };
         let result = conn.serve(read).await;
         // The same host, on a new connection: everything in progress goes on.
@@ -198,6 +199,8 @@ struct Conn {
     hello: bool,
     writes: HashMap<u32, WriteState>,
     stdin_writes: HashMap<u32, StdinWrite>,
+    /// Open connections to ports inside the sandbox, by request id.
+    ports: HashMap<u32, crate::ports::PortConn>,
 }
 
 impl Conn {
@@ -337,7 +340,34 @@ impl Conn {
             self.reply(id, reply).await;
             return None;
         }
+        if let Some(port) = self.ports.get(&id) {
+            match msg {
+                HostMessage::StdinClose | HostMessage::EndOfData => {
+                    port.send(crate::ports::PortIn::Close);
+                    return None;
+                }
+                HostMessage::AbortData => {
+                    port.abort();
+                    self.ports.remove(&id);
+                    return None;
+                }
+                HostMessage::ReadCredit { chunks } => {
+                    port.grant(chunks);
+                    return None;
+                }
+                _ => {}
+            }
+        }
         match msg {
+            HostMessage::ConnectPort { port, window } => {
+                match crate::ports::open(&self.shared, id, port, window).await {
+                    Ok(conn) => {
+                        self.ports.insert(id, conn);
+                    }
+                    Err(e) => self.shared.out.error(id, e).await,
+                }
+                return None;
+            }
             HostMessage::StdinClose if self.stdin_writes.contains_key(&id) => {
                 self.end_stdin_write(id, true);
                 return None;
@@ -617,7 +647,8 @@ impl Conn {
                 });
             }
             // Handled above.
-            HostMessage::StdinClose
+            HostMessage::ConnectPort { .. }
+            | HostMessage::StdinClose
             | HostMessage::EndOfData
             | HostMessage::AbortData
             | HostMessage::ReadCredit { .. }
@@ -700,6 +731,10 @@ impl Conn {
         if !self.hello {
             self.error(id, ErrorCode::HandshakeRequired, "send hello first")
                 .await;
+            return;
+        }
+        if let (Channel::Stdin, Some(port)) = (channel, self.ports.get(&id)) {
+            port.send(crate::ports::PortIn::Data(bytes));
             return;
         }
         match channel {

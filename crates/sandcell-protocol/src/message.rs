@@ -93,7 +93,15 @@ pub enum HostMessage {
         #[serde(default, skip_serializing_if = "Option::is_none")]
         window: Option<u32>,
     },
-    /// Lets the windowed `ReadFile` with this id send `chunks` more chunks. No reply.
+    /// Connects to `port` on the sandbox's loopback (a server inside it, for the host's
+    /// previews). Reply: `Ok` once connected (`Error` with `NotFound` when nothing listens),
+    /// then the connection's bytes both ways on this id: host→guest as `Stdin` chunks, ended
+    /// by `StdinClose` (the write half shut down) or `AbortData` (all closed); guest→host as
+    /// `Stdout` chunks, at most `window` of them before the host grants more with
+    /// `ReadCredit`, ended by `ReadDone` when the server closes.
+    ConnectPort { port: u16, window: u32 },
+    /// Lets the windowed `ReadFile` (or `ConnectPort`) with this id send `chunks` more chunks.
+    /// No reply.
     ReadCredit { chunks: u32 },
     /// Lists a directory. Reply: `Listing`.
     ListDir { path: String },

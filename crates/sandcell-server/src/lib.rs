@@ -23,7 +23,7 @@ use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::http::{HeaderValue, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{Html, Response};
-use axum::routing::get;
+use axum::routing::{any, get};
 use utoipa::OpenApi;
 use utoipa::openapi::security::{ApiKey, ApiKeyValue, HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa_axum::router::OpenApiRouter;
@@ -36,8 +36,8 @@ pub use serve::{
 pub use state::AppState;
 
 use crate::api::{
-    background, code, exec, files, keys, memories, network, processes, runs, sandboxes, snapshots,
-    system, threads, transfer, usage,
+    background, code, exec, files, keys, memories, network, previews, processes, runs, sandboxes,
+    snapshots, system, threads, transfer, usage,
 };
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorTag};
@@ -94,6 +94,7 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(network::get_network, network::set_network))
         .routes(routes!(network::egress_events))
         .routes(routes!(network::git_clone))
+        .routes(routes!(previews::create))
         .routes(routes!(usage::usage))
         .routes(routes!(exec::exec))
         .routes(routes!(exec::exec_stream))
@@ -180,7 +181,17 @@ pub fn app(state: AppState) -> Router {
     // Outermost, so `/mcp` requests get a request id (their tools' audit events carry it),
     // a log line and their place in the metrics, as REST requests do.
     rest.merge(mcp)
+        .layer(middleware::from_fn_with_state(state.clone(), host_previews))
         .layer(middleware::from_fn_with_state(state, observe))
+}
+
+/// Requests for `{port}-{id}.localhost` go to that sandbox's port (the host route of
+/// previews), whatever their path; the rest to the API.
+async fn host_previews(State(s): State<AppState>, req: Request, next: Next) -> Response {
+    match previews::host_route(s, req).await {
+        Ok(resp) => resp,
+        Err(req) => next.run(req).await,
+    }
 }
 
 /// Lets a request through only with a valid API key; the extractor leaves its [`Caller`] in
@@ -210,6 +221,15 @@ fn rest_app(state: AppState) -> Router {
     .route("/docs", get(|| async { Html(DOCS_PAGE) }))
     .route("/metrics", get(system::metrics))
     .route("/healthz", get(|| async { "ok\n" }))
+    .route("/v1/sandboxes/{id}/ports/{port}", any(previews::path_route))
+    .route(
+        "/v1/sandboxes/{id}/ports/{port}/",
+        any(previews::path_route),
+    )
+    .route(
+        "/v1/sandboxes/{id}/ports/{port}/{*rest}",
+        any(previews::path_route),
+    )
     .fallback(|| async {
         ApiError::new(
             StatusCode::NOT_FOUND,

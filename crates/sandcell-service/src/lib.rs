@@ -26,6 +26,7 @@ pub mod memory;
 pub mod metrics;
 pub mod network;
 pub mod packages;
+pub mod previews;
 pub mod processes;
 pub mod sandboxes;
 pub mod signed_url;

@@ -38,6 +38,8 @@ pub struct Service {
     pub memory: crate::memory::MemoryModels,
     /// Where packages installed at create come from (found on first use).
     pub packages: crate::packages::Registries,
+    /// Ports made public by their owners (previews without a key or token).
+    pub public_ports: crate::previews::PublicPorts,
 }
 
 impl std::fmt::Debug for Service {
@@ -64,6 +66,7 @@ impl Service {
             signer,
             seen_contexts: SeenContexts::default(),
             packages: crate::packages::Registries::default(),
+            public_ports: crate::previews::PublicPorts::default(),
         }
     }
 

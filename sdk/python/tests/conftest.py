@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import selectors
 import signal
 import subprocess
 import time
@@ -208,3 +209,67 @@ def agent_daemon(tmp_path: Path) -> Iterator[Callable[[list[Any]], AgentDaemon]]
             return AgentDaemon(stack.enter_context(serve(home, allowed, env=env)), model)
 
         yield make
+
+
+# --- package installs: the test kit's fake package registries ---------------------------------
+
+
+@dataclass
+class FakeRegistries:
+    """`fake-registries` serving: its HTTPS and plain-HTTP addresses (`127.0.0.1:P`) and the
+    test CA its certificate is signed by."""
+
+    https: str
+    http: str
+    ca: Path
+
+    @property
+    def https_port(self) -> int:
+        return int(self.https.rsplit(":", 1)[1])
+
+
+@contextlib.contextmanager
+def fake_registries(folder: Path, *names: str) -> Iterator[FakeRegistries]:
+    """The test kit's fake package registries on 127.0.0.1 (a PEP 503 index and an npm
+    registry, each with `sandcell-fake`), their certificate covering `names`; stopped (SIGTERM,
+    so they remove their files) after. `test.sh` builds them (`cargo build -p sandcell-testkit
+    --features registries --bin fake-registries`); `$SANDCELL_FAKE_REGISTRIES` names another
+    build."""
+    binary = Path(os.environ.get("SANDCELL_FAKE_REGISTRIES") or REPO / "target/debug/fake-registries")
+    if not os.access(binary, os.X_OK):
+        pytest.fail(
+            f"no fake-registries at {binary}: build it with `cargo build -p sandcell-testkit --features "
+            "registries --bin fake-registries`, or set SANDCELL_FAKE_REGISTRIES",
+            pytrace=False,
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    errors = folder / "fake-registries.err"
+    args = [str(binary)] + [a for name in names for a in ("--name", name)]
+    with open(errors, "wb") as sink:
+        proc = subprocess.Popen(args, stdout=subprocess.PIPE, stderr=sink)
+    try:
+        assert proc.stdout is not None
+        # One JSON line once both ports accept connections; nothing after it.
+        line = b""
+        deadline = time.monotonic() + 20
+        with selectors.DefaultSelector() as sel:
+            sel.register(proc.stdout, selectors.EVENT_READ)
+            while not line.endswith(b"\n"):
+                left = deadline - time.monotonic()
+                if left <= 0 or not sel.select(left):
+                    pytest.fail(f"fake-registries did not start in 20 s: {_tail(errors)}", pytrace=False)
+                chunk = os.read(proc.stdout.fileno(), 4096)
+                if not chunk:
+                    pytest.fail(f"fake-registries exited with {proc.wait()}: {_tail(errors)}", pytrace=False)
+                line += chunk
+        ready = json.loads(line)
+        yield FakeRegistries(ready["https"], ready["http"], Path(ready["ca"]))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        if proc.stdout is not None:
+            proc.stdout.close()

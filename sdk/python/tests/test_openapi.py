@@ -8,6 +8,7 @@ with the schema's properties, and each required property is read or deliberately
 
 from __future__ import annotations
 
+import collections.abc
 import dataclasses
 import inspect
 import json
@@ -274,6 +275,7 @@ def every_call() -> Iterator[tuple[str, _api.Call[Any] | _api.StreamCall[Any]]]:
             metadata={"c": "d"},
             env={"E": "1"},
             network={"allow": ["example.org", "*.example.net:443", "[::1]:8080"]},
+            packages={"pip": ["numpy", "pandas==2.2.2"], "npm": ["@scope/name@1.2.3"], "r": ["ggplot2"]},
             snapshot_id=None,
             backend="process",
             limits={"memory_mb": 256, "cpus": 0.5},
@@ -296,6 +298,30 @@ def every_call() -> Iterator[tuple[str, _api.Call[Any] | _api.StreamCall[Any]]]:
                 metadata=None,
                 env=None,
                 network=network,
+                packages=None,
+                snapshot_id=None,
+                backend=None,
+                limits=None,
+                kernels=None,
+                checkpointable=False,
+                auto_snapshot=None,
+            ),
+        )
+    for packages in (_models.Packages(pip=("requests[socks]>=2",)), {"npm": ["left-pad"]}, {}):
+        yield (
+            "create_sandbox",
+            _api.create_sandbox(
+                template=None,
+                size=None,
+                timeout=None,
+                ttl=None,
+                idle_timeout=None,
+                ephemeral=False,
+                labels=None,
+                metadata=None,
+                env=None,
+                network="full",
+                packages=packages,
                 snapshot_id=None,
                 backend=None,
                 limits=None,
@@ -689,6 +715,7 @@ MODELS = [
     Model(_models.EgressEvent, "EgressEventInfo"),
     Model(_models.EgressEventList, "EgressEventList"),
     Model(_models.GitCloneResult, "GitCloneResult"),
+    Model(_models.PackagesReport, "PackagesReport"),
     Model(_models.Budgets, "Budgets"),
     # Read from `run_started`'s `validate`, as sent (the schema of StartRun.validate).
     Model(_models.Validate, "Validate"),
@@ -779,6 +806,38 @@ def test_budgets_fit_both_schemas() -> None:
     asked, _ = properties("BudgetsInput")
     names = {f.name for f in dataclasses.fields(_models.Budgets)}
     assert names == set(asked), f"Budgets {sorted(names)} vs BudgetsInput {sorted(asked)}"
+
+
+def test_packages_fit_the_schema() -> None:
+    """`Packages` (a TypedDict: sent, never parsed) has the installers the Packages schema has,
+    each a list; the create request names that schema for its `packages`."""
+    props, _ = properties("Packages")
+    hints = typing.get_type_hints(_models.Packages)
+    assert set(hints) == set(props), f"Packages {sorted(hints)} vs the schema's {sorted(props)}"
+    for name, hint in hints.items():
+        assert typing.get_origin(hint) is collections.abc.Sequence, f"Packages.{name}: {hint!r}"
+        assert json_types(props[name]) == {"array"}, f"Packages.{name}: {props[name]}"
+    create, _ = properties("CreateSandbox")
+    assert _schema_name(create["packages"]) == "Packages"
+
+
+def test_create_with_packages_waits_for_the_install() -> None:
+    """An install takes as long as it takes (the daemon bounds it): no client read timeout then."""
+
+    def create(packages: _models.PackagesInput | None) -> _api.Call[Any]:
+        return _api.create_sandbox(
+            template=None, size=None, timeout=None, ttl=None, idle_timeout=None, ephemeral=False,
+            labels=None, metadata=None, env=None, network=None, packages=packages, snapshot_id=None,
+            backend=None, limits=None, kernels=None, checkpointable=False, auto_snapshot=None,
+        )
+
+    assert create({"pip": ["six"]}).read_timeout is None
+    assert create({"pip": ("six",)}).json == {"packages": {"pip": ["six"]}}
+    assert create(None).read_timeout is _api.Default.TIMEOUT and "packages" not in create(None).json
+    with pytest.raises(TypeError, match="list of package names"):
+        create({"pip": "six"})
+    with pytest.raises(TypeError, match="mapping"):
+        create(["six"])  # type: ignore[arg-type]
 
 
 def test_schema_names_exist() -> None:

@@ -126,6 +126,8 @@ export type {
   Network,
   NetworkPolicy,
   NetworkPolicyInput,
+  Packages,
+  PackagesReport,
   RestoreReport,
   SandboxInfo,
   SandboxLimits,

@@ -25,11 +25,13 @@ import {
 import {
   fromLimits,
   fromNetworkPolicy,
+  fromPackages,
   toNetworkPolicy,
   toSandboxInfo,
   type Language,
   type LimitsInput,
   type NetworkPolicyInput,
+  type Packages,
   type SandboxInfo,
   type SandboxState,
   type Size,
@@ -63,6 +65,14 @@ export interface CreateSandboxOptions extends ClientOptions {
    * a bad rule is an `InvalidArgumentError`.
    */
   network?: NetworkPolicyInput;
+  /**
+   * Packages installed while it is made (`{ pip: [...], npm: [...], r: [...] }`), from the
+   * registries the daemon's operator configured, or unpacked from the cache of an earlier
+   * install of the same lists; `info.packages` says which. An install that failed is an
+   * `InvalidArgumentError` naming the package (no sandbox is left), as are packages with
+   * network `off`.
+   */
+  packages?: Packages;
   /** Kernels to start during creation, so the first code in them runs at once. */
   kernels?: Language[];
   /** The isolation backend (`process` by default, `gvisor` where available). */
@@ -214,13 +224,15 @@ export class Sandbox {
       idle_timeout_secs: options.idleTimeoutSecs,
       ephemeral: options.ephemeral,
       network: options.network === undefined ? undefined : fromNetworkPolicy(options.network),
+      packages: options.packages === undefined ? undefined : fromPackages(options.packages),
       kernels: options.kernels,
       backend: options.backend,
       checkpointable: options.checkpointable,
       auto_snapshot: options.autoSnapshot === undefined ? undefined : fromAutoSnapshot(options.autoSnapshot),
       snapshot_id: options.snapshotId,
     };
-    // No client deadline: a restore of a large snapshot or a gVisor start may take a while.
+    // No client deadline: a restore of a large snapshot, a gVisor start or a package install
+    // may take a while (the daemon bounds an install itself).
     const s = await http.json<WireSandbox>("POST", "/v1/sandboxes", { body: { json: body }, timeout: null });
     return new Sandbox(http, toSandboxInfo(s));
   }

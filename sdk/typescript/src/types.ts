@@ -34,6 +34,33 @@ export type NetworkPolicyInput = NetworkPolicy | readonly string[];
 /** `NetworkPolicy`, under the name this SDK gave it before allow rules existed. */
 export type Network = NetworkPolicy;
 
+/**
+ * Packages installed while a sandbox is made (`Sandbox.create({ packages })`), inside it,
+ * through its egress proxy allowed only to the package registries the daemon's operator
+ * configured; cached by the lists, so the next sandbox with the same lists gets them from the
+ * cache. Not with network `off`.
+ */
+export interface Packages {
+  /** Python packages as pip takes them (`numpy`, `pandas==2.2.2`), installed for the sandbox's user (`~/.local`). */
+  pip?: readonly string[];
+  /** npm packages (`left-pad`, `@scope/name@1.2.3`), installed globally under `~/.npm-global` (on `PATH` and `NODE_PATH`). */
+  npm?: readonly string[];
+  /** R packages, installed into `~/R/library` (`R_LIBS_USER`). */
+  r?: readonly string[];
+}
+
+/** How a sandbox's packages were installed (only on the answer of the create that asked for them). */
+export interface PackagesReport {
+  /** Served from the cache of an earlier install of the same lists (no registry reached). */
+  cached: boolean;
+  /** How long installing (or unpacking the cached install) took, in milliseconds. */
+  durationMs: number;
+  /** Files the install put into the sandbox. */
+  files: number;
+  /** Their bytes. */
+  bytes: number;
+}
+
 /** Where a sandbox is in its life. */
 export type SandboxState = "creating" | "running" | "paused" | "stopped" | "failed" | "lost";
 
@@ -131,6 +158,8 @@ export interface SandboxInfo {
   template: string;
   /** Only right after a restore or fork: what came back. */
   restore?: RestoreReport;
+  /** Only on the answer of a create with `packages`: how they were installed (null otherwise, and after `refresh`). */
+  packages: PackagesReport | null;
 }
 
 /** How a process ended: `exited`, `signaled`, `oom_killed`, `timeout`, `pids_limit` or `killed`. */
@@ -184,6 +213,14 @@ export interface WireRestore {
   not_carried: string[];
 }
 
+/** `PackagesReport` as sent. */
+export interface WirePackagesReport {
+  cached: boolean;
+  duration_ms: number;
+  files: number;
+  bytes: number;
+}
+
 /** `SandboxInfo` as sent. */
 export interface WireSandbox {
   id: string;
@@ -201,6 +238,7 @@ export interface WireSandbox {
   backend: string;
   template: string;
   restore?: WireRestore | null;
+  packages?: WirePackagesReport | null;
 }
 
 /** `ExitInfo` as sent (the exec answer, an `exit` event, a process's output). */
@@ -267,6 +305,26 @@ export function fromNetworkPolicy(p: NetworkPolicyInput): NetworkPolicy {
   return p as AllowPolicy;
 }
 
+/**
+ * Packages as sent: each installer's list copied. Every key is sent, so one the daemon has no
+ * installer for is refused (an `InvalidArgumentError`), never silently dropped.
+ */
+export function fromPackages(p: Packages): Record<string, string[]> {
+  const sent: Record<string, string[]> = {};
+  for (const [installer, names] of Object.entries(p) as [string, unknown][]) {
+    if (names === undefined) continue;
+    // A name where a list belongs would otherwise be refused with a less helpful message.
+    if (!Array.isArray(names)) throw new TypeError(`packages.${installer} is a list of package names, not ${typeof names}`);
+    sent[installer] = [...(names as string[])];
+  }
+  return sent;
+}
+
+/** Maps a packages report from the wire. */
+export function toPackagesReport(p: WirePackagesReport): PackagesReport {
+  return { cached: p.cached, durationMs: p.duration_ms, files: p.files, bytes: p.bytes };
+}
+
 /** Maps a restore report from the wire. */
 export function toRestore(r: WireRestore): RestoreReport {
   return { fidelity: r.fidelity, files: r.files, kernels: r.kernels, notCarried: r.not_carried };
@@ -289,6 +347,7 @@ export function toSandboxInfo(s: WireSandbox): SandboxInfo {
     network: toNetworkPolicy(s.network),
     backend: s.backend,
     template: s.template,
+    packages: s.packages === undefined || s.packages === null ? null : toPackagesReport(s.packages),
   };
   if (s.restore !== undefined && s.restore !== null) info.restore = toRestore(s.restore);
   return info;

@@ -157,3 +157,59 @@ export async function startScriptedModel(script: unknown): Promise<ScriptedModel
     },
   };
 }
+
+/** The test kit's fake package registries, serving. */
+export interface FakeRegistries {
+  /** Their HTTPS address (`127.0.0.1:P`). */
+  https: string;
+  /** Their plain-HTTP address. */
+  http: string;
+  /** The test CA their certificate is signed by (a PEM file they remove as they exit). */
+  ca: string;
+  /** The HTTPS port. */
+  httpsPort: number;
+  /** Stops them (SIGTERM, so they remove their files). */
+  stop(): Promise<void>;
+}
+
+/**
+ * Starts the test kit's fake package registries (`fake-registries`:
+ * `$SANDCELL_FAKE_REGISTRIES`, else this repository's debug build, which test.sh makes) on
+ * 127.0.0.1: a PEP 503 index and an npm registry, each with `sandcell-fake`, their
+ * certificate covering `names`.
+ */
+export async function startFakeRegistries(names: string[]): Promise<FakeRegistries> {
+  const bin = process.env["SANDCELL_FAKE_REGISTRIES"] ?? join(REPO, "target/debug/fake-registries");
+  if (!existsSync(bin)) {
+    throw new Error(`no fake-registries at ${bin}: build it (cargo build -p sandcell-testkit --features registries --bin fake-registries) or set SANDCELL_FAKE_REGISTRIES`);
+  }
+  const child = spawn(bin, names.flatMap((n) => ["--name", n]), { stdio: ["ignore", "pipe", "pipe"] });
+  let out = "";
+  let err = "";
+  child.stdout?.on("data", (c: Buffer) => {
+    out += c.toString();
+  });
+  child.stderr?.on("data", (c: Buffer) => {
+    err = (err + c.toString()).slice(-20_000);
+  });
+  const stop = async (): Promise<void> => {
+    if (child.exitCode === null && child.signalCode === null) {
+      const exited = new Promise((r) => child.once("exit", r));
+      child.kill("SIGTERM");
+      const timer = setTimeout(() => child.kill("SIGKILL"), 10_000);
+      await exited;
+      clearTimeout(timer);
+    }
+  };
+  try {
+    // One JSON line once both ports accept connections.
+    const ready = await waitFor("the registries' addresses", child, () => err, () => {
+      const end = out.indexOf("\n");
+      return end < 0 ? undefined : (JSON.parse(out.slice(0, end)) as { https: string; http: string; ca: string });
+    });
+    return { ...ready, httpsPort: Number(ready.https.split(":").pop()), stop };
+  } catch (e) {
+    await stop();
+    throw e;
+  }
+}

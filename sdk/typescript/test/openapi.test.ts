@@ -254,6 +254,7 @@ const WIRE: Record<string, WireModel> = {
   WireEgressEvent: { schema: "EgressEventInfo" },
   WireEgressEventList: { schema: "EgressEventList" },
   WireGitCloneResult: { schema: "GitCloneResult" },
+  WirePackagesReport: { schema: "PackagesReport" },
 };
 
 /** Named TypeScript types and the JSON types they hold. */
@@ -382,6 +383,25 @@ test("each Wire* interface declares only what its schema has, with compatible ty
     }
   }
   assert.deepEqual(problems, [], "Wire* interfaces that do not fit docs/openapi.json");
+});
+
+test("the Packages interface (sent, never read) names the installers the Packages schema has, each a list", () => {
+  const text = readFileSync(join(srcDir, "types.ts"), "utf8").replace(/\/\*[\s\S]*?\*\//g, "").replace(/\/\/.*$/gm, "");
+  const body = /export interface Packages \{([^}]*)\}/.exec(text);
+  assert.ok(body, "types.ts no longer declares `export interface Packages`");
+  const members = splitTop(body[1]!, ";").map((decl) => {
+    const d = /^(\w+)\?:\s*([\s\S]+)$/.exec(decl);
+    assert.ok(d, `Packages: "${decl}" is not an optional member`);
+    return { name: d[1]!, type: d[2]!.trim() };
+  });
+  const props: Schema = resolveSchema(schemas["Packages"]!).properties ?? {};
+  assert.deepEqual(members.map((m) => m.name).sort(), Object.keys(props).sort());
+  for (const m of members) {
+    assert.ok(m.type.endsWith("[]"), `Packages.${m.name}: ${m.type} is not a list`);
+    assert.deepEqual(typesOf(resolveSchema(props[m.name])), ["array"], `Packages.${m.name}`);
+  }
+  const create: Schema = resolveSchema(schemas["CreateSandbox"]!).properties;
+  assert.equal(schemaName(create["packages"]), "Packages");
 });
 
 test("the headers a run's event stream sends are the document's", () => {
@@ -534,6 +554,9 @@ async function everyMethod(): Promise<void> {
   await Sandbox.create({ ...client, network: { allow: ["example.org", "*.example.net:443", "[::1]:8080"] } });
   await Sandbox.create({ ...client, network: ["example.org:443"] });
   await Sandbox.create({ ...client, network: "full" });
+  await Sandbox.create({ ...client, packages: { pip: ["numpy", "pandas==2.2.2"], npm: ["@scope/name@1.2.3"], r: ["ggplot2"] } });
+  await Sandbox.create({ ...client, packages: { npm: ["left-pad"], pip: undefined } });
+  await Sandbox.create({ ...client, packages: {} });
   await Sandbox.get(sb.id, client);
   await Sandbox.list({ ...client, label: { a: "b" }, metadata: { c: "d" }, state: ["running", "paused"] });
   await Sandbox.fork("snap-0123456789ab", { ...client, count: 2, labels: { a: "b" }, metadata: { c: "d" }, timeoutSecs: 60, idleTimeoutSecs: 30, ephemeral: true });

@@ -13,6 +13,7 @@ mod daemon_gvisor;
 mod daemon_life;
 mod daemon_network;
 mod daemon_pause;
+mod daemon_previews;
 mod daemon_processes;
 mod daemon_snapshots;
 mod durable_runs;

@@ -9,6 +9,7 @@ pub mod files;
 pub mod keys;
 pub mod memories;
 pub mod network;
+pub mod previews;
 pub mod processes;
 pub mod runs;
 pub mod sandboxes;

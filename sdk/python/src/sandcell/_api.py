@@ -38,6 +38,7 @@ from ._models import (
     NetworkInfo,
     NetworkPolicyInput,
     OutputEvent,
+    PackagesInput,
     ProcessInfo,
     ProcessOutput,
     Result,
@@ -159,6 +160,7 @@ def create_sandbox(
     metadata: Mapping[str, str] | None,
     env: Mapping[str, str] | None,
     network: NetworkPolicyInput | None,
+    packages: PackagesInput | None,
     snapshot_id: str | None,
     backend: str | None,
     limits: Mapping[str, float] | None,
@@ -166,7 +168,8 @@ def create_sandbox(
     checkpointable: bool,
     auto_snapshot: AutoSnapshot | None,
 ) -> Call[SandboxInfo]:
-    """`POST /v1/sandboxes`."""
+    """`POST /v1/sandboxes`. With packages, no read timeout: the daemon bounds an install
+    itself (`packages.timeout_secs`), and a large one takes a while."""
     if timeout is not None and ttl is not None:
         raise ValueError("give timeout or ttl (both are the sandbox's lifetime), not both")
     body = _drop_none(
@@ -180,6 +183,7 @@ def create_sandbox(
             "metadata": dict(metadata) if metadata else None,
             "env": dict(env) if env else None,
             "network": _network(network) if network is not None else None,
+            "packages": _packages(packages) if packages is not None else None,
             "snapshot_id": snapshot_id,
             "backend": backend,
             "limits": dict(limits) if limits else None,
@@ -188,7 +192,13 @@ def create_sandbox(
             "auto_snapshot": auto_snapshot.to_json() if auto_snapshot else None,
         }
     )
-    return Call("POST", "/v1/sandboxes", lambda r: SandboxInfo.from_json(r.json()), json=body)
+    return Call(
+        "POST",
+        "/v1/sandboxes",
+        lambda r: SandboxInfo.from_json(r.json()),
+        json=body,
+        read_timeout=None if packages else Default.TIMEOUT,
+    )
 
 
 def get_sandbox(sandbox_id: str) -> Call[SandboxInfo]:
@@ -252,6 +262,25 @@ def _network(policy: NetworkPolicyInput) -> str | dict[str, Any]:
         f"network is 'off', 'loopback', 'full', a list of allow rules or {{'allow': [...]}}, "
         f"not {type(policy).__name__}"
     )
+
+
+def _packages(packages: PackagesInput) -> dict[str, list[str]]:
+    """Packages as sent: each installer's list made a list. Only its shape is checked here (a
+    string where a list belongs would otherwise be sent as a list of letters); the installers
+    and the names are the daemon's to judge (an unknown one is an InvalidArgumentError)."""
+    if not isinstance(packages, Mapping):
+        raise TypeError(
+            f"packages is a mapping such as {{'pip': [...], 'npm': [...], 'r': [...]}}, "
+            f"not {type(packages).__name__}"
+        )
+    sent: dict[str, list[str]] = {}
+    for installer, names in packages.items():
+        if isinstance(names, str) or not isinstance(names, Sequence):
+            raise TypeError(
+                f"packages[{installer!r}] is a list of package names, not {type(names).__name__}"
+            )
+        sent[str(installer)] = list(names)
+    return sent
 
 
 def get_network(sandbox_id: str) -> Call[NetworkInfo]:

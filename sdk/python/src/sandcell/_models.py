@@ -69,6 +69,48 @@ NetworkPolicyInput = str | Sequence[str] | Mapping[str, Sequence[str]]
 meaning `{"allow": [...]}`), or the mapping `{"allow": [...]}` itself."""
 
 
+class Packages(TypedDict, total=False):
+    """Packages installed while a sandbox is made (`Sandbox.create(packages=…)`), through its
+    egress proxy from the registries the daemon's operator configured, and cached: the next
+    sandbox with the same lists gets them from the cache. `pip`: specifiers as pip takes them
+    (`"numpy"`, `"pandas==2.2.2"`), installed for the sandbox's user (`~/.local`); `npm`:
+    `"left-pad"`, `"@scope/name@1.2.3"`, installed globally under `~/.npm-global` (on `PATH` and
+    `NODE_PATH`); `r`: R package names, installed into `~/R/library` (`R_LIBS_USER`)."""
+
+    pip: Sequence[str]
+    npm: Sequence[str]
+    r: Sequence[str]
+
+
+PackagesInput = Packages | Mapping[str, Sequence[str]]
+"""Packages as `Sandbox.create(packages=…)` takes them: a `Packages` or any mapping of an
+installer (`"pip"`, `"npm"`, `"r"`) to its list; another key is the daemon's to refuse (an
+InvalidArgumentError)."""
+
+
+@dataclass
+class PackagesReport:
+    """How a sandbox's packages were installed (only on the answer of the create that asked
+    for them): `cached` when they came from the cache of an earlier install of the same lists
+    (no registry reached), how long installing or unpacking took, and the files and bytes the
+    install put into the sandbox."""
+
+    cached: bool
+    duration_ms: int
+    files: int
+    bytes: int
+
+    @classmethod
+    def from_json(cls, d: JsonDict) -> PackagesReport:
+        """Parses a `PackagesReport`."""
+        return cls(
+            cached=bool(d["cached"]),
+            duration_ms=int(d["duration_ms"]),
+            files=int(d["files"]),
+            bytes=int(d["bytes"]),
+        )
+
+
 def _policy(value: Any) -> NetworkPolicy:
     """A policy as the API sends it (`"off"`, …, or `{"allow": [...]}`); a missing one is
     the daemon's default, `loopback`."""
@@ -83,7 +125,8 @@ def _policy(value: Any) -> NetworkPolicy:
 @dataclass
 class SandboxInfo:
     """A sandbox's record: state, times, limits, labels (`restore` only right after a restore);
-    `network` is its network policy now (`"loopback"`, …, or `{"allow": [...]}`)."""
+    `network` is its network policy now (`"loopback"`, …, or `{"allow": [...]}`); `packages`
+    says how the packages asked for were installed (only on the create answer, else None)."""
 
     id: str
     state: str
@@ -100,6 +143,7 @@ class SandboxInfo:
     idle_timeout_secs: int | None = None
     reason: str | None = None
     restore: JsonDict | None = None
+    packages: PackagesReport | None = None
 
     @classmethod
     def from_json(cls, d: JsonDict) -> SandboxInfo:
@@ -120,6 +164,7 @@ class SandboxInfo:
             idle_timeout_secs=d.get("idle_timeout_secs"),
             reason=d.get("reason"),
             restore=d.get("restore"),
+            packages=PackagesReport.from_json(d["packages"]) if d.get("packages") else None,
         )
 
 

@@ -45,6 +45,7 @@ from ._models import (
     NetworkPolicyInput,
     Offsets,
     OutputEvent,
+    PackagesInput,
     ProcessInfo,
     ProcessOutput,
     Result,
@@ -220,6 +221,7 @@ class Sandbox:
         metadata: Mapping[str, str] | None = None,
         env: Mapping[str, str] | None = None,
         network: NetworkPolicyInput | None = None,
+        packages: PackagesInput | None = None,
         snapshot_id: str | None = None,
         backend: str | None = None,
         limits: Mapping[str, float] | None = None,
@@ -233,7 +235,12 @@ class Sandbox:
         """Creates a sandbox (or restores `snapshot_id`); `timeout`/`ttl` is its lifetime in seconds.
         `network` is what it reaches: `"loopback"` (the default), `"off"`, `"full"`, or a list of
         allow rules (`["example.org", "*.example.net:443", "127.0.0.1:8080"]`, the same as
-        `{"allow": [...]}`); a bad rule is an InvalidArgumentError."""
+        `{"allow": [...]}`); a bad rule is an InvalidArgumentError. `packages`
+        (`{"pip": [...], "npm": [...], "r": [...]}`) are installed while it is made, from the
+        registries the daemon's operator configured, or unpacked from the cache of an earlier
+        install of the same lists; `info.packages` says which (`PackagesReport`). An install
+        that failed is an InvalidArgumentError naming the package (no sandbox is left), as
+        are packages with `network="off"`."""
         call = _api.create_sandbox(
             template=template,
             size=size,
@@ -245,6 +252,7 @@ class Sandbox:
             metadata=metadata,
             env=env,
             network=network,
+            packages=packages,
             snapshot_id=snapshot_id,
             backend=backend,
             limits=limits,

@@ -202,6 +202,11 @@ pub struct SandboxInfo {
     pub backend: String,
     /// The template it was made from.
     pub template: String,
+    /// Where a server inside on port P is reached (previews): this host name with `{port}`
+    /// replaced by P (`{port}-<id>.localhost`), on the daemon's port.
+    pub preview_host: String,
+    /// The same, as a path on the daemon (`/v1/sandboxes/<id>/ports/{port}/`).
+    pub preview_path: String,
     /// Only when it was just made with `packages`: how they were installed.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub packages: Option<PackagesReport>,

@@ -11,9 +11,11 @@ use sandcell_api::network::{NetworkPolicy, normalize_host};
 use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::TcpStream;
 
+use crate::ca::Interception;
 use crate::decide::{Denied, decide};
 use crate::meter::{BYTE_LIMIT, Metered};
 use crate::resolve::Resolver;
+use crate::secrets::Secrets;
 use crate::tls::{Hello, MAX_RECORD, client_hello};
 
 /// How a connection asked to go out.
@@ -70,6 +72,12 @@ pub struct EgressEvent {
     pub bytes_down: u64,
     /// How long it lasted.
     pub duration_ms: u64,
+    /// The proxy read the tunnel's requests (terminating its TLS, if it carried TLS) rather
+    /// than relaying its bytes: what it does when the sandbox has secrets.
+    pub intercepted: bool,
+    /// The secrets whose values the proxy put in this connection's requests, by name (never
+    /// their values), sorted.
+    pub secrets: Vec<String>,
 }
 
 /// What one sandbox's egress may use.
@@ -107,6 +115,8 @@ pub struct EgressProxy {
     open: AtomicU32,
     bytes: Arc<AtomicU64>,
     sink: EventSink,
+    secrets: RwLock<Secrets>,
+    interception: RwLock<Option<Interception>>,
 }
 
 impl std::fmt::Debug for EgressProxy {
@@ -177,7 +187,52 @@ impl EgressProxy {
             open: AtomicU32::new(0),
             bytes: Arc::new(AtomicU64::new(0)),
             sink,
+            secrets: RwLock::new(Secrets::default()),
+            interception: RwLock::new(None),
         })
+    }
+
+    /// Changes the sandbox's secrets: the next request is checked against them. While there
+    /// are any (and [`EgressProxy::set_interception`] gave the proxy a CA), `CONNECT`
+    /// tunnels are read rather than relayed, so a placeholder is replaced for its hosts and
+    /// refused on its way to any other; plain-HTTP requests are checked either way.
+    pub fn set_secrets(&self, secrets: Secrets) {
+        *self.secrets.write().unwrap_or_else(PoisonError::into_inner) = secrets;
+    }
+
+    /// The secrets now.
+    pub fn secrets(&self) -> Secrets {
+        self.secrets
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Gives the proxy what it terminates TLS with (`None`: it terminates none, and tunnels
+    /// stay blind whatever the secrets).
+    pub fn set_interception(&self, interception: Option<Interception>) {
+        *self
+            .interception
+            .write()
+            .unwrap_or_else(PoisonError::into_inner) = interception;
+    }
+
+    /// What it terminates TLS with, if anything.
+    pub fn interception(&self) -> Option<Interception> {
+        self.interception
+            .read()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Records an event.
+    pub(crate) fn emit(&self, event: EgressEvent) {
+        (self.sink)(event);
+    }
+
+    /// The count of bytes carried, both directions, that [`Metered`] streams add to.
+    pub(crate) fn byte_counter(&self) -> Arc<AtomicU64> {
+        self.bytes.clone()
     }
 
     /// The policy now.
@@ -215,6 +270,21 @@ impl EgressProxy {
         W: AsyncWrite + Unpin + Send,
     {
         let address = upstream.peer_addr().ok();
+        // The sandbox's secrets: their values in place of their placeholders, or a refusal.
+        let secrets = self.secrets();
+        let (head, used) = if secrets.is_empty() {
+            (head.to_vec(), Vec::new())
+        } else {
+            match crate::intercept::rewrite_plain(&secrets, head, &asked.host, asked.port) {
+                Ok(rewritten) => rewritten,
+                Err(reason) => {
+                    self.denied(&asked, reason.clone(), address);
+                    crate::intercept::answer(&mut client_write, "403 Forbidden", &reason).await;
+                    return Ok(());
+                }
+            }
+        };
+        let head = head.as_slice();
         let down_count = Arc::new(AtomicU64::new(0));
         let (up_read, mut up_write) = upstream.into_split();
         let mut down_meter = Metered {
@@ -271,6 +341,8 @@ impl EgressProxy {
             bytes_up,
             bytes_down: down_count.load(Ordering::Relaxed),
             duration_ms: millis(asked.started.elapsed()),
+            intercepted: false,
+            secrets: used,
         });
         Ok(())
     }
@@ -355,6 +427,8 @@ impl EgressProxy {
             bytes_up: 0,
             bytes_down: 0,
             duration_ms: millis(asked.started.elapsed()),
+            intercepted: false,
+            secrets: Vec::new(),
         });
     }
 
@@ -380,11 +454,34 @@ impl EgressProxy {
         Err(last)
     }
 
+    /// Serves a tunnel: a `CONNECT` one is read (its TLS terminated) when the sandbox has
+    /// secrets and the proxy has a CA ([`crate::intercept`]); any other is relayed as it is
+    /// ([`EgressProxy::relay_tunnel`]).
+    pub(crate) async fn tunnel<S>(
+        &self,
+        asked: Asked,
+        inbound: Inbound<S>,
+        upstream: TcpStream,
+        check_sni: bool,
+    ) -> io::Result<()>
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send,
+    {
+        if check_sni
+            && asked.protocol == Protocol::Connect
+            && !self.secrets().is_empty()
+            && let Some(interception) = self.interception()
+        {
+            return crate::intercept::connect(self, interception, asked, inbound, upstream).await;
+        }
+        self.relay_tunnel(asked, inbound, upstream, check_sni).await
+    }
+
     /// Relays a tunnel between the sandbox (`inbound`, its unread bytes first) and
     /// `upstream` to its end, and records it. When `check_sni`, the sandbox's first record
     /// is read before anything goes upstream: a TLS ClientHello naming another host than
     /// the one asked for cuts the tunnel.
-    pub(crate) async fn tunnel<S>(
+    pub(crate) async fn relay_tunnel<S>(
         &self,
         asked: Asked,
         mut inbound: Inbound<S>,
@@ -506,6 +603,8 @@ impl EgressProxy {
             bytes_up: up_count.load(Ordering::Relaxed),
             bytes_down: down_count.load(Ordering::Relaxed),
             duration_ms: millis(asked.started.elapsed()),
+            intercepted: false,
+            secrets: Vec::new(),
         });
         Ok(())
     }

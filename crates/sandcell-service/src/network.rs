@@ -165,6 +165,8 @@ mod tests {
             bytes_up: 3,
             bytes_down: 4,
             duration_ms: 5,
+            intercepted: false,
+            secrets: Vec::new(),
         };
         let mut a = audit_event("sb-1", Some("alice".into()), &e);
         a.id = 7;

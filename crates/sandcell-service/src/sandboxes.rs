@@ -146,6 +146,8 @@ pub fn sandbox_info(r: &SandboxRecord) -> SandboxInfo {
         id: r.id.clone(),
         restore: None,
         packages: None,
+        preview_host: format!("{{port}}-{}.localhost", r.id),
+        preview_path: format!("/v1/sandboxes/{}/ports/{{port}}/", r.id),
         state: r.state.as_str().to_string(),
         reason: r.reason.clone(),
         created_at: rfc3339(r.created_at_ms),

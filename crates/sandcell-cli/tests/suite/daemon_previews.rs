@@ -244,3 +244,11 @@ fn previews_work_on_gvisor() {
     let id = d.create_id(json!({"backend": "gvisor"}));
     check_previews(&d, &id);
 }
+
+#[test]
+fn a_sandboxs_info_says_where_its_ports_are_reached() {
+    let d = Daemon::start(&[]);
+    let sb = d.create(json!({}));
+    assert_eq!(sb.preview_host, format!("{{port}}-{}.localhost", sb.id));
+    assert_eq!(sb.preview_path, format!("/v1/sandboxes/{}/ports/{{port}}/", sb.id));
+}

@@ -156,6 +156,13 @@ pub struct CreateSandbox {
     /// so the next sandbox with the same list gets them from the cache. Not with network
     /// `off`.
     pub packages: Option<Packages>,
+    /// Secrets that never enter the sandbox: each becomes an environment variable holding a
+    /// placeholder, which the egress proxy replaces with the value in the headers and query
+    /// of requests to the secret's hosts only (over TLS it terminates with a CA the sandbox
+    /// trusts, `/run/sandcell/ca.pem`); a request carrying it to another host is refused.
+    /// Kept in the daemon's memory only. Not with network `off`.
+    #[serde(default)]
+    pub secrets: Vec<SecretInput>,
     /// The isolation backend (default `process`; `GET /v1/system` lists those available).
     pub backend: Option<String>,
     /// On the `process` backend: make the sandbox so that CRIU can checkpoint every process
@@ -214,6 +221,78 @@ pub struct SandboxInfo {
     /// what was not carried).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub restore: Option<serde_json::Value>,
+}
+
+/// Most secrets a sandbox may have.
+pub const MAX_SECRETS: usize = 32;
+
+/// One secret at create.
+#[derive(Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct SecretInput {
+    /// The environment variable that holds its placeholder (`A-Z`, `0-9`, `_`, not starting
+    /// with a digit).
+    pub name: String,
+    /// The value (1 to 8192 bytes, no control characters); never shown again.
+    pub value: String,
+    /// The hosts it may be sent to, as network allow rules (`api.example.com`,
+    /// `*.example.com`, `host:443`).
+    pub hosts: Vec<String>,
+}
+
+impl std::fmt::Debug for SecretInput {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SecretInput")
+            .field("name", &self.name)
+            .field("hosts", &self.hosts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl SecretInput {
+    /// Checks a list of secrets (names, values, hosts; names unique).
+    pub fn check_all(list: &[SecretInput]) -> Result<(), crate::ValidationError> {
+        let bad = |m: String| Err(crate::ValidationError(m));
+        if list.len() > MAX_SECRETS {
+            return bad(format!("at most {MAX_SECRETS} secrets, got {}", list.len()));
+        }
+        let mut seen = std::collections::BTreeSet::new();
+        for s in list {
+            let name_ok = !s.name.is_empty()
+                && s.name.len() <= 128
+                && !s.name.starts_with(|c: char| c.is_ascii_digit())
+                && s.name
+                    .bytes()
+                    .all(|b| b.is_ascii_uppercase() || b.is_ascii_digit() || b == b'_');
+            if !name_ok {
+                return bad(format!(
+                    "secret name '{}' must be an environment variable name (A-Z, 0-9, _)",
+                    s.name
+                ));
+            }
+            if !seen.insert(s.name.as_str()) {
+                return bad(format!("secret '{}' is given twice", s.name));
+            }
+            if s.value.is_empty() || s.value.len() > 8192 || s.value.chars().any(char::is_control) {
+                return bad(format!(
+                    "secret '{}': its value must be 1 to 8192 bytes without control characters",
+                    s.name
+                ));
+            }
+            if s.hosts.is_empty() {
+                return bad(format!(
+                    "secret '{}' names no host it may be sent to",
+                    s.name
+                ));
+            }
+            for h in &s.hosts {
+                h.parse::<crate::network::HostRule>()
+                    .map_err(|e| crate::ValidationError(format!("secret '{}': {e}", s.name)))?;
+            }
+        }
+        Ok(())
+    }
 }
 
 /// Most packages one installer may be given.

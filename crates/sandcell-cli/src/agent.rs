@@ -349,7 +349,7 @@ pub fn agent(args: AgentArgs) -> anyhow::Result<ExitCode> {
         });
     }
     runtime()?.block_on(async move {
-        let engine = crate::cli::service_engine(crate::cli::backend_config()?)?;
+        let engine = crate::cli::service_engine(crate::cli::backend_config()?, &config)?;
         let embedded = sandcell_server::embedded(config, engine)
             .await
             .context("start the embedded engine")?;
@@ -871,7 +871,7 @@ fn go_on(
     }
     let (config, _) = config.load(Vec::new())?;
     runtime()?.block_on(async move {
-        let engine = crate::cli::service_engine(crate::cli::backend_config()?)?;
+        let engine = crate::cli::service_engine(crate::cli::backend_config()?, &config)?;
         let embedded = sandcell_server::embedded(config, engine)
             .await
             .context("start the embedded engine")?;

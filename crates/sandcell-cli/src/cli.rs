@@ -217,11 +217,14 @@ fn run_command(command: Command) -> anyhow::Result<ExitCode> {
 
 /// The engine of a service (daemon, embedded MCP or agent): both backends, the process one
 /// with `process`, and the egress proxies' settings.
-pub fn service_engine(process: ProcessBackendConfig) -> anyhow::Result<Engine> {
+pub fn service_engine(
+    process: ProcessBackendConfig,
+    config: &sandcell_service::config::Config,
+) -> anyhow::Result<Engine> {
     Ok(Engine::builder()
         .backend(ProcessBackend::new(process))
         .backend(gvisor_backend()?)
-        .egress(egress_hub()?)
+        .egress(egress_hub()?.with_upstream_ca(config.network.upstream_ca()))
         .build())
 }
 

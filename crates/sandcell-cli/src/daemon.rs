@@ -89,7 +89,7 @@ pub fn serve(args: ServeArgs) -> anyhow::Result<()> {
             config.listen
         );
     }
-    let engine = crate::cli::service_engine(backend_config)?;
+    let engine = crate::cli::service_engine(backend_config, &config)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

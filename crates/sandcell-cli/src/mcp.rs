@@ -66,7 +66,7 @@ pub fn mcp(args: McpArgs) -> anyhow::Result<()> {
                 .await
                 .context("serve MCP on stdio");
         }
-        let engine = crate::cli::service_engine(crate::cli::backend_config()?)?;
+        let engine = crate::cli::service_engine(crate::cli::backend_config()?, &config)?;
         let embedded = sandcell_server::embedded(config, engine)
             .await
             .context("start the embedded engine")?;

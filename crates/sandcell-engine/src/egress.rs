@@ -11,7 +11,10 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, PoisonError, RwLock};
 
 use sandcell_api::network::NetworkPolicy;
-use sandcell_egress::{EgressEvent, EgressProxy, Limits, Resolver, SystemResolver};
+use sandcell_egress::{
+    EgressEvent, EgressProxy, InterceptCa, Interception, Limits, Resolver, Secrets, SystemResolver,
+    UpstreamTrust,
+};
 
 use crate::error::EngineError;
 
@@ -19,6 +22,11 @@ use crate::error::EngineError;
 pub use sandcell_protocol::EGRESS_DIR as SANDBOX_EGRESS_DIR;
 /// The proxy's socket in that folder.
 pub const SOCKET_NAME: &str = "egress.sock";
+/// The CA bundle a sandbox with secrets trusts (the host's roots and the proxy's CA), in
+/// that folder.
+pub const CA_BUNDLE_NAME: &str = "ca.pem";
+/// Where a sandbox sees it.
+pub const SANDBOX_CA_BUNDLE: &str = "/run/sandcell/ca.pem";
 
 /// The folder of sandbox `id` under a backend's runtime folder (`<runtime>/egress/<id>`).
 pub fn sandbox_dir(runtime_dir: &Path, id: &str) -> PathBuf {
@@ -51,6 +59,11 @@ pub struct EgressHub {
     resolver: Arc<dyn Resolver>,
     limits: Limits,
     sink: RwLock<Option<EventSink>>,
+    /// More CAs upstreams may be verified against when the proxy terminates TLS (an
+    /// operator's private CA; the test registries').
+    upstream_ca: Option<PathBuf>,
+    /// The proxy's own CA and the upstream roots, made on first need (secrets).
+    interception: std::sync::OnceLock<Result<Interception, String>>,
 }
 
 impl std::fmt::Debug for EgressHub {
@@ -75,7 +88,30 @@ impl EgressHub {
             resolver,
             limits,
             sink: RwLock::new(None),
+            upstream_ca: None,
+            interception: std::sync::OnceLock::new(),
         }
+    }
+
+    /// Also trusts the CAs in the PEM file `path` for upstreams of terminated TLS.
+    pub fn with_upstream_ca(mut self, path: Option<PathBuf>) -> Self {
+        self.upstream_ca = path;
+        self
+    }
+
+    /// The proxy's CA and upstream roots (made once).
+    fn interception(&self) -> Result<Interception, EngineError> {
+        self.interception
+            .get_or_init(|| {
+                let mut trust = UpstreamTrust::system().map_err(|e| e.to_string())?;
+                if let Some(path) = &self.upstream_ca {
+                    trust = trust.with_pem_file(path).map_err(|e| e.to_string())?;
+                }
+                let ca = InterceptCa::generate().map_err(|e| e.to_string())?;
+                Interception::new(Arc::new(ca), &trust).map_err(|e| e.to_string())
+            })
+            .clone()
+            .map_err(|e| EngineError::InvalidRequest(format!("secrets cannot be used here: {e}")))
     }
 
     /// Sends every later event to `sink` (before one is set, events are only logged).
@@ -127,6 +163,7 @@ impl EgressHub {
             proxy,
             task,
             dir: Some(dir.to_path_buf()),
+            hub: self.clone(),
         })
     }
 
@@ -160,6 +197,7 @@ impl EgressHub {
                 proxy,
                 task,
                 dir: None,
+                hub: self.clone(),
             },
         ))
     }
@@ -192,6 +230,7 @@ pub struct EgressHandle {
     task: tokio::task::JoinHandle<std::io::Result<()>>,
     /// The sandbox's folder (none for a loopback proxy).
     dir: Option<PathBuf>,
+    hub: Arc<EgressHub>,
 }
 
 impl EgressHandle {
@@ -213,6 +252,41 @@ impl EgressHandle {
     /// Connections open now.
     pub fn open_connections(&self) -> u32 {
         self.proxy.open_connections()
+    }
+
+    /// Gives the proxy `secrets` (their placeholders are replaced for their hosts only, over
+    /// TLS it terminates) and writes the CA bundle the sandbox must trust for it
+    /// ([`SANDBOX_CA_BUNDLE`]: the host's roots and the proxy's CA). Empty: tunnels are blind
+    /// again.
+    pub fn set_secrets(&self, secrets: Secrets) -> Result<(), EngineError> {
+        if secrets.is_empty() {
+            self.proxy.set_secrets(secrets);
+            self.proxy.set_interception(None);
+            return Ok(());
+        }
+        let Some(dir) = &self.dir else {
+            return Err(EngineError::InvalidRequest(
+                "a loopback proxy carries no secrets".into(),
+            ));
+        };
+        let interception = self.hub.interception()?;
+        let roots = std::env::var_os("SSL_CERT_FILE")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from("/etc/ssl/certs/ca-certificates.crt"));
+        let mut bundle = std::fs::read_to_string(&roots).unwrap_or_default();
+        if !bundle.is_empty() && !bundle.ends_with('\n') {
+            bundle.push('\n');
+        }
+        bundle.push_str(interception.ca().cert_pem());
+        let path = dir.join(CA_BUNDLE_NAME);
+        let tmp = dir.join(format!(".{CA_BUNDLE_NAME}.tmp"));
+        std::fs::write(&tmp, bundle)
+            .and_then(|()| std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o644)))
+            .and_then(|()| std::fs::rename(&tmp, &path))
+            .map_err(|e| EngineError::io(format!("write {}", path.display()), e))?;
+        self.proxy.set_interception(Some(interception));
+        self.proxy.set_secrets(secrets);
+        Ok(())
     }
 
     /// Stops the proxy and removes the sandbox's folder (the sandbox is gone).

@@ -311,6 +311,17 @@ impl Sandbox {
             .map_or(0, EgressHandle::open_connections)
     }
 
+    /// Gives its egress proxy `secrets` (see [`EgressHandle::set_secrets`]).
+    pub fn set_secrets(&self, secrets: sandcell_egress::Secrets) -> Result<(), EngineError> {
+        match &self.inner.egress {
+            Some(egress) => egress.set_secrets(secrets),
+            None => Err(EngineError::InvalidRequest(format!(
+                "sandbox {} has no egress proxy (its network is 'off'): it cannot use secrets",
+                self.inner.id
+            ))),
+        }
+    }
+
     /// Bytes its egress proxy carried, both directions (0 without one).
     pub fn egress_bytes(&self) -> u64 {
         self.inner.egress.as_ref().map_or(0, EgressHandle::bytes)

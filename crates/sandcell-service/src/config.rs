@@ -111,6 +111,11 @@ const KEYS: &[Key] = &[
         default: |_| toml::Value::Array(Vec::new()),
     },
     Key {
+        name: "network.upstream_ca_file",
+        help: "a PEM file of more certificate authorities the egress proxy trusts for upstream servers when it terminates TLS for secrets (besides the system's; empty: none)",
+        default: |_| string(""),
+    },
+    Key {
         name: "packages.pip_index_url",
         help: "the Python package index sandboxes' `packages.pip` install from (empty: pip's own default, as the host's pip names it)",
         default: |_| string(""),
@@ -299,6 +304,22 @@ pub struct Config {
     pub memory: MemoryConfig,
     /// Packages installed at create: where from.
     pub packages: PackagesConfig,
+    /// Sandboxes' egress.
+    pub network: NetworkConfig,
+}
+
+/// Sandboxes' egress.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NetworkConfig {
+    /// More CAs for upstreams of terminated TLS (empty: the system's only).
+    pub upstream_ca_file: String,
+}
+
+impl NetworkConfig {
+    /// [`Self::upstream_ca_file`] when set.
+    pub fn upstream_ca(&self) -> Option<PathBuf> {
+        (!self.upstream_ca_file.is_empty()).then(|| PathBuf::from(&self.upstream_ca_file))
+    }
 }
 
 /// Where packages installed at create come from.
@@ -786,6 +807,14 @@ fn validate(c: &Config) -> Result<(), ConfigError> {
         if !url.is_empty() {
             sandcell_api::git::check_registry_url(url).map_err(|e| bad(key, e.0))?;
         }
+    }
+    if !c.network.upstream_ca_file.is_empty()
+        && !Path::new(&c.network.upstream_ca_file).is_absolute()
+    {
+        return Err(bad(
+            "network.upstream_ca_file",
+            format!("'{}' is not an absolute path", c.network.upstream_ca_file),
+        ));
     }
     if !c.packages.ca_file.is_empty() && !Path::new(&c.packages.ca_file).is_absolute() {
         return Err(bad(

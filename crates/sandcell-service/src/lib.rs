@@ -29,6 +29,7 @@ pub mod packages;
 pub mod previews;
 pub mod processes;
 pub mod sandboxes;
+pub mod secrets;
 pub mod signed_url;
 pub mod snapshots;
 pub mod system;

@@ -103,6 +103,38 @@ pub fn spec_of(req: &CreateSandbox) -> ServiceResult<SandboxSpec> {
         checkpointable: req.checkpointable,
         ..SandboxSpec::default()
     };
+    if !req.secrets.is_empty() {
+        sandcell_api::sandboxes::SecretInput::check_all(&req.secrets)?;
+        if spec.network == sandcell_engine::NetworkPolicy::Off {
+            return Err(ServiceError::invalid(
+                "secrets are put in by the egress proxy, which a sandbox with network 'off' has \
+                 none of",
+            ));
+        }
+        for s in &req.secrets {
+            if spec.env.contains_key(&s.name) {
+                return Err(ServiceError::invalid(format!(
+                    "'{}' is both an env variable and a secret",
+                    s.name
+                )));
+            }
+        }
+        // Every client's CA setting: the proxy's CA joins the host's roots for them.
+        let ca = sandcell_engine::egress::SANDBOX_CA_BUNDLE.to_string();
+        for var in [
+            "SSL_CERT_FILE",
+            "REQUESTS_CA_BUNDLE",
+            "CURL_CA_BUNDLE",
+            "PIP_CERT",
+            "GIT_SSL_CAINFO",
+            "NODE_EXTRA_CA_CERTS",
+            "NPM_CONFIG_CAFILE",
+        ] {
+            spec.env
+                .entry(var.to_string())
+                .or_insert_with(|| ca.clone());
+        }
+    }
     if let Some(p) = &req.packages {
         p.check()?;
         if !p.is_empty() && spec.network == sandcell_engine::NetworkPolicy::Off {
@@ -228,8 +260,14 @@ impl Service {
         caller: &Caller,
         req: CreateSandbox,
     ) -> ServiceResult<SandboxInfo> {
+        let mut spec = spec_of(&req)?;
+        let secrets = crate::secrets::secrets_of(&req.secrets)?;
+        for s in secrets.iter() {
+            spec.env
+                .insert(s.name().to_string(), s.placeholder().to_string());
+        }
         let opts = create_options(
-            spec_of(&req)?,
+            spec,
             req.labels,
             req.metadata,
             req.idle_timeout_secs,
@@ -253,6 +291,16 @@ impl Service {
             }
         }
         let record = created?.record;
+        if !secrets.is_empty() {
+            let set = self
+                .fleet
+                .sandbox(&caller.owner, &record.id)
+                .and_then(|sb| sb.set_secrets(secrets.clone()));
+            if let Err(e) = set {
+                let _ = self.fleet.delete(&caller.owner, &record.id).await;
+                return Err(e.into());
+            }
+        }
         let packages = match req.packages.as_ref().filter(|p| !p.is_empty()) {
             Some(p) => {
                 let sandbox = self.fleet.sandbox(&caller.owner, &record.id)?;
@@ -295,6 +343,7 @@ impl Service {
             || !req.env.is_empty()
             || req.network.is_some()
             || req.packages.is_some()
+            || !req.secrets.is_empty()
             || !req.kernels.is_empty()
             || req.backend.is_some()
             || req.checkpointable

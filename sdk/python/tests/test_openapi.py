@@ -370,6 +370,9 @@ def every_call() -> Iterator[tuple[str, _api.Call[Any] | _api.StreamCall[Any]]]:
             password=None,
         ),
     )
+    yield "create_preview", _api.create_preview(SB, 8000, ttl_secs=60, public=True)
+    yield "create_preview", _api.create_preview(SB, 3000, ttl_secs=None, public=False)
+    yield "create_preview", _api.create_preview(SB, 65535, ttl_secs=None, public=None)
     yield "system", _api.system()
     yield (
         "exec_command",
@@ -715,6 +718,7 @@ MODELS = [
     Model(_models.EgressEvent, "EgressEventInfo"),
     Model(_models.EgressEventList, "EgressEventList"),
     Model(_models.GitCloneResult, "GitCloneResult"),
+    Model(_models.PreviewInfo, "PreviewInfo"),
     Model(_models.PackagesReport, "PackagesReport"),
     Model(_models.Budgets, "Budgets"),
     # Read from `run_started`'s `validate`, as sent (the schema of StartRun.validate).
@@ -819,6 +823,20 @@ def test_packages_fit_the_schema() -> None:
         assert json_types(props[name]) == {"array"}, f"Packages.{name}: {props[name]}"
     create, _ = properties("CreateSandbox")
     assert _schema_name(create["packages"]) == "Packages"
+
+
+def test_preview_options_are_the_create_preview_schema() -> None:
+    """`preview(port, ttl_secs=, public=)` sends every property of CreatePreview when given, and
+    with none an empty object (the document requires a body); the sandbox's info carries both
+    preview templates (`get_host` reads `preview_host` without a request)."""
+    props, _ = properties("CreatePreview")
+    assert set(_api.create_preview(SB, 80, ttl_secs=1, public=True).json) == set(props)
+    assert _api.create_preview(SB, 80, ttl_secs=None, public=None).json == {}
+    op = DOC["paths"]["/v1/sandboxes/{id}/previews/{port}"]["post"]
+    assert op["requestBody"]["required"] is True
+    _, required = properties("SandboxInfo")
+    assert {"preview_host", "preview_path"} <= required
+    assert {f.name for f in dataclasses.fields(_models.SandboxInfo)} >= {"preview_host", "preview_path"}
 
 
 def test_create_with_packages_waits_for_the_install() -> None:

@@ -57,6 +57,7 @@ export type {
   NetworkInfo,
 } from "./network.js";
 export type { GitCloneOptions, GitCloneResult } from "./git.js";
+export type { PreviewInfo, PreviewOptions, PreviewRoute, PreviewUrlOptions } from "./previews.js";
 export { Snapshot } from "./snapshots.js";
 export type {
   AutoSnapshotSettings,

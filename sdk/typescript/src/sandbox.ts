@@ -9,6 +9,7 @@ import * as files from "./files.js";
 import * as git from "./git.js";
 import { Memories } from "./memory.js";
 import * as network from "./network.js";
+import * as previews from "./previews.js";
 import { Commands, Files } from "./namespaces.js";
 import { Terminal, type AttachTerminalOptions, type TerminalOptions } from "./pty.js";
 import {
@@ -400,6 +401,51 @@ export class Sandbox {
   /** Every egress event, newest first, read a page at a time as the iteration gets to it. */
   iterEgressEvents(options?: network.IterEgressEventsOptions): AsyncGenerator<network.EgressEvent, void, undefined> {
     return network.iterEgressEvents(this.http, this.id, options);
+  }
+
+  // ---- previews ----
+
+  /**
+   * Makes a server listening on `port` inside the sandbox (on its loopback) reachable through
+   * the daemon: the answer has a token for that port, valid `ttlSecs` (default 3600, at most 7
+   * days), and where the port is reached (`path` on the daemon, `host` on the daemon's port).
+   * Requests there carry the API key, or the token (`?sandcell_token=…`, the
+   * `X-Sandcell-Token` header, or on the host route the cookie a URL with the token sets), or
+   * nothing once `public: true` (`public: false` makes the port private again). Its own
+   * network policy is unchanged. A port outside 1 to 65535 or a `ttlSecs` outside 1 s to 7
+   * days is an `InvalidArgumentError`. Nothing listening on the port is answered there with
+   * 502 `port_closed`; a sandbox with network `off` (nothing inside can listen), with 409
+   * `invalid_state`.
+   */
+  preview(port: number, options?: previews.PreviewOptions): Promise<previews.PreviewInfo> {
+    return previews.createPreview(this.http, this.id, port, options);
+  }
+
+  /**
+   * `{port}-{id}.localhost:{daemon port}`: the host at which a server on `port` inside the
+   * sandbox is reached through the daemon (browsers resolve `*.localhost` to this machine's
+   * loopback, so it serves a browser on the daemon's machine, or one the daemon's port is
+   * forwarded to). Made from `info.previewHost` and the client's URL, with no request;
+   * reaching it takes the API key, a token (`previewUrl`) or a public port. A port outside 1
+   * to 65535 is a `RangeError`.
+   */
+  getHost(port: number): string {
+    return previews.previewHost(this.info.previewHost, this.id, port, this.http.config.apiUrl);
+  }
+
+  /**
+   * A URL of the server on `port` inside the sandbox, to open in a browser or fetch with no
+   * API key: a new token (valid `ttlSecs`, default 3600) is in its query. `route: "host"` (the
+   * default) gives `http://{port}-{id}.localhost:{daemon port}/?sandcell_token=…` (the daemon
+   * keeps the token in a cookie, so the page's own links work too; see `getHost` for where
+   * that name resolves); `route: "path"` gives the daemon's URL with
+   * `/v1/sandboxes/{id}/ports/{port}/?sandcell_token=…`, which works wherever the daemon's URL
+   * does (the page's absolute links then miss the prefix). Another route is a `TypeError`.
+   */
+  async previewUrl(port: number, options: previews.PreviewUrlOptions = {}): Promise<string> {
+    const route = previews.checkRoute(options.route ?? "host");
+    const info = await previews.createPreview(this.http, this.id, port, { ttlSecs: options.ttlSecs });
+    return previews.previewUrl(info, this.http.config.apiUrl, route);
   }
 
   // ---- commands and processes ----

@@ -160,6 +160,10 @@ export interface SandboxInfo {
   restore?: RestoreReport;
   /** Only on the answer of a create with `packages`: how they were installed (null otherwise, and after `refresh`). */
   packages: PackagesReport | null;
+  /** Where a server inside on port P is reached through the daemon: this host name with `{port}` replaced by P (`{port}-<id>.localhost`), on the daemon's port (`getHost` does it). */
+  previewHost: string;
+  /** The same as a path on the daemon (`/v1/sandboxes/<id>/ports/{port}/`). */
+  previewPath: string;
 }
 
 /** How a process ended: `exited`, `signaled`, `oom_killed`, `timeout`, `pids_limit` or `killed`. */
@@ -239,6 +243,8 @@ export interface WireSandbox {
   template: string;
   restore?: WireRestore | null;
   packages?: WirePackagesReport | null;
+  preview_host: string;
+  preview_path: string;
 }
 
 /** `ExitInfo` as sent (the exec answer, an `exit` event, a process's output). */
@@ -348,6 +354,9 @@ export function toSandboxInfo(s: WireSandbox): SandboxInfo {
     backend: s.backend,
     template: s.template,
     packages: s.packages === undefined || s.packages === null ? null : toPackagesReport(s.packages),
+    // An older daemon sends neither: getHost then makes the name from the id.
+    previewHost: s.preview_host ?? "",
+    previewPath: s.preview_path ?? "",
   };
   if (s.restore !== undefined && s.restore !== null) info.restore = toRestore(s.restore);
   return info;

@@ -254,6 +254,7 @@ const WIRE: Record<string, WireModel> = {
   WireEgressEvent: { schema: "EgressEventInfo" },
   WireEgressEventList: { schema: "EgressEventList" },
   WireGitCloneResult: { schema: "GitCloneResult" },
+  WirePreviewInfo: { schema: "PreviewInfo" },
   WirePackagesReport: { schema: "PackagesReport" },
 };
 
@@ -471,6 +472,8 @@ interface Sent {
   method: string;
   template: string;
   problems: string[];
+  /** The JSON body, when one was sent. */
+  body?: unknown;
 }
 
 /** Replaces `fetch` with a daemon made of the document for the length of `run`. */
@@ -496,14 +499,19 @@ async function withFakeDaemon(full: boolean, run: () => Promise<void>): Promise<
       if (!query.has(key)) problems.push(`${where}: query parameter "${key}" is not in the document`);
     }
     const content: Schema = op.requestBody?.content ?? {};
+    let json: unknown;
     if (typeof init?.body === "string") {
+      json = JSON.parse(init.body);
       const schema = content["application/json"]?.schema;
       if (schema === undefined) problems.push(`${where}: sends JSON, the document takes ${Object.keys(content).join(", ") || "no body"}`);
-      else problems.push(...validate(JSON.parse(init.body), schema, where));
+      else problems.push(...validate(json, schema, where));
+    } else if ((init?.body === undefined || init.body === null) && op.requestBody?.required === true && content["application/json"] !== undefined) {
+      // The server's JSON extractor refuses a missing body.
+      problems.push(`${where}: sends no body, the document requires a JSON one`);
     } else if (init?.body !== undefined && init.body !== null && content["application/octet-stream"] === undefined) {
       problems.push(`${where}: sends bytes, the document takes ${Object.keys(content).join(", ") || "no body"}`);
     }
-    sent.push({ method, template, problems });
+    sent.push({ method, template, problems, body: json });
     const [status, answer] = Object.entries<Schema>(op.responses).find(([code]) => code.startsWith("2"))!;
     const schema = answer.content?.["application/json"]?.schema;
     // A page asked for by its cursor (or `before`) is the last (its next_cursor or
@@ -574,6 +582,12 @@ async function everyMethod(): Promise<void> {
   for await (const event of sb.iterEgressEvents({ pageSize: 10 })) assert.equal(typeof event.id, "number");
   await sb.gitClone("https://git.example.org/team/repo.git", { path: "/workspace/src", branch: "main", depth: 1, username: "me", password: "token" });
   await sb.gitClone("https://me:token@git.example.org/repo");
+  await sb.preview(8000, { ttlSecs: 60, public: true });
+  await sb.preview(3000, { public: false });
+  await sb.preview(65535);
+  await sb.previewUrl(8000, { route: "path", ttlSecs: 30 });
+  await sb.previewUrl(8000);
+  assert.equal(typeof sb.getHost(8000), "string");
   await sb.exec("ls", { env: { E: "1" }, cwd: "/", timeout: 5, stdin: "x" });
   await sb.exec(["ls", "-l"]);
   const proc = await sb.startProcess("top", { env: { E: "1" }, cwd: "/", timeout: 5, stdin: true, pty: { rows: 24, cols: 80 }, bufferBytes: 4096 });
@@ -720,5 +734,11 @@ for (const full of [true, false]) {
     const documented = Object.entries<Schema>(doc.paths).flatMap(([t, ops]) => Object.keys(ops).map((m) => `${m.toUpperCase()} ${t}`));
     const missed = documented.filter((o) => !covered.has(o) && !(o in NOT_EXERCISED));
     assert.deepEqual(missed, [], "operations neither exercised by everyMethod nor listed in NOT_EXERCISED");
+    // `preview`'s options are CreatePreview's properties, each sent when given; with none the
+    // body is an empty object (the document requires one).
+    const previewBodies = sent.filter((s) => s.template === "/v1/sandboxes/{id}/previews/{port}").map((s) => s.body as Record<string, unknown>);
+    const keys = new Set(previewBodies.flatMap((b) => Object.keys(b)));
+    assert.deepEqual([...keys].sort(), Object.keys(resolveSchema(schemas["CreatePreview"]!).properties).sort());
+    assert.ok(previewBodies.some((b) => Object.keys(b).length === 0), JSON.stringify(previewBodies));
   });
 }

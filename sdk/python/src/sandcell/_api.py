@@ -10,7 +10,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import timedelta
 from typing import Any, Generic, Literal, TypeVar
-from urllib.parse import quote
+from urllib.parse import quote, urlsplit
 
 import httpx
 
@@ -39,6 +39,8 @@ from ._models import (
     NetworkPolicyInput,
     OutputEvent,
     PackagesInput,
+    PreviewInfo,
+    PreviewRoute,
     ProcessInfo,
     ProcessOutput,
     Result,
@@ -336,6 +338,64 @@ def git_clone(
         json=body,
         read_timeout=None,
     )
+
+
+def create_preview(
+    sandbox_id: str, port: int, *, ttl_secs: int | None, public: bool | None
+) -> Call[PreviewInfo]:
+    """`POST /v1/sandboxes/{id}/previews/{port}`: a token for the port (and, with `public`,
+    the port opened to anyone or closed again)."""
+    return Call(
+        "POST",
+        _sb(sandbox_id, f"/previews/{port}"),
+        lambda r: PreviewInfo.from_json(r.json()),
+        json=_drop_none({"ttl_secs": ttl_secs, "public": public}),
+    )
+
+
+PREVIEW_TOKEN_PARAM = "sandcell_token"
+"""The query parameter a preview token travels in (the host route then keeps it in a cookie)."""
+
+
+def check_port(port: int) -> int:
+    """`port` if it is a port number (1 to 65535), else a ValueError: a host name is made of
+    it without asking the daemon, which would refuse it."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ValueError(f"port {port!r} must be an integer from 1 to 65535")
+    return port
+
+
+def check_route(route: str) -> PreviewRoute:
+    """`route` if it is `"host"` or `"path"`, else a ValueError (before a token is made)."""
+    if route == "host":
+        return "host"
+    if route == "path":
+        return "path"
+    raise ValueError(f"route {route!r} must be 'host' or 'path'")
+
+
+def _daemon_port(api_url: str) -> str:
+    """`:port` of the daemon's URL; empty when it names none (the scheme's own then)."""
+    port = urlsplit(api_url).port
+    return f":{port}" if port is not None else ""
+
+
+def preview_host(host_template: str, sandbox_id: str, port: int, api_url: str) -> str:
+    """The host route's `host[:port]` for `port`: the sandbox's `preview_host`
+    (`{port}-<id>.localhost`, made from the id if the daemon sent none) with the port put in,
+    and the daemon's port (none when the client's URL names none: its scheme's default)."""
+    template = host_template or f"{{port}}-{sandbox_id}.localhost"
+    return template.replace("{port}", str(check_port(port))) + _daemon_port(api_url)
+
+
+def preview_url(preview: PreviewInfo, api_url: str, route: PreviewRoute) -> str:
+    """A URL of the port with the preview's token in its query: under the daemon's URL for the
+    `path` route, at `{scheme}://{host}:{daemon port}/` for the `host` route."""
+    token = f"?{PREVIEW_TOKEN_PARAM}={quote(preview.token, safe='')}"
+    if check_route(route) == "path":
+        return f"{api_url.rstrip('/')}{preview.path}{token}"
+    scheme = urlsplit(api_url).scheme or "http"
+    return f"{scheme}://{preview.host}{_daemon_port(api_url)}/{token}"
 
 
 def metrics(sandbox_id: str) -> Call[Metrics]:

@@ -126,7 +126,9 @@ def _policy(value: Any) -> NetworkPolicy:
 class SandboxInfo:
     """A sandbox's record: state, times, limits, labels (`restore` only right after a restore);
     `network` is its network policy now (`"loopback"`, …, or `{"allow": [...]}`); `packages`
-    says how the packages asked for were installed (only on the create answer, else None)."""
+    says how the packages asked for were installed (only on the create answer, else None);
+    `preview_host` and `preview_path` say where a server inside on port P is reached through
+    the daemon, with `{port}` to be replaced by P (`get_host` and `preview_url` do it)."""
 
     id: str
     state: str
@@ -144,6 +146,8 @@ class SandboxInfo:
     reason: str | None = None
     restore: JsonDict | None = None
     packages: PackagesReport | None = None
+    preview_host: str = ""
+    preview_path: str = ""
 
     @classmethod
     def from_json(cls, d: JsonDict) -> SandboxInfo:
@@ -165,6 +169,8 @@ class SandboxInfo:
             reason=d.get("reason"),
             restore=d.get("restore"),
             packages=PackagesReport.from_json(d["packages"]) if d.get("packages") else None,
+            preview_host=d.get("preview_host", ""),
+            preview_path=d.get("preview_path", ""),
         )
 
 
@@ -1305,4 +1311,34 @@ class GitCloneResult:
     @classmethod
     def from_json(cls, d: JsonDict) -> GitCloneResult:
         """Parses a `GitCloneResult` answer."""
+        return cls(**_known(cls, d))
+
+
+# --- previews -----------------------------------------------------------------------------
+
+PreviewRoute = Literal["host", "path"]
+"""How a preview URL reaches the port: `"host"` at `{port}-{id}.localhost` on the daemon's
+port (a page's absolute links work as on its own server), `"path"` under
+`/v1/sandboxes/{id}/ports/{port}/` on the daemon's own URL (works wherever the daemon does)."""
+
+
+@dataclass
+class PreviewInfo:
+    """How to reach a port of a sandbox through the daemon: `path` is the path route on the
+    daemon (`/v1/sandboxes/{id}/ports/{port}/`), `host` the host route's name
+    (`{port}-{id}.localhost`, which browsers resolve to loopback; reached on the daemon's
+    port), `token` lets anyone holding it reach this port until `expires_at` (RFC 3339), as
+    `?sandcell_token=…` on a URL or the `X-Sandcell-Token` header; `public` says the port is
+    reachable with no key or token at all."""
+
+    port: int
+    path: str
+    host: str
+    token: str
+    expires_at: str
+    public: bool = False
+
+    @classmethod
+    def from_json(cls, d: JsonDict) -> PreviewInfo:
+        """Parses a `PreviewInfo` answer."""
         return cls(**_known(cls, d))

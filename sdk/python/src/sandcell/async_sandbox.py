@@ -46,6 +46,8 @@ from ._models import (
     Offsets,
     OutputEvent,
     PackagesInput,
+    PreviewInfo,
+    PreviewRoute,
     ProcessInfo,
     ProcessOutput,
     Result,
@@ -491,6 +493,48 @@ class AsyncSandbox:
             if page.next_before is None:
                 return
             before = page.next_before
+
+    # --- previews ------------------------------------------------------------------------
+
+    async def preview(
+        self, port: int, *, ttl_secs: int | None = None, public: bool | None = None
+    ) -> PreviewInfo:
+        """Makes a server listening on `port` inside the sandbox (on its loopback) reachable
+        through the daemon: the answer has a token for that port, valid `ttl_secs` (default
+        3600, at most 7 days), and where the port is reached (`path` on the daemon, `host` on
+        the daemon's port). Requests there carry the API key, or the token
+        (`?sandcell_token=…`, the `X-Sandcell-Token` header, or on the host route the cookie a
+        URL with the token sets), or nothing once `public=True` (`public=False` makes the port
+        private again). The sandbox's own network policy is unchanged. A port outside 1 to
+        65535 or a `ttl_secs` outside 1 s to 7 days is an InvalidArgumentError. Nothing
+        listening on the port is answered there with 502 `port_closed`; a sandbox with network
+        `"off"` (nothing inside can listen), with 409 `invalid_state`."""
+        return await self._http.call(_api.create_preview(self.id, port, ttl_secs=ttl_secs, public=public))
+
+    def get_host(self, port: int) -> str:
+        """`{port}-{id}.localhost:{daemon port}`: the host at which a server on `port` inside
+        the sandbox is reached through the daemon (browsers resolve `*.localhost` to this
+        machine's loopback, so it serves a browser on the daemon's machine, or one whose
+        daemon port is forwarded; no port when the client's URL names none). Made from
+        `info.preview_host` and the client's URL, with no request; reaching it takes the API
+        key, a token (`preview_url`) or a public port. A port outside 1 to 65535 is a
+        ValueError."""
+        return _api.preview_host(self.info.preview_host, self.id, port, self._http.config.api_url)
+
+    async def preview_url(
+        self, port: int, *, route: PreviewRoute = "host", ttl_secs: int | None = None
+    ) -> str:
+        """A URL of the server on `port` inside the sandbox, to open in a browser or fetch with
+        no API key: a new token (valid `ttl_secs`, default 3600) is in its query. `route="host"`
+        gives `http://{port}-{id}.localhost:{daemon port}/?sandcell_token=…` (the daemon keeps
+        the token in a cookie, so the page's own links work too; see `get_host` for where that
+        name resolves); `route="path"` gives the daemon's URL with
+        `/v1/sandboxes/{id}/ports/{port}/?sandcell_token=…`, which works wherever the daemon's
+        URL does (the page's absolute links then miss the prefix). A `route` other than those
+        two is a ValueError."""
+        _api.check_route(route)
+        info = await self.preview(port, ttl_secs=ttl_secs)
+        return _api.preview_url(info, self._http.config.api_url, route)
 
     # --- commands and processes ----------------------------------------------------------
 

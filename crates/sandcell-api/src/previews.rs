@@ -11,7 +11,7 @@ pub const MAX_PREVIEW_TTL_SECS: u64 = 7 * 24 * 3600;
 /// A preview token's life when the request names none.
 pub const DEFAULT_PREVIEW_TTL_SECS: u64 = 3600;
 
-/// `POST /v1/sandboxes/{id}/ports/{port}/preview`.
+/// `POST /v1/sandboxes/{id}/previews/{port}`.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(deny_unknown_fields)]

@@ -103,13 +103,21 @@ pub fn config(spec: &SandboxSpec, inputs: &BundleInputs<'_>) -> Value {
         // Egress leaves through the proxy, never through the sandbox's own network.
         NetworkPolicy::Loopback | NetworkPolicy::Full | NetworkPolicy::Allow(_) => NETWORK_LOOPBACK,
     };
+    let mut args = vec![
+        format!("{GUEST_DIR}/sandcell"),
+        "__gvisor-guest".to_string(),
+        network.to_string(),
+    ];
+    if inputs.egress_dir.is_some() {
+        args.push(crate::guest::EGRESS.to_string());
+    }
     json!({
         "ociVersion": "1.0.2",
         "process": {
             "terminal": false,
             "user": {"uid": uid, "gid": uid},
             // The agent installs the seccomp filter for this policy before it serves.
-            "args": [format!("{GUEST_DIR}/sandcell"), "__gvisor-guest", network],
+            "args": args,
             "env": ["PATH=/usr/local/bin:/usr/bin:/bin", "HOME=/home/sandbox"],
             "cwd": "/workspace",
             "noNewPrivileges": true,

@@ -18,6 +18,15 @@ use sandcell_jail::{JailError, NetworkMode, caps};
 pub const NETWORK_LOOPBACK: &str = "--network=loopback";
 /// As [`NETWORK_LOOPBACK`], for `network: off` (seccomp refuses all but Unix sockets).
 pub const NETWORK_OFF: &str = "--network=off";
+/// The argument after the network's when the sandbox's egress folder is bound: the agent
+/// then bridges to the proxy's socket without looking it up first (a looked-up host socket
+/// in gVisor's dentry cache makes `runsc checkpoint` fail).
+pub const EGRESS: &str = "--egress";
+
+/// Whether the agent was started with [`EGRESS`].
+pub fn egress_bound() -> bool {
+    std::env::args().skip(3).any(|a| a == EGRESS)
+}
 
 /// Confines the agent, takes the host connection (stdin), leaves `/dev/null` as stdin
 /// (children must not inherit the connection) and returns the agent's end of a relay to it.

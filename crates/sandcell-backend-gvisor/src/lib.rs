@@ -265,9 +265,13 @@ impl GvisorBackend {
         Ok(shared)
     }
 
-    /// Sandbox `id`'s egress folder (created) unless its network is `off`.
+    /// Sandbox `id`'s egress folder (created) when its network is `full` or `allow`. Not for
+    /// `loopback`: the agent's bridge listens on TCP ports, and `runsc checkpoint` (every
+    /// gVisor snapshot) fails on this gVisor while they are open, so a gVisor sandbox made
+    /// `loopback` has no proxy (and cannot get egress later), and one with egress cannot be
+    /// snapshotted (docs/network.md).
     fn egress_folder(&self, id: &str, spec: &SandboxSpec) -> Result<Option<PathBuf>, EngineError> {
-        if spec.network == NetworkPolicy::Off {
+        if !spec.network.has_egress() {
             return Ok(None);
         }
         sandcell_engine::egress::make_sandbox_dir(&self.config.runtime_dir, id).map(Some)

@@ -73,8 +73,12 @@ fn gvisor_guest() -> ExitCode {
                 pid1: true,
                 exec_waits_for_kernel_starts: true,
                 ..Default::default()
-            }
-            .with_egress_if_bound();
+            };
+            let config = if sandcell_backend_gvisor::guest::egress_bound() {
+                config.with_egress()
+            } else {
+                config
+            };
             ExitCode::from(u8::try_from(run_guest(socket, config)).unwrap_or(1))
         }
         Err(e) => {

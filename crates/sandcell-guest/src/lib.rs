@@ -90,6 +90,20 @@ impl Default for GuestConfig {
 }
 
 impl GuestConfig {
+    /// With the egress bridge to [`sandcell_protocol::EGRESS_SOCKET`] and the proxy variables,
+    /// without looking the socket up first (gVisor: see its `--egress` argument).
+    pub fn with_egress(mut self) -> Self {
+        self.base_env.extend(
+            egress::proxy_env()
+                .into_iter()
+                .map(|(k, v)| (k.to_string(), v.to_string())),
+        );
+        self.egress = Some(EgressBridge::standard(std::path::PathBuf::from(
+            sandcell_protocol::EGRESS_SOCKET,
+        )));
+        self
+    }
+
     /// With the egress bridge, and the proxy variables in every exec's environment, when the
     /// host bound its egress proxy's socket into the sandbox (every network but `off`).
     pub fn with_egress_if_bound(mut self) -> Self {

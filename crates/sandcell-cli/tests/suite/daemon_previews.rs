@@ -250,5 +250,8 @@ fn a_sandboxs_info_says_where_its_ports_are_reached() {
     let d = Daemon::start(&[]);
     let sb = d.create(json!({}));
     assert_eq!(sb.preview_host, format!("{{port}}-{}.localhost", sb.id));
-    assert_eq!(sb.preview_path, format!("/v1/sandboxes/{}/ports/{{port}}/", sb.id));
+    assert_eq!(
+        sb.preview_path,
+        format!("/v1/sandboxes/{}/ports/{{port}}/", sb.id)
+    );
 }

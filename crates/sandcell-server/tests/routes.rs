@@ -96,6 +96,23 @@ const ROUTES: &[Route] = &[
         r#"{"timeout_secs": 600}"#,
         r#"{"timeout_secs": "long"}"#,
     ),
+    route("GET", "/v1/sandboxes/{id}/network"),
+    json(
+        route("PUT", "/v1/sandboxes/{id}/network"),
+        r#"{"network": "loopback"}"#,
+        r#"{"network": 5}"#,
+    ),
+    route("GET", "/v1/sandboxes/{id}/network/events"),
+    json(
+        route("POST", "/v1/sandboxes/{id}/git/clone"),
+        r#"{"url": "https://git.example/team/repo.git"}"#,
+        r#"{"url": 5}"#,
+    ),
+    json(
+        route("POST", "/v1/sandboxes/{id}/previews/{port}"),
+        "{}",
+        r#"{"ttl_secs": "soon"}"#,
+    ),
     route("POST", "/v1/sandboxes/{id}/pause"),
     route("POST", "/v1/sandboxes/{id}/resume"),
     route("GET", "/v1/sandboxes/{id}/metrics"),
@@ -333,7 +350,8 @@ impl Ids {
             .replace("{memory_id}", &self.memory_id)
             .replace("{job_id}", &self.job_id)
             .replace("{thread_id}", &self.thread_id)
-            .replace("{step}", &self.step);
+            .replace("{step}", &self.step)
+            .replace("{port}", "8000");
         if route.query.is_empty() {
             path
         } else {

@@ -55,7 +55,7 @@ fn expected_tables(version: usize) -> Vec<&'static str> {
 #[test]
 fn migrations_definitions_are_valid() {
     migrations().validate().unwrap();
-    assert_eq!(LATEST_SCHEMA_VERSION, 11);
+    assert_eq!(LATEST_SCHEMA_VERSION, 12);
 }
 
 #[test]
@@ -88,7 +88,7 @@ fn up_to_latest_down_to_zero_and_up_again() {
 
     m.to_latest(&mut conn).unwrap();
     assert_eq!(tables(&conn), expected_tables(LATEST_SCHEMA_VERSION));
-    assert_eq!(usize::from(m.current_version(&conn).unwrap()), 11);
+    assert_eq!(usize::from(m.current_version(&conn).unwrap()), 12);
 
     m.to_version(&mut conn, 0).unwrap();
     assert!(tables(&conn).is_empty(), "left: {:?}", tables(&conn));

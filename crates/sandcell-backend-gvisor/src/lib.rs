@@ -194,7 +194,7 @@ impl GvisorBackend {
         None
     }
 
-    fn runsc(&self, bundle: Option<&Path>) -> Result<Runsc, EngineError> {
+    fn runsc(&self, bundle: Option<&Path>, host_uds: bool) -> Result<Runsc, EngineError> {
         let program = self
             .config
             .runsc
@@ -209,6 +209,7 @@ impl GvisorBackend {
             } else {
                 None
             },
+            host_uds,
         })
     }
 
@@ -330,7 +331,9 @@ impl GvisorBackend {
         guest_dir: &str,
     ) -> Result<Container, String> {
         let bundle = self.write_bundle(id, container, spec, guest_dir)?;
-        let runsc = self.runsc(Some(&bundle)).map_err(|e| e.to_string())?;
+        let runsc = self
+            .runsc(Some(&bundle), spec.network.has_egress())
+            .map_err(|e| e.to_string())?;
         // Names are never reused (sandbox ids are random, checkpoints count up): no leftover
         // of that name can be in the way.
         let started = runsc
@@ -411,7 +414,7 @@ impl GvisorBackend {
         })?;
         let instance = GvisorState {
             backend: self.clone(),
-            runsc: self.runsc(None)?,
+            runsc: self.runsc(None, false)?,
             id: id.to_string(),
             spec: spec.clone(),
             current: Mutex::new(container),
@@ -661,7 +664,7 @@ impl Backend for GvisorBackend {
         let Some(id) = runtime.get("container").and_then(|v| v.as_str()) else {
             return "no container recorded".into();
         };
-        let Ok(runsc) = self.runsc(None) else {
+        let Ok(runsc) = self.runsc(None, false) else {
             return "runsc is not installed".into();
         };
         let found = runsc.state(id).map(|s| s.status);

@@ -19,6 +19,9 @@ pub struct Runsc {
     pub platform: String,
     /// Write runsc's debug logs into this folder.
     pub debug_log: Option<PathBuf>,
+    /// Let the sandbox connect to host Unix sockets bound into it (its egress proxy's): only
+    /// for sandboxes with egress, the others keep gVisor's default.
+    pub host_uds: bool,
 }
 
 /// What `runsc state` says about a container.
@@ -36,9 +39,10 @@ impl Runsc {
         c.arg("--root")
             .arg(&self.root)
             .arg("--network=none")
-            // Sandboxes connect to their egress proxy's socket, bound into them.
-            .arg("--host-uds=open")
             .arg(format!("--platform={}", self.platform));
+        if self.host_uds {
+            c.arg("--host-uds=open");
+        }
         if let Some(dir) = &self.debug_log {
             c.arg("--debug")
                 .arg(format!("--debug-log={}/", dir.display()));

@@ -37,8 +37,8 @@ impl EgressBridge {
 /// `ALL_PROXY`; Node's built-in `fetch` reads them only from Node 24, with
 /// `NODE_USE_ENV_PROXY`.
 pub(crate) fn proxy_env() -> Vec<(&'static str, &'static str)> {
-    const HTTP: &str = "http://127.0.0.1:3128";
-    const SOCKS: &str = "socks5h://127.0.0.1:1080";
+    const HTTP: &str = sandcell_protocol::EGRESS_HTTP_PROXY;
+    const SOCKS: &str = sandcell_protocol::EGRESS_SOCKS_PROXY;
     const LOCAL: &str = "localhost,127.0.0.1,::1";
     vec![
         ("HTTP_PROXY", HTTP),

@@ -106,7 +106,7 @@ impl GuestConfig {
 
     /// With the egress bridge, and the proxy variables in every exec's environment, when the
     /// host bound its egress proxy's socket into the sandbox (every network but `off`).
-    pub fn with_egress_if_bound(mut self) -> Self {
+    pub fn with_egress_if_bound(self) -> Self {
         let socket = std::path::Path::new(sandcell_protocol::EGRESS_SOCKET);
         // The folder is bound only for sandboxes with egress; a launcher forked ahead of
         // time can start the agent before the host listens in it (gVisor may not report
@@ -115,14 +115,10 @@ impl GuestConfig {
             sandcell_protocol::EGRESS_DIR,
         ));
         if bound || socket.exists() {
-            self.base_env.extend(
-                egress::proxy_env()
-                    .into_iter()
-                    .map(|(k, v)| (k.to_string(), v.to_string())),
-            );
-            self.egress = Some(EgressBridge::standard(socket.to_path_buf()));
+            self.with_egress()
+        } else {
+            self
         }
-        self
     }
 }
 

@@ -110,5 +110,11 @@ pub const FILE_ROOTS: &[&str] = &["/workspace", "/home/sandbox", "/tmp"];
 /// the host; absent when the sandbox's network is `off`).
 pub const EGRESS_DIR: &str = "/run/sandcell";
 
+/// The HTTP proxy inside every sandbox with an egress proxy (`HTTP_PROXY`, `HTTPS_PROXY`).
+pub const EGRESS_HTTP_PROXY: &str = "http://127.0.0.1:3128";
+
+/// The SOCKS5 proxy inside every sandbox with an egress proxy (`ALL_PROXY`).
+pub const EGRESS_SOCKS_PROXY: &str = "socks5h://127.0.0.1:1080";
+
 /// The egress proxy's socket, in [`EGRESS_DIR`].
 pub const EGRESS_SOCKET: &str = "/run/sandcell/egress.sock";

@@ -202,25 +202,16 @@ fn archive(dir: &Path, out: &Path) -> std::io::Result<(u64, u64)> {
 
 /// Unpacks the archive at `host_archive` into `target` in the sandbox, as its user.
 async fn unpack(sandbox: &Sandbox, host_archive: &Path, target: &str) -> ServiceResult<()> {
-    use tokio::io::AsyncReadExt;
-    let mut file = tokio::fs::File::open(host_archive)
-        .await
-        .map_err(|e| ServiceError::internal(format!("read the clone's archive: {e}")))?;
-    let mut upload = sandbox
-        .begin_upload(ARCHIVE_IN_SANDBOX, Some(0o600), false)
-        .await?;
-    let mut chunk = vec![0u8; 256 * 1024];
-    loop {
-        let n = file
-            .read(&mut chunk)
-            .await
-            .map_err(|e| ServiceError::internal(format!("read the clone's archive: {e}")))?;
-        if n == 0 {
-            break;
-        }
-        upload.write(&chunk[..n]).await?;
-    }
-    upload.finish().await?;
+    let mut budget = u64::MAX;
+    crate::transfer::import::upload_host_file(
+        sandbox,
+        host_archive,
+        ARCHIVE_IN_SANDBOX,
+        Some(0o600),
+        &mut budget,
+        u64::MAX,
+    )
+    .await?;
     let out = sandbox
         .exec(ExecRequest::argv([
             "/bin/sh",

@@ -15,9 +15,7 @@ use sandcell_store::{AuditEvent, Store};
 
 use crate::{Caller, Service, ServiceResult};
 
-/// The proxy addresses inside every sandbox whose network is not `off`.
-const HTTP_PROXY: &str = "http://127.0.0.1:3128";
-const SOCKS_PROXY: &str = "socks5h://127.0.0.1:1080";
+use sandcell_protocol::{EGRESS_HTTP_PROXY as HTTP_PROXY, EGRESS_SOCKS_PROXY as SOCKS_PROXY};
 
 /// The audit action of an egress event.
 fn action(outcome: Outcome) -> &'static str {

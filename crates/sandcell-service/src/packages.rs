@@ -7,7 +7,7 @@
 //! archive keyed by the list and the registries: the next sandbox with the same list gets it
 //! unpacked instead (no registry reached).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
@@ -30,6 +30,16 @@ const INSTALLED: &[&str] = &[".local", ".npm-global", "R"];
 const CA_IN_SANDBOX: &str = "/tmp/.sandcell-packages-ca.pem";
 /// The archive in the sandbox while it is made or unpacked.
 const ARCHIVE_IN_SANDBOX: &str = "/tmp/.sandcell-packages.tar";
+/// Every variable clients read a CA bundle from (npm reads `npm_config_*` in any case).
+pub const CA_FILE_VARIABLES: [&str; 7] = [
+    "SSL_CERT_FILE",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "PIP_CERT",
+    "GIT_SSL_CAINFO",
+    "NODE_EXTRA_CA_CERTS",
+    "NPM_CONFIG_CAFILE",
+];
 /// The home's size when packages are asked for and no size is: an upper bound (a tmpfs
 /// takes only what it holds, counted in the sandbox's memory).
 const HOME_FOR_PACKAGES: u64 = 2048 * 1024 * 1024;
@@ -303,15 +313,8 @@ impl Service {
                     ))
                 })?;
             sandbox.write_file(CA_IN_SANDBOX, &pem, Some(0o644)).await?;
-            for var in [
-                "PIP_CERT",
-                "REQUESTS_CA_BUNDLE",
-                "SSL_CERT_FILE",
-                "CURL_CA_BUNDLE",
-                "NODE_EXTRA_CA_CERTS",
-                "npm_config_cafile",
-            ] {
-                env.push((var.into(), CA_IN_SANDBOX.into()));
+            for var in CA_FILE_VARIABLES {
+                env.push((var.to_string(), CA_IN_SANDBOX.into()));
             }
         }
         let s = |v: &str| v.to_string();
@@ -428,9 +431,15 @@ impl Service {
         std::fs::create_dir_all(cache)
             .map_err(|e| ServiceError::internal(format!("create {}: {e}", cache.display())))?;
         let partial = cache.join(format!(".{}.partial", std::process::id()));
-        let written = self
-            .download_to(sandbox, ARCHIVE_IN_SANDBOX, &partial)
-            .await;
+        let mut budget = u64::MAX;
+        let written = crate::transfer::exports::copy_out(
+            sandbox,
+            ARCHIVE_IN_SANDBOX,
+            &partial,
+            &mut budget,
+            u64::MAX,
+        )
+        .await;
         let _ = sandbox
             .exec(ExecRequest::argv(["/bin/rm", "-f", ARCHIVE_IN_SANDBOX]))
             .await;
@@ -440,47 +449,18 @@ impl Service {
         Ok((files, bytes))
     }
 
-    /// Copies `path` out of `sandbox` into the host file `to`.
-    async fn download_to(&self, sandbox: &Sandbox, path: &str, to: &PathBuf) -> ServiceResult<()> {
-        use tokio::io::AsyncWriteExt;
-        let mut download = sandbox.begin_download(path).await?;
-        let mut file = tokio::fs::File::create(to)
-            .await
-            .map_err(|e| ServiceError::internal(format!("create {}: {e}", to.display())))?;
-        while let Some(chunk) = download.next_chunk().await.transpose()? {
-            file.write_all(&chunk)
-                .await
-                .map_err(|e| ServiceError::internal(format!("write {}: {e}", to.display())))?;
-        }
-        file.sync_all()
-            .await
-            .map_err(|e| ServiceError::internal(format!("sync {}: {e}", to.display())))?;
-        Ok(())
-    }
-
     /// Unpacks a cached install into `sandbox`'s home; its file count and bytes.
     async fn unpack_packages(&self, sandbox: &Sandbox, cached: &Path) -> ServiceResult<(u64, u64)> {
-        use tokio::io::AsyncReadExt;
-        let mut file = tokio::fs::File::open(cached)
-            .await
-            .map_err(|e| ServiceError::internal(format!("read {}: {e}", cached.display())))?;
-        let mut upload = sandbox
-            .begin_upload(ARCHIVE_IN_SANDBOX, Some(0o600), false)
-            .await?;
-        let mut chunk = vec![0u8; 256 * 1024];
-        let mut bytes = 0u64;
-        loop {
-            let n = file
-                .read(&mut chunk)
-                .await
-                .map_err(|e| ServiceError::internal(format!("read {}: {e}", cached.display())))?;
-            if n == 0 {
-                break;
-            }
-            bytes += n as u64;
-            upload.write(&chunk[..n]).await?;
-        }
-        upload.finish().await?;
+        let mut budget = u64::MAX;
+        let bytes = crate::transfer::import::upload_host_file(
+            sandbox,
+            cached,
+            ARCHIVE_IN_SANDBOX,
+            Some(0o600),
+            &mut budget,
+            u64::MAX,
+        )
+        .await?;
         let out = sandbox
             .exec(ExecRequest::argv([
                 "/bin/sh",

@@ -121,15 +121,7 @@ pub fn spec_of(req: &CreateSandbox) -> ServiceResult<SandboxSpec> {
         }
         // Every client's CA setting: the proxy's CA joins the host's roots for them.
         let ca = sandcell_engine::egress::SANDBOX_CA_BUNDLE.to_string();
-        for var in [
-            "SSL_CERT_FILE",
-            "REQUESTS_CA_BUNDLE",
-            "CURL_CA_BUNDLE",
-            "PIP_CERT",
-            "GIT_SSL_CAINFO",
-            "NODE_EXTRA_CA_CERTS",
-            "NPM_CONFIG_CAFILE",
-        ] {
+        for var in crate::packages::CA_FILE_VARIABLES {
             spec.env
                 .entry(var.to_string())
                 .or_insert_with(|| ca.clone());

@@ -67,7 +67,7 @@ fn unique_suffix() -> String {
 
 /// Copies a sandbox file to `dest` on the host within `budget` bytes (taken from it);
 /// returns (size, sha256).
-async fn copy_out(
+pub(crate) async fn copy_out(
     sandbox: &Sandbox,
     path: &str,
     dest: &Path,

@@ -55,7 +55,7 @@ fn sandbox_join(dir: &str, rel: &Path) -> String {
 }
 
 /// Uploads one host file within `budget` bytes (taken from it); returns its size.
-async fn upload_host_file(
+pub(crate) async fn upload_host_file(
     sandbox: &Sandbox,
     host: &Path,
     dest: &str,

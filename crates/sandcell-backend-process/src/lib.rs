@@ -64,6 +64,10 @@ pub struct ProcessBackendConfig {
     /// outlive this process and a later one can [`Backend::reattach`] to them (the daemon);
     /// off, a sandbox ends when its host connection does (one-shot runs).
     pub agent_sockets: bool,
+    /// Give `loopback` sandboxes an egress proxy too (refusing everything until their policy
+    /// is changed live): for services, where a policy can change; a one-shot run, whose
+    /// policy cannot, saves its start-up cost (a folder, a bind, the agent's bridge).
+    pub loopback_egress: bool,
 }
 
 /// `$SANDCELL_RUNTIME_DIR`, else `/run/sandcell` as root, else `$XDG_RUNTIME_DIR/sandcell`,
@@ -98,6 +102,7 @@ impl ProcessBackendConfig {
             runtime_dir: default_runtime_dir(),
             debug: std::env::var_os("SANDCELL_DEBUG").is_some(),
             agent_sockets: false,
+            loopback_egress: false,
         }
     }
 }
@@ -366,10 +371,13 @@ impl ProcessBackend {
         })
     }
 
-    /// Sandbox `id`'s egress folder (created), when it gets one: every network but `off`,
-    /// except checkpointable sandboxes (CRIU cannot carry a connection to the host's proxy).
+    /// Sandbox `id`'s egress folder (created), when it gets one: `full` and `allow`, and
+    /// `loopback` with [`ProcessBackendConfig::loopback_egress`]; never a checkpointable
+    /// sandbox (CRIU cannot carry a connection to the host's proxy).
     fn egress_folder(&self, id: &str, spec: &SandboxSpec) -> Result<Option<PathBuf>, EngineError> {
-        if spec.network == NetworkPolicy::Off {
+        let wanted = spec.network.has_egress()
+            || (spec.network == NetworkPolicy::Loopback && self.config.loopback_egress);
+        if !wanted {
             return Ok(None);
         }
         if spec.checkpointable {

@@ -218,9 +218,11 @@ fn run_command(command: Command) -> anyhow::Result<ExitCode> {
 /// The engine of a service (daemon, embedded MCP or agent): both backends, the process one
 /// with `process`, and the egress proxies' settings.
 pub fn service_engine(
-    process: ProcessBackendConfig,
+    mut process: ProcessBackendConfig,
     config: &sandcell_service::config::Config,
 ) -> anyhow::Result<Engine> {
+    // A service's sandboxes may have their policy changed live.
+    process.loopback_egress = true;
     Ok(Engine::builder()
         .backend(ProcessBackend::new(process))
         .backend(gvisor_backend()?)

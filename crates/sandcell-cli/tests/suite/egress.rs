@@ -69,7 +69,10 @@ fn egress_engine() -> (Engine, Events) {
         sink.lock().unwrap().push((id.to_string(), e))
     }));
     let engine = Engine::builder()
-        .backend(ProcessBackend::new(ProcessBackendConfig::new(BIN)))
+        .backend(ProcessBackend::new(ProcessBackendConfig {
+            loopback_egress: true,
+            ..ProcessBackendConfig::new(BIN)
+        }))
         .backend(GvisorBackend::new(GvisorBackendConfig::new(
             BIN,
             default_runtime_dir(),
@@ -283,7 +286,10 @@ fn registry_engine(names: &[&str]) -> Engine {
     let resolver = StaticResolver::new(names.iter().map(|n| (n.to_string(), vec![LOOPBACK])));
     let hub = EgressHub::new(Arc::new(resolver), Limits::default());
     Engine::builder()
-        .backend(ProcessBackend::new(ProcessBackendConfig::new(BIN)))
+        .backend(ProcessBackend::new(ProcessBackendConfig {
+            loopback_egress: true,
+            ..ProcessBackendConfig::new(BIN)
+        }))
         .backend(GvisorBackend::new(GvisorBackendConfig::new(
             BIN,
             default_runtime_dir(),

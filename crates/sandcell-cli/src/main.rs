@@ -71,7 +71,6 @@ fn gvisor_guest() -> ExitCode {
             let config = sandcell_guest::GuestConfig {
                 isolation: sandcell_protocol::IsolationReport::default(),
                 pid1: true,
-                exec_waits_for_kernel_starts: true,
                 ..Default::default()
             };
             let config = if sandcell_backend_gvisor::guest::egress_bound() {

@@ -18,13 +18,12 @@ use sandcell_protocol::exec::{DEFAULT_BUFFER_BYTES, MAX_BUFFER_BYTES};
 use sandcell_protocol::{
     Channel, ErrorCode, ExecCommand, ExecExit, ExecRequest, GuestMessage, WireError, encode_data,
 };
-use tokio::io::unix::AsyncFd;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::unix::pipe;
+
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::files::io_text;
+use crate::poller::PolledFd;
 use crate::process::{NewProc, OUTPUT_CHUNK, Proc, PtyMaster, StdinMsg};
 use crate::procs::{EXEC_ID_VAR, SESSION_VAR, TREE_VAR};
 use crate::reaper::Reaped;
@@ -258,13 +257,13 @@ fn spawn_error(program: &str, cwd: &Path, e: &std::io::Error) -> WireError {
 
 /// Where a process's output comes from.
 enum Output {
-    Pipe(pipe::Receiver),
+    Pipe(PolledFd),
     Pty(PtyMaster),
 }
 
 /// Where the host's input for a process goes.
 enum Input {
-    Pipe(pipe::Sender),
+    Pipe(PolledFd),
     Pty(PtyMaster),
 }
 
@@ -272,59 +271,22 @@ impl Input {
     async fn write_all(&mut self, bytes: &[u8]) -> std::io::Result<()> {
         match self {
             Self::Pipe(p) => p.write_all(bytes).await,
-            Self::Pty(fd) => write_pty(fd, bytes).await,
+            Self::Pty(p) => p.write_all(bytes).await,
         }
     }
-}
-
-/// Writes all of `bytes` to a (non-blocking) terminal master.
-async fn write_pty(fd: &AsyncFd<OwnedFd>, mut bytes: &[u8]) -> std::io::Result<()> {
-    while !bytes.is_empty() {
-        // Tried before waiting: a terminal has room almost always, and gVisor's kernel does
-        // not report a fresh master as writable to epoll until something changes.
-        match rustix::io::write(fd.get_ref(), bytes) {
-            Ok(n) => {
-                bytes = &bytes[n..];
-                continue;
-            }
-            Err(rustix::io::Errno::AGAIN) => {}
-            Err(e) => return Err(e.into()),
-        }
-        let mut guard = fd.writable().await?;
-        match guard.try_io(|inner| rustix::io::write(inner.get_ref(), bytes).map_err(Into::into)) {
-            Ok(Ok(n)) => bytes = &bytes[n..],
-            Ok(Err(e)) => return Err(e),
-            Err(_would_block) => continue,
-        }
-    }
-    Ok(())
 }
 
 /// Reads from a (non-blocking) terminal master into `buf` (kept at [`OUTPUT_CHUNK`] bytes);
 /// 0 at the end: EIO once every copy of the terminal is closed.
-async fn read_pty(fd: &AsyncFd<OwnedFd>, buf: &mut Vec<u8>) -> usize {
+async fn read_pty(fd: &PolledFd, buf: &mut Vec<u8>) -> usize {
     if buf.len() < OUTPUT_CHUNK {
         buf.resize(OUTPUT_CHUNK, 0);
     }
-    loop {
-        let Ok(mut guard) = fd.readable().await else {
-            return 0;
-        };
-        match guard
-            .try_io(|inner| rustix::io::read(inner.get_ref(), &mut buf[..]).map_err(Into::into))
-        {
-            Ok(Ok(n)) => return n,
-            Ok(Err(_)) => return 0,
-            Err(_would_block) => continue,
-        }
-    }
+    fd.read(&mut buf[..]).await.unwrap_or(0)
 }
 
 /// Starts an exec: spawns it, tracks it and runs its task. Errors are replied on `id`.
 pub(crate) async fn start(shared: &Arc<Shared>, id: u32, req: ExecRequest) {
-    if shared.config.exec_waits_for_kernel_starts {
-        crate::kernels::no_kernel_starting(shared).await;
-    }
     let tree = shared.processes.next_tree();
     let spawned = match spawn(shared, id, tree, &req) {
         Ok(s) => s,
@@ -345,7 +307,7 @@ pub(crate) async fn start(shared: &Arc<Shared>, id: u32, req: ExecRequest) {
     } = spawned;
     let io = (|| -> std::io::Result<_> {
         if let Some((master, slave_path)) = pty {
-            let master: PtyMaster = Arc::new(sandcell_jail::pty::register_master(master)?);
+            let master: PtyMaster = Arc::new(PolledFd::new(master)?);
             let input = Input::Pty(master.clone());
             let output = Output::Pty(master.clone());
             return Ok((
@@ -356,9 +318,9 @@ pub(crate) async fn start(shared: &Arc<Shared>, id: u32, req: ExecRequest) {
                 vec![slave_path],
             ));
         }
-        let stdin = stdin.map(pipe::Sender::from_owned_fd).transpose()?;
-        let stdout = stdout.map(pipe::Receiver::from_owned_fd).transpose()?;
-        let stderr = stderr.map(pipe::Receiver::from_owned_fd).transpose()?;
+        let stdin = stdin.map(PolledFd::new).transpose()?;
+        let stdout = stdout.map(PolledFd::new).transpose()?;
+        let stderr = stderr.map(PolledFd::new).transpose()?;
         let holders = [stdout.as_ref(), stderr.as_ref()]
             .into_iter()
             .flatten()
@@ -449,7 +411,7 @@ async fn feed_stdin(sink: Input, mut rx: mpsc::UnboundedReceiver<StdinMsg>) {
                 // A terminal cannot be half-closed: a program reading it sees end of input
                 // when ^D arrives (in canonical mode, as at a shell prompt).
                 if let Some(Input::Pty(fd)) = &sink {
-                    let _ = write_pty(fd, &[VEOF]).await;
+                    let _ = fd.write_all(&[VEOF]).await;
                 }
                 return;
             }
@@ -511,7 +473,7 @@ async fn read_opt(src: &mut Option<Output>, buf: &mut Vec<u8>) -> usize {
         Some(Output::Pipe(p)) => {
             buf.clear();
             // A read error ends the stream like EOF does.
-            p.read_buf(buf).await.unwrap_or(0)
+            p.read_into(buf).await.unwrap_or(0)
         }
         Some(Output::Pty(fd)) => read_pty(fd, buf).await,
         None => std::future::pending().await,

@@ -23,6 +23,7 @@ mod exec;
 mod files;
 mod kernels;
 mod out;
+mod poller;
 mod ports;
 mod process;
 mod procs;
@@ -53,9 +54,6 @@ pub struct GuestConfig {
     /// agent then keeps its kernels and processes and waits for the next connection instead
     /// of ending the sandbox. `None`: the first connection's end is the sandbox's end.
     pub listener: Option<std::sync::Arc<std::os::unix::net::UnixListener>>,
-    /// An exec waits while a kernel is starting (set on gVisor, whose checkpoints of an
-    /// agent where the two overlapped can restore it deadlocked: docs/gvisor.md).
-    pub exec_waits_for_kernel_starts: bool,
     /// The sandbox's egress: loopback ports relayed to the host's egress proxy (`None`: no
     /// egress, the network is `off` or `loopback`).
     pub egress: Option<EgressBridge>,
@@ -83,7 +81,6 @@ impl Default for GuestConfig {
             isolation: IsolationReport::default(),
             pid1: false,
             listener: None,
-            exec_waits_for_kernel_starts: false,
             egress: None,
         }
     }

@@ -6,10 +6,9 @@
 use std::sync::Arc;
 
 use sandcell_protocol::{Channel, ErrorCode, GuestMessage, WireError, encode_data};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
 use tokio::sync::{Semaphore, mpsc};
 
+use crate::poller::PolledFd;
 use crate::shared::Shared;
 
 /// Bytes read from the server at a time.
@@ -57,7 +56,17 @@ pub(crate) async fn open(
     port: u16,
     window: u32,
 ) -> Result<PortConn, WireError> {
-    let stream = TcpStream::connect(("127.0.0.1", port)).await.map_err(|e| {
+    // A blocking connect on a worker thread (loopback answers at once), then the agent's
+    // own readiness loop: the connection comes and goes while the sandbox may be
+    // checkpointed (see the poller module).
+    let connected = tokio::task::spawn_blocking(move || {
+        let stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
+        let _ = stream.set_nodelay(true);
+        PolledFd::new(std::os::fd::OwnedFd::from(stream))
+    })
+    .await
+    .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
+    let stream = connected.map_err(|e| {
         let code = if e.kind() == std::io::ErrorKind::ConnectionRefused {
             ErrorCode::NotFound
         } else {
@@ -68,9 +77,9 @@ pub(crate) async fn open(
             format!("nothing answers on port {port} inside the sandbox ({e})"),
         )
     })?;
-    let _ = stream.set_nodelay(true);
     shared.out.msg(id, &GuestMessage::Ok).await;
-    let (mut from_server, mut to_server) = stream.into_split();
+    let from_server = Arc::new(stream);
+    let to_server = from_server.clone();
     let (tx, mut rx) = mpsc::unbounded_channel::<PortIn>();
     let credit = Arc::new(Semaphore::new(window.max(1) as usize));
     tokio::spawn(async move {
@@ -82,7 +91,7 @@ pub(crate) async fn open(
                     }
                 }
                 PortIn::Close => {
-                    let _ = to_server.shutdown().await;
+                    let _ = rustix::net::shutdown(&*to_server, rustix::net::Shutdown::Write);
                     break;
                 }
             }

@@ -9,13 +9,12 @@
 //! out, or when its pid is reused.
 
 use std::collections::{HashMap, VecDeque};
-use std::os::fd::OwnedFd;
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use sandcell_protocol::exec::EXITED_PROCESSES_KEPT;
 use sandcell_protocol::{ErrorCode, ExecExit, GuestMessage, ProcessInfo, WireError};
-use tokio::io::unix::AsyncFd;
 use tokio::sync::{mpsc, oneshot, watch};
 
 use crate::sync::lock;
@@ -114,7 +113,7 @@ impl Ring {
 }
 
 /// A process's terminal, as the agent holds it: the master side, non-blocking.
-pub(crate) type PtyMaster = Arc<AsyncFd<OwnedFd>>;
+pub(crate) type PtyMaster = Arc<crate::poller::PolledFd>;
 
 /// What changes while a tracked process runs.
 #[derive(Debug)]
@@ -470,7 +469,7 @@ pub(crate) fn resize(
             format!("pid {pid} has exited"),
         ));
     };
-    sandcell_jail::pty::set_size(master.get_ref(), rows, cols).map_err(|e| {
+    sandcell_jail::pty::set_size(master.as_fd(), rows, cols).map_err(|e| {
         WireError::new(
             ErrorCode::Io,
             format!("cannot resize the pty of pid {pid}: {e}"),

@@ -3,7 +3,7 @@
 //! with the terminal as its stdin, stdout, stderr and controlling terminal.
 //!
 //! The guest agent calls these safe functions; the `unsafe` steps (a `pre_exec` hook, which
-//! runs between fork and exec, and registering the master with tokio) live here.
+//! runs between fork and exec) live here.
 
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
@@ -13,7 +13,6 @@ use std::process::{Child, Command, Stdio};
 use rustix::io::Errno;
 use rustix::pty::OpenptFlags;
 use rustix::termios::Winsize;
-use tokio::io::unix::AsyncFd;
 
 /// Both ends of a new pseudo-terminal, close-on-exec.
 #[derive(Debug)]
@@ -71,17 +70,6 @@ pub fn set_size(fd: impl AsFd, rows: u16, cols: u16) -> io::Result<()> {
 pub fn size(fd: impl AsFd) -> io::Result<(u16, u16)> {
     let size = rustix::termios::tcgetwinsize(fd)?;
     Ok((size.ws_row, size.ws_col))
-}
-
-/// Makes the terminal master `master` non-blocking and registers it with the current tokio
-/// runtime for readiness-driven reads and writes (call it on a runtime thread).
-pub fn register_master(master: OwnedFd) -> io::Result<AsyncFd<OwnedFd>> {
-    rustix::io::ioctl_fionbio(&master, true)?;
-    // SAFETY: `AsyncFd` requires the descriptor to stay open and the same until it is dropped.
-    // It owns the `OwnedFd`, which closes it only on drop, and `AsRawFd` of an `OwnedFd` always
-    // returns that one descriptor; nothing else here gets to close or replace it.
-    let registered = unsafe { AsyncFd::register(master) };
-    registered.map_err(io::Error::from)
 }
 
 /// Spawns `cmd` with `slave` as its stdin, stdout and stderr, in a new session whose

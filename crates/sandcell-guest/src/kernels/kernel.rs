@@ -5,10 +5,9 @@
 
 use std::time::Duration;
 
+use crate::poller::PolledFd;
 use sandcell_protocol::{ErrorCode, WireError, signal_name};
 use serde_json::{Value, json};
-use tokio::io::AsyncWriteExt;
-use tokio::net::unix::pipe;
 use tokio::sync::mpsc;
 
 use crate::reaper::Reaped;
@@ -41,7 +40,7 @@ pub(super) struct Kernel {
 
 impl Kernel {
     /// A kernel that takes requests on `ctl` and whose output `out` merges.
-    pub(super) fn new(ctl: pipe::Sender, out: mpsc::UnboundedReceiver<KernelOutput>) -> Self {
+    pub(super) fn new(ctl: PolledFd, out: mpsc::UnboundedReceiver<KernelOutput>) -> Self {
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(write_ctl(ctl, rx));
         Self {
@@ -114,7 +113,7 @@ impl Kernel {
 /// Writes the queued lines to the kernel's request pipe, in order, until the kernel stops
 /// reading (its end closed) or the kernel is dropped (the queue closed: the pipe then closes,
 /// which ends an idle kernel).
-async fn write_ctl(mut ctl: pipe::Sender, mut lines: mpsc::UnboundedReceiver<Vec<u8>>) {
+async fn write_ctl(ctl: PolledFd, mut lines: mpsc::UnboundedReceiver<Vec<u8>>) {
     while let Some(line) = lines.recv().await {
         if ctl.write_all(&line).await.is_err() {
             return;

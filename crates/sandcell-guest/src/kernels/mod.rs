@@ -29,7 +29,6 @@ mod state;
 mod table;
 mod variables;
 
-pub(crate) use process::no_kernel_starting;
 pub(crate) use run::{HostNews, host_call_reply, host_gone, run_code};
 pub(crate) use state::{dump_state, load_state};
 pub(crate) use table::Kernels;
@@ -38,7 +37,7 @@ pub(crate) use variables::{clear_variables, get_variables, list_variables, set_v
 use crate::shared::Shared;
 use crate::sync::lock;
 
-use self::process::{StartingGuard, ensure_kernel, start_kernel};
+use self::process::{ensure_kernel, start_kernel};
 use self::table::{Context, Slot, new_context};
 
 /// Locks a context for one request, or says it is busy running code. (A kernel still
@@ -72,11 +71,8 @@ pub(crate) fn prepare(
     *lock(&shared.kernels.env) = env;
     for language in languages {
         let ctx = shared.kernels.resolve(None, Some(language))?;
-        // Counted before the task runs, so an exec that comes right behind waits for it.
-        let starting = StartingGuard::new(shared);
         let shared = shared.clone();
         tokio::spawn(async move {
-            let _starting = starting;
             let mut slot = ctx.slot.lock().await;
             // A failure shows again, with its reason, on the first execution.
             let _ = ensure_kernel(&shared, &ctx, &mut slot).await;

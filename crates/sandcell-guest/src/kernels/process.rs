@@ -8,12 +8,11 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
+use crate::poller::PolledFd;
 use sandcell_kernels::{
     CTL_FD_VAR, DEFAULT_STREAM_LIMIT, EVENT_FD_VAR, OUTPUTS_DIR_VAR, PROTOCOL_VAR, STREAM_LIMIT_VAR,
 };
 use sandcell_protocol::{ErrorCode, WireError};
-use tokio::io::AsyncReadExt;
-use tokio::net::unix::pipe;
 use tokio::sync::{mpsc, oneshot};
 
 use crate::procs::SESSION_VAR;
@@ -32,42 +31,6 @@ const START_TIMEOUT: Duration = Duration::from_secs(60);
 /// Bytes read from a kernel's fd 1 or 2 at a time.
 const FD_CHUNK: usize = 64 * 1024;
 
-/// Counts a kernel start while it lasts (from when it is decided, not only while it runs).
-pub(super) struct StartingGuard(Arc<Shared>);
-
-impl StartingGuard {
-    pub(super) fn new(shared: &Arc<Shared>) -> Self {
-        shared.kernels.starting.fetch_add(1, Ordering::SeqCst);
-        Self(shared.clone())
-    }
-}
-
-impl Drop for StartingGuard {
-    fn drop(&mut self) {
-        self.0.kernels.starting.fetch_sub(1, Ordering::SeqCst);
-        self.0.kernels.started.notify_waiters();
-    }
-}
-
-/// Waits (at most a kernel's start timeout) until no kernel is starting. On gVisor an exec
-/// waits so (`GuestConfig::exec_waits_for_kernel_starts`): a checkpoint taken after an
-/// exec overlapped a kernel's start restores, about one time in four with this runsc, an
-/// agent that never answers (docs/gvisor.md).
-pub(crate) async fn no_kernel_starting(shared: &Shared) {
-    let k = &shared.kernels;
-    let _ = tokio::time::timeout(START_TIMEOUT, async {
-        loop {
-            // Registered before the check, so a start ending in between still wakes us.
-            let woken = k.started.notified();
-            if k.starting.load(Ordering::SeqCst) == 0 {
-                return;
-            }
-            woken.await;
-        }
-    })
-    .await;
-}
-
 /// A pipe whose two ends are close-on-exec; the caller clears it on the child's end.
 fn cloexec_pipe() -> Result<(OwnedFd, OwnedFd), WireError> {
     rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC)
@@ -81,7 +44,6 @@ fn inheritable(fd: &OwnedFd) -> Result<(), WireError> {
 
 /// Starts the kernel of `ctx` and waits until it is ready.
 pub(super) async fn start_kernel(shared: &Arc<Shared>, ctx: &Context) -> Result<Kernel, WireError> {
-    let _starting = StartingGuard::new(shared);
     let outputs = outputs_dir();
     // Best effort: a kernel without the folder still runs; it just has no artifacts.
     let _ = std::fs::create_dir_all(&outputs);
@@ -132,16 +94,16 @@ pub(super) async fn start_kernel(shared: &Arc<Shared>, ctx: &Context) -> Result<
     let stderr = child.stderr.take().map(OwnedFd::from);
     // Dropping a std Child neither waits nor kills: the reaper collects it.
     drop(child);
-    let to_pipe = |fd: Option<OwnedFd>| -> Result<pipe::Receiver, WireError> {
+    let to_pipe = |fd: Option<OwnedFd>| -> Result<PolledFd, WireError> {
         let fd =
             fd.ok_or_else(|| WireError::new(ErrorCode::Internal, "kernel output pipe missing"))?;
-        pipe::Receiver::from_owned_fd(fd)
+        PolledFd::new(fd)
             .map_err(|e| WireError::new(ErrorCode::Io, format!("watch the kernel's output: {e}")))
     };
     let (stdout, stderr) = (to_pipe(stdout)?, to_pipe(stderr)?);
-    let events = pipe::Receiver::from_owned_fd(event_read)
+    let events = PolledFd::new(event_read)
         .map_err(|e| WireError::new(ErrorCode::Io, format!("watch the kernel's events: {e}")))?;
-    let ctl = pipe::Sender::from_owned_fd(ctl_write)
+    let ctl = PolledFd::new(ctl_write)
         .map_err(|e| WireError::new(ErrorCode::Io, format!("talk to the kernel: {e}")))?;
     let (tx, rx) = mpsc::unbounded_channel();
     tokio::spawn(read_kernel(events, stdout, stderr, exited, tx));
@@ -199,9 +161,9 @@ pub(super) async fn start_kernel(shared: &Arc<Shared>, ctx: &Context) -> Result<
 /// Merges a kernel's events, fd output and exit into one queue. Before a `done` event goes
 /// out, whatever the kernel wrote to fds 1/2 so far is drained, so it lands in its execution.
 async fn read_kernel(
-    mut events: pipe::Receiver,
-    mut stdout: pipe::Receiver,
-    mut stderr: pipe::Receiver,
+    events: PolledFd,
+    stdout: PolledFd,
+    stderr: PolledFd,
     mut exited: oneshot::Receiver<Reaped>,
     tx: mpsc::UnboundedSender<KernelOutput>,
 ) {
@@ -216,15 +178,15 @@ async fn read_kernel(
         ev_buf.clear();
         let item = tokio::select! {
             biased;
-            n = stdout.read_buf(&mut out_buf), if out_open => match n {
+            n = stdout.read_into(&mut out_buf), if out_open => match n {
                 Ok(n) if n > 0 => KernelOutput::Stdout(out_buf.clone()),
                 _ => { out_open = false; continue; }
             },
-            n = stderr.read_buf(&mut err_buf), if err_open => match n {
+            n = stderr.read_into(&mut err_buf), if err_open => match n {
                 Ok(n) if n > 0 => KernelOutput::Stderr(err_buf.clone()),
                 _ => { err_open = false; continue; }
             },
-            n = events.read_buf(&mut ev_buf), if events_open => {
+            n = events.read_into(&mut ev_buf), if events_open => {
                 let parsed = match n {
                     Ok(n) if n > 0 => lines.feed(&ev_buf),
                     _ => {

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use sandcell_protocol::{ContextInfo, ErrorCode, Language, WireError};
@@ -80,9 +80,6 @@ pub(crate) struct Kernels {
     pub(super) default_cwd: String,
     /// What the last look at the outputs folder found.
     pub(super) outputs: Outputs,
-    /// Kernels being started now, and a wake-up when one is ready (or failed).
-    pub(super) starting: AtomicUsize,
-    pub(super) started: tokio::sync::Notify,
 }
 
 impl Kernels {
@@ -94,8 +91,6 @@ impl Kernels {
             default_cwd: default_cwd.to_string_lossy().into_owned(),
             env: Mutex::default(),
             outputs: Outputs::default(),
-            starting: AtomicUsize::default(),
-            started: tokio::sync::Notify::new(),
         }
     }
 

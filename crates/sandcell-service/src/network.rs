@@ -2,7 +2,9 @@
 //! egress proxies write to the audit log as `egress.allowed` / `egress.denied` with the
 //! sandbox as target.
 
-use std::sync::{Arc, Weak};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::Duration;
 
 use sandcell_api::SandboxId;
 use sandcell_api::network::{
@@ -70,19 +72,90 @@ fn event_info(a: &AuditEvent) -> Option<EgressEventInfo> {
     })
 }
 
-/// Sends the fleet's egress events to the audit log (each sandbox's owner as its owner).
-pub fn record_egress(fleet: &Arc<Fleet>, store: &Arc<Store>) {
+/// How long a listing of events waits for those already emitted to be written.
+const FLUSH_WAIT: Duration = Duration::from_secs(2);
+
+/// Writes the fleet's egress events to the audit log on a thread of its own: the proxies
+/// emit them on their async tasks, which a SQLite insert (a sync to disk) must not hold up.
+/// A listing first waits for what was emitted before it ([`EgressLog::flush`]), so it sees
+/// every connection that has ended.
+#[derive(Debug, Clone, Default)]
+pub struct EgressLog {
+    counts: Arc<Counts>,
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    emitted: AtomicU64,
+    written: Mutex<u64>,
+    changed: Condvar,
+}
+
+impl EgressLog {
+    /// Waits (at most `limit`) until every event emitted so far is written.
+    pub fn flush(&self, limit: Duration) {
+        let target = self.counts.emitted.load(Ordering::SeqCst);
+        let written = self
+            .counts
+            .written
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _ = self
+            .counts
+            .changed
+            .wait_timeout_while(written, limit, |w| *w < target);
+    }
+}
+
+/// Sends the fleet's egress events to the audit log (each sandbox's owner as its owner),
+/// through a writer thread that ends with the fleet's proxies.
+pub fn record_egress(fleet: &Arc<Fleet>, store: &Arc<Store>) -> EgressLog {
+    let log = EgressLog::default();
+    let (tx, rx) = std::sync::mpsc::channel::<AuditEvent>();
+    let counts = log.counts.clone();
+    let writer_store = store.clone();
+    let started = std::thread::Builder::new()
+        .name("egress-log".into())
+        .spawn(move || {
+            // Ends when the sink (the channel's sender) is dropped with the engine.
+            for event in rx {
+                if let Err(e) = writer_store.audit(&event) {
+                    tracing::warn!(error = %e, "could not record an egress event");
+                }
+                let mut w = counts
+                    .written
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                *w += 1;
+                counts.changed.notify_all();
+            }
+        });
     let weak: Weak<Fleet> = Arc::downgrade(fleet);
-    let store = store.clone();
+    let counts = log.counts.clone();
+    let sink_store = store.clone();
+    let threaded = started.is_ok();
+    if let Err(e) = started {
+        tracing::warn!(error = %e, "no egress log thread: events are written on the proxies' tasks");
+    }
     fleet
         .engine()
         .egress()
         .set_sink(Arc::new(move |id: &str, event: EgressEvent| {
             let owner = weak.upgrade().and_then(|f| f.owner_of(id));
-            if let Err(e) = store.audit(&audit_event(id, owner, &event)) {
+            let entry = audit_event(id, owner, &event);
+            if threaded {
+                counts.emitted.fetch_add(1, Ordering::SeqCst);
+                if tx.send(entry).is_err() {
+                    // The writer is gone: nothing would count this one as written.
+                    counts.emitted.fetch_sub(1, Ordering::SeqCst);
+                }
+                return;
+            }
+            if let Err(e) = sink_store.audit(&entry) {
                 tracing::warn!(sandbox = id, error = %e, "could not record an egress event");
             }
         }));
+    log
 }
 
 impl Service {
@@ -131,6 +204,7 @@ impl Service {
         limit: u32,
     ) -> ServiceResult<EgressEventList> {
         self.fleet.get(&caller.owner, id)?;
+        self.egress_log.flush(FLUSH_WAIT);
         let page = self.store.list_audit_of(id, "egress.", before, limit)?;
         let full = page.len() == sandcell_store::page_size(limit) as usize;
         let events: Vec<EgressEventInfo> = page.iter().filter_map(event_info).collect();

@@ -40,6 +40,8 @@ pub struct Service {
     pub packages: crate::packages::Registries,
     /// Ports made public by their owners (previews without a key or token).
     pub public_ports: crate::previews::PublicPorts,
+    /// The writer of egress events to the audit log.
+    pub egress_log: crate::network::EgressLog,
 }
 
 impl std::fmt::Debug for Service {
@@ -53,8 +55,9 @@ impl std::fmt::Debug for Service {
 impl Service {
     /// A service over a fleet and a store, with these settings and this signing key.
     pub fn new(fleet: Arc<Fleet>, store: Arc<Store>, config: Config, signer: UrlSigner) -> Self {
-        crate::network::record_egress(&fleet, &store);
+        let egress_log = crate::network::record_egress(&fleet, &store);
         Self {
+            egress_log,
             fleet,
             store,
             keys: KeyCache::default(),

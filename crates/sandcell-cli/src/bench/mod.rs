@@ -1,7 +1,8 @@
 //! `sandcell bench`: its arguments, and which benchmark runs. The benchmarks live in the
 //! submodules: `startup` and `kernel` (the embedded engine), `daemon` (the daemon over
-//! HTTP), `agent` and `durable` (agent runs), `egress` (the egress proxy); `stats` and `host` hold what they share and use none of the others. No submodule
-//! uses this one.
+//! HTTP), `agent` and `durable` (agent runs), `egress` (the egress proxy), `packages`
+//! (packages installed at create, on the daemon); `stats` and `host` hold what they share
+//! and use none of the others. No submodule uses this one.
 
 use std::process::ExitCode;
 
@@ -14,6 +15,7 @@ mod durable;
 mod egress;
 mod host;
 mod kernel;
+mod packages;
 mod startup;
 mod stats;
 
@@ -84,6 +86,18 @@ enum BenchWhat {
         #[arg(long)]
         json: bool,
     },
+    /// Packages installed at create (issue 18): `{"pip": ["sandcell-fake"]}` from a fake
+    /// index on loopback with an empty cache and from the cache, against a create without
+    /// packages and the host's own `pip install --target` (needs `fake-registries`: cargo
+    /// build --release -p sandcell-testkit --features registries --bin fake-registries).
+    Packages {
+        /// Samples of each.
+        #[arg(long, default_value_t = 10)]
+        samples: usize,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 /// Runs `sandcell bench`.
@@ -108,5 +122,6 @@ pub async fn bench(args: BenchArgs, engine: Engine) -> anyhow::Result<ExitCode> 
             drop(engine);
             egress::egress(samples, big_samples, json).await
         }
+        BenchWhat::Packages { samples, json } => packages::packages(engine, samples, json).await,
     }
 }

@@ -47,6 +47,9 @@ pub(in crate::bench) struct Daemon {
     key: Option<String>,
     /// `--set` settings given on top of the benchmark's own, again at each restart.
     extra: Vec<String>,
+    /// Environment variables the daemon gets on top of this process's, again at each
+    /// restart.
+    env: Vec<(String, String)>,
     /// The warm pool's size.
     pool: usize,
     /// The daemon's typed client (with the admin key once the daemon wrote it).
@@ -74,6 +77,17 @@ impl Daemon {
         pool: usize,
         extra: &[String],
     ) -> anyhow::Result<Self> {
+        Self::start_with_env(pool, extra, &[]).await
+    }
+
+    /// [`Daemon::start_with`] with `env` added to the daemon's environment, e.g. the
+    /// test-only resolver (`SANDCELL_TEST_RESOLVE`) that points a registry's name at a fake
+    /// one on loopback.
+    pub(in crate::bench) async fn start_with_env(
+        pool: usize,
+        extra: &[String],
+        env: &[(String, String)],
+    ) -> anyhow::Result<Self> {
         let home = temp_home()?;
         let mut d = Self {
             child: None,
@@ -82,6 +96,7 @@ impl Daemon {
             url: String::new(),
             key: None,
             extra: extra.to_vec(),
+            env: env.to_vec(),
             pool,
             api: sandcell_client::Client::builder("http://127.0.0.1:1").build()?,
         };
@@ -139,6 +154,7 @@ impl Daemon {
             .env_remove("SANDCELL_API_URL")
             .env_remove("SANDCELL_API_KEY")
             .env_remove("SANDCELL_HOME")
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(log)
@@ -229,6 +245,11 @@ impl Daemon {
 
     pub(super) fn pid(&self) -> u32 {
         self.pid
+    }
+
+    /// Its home (what it keeps, e.g. `cache/`, is under it).
+    pub(in crate::bench) fn home(&self) -> &Path {
+        &self.home
     }
 
     /// Fails when the daemon has exited.
@@ -436,7 +457,7 @@ fn temp_home() -> anyhow::Result<PathBuf> {
 }
 
 /// Sends SIGTERM to `pid` (with kill(1): this crate has no libc).
-fn terminate(pid: u32) -> anyhow::Result<()> {
+pub(in crate::bench) fn terminate(pid: u32) -> anyhow::Result<()> {
     let status = Command::new("kill")
         .args(["-s", "TERM", &pid.to_string()])
         .stdin(Stdio::null())

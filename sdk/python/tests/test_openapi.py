@@ -276,6 +276,10 @@ def every_call() -> Iterator[tuple[str, _api.Call[Any] | _api.StreamCall[Any]]]:
             env={"E": "1"},
             network={"allow": ["example.org", "*.example.net:443", "[::1]:8080"]},
             packages={"pip": ["numpy", "pandas==2.2.2"], "npm": ["@scope/name@1.2.3"], "r": ["ggplot2"]},
+            secrets=[
+                _models.Secret("API_TOKEN", "t0ken", ["api.example.org", "*.example.net:443"]),
+                {"name": "OTHER", "value": "v", "hosts": ("example.com",)},
+            ],
             snapshot_id=None,
             backend="process",
             limits={"memory_mb": 256, "cpus": 0.5},
@@ -299,6 +303,7 @@ def every_call() -> Iterator[tuple[str, _api.Call[Any] | _api.StreamCall[Any]]]:
                 env=None,
                 network=network,
                 packages=None,
+                secrets=None,
                 snapshot_id=None,
                 backend=None,
                 limits=None,
@@ -322,6 +327,7 @@ def every_call() -> Iterator[tuple[str, _api.Call[Any] | _api.StreamCall[Any]]]:
                 env=None,
                 network="full",
                 packages=packages,
+                secrets=[] if packages else None,
                 snapshot_id=None,
                 backend=None,
                 limits=None,
@@ -825,6 +831,83 @@ def test_packages_fit_the_schema() -> None:
     assert _schema_name(create["packages"]) == "Packages"
 
 
+def test_secrets_fit_the_schema() -> None:
+    """`Secret` (sent, never parsed) has the fields the SecretInput schema has, all of them
+    required there, `hosts` a list; the create request names that schema for its `secrets`."""
+    props, required = properties("SecretInput")
+    names = [f.name for f in dataclasses.fields(_models.Secret)]
+    assert set(names) == set(props) == required, f"Secret {names} vs the schema's {sorted(props)}"
+    assert json_types(props["hosts"]) == {"array"}
+    create, _ = properties("CreateSandbox")
+    assert json_types(create["secrets"]) == {"array"}
+    assert _schema_name(create["secrets"]["items"]) == "SecretInput"
+
+
+def _create_with(secrets: Any) -> _api.Call[Any]:
+    return _api.create_sandbox(
+        template=None, size=None, timeout=None, ttl=None, idle_timeout=None, ephemeral=False,
+        labels=None, metadata=None, env=None, network=["api.example.org"], packages=None,
+        secrets=secrets, snapshot_id=None, backend=None, limits=None, kernels=None,
+        checkpointable=False, auto_snapshot=None,
+    )
+
+
+def test_secrets_are_sent_as_the_api_takes_them() -> None:
+    """A `Secret` and a mapping are sent alike, their hosts made lists; none, nothing sent."""
+    sent = _create_with(
+        [_models.Secret("A", "v1", ("h.example.org",)), {"name": "B", "value": "v2", "hosts": ["x"]}]
+    )
+    assert sent.json["secrets"] == [
+        {"name": "A", "value": "v1", "hosts": ["h.example.org"]},
+        {"name": "B", "value": "v2", "hosts": ["x"]},
+    ]
+    assert "secrets" not in _create_with(None).json
+
+
+VALUE = "do-not-print-me-7f3a"
+
+
+@pytest.mark.parametrize(
+    ("secrets", "error", "match"),
+    [
+        ({"name": "A", "value": VALUE, "hosts": ["h"]}, TypeError, "secrets is a list"),
+        (_models.Secret("A", VALUE, ["h"]), TypeError, "secrets is a list"),
+        ("A", TypeError, "secrets is a list"),
+        ([("A", VALUE, ["h"])], TypeError, r"secrets\[0\] is a Secret or a mapping, not tuple"),
+        ([{"name": "A", "value": VALUE, "host": ["h"]}], ValueError, "unknown: 'host'; missing: 'hosts'"),
+        ([{"name": "A", "value": VALUE}], ValueError, "missing: 'hosts'"),
+        ([{"name": "A", "value": VALUE, "hosts": "h"}], TypeError, r"secrets\[0\] \('A'\): hosts is a list"),
+        ([{"name": "A", "value": VALUE, "hosts": [1]}], TypeError, "each host is a str, not int"),
+        ([{"name": "A", "value": 7, "hosts": ["h"]}], TypeError, "value is a str, not int"),
+        ([{"name": None, "value": VALUE, "hosts": ["h"]}], TypeError, "name is a str, not NoneType"),
+        ([_models.Secret("A", VALUE, ["h"]), {"name": "B", "value": b"v", "hosts": []}], TypeError,
+         r"secrets\[1\] \('B'\): value is a str, not bytes"),
+    ],
+)
+def test_malformed_secrets_are_refused_before_sending(
+    secrets: Any, error: type[Exception], match: str
+) -> None:
+    """Only the shape is checked here (the rest is the daemon's); no message holds a value."""
+    with pytest.raises(error, match=match) as e:
+        _create_with(secrets)
+    assert VALUE not in str(e.value)
+
+
+def test_a_secret_never_shows_its_value() -> None:
+    """A `Secret`'s repr and str leave the value out (so a log of one leaks nothing); it is
+    frozen, with its hosts a tuple, and a lone host string is refused."""
+    secret = _models.Secret("API_TOKEN", VALUE, ["api.example.org"])
+    for shown in (repr(secret), str(secret), f"{secret}", repr([secret])):
+        assert VALUE not in shown, shown
+        assert "API_TOKEN" in shown and "api.example.org" in shown, shown
+    assert secret.hosts == ("api.example.org",)
+    assert hash(secret) == hash(_models.Secret("API_TOKEN", VALUE, ("api.example.org",)))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        secret.value = "x"  # type: ignore[misc]
+    with pytest.raises(TypeError, match="hosts is a list of host rules"):
+        _models.Secret("A", VALUE, "api.example.org")
+
+
 def test_preview_options_are_the_create_preview_schema() -> None:
     """`preview(port, ttl_secs=, public=)` sends every property of CreatePreview when given, and
     with none an empty object (the document requires a body); the sandbox's info carries both
@@ -845,8 +928,9 @@ def test_create_with_packages_waits_for_the_install() -> None:
     def create(packages: _models.PackagesInput | None) -> _api.Call[Any]:
         return _api.create_sandbox(
             template=None, size=None, timeout=None, ttl=None, idle_timeout=None, ephemeral=False,
-            labels=None, metadata=None, env=None, network=None, packages=packages, snapshot_id=None,
-            backend=None, limits=None, kernels=None, checkpointable=False, auto_snapshot=None,
+            labels=None, metadata=None, env=None, network=None, packages=packages, secrets=None,
+            snapshot_id=None, backend=None, limits=None, kernels=None, checkpointable=False,
+            auto_snapshot=None,
         )
 
     assert create({"pip": ["six"]}).read_timeout is None

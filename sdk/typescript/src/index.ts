@@ -133,6 +133,7 @@ export type {
   SandboxInfo,
   SandboxLimits,
   SandboxState,
+  Secret,
   Size,
   SkippedVariable,
   StringMap,

@@ -27,6 +27,7 @@ import {
   fromLimits,
   fromNetworkPolicy,
   fromPackages,
+  fromSecrets,
   toNetworkPolicy,
   toSandboxInfo,
   type Language,
@@ -35,6 +36,7 @@ import {
   type Packages,
   type SandboxInfo,
   type SandboxState,
+  type Secret,
   type Size,
   type StringMap,
   type WireSandbox,
@@ -74,6 +76,14 @@ export interface CreateSandboxOptions extends ClientOptions {
    * network `off`.
    */
   packages?: Packages;
+  /**
+   * Secrets that never enter it (`[{ name, value, hosts }]`): each `name` is an environment
+   * variable holding a placeholder, which its egress proxy replaces with the value in the
+   * headers and query of requests to `hosts` only (so `network` must let it reach them; not
+   * with `off`). A malformed one is a `TypeError` before anything is sent, a bad name, value
+   * or host rule an `InvalidArgumentError`.
+   */
+  secrets?: readonly Secret[];
   /** Kernels to start during creation, so the first code in them runs at once. */
   kernels?: Language[];
   /** The isolation backend (`process` by default, `gvisor` where available). */
@@ -226,6 +236,7 @@ export class Sandbox {
       ephemeral: options.ephemeral,
       network: options.network === undefined ? undefined : fromNetworkPolicy(options.network),
       packages: options.packages === undefined ? undefined : fromPackages(options.packages),
+      secrets: options.secrets === undefined ? undefined : fromSecrets(options.secrets),
       kernels: options.kernels,
       backend: options.backend,
       checkpointable: options.checkpointable,

@@ -49,6 +49,24 @@ export interface Packages {
   r?: readonly string[];
 }
 
+/**
+ * A secret that never enters the sandbox (`Sandbox.create({ secrets })`): the sandbox gets
+ * the environment variable `name` holding a placeholder (`SANDCELL_SECRET_…`), and its egress
+ * proxy puts `value` in place of the placeholder in the headers (Basic auth included) and the
+ * query of requests to `hosts` only, over TLS it terminates with a CA the sandbox trusts
+ * (`/run/sandcell/ca.pem`). A request carrying the placeholder to another host is refused
+ * (403). The value stays in the daemon's memory; no answer shows it again. Not with network
+ * `off`.
+ */
+export interface Secret {
+  /** The environment variable holding its placeholder (`A-Z`, `0-9`, `_`, not starting with a digit). */
+  name: string;
+  /** The value (1 to 8192 bytes, no control characters). */
+  value: string;
+  /** The hosts it may be sent to, as network allow rules (`api.example.com`, `*.example.com`, `api.example.com:443`); at least one. */
+  hosts: readonly string[];
+}
+
 /** How a sandbox's packages were installed (only on the answer of the create that asked for them). */
 export interface PackagesReport {
   /** Served from the cache of an earlier install of the same lists (no registry reached). */
@@ -324,6 +342,56 @@ export function fromPackages(p: Packages): Record<string, string[]> {
     sent[installer] = [...(names as string[])];
   }
   return sent;
+}
+
+/** `Secret` as sent. */
+export interface WireSecret {
+  name: string;
+  value: string;
+  hosts: string[];
+}
+
+const SECRET_KEYS = ["name", "value", "hosts"] as const;
+
+/** What a value is, for messages (never the value itself: it may be a secret's). */
+function kindOf(x: unknown): string {
+  return x === null ? "null" : Array.isArray(x) ? "an array" : typeof x;
+}
+
+/**
+ * Secrets as sent, `{ name, value, hosts }` each. Only their shape is checked here (for
+ * JavaScript callers: a host where a list belongs, a misspelt key); the names, values and host
+ * rules are the daemon's to judge (a bad one is an `InvalidArgumentError` naming the secret).
+ * No message here or there holds a value.
+ */
+export function fromSecrets(secrets: readonly Secret[]): WireSecret[] {
+  if (!Array.isArray(secrets)) throw new TypeError(`secrets is a list of { name, value, hosts }, not ${kindOf(secrets)}`);
+  return (secrets as readonly unknown[]).map((secret, i) => {
+    let where = `secrets[${i}]`;
+    if (typeof secret !== "object" || secret === null || Array.isArray(secret)) {
+      throw new TypeError(`${where} is an object { name, value, hosts }, not ${kindOf(secret)}`);
+    }
+    const s = secret as Record<string, unknown>;
+    const keys = Object.keys(s).filter((k) => s[k] !== undefined);
+    const unknown = keys.filter((k) => !(SECRET_KEYS as readonly string[]).includes(k));
+    const missing = SECRET_KEYS.filter((k) => !keys.includes(k));
+    if (unknown.length > 0 || missing.length > 0) {
+      const parts = [`${where} has the keys name, value and hosts`];
+      if (unknown.length > 0) parts.push(`unknown: ${unknown.join(", ")}`);
+      if (missing.length > 0) parts.push(`missing: ${missing.join(", ")}`);
+      throw new TypeError(parts.join("; "));
+    }
+    const { name, value, hosts } = s;
+    if (typeof name !== "string") throw new TypeError(`${where}: name is a string, not ${kindOf(name)}`);
+    where = `${where} (${name})`;
+    if (typeof value !== "string") throw new TypeError(`${where}: value is a string, not ${kindOf(value)}`);
+    // A lone host where a list belongs would otherwise be refused with a less helpful message.
+    if (!Array.isArray(hosts)) throw new TypeError(`${where}: hosts is a list of host rules such as ["api.example.com"], not ${kindOf(hosts)}`);
+    for (const host of hosts as unknown[]) {
+      if (typeof host !== "string") throw new TypeError(`${where}: each host is a string, not ${kindOf(host)}`);
+    }
+    return { name, value, hosts: [...(hosts as string[])] };
+  });
 }
 
 /** Maps a packages report from the wire. */

@@ -256,6 +256,7 @@ const WIRE: Record<string, WireModel> = {
   WireGitCloneResult: { schema: "GitCloneResult" },
   WirePreviewInfo: { schema: "PreviewInfo" },
   WirePackagesReport: { schema: "PackagesReport" },
+  WireSecret: { schema: "SecretInput" },
 };
 
 /** Named TypeScript types and the JSON types they hold. */
@@ -403,6 +404,25 @@ test("the Packages interface (sent, never read) names the installers the Package
   }
   const create: Schema = resolveSchema(schemas["CreateSandbox"]!).properties;
   assert.equal(schemaName(create["packages"]), "Packages");
+});
+
+test("the Secret interface (sent, never read) has the members the SecretInput schema has, all required", () => {
+  const text = readFileSync(join(srcDir, "types.ts"), "utf8").replace(/\/\*[\s\S]*?\*\//g, "").replace(/\/\/.*$/gm, "");
+  const body = /export interface Secret \{([^}]*)\}/.exec(text);
+  assert.ok(body, "types.ts no longer declares `export interface Secret`");
+  const members = splitTop(body[1]!, ";").map((decl) => {
+    const d = /^(\w+):\s*([\s\S]+)$/.exec(decl);
+    assert.ok(d, `Secret: "${decl}" is not a required member`);
+    return { name: d[1]!, type: d[2]!.trim() };
+  });
+  const schema = resolveSchema(schemas["SecretInput"]!);
+  const props: Schema = schema.properties ?? {};
+  assert.deepEqual(members.map((m) => m.name).sort(), Object.keys(props).sort());
+  assert.deepEqual([...(schema.required ?? [])].sort(), Object.keys(props).sort());
+  assert.ok(members.find((m) => m.name === "hosts")!.type.endsWith("[]"));
+  const create: Schema = resolveSchema(schemas["CreateSandbox"]!).properties;
+  assert.deepEqual(typesOf(create["secrets"]), ["array"]);
+  assert.equal(schemaName(create["secrets"].items), "SecretInput");
 });
 
 test("the headers a run's event stream sends are the document's", () => {
@@ -565,6 +585,15 @@ async function everyMethod(): Promise<void> {
   await Sandbox.create({ ...client, packages: { pip: ["numpy", "pandas==2.2.2"], npm: ["@scope/name@1.2.3"], r: ["ggplot2"] } });
   await Sandbox.create({ ...client, packages: { npm: ["left-pad"], pip: undefined } });
   await Sandbox.create({ ...client, packages: {} });
+  await Sandbox.create({
+    ...client,
+    network: ["api.example.org"],
+    secrets: [
+      { name: "API_TOKEN", value: "t0ken", hosts: ["api.example.org", "*.example.net:443"] },
+      { name: "OTHER", value: "v", hosts: ["example.com"] },
+    ],
+  });
+  await Sandbox.create({ ...client, secrets: [] });
   await Sandbox.get(sb.id, client);
   await Sandbox.list({ ...client, label: { a: "b" }, metadata: { c: "d" }, state: ["running", "paused"] });
   await Sandbox.fork("snap-0123456789ab", { ...client, count: 2, labels: { a: "b" }, metadata: { c: "d" }, timeoutSecs: 60, idleTimeoutSecs: 30, ephemeral: true });

@@ -47,6 +47,8 @@ from ._models import (
     RunEvent,
     RunInfo,
     SandboxInfo,
+    Secret,
+    SecretInput,
     SnapshotInfo,
     SnapshotPolicy,
     StepSandbox,
@@ -163,6 +165,7 @@ def create_sandbox(
     env: Mapping[str, str] | None,
     network: NetworkPolicyInput | None,
     packages: PackagesInput | None,
+    secrets: Sequence[SecretInput] | None,
     snapshot_id: str | None,
     backend: str | None,
     limits: Mapping[str, float] | None,
@@ -186,6 +189,7 @@ def create_sandbox(
             "env": dict(env) if env else None,
             "network": _network(network) if network is not None else None,
             "packages": _packages(packages) if packages is not None else None,
+            "secrets": _secrets(secrets) if secrets is not None else None,
             "snapshot_id": snapshot_id,
             "backend": backend,
             "limits": dict(limits) if limits else None,
@@ -283,6 +287,55 @@ def _packages(packages: PackagesInput) -> dict[str, list[str]]:
             )
         sent[str(installer)] = list(names)
     return sent
+
+
+_SECRET_KEYS = ("name", "value", "hosts")
+
+
+def _secrets(secrets: Sequence[SecretInput]) -> list[dict[str, Any]]:
+    """Secrets as sent, `{"name", "value", "hosts"}` each. Only their shape is checked here (a
+    string where a list belongs would otherwise be sent as a list of letters, and a misspelt
+    key would be refused with less to go on); the names, values and host rules are the
+    daemon's to judge (a bad one is an InvalidArgumentError naming the secret). No message
+    here or there holds a value."""
+    if isinstance(secrets, (str, bytes, Mapping, Secret)) or not isinstance(secrets, Sequence):
+        raise TypeError(
+            f"secrets is a list of Secret(name, value, hosts) or {{'name', 'value', 'hosts'}} "
+            f"mappings, not {type(secrets).__name__}"
+        )
+    return [_secret(i, s) for i, s in enumerate(secrets)]
+
+
+def _secret(i: int, secret: SecretInput) -> dict[str, Any]:
+    where = f"secrets[{i}]"
+    if isinstance(secret, Secret):
+        name, value, hosts = secret.name, secret.value, secret.hosts
+    elif isinstance(secret, Mapping):
+        keys = set(secret)
+        unknown = sorted(str(k) for k in keys - set(_SECRET_KEYS))
+        missing = [k for k in _SECRET_KEYS if k not in keys]
+        if unknown or missing:
+            raise ValueError(
+                f"{where} has the keys 'name', 'value' and 'hosts'"
+                + (f"; unknown: {', '.join(map(repr, unknown))}" if unknown else "")
+                + (f"; missing: {', '.join(map(repr, missing))}" if missing else "")
+            )
+        name, value, hosts = secret["name"], secret["value"], secret["hosts"]
+    else:
+        raise TypeError(f"{where} is a Secret or a mapping, not {type(secret).__name__}")
+    if not isinstance(name, str):
+        raise TypeError(f"{where}: name is a str, not {type(name).__name__}")
+    where = f"{where} ({name!r})"
+    if not isinstance(value, str):
+        raise TypeError(f"{where}: value is a str, not {type(value).__name__}")
+    if isinstance(hosts, str) or not isinstance(hosts, Sequence):
+        raise TypeError(
+            f"{where}: hosts is a list of host rules such as ['api.example.com'], not {type(hosts).__name__}"
+        )
+    for host in hosts:
+        if not isinstance(host, str):
+            raise TypeError(f"{where}: each host is a str, not {type(host).__name__}")
+    return {"name": name, "value": value, "hosts": list(hosts)}
 
 
 def get_network(sandbox_id: str) -> Call[NetworkInfo]:

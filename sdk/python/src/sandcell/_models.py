@@ -111,6 +111,38 @@ class PackagesReport:
         )
 
 
+@dataclass(frozen=True)
+class Secret:
+    """A secret that never enters the sandbox (`Sandbox.create(secrets=[…])`): the sandbox gets
+    the environment variable `name` holding a placeholder (`SANDCELL_SECRET_…`), and its egress
+    proxy puts `value` in place of the placeholder in the headers (Basic auth included) and
+    query of requests to `hosts` only — network allow rules such as `"api.example.com"`,
+    `"*.example.com"`, `"api.example.com:443"` — over TLS it terminates with a CA the sandbox
+    trusts (`/run/sandcell/ca.pem`). A request carrying the placeholder to another host is
+    refused. `name` is an environment variable name (`A-Z`, `0-9`, `_`, not starting with a
+    digit); `value` 1 to 8192 bytes without control characters. Its repr leaves the value out,
+    so that logging a `Secret` does not leak it."""
+
+    name: str
+    value: str = field(repr=False)
+    hosts: Sequence[str]
+
+    def __post_init__(self) -> None:
+        # A lone host where a list belongs would otherwise become a list of its letters.
+        if isinstance(self.hosts, str):
+            raise TypeError(
+                f"Secret {self.name!r}: hosts is a list of host rules such as ['api.example.com'], not str"
+            )
+        # A tuple, so that a frozen Secret is really unchanging (and hashable).
+        object.__setattr__(self, "hosts", tuple(self.hosts))
+
+
+SecretInput = Secret | Mapping[str, Any]
+"""A secret as `Sandbox.create(secrets=[…])` takes it: a `Secret`, or a mapping with exactly
+the keys `name`, `value` and `hosts` (`{"name": "API_TOKEN", "value": "…", "hosts":
+["api.example.com"]}`)."""
+
+
 def _policy(value: Any) -> NetworkPolicy:
     """A policy as the API sends it (`"off"`, …, or `{"allow": [...]}`); a missing one is
     the daemon's default, `loopback`."""

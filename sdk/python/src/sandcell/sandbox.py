@@ -55,6 +55,7 @@ from ._models import (
     RunInfo,
     RunOnceResult,
     SandboxInfo,
+    SecretInput,
     SnapshotInfo,
     SnapshotPolicy,
     StepSandbox,
@@ -224,6 +225,7 @@ class Sandbox:
         env: Mapping[str, str] | None = None,
         network: NetworkPolicyInput | None = None,
         packages: PackagesInput | None = None,
+        secrets: Sequence[SecretInput] | None = None,
         snapshot_id: str | None = None,
         backend: str | None = None,
         limits: Mapping[str, float] | None = None,
@@ -242,7 +244,12 @@ class Sandbox:
         registries the daemon's operator configured, or unpacked from the cache of an earlier
         install of the same lists; `info.packages` says which (`PackagesReport`). An install
         that failed is an InvalidArgumentError naming the package (no sandbox is left), as
-        are packages with `network="off"`."""
+        are packages with `network="off"`. `secrets` (`Secret(name, value, hosts)`s or
+        `{"name", "value", "hosts"}` mappings) never enter the sandbox: each `name` is an
+        environment variable holding a placeholder, which its egress proxy replaces with the
+        value in the headers and query of requests to `hosts` only (so `network` must let it
+        reach them; not with `"off"`); a malformed one is a TypeError or ValueError before
+        anything is sent, a bad name, value or host rule an InvalidArgumentError."""
         call = _api.create_sandbox(
             template=template,
             size=size,
@@ -255,6 +262,7 @@ class Sandbox:
             env=env,
             network=network,
             packages=packages,
+            secrets=secrets,
             snapshot_id=snapshot_id,
             backend=backend,
             limits=limits,

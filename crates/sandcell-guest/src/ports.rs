@@ -62,10 +62,11 @@ pub(crate) async fn open(
     let connected = tokio::task::spawn_blocking(move || {
         let stream = std::net::TcpStream::connect(("127.0.0.1", port))?;
         let _ = stream.set_nodelay(true);
-        PolledFd::new(std::os::fd::OwnedFd::from(stream))
+        Ok(std::os::fd::OwnedFd::from(stream))
     })
     .await
-    .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())));
+    .unwrap_or_else(|e| Err(std::io::Error::other(e.to_string())))
+    .and_then(PolledFd::new);
     let stream = connected.map_err(|e| {
         let code = if e.kind() == std::io::ErrorKind::ConnectionRefused {
             ErrorCode::NotFound

@@ -16,6 +16,7 @@ pub mod net;
 pub mod netns_pool;
 pub mod probe;
 pub mod pty;
+pub mod reactor;
 pub mod rlimits;
 pub mod rootfs;
 pub mod seccomp;

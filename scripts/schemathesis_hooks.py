@@ -8,10 +8,16 @@ environment the script sets.
 """
 
 import os
+import sys
 import threading
 
 import requests
 import schemathesis
+
+# Hypothesis parses whole source files for the repr of its lambdas; on CPython 3.11 an AST that
+# nears the recursion limit leaves the interpreter's AST depth count wrong ("AST constructor
+# recursion depth mismatch", a SystemError, CPython issue 106905), which failed a run once.
+sys.setrecursionlimit(max(sys.getrecursionlimit(), 20_000))
 
 BASE = os.environ["SANDCELL_FUZZ_BASE"]
 SESSION = requests.Session()

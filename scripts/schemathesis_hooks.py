@@ -24,6 +24,8 @@ SESSION = requests.Session()
 SESSION.headers["X-API-Key"] = os.environ["SANDCELL_FUZZ_KEY"]
 SANDBOX = os.environ["SANDCELL_FUZZ_SANDBOX"]
 LOCK = threading.Lock()
+# Downloads seen (see before_call).
+DOWNLOADS = {"count": 0}
 CURRENT: dict[str, object] = {}
 
 
@@ -162,6 +164,13 @@ def before_call(context, case, kwargs):
         value = live(kind)
         if value is not None:
             case.path_parameters[name] = value
+    elif label == "GET /v1/sandboxes/{id}/files/content" and isinstance(case.query, dict):
+        # A generated path names no file: every other call, one is made there first, so the
+        # download itself is reached (the others keep the 404 path).
+        DOWNLOADS["count"] += 1
+        path = case.query.get("path")
+        if DOWNLOADS["count"] % 2 and isinstance(path, str) and path:
+            call("PUT", f"/v1/sandboxes/{SANDBOX}/files/content", params={"path": path}, data=b"x")
     elif label == "POST /v1/sandboxes/{id}/files/rename" and isinstance(case.body, dict):
         source = case.body.get("from")
         if isinstance(source, str) and source:

@@ -301,19 +301,11 @@ fn registry_engine(names: &[&str]) -> Engine {
 /// Every variable a client reads its trusted CAs from, pointing at `ca`, and nothing of the
 /// host's configuration.
 fn trusting(ca: &str) -> Vec<(String, String)> {
-    [
-        "SSL_CERT_FILE",
-        "REQUESTS_CA_BUNDLE",
-        "CURL_CA_BUNDLE",
-        "PIP_CERT",
-        "GIT_SSL_CAINFO",
-        "NODE_EXTRA_CA_CERTS",
-        "npm_config_cafile",
-    ]
-    .iter()
-    .map(|k| (k.to_string(), ca.to_string()))
-    .chain([("PIP_CONFIG_FILE".to_string(), "/dev/null".to_string())])
-    .collect()
+    sandcell_service::packages::CA_FILE_VARIABLES
+        .iter()
+        .map(|k| (k.to_string(), ca.to_string()))
+        .chain([("PIP_CONFIG_FILE".to_string(), "/dev/null".to_string())])
+        .collect()
 }
 
 async fn sh_env(sb: &Sandbox, line: &str, env: &[(String, String)]) -> sandcell_engine::ExecOutput {

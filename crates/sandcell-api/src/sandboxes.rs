@@ -380,6 +380,10 @@ pub struct PackagesReport {
     pub files: u64,
     /// Their bytes.
     pub bytes: u64,
+    /// The sandbox came from a warm pool that had installed the list while it waited
+    /// (`duration_ms` is that install's).
+    #[serde(default)]
+    pub from_pool: bool,
 }
 
 /// Limits in force.

@@ -6,7 +6,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sandcell_engine::fleet::{
-    CreateOptions, Fleet, FleetLimits, Ledger, MemoryLedger, PoolSpec, SandboxState, now_ms,
+    CreateOptions, Fleet, FleetLimits, Ledger, MemoryLedger, PoolPrepare, PoolSpec, SandboxState,
+    now_ms,
 };
 use sandcell_engine::{
     BackendKind, CheckpointSupport, Engine, EngineError, Fidelity, IsolationLevel, SandboxSpec,
@@ -356,6 +357,7 @@ async fn a_warm_pool_hands_out_ready_sandboxes_and_refills() {
         name: "default".into(),
         spec: SandboxSpec::default(),
         size: 2,
+        prepare: None,
     }]);
     assert_eq!(fleet.refill_pools().await, 2);
     assert_eq!(fleet.pool_ready_counts(), vec![("default".into(), 2)]);
@@ -395,6 +397,83 @@ async fn a_warm_pool_hands_out_ready_sandboxes_and_refills() {
     assert_eq!(fleet.pool_ready_counts(), vec![("default".into(), 2)]);
     fleet.drain_pools().await;
     assert_eq!(fleet.pool_ready_counts(), vec![("default".into(), 0)]);
+    fleet.stop_all("test over").await;
+    assert_eq!(backend.running(), 0);
+}
+
+#[tokio::test]
+async fn a_prepared_pool_serves_only_creates_naming_its_key() {
+    let (fleet, backend, ledger) = fleet(no_limits());
+    let prepare = |sandbox: sandcell_engine::Sandbox| {
+        Box::pin(async move {
+            let out = sandbox
+                .exec(ExecRequest::shell("echo prepared > /tmp/mark"))
+                .await
+                .map_err(|e| e.to_string())?;
+            if out.result.success() {
+                Ok(())
+            } else {
+                Err("the mark was not written".to_string())
+            }
+        })
+            as std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>
+    };
+    fleet.set_pools(vec![PoolSpec {
+        name: "prepared".into(),
+        spec: SandboxSpec::default(),
+        size: 1,
+        prepare: Some(PoolPrepare {
+            key: "mark".into(),
+            run: Arc::new(prepare),
+        }),
+    }]);
+    assert_eq!(fleet.refill_pools().await, 1);
+
+    // Same spec, no key: the prepared sandbox is not what it asked for.
+    let plain = fleet
+        .create("alice", CreateOptions::default())
+        .await
+        .unwrap();
+    assert!(!plain.from_pool);
+    assert_eq!(fleet.pool_ready_counts(), vec![("prepared".into(), 1)]);
+
+    let keyed = fleet
+        .create(
+            "alice",
+            CreateOptions {
+                pool_key: Some("mark".into()),
+                ..CreateOptions::default()
+            },
+        )
+        .await
+        .unwrap();
+    assert!(keyed.from_pool);
+    let sandbox = fleet.sandbox("alice", &keyed.record.id).unwrap();
+    let out = sandbox
+        .exec(ExecRequest::shell("cat /tmp/mark"))
+        .await
+        .unwrap();
+    assert_eq!(out.stdout, b"prepared\n");
+    fleet.drain_pools().await;
+
+    // A preparation that fails leaves the pool short and no sandbox or record behind.
+    let failing = |_sandbox: sandcell_engine::Sandbox| {
+        Box::pin(async { Err("the registry is down".to_string()) })
+            as std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>
+    };
+    fleet.set_pools(vec![PoolSpec {
+        name: "failing".into(),
+        spec: SandboxSpec::default(),
+        size: 1,
+        prepare: Some(PoolPrepare {
+            key: "down".into(),
+            run: Arc::new(failing),
+        }),
+    }]);
+    let records_before = ledger.count_active(None).unwrap();
+    assert_eq!(fleet.refill_pools().await, 0);
+    assert_eq!(fleet.pool_ready_counts(), vec![("failing".into(), 0)]);
+    assert_eq!(ledger.count_active(None).unwrap(), records_before);
     fleet.stop_all("test over").await;
     assert_eq!(backend.running(), 0);
 }

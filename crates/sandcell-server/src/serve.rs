@@ -180,7 +180,8 @@ async fn prepare(
         Arc::new(StoreLedger::new(store.clone())),
         config.fleet_limits(),
     ));
-    fleet.set_pools(pool_specs(&config)?);
+    // Checked before anything starts; set once the service (which prepares them) exists.
+    let pools = pool_specs(&config)?;
     let recovered = fleet
         .recover()
         .await
@@ -197,7 +198,18 @@ async fn prepare(
         "read or create",
         &crate::signed_url::key_path(&config.home),
     ))?;
-    let service = Arc::new(Service::new(fleet, store, config, signer));
+    let service = Arc::new(Service::new(fleet.clone(), store, config, signer));
+    fleet.set_pools(
+        pools
+            .into_iter()
+            .map(|(mut pool, packages)| {
+                if !packages.is_empty() {
+                    pool.prepare = Some(Service::pool_prepare(&service, packages));
+                }
+                pool
+            })
+            .collect(),
+    );
     let runner = Arc::new(
         sandcell_agent::Runner::from_service(service.clone())
             .map_err(|e| ServeError::Agent(e.message))?,
@@ -348,8 +360,16 @@ async fn shutdown_signal() -> &'static str {
     }
 }
 
-/// The warm pools of the settings.
-fn pool_specs(config: &Config) -> Result<Vec<sandcell_engine::fleet::PoolSpec>, ServeError> {
+/// The warm pools of the settings, each with the packages its sandboxes get.
+fn pool_specs(
+    config: &Config,
+) -> Result<
+    Vec<(
+        sandcell_engine::fleet::PoolSpec,
+        sandcell_api::sandboxes::Packages,
+    )>,
+    ServeError,
+> {
     let mut specs = Vec::new();
     for entry in &config.pools.warm {
         let pool = crate::config::parse_warm_pool(entry).map_err(ServeError::Pool)?;
@@ -360,18 +380,24 @@ fn pool_specs(config: &Config) -> Result<Vec<sandcell_engine::fleet::PoolSpec>, 
                     pool.size
                 ))
             })?;
+        // The spec a create asking for the same gets (packages add their paths and home).
         let req = sandcell_api::sandboxes::CreateSandbox {
             template: Some(pool.template.clone()),
             size: Some(size),
+            packages: Some(pool.packages.clone()).filter(|p| !p.is_empty()),
             ..Default::default()
         };
         let spec = sandcell_service::sandboxes::spec_of(&req)
             .map_err(|e| ServeError::Pool(format!("'{entry}': {e}")))?;
-        specs.push(sandcell_engine::fleet::PoolSpec {
-            name: format!("{}/{}", pool.template, pool.size),
-            spec,
-            size: pool.count,
-        });
+        specs.push((
+            sandcell_engine::fleet::PoolSpec {
+                name: pool.name(),
+                spec,
+                size: pool.count,
+                prepare: None,
+            },
+            pool.packages,
+        ));
     }
     Ok(specs)
 }

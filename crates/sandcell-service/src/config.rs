@@ -152,7 +152,7 @@ const KEYS: &[Key] = &[
     },
     Key {
         name: "pools.warm",
-        help: "warm pools: \"template/size=count\" entries, e.g. [\"python/small=2\"]: that many ready sandboxes kept for creates that ask for exactly that template and size (no env or limits of their own)",
+        help: "warm pools: \"template/size=count\" entries, e.g. [\"python/small=2\"]: that many ready sandboxes kept for creates that ask for exactly that template and size (no env or limits of their own); packages follow as installer:package words (\"python/small=2 pip:numpy pip:pandas npm:left-pad\"), installed while the sandboxes wait, for creates naming the same packages",
         default: |_| toml::Value::Array(Vec::new()),
     },
     Key {
@@ -497,11 +497,30 @@ pub struct WarmPool {
     pub size: String,
     /// Ready sandboxes to keep.
     pub count: usize,
+    /// Packages installed in them while they wait.
+    pub packages: sandcell_api::sandboxes::Packages,
 }
 
-/// Parses `template/size=count` (size defaults to `small`, count to 1).
+impl WarmPool {
+    /// Its name in metrics: `template/size`, then `+installer:package` for each package.
+    pub fn name(&self) -> String {
+        let mut name = format!("{}/{}", self.template, self.size);
+        let p = &self.packages;
+        for (installer, list) in [("pip", &p.pip), ("npm", &p.npm), ("r", &p.r)] {
+            for package in list {
+                name.push_str(&format!("+{installer}:{package}"));
+            }
+        }
+        name
+    }
+}
+
+/// Parses `template/size=count [installer:package…]` (size defaults to `small`, count to
+/// 1; installers `pip`, `npm`, `r`, one package per word: pip's specifiers may hold commas).
 pub fn parse_warm_pool(entry: &str) -> Result<WarmPool, String> {
-    let (name, count) = match entry.split_once('=') {
+    let mut words = entry.split_whitespace();
+    let first = words.next().unwrap_or_default();
+    let (name, count) = match first.split_once('=') {
         Some((n, c)) => {
             let count: usize = c
                 .trim()
@@ -511,16 +530,32 @@ pub fn parse_warm_pool(entry: &str) -> Result<WarmPool, String> {
                 .ok_or_else(|| format!("'{entry}': the count must be a number from 1 to 64"))?;
             (n.trim(), count)
         }
-        None => (entry.trim(), 1),
+        None => (first, 1),
     };
     let (template, size) = name.split_once('/').unwrap_or((name, "small"));
     if template.is_empty() || size.is_empty() {
         return Err(format!("'{entry}' is not template/size=count"));
     }
+    let mut packages = sandcell_api::sandboxes::Packages::default();
+    for word in words {
+        let (list, package) = match word.split_once(':') {
+            Some(("pip", p)) => (&mut packages.pip, p),
+            Some(("npm", p)) => (&mut packages.npm, p),
+            Some(("r", p)) => (&mut packages.r, p),
+            _ => {
+                return Err(format!(
+                    "'{entry}': '{word}' is not installer:package (installers: pip, npm, r)"
+                ));
+            }
+        };
+        list.push(package.to_string());
+    }
+    packages.check().map_err(|e| format!("'{entry}': {e}"))?;
     Ok(WarmPool {
         template: template.to_string(),
         size: size.to_string(),
         count,
+        packages,
     })
 }
 
@@ -1126,5 +1161,26 @@ mod tests {
         std::fs::remove_file(home.path().join("config.toml")).unwrap();
         let (defaults, _) = load(home.path(), None, &[], &[]).unwrap();
         assert_eq!(from_file, defaults);
+    }
+
+    #[test]
+    fn a_warm_pool_entry_may_name_packages_one_per_word() {
+        let plain = parse_warm_pool("python/small=2").unwrap();
+        assert_eq!((plain.count, plain.name()), (2, "python/small".to_string()));
+        assert!(plain.packages.is_empty());
+
+        let with =
+            parse_warm_pool("python/nano=3 pip:requests>=2,<3 npm:left-pad pip:six").unwrap();
+        assert_eq!(with.packages.pip, ["requests>=2,<3", "six"]);
+        assert_eq!(with.packages.npm, ["left-pad"]);
+        assert_eq!(
+            with.name(),
+            "python/nano+pip:requests>=2,<3+pip:six+npm:left-pad"
+        );
+
+        let e = parse_warm_pool("python/small=1 cargo:serde").unwrap_err();
+        assert!(e.contains("'cargo:serde' is not installer:package"), "{e}");
+        let e = parse_warm_pool("python/small=1 pip:-e.").unwrap_err();
+        assert!(e.contains("pip"), "{e}");
     }
 }

@@ -5,7 +5,8 @@
 //! else what the host's own pip, npm and R are configured with) and then goes back to the
 //! sandbox's policy. What they installed (`~/.local`, `~/.npm-global`, `~/R`) is kept as an
 //! archive keyed by the list and the registries: the next sandbox with the same list gets it
-//! unpacked instead (no registry reached).
+//! unpacked instead (no registry reached). A warm pool may hold sandboxes with a list
+//! installed already ([`Service::pool_prepare`]): a create naming that list takes one.
 
 use std::path::Path;
 use std::sync::OnceLock;
@@ -66,9 +67,37 @@ pub fn apply_to_spec(spec: &mut SandboxSpec, packages: &Packages, home_given: bo
     }
 }
 
-/// The registries installs reach, found once.
+/// The registries installs reach (found once), and what warm pools installed.
 #[derive(Debug, Default)]
-pub struct Registries(OnceLock<Result<Found, String>>);
+pub struct PackagesState {
+    registries: OnceLock<Result<Found, String>>,
+    /// The install report of each ready pool sandbox with packages, by sandbox id: given to
+    /// the create that takes it.
+    pooled: std::sync::Mutex<std::collections::HashMap<String, PackagesReport>>,
+}
+
+impl PackagesState {
+    fn pooled(
+        &self,
+    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, PackagesReport>> {
+        self.pooled.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// What names a package list in warm pools (`CreateOptions::pool_key`): the sorted lists,
+/// so that the order a request gives them in does not matter.
+pub fn pool_key(packages: &Packages) -> String {
+    let sorted = |l: &[String]| {
+        let mut v = l.to_vec();
+        v.sort();
+        v.dedup();
+        v
+    };
+    serde_json::json!({
+        "packages": {"pip": sorted(&packages.pip), "npm": sorted(&packages.npm), "r": sorted(&packages.r)}
+    })
+    .to_string()
+}
 
 /// Where each installer installs from, and every host that takes.
 #[derive(Debug, Clone)]
@@ -229,10 +258,48 @@ fn named_in<'a>(message: &str, names: &'a [String]) -> Vec<&'a str> {
 impl Service {
     fn registries(&self) -> ServiceResult<Found> {
         self.packages
-            .0
+            .registries
             .get_or_init(|| Found::discover(&self.config.packages))
             .clone()
             .map_err(|e| ServiceError::internal(format!("packages.allow: {e}")))
+    }
+
+    /// The preparation of a warm pool whose sandboxes have `packages` installed: creates
+    /// naming the same list ([`pool_key`]) take them ready. Holds the service weakly (the
+    /// fleet holds the preparation, and the service the fleet).
+    pub fn pool_prepare(
+        service: &std::sync::Arc<Self>,
+        packages: Packages,
+    ) -> sandcell_engine::fleet::PoolPrepare {
+        let weak = std::sync::Arc::downgrade(service);
+        let key = pool_key(&packages);
+        let run = move |sandbox: Sandbox| {
+            let weak = weak.clone();
+            let packages = packages.clone();
+            Box::pin(async move {
+                let service = weak.upgrade().ok_or("the service is gone")?;
+                let report = service
+                    .install_packages(&sandbox, &packages)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                service
+                    .packages
+                    .pooled()
+                    .insert(sandbox.id().to_string(), report);
+                Ok(())
+            })
+                as std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>
+        };
+        sandcell_engine::fleet::PoolPrepare {
+            key,
+            run: std::sync::Arc::new(run),
+        }
+    }
+
+    /// The install report of a pool sandbox a create took (its packages were installed
+    /// while it waited).
+    pub(crate) fn pooled_packages(&self, sandbox_id: &str) -> Option<PackagesReport> {
+        self.packages.pooled().remove(sandbox_id)
     }
 
     /// Installs `packages` into the freshly made `sandbox` (see the module's description).
@@ -247,12 +314,13 @@ impl Service {
         let cache = self.config.home.join("cache").join("packages");
         let cached = cache.join(format!("{key}.tar"));
         if cached.is_file() {
-            let (files, bytes) = self.unpack_packages(sandbox, &cached).await?;
+            let (files, bytes) = unpack_packages(sandbox, &cached).await?;
             return Ok(PackagesReport {
                 cached: true,
                 duration_ms: elapsed_ms(start),
                 files,
                 bytes,
+                from_pool: false,
             });
         }
         if packages.r.is_empty() && packages.npm.is_empty() && packages.pip.is_empty() {
@@ -285,6 +353,7 @@ impl Service {
             duration_ms: elapsed_ms(start),
             files,
             bytes,
+            from_pool: false,
         })
     }
 
@@ -444,42 +513,59 @@ impl Service {
             .exec(ExecRequest::argv(["/bin/rm", "-f", ARCHIVE_IN_SANDBOX]))
             .await;
         written?;
+        // The counts first: an archive is never found without them.
+        let _ = std::fs::write(counts_path(cached), format!("{files} {bytes}\n"));
         std::fs::rename(&partial, cached)
             .map_err(|e| ServiceError::internal(format!("keep the packages' archive: {e}")))?;
         Ok((files, bytes))
     }
+}
 
-    /// Unpacks a cached install into `sandbox`'s home; its file count and bytes.
-    async fn unpack_packages(&self, sandbox: &Sandbox, cached: &Path) -> ServiceResult<(u64, u64)> {
-        let mut budget = u64::MAX;
-        let bytes = crate::transfer::import::upload_host_file(
-            sandbox,
-            cached,
-            ARCHIVE_IN_SANDBOX,
-            Some(0o600),
-            &mut budget,
-            u64::MAX,
-        )
-        .await?;
-        let out = sandbox
-            .exec(ExecRequest::argv([
-                "/bin/sh",
-                "-c",
-                "tar -xf \"$0\" -C /home/sandbox && tar -tf \"$0\" | grep -vc '/$'; rm -f \"$0\"",
-                ARCHIVE_IN_SANDBOX,
-            ]))
-            .await?;
-        let files = String::from_utf8_lossy(&out.stdout)
-            .trim()
-            .parse()
-            .unwrap_or(0);
-        if files == 0 && !out.result.success() {
-            return Err(ServiceError::internal(format!(
-                "unpack the cached packages: {}",
-                String::from_utf8_lossy(&out.stderr).trim()
-            )));
+/// The file count and bytes of a kept install, written beside its archive.
+fn counts_path(archive: &Path) -> std::path::PathBuf {
+    archive.with_extension("counts")
+}
+
+/// Unpacks a cached install into `sandbox`'s home, streamed into one `tar` (no copy of the
+/// archive in the sandbox, no second process); its file count and bytes.
+async fn unpack_packages(sandbox: &Sandbox, cached: &Path) -> ServiceResult<(u64, u64)> {
+    use tokio::io::AsyncReadExt;
+    let mut req = ExecRequest::argv(["/bin/tar", "-xf", "-", "-C", HOME]);
+    req.stdin = true;
+    let mut stream = sandbox.exec_stream(req).await?;
+    let mut file = tokio::fs::File::open(cached)
+        .await
+        .map_err(|e| ServiceError::internal(format!("read {}: {e}", cached.display())))?;
+    let mut buf = vec![0u8; 1024 * 1024];
+    let mut sent = 0u64;
+    loop {
+        let n = file
+            .read(&mut buf)
+            .await
+            .map_err(|e| ServiceError::internal(format!("read {}: {e}", cached.display())))?;
+        if n == 0 {
+            break;
         }
-        Ok((files, bytes))
+        // A tar that ended early (a full home) says why in its output: collected below.
+        if stream.write_stdin(&buf[..n]).await.is_err() {
+            break;
+        }
+        sent += n as u64;
+    }
+    let _ = stream.close_stdin().await;
+    let out = stream.collect().await?;
+    if !out.result.success() {
+        return Err(ServiceError::internal(format!(
+            "unpack the cached packages: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
+    }
+    let counts = std::fs::read_to_string(counts_path(cached)).unwrap_or_default();
+    let mut nums = counts.split_whitespace().filter_map(|n| n.parse().ok());
+    match (nums.next(), nums.next()) {
+        (Some(files), Some(bytes)) => Ok((files, bytes)),
+        // An archive kept before counts were: its size stands for the bytes.
+        _ => Ok((0, sent)),
     }
 }
 

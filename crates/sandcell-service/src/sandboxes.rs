@@ -160,6 +160,7 @@ pub fn create_options(
         lifetime_ms: lifetime.map(Seconds::as_ms),
         ephemeral,
         checkpoint: None,
+        pool_key: None,
     }
 }
 
@@ -258,7 +259,7 @@ impl Service {
             spec.env
                 .insert(s.name().to_string(), s.placeholder().to_string());
         }
-        let opts = create_options(
+        let mut opts = create_options(
             spec,
             req.labels,
             req.metadata,
@@ -266,6 +267,8 @@ impl Service {
             req.timeout_secs,
             req.ephemeral,
         );
+        let wanted_packages = req.packages.as_ref().filter(|p| !p.is_empty());
+        opts.pool_key = wanted_packages.map(crate::packages::pool_key);
         let start = Instant::now();
         let created = self.fleet.create(&caller.owner, opts).await;
         match &created {
@@ -282,7 +285,8 @@ impl Service {
                 self.metrics.creates_failed.fetch_add(1, Ordering::Relaxed);
             }
         }
-        let record = created?.record;
+        let created = created?;
+        let record = created.record;
         if !secrets.is_empty() {
             let set = self
                 .fleet
@@ -293,7 +297,17 @@ impl Service {
                 return Err(e.into());
             }
         }
-        let packages = match req.packages.as_ref().filter(|p| !p.is_empty()) {
+        let pooled = if created.from_pool {
+            self.pooled_packages(&record.id)
+        } else {
+            None
+        };
+        let packages = match wanted_packages {
+            // Installed while it waited in its pool.
+            Some(_) if pooled.is_some() => pooled.map(|mut report| {
+                report.from_pool = true;
+                report
+            }),
             Some(p) => {
                 let sandbox = self.fleet.sandbox(&caller.owner, &record.id)?;
                 match self.install_packages(&sandbox, p).await {
@@ -312,7 +326,11 @@ impl Service {
             "sandbox.create",
             Some(&record.id),
             match &packages {
-                Some(p) => serde_json::json!({"packages": req.packages, "cached": p.cached}),
+                Some(p) => serde_json::json!({
+                    "packages": req.packages,
+                    "cached": p.cached,
+                    "from_pool": p.from_pool,
+                }),
                 None => serde_json::Value::Null,
             },
         );

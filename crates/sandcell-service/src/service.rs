@@ -36,8 +36,9 @@ pub struct Service {
     pub seen_contexts: SeenContexts,
     /// The models memories use (embeddings, infer) and the infer jobs running here.
     pub memory: crate::memory::MemoryModels,
-    /// Where packages installed at create come from (found on first use).
-    pub packages: crate::packages::Registries,
+    /// Where packages installed at create come from (found on first use), and what warm
+    /// pools installed.
+    pub packages: crate::packages::PackagesState,
     /// Ports made public by their owners (previews without a key or token).
     pub public_ports: crate::previews::PublicPorts,
     /// The writer of egress events to the audit log.
@@ -68,7 +69,7 @@ impl Service {
             cpu_samples: CpuSamples::default(),
             signer,
             seen_contexts: SeenContexts::default(),
-            packages: crate::packages::Registries::default(),
+            packages: crate::packages::PackagesState::default(),
             public_ports: crate::previews::PublicPorts::default(),
         }
     }

@@ -77,6 +77,8 @@ export interface PackagesReport {
   files: number;
   /** Their bytes. */
   bytes: number;
+  /** The sandbox came from a warm pool that had installed the lists while it waited. */
+  fromPool: boolean;
 }
 
 /** Where a sandbox is in its life. */
@@ -241,6 +243,7 @@ export interface WirePackagesReport {
   duration_ms: number;
   files: number;
   bytes: number;
+  from_pool?: boolean;
 }
 
 /** `SandboxInfo` as sent. */
@@ -396,7 +399,13 @@ export function fromSecrets(secrets: readonly Secret[]): WireSecret[] {
 
 /** Maps a packages report from the wire. */
 export function toPackagesReport(p: WirePackagesReport): PackagesReport {
-  return { cached: p.cached, durationMs: p.duration_ms, files: p.files, bytes: p.bytes };
+  return {
+    cached: p.cached,
+    durationMs: p.duration_ms,
+    files: p.files,
+    bytes: p.bytes,
+    fromPool: p.from_pool ?? false,
+  };
 }
 
 /** Maps a restore report from the wire. */

@@ -1,14 +1,18 @@
 //! `sandcell bench packages`: what `packages` at create costs (issue 18), in one run, on
 //! loopback. The test kit's `fake-registries` serves a Python simple index holding
-//! `sandcell-fake`; a `sandcell serve` on a temporary home (no warm pool) takes its
-//! packages from it, under a registry name its test-only resolver pins to 127.0.0.1. Timed,
-//! interleaved round by round so all see the same machine:
+//! `sandcell-fake`; a `sandcell serve` on a temporary home takes its packages from it, under
+//! a registry name its test-only resolver pins to 127.0.0.1. Its two warm pools hold
+//! `python` sandboxes only (with the package, and without), so the `default` creates below
+//! start fresh. Timed, interleaved round by round so all see the same machine:
 //! - a create with `packages: {"pip": ["sandcell-fake"]}` and an empty package cache (the
 //!   daemon's `cache/packages/` emptied first): pip runs in the sandbox, through its egress
 //!   proxy, against the fake index ("cold");
 //! - the same create with that list in the cache: the archive is unpacked ("cached");
 //! - a create without packages (the baseline: the issue asks that a cached create start
 //!   about as fast);
+//! - from the warm pools: a `python` create with the package, served by the pool that
+//!   installed it ahead, against a `python` create without, served by the plain pool (the
+//!   bench waits for both pools to refill, untimed, before going on);
 //! - what a user would do instead: the host's own pip installing the same package from the
 //!   same index into a fresh folder (`--target`, `--no-cache-dir`), no sandbox.
 //!
@@ -117,10 +121,24 @@ enum Case {
     Bare,
     /// The host's pip, no sandbox.
     HostPip,
+    /// A `python` create with the package, from the pool that installed it.
+    PooledPackages,
+    /// A `python` create without packages, from the plain pool.
+    PooledBare,
 }
 
+/// The pool with the package installed, and the plain one, as `/metrics` names them.
+const POOLS: [&str; 2] = ["python/small+pip:sandcell-fake", "python/small"];
+
 impl Case {
-    const ALL: [Case; 4] = [Case::Cold, Case::Cached, Case::Bare, Case::HostPip];
+    const ALL: [Case; 6] = [
+        Case::Cold,
+        Case::Cached,
+        Case::Bare,
+        Case::HostPip,
+        Case::PooledPackages,
+        Case::PooledBare,
+    ];
 
     fn key(self) -> &'static str {
         match self {
@@ -128,6 +146,8 @@ impl Case {
             Case::Cached => "cached",
             Case::Bare => "no_packages",
             Case::HostPip => "host_pip",
+            Case::PooledPackages => "pool_packages",
+            Case::PooledBare => "pool_no_packages",
         }
     }
 
@@ -137,6 +157,8 @@ impl Case {
             Case::Cached => "create, cached",
             Case::Bare => "create, no packages",
             Case::HostPip => "host pip --target (no sandbox)",
+            Case::PooledPackages => "warm pool, with the package",
+            Case::PooledBare => "warm pool, no packages",
         }
     }
 }
@@ -188,7 +210,7 @@ async fn run(
 ) -> anyhow::Result<ExitCode> {
     progress("starting fake-registries");
     let index = FakeIndex::start()?;
-    progress("starting `sandcell serve` on a temporary home (no warm pool)");
+    progress("starting `sandcell serve` on a temporary home (two python pools)");
     let mut daemon = Daemon::start_with_env(
         0,
         &[
@@ -197,6 +219,7 @@ async fn run(
                 index.port
             ),
             format!("packages.ca_file={}", index.ca.display()),
+            format!("pools.warm=python/small=1 pip:{PACKAGE},python/small=1"),
         ],
         &[
             ("SANDCELL_TEST".into(), "1".into()),
@@ -227,14 +250,15 @@ async fn measure(
     index: &FakeIndex,
     samples: usize,
     scratch: &Path,
-) -> anyhow::Result<[Times; 4]> {
+) -> anyhow::Result<[Times; 6]> {
+    pools_full(daemon).await?;
     progress("one round of each to warm up (not recorded)");
     for case in Case::ALL {
         once(daemon, index, case, scratch)
             .await
             .with_context(|| format!("warm-up: {}", case.label()))?;
     }
-    let mut times: [Times; 4] = Default::default();
+    let mut times: [Times; 6] = Default::default();
     for round in 0..samples {
         progress(&format!("round {} of {samples}", round + 1));
         for (i, case) in Case::ALL.into_iter().enumerate() {
@@ -258,11 +282,47 @@ async fn once(
     match case {
         Case::Cold => {
             empty_cache(&daemon.home().join("cache").join("packages"))?;
-            in_sandbox(daemon, Some(false)).await
+            in_sandbox(daemon, Some(false), false).await
         }
-        Case::Cached => in_sandbox(daemon, Some(true)).await,
-        Case::Bare => in_sandbox(daemon, None).await,
+        Case::Cached => in_sandbox(daemon, Some(true), false).await,
+        Case::Bare => in_sandbox(daemon, None, false).await,
         Case::HostPip => host_pip(index, scratch),
+        Case::PooledPackages | Case::PooledBare => {
+            let with = case == Case::PooledPackages;
+            let sample = in_sandbox(daemon, with.then_some(true), true).await?;
+            pools_full(daemon).await?;
+            Ok(sample)
+        }
+    }
+}
+
+/// The hits counted in `/metrics` so far.
+async fn pool_hits(daemon: &Daemon) -> anyhow::Result<u64> {
+    let text = daemon.api.metrics_text().await.context("read /metrics")?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("sandcell_pool_requests_total{result=\"hit\"} "))
+        .and_then(|n| n.trim().parse().ok())
+        .context("no pool hit count in /metrics")
+}
+
+/// Waits (at most two minutes) until both [`POOLS`] hold a ready sandbox.
+async fn pools_full(daemon: &Daemon) -> anyhow::Result<()> {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let text = daemon.api.metrics_text().await.context("read /metrics")?;
+        let full = POOLS
+            .iter()
+            .all(|p| text.contains(&format!("sandcell_pool_ready{{pool=\"{p}\"}} 1")));
+        if full {
+            return Ok(());
+        }
+        if Instant::now() > deadline {
+            bail!(
+                "the warm pools did not fill in 2 minutes:\n{}",
+                daemon.log_tail(20)
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
 
@@ -290,9 +350,12 @@ fn empty_cache(cache: &Path) -> anyhow::Result<()> {
 
 /// A create (with the package when `cached` says how it must come: `Some(false)` from the
 /// index, `Some(true)` from the cache; without packages on `None`), then the import (or
-/// `pass`) in it; the sandbox is deleted after.
-async fn in_sandbox(daemon: &Daemon, cached: Option<bool>) -> anyhow::Result<Sample> {
+/// `pass`) in it; the sandbox is deleted after. `pooled`: a `python` create, which must be
+/// served by a warm pool (else a `default` one, which must not be).
+async fn in_sandbox(daemon: &Daemon, cached: Option<bool>, pooled: bool) -> anyhow::Result<Sample> {
+    let hits_before = pool_hits(daemon).await?;
     let req = CreateSandbox {
+        template: pooled.then(|| "python".to_string()),
         packages: cached.map(|_| Packages {
             pip: vec![PACKAGE.into()],
             ..Packages::default()
@@ -320,12 +383,22 @@ async fn in_sandbox(daemon: &Daemon, cached: Option<bool>) -> anyhow::Result<Sam
             (None, None) => None,
             (None, Some(_)) => bail!("a create without packages reported packages"),
             (Some(_), None) => bail!("the create reported no packages"),
-            (Some(want), Some(got)) if got.cached != want => bail!(
+            // A pool's sandbox reports its own install (the first one cold).
+            (Some(want), Some(got)) if !pooled && got.cached != want => bail!(
                 "the create's packages.cached is {} where {want} was expected",
                 got.cached
             ),
-            (Some(_), Some(got)) => Some(Duration::from_millis(got.duration_ms)),
+            (Some(_), Some(got)) if got.from_pool != pooled => bail!(
+                "the create's packages.from_pool is {} where {pooled} was expected",
+                got.from_pool
+            ),
+            // A pool's install was done ahead, not on this create.
+            (Some(_), Some(got)) => (!pooled).then(|| Duration::from_millis(got.duration_ms)),
         };
+        let hits = pool_hits(daemon).await? - hits_before;
+        if hits != u64::from(pooled) {
+            bail!("the create took {hits} sandboxes from a pool where pooled is {pooled}");
+        }
         let out = daemon
             .api
             .exec(&info.id, &exec)
@@ -442,7 +515,7 @@ fn ratio(a: f64, b: f64) -> f64 {
     if b > 0.0 { a / b } else { 0.0 }
 }
 
-fn report(times: &[Times; 4], samples: usize, json_out: bool) -> anyhow::Result<()> {
+fn report(times: &[Times; 6], samples: usize, json_out: bool) -> anyhow::Result<()> {
     let median = |c: Case, ready: bool| {
         let t = &times[c as usize];
         quantile(if ready { &t.ready } else { &t.create }, 0.5)
@@ -453,6 +526,8 @@ fn report(times: &[Times; 4], samples: usize, json_out: bool) -> anyhow::Result<
             "cold_over_cached": ratio(median(Case::Cold, ready), median(Case::Cached, ready)),
             "cold_over_host_pip": ratio(median(Case::Cold, ready), median(Case::HostPip, ready)),
             "cached_over_host_pip": ratio(median(Case::Cached, ready), median(Case::HostPip, ready)),
+            "pool_packages_over_pool_no_packages": ratio(median(Case::PooledPackages, ready), median(Case::PooledBare, ready)),
+            "pool_packages_over_no_packages": ratio(median(Case::PooledPackages, ready), median(Case::Bare, ready)),
         })
     };
     if json_out {
@@ -463,7 +538,7 @@ fn report(times: &[Times; 4], samples: usize, json_out: bool) -> anyhow::Result<
                 "create": "until the create request returned (the host's pip: until it exited)",
                 "ready": format!("create, then until python3 -c 'import {MODULE}' exited in it (no packages: python3 -c pass)"),
                 "install": "the install (or unpacking) as the create's packages.duration_ms reported it",
-                "warm_pool": 0,
+                "warm_pools": POOLS,
             }),
         );
         out.insert("samples".into(), json!(samples));
@@ -492,7 +567,7 @@ fn report(times: &[Times; 4], samples: usize, json_out: bool) -> anyhow::Result<
         "  against a create without packages and the host's own pip (straight to the index, no sandbox)."
     );
     println!(
-        "  no warm pool; {samples} samples each, interleaved, after one unrecorded round; each sandbox deleted after."
+        "  {samples} samples each, interleaved, after one unrecorded round; each sandbox deleted after; warm pools only for python creates."
     );
     println!("  create: until POST /v1/sandboxes returned (host: until pip exited)");
     println!(
@@ -523,6 +598,12 @@ fn report(times: &[Times; 4], samples: usize, json_out: bool) -> anyhow::Result<
         ("cold / cached", Case::Cold, Case::Cached),
         ("cold / host pip", Case::Cold, Case::HostPip),
         ("cached / host pip", Case::Cached, Case::HostPip),
+        (
+            "pool: with / without",
+            Case::PooledPackages,
+            Case::PooledBare,
+        ),
+        ("pool with / no packages", Case::PooledPackages, Case::Bare),
     ] {
         println!(
             "  {name:<22} {:>6.2}x create  {:>6.2}x ready",

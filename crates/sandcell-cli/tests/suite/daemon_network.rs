@@ -11,7 +11,7 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 use super::common::BIN;
-use super::daemon::Daemon;
+use super::daemon::{Daemon, send};
 
 /// A web server on the host's loopback answering `hello <path>` (one thread, until the test
 /// process ends).
@@ -454,6 +454,7 @@ fn packages_install_at_create_through_the_registries_only_and_come_from_the_cach
         r.body
     );
     let first = r.body["id"].as_str().unwrap().to_string();
+    let first_files = r.body["packages"]["files"].clone();
     let check = |id: &str| {
         let out = d.exec(
             id,
@@ -485,6 +486,8 @@ fn packages_install_at_create_through_the_registries_only_and_come_from_the_cach
     let r = d.post("/v1/sandboxes", json!({"packages": packages}));
     assert_eq!(r.status, 201, "{}", r.body);
     assert_eq!(r.body["packages"]["cached"], true, "{}", r.body);
+    // The counts kept with the archive: the same files as the install's.
+    assert_eq!(r.body["packages"]["files"], first_files, "{}", r.body);
     check(r.body["id"].as_str().unwrap());
     assert!(regs.requests().is_empty(), "{:?}", regs.requests());
 
@@ -517,6 +520,89 @@ fn packages_install_at_create_through_the_registries_only_and_come_from_the_cach
         let r = d.post("/v1/sandboxes", bad.clone());
         assert_eq!(r.status, 400, "{bad}: {}", r.body);
     }
+    drop(regs);
+}
+
+#[test]
+fn a_warm_pool_installs_its_packages_ahead_and_serves_creates_naming_them() {
+    use sandcell_testkit::registries::FakeRegistries;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let regs = rt.block_on(FakeRegistries::start(&["pypi.test"])).unwrap();
+    let port = regs.https_addr().port();
+    let ca = regs.ca_pem_path().display().to_string();
+    let d = Daemon::start_with_env(
+        &[
+            &format!("packages.pip_index_url=https://pypi.test:{port}/simple/"),
+            &format!("packages.ca_file={ca}"),
+            "pools.warm=python/small=1 pip:sandcell-fake",
+        ],
+        &[
+            ("SANDCELL_TEST", "1"),
+            ("SANDCELL_TEST_RESOLVE", "pypi.test=127.0.0.1"),
+        ],
+    );
+    let metrics = || {
+        let r = send(d.req_as(Some(&d.key), Method::GET, "/metrics"));
+        r.body.as_str().unwrap_or_default().to_string()
+    };
+    let ready = "sandcell_pool_ready{pool=\"python/small+pip:sandcell-fake\"} 1";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    while !metrics().contains(ready) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the pool never filled: {}\n{}",
+            metrics(),
+            d.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    // The pool's install reached the index; the create that takes it reaches nothing.
+    assert!(!regs.requests().is_empty());
+    regs.clear_requests();
+    let r = d.post(
+        "/v1/sandboxes",
+        json!({"template": "python", "packages": {"pip": ["sandcell-fake"]}}),
+    );
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(r.body["packages"]["from_pool"], true, "{}", r.body);
+    assert!(
+        r.body["packages"]["files"].as_u64().unwrap() > 0,
+        "{}",
+        r.body
+    );
+    let id = r.body["id"].as_str().unwrap().to_string();
+    let out = d.exec(
+        &id,
+        "python3 -c 'import sandcell_fake; print(sandcell_fake.VALUE)'",
+    );
+    assert_eq!(out.stdout, "42\n", "{}", out.stderr);
+    assert!(regs.requests().is_empty(), "{:?}", regs.requests());
+    // Its policy is the sandbox's own again (loopback), not the install's.
+    let out = d.exec(
+        &id,
+        &format!("curl -sS -o /dev/null -w '%{{http_code}}' https://pypi.test:{port}/simple/ 2>&1"),
+    );
+    assert!(out.stdout.contains("403"), "{}", out.stdout);
+    assert!(
+        metrics().contains("sandcell_pool_requests_total{result=\"hit\"} 1"),
+        "{}",
+        metrics()
+    );
+
+    // The same template without packages is not served from the packages' pool.
+    let r = d.post("/v1/sandboxes", json!({"template": "python"}));
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert!(r.body["packages"].is_null(), "{}", r.body);
+    let out = d.exec(
+        r.body["id"].as_str().unwrap(),
+        "python3 -c 'import sandcell_fake' 2>&1 || echo missing",
+    );
+    assert!(out.stdout.contains("missing"), "{}", out.stdout);
+    assert!(
+        metrics().contains("sandcell_pool_requests_total{result=\"hit\"} 1"),
+        "{}",
+        metrics()
+    );
     drop(regs);
 }
 

@@ -18,7 +18,7 @@ mod recovery;
 
 pub use caps::FleetLimits;
 use caps::check_tags;
-pub use pools::{POOL_OWNER, PoolSpec};
+pub use pools::{POOL_OWNER, PoolPrepare, PoolSpec, PrepareFn};
 pub use records::{
     Ledger, ListError, MemoryLedger, Millis, Page, RecordQuery, SandboxRecord, SandboxState,
 };
@@ -46,6 +46,9 @@ pub struct CreateOptions {
     pub ephemeral: bool,
     /// Start it from this process checkpoint instead of fresh (never from a warm pool).
     pub checkpoint: Option<Checkpoint>,
+    /// The preparation ([`pools::PoolPrepare::key`]) a warm pool sandbox must have had to
+    /// serve this create; `None` takes only from pools without one.
+    pub pool_key: Option<String>,
 }
 
 /// A snapshot holding a process checkpoint, to start a sandbox from.
@@ -196,7 +199,7 @@ impl Fleet {
         let admitted = self.admission.lock().await;
         self.check_caps(owner)?;
         if opts.checkpoint.is_none()
-            && let Some(record) = self.claim_from_pool(record.clone())?
+            && let Some(record) = self.claim_from_pool(record.clone(), opts.pool_key.as_deref())?
         {
             return Ok(Created {
                 record,

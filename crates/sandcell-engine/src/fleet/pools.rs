@@ -5,6 +5,8 @@
 //! crash of the service orphans nothing: [`Fleet::recover`] ends what the pools held.
 
 use std::collections::{HashMap, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 
 use super::{Fleet, Live, SandboxRecord, SandboxState, lock, now_ms, persistence};
@@ -24,6 +26,38 @@ pub struct PoolSpec {
     pub spec: SandboxSpec,
     /// How many it keeps ready.
     pub size: usize,
+    /// Work done on each of its sandboxes before it counts as ready (packages installed,
+    /// say); only creates naming the same key take from such a pool.
+    pub prepare: Option<PoolPrepare>,
+}
+
+/// What [`PoolPrepare`] runs on a started pool sandbox; an error drops the sandbox.
+pub type PrepareFn =
+    dyn Fn(Sandbox) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync;
+
+/// Preparation of a pool's sandboxes, named by a key that creates must give to match
+/// ([`super::CreateOptions::pool_key`]): the spec alone cannot tell a sandbox with packages
+/// installed from one without.
+#[derive(Clone)]
+pub struct PoolPrepare {
+    /// What a create names to take a sandbox prepared this way.
+    pub key: String,
+    /// The preparation.
+    pub run: Arc<PrepareFn>,
+}
+
+impl std::fmt::Debug for PoolPrepare {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PoolPrepare")
+            .field("key", &self.key)
+            .finish()
+    }
+}
+
+impl PartialEq for PoolPrepare {
+    fn eq(&self, other: &Self) -> bool {
+        self.key == other.key
+    }
 }
 
 /// The pools and their ready sandboxes.
@@ -108,11 +142,28 @@ impl Fleet {
             runtime: serde_json::Value::Null,
         };
         self.ledger.insert(&record).map_err(persistence)?;
-        match self
+        let made = match self
             .engine
             .create_with_id(record.id.clone(), pool.spec.clone())
             .await
         {
+            Ok(sandbox) => match &pool.prepare {
+                Some(prepare) => match (prepare.run)(sandbox.clone()).await {
+                    Ok(()) => Ok(sandbox),
+                    Err(why) => {
+                        let _ = sandbox.destroy().await;
+                        tracing::warn!(pool = %pool.name, error = %why, "a warm pool sandbox could not be prepared");
+                        Err(EngineError::Launch {
+                            stage: "prepare a warm pool sandbox".into(),
+                            message: why,
+                        })
+                    }
+                },
+                None => Ok(sandbox),
+            },
+            Err(e) => Err(e),
+        };
+        match made {
             Ok(sandbox) => {
                 record.state = SandboxState::Running;
                 record.runtime = sandbox.runtime();
@@ -131,15 +182,20 @@ impl Fleet {
         }
     }
 
-    /// Hands a ready sandbox with `wanted`'s spec to `wanted`'s owner, if a pool has one:
-    /// its record becomes `wanted` (with the pool sandbox's id and runtime).
+    /// Hands a ready sandbox with `wanted`'s spec, prepared as `pool_key` names (or not
+    /// prepared, for `None`), to `wanted`'s owner, if a pool has one: its record becomes
+    /// `wanted` (with the pool sandbox's id and runtime).
     pub(super) fn claim_from_pool(
         &self,
         mut wanted: SandboxRecord,
+        pool_key: Option<&str>,
     ) -> Result<Option<SandboxRecord>, EngineError> {
         let name = {
             let specs = lock(&self.pools.specs);
-            match specs.iter().find(|p| p.spec == wanted.spec) {
+            let found = specs.iter().find(|p| {
+                p.spec == wanted.spec && p.prepare.as_ref().map(|p| p.key.as_str()) == pool_key
+            });
+            match found {
                 Some(p) => p.name.clone(),
                 None => return Ok(None),
             }

@@ -92,13 +92,15 @@ InvalidArgumentError)."""
 class PackagesReport:
     """How a sandbox's packages were installed (only on the answer of the create that asked
     for them): `cached` when they came from the cache of an earlier install of the same lists
-    (no registry reached), how long installing or unpacking took, and the files and bytes the
-    install put into the sandbox."""
+    (no registry reached), how long installing or unpacking took, the files and bytes the
+    install put into the sandbox, and `from_pool` when the sandbox came from a warm pool that
+    had installed them while it waited."""
 
     cached: bool
     duration_ms: int
     files: int
     bytes: int
+    from_pool: bool = False
 
     @classmethod
     def from_json(cls, d: JsonDict) -> PackagesReport:
@@ -108,6 +110,7 @@ class PackagesReport:
             duration_ms=int(d["duration_ms"]),
             files=int(d["files"]),
             bytes=int(d["bytes"]),
+            from_pool=bool(d.get("from_pool", False)),
         )
 
 

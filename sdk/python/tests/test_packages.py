@@ -45,6 +45,9 @@ def pkg_daemon(tmp_path_factory: pytest.TempPathFactory, registries: FakeRegistr
         f"packages.pip_index_url=https://pypi.test:{port}/simple/",
         f"packages.npm_registry=https://npm.test:{port}/",
         f"packages.ca_file={registries.ca}",
+        # Python sandboxes with the package installed while they wait (the tests above use
+        # the default template, which this pool never serves).
+        "pools.warm=python/small=1 pip:sandcell-fake",
     )
     env = {"SANDCELL_TEST": "1", "SANDCELL_TEST_RESOLVE": "pypi.test=127.0.0.1;npm.test=127.0.0.1"}
     home, allowed = tmp_path_factory.mktemp("pkg-home"), tmp_path_factory.mktemp("pkg-allowed")
@@ -94,6 +97,31 @@ def test_packages_are_installed_at_create_then_come_from_the_cache(pkg_daemon: D
     # Without packages, no report.
     with Sandbox.create(ephemeral=True, **client) as sb:
         assert sb.info.packages is None
+
+
+def test_a_warm_pool_serves_the_same_packages_installed_ahead(pkg_daemon: Daemon) -> None:
+    import time
+    import urllib.request
+
+    ready = 'sandcell_pool_ready{pool="python/small+pip:sandcell-fake"} 1'
+    deadline = time.monotonic() + 120
+    while True:
+        req = urllib.request.Request(
+            f"{pkg_daemon.url}/metrics", headers={"Authorization": f"Bearer {pkg_daemon.key}"}
+        )
+        # Straight to the daemon, whatever proxy the environment names.
+        with urllib.request.build_opener(urllib.request.ProxyHandler({})).open(req, timeout=10) as r:
+            if ready in r.read().decode():
+                break
+        assert time.monotonic() < deadline, "the warm pool never filled"
+        time.sleep(0.2)
+    client = {"api_url": pkg_daemon.url, "api_key": pkg_daemon.key}
+    with Sandbox.create(template="python", packages={"pip": ["sandcell-fake"]}, ephemeral=True, **client) as sb:
+        report = sb.info.packages
+        assert isinstance(report, PackagesReport) and report.from_pool is True, report
+        assert report.files > 0, report
+        out = sb.exec(PYTHON_CHECK)
+        assert out.stdout == "42\n", out.stderr
 
 
 def test_refusals_name_the_package_and_leave_no_sandbox(pkg_daemon: Daemon) -> None:

@@ -43,6 +43,9 @@ before(async () => {
       `packages.pip_index_url=https://pypi.test:${r.httpsPort}/simple/`,
       `packages.npm_registry=https://npm.test:${r.httpsPort}/`,
       `packages.ca_file=${r.ca}`,
+      // Python sandboxes with the package installed while they wait (the other tests use the
+      // default template, which this pool never serves).
+      "pools.warm=python/small=1 pip:sandcell-fake",
     ],
     env: { SANDCELL_TEST: "1", SANDCELL_TEST_RESOLVE: "pypi.test=127.0.0.1;npm.test=127.0.0.1" },
   });
@@ -82,7 +85,8 @@ test("packages are installed at create, then come from the cache", async () => {
     assert.ok(first !== null, JSON.stringify(sb.info));
     assert.equal(first.cached, false);
     assert.ok(first.files > 0 && first.bytes > 0 && first.durationMs >= 0, JSON.stringify(first));
-    assert.deepEqual(Object.keys(first).sort(), ["bytes", "cached", "durationMs", "files"]);
+    assert.deepEqual(Object.keys(first).sort(), ["bytes", "cached", "durationMs", "files", "fromPool"]);
+    assert.equal(first.fromPool, false);
     await check(sb);
     // The install's access is gone: the sandbox's own policy (loopback) is back.
     assert.equal(sb.info.network, "loopback");
@@ -103,6 +107,26 @@ test("packages are installed at create, then come from the cache", async () => {
   await withCreated(undefined, async (sb) => {
     assert.equal(sb.info.packages, null);
   });
+});
+
+test("a warm pool serves the same packages, installed ahead", async () => {
+  const ready = 'sandcell_pool_ready{pool="python/small+pip:sandcell-fake"} 1';
+  const deadline = Date.now() + 120_000;
+  for (;;) {
+    const r = await fetch(`${client.apiUrl}/metrics`, { headers: { authorization: `Bearer ${client.apiKey}` } });
+    if ((await r.text()).includes(ready)) break;
+    assert.ok(Date.now() < deadline, "the warm pool never filled");
+    await new Promise((done) => setTimeout(done, 200));
+  }
+  const sb = await Sandbox.create({ ...client, ephemeral: true, template: "python", packages: { pip: ["sandcell-fake"] } });
+  try {
+    const report = sb.info.packages;
+    assert.ok(report !== null && report.fromPool && report.files > 0, JSON.stringify(report));
+    const py = await sb.exec(PYTHON_CHECK);
+    assert.equal(py.stdout, "42\n", py.stderr);
+  } finally {
+    await sb.kill();
+  }
 });
 
 test("refusals name the package and leave no sandbox", async () => {

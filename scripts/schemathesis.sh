@@ -29,6 +29,9 @@ base="http://127.0.0.1:$port"
 # Agent runs and memory infer jobs ask the daemon itself for a model: it answers 404 at once,
 # so a generated run ends quickly (provider_error), a job fails, and nothing outside loopback
 # is reached.
+# Generated git URLs name made-up hosts: only a name of the tests' own resolves (to
+# loopback), so nothing asks the machine's resolver.
+SANDCELL_TEST=1 SANDCELL_TEST_RESOLVE="git.test=127.0.0.1" SANDCELL_TEST_RESOLVE_ONLY=1 \
 "$BIN" serve --home "$scratch/home" --listen "127.0.0.1:$port" \
   --set limits.max_per_owner=5 --set shutdown.sandboxes=stop \
   --set "agent.openai.base_url=http://127.0.0.1:$port/v1" \

@@ -233,6 +233,8 @@ pub fn service_engine(
 /// How sandboxes' egress proxies resolve names: the host's resolver, or for tests the names
 /// `SANDCELL_TEST_RESOLVE` maps (`name=IP` pinned, `name~IP` answered as DNS would), honoured
 /// only with `SANDCELL_TEST=1` so a stray variable cannot redirect a production service.
+/// With `SANDCELL_TEST_RESOLVE_ONLY=1` too, other names do not resolve at all (a fuzzer's
+/// generated host names never reach the machine's resolver).
 pub fn egress_hub() -> anyhow::Result<sandcell_engine::egress::EgressHub> {
     use sandcell_egress::{Limits, Resolver, StaticResolver, SystemResolver};
     use std::sync::Arc;
@@ -250,7 +252,11 @@ pub fn egress_hub() -> anyhow::Result<sandcell_engine::egress::EgressHub> {
             eprintln!(
                 "sandcell: warning: egress names are mapped by SANDCELL_TEST_RESOLVE={spec} (tests only)"
             );
-            Arc::new(mapped.with_fallback(system))
+            if std::env::var("SANDCELL_TEST_RESOLVE_ONLY").as_deref() == Ok("1") {
+                Arc::new(mapped)
+            } else {
+                Arc::new(mapped.with_fallback(system))
+            }
         }
         _ => system,
     };

@@ -2,7 +2,8 @@
 //! the sandbox's agent on the sandbox's own loopback (`Sandbox::connect_port`), never by
 //! opening the sandbox's network. Who may: the owner's API key, a signed token for that
 //! sandbox and port (expiring), or anyone when the owner made the port public (until the
-//! sandbox ends, or the daemon restarts: public ports are kept in memory).
+//! owner says otherwise or the sandbox's record is deleted; kept in the store, so across
+//! restarts of the daemon).
 
 use std::collections::HashMap;
 use std::sync::{Mutex, PoisonError};
@@ -16,11 +17,22 @@ use crate::{Caller, ErrorKind, Service, ServiceError, ServiceResult};
 /// The signing scope of preview tokens (never valid as an export link's signature).
 const SCOPE: &str = "preview";
 
-/// Ports their owners made public: (sandbox, port) → owner.
+/// Ports their owners made public: (sandbox, port) → owner. The store's copy, read on every
+/// preview request without a query.
 #[derive(Debug, Default)]
 pub struct PublicPorts(Mutex<HashMap<(String, u16), String>>);
 
 impl PublicPorts {
+    /// The ports the store holds (at start).
+    pub fn load(store: &sandcell_store::Store) -> Result<Self, sandcell_store::StoreError> {
+        let map = store
+            .public_ports()?
+            .into_iter()
+            .map(|(id, port, owner)| ((id, port), owner))
+            .collect();
+        Ok(Self(Mutex::new(map)))
+    }
+
     fn set(&self, id: &str, port: u16, owner: Option<&str>) {
         let mut map = self.0.lock().unwrap_or_else(PoisonError::into_inner);
         match owner {
@@ -64,8 +76,9 @@ impl Service {
         // Only a running sandbox of the caller's.
         self.fleet.sandbox_as_is(&caller.owner, id)?;
         if let Some(public) = req.public {
-            self.public_ports
-                .set(id, port, public.then_some(caller.owner.as_str()));
+            let owner = public.then_some(caller.owner.as_str());
+            self.store.set_public_port(id, port, owner)?;
+            self.public_ports.set(id, port, owner);
         }
         let now = sandcell_engine::fleet::now_ms() / 1000;
         let expires = now.saturating_add(i64::try_from(ttl).unwrap_or(i64::MAX));

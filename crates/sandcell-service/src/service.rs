@@ -57,6 +57,12 @@ impl Service {
     /// A service over a fleet and a store, with these settings and this signing key.
     pub fn new(fleet: Arc<Fleet>, store: Arc<Store>, config: Config, signer: UrlSigner) -> Self {
         let egress_log = crate::network::record_egress(&fleet, &store);
+        // A store that cannot be read here fails every request after anyway; the ports stay
+        // private meanwhile (never public by mistake).
+        let public_ports = crate::previews::PublicPorts::load(&store).unwrap_or_else(|e| {
+            tracing::warn!(error = %e, "public preview ports could not be read");
+            crate::previews::PublicPorts::default()
+        });
         Self {
             egress_log,
             fleet,
@@ -70,7 +76,7 @@ impl Service {
             signer,
             seen_contexts: SeenContexts::default(),
             packages: crate::packages::PackagesState::default(),
-            public_ports: crate::previews::PublicPorts::default(),
+            public_ports,
         }
     }
 

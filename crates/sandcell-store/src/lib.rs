@@ -39,6 +39,7 @@ mod exports;
 mod keys;
 mod memories;
 mod memory_jobs;
+mod previews;
 mod records;
 mod runs;
 mod sandboxes;

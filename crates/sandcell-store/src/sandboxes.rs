@@ -312,7 +312,8 @@ impl Store {
         Ok(())
     }
 
-    /// Deletes a sandbox record; its events and contexts stay (those still open end).
+    /// Deletes a sandbox record and its public ports; its events and contexts stay (those
+    /// still open end).
     /// Returns whether it existed.
     pub fn delete_sandbox(&self, id: &str) -> Result<bool, StoreError> {
         let mut conn = self.conn();
@@ -324,6 +325,8 @@ impl Store {
             .optional()?;
         let changed = tx
             .prepare_cached("DELETE FROM sandboxes WHERE id = ?1")?
+            .execute([id])?;
+        tx.prepare_cached("DELETE FROM public_ports WHERE sandbox_id = ?1")?
             .execute([id])?;
         if let Some(at) = last_change {
             crate::contexts::end_all(&tx, id, at, "the sandbox was deleted")?;

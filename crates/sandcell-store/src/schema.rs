@@ -330,6 +330,19 @@ const V12_AUDIT_BY_TARGET: &str =
 
 const V12_DOWN: &str = "DROP INDEX audit_events_by_target;";
 
+/// Step 13: ports whose owners made their previews public (no key or token needed), so a
+/// restart of the daemon keeps them public. Removed with their sandbox's record.
+const V13_PUBLIC_PORTS: &str = r#"
+CREATE TABLE public_ports (
+    sandbox_id TEXT    NOT NULL,
+    port       INTEGER NOT NULL CHECK (port BETWEEN 1 AND 65535),
+    owner      TEXT    NOT NULL,
+    PRIMARY KEY (sandbox_id, port)
+) STRICT;
+"#;
+
+const V13_DOWN: &str = "DROP TABLE public_ports;";
+
 const STEPS: &[M<'static>] = &[
     M::up(V1_SANDBOXES).down(V1_DOWN),
     M::up(V2_API_KEYS).down(V2_DOWN),
@@ -343,6 +356,7 @@ const STEPS: &[M<'static>] = &[
     M::up(V10_THREADS).down(V10_DOWN),
     M::up(V11_MEMORY_VECTORS_AND_JOBS).down(V11_DOWN),
     M::up(V12_AUDIT_BY_TARGET).down(V12_DOWN),
+    M::up(V13_PUBLIC_PORTS).down(V13_DOWN),
 ];
 
 /// The store's migrations, oldest first; version N is the schema after step N.

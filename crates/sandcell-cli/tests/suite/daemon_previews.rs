@@ -255,3 +255,31 @@ fn a_sandboxs_info_says_where_its_ports_are_reached() {
         format!("/v1/sandboxes/{}/ports/{{port}}/", sb.id)
     );
 }
+
+#[test]
+fn a_public_port_stays_public_across_a_restart_of_the_daemon() {
+    let mut d = Daemon::start(&["shutdown.sandboxes=keep"]);
+    let id = d.create_id(json!({}));
+    start_servers(&d, &id);
+    let host = format!("8000-{id}.localhost");
+    let p = d.post(
+        &format!("/v1/sandboxes/{id}/previews/8000"),
+        json!({"public": true}),
+    );
+    assert_eq!(p.body["public"], true, "{}", p.body);
+    d.terminate();
+    d.restart(&["shutdown.sandboxes=stop"]);
+    // Without a key or a token: still public, the same sandbox and server.
+    let (status, _, body) = get_with_host(&d, &host, "/index.html", "");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("hello from inside"), "{body}");
+    // The other port never was.
+    let (status, _, _) = get_with_host(&d, &format!("8765-{id}.localhost"), "/", "");
+    assert_eq!(status, 401);
+    d.post(
+        &format!("/v1/sandboxes/{id}/previews/8000"),
+        json!({"public": false}),
+    );
+    let (status, _, _) = get_with_host(&d, &host, "/", "");
+    assert_eq!(status, 401);
+}

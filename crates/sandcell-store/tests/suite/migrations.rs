@@ -48,6 +48,9 @@ fn expected_tables(version: usize) -> Vec<&'static str> {
     if version >= 11 {
         all.extend(["memory_jobs", "memory_vectors"]);
     }
+    if version >= 13 {
+        all.push("public_ports");
+    }
     all.sort_unstable();
     all
 }
@@ -55,7 +58,7 @@ fn expected_tables(version: usize) -> Vec<&'static str> {
 #[test]
 fn migrations_definitions_are_valid() {
     migrations().validate().unwrap();
-    assert_eq!(LATEST_SCHEMA_VERSION, 12);
+    assert_eq!(LATEST_SCHEMA_VERSION, 13);
 }
 
 #[test]
@@ -88,7 +91,7 @@ fn up_to_latest_down_to_zero_and_up_again() {
 
     m.to_latest(&mut conn).unwrap();
     assert_eq!(tables(&conn), expected_tables(LATEST_SCHEMA_VERSION));
-    assert_eq!(usize::from(m.current_version(&conn).unwrap()), 12);
+    assert_eq!(usize::from(m.current_version(&conn).unwrap()), 13);
 
     m.to_version(&mut conn, 0).unwrap();
     assert!(tables(&conn).is_empty(), "left: {:?}", tables(&conn));

@@ -274,3 +274,31 @@ fn a_json_column_of_the_wrong_shape_is_reported_corrupt() {
             .is_err()
     );
 }
+
+#[test]
+fn public_ports_are_kept_until_changed_or_their_sandbox_is_deleted() {
+    let (_dir, path, store) = file_store();
+    store.insert_sandbox(&sandbox("sb-a", "alice", 1)).unwrap();
+    store.insert_sandbox(&sandbox("sb-b", "bob", 2)).unwrap();
+    store.set_public_port("sb-a", 3000, Some("alice")).unwrap();
+    store.set_public_port("sb-a", 8080, Some("alice")).unwrap();
+    store.set_public_port("sb-b", 3000, Some("bob")).unwrap();
+    // Made public twice: one row.
+    store.set_public_port("sb-b", 3000, Some("bob")).unwrap();
+    store.set_public_port("sb-a", 8080, None).unwrap();
+    drop(store);
+    // Kept across a reopen (a restart of the daemon).
+    let store = Store::open(&path).unwrap();
+    assert_eq!(
+        store.public_ports().unwrap(),
+        vec![
+            ("sb-a".to_string(), 3000, "alice".to_string()),
+            ("sb-b".to_string(), 3000, "bob".to_string()),
+        ]
+    );
+    assert!(store.delete_sandbox("sb-a").unwrap());
+    assert_eq!(
+        store.public_ports().unwrap(),
+        vec![("sb-b".to_string(), 3000, "bob".to_string())]
+    );
+}

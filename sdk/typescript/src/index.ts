@@ -4,6 +4,7 @@
  */
 
 export { Sandbox } from "./sandbox.js";
+export { secret } from "./types.js";
 export type {
   CreateSandboxOptions,
   EnableAutoSnapshotOptions,

@@ -67,6 +67,17 @@ export interface Secret {
   hosts: readonly string[];
 }
 
+/**
+ * A `Secret` whose value `console.log`, `util.inspect`, `JSON.stringify` and object spreads
+ * leave out (the value is a non-enumerable property), so that logging the options of a create
+ * does not leak it; frozen. `Sandbox.create({ secrets: [secret("TOKEN", value, ["api.example.com"])] })`.
+ */
+export function secret(name: string, value: string, hosts: readonly string[]): Secret {
+  const s = { name, hosts: Object.freeze([...hosts]) };
+  Object.defineProperty(s, "value", { value, enumerable: false });
+  return Object.freeze(s) as Secret;
+}
+
 /** How a sandbox's packages were installed (only on the answer of the create that asked for them). */
 export interface PackagesReport {
   /** Served from the cache of an earlier install of the same lists (no registry reached). */
@@ -375,7 +386,8 @@ export function fromSecrets(secrets: readonly Secret[]): WireSecret[] {
       throw new TypeError(`${where} is an object { name, value, hosts }, not ${kindOf(secret)}`);
     }
     const s = secret as Record<string, unknown>;
-    const keys = Object.keys(s).filter((k) => s[k] !== undefined);
+    // Own properties, enumerable or not (`secret()` hides its value from logs that way).
+    const keys = Object.getOwnPropertyNames(s).filter((k) => s[k] !== undefined);
     const unknown = keys.filter((k) => !(SECRET_KEYS as readonly string[]).includes(k));
     const missing = SECRET_KEYS.filter((k) => !keys.includes(k));
     if (unknown.length > 0 || missing.length > 0) {

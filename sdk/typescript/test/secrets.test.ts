@@ -13,7 +13,8 @@ import assert from "node:assert/strict";
 import { randomBytes } from "node:crypto";
 import { after, before, test } from "node:test";
 
-import { InvalidArgumentError, Sandbox, type ClientOptions, type Secret } from "sandcell";
+import { inspect } from "node:util";
+import { InvalidArgumentError, Sandbox, secret as hiddenSecret, type ClientOptions, type Secret } from "sandcell";
 import { startDaemon, startFakeRegistries, type Daemon, type FakeRegistries } from "./daemon.js";
 
 let registries: FakeRegistries | undefined;
@@ -52,7 +53,12 @@ interface Echo {
 
 test("a secret's placeholder is in the sandbox, and the value reaches only its host", async () => {
   const value = freshValue();
-  const secret: Secret = { name: "TOKEN", value, hosts: ["api.test"] };
+  // Made with secret(): logging it (or the create's options) shows no value.
+  const secret: Secret = hiddenSecret("TOKEN", value, ["api.test"]);
+  for (const shown of [inspect(secret), JSON.stringify(secret), inspect({ secrets: [secret] }), JSON.stringify({ ...secret })]) {
+    assert.ok(!shown.includes(value), shown);
+  }
+  assert.equal(secret.value, value);
   const sb = await Sandbox.create({ ...client, ephemeral: true, network: { allow: ["api.test", "other.test"] }, secrets: [secret] });
   try {
     assert.ok(!JSON.stringify(sb.info).includes(value), JSON.stringify(sb.info));

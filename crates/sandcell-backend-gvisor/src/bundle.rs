@@ -208,4 +208,32 @@ mod tests {
             json!(NETWORK_OFF)
         );
     }
+
+    #[test]
+    fn a_bound_egress_folder_is_mounted_read_only_and_named_to_the_agent() {
+        let with = BundleInputs {
+            egress_dir: Some("/run/sandcell/egress/sb-1"),
+            ..inputs()
+        };
+        let c = config(&SandboxSpec::default(), &with);
+        assert_eq!(c["process"]["args"][3], json!(crate::guest::EGRESS));
+        let mount = c["mounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["destination"] == sandcell_protocol::EGRESS_DIR)
+            .unwrap();
+        assert_eq!(mount["source"], json!("/run/sandcell/egress/sb-1"));
+        assert!(mount["options"].as_array().unwrap().contains(&json!("ro")));
+        // Without one, neither.
+        let c = config(&SandboxSpec::default(), &inputs());
+        assert!(c["process"]["args"].get(3).is_none());
+        assert!(
+            !c["mounts"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|m| m["destination"] == sandcell_protocol::EGRESS_DIR)
+        );
+    }
 }

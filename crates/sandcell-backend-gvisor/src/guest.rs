@@ -8,6 +8,13 @@
 //! Before anything else it confines itself the way the `process` backend's sandbox does:
 //! `no_new_privs` and the seccomp filter (gVisor's kernel runs it on every syscall of the
 //! agent and of everything it starts; a checkpoint carries it).
+//!
+//! Its stdout is the backend's control channel (another socketpair, re-bound by a restore
+//! like stdin): one line per command (`<command> <tag>`), one line per answer (`ok <tag>` or
+//! `error <tag> <why>`), served by a thread of its own.
+//! [`SUSPEND_EGRESS`] closes the egress bridge before a checkpoint (this runsc cannot save
+//! it open, see `sandcell_guest::EgressSwitch`), [`RESUME_EGRESS`] opens it again in the
+//! restored sandbox.
 
 use std::os::unix::net::UnixStream;
 
@@ -18,10 +25,22 @@ use sandcell_jail::{JailError, NetworkMode, caps};
 pub const NETWORK_LOOPBACK: &str = "--network=loopback";
 /// As [`NETWORK_LOOPBACK`], for `network: off` (seccomp refuses all but Unix sockets).
 pub const NETWORK_OFF: &str = "--network=off";
-/// The argument after the network's when the sandbox's egress folder is bound: the agent
-/// then bridges to the proxy's socket without looking it up first (a looked-up host socket
-/// in gVisor's dentry cache makes `runsc checkpoint` fail).
+/// The argument after the network's when the sandbox's egress folder is bound (every
+/// network but `off`): the agent then bridges to the proxy's socket without looking for it.
 pub const EGRESS: &str = "--egress";
+
+/// The control command that closes the agent's egress bridge (its listeners and every
+/// connection) before a checkpoint; answered [`CONTROL_OK`] once they are closed.
+pub const SUSPEND_EGRESS: &str = "suspend-egress";
+/// The control command that opens the bridge again; answered [`CONTROL_OK`] once it listens.
+pub const RESUME_EGRESS: &str = "resume-egress";
+/// The answer to a command that was done: `ok <tag>`, the tag the command came with.
+pub const CONTROL_OK: &str = "ok";
+/// The answer to a command that failed: `error <tag> <why>`.
+pub const CONTROL_ERROR: &str = "error";
+
+/// How long the agent gives its bridge to close or open (the backend waits longer).
+const SWITCH_LIMIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Whether the agent was started with [`EGRESS`].
 pub fn egress_bound() -> bool {
@@ -39,6 +58,7 @@ pub fn enter() -> Result<UnixStream, JailError> {
     // First, while this is the only thread: every thread and process after inherits it.
     confine(network_of(std::env::args().nth(2).as_deref())?)?;
     let host = sandcell_jail::stdin::take_socket()?;
+    let control = take_control()?;
     let (agent, relay) =
         UnixStream::pair().map_err(|e| JailError::io("create the agent's relay", e))?;
     let clone = |s: &UnixStream| {
@@ -54,7 +74,61 @@ pub fn enter() -> Result<UnixStream, JailError> {
         .name("host-out".into())
         .spawn(move || copy_until_end(relay, host))
         .map_err(|e| JailError::io("start the relay", e))?;
+    if let Some(control) = control {
+        std::thread::Builder::new()
+            .name("control".into())
+            .spawn(move || serve_control(control))
+            .map_err(|e| JailError::io("start the control channel", e))?;
+    }
     Ok(agent)
+}
+
+/// The control socket the backend gave as stdout, as a close-on-exec stream of its own, with
+/// stdout then writing where stderr does (`None`: stdout is no socket, the agent was started
+/// without a control channel).
+fn take_control() -> Result<Option<UnixStream>, JailError> {
+    use std::os::fd::AsFd;
+    let stdout = std::io::stdout();
+    let stat =
+        rustix::fs::fstat(stdout.as_fd()).map_err(|e| JailError::io("inspect stdout", e.into()))?;
+    if rustix::fs::FileType::from_raw_mode(stat.st_mode) != rustix::fs::FileType::Socket {
+        return Ok(None);
+    }
+    // Above the standard descriptors, so that nothing started later finds it by number.
+    let control = rustix::io::fcntl_dupfd_cloexec(stdout.as_fd(), 3)
+        .map_err(|e| JailError::io("take the control channel", e.into()))?;
+    rustix::stdio::dup2_stdout(std::io::stderr())
+        .map_err(|e| JailError::io("replace stdout", e.into()))?;
+    Ok(Some(UnixStream::from(control)))
+}
+
+/// Answers the backend's commands until the channel ends. Blocking reads: after a restore
+/// this runsc reports no readiness of a host-backed socket, and the read goes on on the
+/// socket the restore was given.
+pub(crate) fn serve_control(control: UnixStream) {
+    use std::io::{BufRead, Write};
+    let Ok(mut answers) = control.try_clone() else {
+        return;
+    };
+    let mut lines = std::io::BufReader::new(control).lines();
+    while let Some(Ok(line)) = lines.next() {
+        // `<command> <tag>`: the answer repeats the tag, so that a late answer to a command
+        // the backend gave up on is never taken for the next one's.
+        let (command, tag) = line.trim().split_once(' ').unwrap_or((line.trim(), ""));
+        let switch = sandcell_guest::egress_switch();
+        let done = match command {
+            SUSPEND_EGRESS => switch.suspend(SWITCH_LIMIT).map_err(|e| e.to_string()),
+            RESUME_EGRESS => switch.resume(SWITCH_LIMIT).map_err(|e| e.to_string()),
+            other => Err(format!("unknown command {other:?}")),
+        };
+        let answer = match done {
+            Ok(()) => format!("{CONTROL_OK} {tag}\n"),
+            Err(why) => format!("{CONTROL_ERROR} {tag} {why}\n"),
+        };
+        if answers.write_all(answer.as_bytes()).is_err() {
+            return;
+        }
+    }
 }
 
 /// The network policy named on the command line (none: loopback).

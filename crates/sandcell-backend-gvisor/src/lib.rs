@@ -116,6 +116,78 @@ struct Shared {
 /// The file in a checkpoint image naming the agent folder its sandbox ran from.
 const AGENT_DIR_FILE: &str = "sandcell-agent-dir";
 
+/// The file in a checkpoint image saying its agent serves the control channel (and was
+/// checkpointed with its egress bridge closed): a restore opens the bridge again.
+const CONTROL_FILE: &str = "sandcell-control";
+
+/// How long the backend waits for the agent to answer a control command (the agent gives
+/// its bridge 10 s).
+const CONTROL_LIMIT: std::time::Duration = std::time::Duration::from_secs(15);
+
+/// The host's end of a container's control channel (its agent's stdout; see [`guest`]).
+struct Control {
+    stream: Mutex<std::io::BufReader<UnixStream>>,
+    /// The tag of the last command sent.
+    tag: std::sync::atomic::AtomicU64,
+}
+
+impl Control {
+    fn new(stream: UnixStream) -> Self {
+        Self {
+            stream: Mutex::new(std::io::BufReader::new(stream)),
+            tag: std::sync::atomic::AtomicU64::new(0),
+        }
+    }
+
+    /// Sends `command` and waits (at most [`CONTROL_LIMIT`]) for the agent to say it is done.
+    /// Answers to earlier commands (late, after their wait ended) are skipped by their tag.
+    fn ask(&self, command: &str) -> Result<(), String> {
+        use std::io::{BufRead, Write};
+        let mut stream = self
+            .stream
+            .lock()
+            .map_err(|_| "the control channel is poisoned".to_string())?;
+        let closed = || format!("the agent closed its control channel ({command:?})");
+        let io = |e: std::io::Error| match e.kind() {
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
+                format!("the agent did not answer {command:?} within {CONTROL_LIMIT:?}")
+            }
+            std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset => closed(),
+            _ => format!("{command:?} on the control channel: {e}"),
+        };
+        let tag = (self.tag.fetch_add(1, Ordering::Relaxed) + 1).to_string();
+        let deadline = std::time::Instant::now() + CONTROL_LIMIT;
+        let socket = stream.get_mut();
+        socket.set_write_timeout(Some(CONTROL_LIMIT)).map_err(io)?;
+        socket
+            .write_all(format!("{command} {tag}\n").as_bytes())
+            .map_err(io)?;
+        loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Err(io(std::io::ErrorKind::TimedOut.into()));
+            }
+            stream.get_mut().set_read_timeout(Some(left)).map_err(io)?;
+            let mut answer = String::new();
+            if stream.read_line(&mut answer).map_err(io)? == 0 {
+                return Err(closed());
+            }
+            let mut words = answer.trim().splitn(3, ' ');
+            let (status, answered) = (words.next(), words.next());
+            if answered != Some(tag.as_str()) {
+                continue;
+            }
+            return match status {
+                Some(guest::CONTROL_OK) => Ok(()),
+                _ => Err(format!(
+                    "the agent answered {command:?} with {:?}",
+                    words.next().unwrap_or_default()
+                )),
+            };
+        }
+    }
+}
+
 /// The agent folder for `binary`: `<bin>/<size>-<mtime>-<inode>`, one per build.
 ///
 /// A restored sandbox maps its agent's code from the file it ran from again (a checkpoint
@@ -266,13 +338,11 @@ impl GvisorBackend {
         Ok(shared)
     }
 
-    /// Sandbox `id`'s egress folder (created) when its network is `full` or `allow`. Not for
-    /// `loopback`: the agent's bridge listens on TCP ports, and `runsc checkpoint` (every
-    /// gVisor snapshot) fails on this gVisor while they are open, so a gVisor sandbox made
-    /// `loopback` has no proxy (and cannot get egress later), and one with egress cannot be
-    /// snapshotted (docs/network.md).
+    /// Sandbox `id`'s egress folder (created) unless its network is `off`: a `loopback`
+    /// sandbox has the proxy too (it refuses everything), so that its policy can change
+    /// live. The agent's bridge is closed around each checkpoint (see [`guest`]).
     fn egress_folder(&self, id: &str, spec: &SandboxSpec) -> Result<Option<PathBuf>, EngineError> {
-        if !spec.network.has_egress() {
+        if spec.network == NetworkPolicy::Off {
             return Ok(None);
         }
         sandcell_engine::egress::make_sandbox_dir(&self.config.runtime_dir, id).map(Some)
@@ -319,8 +389,9 @@ impl GvisorBackend {
     }
 
     /// Starts (or restores from `image`) container `container` of sandbox `id` with `agent`
-    /// as its connection and the agent from `guest_dir`, and waits until it runs. Blocking;
-    /// on failure nothing is left.
+    /// as its connection and the agent from `guest_dir`, and waits until it runs (a restored
+    /// agent's egress bridge open again, when its image says it has a control channel).
+    /// Blocking; on failure nothing is left.
     fn run_container(
         &self,
         id: &str,
@@ -332,8 +403,13 @@ impl GvisorBackend {
     ) -> Result<Container, String> {
         let bundle = self.write_bundle(id, container, spec, guest_dir)?;
         let runsc = self
-            .runsc(Some(&bundle), spec.network.has_egress())
+            .runsc(Some(&bundle), spec.network != NetworkPolicy::Off)
             .map_err(|e| e.to_string())?;
+        let (control, child) =
+            UnixStream::pair().map_err(|e| format!("create the control channel: {e}"))?;
+        // An agent restored from a checkpoint older than the control channel never reads it
+        // (and had no bridge to close).
+        let controlled = image.is_none_or(|image| image.join(CONTROL_FILE).is_file());
         // Names are never reused (sandbox ids are random, checkpoints count up): no leftover
         // of that name can be in the way.
         let started = runsc
@@ -342,17 +418,29 @@ impl GvisorBackend {
                 &bundle,
                 image,
                 agent,
+                child,
                 &bundle.join("console.log"),
             )
-            .and_then(|()| runsc.state(container));
+            .and_then(|()| runsc.state(container))
+            .and_then(|state| {
+                let control = controlled.then(|| Arc::new(Control::new(control)));
+                // The checkpoint was taken with the bridge closed.
+                if let (Some(control), Some(_)) = (&control, image) {
+                    control
+                        .ask(guest::RESUME_EGRESS)
+                        .map_err(|e| format!("open the restored agent's egress bridge: {e}"))?;
+                }
+                Ok((state, control))
+            });
         match started {
-            Ok(state) => Ok(Container {
+            Ok((state, control)) => Ok(Container {
                 name: container.to_string(),
                 guest_dir: guest_dir.to_string(),
                 cgroup: open_cgroup(&self.cgroup_path(container)),
                 cgroup_path: self.cgroup_path(container),
                 bundle,
                 pid: state.pid,
+                control,
             }),
             Err(e) => {
                 let _ = runsc.delete(container);
@@ -697,6 +785,9 @@ struct Container {
     cgroup: Option<SandboxCgroup>,
     /// The sandbox process on the host (gVisor's kernel).
     pid: i32,
+    /// Its agent's control channel (`None`: an agent restored from a checkpoint made before
+    /// there was one).
+    control: Option<Arc<Control>>,
 }
 
 /// How long a freeze may take before `runsc pause` is used instead.
@@ -874,17 +965,47 @@ impl GvisorState {
     /// on a thread: that takes runsc about 2 s.
     fn checkpoint_now(&self, image: &Path) -> Result<Option<UnixStream>, EngineError> {
         // runsc cannot checkpoint a paused container (it crashes): let it run for this.
-        if self.frozen() == Some(true) {
+        let was_frozen = self.frozen() == Some(true);
+        if was_frozen {
             self.resume_now()?;
         }
         let old = self.name();
-        let guest_dir = self.with_current(|c| c.guest_dir.clone()).ok_or_else(|| {
-            Self::failed("runsc checkpoint", "the sandbox's state is lost".into())
-        })?;
+        let (guest_dir, control) = self
+            .with_current(|c| (c.guest_dir.clone(), c.control.clone()))
+            .ok_or_else(|| {
+                Self::failed("runsc checkpoint", "the sandbox's state is lost".into())
+            })?;
+        // This runsc cannot save the egress bridge open (a TCP socket an epoll instance
+        // watches, a connection to the host's proxy socket), and a failed save ends the
+        // sandbox: the agent closes it first, and every restore of the image (told so by
+        // the image) opens it again.
+        let closed = control.as_ref().map(|control| {
+            std::fs::write(image.join(CONTROL_FILE), "1\n")
+                .map_err(|e| format!("mark the checkpoint's control channel: {e}"))
+                .and_then(|()| control.ask(guest::SUSPEND_EGRESS))
+        });
+        if let (Some(control), Some(Err(e))) = (&control, closed) {
+            // Nothing was checkpointed: the sandbox goes on as it was.
+            let _ = control.ask(guest::RESUME_EGRESS);
+            if was_frozen {
+                let _ = self.pause_now();
+            }
+            return Err(Self::failed(
+                "close the agent's egress bridge for the checkpoint",
+                e,
+            ));
+        }
         let image_arg = image.display().to_string();
-        self.runsc
+        if let Err(e) = self
+            .runsc
             .run(&["checkpoint", "--image-path", &image_arg, &old])
-            .map_err(|e| Self::failed("runsc checkpoint", e))?;
+        {
+            // Should the sandbox have outlived it, its egress works again.
+            if let Some(control) = &control {
+                let _ = control.ask(guest::RESUME_EGRESS);
+            }
+            return Err(Self::failed("runsc checkpoint", e));
+        }
         // Restores of this image need the same agent binary (see agent_dir). Unwritten, they
         // take the current one, as before checkpoints named theirs.
         let _ = std::fs::write(image.join(AGENT_DIR_FILE), &guest_dir);
@@ -1019,6 +1140,33 @@ mod tests {
         std::fs::remove_file(&bin).unwrap();
         std::fs::write(&bin, b"other").unwrap();
         assert_ne!(first, agent_dir(tmp.path(), &bin).unwrap());
+    }
+
+    #[test]
+    fn the_control_channel_asks_and_says_what_the_agent_answered() {
+        let (host, agent) = UnixStream::pair().unwrap();
+        let served = std::thread::spawn(move || guest::serve_control(agent));
+        let control = Control::new(host);
+        // No bridge in this process: closing and opening it is done at once.
+        control.ask(guest::SUSPEND_EGRESS).unwrap();
+        control.ask(guest::RESUME_EGRESS).unwrap();
+        let err = control.ask("reboot").unwrap_err();
+        assert!(err.contains("unknown command"), "{err}");
+        // An answer with an earlier command's tag (as a late one would come) is skipped: a
+        // line the agent refuses under tag 1 comes before the next command's answer.
+        {
+            let mut stream = control.stream.lock().unwrap();
+            let late = format!("{} 1\n", guest::CONTROL_ERROR);
+            std::io::Write::write_all(stream.get_mut(), late.as_bytes()).unwrap();
+        }
+        // The channel goes on after refusals; its end is said.
+        control.ask(guest::SUSPEND_EGRESS).unwrap();
+        drop(control);
+        served.join().unwrap();
+        let (host, agent) = UnixStream::pair().unwrap();
+        drop(agent);
+        let err = Control::new(host).ask(guest::SUSPEND_EGRESS).unwrap_err();
+        assert!(err.contains("closed"), "{err}");
     }
 
     #[test]

@@ -68,22 +68,21 @@ impl Runsc {
     }
 
     /// Starts (or, with `image`, restores) container `id` from `bundle`, detached, with
-    /// `agent` as its stdin and `log` as its stdout and stderr; returns once it runs.
+    /// `agent` as its stdin, `control` as its stdout (the agent's control channel) and `log`
+    /// as its stderr; returns once it runs.
     pub fn start(
         &self,
         id: &str,
         bundle: &Path,
         image: Option<&Path>,
         agent: UnixStream,
+        control: UnixStream,
         log: &Path,
     ) -> Result<(), String> {
-        let out = std::fs::OpenOptions::new()
+        let err = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
             .open(log)
-            .map_err(|e| format!("open {}: {e}", log.display()))?;
-        let err = out
-            .try_clone()
             .map_err(|e| format!("open {}: {e}", log.display()))?;
         let mut c = self.command();
         match image {
@@ -96,7 +95,7 @@ impl Runsc {
             .arg(bundle)
             .arg(id)
             .stdin(Stdio::from(std::os::fd::OwnedFd::from(agent)))
-            .stdout(Stdio::from(out))
+            .stdout(Stdio::from(std::os::fd::OwnedFd::from(control)))
             .stderr(Stdio::from(err))
             .status()
             .map_err(|e| format!("run {}: {e}", self.program.display()))?;

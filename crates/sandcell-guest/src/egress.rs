@@ -2,12 +2,42 @@
 //! (SOCKS5) inside the sandbox's network namespace, each connection relayed to the host's
 //! egress proxy through a Unix socket bound into the sandbox. The namespace keeps only `lo`:
 //! nothing leaves but through the proxy, which decides (the `sandcell-egress` crate).
+//!
+//! The bridge can be closed and opened again ([`EgressSwitch`]), because the gVisor this
+//! project runs on cannot checkpoint it open: `runsc checkpoint` panics on a TCP socket an
+//! epoll instance watches ("endpoint still has waiters upon save") and on a connection to a
+//! host Unix socket (its state encoder dereferences nil), and a failed save ends the
+//! sandbox. The gVisor backend closes the bridge before each checkpoint and opens it again
+//! in the restored sandbox (docs/gvisor.md). Its listeners and connections come and go
+//! around checkpoints, so the agent's own readiness loop ([`crate::poller`]) watches them,
+//! never tokio's reactor (a deleted interest brought back by a restore would be a stale
+//! tokio token).
 
 use std::io;
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Duration, Instant};
 
-use tokio::net::{TcpListener, UnixStream};
+use rustix::io::Errno;
+use rustix::net::{AddressFamily, Shutdown, SocketAddrUnix, SocketFlags, SocketType};
+use tokio::sync::mpsc;
+use tokio::task::JoinSet;
+
+use crate::poller::PolledFd;
+use crate::sync::lock;
+
+/// Bytes copied per read and write of a relayed connection: tokio's default 8 KiB costs a
+/// download several times the system calls.
+const COPY_SIZE: usize = 256 * 1024;
+
+/// How long binding a port again is retried when it is taken (each try 20 ms apart).
+const BIND_TRIES: u32 = 50;
+
+/// How often a full backlog of the proxy's socket is tried again before the connection is
+/// given up.
+const CONNECT_TRIES: u32 = 50;
 
 /// Where the bridge listens and where it relays to.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -53,43 +83,331 @@ pub(crate) fn proxy_env() -> Vec<(&'static str, &'static str)> {
     ]
 }
 
-/// Binds every address of `bridge` and relays their connections until the agent ends. A
-/// port that cannot be bound is logged: egress then fails for the programs using it, and
-/// the rest of the sandbox works.
+/// Why the switch could not close or open every bridge.
+#[derive(Debug, thiserror::Error)]
+pub enum SwitchError {
+    /// A bridge did not answer in time (its runtime is stuck or gone).
+    #[error("the egress bridge did not {what} within {limit:?}")]
+    Timeout {
+        /// `close` or `open`.
+        what: &'static str,
+        /// How long it was given.
+        limit: Duration,
+    },
+}
+
+/// What the switch asks of a bridge; the sender is told when it is done.
+#[derive(Debug)]
+enum Command {
+    /// Close the listeners and every connection.
+    Suspend(std::sync::mpsc::SyncSender<()>),
+    /// Listen again.
+    Resume(std::sync::mpsc::SyncSender<()>),
+}
+
+/// Closes the egress bridges of this process and opens them again, from any thread that is
+/// not theirs (the gVisor agent's control thread, around a checkpoint). A bridge started
+/// while they are closed starts closed.
+#[derive(Debug, Default)]
+pub struct EgressSwitch {
+    state: Mutex<SwitchState>,
+}
+
+#[derive(Debug, Default)]
+struct SwitchState {
+    suspended: bool,
+    bridges: Vec<mpsc::UnboundedSender<Command>>,
+}
+
+impl EgressSwitch {
+    /// A switch no bridge listens to yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Closes every bridge's listeners and connections (each connection's client sees it
+    /// end); returns when they are all closed. Blocking: call it off the agent's runtime.
+    pub fn suspend(&self, limit: Duration) -> Result<(), SwitchError> {
+        self.set(true, limit)
+    }
+
+    /// Opens every bridge's listeners again; returns when they listen. Blocking: call it off
+    /// the agent's runtime.
+    pub fn resume(&self, limit: Duration) -> Result<(), SwitchError> {
+        self.set(false, limit)
+    }
+
+    /// Whether the bridges are closed now (or will start closed).
+    pub fn is_suspended(&self) -> bool {
+        lock(&self.state).suspended
+    }
+
+    fn set(&self, suspend: bool, limit: Duration) -> Result<(), SwitchError> {
+        let deadline = Instant::now() + limit;
+        let (done, answers) = std::sync::mpsc::sync_channel(16);
+        let mut asked = 0usize;
+        {
+            let mut s = lock(&self.state);
+            s.suspended = suspend;
+            // A bridge whose runtime ended has nothing open.
+            s.bridges.retain(|b| !b.is_closed());
+            for bridge in &s.bridges {
+                let command = if suspend {
+                    Command::Suspend(done.clone())
+                } else {
+                    Command::Resume(done.clone())
+                };
+                if bridge.send(command).is_ok() {
+                    asked += 1;
+                }
+            }
+        }
+        // Only the bridges hold senders now: when they are all gone, nothing is left to wait
+        // for (a bridge dropped with its runtime closed everything it had).
+        drop(done);
+        for _ in 0..asked {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match answers.recv_timeout(left) {
+                Ok(()) => {}
+                Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+                    return Err(SwitchError::Timeout {
+                        what: if suspend { "close" } else { "open" },
+                        limit,
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A new bridge's command queue, and whether it starts closed.
+    fn attach(&self) -> (mpsc::UnboundedReceiver<Command>, bool) {
+        let (tx, rx) = mpsc::unbounded_channel();
+        let mut s = lock(&self.state);
+        s.bridges.push(tx);
+        (rx, s.suspended)
+    }
+}
+
+/// The switch of this process's bridges: the agent's, which its gVisor entry point drives
+/// (one agent per process).
+pub fn egress_switch() -> &'static EgressSwitch {
+    static SWITCH: OnceLock<EgressSwitch> = OnceLock::new();
+    SWITCH.get_or_init(EgressSwitch::new)
+}
+
+/// Binds every address of `bridge` (unless the process's switch has it closed) and relays
+/// their connections until the agent ends, closing and opening as the switch says. A port
+/// that cannot be bound is logged: egress then fails for the programs using it, and the
+/// rest of the sandbox works.
 pub(crate) async fn start(bridge: &EgressBridge) {
-    for addr in &bridge.listen {
-        match TcpListener::bind(addr).await {
-            Ok(listener) => {
-                tokio::spawn(relay(listener, bridge.socket.clone()));
+    start_with(bridge, egress_switch()).await;
+}
+
+/// As [`start`], driven by `switch`.
+async fn start_with(bridge: &EgressBridge, switch: &EgressSwitch) {
+    let (commands, suspended) = switch.attach();
+    let open = if suspended {
+        None
+    } else {
+        Some(Open::bind(bridge).await)
+    };
+    tokio::spawn(serve(bridge.clone(), commands, open));
+}
+
+/// An open bridge: its accept loops and connections, all closed together.
+struct Open {
+    tasks: JoinSet<()>,
+    accepted: mpsc::UnboundedReceiver<OwnedFd>,
+}
+
+impl Open {
+    /// Binds every port of `bridge` and starts accepting on them.
+    async fn bind(bridge: &EgressBridge) -> Self {
+        let (tx, accepted) = mpsc::unbounded_channel();
+        let mut tasks = JoinSet::new();
+        for addr in &bridge.listen {
+            match bind(*addr).await {
+                Ok(listener) => {
+                    tasks.spawn(accept_loop(listener, tx.clone()));
+                }
+                Err(e) => {
+                    eprintln!("sandcell-guest: the egress bridge cannot listen on {addr}: {e}");
+                }
+            }
+        }
+        Self { tasks, accepted }
+    }
+
+    /// Closes the listeners and every connection; returns once their descriptors are
+    /// closed (a task's descriptors close when it is dropped, which is before `join_next`
+    /// reports it).
+    async fn close(mut self) {
+        self.tasks.abort_all();
+        while self.tasks.join_next().await.is_some() {}
+        // Accepted, not yet relayed: closed with the receiver's queue.
+        self.accepted.close();
+        while self.accepted.try_recv().is_ok() {}
+    }
+}
+
+/// Serves the bridge: relays what its listeners accept, closes and opens as told.
+async fn serve(
+    bridge: EgressBridge,
+    mut commands: mpsc::UnboundedReceiver<Command>,
+    mut open: Option<Open>,
+) {
+    loop {
+        let Some(mut o) = open.take() else {
+            // Closed: wait to be opened.
+            match commands.recv().await {
+                Some(Command::Suspend(done)) => {
+                    let _ = done.send(());
+                }
+                Some(Command::Resume(done)) => {
+                    open = Some(Open::bind(&bridge).await);
+                    let _ = done.send(());
+                }
+                None => return,
+            }
+            continue;
+        };
+        let suspended = loop {
+            tokio::select! {
+                command = commands.recv() => match command {
+                    Some(Command::Suspend(done)) => break Some(done),
+                    Some(Command::Resume(done)) => {
+                        let _ = done.send(());
+                    }
+                    // Nobody can close it any more: it serves until the runtime ends.
+                    None => break None,
+                },
+                Some(client) = o.accepted.recv() => {
+                    o.tasks.spawn(relay_connection(client, bridge.socket.clone()));
+                }
+                // Finished connections are collected (their results are nothing).
+                Some(_) = o.tasks.join_next() => {}
+            }
+        };
+        match suspended {
+            Some(done) => {
+                o.close().await;
+                let _ = done.send(());
+            }
+            None => loop {
+                tokio::select! {
+                    Some(client) = o.accepted.recv() => {
+                        o.tasks.spawn(relay_connection(client, bridge.socket.clone()));
+                    }
+                    Some(_) = o.tasks.join_next() => {}
+                    else => return,
+                }
+            },
+        }
+    }
+}
+
+/// A listening socket on `addr`, watched by the agent's loop. A port still held (a
+/// connection of the closed bridge in its last state) is tried again for a moment.
+async fn bind(addr: SocketAddr) -> io::Result<PolledFd> {
+    let mut tries = 0;
+    loop {
+        // std sets SO_REUSEADDR and close-on-exec.
+        match std::net::TcpListener::bind(addr) {
+            Ok(listener) => return PolledFd::new(OwnedFd::from(listener)),
+            Err(e) if e.kind() == io::ErrorKind::AddrInUse && tries < BIND_TRIES => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+}
+
+/// Hands every connection `listener` accepts to `accepted` until it is dropped.
+async fn accept_loop(listener: PolledFd, accepted: mpsc::UnboundedSender<OwnedFd>) {
+    loop {
+        match listener.accept().await {
+            Ok(client) => {
+                if accepted.send(client).is_err() {
+                    return;
+                }
             }
             Err(e) => {
-                eprintln!("sandcell-guest: the egress bridge cannot listen on {addr}: {e}");
+                // Out of descriptors, most likely: never spin on it.
+                eprintln!("sandcell-guest: the egress bridge cannot accept: {e}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
             }
         }
     }
 }
 
-/// Relays every connection of `listener` to `socket` (the agent runs this for each port of
-/// its [`EgressBridge`]; public for the benchmark).
-pub async fn relay(listener: TcpListener, socket: PathBuf) -> io::Result<()> {
+/// A connection to the proxy's socket, made without blocking the runtime (a Unix socket
+/// connects at once or finds the backlog full).
+async fn connect_unix(path: &Path) -> io::Result<PolledFd> {
+    let addr = SocketAddrUnix::new(path)?;
+    let mut tries = 0;
     loop {
-        let (mut client, _) = listener.accept().await?;
-        let socket = socket.clone();
-        tokio::spawn(async move {
-            let _ = client.set_nodelay(true);
-            // The proxy gone (the sandbox's egress turned off) ends the connection at once.
-            if let Ok(mut upstream) = UnixStream::connect(&socket).await {
-                // 256 KiB at a time: tokio's default 8 KiB costs a download several times
-                // the system calls.
-                let _ = tokio::io::copy_bidirectional_with_sizes(
-                    &mut client,
-                    &mut upstream,
-                    256 * 1024,
-                    256 * 1024,
-                )
-                .await;
+        let fd = rustix::net::socket_with(
+            AddressFamily::UNIX,
+            SocketType::STREAM,
+            SocketFlags::NONBLOCK | SocketFlags::CLOEXEC,
+            None,
+        )?;
+        match rustix::net::connect(&fd, &addr) {
+            Ok(()) => return PolledFd::new(fd),
+            Err(Errno::AGAIN) if tries < CONNECT_TRIES => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(10)).await;
             }
-        });
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Relays one accepted connection to the proxy's socket until both sides are done. The
+/// proxy gone (the sandbox's egress turned off) ends the connection at once.
+async fn relay_connection(client: OwnedFd, socket: PathBuf) {
+    let _ = rustix::net::sockopt::set_tcp_nodelay(&client, true);
+    let Ok(client) = PolledFd::new(client) else {
+        return;
+    };
+    let Ok(upstream) = connect_unix(&socket).await else {
+        return;
+    };
+    let _ = relay(&client, &upstream).await;
+}
+
+/// Copies both ways between `a` and `b`, [`COPY_SIZE`] bytes at a time, until both ends
+/// have ended (each end's end is passed on as a shutdown of the other's writing side) or
+/// either fails.
+async fn relay(a: &PolledFd, b: &PolledFd) -> io::Result<()> {
+    async fn one_way(from: &PolledFd, to: &PolledFd) -> io::Result<()> {
+        let mut buf = Vec::with_capacity(COPY_SIZE);
+        loop {
+            if from.read_into(&mut buf).await? == 0 {
+                return Ok(rustix::net::shutdown(to, Shutdown::Write)?);
+            }
+            to.write_all(&buf).await?;
+        }
+    }
+    tokio::try_join!(one_way(a, b), one_way(b, a)).map(|_| ())
+}
+
+/// Relays every connection of `listener` to `socket` as the agent's bridge does (public
+/// for the benchmark, which runs the bridge without an agent).
+pub async fn relay_listener(listener: tokio::net::TcpListener, socket: PathBuf) -> io::Result<()> {
+    // Off tokio's reactor, onto the agent's loop, as in the agent.
+    let listener = PolledFd::new(OwnedFd::from(listener.into_std()?))?;
+    let mut connections = JoinSet::new();
+    loop {
+        tokio::select! {
+            accepted = listener.accept() => {
+                connections.spawn(relay_connection(accepted?, socket.clone()));
+            }
+            Some(_) = connections.join_next() => {}
+        }
     }
 }
 
@@ -98,10 +416,10 @@ mod tests {
     use super::*;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-    #[tokio::test]
-    async fn a_connection_to_the_port_reaches_the_socket_and_back() {
-        let dir = tempfile::tempdir().expect("dir");
-        let socket = dir.path().join("egress.sock");
+    /// A proxy on a Unix socket in `dir` that answers `proxy saw: <first read>` and ends the
+    /// connection, or with `hold`, keeps it open until the client ends it.
+    fn fake_proxy(dir: &Path, hold: bool) -> PathBuf {
+        let socket = dir.join("egress.sock");
         let proxy = tokio::net::UnixListener::bind(&socket).expect("bind");
         tokio::spawn(async move {
             while let Ok((mut s, _)) = proxy.accept().await {
@@ -110,12 +428,24 @@ mod tests {
                     let n = s.read(&mut buf).await.expect("read");
                     s.write_all(b"proxy saw: ").await.expect("write");
                     s.write_all(&buf[..n]).await.expect("write");
+                    if hold {
+                        let _ = s.read(&mut buf).await;
+                    }
                 });
             }
         });
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        socket
+    }
+
+    #[tokio::test]
+    async fn a_connection_to_the_port_reaches_the_socket_and_back() {
+        let dir = tempfile::tempdir().expect("dir");
+        let socket = fake_proxy(dir.path(), false);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
         let addr = listener.local_addr().expect("addr");
-        tokio::spawn(relay(listener, socket));
+        tokio::spawn(relay_listener(listener, socket));
         let mut c = tokio::net::TcpStream::connect(addr).await.expect("connect");
         c.write_all(b"CONNECT a:443").await.expect("write");
         let mut back = Vec::new();
@@ -125,9 +455,14 @@ mod tests {
 
     #[tokio::test]
     async fn without_the_proxy_a_connection_ends_at_once() {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
         let addr = listener.local_addr().expect("addr");
-        tokio::spawn(relay(listener, PathBuf::from("/nonexistent/egress.sock")));
+        tokio::spawn(relay_listener(
+            listener,
+            PathBuf::from("/nonexistent/egress.sock"),
+        ));
         let mut c = tokio::net::TcpStream::connect(addr).await.expect("connect");
         let mut back = Vec::new();
         let read =
@@ -135,5 +470,154 @@ mod tests {
                 .await
                 .expect("ended in time");
         assert!(read.is_ok() && back.is_empty());
+    }
+
+    #[tokio::test]
+    async fn many_bytes_cross_both_ways_and_each_end_is_passed_on() {
+        // An echoing proxy: what the client sends comes back whole, larger than one copy.
+        let dir = tempfile::tempdir().expect("dir");
+        let socket = dir.path().join("egress.sock");
+        let proxy = tokio::net::UnixListener::bind(&socket).expect("bind");
+        tokio::spawn(async move {
+            let (s, _) = proxy.accept().await.expect("accept");
+            let (mut r, mut w) = s.into_split();
+            tokio::io::copy(&mut r, &mut w).await.expect("echo");
+            w.shutdown().await.expect("end");
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(relay_listener(listener, socket));
+        let c = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        let (mut r, mut w) = c.into_split();
+        let sent: Vec<u8> = (0..3 * COPY_SIZE + 17).map(|i| (i % 251) as u8).collect();
+        let to_send = sent.clone();
+        let writer = tokio::spawn(async move {
+            w.write_all(&to_send).await.expect("write");
+            // The client's end reaches the proxy, whose end comes back.
+            w.shutdown().await.expect("end");
+        });
+        let mut back = Vec::new();
+        tokio::time::timeout(Duration::from_secs(20), r.read_to_end(&mut back))
+            .await
+            .expect("in time")
+            .expect("read");
+        writer.await.expect("writer");
+        assert_eq!(back.len(), sent.len());
+        assert!(back == sent);
+    }
+
+    /// A loopback address with a free port (bound and let go).
+    fn free_addr() -> SocketAddr {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        l.local_addr().expect("addr")
+    }
+
+    async fn ask(addr: SocketAddr) -> io::Result<Vec<u8>> {
+        let mut c = tokio::net::TcpStream::connect(addr).await?;
+        c.write_all(b"hi").await?;
+        let mut back = vec![0u8; 64];
+        let n = tokio::time::timeout(Duration::from_secs(5), c.read(&mut back))
+            .await
+            .map_err(|_| io::Error::other("no answer"))??;
+        back.truncate(n);
+        Ok(back)
+    }
+
+    /// Runs `f` on a thread of its own (the switch blocks).
+    async fn off_runtime<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> T {
+        tokio::task::spawn_blocking(f).await.expect("thread")
+    }
+
+    #[tokio::test]
+    async fn the_switch_closes_listeners_and_connections_and_opens_them_again() {
+        let dir = tempfile::tempdir().expect("dir");
+        let socket = fake_proxy(dir.path(), true);
+        let addr = free_addr();
+        let bridge = EgressBridge {
+            socket,
+            listen: vec![addr],
+        };
+        let switch: &'static EgressSwitch = Box::leak(Box::new(EgressSwitch::new()));
+        start_with(&bridge, switch).await;
+        assert_eq!(ask(addr).await.expect("open"), b"proxy saw: hi");
+        // A connection held open by the proxy: closed with the bridge.
+        let mut held = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        held.write_all(b"x").await.expect("write");
+        let mut buf = [0u8; 64];
+        let n = held.read(&mut buf).await.expect("read");
+        assert_eq!(&buf[..n], b"proxy saw: x");
+
+        off_runtime(move || switch.suspend(Duration::from_secs(5)))
+            .await
+            .expect("suspended");
+        assert!(switch.is_suspended());
+        let ended = tokio::time::timeout(Duration::from_secs(5), held.read(&mut buf))
+            .await
+            .expect("the held connection ended");
+        assert!(matches!(ended, Ok(0) | Err(_)), "{ended:?}");
+        let refused = tokio::net::TcpStream::connect(addr).await;
+        assert!(refused.is_err(), "the port still listens");
+        // Asked twice, it answers twice.
+        off_runtime(move || switch.suspend(Duration::from_secs(5)))
+            .await
+            .expect("suspended again");
+
+        off_runtime(move || switch.resume(Duration::from_secs(5)))
+            .await
+            .expect("resumed");
+        assert!(!switch.is_suspended());
+        assert_eq!(ask(addr).await.expect("open again"), b"proxy saw: hi");
+        // Again and again: nothing is left behind that would keep a port.
+        for _ in 0..3 {
+            off_runtime(move || switch.suspend(Duration::from_secs(5)))
+                .await
+                .expect("suspended");
+            off_runtime(move || switch.resume(Duration::from_secs(5)))
+                .await
+                .expect("resumed");
+            assert_eq!(ask(addr).await.expect("open"), b"proxy saw: hi");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_bridge_started_while_closed_starts_closed() {
+        let dir = tempfile::tempdir().expect("dir");
+        let socket = fake_proxy(dir.path(), false);
+        let addr = free_addr();
+        let switch: &'static EgressSwitch = Box::leak(Box::new(EgressSwitch::new()));
+        off_runtime(move || switch.suspend(Duration::from_secs(5)))
+            .await
+            .expect("nothing to close");
+        start_with(
+            &EgressBridge {
+                socket,
+                listen: vec![addr],
+            },
+            switch,
+        )
+        .await;
+        assert!(tokio::net::TcpStream::connect(addr).await.is_err());
+        off_runtime(move || switch.resume(Duration::from_secs(5)))
+            .await
+            .expect("resumed");
+        assert_eq!(ask(addr).await.expect("open"), b"proxy saw: hi");
+    }
+
+    #[test]
+    fn a_switch_with_no_runtime_answering_times_out_instead_of_hanging() {
+        let switch = EgressSwitch::new();
+        // A bridge whose runtime never serves its commands.
+        let (_rx, _) = switch.attach();
+        let err = switch
+            .suspend(Duration::from_millis(50))
+            .expect_err("no answer");
+        assert!(err.to_string().contains("close"), "{err}");
+        // One whose runtime is gone has nothing open.
+        drop(_rx);
+        switch
+            .suspend(Duration::from_millis(50))
+            .expect("nothing open");
     }
 }

@@ -34,7 +34,9 @@ mod shared;
 mod sync;
 mod workers;
 
-pub use egress::{EgressBridge, relay as egress_relay};
+pub use egress::{
+    EgressBridge, EgressSwitch, SwitchError, egress_switch, relay_listener as egress_relay,
+};
 
 /// How the agent behaves: where files may be touched, how processes start, what to report.
 #[derive(Debug, Clone)]
@@ -55,7 +57,8 @@ pub struct GuestConfig {
     /// of ending the sandbox. `None`: the first connection's end is the sandbox's end.
     pub listener: Option<std::sync::Arc<std::os::unix::net::UnixListener>>,
     /// The sandbox's egress: loopback ports relayed to the host's egress proxy (`None`: no
-    /// egress, the network is `off` or `loopback`).
+    /// egress proxy is bound, e.g. the network is `off`). [`egress_switch`] closes and
+    /// opens it (gVisor checkpoints).
     pub egress: Option<EgressBridge>,
 }
 
@@ -88,7 +91,8 @@ impl Default for GuestConfig {
 
 impl GuestConfig {
     /// With the egress bridge to [`sandcell_protocol::EGRESS_SOCKET`] and the proxy variables,
-    /// without looking the socket up first (gVisor: see its `--egress` argument).
+    /// without looking the socket up first (the gVisor agent is told by its `--egress`
+    /// argument).
     pub fn with_egress(mut self) -> Self {
         self.base_env.extend(
             egress::proxy_env()

@@ -1,5 +1,6 @@
 //! The agent's own readiness loop for the descriptors it opens and closes while it runs: a
-//! process's pipes and terminal, a kernel's pipes, a connection to a port inside.
+//! process's pipes and terminal, a kernel's pipes, a connection to a port inside, the egress
+//! bridge's listeners and connections.
 //!
 //! Why not tokio's reactor for these: the runsc this project runs on brings back, after a
 //! restore, epoll interests that were deleted before the checkpoint (seen with `runsc
@@ -270,6 +271,17 @@ impl PolledFd {
     pub async fn read(&self, buf: &mut [u8]) -> io::Result<usize> {
         self.retry(false, |fd| rustix::io::read(fd, &mut *buf))
             .await
+    }
+
+    /// Accepts one connection of a listening socket (non-blocking, close-on-exec).
+    pub async fn accept(&self) -> io::Result<OwnedFd> {
+        self.retry(false, |fd| {
+            rustix::net::accept_with(
+                fd,
+                rustix::net::SocketFlags::NONBLOCK | rustix::net::SocketFlags::CLOEXEC,
+            )
+        })
+        .await
     }
 
     /// Writes all of `bytes`. Tried before waiting: a pipe or terminal has room almost

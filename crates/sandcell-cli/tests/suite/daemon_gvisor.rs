@@ -1,6 +1,7 @@
 //! The `gvisor` backend through the daemon: pause really stops a loop, and a snapshot is a
 //! process checkpoint — restored, the same interpreter goes on (even an open file), each
-//! fork independent with its own random stream, across a daemon restart.
+//! fork independent with its own random stream, across a daemon restart; egress goes on
+//! through the proxy after every kind of checkpoint and restore.
 
 use std::time::{Duration, Instant};
 
@@ -216,4 +217,215 @@ fn daemon_gvisor_in_place_restores_answer_at_once() {
         assert_eq!(v["result"]["text/plain"], "2000000", "round {round}: {v}");
         assert_eq!(d.delete(&format!("/v1/snapshots/{snap}")).status, 204);
     }
+}
+
+/// A web server on the host's loopback answering `hello <path>` (a thread per connection,
+/// until the test process ends).
+fn web_server() -> u16 {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for conn in listener.incoming() {
+            let Ok(mut conn) = conn else { return };
+            std::thread::spawn(move || {
+                let mut got = Vec::new();
+                let mut buf = [0u8; 4096];
+                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match conn.read(&mut buf) {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => got.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let head = String::from_utf8_lossy(&got).to_string();
+                let path = head.split(' ').nth(1).unwrap_or("?").to_string();
+                let body = format!("hello {path}");
+                let _ = write!(
+                    conn,
+                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+                    body.len()
+                );
+            });
+        }
+    });
+    port
+}
+
+/// A daemon whose proxies map `web.test` to the host's loopback (the test-only setting).
+fn egress_daemon() -> Daemon {
+    Daemon::start_with_env(
+        &[],
+        &[
+            ("SANDCELL_TEST", "1"),
+            ("SANDCELL_TEST_RESOLVE", "web.test=127.0.0.1"),
+        ],
+    )
+}
+
+/// `curl <args>` inside `id`: what it printed and `code=<http code>` on the last line.
+fn curl(d: &Daemon, id: &str, args: &str) -> String {
+    d.exec(
+        id,
+        &format!("curl -sS --max-time 20 -w '\\ncode=%{{http_code}}' {args} 2>&1"),
+    )
+    .stdout
+}
+
+/// Asserts that `id` reaches the host's web server by its allowed name, through its proxy.
+fn reaches(d: &Daemon, id: &str, port: u16, path: &str) {
+    let out = curl(d, id, &format!("http://web.test:{port}/{path}"));
+    assert!(
+        out.ends_with(&format!("hello /{path}\ncode=200")),
+        "{id} /{path}: {out}\n{}",
+        d.log()
+    );
+}
+
+/// Asserts that `id`'s proxy refuses a name its policy does not allow (a CONNECT).
+fn refused(d: &Daemon, id: &str, port: u16) {
+    let out = curl(d, id, &format!("-p http://other.test:{port}/"));
+    assert!(out.contains("403"), "{id}: {out}");
+}
+
+/// Takes a snapshot of `id` (a process checkpoint); its id.
+fn checkpoint(d: &Daemon, id: &str) -> String {
+    let r = d.post(&format!("/v1/sandboxes/{id}/snapshots"), json!({}));
+    assert_eq!(r.status, 201, "{}\n{}", r.body, d.log());
+    assert_eq!(r.body["fidelity"], "process", "{}", r.body);
+    r.body["id"].as_str().unwrap().to_string()
+}
+
+/// The ids of `count` sandboxes forked from `snap`.
+fn fork(d: &Daemon, snap: &str, count: u32) -> Vec<String> {
+    let r = d.post(
+        &format!("/v1/snapshots/{snap}/fork"),
+        json!({ "count": count }),
+    );
+    assert_eq!(r.status, 201, "{}\n{}", r.body, d.log());
+    r.body["sandboxes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f["sandbox"]["id"].as_str().unwrap().to_string())
+        .collect()
+}
+
+/// A program that opens a tunnel through the proxy to its argument (`host:port`) and holds
+/// it, appending `established` to /tmp/held.out, then `ended` when the tunnel ends.
+const HOLD_TUNNEL: &str = r#"import socket, sys
+s = socket.create_connection(("127.0.0.1", 3128))
+s.sendall(b"CONNECT %s HTTP/1.1\r\nHost: x\r\n\r\n" % sys.argv[1].encode())
+head = s.recv(200)
+open("/tmp/held.out", "a").write("established\n" if b" 200 " in head else "refused\n")
+while s.recv(4096):
+    pass
+open("/tmp/held.out", "a").write("ended\n")
+"#;
+
+/// Waits (at most 20 s) until /tmp/held.out inside `id` says `word`.
+fn held_says(d: &Daemon, id: &str, word: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let out = d.exec(id, "cat /tmp/held.out 2>/dev/null").stdout;
+        if out.lines().any(|l| l == word) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the tunnel's program never said {word}: {out:?}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn daemon_gvisor_egress_goes_on_after_snapshots_forks_and_in_place_restores() {
+    let port = web_server();
+    let d = egress_daemon();
+    let id = d.create_id(json!({
+        "backend": "gvisor", "template": "python", "network": {"allow": ["web.test"]},
+    }));
+    reaches(&d, &id, port, "before");
+    refused(&d, &id, port);
+    assert_eq!(d.code(&id, "x = 41").done.status, "ok");
+    // A tunnel held open across the snapshot: this runsc cannot save the bridge's
+    // connections (a failed save ends the sandbox), so the agent closes them first.
+    let script = format!("cat > /tmp/hold.py <<'EOF'\n{HOLD_TUNNEL}EOF");
+    assert_eq!(d.exec(&id, &script).exit_code, Some(0));
+    let r = d.post(
+        &format!("/v1/sandboxes/{id}/processes"),
+        json!({ "cmd": format!("python3 /tmp/hold.py web.test:{port}") }),
+    );
+    assert!(r.status == 200 || r.status == 201, "{}", r.body);
+    held_says(&d, &id, "established");
+
+    let snap = checkpoint(&d, &id);
+    held_says(&d, &id, "ended");
+    // The source, restored in place, goes on: its kernel and its egress.
+    reaches(&d, &id, port, "source");
+    refused(&d, &id, port);
+    assert_eq!(d.code(&id, "x + 1").plain(), "42");
+    // And again, in place: the bridge closes and opens each time.
+    for round in 0..2 {
+        checkpoint(&d, &id);
+        reaches(&d, &id, port, &format!("again{round}"));
+    }
+
+    let forks = fork(&d, &snap, 2);
+    for f in &forks {
+        // A restored agent has the proxy variables it was made with, and its own proxy.
+        let env = d
+            .exec(f, "env | grep -c '^https_proxy=http://127.0.0.1:3128$'")
+            .stdout;
+        assert_eq!(env.trim(), "1", "{f}: {env}");
+        reaches(&d, f, port, "fork");
+        refused(&d, f, port);
+        assert_eq!(d.code(f, "x + 1").plain(), "42");
+    }
+    let evs = d
+        .get(&format!("/v1/sandboxes/{}/network/events", forks[1]))
+        .body;
+    let evs = evs["events"].as_array().unwrap();
+    assert!(
+        evs.iter()
+            .any(|e| e["decision"] == "allowed" && e["host"] == "web.test"),
+        "{evs:?}"
+    );
+    // A restored sandbox is checkpointed in turn, and so is what is forked from it.
+    let again = checkpoint(&d, &forks[0]);
+    reaches(&d, &forks[0], port, "fork-after");
+    let grandchild = fork(&d, &again, 1);
+    reaches(&d, &grandchild[0], port, "grandchild");
+    refused(&d, &grandchild[0], port);
+}
+
+#[test]
+fn daemon_gvisor_loopback_sandboxes_get_egress_live_and_keep_it_across_a_snapshot() {
+    let port = web_server();
+    let d = egress_daemon();
+    let id = d.create_id(json!({"backend": "gvisor"}));
+    // `loopback` has the proxy too: it refuses everything, saying why.
+    let out = curl(&d, &id, &format!("http://web.test:{port}/"));
+    assert!(
+        out.contains("code=403") && out.contains("'loopback'"),
+        "{out}"
+    );
+    let r = d.call(
+        Method::PUT,
+        &format!("/v1/sandboxes/{id}/network"),
+        Some(json!({"network": {"allow": ["web.test"]}})),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    reaches(&d, &id, port, "live");
+    refused(&d, &id, port);
+    checkpoint(&d, &id);
+    reaches(&d, &id, port, "after");
+    let r = d.call(
+        Method::PUT,
+        &format!("/v1/sandboxes/{id}/network"),
+        Some(json!({"network": "loopback"})),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    let out = curl(&d, &id, &format!("http://web.test:{port}/"));
+    assert!(out.contains("code=403"), "{out}");
 }

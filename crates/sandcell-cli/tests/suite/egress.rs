@@ -202,18 +202,12 @@ async fn names_resolving_to_loopback_or_metadata_and_direct_connections_reach_no
 async fn a_live_policy_change_applies_to_the_next_connection() {
     let port = web_server().await;
     let (engine, _) = egress_engine();
-    // On gVisor a `loopback` sandbox has no proxy (docs/network.md): start from a list that
-    // names another port.
-    let first = if on_gvisor() {
-        allow(&["web.test:1"])
-    } else {
-        NetworkPolicy::Loopback
-    };
-    let sb = sandbox_on(&engine, first).await;
+    let sb = sandbox_on(&engine, NetworkPolicy::Loopback).await;
     let url = format!("http://web.test:{port}/x");
-    // `loopback` has the proxy too (on `process`): it refuses everything, saying why.
+    // `loopback` has the proxy too: it refuses everything, saying why.
     let out = curl(&sb, &url).await;
     assert!(out.contains("code=403"), "{out}");
+    assert!(out.contains("'loopback'"), "{out}");
     sb.set_network(allow(&["web.test"])).unwrap();
     assert_eq!(sb.network(), allow(&["web.test"]));
     let out = curl(&sb, &url).await;
@@ -236,7 +230,7 @@ async fn a_live_policy_change_applies_to_the_next_connection() {
 #[tokio::test]
 async fn the_proxy_socket_is_the_sandboxs_own_and_nothing_else_is_reachable_through_it() {
     let (engine, _) = egress_engine();
-    let a = sandbox_on(&engine, NetworkPolicy::Full).await;
+    let a = sandbox_on(&engine, NetworkPolicy::Loopback).await;
     let b = sandbox_on(&engine, NetworkPolicy::Full).await;
     // Its folder holds only its own socket, read-only; other sandboxes' folders and the
     // host's runtime folder are not there.
@@ -278,6 +272,93 @@ async fn the_proxy_socket_is_the_sandboxs_own_and_nothing_else_is_reachable_thro
     );
     a.destroy().await.unwrap();
     b.destroy().await.unwrap();
+}
+
+/// A program that opens a tunnel through the sandbox's proxy to its argument (`host:port`)
+/// and holds it, appending `established` (or `refused`) to /tmp/held.out, then `ended` when
+/// the tunnel ends.
+const HOLD_TUNNEL: &str = r#"import socket, sys
+s = socket.create_connection(("127.0.0.1", 3128))
+s.sendall(b"CONNECT %s HTTP/1.1\r\nHost: x\r\n\r\n" % sys.argv[1].encode())
+head = s.recv(200)
+open("/tmp/held.out", "a").write("established\n" if b" 200 " in head else "refused\n")
+while s.recv(4096):
+    pass
+open("/tmp/held.out", "a").write("ended\n")
+"#;
+
+/// Waits (at most 20 s) until /tmp/held.out inside says `word`.
+async fn held_says(sb: &Sandbox, word: &str) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let out = text(&sh(sb, "cat /tmp/held.out 2>/dev/null").await.stdout);
+        if out.lines().any(|l| l == word) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the tunnel's program never said {word}: {out:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_snapshot_with_a_tunnel_open_leaves_the_proxy_deciding_and_its_restore_too() {
+    let port = web_server().await;
+    let (engine, events) = egress_engine();
+    let sb = sandbox_on(&engine, allow(&["web.test"])).await;
+    sb.write_file("/tmp/hold.py", HOLD_TUNNEL.as_bytes(), None)
+        .await
+        .unwrap();
+    let target = format!("web.test:{port}");
+    sb.spawn(sandcell_protocol::ExecRequest::argv([
+        "/usr/bin/python3",
+        "/tmp/hold.py",
+        target.as_str(),
+    ]))
+    .await
+    .unwrap();
+    held_says(&sb, "established").await;
+    assert_eq!(sb.egress_connections(), 1);
+
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = sb.snapshot_to(dir.path()).await.expect("snapshot");
+    if on_gvisor() {
+        // A process checkpoint: this runsc cannot save the bridge's connections, so the
+        // agent closed them for it (the tunnel's program saw its end) and opened the bridge
+        // again after.
+        assert_eq!(manifest.fidelity, "process");
+        held_says(&sb, "ended").await;
+    }
+    let out = curl(&sb, &format!("http://web.test:{port}/after")).await;
+    assert!(out.ends_with("hello /after\ncode=200"), "{out}");
+    let out = curl(&sb, &format!("http://other.test:{port}/")).await;
+    assert!(out.contains("code=403"), "{out}");
+
+    if manifest.fidelity == "process" {
+        // The restored sandbox reaches the same hosts through its own proxy.
+        let (restored, _) = engine
+            .restore_checkpoint(
+                sandcell_engine::new_sandbox_id(),
+                sb.spec().clone(),
+                dir.path(),
+                &manifest,
+            )
+            .await
+            .expect("restore");
+        let out = curl(&restored, &format!("http://web.test:{port}/restored")).await;
+        assert!(out.ends_with("hello /restored\ncode=200"), "{out}");
+        let out = curl(&restored, &format!("-p http://other.test:{port}/")).await;
+        assert!(out.contains("403"), "{out}");
+        let seen = events.lock().unwrap().clone();
+        let allowed = seen.iter().any(|(id, e)| {
+            id == restored.id() && e.outcome == Outcome::Allowed && e.host == "web.test"
+        });
+        assert!(allowed, "{seen:?}");
+        restored.destroy().await.unwrap();
+    }
+    sb.destroy().await.unwrap();
 }
 
 /// An engine whose proxies map the fake registries' names to the host's loopback (pinned, as

@@ -164,7 +164,7 @@ fn authority(text: &str, default_port: Option<u16>) -> Result<(String, u16), Str
 /// Serves an HTTP proxy connection.
 pub(crate) async fn serve<S>(proxy: &EgressProxy, mut inbound: Inbound<S>) -> io::Result<()>
 where
-    S: AsyncRead + AsyncWrite + Unpin + Send,
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let started = Instant::now();
     let head = match tokio::time::timeout(proxy_head_timeout(proxy), read_head(&mut inbound)).await
@@ -223,7 +223,7 @@ async fn plain<S>(
     started: Instant,
 ) -> io::Result<()>
 where
-    S: AsyncRead + AsyncWrite + Unpin + Send,
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let target = head.target.as_str();
     let rest = match target.get(..7) {

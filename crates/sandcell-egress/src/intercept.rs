@@ -131,7 +131,7 @@ pub(crate) async fn connect<S>(
     upstream: TcpStream,
 ) -> io::Result<()>
 where
-    S: AsyncRead + AsyncWrite + Unpin + Send,
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let head_timeout = proxy.limits().head_timeout;
     // Who speaks first: a server that greets is relayed as it is (not TLS, not a request).
@@ -232,7 +232,7 @@ async fn terminate<S>(
     upstream: TcpStream,
 ) -> io::Result<()>
 where
-    S: AsyncRead + AsyncWrite + Unpin + Send,
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let proxy = session.proxy;
     let limits = proxy.limits();

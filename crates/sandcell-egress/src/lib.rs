@@ -37,6 +37,7 @@ mod proxy;
 pub mod resolve;
 pub mod secrets;
 mod socks;
+mod splice;
 pub mod tls;
 
 pub use ca::{CaError, InterceptCa, Interception, UpstreamTrust};

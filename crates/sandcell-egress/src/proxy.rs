@@ -16,6 +16,7 @@ use crate::decide::{Denied, decide};
 use crate::meter::{BYTE_LIMIT, Metered};
 use crate::resolve::Resolver;
 use crate::secrets::Secrets;
+use crate::splice::{self, End, Meter, Shared, Socket};
 use crate::tls::{Hello, MAX_RECORD, client_hello};
 
 /// How a connection asked to go out.
@@ -267,7 +268,7 @@ impl EgressProxy {
     ) -> io::Result<()>
     where
         R: tokio::io::AsyncBufRead + Unpin + Send,
-        W: AsyncWrite + Unpin + Send,
+        W: AsyncWrite + Unpin + Send + 'static,
     {
         let address = upstream.peer_addr().ok();
         // The sandbox's secrets: their values in place of their placeholders, or a refusal.
@@ -314,7 +315,22 @@ impl EgressProxy {
             up_write.flush().await?;
             Ok::<u64, io::Error>(head.len() as u64 + sent)
         };
+        // The answer, as it comes to its end: with `splice(2)` when the sandbox's
+        // connection is a socket (nothing is read from it here, so `client_write`, its
+        // unbuffered write half, holds nothing), through a buffer otherwise.
+        let spliced = splice::claim::<W>();
         let down = async {
+            if let Some(socket) = &spliced {
+                let meter = Meter {
+                    count: down_count.clone(),
+                    total: self.bytes.clone(),
+                    limit: self.limits.max_bytes,
+                };
+                let client = socket.end();
+                let r = splice::relay(End::from(down_meter.inner.as_ref()), client, &meter).await;
+                let _ = client.shutdown_write();
+                return r;
+            }
             let r = copy(&mut down_meter, &mut client_write).await;
             let _ = client_write.shutdown().await;
             r
@@ -366,8 +382,24 @@ impl EgressProxy {
         }
     }
 
-    /// Serves one connection to its end.
+    /// Serves one connection to its end. A [`tokio::net::UnixStream`] (the sandbox's bridge)
+    /// or a [`TcpStream`] has its tunnels and plain-HTTP answers relayed with `splice(2)`
+    /// ([`crate::splice`]); any other stream through a buffer.
     pub async fn handle<S>(self: Arc<Self>, stream: S)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        match Socket::from_stream(stream) {
+            Ok(socket) => {
+                let socket = Arc::new(socket);
+                splice::serving(socket.clone(), self.serve(Shared(socket))).await;
+            }
+            Err(stream) => self.serve(stream).await,
+        }
+    }
+
+    /// [`EgressProxy::handle`] for any stream.
+    async fn serve<S>(self: Arc<Self>, stream: S)
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
@@ -465,7 +497,7 @@ impl EgressProxy {
         check_sni: bool,
     ) -> io::Result<()>
     where
-        S: AsyncRead + AsyncWrite + Unpin + Send,
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
         if check_sni
             && asked.protocol == Protocol::Connect
@@ -480,117 +512,190 @@ impl EgressProxy {
     /// Relays a tunnel between the sandbox (`inbound`, its unread bytes first) and
     /// `upstream` to its end, and records it. When `check_sni`, the sandbox's first record
     /// is read before anything goes upstream: a TLS ClientHello naming another host than
-    /// the one asked for cuts the tunnel.
+    /// the one asked for cuts the tunnel. The bytes after it move with `splice(2)` when the
+    /// connection is a socket ([`crate::splice`]), through a buffer otherwise.
     pub(crate) async fn relay_tunnel<S>(
         &self,
         asked: Asked,
-        mut inbound: Inbound<S>,
+        inbound: Inbound<S>,
         upstream: TcpStream,
         check_sni: bool,
     ) -> io::Result<()>
     where
-        S: AsyncRead + AsyncWrite + Unpin + Send,
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
+        if let Some(socket) = splice::claim::<S>() {
+            return self
+                .splice_tunnel(asked, inbound, &socket, upstream, check_sni)
+                .await;
+        }
         let address = upstream.peer_addr().ok();
-        let up_count = Arc::new(AtomicU64::new(0));
-        let down_count = Arc::new(AtomicU64::new(0));
+        let up_meter = self.meter();
+        let down_meter = self.meter();
         let (up_read, mut up_write) = upstream.into_split();
-        let mut down_meter = Metered {
+        let mut down_read = Metered {
             inner: up_read,
-            count: down_count.clone(),
-            total: self.bytes.clone(),
-            limit: self.limits.max_bytes,
+            count: down_meter.count.clone(),
+            total: down_meter.total.clone(),
+            limit: down_meter.limit,
         };
-        let initial = std::mem::take(&mut inbound.buf);
         let (client_read, mut client_write) = tokio::io::split(inbound.stream);
         let mut first = Inbound {
             stream: client_read,
-            buf: initial,
+            buf: inbound.buf,
         };
         // Upstream to the sandbox from the start (a server may speak first); the sandbox's
         // bytes go up only once its first record was checked.
         let down = async {
-            let r = copy(&mut down_meter, &mut client_write).await;
+            let r = copy(&mut down_read, &mut client_write).await;
             let _ = client_write.shutdown().await;
             r.map(drop)
         };
-        let wanted = asked.host.clone();
         let up = async {
-            let mut sni = None;
-            if check_sni {
-                loop {
-                    match client_hello(&first.buf) {
-                        Hello::Incomplete(n) if n <= MAX_RECORD + 5 => {
-                            let filled =
-                                tokio::time::timeout(self.limits.head_timeout, first.fill(n))
-                                    .await
-                                    .map_err(|_| {
-                                        (
-                                            None,
-                                            Ending::Io(
-                                                "the TLS ClientHello did not come in time".into(),
-                                            ),
-                                        )
-                                    })?
-                                    .map_err(|e| (None, Ending::from(e)))?;
-                            if !filled {
-                                break;
-                            }
-                        }
-                        Hello::ClientHello(Some(name)) => {
-                            let name = normalize_host(&name);
-                            if name != wanted {
-                                let why = format!(
-                                    "the TLS ClientHello names '{name}', not '{wanted}' the tunnel was opened to"
-                                );
-                                return Err((Some(name), Ending::Cut(why)));
-                            }
-                            sni = Some(name);
-                            break;
-                        }
-                        _ => break,
-                    }
-                }
-            }
+            let sni = if check_sni {
+                self.first_record(&mut first, &asked.host).await?
+            } else {
+                None
+            };
             let pending = std::mem::take(&mut first.buf);
-            up_count.fetch_add(pending.len() as u64, Ordering::Relaxed);
-            self.bytes
-                .fetch_add(pending.len() as u64, Ordering::Relaxed);
+            up_meter.add(pending.len());
             if let Err(e) = up_write.write_all(&pending).await {
                 return Err((sni, Ending::from(e)));
             }
-            let mut up_meter = Metered {
+            let mut up_read = Metered {
                 inner: first.stream,
-                count: up_count.clone(),
-                total: self.bytes.clone(),
-                limit: self.limits.max_bytes,
+                count: up_meter.count.clone(),
+                total: up_meter.total.clone(),
+                limit: up_meter.limit,
             };
-            let r = copy(&mut up_meter, &mut up_write).await;
+            let r = copy(&mut up_read, &mut up_write).await;
             let _ = up_write.shutdown().await;
             match r {
                 Ok(_) => Ok(sni),
                 Err(e) => Err((sni, Ending::from(e))),
             }
         };
-        tokio::pin!(up, down);
-        // One side failing (a cut, the byte limit) ends both.
-        let (up_result, down_result) = tokio::select! {
-            u = &mut up => {
-                if u.is_err() { (u, Ok(())) } else { (u, down.await) }
+        let ended = run_tunnel(up, down).await;
+        self.tunnel_ended(&asked, address, ended, &up_meter, &down_meter);
+        Ok(())
+    }
+
+    /// [`EgressProxy::relay_tunnel`] for a connection that is a socket: the first record is
+    /// read through `inbound` (the [`Shared`] handle on `socket`, no buffer of its own), the
+    /// rest moves with `splice(2)` between `socket` and `upstream`.
+    async fn splice_tunnel<S>(
+        &self,
+        asked: Asked,
+        inbound: Inbound<S>,
+        socket: &Socket,
+        upstream: TcpStream,
+        check_sni: bool,
+    ) -> io::Result<()>
+    where
+        S: AsyncRead + Unpin,
+    {
+        let address = upstream.peer_addr().ok();
+        let up_meter = self.meter();
+        let down_meter = self.meter();
+        let client = socket.end();
+        let server = End::from(&upstream);
+        // Upstream to the sandbox from the start, as in the generic relay.
+        let down = async {
+            let r = splice::relay(server, client, &down_meter).await;
+            let _ = client.shutdown_write();
+            r.map(drop)
+        };
+        let up = async {
+            let mut first = inbound;
+            let sni = if check_sni {
+                self.first_record(&mut first, &asked.host).await?
+            } else {
+                None
+            };
+            let pending = std::mem::take(&mut first.buf);
+            drop(first);
+            up_meter.add(pending.len());
+            if let Err(e) = splice::write_all(server, &pending).await {
+                return Err((sni, Ending::from(e)));
             }
-            d = &mut down => {
-                if d.is_err() { (Ok(None), d) } else { (up.await, d) }
+            let r = splice::relay(client, server, &up_meter).await;
+            let _ = server.shutdown_write();
+            match r {
+                Ok(_) => Ok(sni),
+                Err(e) => Err((sni, Ending::from(e))),
             }
         };
-        let (sni, ending) = match (up_result, down_result) {
-            (Err((sni, ending)), _) => (sni, Some(ending)),
-            (Ok(sni), Err(e)) => (sni, Some(Ending::from(e))),
-            (Ok(sni), Ok(())) => (sni, None),
-        };
+        let ended = run_tunnel(up, down).await;
+        self.tunnel_ended(&asked, address, ended, &up_meter, &down_meter);
+        Ok(())
+    }
+
+    /// A meter for one direction of a connection: its own count, the sandbox's total and
+    /// limit.
+    fn meter(&self) -> Meter {
+        Meter {
+            count: Arc::new(AtomicU64::new(0)),
+            total: self.bytes.clone(),
+            limit: self.limits.max_bytes,
+        }
+    }
+
+    /// Reads the sandbox's first record into `first.buf` until it is a whole TLS
+    /// ClientHello (or plainly not one); the name it asks for, or the cut when that is not
+    /// `wanted`.
+    async fn first_record<R>(
+        &self,
+        first: &mut Inbound<R>,
+        wanted: &str,
+    ) -> Result<Option<String>, (Option<String>, Ending)>
+    where
+        R: AsyncRead + Unpin,
+    {
+        loop {
+            match client_hello(&first.buf) {
+                Hello::Incomplete(n) if n <= MAX_RECORD + 5 => {
+                    let filled = tokio::time::timeout(self.limits.head_timeout, first.fill(n))
+                        .await
+                        .map_err(|_| {
+                            (
+                                None,
+                                Ending::Io("the TLS ClientHello did not come in time".into()),
+                            )
+                        })?
+                        .map_err(|e| (None, Ending::from(e)))?;
+                    if !filled {
+                        return Ok(None);
+                    }
+                }
+                Hello::ClientHello(Some(name)) => {
+                    let name = normalize_host(&name);
+                    if name != wanted {
+                        let why = format!(
+                            "the TLS ClientHello names '{name}', not '{wanted}' the tunnel was opened to"
+                        );
+                        return Err((Some(name), Ending::Cut(why)));
+                    }
+                    return Ok(Some(name));
+                }
+                _ => return Ok(None),
+            }
+        }
+    }
+
+    /// Records a tunnel that `ended` so.
+    fn tunnel_ended(
+        &self,
+        asked: &Asked,
+        address: Option<SocketAddr>,
+        ended: (Option<String>, Option<Ending>),
+        up: &Meter,
+        down: &Meter,
+    ) {
+        let (sni, ending) = ended;
         let denied = matches!(ending, Some(Ending::Cut(_)));
         (self.sink)(EgressEvent {
             protocol: asked.protocol,
-            host: asked.host,
+            host: asked.host.clone(),
             port: asked.port,
             outcome: if denied {
                 Outcome::Denied
@@ -600,13 +705,37 @@ impl EgressProxy {
             reason: ending.map(Ending::into_reason),
             address,
             sni,
-            bytes_up: up_count.load(Ordering::Relaxed),
-            bytes_down: down_count.load(Ordering::Relaxed),
+            bytes_up: up.count.load(Ordering::Relaxed),
+            bytes_down: down.count.load(Ordering::Relaxed),
             duration_ms: millis(asked.started.elapsed()),
             intercepted: false,
             secrets: Vec::new(),
         });
-        Ok(())
+    }
+}
+
+/// Runs a tunnel's two directions to their ends: `up` (the sandbox's bytes, after its first
+/// record; the name its ClientHello gave) and `down`. One side failing (a cut, the byte
+/// limit) ends both; one side ending well waits for the other (a half-close). The name and
+/// how it ended, if not by both sides closing.
+async fn run_tunnel<U, D>(up: U, down: D) -> (Option<String>, Option<Ending>)
+where
+    U: Future<Output = Result<Option<String>, (Option<String>, Ending)>>,
+    D: Future<Output = io::Result<()>>,
+{
+    tokio::pin!(up, down);
+    let (up_result, down_result) = tokio::select! {
+        u = &mut up => {
+            if u.is_err() { (u, Ok(())) } else { (u, down.await) }
+        }
+        d = &mut down => {
+            if d.is_err() { (Ok(None), d) } else { (up.await, d) }
+        }
+    };
+    match (up_result, down_result) {
+        (Err((sni, ending)), _) => (sni, Some(ending)),
+        (Ok(sni), Err(e)) => (sni, Some(Ending::from(e))),
+        (Ok(sni), Ok(())) => (sni, None),
     }
 }
 

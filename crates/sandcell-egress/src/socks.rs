@@ -35,7 +35,7 @@ pub(crate) async fn refuse_early<S: AsyncRead + AsyncWrite + Unpin>(
 /// Serves a SOCKS5 connection.
 pub(crate) async fn serve<S>(proxy: &EgressProxy, mut inbound: Inbound<S>) -> io::Result<()>
 where
-    S: AsyncRead + AsyncWrite + Unpin + Send,
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
     let started = Instant::now();
     let timeout = proxy.limits().head_timeout;

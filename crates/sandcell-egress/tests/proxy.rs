@@ -456,3 +456,304 @@ async fn a_connect_without_a_port_or_with_credentials_is_a_bad_request() {
         assert!(head.starts_with("HTTP/1.1 400"), "{target}: {head}");
     }
 }
+
+/// `n` bytes of a sequence fixed by `seed`, not starting a TLS record (so a tunnel's
+/// first-record check lets them through at once).
+fn pattern(n: usize, seed: u64) -> Vec<u8> {
+    let mut x = seed | 1;
+    let mut out: Vec<u8> = (0..n)
+        .map(|_| {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            (x >> 24) as u8
+        })
+        .collect();
+    if let Some(b) = out.first_mut() {
+        *b = b'P';
+    }
+    out
+}
+
+fn digest(bytes: &[u8]) -> Vec<u8> {
+    use sha2::Digest;
+    sha2::Sha256::digest(bytes).to_vec()
+}
+
+/// A server on loopback that sends `send` then half-closes, and reads to the end; what it
+/// read, per connection.
+async fn sender(send: Vec<u8>) -> (SocketAddr, tokio::sync::mpsc::UnboundedReceiver<Vec<u8>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+    let send = Arc::new(send);
+    tokio::spawn(async move {
+        while let Ok((s, _)) = listener.accept().await {
+            let (mut r, mut w) = s.into_split();
+            let send = send.clone();
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                let writer = tokio::spawn(async move {
+                    w.write_all(&send).await.expect("send");
+                    w.shutdown().await.expect("half-close");
+                    w
+                });
+                let mut got = Vec::new();
+                r.read_to_end(&mut got).await.expect("read");
+                let _w = writer.await;
+                let _ = tx.send(got);
+            });
+        }
+    });
+    (addr, rx)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tunnel_relays_ten_megabytes_each_way_intact_and_counts_them() {
+    const SIZE: usize = 10 << 20;
+    let down = pattern(SIZE, 2);
+    let (addr, mut received) = sender(down.clone()).await;
+    let setup = Setup::start("allow:upstream.test", Limits::default(), pinned()).await;
+    let mut c = setup.client().await;
+    let head = connect(&mut c, &format!("upstream.test:{}", addr.port())).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let up = pattern(SIZE, 1);
+    let (mut r, mut w) = c.into_split();
+    let sent = up.clone();
+    let writer = tokio::spawn(async move {
+        w.write_all(&sent).await.expect("write");
+        w.shutdown().await.expect("half-close");
+        w
+    });
+    let mut back = Vec::new();
+    tokio::time::timeout(Duration::from_secs(60), r.read_to_end(&mut back))
+        .await
+        .expect("in time")
+        .expect("read");
+    let _w = writer.await.expect("writer");
+    assert_eq!(back.len(), SIZE);
+    assert_eq!(digest(&back), digest(&down), "what came down");
+    let got = tokio::time::timeout(Duration::from_secs(10), received.recv())
+        .await
+        .expect("in time")
+        .expect("the server's bytes");
+    assert_eq!(got.len(), SIZE);
+    assert_eq!(digest(&got), digest(&up), "what went up");
+    let e = &setup.events(1).await[0];
+    assert_eq!(
+        (e.outcome, e.reason.as_deref()),
+        (Outcome::Allowed, None),
+        "{e:?}"
+    );
+    assert_eq!((e.bytes_up, e.bytes_down), (SIZE as u64, SIZE as u64));
+    assert_eq!(setup.proxy.bytes(), 2 * SIZE as u64);
+}
+
+#[tokio::test]
+async fn a_tunnel_carries_a_half_close_each_way() {
+    // The sandbox ends its side first: the server reads to the end, then answers.
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let answers = listener.local_addr().expect("addr");
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let mut got = Vec::new();
+            s.read_to_end(&mut got).await.expect("read");
+            s.write_all(format!("read {} bytes", got.len()).as_bytes())
+                .await
+                .expect("answer");
+        }
+    });
+    let setup = Setup::start("allow:upstream.test", Limits::default(), pinned()).await;
+    let mut c = setup.client().await;
+    let head = connect(&mut c, &format!("upstream.test:{}", answers.port())).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    c.write_all(b"PING 12 bytes").await.expect("write");
+    c.shutdown().await.expect("half-close");
+    assert_eq!(read_all(&mut c).await, "read 13 bytes");
+
+    // The server ends its side first: the sandbox still sends after reading its end.
+    let (greets, mut received) = sender(b"hello".to_vec()).await;
+    let mut c = setup.client().await;
+    let head = connect(&mut c, &format!("upstream.test:{}", greets.port())).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let mut greeting = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), c.read_to_end(&mut greeting))
+        .await
+        .expect("the server's end comes through")
+        .expect("read");
+    assert_eq!(greeting, b"hello");
+    c.write_all(b"PS: after your end").await.expect("write");
+    c.shutdown().await.expect("half-close");
+    let got = tokio::time::timeout(Duration::from_secs(5), received.recv())
+        .await
+        .expect("in time")
+        .expect("the server's bytes");
+    assert_eq!(got, b"PS: after your end");
+    let events = setup.events(2).await;
+    assert!(
+        events
+            .iter()
+            .all(|e| e.outcome == Outcome::Allowed && e.reason.is_none()),
+        "{events:?}"
+    );
+    assert!(
+        events.iter().any(|e| (e.bytes_up, e.bytes_down) == (18, 5)),
+        "{events:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_large_tunnel_is_cut_at_the_byte_limit_and_counted_to_it() {
+    const LIMIT: u64 = 1 << 20;
+    let (addr, _) = echo().await;
+    let limits = Limits {
+        max_bytes: Some(LIMIT),
+        ..Limits::default()
+    };
+    let setup = Setup::start("allow:upstream.test", limits, pinned()).await;
+    let mut c = setup.client().await;
+    let head = connect(&mut c, &format!("upstream.test:{}", addr.port())).await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}");
+    let (mut r, mut w) = c.into_split();
+    let writer = tokio::spawn(async move {
+        let _ = w.write_all(&pattern(16 << 20, 3)).await;
+        w
+    });
+    let mut back = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), r.read_to_end(&mut back)).await;
+    assert!(
+        (back.len() as u64) < LIMIT,
+        "{} bytes came back through a {LIMIT}-byte budget",
+        back.len()
+    );
+    let e = &setup.events(1).await[0];
+    assert_eq!(e.outcome, Outcome::Denied, "{e:?}");
+    assert!(
+        e.reason.as_deref().unwrap_or("").contains("byte limit"),
+        "{e:?}"
+    );
+    // Each take is held to what is left of the budget: the count stops at the limit.
+    assert_eq!(e.bytes_up + e.bytes_down, LIMIT, "{e:?}");
+    assert_eq!(setup.proxy.bytes(), LIMIT);
+    writer.abort();
+}
+
+#[tokio::test]
+async fn a_plain_request_gets_a_large_answer_whole_and_counted() {
+    const SIZE: usize = 4 << 20;
+    let body = pattern(SIZE, 4);
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let port = listener.local_addr().expect("addr").port();
+    let served = body.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let mut head = Vec::new();
+            let mut buf = [0u8; 4096];
+            while !head.windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut buf).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => head.extend_from_slice(&buf[..n]),
+                }
+            }
+            let reply = format!("HTTP/1.1 200 OK\r\nContent-Length: {SIZE}\r\n\r\n");
+            s.write_all(reply.as_bytes()).await.expect("head");
+            s.write_all(&served).await.expect("body");
+        }
+    });
+    let setup = Setup::start("allow:upstream.test", Limits::default(), pinned()).await;
+    let mut c = setup.client().await;
+    c.write_all(format!("GET http://upstream.test:{port}/big HTTP/1.1\r\n\r\n").as_bytes())
+        .await
+        .expect("write");
+    let mut answer = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), c.read_to_end(&mut answer))
+        .await
+        .expect("in time")
+        .expect("read");
+    let split = answer
+        .windows(4)
+        .position(|w| w == b"\r\n\r\n")
+        .expect("a head")
+        + 4;
+    assert!(answer.starts_with(b"HTTP/1.1 200 OK"));
+    assert_eq!(digest(&answer[split..]), digest(&body));
+    let e = &setup.events(1).await[0];
+    assert_eq!(
+        (e.protocol, e.outcome),
+        (Protocol::Http, Outcome::Allowed),
+        "{e:?}"
+    );
+    assert_eq!(e.bytes_down, answer.len() as u64);
+}
+
+#[tokio::test]
+async fn a_stream_that_is_not_a_socket_is_relayed_through_a_buffer_with_its_limits() {
+    const SIZE: usize = 1 << 20;
+    let down = pattern(SIZE, 6);
+    let (addr, mut received) = sender(down.clone()).await;
+    let setup = Setup::start("allow:upstream.test", Limits::default(), pinned()).await;
+    let (client, served) = tokio::io::duplex(64 * 1024);
+    tokio::spawn(setup.proxy.clone().handle(served));
+    let (mut r, mut w) = tokio::io::split(client);
+    let target = format!("upstream.test:{}", addr.port());
+    w.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
+        .await
+        .expect("write");
+    let mut head = Vec::new();
+    let mut byte = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") {
+        assert_eq!(r.read(&mut byte).await.expect("read"), 1, "the head ends");
+        head.push(byte[0]);
+    }
+    assert!(head.starts_with(b"HTTP/1.1 200"));
+    let up = pattern(SIZE, 5);
+    let sent = up.clone();
+    let writer = tokio::spawn(async move {
+        w.write_all(&sent).await.expect("write");
+        w.shutdown().await.expect("half-close");
+        w
+    });
+    let mut back = Vec::new();
+    tokio::time::timeout(Duration::from_secs(30), r.read_to_end(&mut back))
+        .await
+        .expect("in time")
+        .expect("read");
+    let _w = writer.await.expect("writer");
+    assert_eq!(digest(&back), digest(&down));
+    let got = received.recv().await.expect("the server's bytes");
+    assert_eq!(digest(&got), digest(&up));
+    let e = &setup.events(1).await[0];
+    assert_eq!(
+        (e.bytes_up, e.bytes_down),
+        (SIZE as u64, SIZE as u64),
+        "{e:?}"
+    );
+
+    // And its byte limit still cuts it.
+    let limits = Limits {
+        max_bytes: Some(64 * 1024),
+        ..Limits::default()
+    };
+    let (addr, _) = echo().await;
+    let setup = Setup::start("allow:upstream.test", limits, pinned()).await;
+    let (client, served) = tokio::io::duplex(64 * 1024);
+    tokio::spawn(setup.proxy.clone().handle(served));
+    let (mut r, mut w) = tokio::io::split(client);
+    let target = format!("upstream.test:{}", addr.port());
+    w.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
+        .await
+        .expect("write");
+    let writer = tokio::spawn(async move {
+        let _ = w.write_all(&pattern(4 << 20, 7)).await;
+        w
+    });
+    let mut back = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), r.read_to_end(&mut back)).await;
+    assert!(back.len() < 1 << 20, "{} bytes came back", back.len());
+    let e = &setup.events(1).await[0];
+    assert!(
+        e.reason.as_deref().unwrap_or("").contains("byte limit"),
+        "{e:?}"
+    );
+    writer.abort();
+}

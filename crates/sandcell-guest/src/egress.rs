@@ -11,7 +11,8 @@
 //! in the restored sandbox (docs/gvisor.md). Its listeners and connections come and go
 //! around checkpoints, so the agent's own readiness loop ([`crate::poller`]) watches them,
 //! never tokio's reactor (a deleted interest brought back by a restore would be a stale
-//! tokio token).
+//! tokio token). The same switch closes the agent's preview connections ([`crate::ports`]),
+//! TCP sockets in that loop's epoll set too.
 
 use std::io;
 use std::net::SocketAddr;
@@ -83,11 +84,12 @@ pub(crate) fn proxy_env() -> Vec<(&'static str, &'static str)> {
     ]
 }
 
-/// Why the switch could not close or open every bridge.
+/// Why the switch could not close or open everything it drives.
 #[derive(Debug, thiserror::Error)]
 pub enum SwitchError {
-    /// A bridge did not answer in time (its runtime is stuck or gone).
-    #[error("the egress bridge did not {what} within {limit:?}")]
+    /// The egress bridge or the preview connections did not answer in time (their runtime
+    /// is stuck).
+    #[error("the agent's egress bridge and preview connections did not {what} within {limit:?}")]
     Timeout {
         /// `close` or `open`.
         what: &'static str,
@@ -96,18 +98,21 @@ pub enum SwitchError {
     },
 }
 
-/// What the switch asks of a bridge; the sender is told when it is done.
+/// What the switch asks of what it drives (a bridge, an agent's preview connections); the
+/// sender is told when it is done.
 #[derive(Debug)]
-enum Command {
+pub(crate) enum Command {
     /// Close the listeners and every connection.
     Suspend(std::sync::mpsc::SyncSender<()>),
-    /// Listen again.
+    /// Listen (accept connections) again.
     Resume(std::sync::mpsc::SyncSender<()>),
 }
 
-/// Closes the egress bridges of this process and opens them again, from any thread that is
-/// not theirs (the gVisor agent's control thread, around a checkpoint). A bridge started
-/// while they are closed starts closed.
+/// Closes the TCP endpoints an agent's readiness loop watches (this runsc cannot checkpoint
+/// them) and opens them again, from any thread that is not theirs (the gVisor agent's control
+/// thread, around a checkpoint): the egress bridges, whose connections end and whose ports
+/// stop listening, and the preview connections (`ConnectPort`), which end and are refused
+/// until it opens again. A bridge started while they are closed starts closed.
 #[derive(Debug, Default)]
 pub struct EgressSwitch {
     state: Mutex<SwitchState>,
@@ -116,7 +121,8 @@ pub struct EgressSwitch {
 #[derive(Debug, Default)]
 struct SwitchState {
     suspended: bool,
-    bridges: Vec<mpsc::UnboundedSender<Command>>,
+    /// The command queues of the bridges and of the agents' preview connections.
+    members: Vec<mpsc::UnboundedSender<Command>>,
 }
 
 impl EgressSwitch {
@@ -125,19 +131,21 @@ impl EgressSwitch {
         Self::default()
     }
 
-    /// Closes every bridge's listeners and connections (each connection's client sees it
-    /// end); returns when they are all closed. Blocking: call it off the agent's runtime.
+    /// Closes every bridge's listeners and connections and every preview connection (each
+    /// connection's client sees it end), and refuses new preview connections; returns when
+    /// they are all closed. Blocking: call it off the agent's runtime.
     pub fn suspend(&self, limit: Duration) -> Result<(), SwitchError> {
         self.set(true, limit)
     }
 
-    /// Opens every bridge's listeners again; returns when they listen. Blocking: call it off
-    /// the agent's runtime.
+    /// Opens every bridge's listeners again and lets preview connections be made; returns
+    /// when the bridges listen. Blocking: call it off the agent's runtime.
     pub fn resume(&self, limit: Duration) -> Result<(), SwitchError> {
         self.set(false, limit)
     }
 
-    /// Whether the bridges are closed now (or will start closed).
+    /// Whether the bridges are closed now (or will start closed) and preview connections
+    /// refused.
     pub fn is_suspended(&self) -> bool {
         lock(&self.state).suspended
     }
@@ -149,21 +157,21 @@ impl EgressSwitch {
         {
             let mut s = lock(&self.state);
             s.suspended = suspend;
-            // A bridge whose runtime ended has nothing open.
-            s.bridges.retain(|b| !b.is_closed());
-            for bridge in &s.bridges {
+            // A member whose runtime ended has nothing open.
+            s.members.retain(|b| !b.is_closed());
+            for member in &s.members {
                 let command = if suspend {
                     Command::Suspend(done.clone())
                 } else {
                     Command::Resume(done.clone())
                 };
-                if bridge.send(command).is_ok() {
+                if member.send(command).is_ok() {
                     asked += 1;
                 }
             }
         }
-        // Only the bridges hold senders now: when they are all gone, nothing is left to wait
-        // for (a bridge dropped with its runtime closed everything it had).
+        // Only the members hold senders now: when they are all gone, nothing is left to wait
+        // for (a member dropped with its runtime closed everything it had).
         drop(done);
         for _ in 0..asked {
             let left = deadline.saturating_duration_since(Instant::now());
@@ -181,32 +189,30 @@ impl EgressSwitch {
         Ok(())
     }
 
-    /// A new bridge's command queue, and whether it starts closed.
-    fn attach(&self) -> (mpsc::UnboundedReceiver<Command>, bool) {
+    /// A new member's command queue (a bridge's, an agent's preview connections'), and
+    /// whether it starts closed.
+    pub(crate) fn attach(&self) -> (mpsc::UnboundedReceiver<Command>, bool) {
         let (tx, rx) = mpsc::unbounded_channel();
         let mut s = lock(&self.state);
-        s.bridges.push(tx);
+        // Every agent of a process attaches (tests run many): the ended ones go.
+        s.members.retain(|m| !m.is_closed());
+        s.members.push(tx);
         (rx, s.suspended)
     }
 }
 
-/// The switch of this process's bridges: the agent's, which its gVisor entry point drives
-/// (one agent per process).
+/// The switch of this process's agent (its bridge and preview connections), which its gVisor
+/// entry point drives (one agent per process); the default of `GuestConfig::switch`.
 pub fn egress_switch() -> &'static EgressSwitch {
     static SWITCH: OnceLock<EgressSwitch> = OnceLock::new();
     SWITCH.get_or_init(EgressSwitch::new)
 }
 
-/// Binds every address of `bridge` (unless the process's switch has it closed) and relays
-/// their connections until the agent ends, closing and opening as the switch says. A port
-/// that cannot be bound is logged: egress then fails for the programs using it, and the
-/// rest of the sandbox works.
-pub(crate) async fn start(bridge: &EgressBridge) {
-    start_with(bridge, egress_switch()).await;
-}
-
-/// As [`start`], driven by `switch`.
-async fn start_with(bridge: &EgressBridge, switch: &EgressSwitch) {
+/// Binds every address of `bridge` (unless `switch` has it closed) and relays their
+/// connections until the agent ends, closing and opening as the switch says. A port that
+/// cannot be bound is logged: egress then fails for the programs using it, and the rest of
+/// the sandbox works.
+pub(crate) async fn start(bridge: &EgressBridge, switch: &EgressSwitch) {
     let (commands, suspended) = switch.attach();
     let open = if suspended {
         None
@@ -540,7 +546,7 @@ mod tests {
             listen: vec![addr],
         };
         let switch: &'static EgressSwitch = Box::leak(Box::new(EgressSwitch::new()));
-        start_with(&bridge, switch).await;
+        start(&bridge, switch).await;
         assert_eq!(ask(addr).await.expect("open"), b"proxy saw: hi");
         // A connection held open by the proxy: closed with the bridge.
         let mut held = tokio::net::TcpStream::connect(addr).await.expect("connect");
@@ -590,7 +596,7 @@ mod tests {
         off_runtime(move || switch.suspend(Duration::from_secs(5)))
             .await
             .expect("nothing to close");
-        start_with(
+        start(
             &EgressBridge {
                 socket,
                 listen: vec![addr],

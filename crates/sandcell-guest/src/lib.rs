@@ -57,9 +57,14 @@ pub struct GuestConfig {
     /// of ending the sandbox. `None`: the first connection's end is the sandbox's end.
     pub listener: Option<std::sync::Arc<std::os::unix::net::UnixListener>>,
     /// The sandbox's egress: loopback ports relayed to the host's egress proxy (`None`: no
-    /// egress proxy is bound, e.g. the network is `off`). [`egress_switch`] closes and
-    /// opens it (gVisor checkpoints).
+    /// egress proxy is bound, e.g. the network is `off`). [`Self::switch`] closes and opens
+    /// it (gVisor checkpoints).
     pub egress: Option<EgressBridge>,
+    /// What closes the agent's egress bridge and preview connections before a gVisor
+    /// checkpoint and opens them after (this runsc cannot save a TCP socket an epoll set
+    /// watches): the process's [`egress_switch`], which the gVisor entry point drives. Tests
+    /// give each agent its own, so that closing one leaves the others alone.
+    pub switch: &'static EgressSwitch,
 }
 
 impl Default for GuestConfig {
@@ -85,6 +90,7 @@ impl Default for GuestConfig {
             pid1: false,
             listener: None,
             egress: None,
+            switch: egress_switch(),
         }
     }
 }

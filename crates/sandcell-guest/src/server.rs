@@ -58,8 +58,10 @@ pub(crate) async fn run(
     let out = Out::start(write);
     let shared = Arc::new(Shared::new(config, me, pid1, reaper, out));
     if let Some(bridge) = &shared.config.egress {
-        crate::egress::start(bridge).await;
+        crate::egress::start(bridge, shared.config.switch).await;
     }
+    // Outlives host connections, like the connections to ports it holds.
+    let port_table = crate::ports::PortTable::start(shared.config.switch);
     let listener = match &shared.config.listener {
         Some(l) => Some(reattach_listener(l)?),
         None => None,
@@ -74,6 +76,7 @@ pub(crate) async fn run(
             writes: HashMap::new(),
             stdin_writes: HashMap::new(),
             ports: HashMap::new(),
+            port_table: port_table.clone(),
         };
         let result = conn.serve(read).await;
         // The same host, on a new connection: everything in progress goes on.
@@ -201,6 +204,8 @@ struct Conn {
     stdin_writes: HashMap<u32, StdinWrite>,
     /// Open connections to ports inside the sandbox, by request id.
     ports: HashMap<u32, crate::ports::PortConn>,
+    /// Every open connection to a port, closed for a checkpoint.
+    port_table: Arc<crate::ports::PortTable>,
 }
 
 impl Conn {
@@ -357,10 +362,16 @@ impl Conn {
                 }
                 _ => {}
             }
+            // Any other message starts a new request under this id, so the host is done
+            // with the connection that had it. One closed for a checkpoint stays here until
+            // then (the host's abort waits for the restore), and a sandbox forked from that
+            // checkpoint starts with it: it must not take the new request's credit or end.
+            port.abort();
+            self.ports.remove(&id);
         }
         match msg {
             HostMessage::ConnectPort { port, window } => {
-                match crate::ports::open(&self.shared, id, port, window).await {
+                match crate::ports::open(&self.shared, &self.port_table, id, port, window).await {
                     Ok(conn) => {
                         self.ports.insert(id, conn);
                     }

@@ -283,3 +283,104 @@ fn a_public_port_stays_public_across_a_restart_of_the_daemon() {
     let (status, _, _) = get_with_host(&d, &host, "/", "");
     assert_eq!(status, 401);
 }
+
+/// A WebSocket to the echo server on 8765 in `id` through the path route (with a preview
+/// token), reads bounded so that a connection left open fails the test instead of hanging it.
+fn open_echo(
+    d: &Daemon,
+    id: &str,
+) -> tungstenite::WebSocket<tungstenite::stream::MaybeTlsStream<TcpStream>> {
+    let token = d.post(&format!("/v1/sandboxes/{id}/previews/8765"), json!({}));
+    assert_eq!(token.status, 200, "{}", token.body);
+    let url = format!(
+        "{}/v1/sandboxes/{id}/ports/8765/socket?sandcell_token={}",
+        d.url.replace("http://", "ws://"),
+        token.body["token"].as_str().unwrap()
+    );
+    let (ws, _) = tungstenite::connect(&url)
+        .unwrap_or_else(|e| panic!("no WebSocket to {id}: {e}\n{}", d.log()));
+    if let tungstenite::stream::MaybeTlsStream::Plain(s) = ws.get_ref() {
+        s.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    }
+    ws
+}
+
+/// Sends `text` on `ws` and returns what came back.
+fn echo(
+    ws: &mut tungstenite::WebSocket<tungstenite::stream::MaybeTlsStream<TcpStream>>,
+    text: &str,
+) -> String {
+    ws.send(tungstenite::Message::text(text)).unwrap();
+    ws.read().unwrap().into_text().unwrap().to_string()
+}
+
+/// Asserts that `ws` was closed by the other side (not merely quiet until the read timed out).
+fn assert_closed(
+    ws: &mut tungstenite::WebSocket<tungstenite::stream::MaybeTlsStream<TcpStream>>,
+    d: &Daemon,
+) {
+    match ws.read() {
+        Ok(tungstenite::Message::Close(_)) => {}
+        Ok(other) => panic!("the WebSocket got {other:?} after the snapshot"),
+        Err(tungstenite::Error::Io(e))
+            if matches!(
+                e.kind(),
+                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+            ) =>
+        {
+            panic!(
+                "the WebSocket was still open 30 s after the snapshot\n{}",
+                d.log()
+            )
+        }
+        // The relay ended without a closing handshake (the server's side was closed).
+        Err(_) => {}
+    }
+}
+
+#[test]
+fn a_websocket_open_during_a_gvisor_snapshot_is_closed_and_the_sandbox_goes_on() {
+    // This runsc cannot checkpoint a TCP socket an epoll set watches (the agent's side of a
+    // preview connection), and a failed checkpoint ends the sandbox: the agent closes its
+    // preview connections before the checkpoint.
+    let d = Daemon::start(&[]);
+    let id = d.create_id(json!({"backend": "gvisor"}));
+    start_servers(&d, &id);
+    let mut held = open_echo(&d, &id);
+    assert_eq!(echo(&mut held, "before"), "echo: before");
+    let r = d.post(&format!("/v1/sandboxes/{id}/snapshots"), json!({}));
+    assert_eq!(r.status, 201, "{}\n{}", r.body, d.log());
+    assert_eq!(r.body["fidelity"], "process", "{}", r.body);
+    let snap = r.body["id"].as_str().unwrap().to_string();
+    // The WebSocket held across it was closed; the sandbox runs on, servers and all.
+    assert_closed(&mut held, &d);
+    let info = d.sandbox(&id);
+    assert_eq!(info.state, "running", "{info:?}\n{}", d.log());
+    assert_eq!(d.exec(&id, "echo alive").stdout, "alive\n");
+    let mut again = open_echo(&d, &id);
+    assert_eq!(echo(&mut again, "after"), "echo: after");
+    let page = d.get(&format!("/v1/sandboxes/{id}/ports/8000/"));
+    assert_eq!(page.status, 200, "{}", page.body);
+    assert_eq!(page.body, json!("hello from inside\n"));
+    // Again, with that one open: every snapshot closes what is open then.
+    let r = d.post(&format!("/v1/sandboxes/{id}/snapshots"), json!({}));
+    assert_eq!(r.status, 201, "{}\n{}", r.body, d.log());
+    assert_closed(&mut again, &d);
+    let mut third = open_echo(&d, &id);
+    assert_eq!(echo(&mut third, "third"), "echo: third");
+    let _ = third.close(None);
+    // A fork of the first snapshot has the servers too (background processes are part of
+    // the checkpoint) and serves both routes' connections.
+    let r = d.post(&format!("/v1/snapshots/{snap}/fork"), json!({"count": 1}));
+    assert_eq!(r.status, 201, "{}\n{}", r.body, d.log());
+    let fork = r.body["sandboxes"][0]["sandbox"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let page = d.get(&format!("/v1/sandboxes/{fork}/ports/8000/"));
+    assert_eq!(page.status, 200, "{}\n{}", page.body, d.log());
+    assert_eq!(page.body, json!("hello from inside\n"));
+    let mut forked = open_echo(&d, &fork);
+    assert_eq!(echo(&mut forked, "fork"), "echo: fork");
+    let _ = forked.close(None);
+}

@@ -12,9 +12,10 @@
 //! Its stdout is the backend's control channel (another socketpair, re-bound by a restore
 //! like stdin): one line per command (`<command> <tag>`), one line per answer (`ok <tag>` or
 //! `error <tag> <why>`), served by a thread of its own.
-//! [`SUSPEND_EGRESS`] closes the egress bridge before a checkpoint (this runsc cannot save
-//! it open, see `sandcell_guest::EgressSwitch`), [`RESUME_EGRESS`] opens it again in the
-//! restored sandbox.
+//! [`SUSPEND_EGRESS`] closes the egress bridge and the preview connections before a
+//! checkpoint (this runsc cannot save them open, see `sandcell_guest::EgressSwitch`),
+//! [`RESUME_EGRESS`] opens the bridge again (and lets previews connect) in the restored
+//! sandbox. The words stay as they were first named, for images checkpointed since.
 
 use std::os::unix::net::UnixStream;
 
@@ -30,7 +31,8 @@ pub const NETWORK_OFF: &str = "--network=off";
 pub const EGRESS: &str = "--egress";
 
 /// The control command that closes the agent's egress bridge (its listeners and every
-/// connection) before a checkpoint; answered [`CONTROL_OK`] once they are closed.
+/// connection) and its preview connections before a checkpoint; answered [`CONTROL_OK`]
+/// once they are closed.
 pub const SUSPEND_EGRESS: &str = "suspend-egress";
 /// The control command that opens the bridge again; answered [`CONTROL_OK`] once it listens.
 pub const RESUME_EGRESS: &str = "resume-egress";

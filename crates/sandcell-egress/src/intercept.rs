@@ -580,7 +580,11 @@ where
         tokio::pin!(up, down);
         let mut body_sent = false;
         loop {
+            // The body first: when both are ready (no body, or the whole answer already
+            // there), `body_sent` must say so, or a whole answer would end a connection that
+            // can go on. The answer wins only over a body that is really still on its way.
             tokio::select! {
+                biased;
                 r = &mut up, if !body_sent => match r {
                     Ok(()) => body_sent = true,
                     Err(e) => break (false, Err(Relay::Io(e))),
@@ -1058,6 +1062,59 @@ mod tests {
         let mut r = BufReader::new(&long[..]);
         let e = read_head(&mut r, true).await.expect_err("too long");
         assert_eq!(e.kind(), io::ErrorKind::InvalidData);
+    }
+
+    /// A host fast enough (or a proxy slow enough) that the whole answer is there by the
+    /// time the request has gone up: the relay of the answer and the (empty) body are both
+    /// ready at once, and which one the proxy looks at first must not decide whether the
+    /// connection is kept. It once did, at random: the kept-alive connection was closed
+    /// after about one such answer in two.
+    #[tokio::test]
+    async fn an_answer_ready_at_once_keeps_the_connection_alive() {
+        let proxy = EgressProxy::new(
+            "allow:api.test".parse().expect("policy"),
+            Arc::new(crate::StaticResolver::new([])),
+            crate::Limits::default(),
+            Arc::new(|_| {}),
+        );
+        let request = b"GET /echo HTTP/1.1\r\nHost: api.test\r\n\r\n";
+        let response = b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok";
+        // Each round's order is the scheduler's pick: enough rounds that a wrong order shows.
+        for round in 0..64 {
+            let mut session = Session {
+                proxy: &proxy,
+                asked: Asked {
+                    protocol: crate::Protocol::Connect,
+                    host: "api.test".to_string(),
+                    port: 443,
+                    started: std::time::Instant::now(),
+                },
+                address: None,
+                sni: None,
+                intercepted: true,
+                up: Arc::default(),
+                down: Arc::default(),
+                used: Vec::new(),
+            };
+            let mut client_read = BufReader::new(&request[..]);
+            let mut client_write = Vec::new();
+            let mut upstream_read = BufReader::new(&response[..]);
+            let mut upstream_write = Vec::new();
+            let step = one_request(
+                &mut session,
+                &mut client_read,
+                &mut client_write,
+                &mut upstream_read,
+                &mut upstream_write,
+            )
+            .await;
+            assert_eq!(upstream_write, request, "round {round}");
+            assert_eq!(client_write, response, "round {round}");
+            assert!(
+                matches!(step, Step::Next),
+                "round {round}: the connection was ended after a whole answer"
+            );
+        }
     }
 
     #[tokio::test]

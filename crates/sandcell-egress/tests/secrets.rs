@@ -172,13 +172,19 @@ fn connector(root: &[u8]) -> TlsConnector {
     TlsConnector::from(Arc::new(config))
 }
 
+/// Reads a head to its empty line, or to the end of the stream; a read error fails the test
+/// with its text (rather than passing on a cut head that fails later, somewhere else).
 async fn read_head<S: AsyncRead + Unpin>(s: &mut S) -> String {
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
         match s.read(&mut byte).await {
-            Ok(0) | Err(_) => break,
+            Ok(0) => break,
             Ok(_) => head.push(byte[0]),
+            Err(e) => panic!(
+                "reading a head: {e} after {:?}",
+                String::from_utf8_lossy(&head)
+            ),
         }
     }
     String::from_utf8_lossy(&head).into_owned()
@@ -213,6 +219,7 @@ async fn read_answer<S: AsyncRead + Unpin>(s: &mut S) -> Answer {
     let head = tokio::time::timeout(Duration::from_secs(10), read_head(s))
         .await
         .expect("an answer in time");
+    assert!(!head.is_empty(), "no answer: the connection was closed");
     let length = head.lines().find_map(|l| {
         let (name, value) = l.split_once(':')?;
         name.eq_ignore_ascii_case("content-length")

@@ -9,7 +9,9 @@ use reqwest::Method;
 use serde_json::json;
 
 use super::daemon::{CodeResultExt, Daemon};
+use super::daemon_network::{daemon as egress_daemon, web_server};
 use super::daemon_pause::{count, start_counter};
+use super::egress::HOLD_TUNNEL;
 
 /// The daemon lists gvisor as available here (setup installs runsc); it says what it
 /// cannot do.
@@ -219,49 +221,6 @@ fn daemon_gvisor_in_place_restores_answer_at_once() {
     }
 }
 
-/// A web server on the host's loopback answering `hello <path>` (a thread per connection,
-/// until the test process ends).
-fn web_server() -> u16 {
-    use std::io::{Read, Write};
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = listener.local_addr().unwrap().port();
-    std::thread::spawn(move || {
-        for conn in listener.incoming() {
-            let Ok(mut conn) = conn else { return };
-            std::thread::spawn(move || {
-                let mut got = Vec::new();
-                let mut buf = [0u8; 4096];
-                while !got.windows(4).any(|w| w == b"\r\n\r\n") {
-                    match conn.read(&mut buf) {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => got.extend_from_slice(&buf[..n]),
-                    }
-                }
-                let head = String::from_utf8_lossy(&got).to_string();
-                let path = head.split(' ').nth(1).unwrap_or("?").to_string();
-                let body = format!("hello {path}");
-                let _ = write!(
-                    conn,
-                    "HTTP/1.1 200 OK\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-                    body.len()
-                );
-            });
-        }
-    });
-    port
-}
-
-/// A daemon whose proxies map `web.test` to the host's loopback (the test-only setting).
-fn egress_daemon() -> Daemon {
-    Daemon::start_with_env(
-        &[],
-        &[
-            ("SANDCELL_TEST", "1"),
-            ("SANDCELL_TEST_RESOLVE", "web.test=127.0.0.1"),
-        ],
-    )
-}
-
 /// `curl <args>` inside `id`: what it printed and `code=<http code>` on the last line.
 fn curl(d: &Daemon, id: &str, args: &str) -> String {
     d.exec(
@@ -309,18 +268,6 @@ fn fork(d: &Daemon, snap: &str, count: u32) -> Vec<String> {
         .map(|f| f["sandbox"]["id"].as_str().unwrap().to_string())
         .collect()
 }
-
-/// A program that opens a tunnel through the proxy to its argument (`host:port`) and holds
-/// it, appending `established` to /tmp/held.out, then `ended` when the tunnel ends.
-const HOLD_TUNNEL: &str = r#"import socket, sys
-s = socket.create_connection(("127.0.0.1", 3128))
-s.sendall(b"CONNECT %s HTTP/1.1\r\nHost: x\r\n\r\n" % sys.argv[1].encode())
-head = s.recv(200)
-open("/tmp/held.out", "a").write("established\n" if b" 200 " in head else "refused\n")
-while s.recv(4096):
-    pass
-open("/tmp/held.out", "a").write("ended\n")
-"#;
 
 /// Waits (at most 20 s) until /tmp/held.out inside `id` says `word`.
 fn held_says(d: &Daemon, id: &str, word: &str) {

@@ -15,7 +15,7 @@ use super::daemon::{Daemon, send};
 
 /// A web server on the host's loopback answering `hello <path>` (one thread, until the test
 /// process ends).
-fn web_server() -> u16 {
+pub(super) fn web_server() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").unwrap();
     let port = listener.local_addr().unwrap().port();
     std::thread::spawn(move || {
@@ -45,7 +45,7 @@ fn web_server() -> u16 {
 }
 
 /// A daemon whose proxies map `web.test` to the host's loopback (the test-only setting).
-fn daemon() -> Daemon {
+pub(super) fn daemon() -> Daemon {
     Daemon::start_with_env(
         &[],
         &[

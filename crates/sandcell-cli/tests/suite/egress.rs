@@ -277,7 +277,7 @@ async fn the_proxy_socket_is_the_sandboxs_own_and_nothing_else_is_reachable_thro
 /// A program that opens a tunnel through the sandbox's proxy to its argument (`host:port`)
 /// and holds it, appending `established` (or `refused`) to /tmp/held.out, then `ended` when
 /// the tunnel ends.
-const HOLD_TUNNEL: &str = r#"import socket, sys
+pub(super) const HOLD_TUNNEL: &str = r#"import socket, sys
 s = socket.create_connection(("127.0.0.1", 3128))
 s.sendall(b"CONNECT %s HTTP/1.1\r\nHost: x\r\n\r\n" % sys.argv[1].encode())
 head = s.recv(200)

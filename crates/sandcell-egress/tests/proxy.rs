@@ -10,7 +10,7 @@ use sandcell_egress::tls::minimal_client_hello;
 use sandcell_egress::{
     EgressEvent, EgressProxy, Limits, Outcome, Protocol, Resolution, Resolver, StaticResolver,
 };
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 use tokio::net::{TcpListener, UnixStream};
 
 /// A proxy on a Unix socket, and the events it recorded.
@@ -508,6 +508,27 @@ async fn sender(send: Vec<u8>) -> (SocketAddr, tokio::sync::mpsc::UnboundedRecei
     (addr, rx)
 }
 
+/// Writes `up` and half-closes `w` while reading `r` to its end (within `limit`): what came
+/// back. Both at once, so neither direction waits for the other's buffers.
+async fn send_and_read_back<R, W>(mut r: R, mut w: W, up: Vec<u8>, limit: Duration) -> Vec<u8>
+where
+    R: AsyncRead + Unpin,
+    W: AsyncWrite + Unpin + Send + 'static,
+{
+    let writer = tokio::spawn(async move {
+        w.write_all(&up).await.expect("write");
+        w.shutdown().await.expect("half-close");
+        w
+    });
+    let mut back = Vec::new();
+    tokio::time::timeout(limit, r.read_to_end(&mut back))
+        .await
+        .expect("in time")
+        .expect("read");
+    let _w = writer.await.expect("writer");
+    back
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_tunnel_relays_ten_megabytes_each_way_intact_and_counts_them() {
     const SIZE: usize = 10 << 20;
@@ -518,19 +539,8 @@ async fn a_tunnel_relays_ten_megabytes_each_way_intact_and_counts_them() {
     let head = connect(&mut c, &format!("upstream.test:{}", addr.port())).await;
     assert!(head.starts_with("HTTP/1.1 200"), "{head}");
     let up = pattern(SIZE, 1);
-    let (mut r, mut w) = c.into_split();
-    let sent = up.clone();
-    let writer = tokio::spawn(async move {
-        w.write_all(&sent).await.expect("write");
-        w.shutdown().await.expect("half-close");
-        w
-    });
-    let mut back = Vec::new();
-    tokio::time::timeout(Duration::from_secs(60), r.read_to_end(&mut back))
-        .await
-        .expect("in time")
-        .expect("read");
-    let _w = writer.await.expect("writer");
+    let (r, w) = c.into_split();
+    let back = send_and_read_back(r, w, up.clone(), Duration::from_secs(60)).await;
     assert_eq!(back.len(), SIZE);
     assert_eq!(digest(&back), digest(&down), "what came down");
     let got = tokio::time::timeout(Duration::from_secs(10), received.recv())
@@ -707,18 +717,7 @@ async fn a_stream_that_is_not_a_socket_is_relayed_through_a_buffer_with_its_limi
     }
     assert!(head.starts_with(b"HTTP/1.1 200"));
     let up = pattern(SIZE, 5);
-    let sent = up.clone();
-    let writer = tokio::spawn(async move {
-        w.write_all(&sent).await.expect("write");
-        w.shutdown().await.expect("half-close");
-        w
-    });
-    let mut back = Vec::new();
-    tokio::time::timeout(Duration::from_secs(30), r.read_to_end(&mut back))
-        .await
-        .expect("in time")
-        .expect("read");
-    let _w = writer.await.expect("writer");
+    let back = send_and_read_back(r, w, up.clone(), Duration::from_secs(30)).await;
     assert_eq!(digest(&back), digest(&down));
     let got = received.recv().await.expect("the server's bytes");
     assert_eq!(digest(&got), digest(&up));

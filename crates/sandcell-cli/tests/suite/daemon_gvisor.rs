@@ -256,17 +256,9 @@ fn checkpoint(d: &Daemon, id: &str) -> String {
 
 /// The ids of `count` sandboxes forked from `snap`.
 fn fork(d: &Daemon, snap: &str, count: u32) -> Vec<String> {
-    let r = d.post(
-        &format!("/v1/snapshots/{snap}/fork"),
-        json!({ "count": count }),
-    );
+    let r = super::daemon_snapshots::fork(d, snap, count);
     assert_eq!(r.status, 201, "{}\n{}", r.body, d.log());
-    r.body["sandboxes"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|f| f["sandbox"]["id"].as_str().unwrap().to_string())
-        .collect()
+    super::daemon_snapshots::fork_ids(&r)
 }
 
 /// Waits (at most 20 s) until /tmp/held.out inside `id` says `word`.

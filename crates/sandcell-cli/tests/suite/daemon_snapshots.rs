@@ -13,14 +13,14 @@ fn snapshot(d: &Daemon, id: &str, body: Value) -> Resp {
     d.post(&format!("/v1/sandboxes/{id}/snapshots"), body)
 }
 
-fn fork(d: &Daemon, snap: &str, count: u32) -> Resp {
+pub(super) fn fork(d: &Daemon, snap: &str, count: u32) -> Resp {
     d.post(
         &format!("/v1/snapshots/{snap}/fork"),
         json!({ "count": count }),
     )
 }
 
-fn fork_ids(r: &Resp) -> Vec<String> {
+pub(super) fn fork_ids(r: &Resp) -> Vec<String> {
     r.body["sandboxes"]
         .as_array()
         .unwrap()

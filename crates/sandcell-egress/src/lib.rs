@@ -3,7 +3,8 @@
 //!
 //! A sandbox's network namespace has only `lo`. Its guest agent bridges `127.0.0.1:3128`
 //! (HTTP: `CONNECT` and absolute-form plain requests) and `127.0.0.1:1080` (SOCKS5) to a
-//! Unix socket bound into the sandbox, which this proxy serves. For every connection, and
+//! Unix socket bound into the sandbox, which this proxy serves (on the process backend the
+//! bridge hands each client's socket over instead: `handover.rs`). For every connection, and
 //! for every plain-HTTP request, it:
 //! - checks the host and port against the policy's rules ([`sandcell_api::network`]);
 //! - resolves the name itself and refuses loopback, private, link-local, metadata and other
@@ -30,6 +31,7 @@
 pub mod ca;
 pub mod classify;
 mod decide;
+mod handover;
 mod http;
 mod intercept;
 mod meter;

@@ -13,6 +13,7 @@ use tokio::net::TcpStream;
 
 use crate::ca::Interception;
 use crate::decide::{Denied, decide};
+use crate::handover::{self, Opening};
 use crate::meter::{BYTE_LIMIT, Metered};
 use crate::resolve::Resolver;
 use crate::secrets::Secrets;
@@ -373,12 +374,32 @@ impl EgressProxy {
         self.open.load(Ordering::SeqCst)
     }
 
-    /// Serves every connection of `listener` until it fails.
+    /// Serves every connection of `listener` (the sandbox's bridge) until it fails: a
+    /// relayed client, or a client's socket handed over ([`crate::handover`]).
     pub async fn serve_unix(self: Arc<Self>, listener: tokio::net::UnixListener) -> io::Result<()> {
         loop {
             let (stream, _) = listener.accept().await?;
             let me = self.clone();
-            tokio::spawn(async move { me.handle(stream).await });
+            tokio::spawn(async move { me.handle_bridged(stream).await });
+        }
+    }
+
+    /// Serves one connection from the sandbox's bridge.
+    async fn handle_bridged(self: Arc<Self>, stream: tokio::net::UnixStream) {
+        let opening =
+            tokio::time::timeout(self.limits.head_timeout, handover::opening(&stream)).await;
+        match opening {
+            Ok(Ok(Opening::Byte(first))) => self.handle_opened(stream, vec![first]).await,
+            Ok(Ok(Opening::Socket(fd))) => {
+                drop(stream);
+                match handover::client_socket(fd) {
+                    Ok(client) => self.handle_opened(client, Vec::new()).await,
+                    Err(why) => {
+                        tracing::warn!(%why, "the sandbox's bridge handed over a socket the proxy does not serve");
+                    }
+                }
+            }
+            Ok(Ok(Opening::End)) | Ok(Err(_)) | Err(_) => {}
         }
     }
 
@@ -389,24 +410,29 @@ impl EgressProxy {
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        match Socket::from_stream(stream) {
-            Ok(socket) => {
-                let socket = Arc::new(socket);
-                splice::serving(socket.clone(), self.serve(Shared(socket))).await;
-            }
-            Err(stream) => self.serve(stream).await,
-        }
+        self.handle_opened(stream, Vec::new()).await;
     }
 
-    /// [`EgressProxy::handle`] for any stream.
-    async fn serve<S>(self: Arc<Self>, stream: S)
+    /// [`EgressProxy::handle`] for a stream whose first bytes, `read`, were read already.
+    async fn handle_opened<S>(self: Arc<Self>, stream: S, read: Vec<u8>)
     where
         S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
     {
-        let mut inbound = Inbound {
-            stream,
-            buf: Vec::new(),
-        };
+        match Socket::from_stream(stream) {
+            Ok(socket) => {
+                let socket = Arc::new(socket);
+                splice::serving(socket.clone(), self.serve(Shared(socket), read)).await;
+            }
+            Err(stream) => self.serve(stream, read).await,
+        }
+    }
+
+    /// [`EgressProxy::handle_opened`] for any stream.
+    async fn serve<S>(self: Arc<Self>, stream: S, read: Vec<u8>)
+    where
+        S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+    {
+        let mut inbound = Inbound { stream, buf: read };
         match tokio::time::timeout(self.limits.head_timeout, inbound.fill(1)).await {
             Ok(Ok(true)) => {}
             _ => return,

@@ -13,10 +13,18 @@
 //! never tokio's reactor (a deleted interest brought back by a restore would be a stale
 //! tokio token). The same switch closes the agent's preview connections ([`crate::ports`]),
 //! TCP sockets in that loop's epoll set too.
+//!
+//! On the process backend the agent and the proxy share a kernel, so the bridge does not
+//! relay at all: it hands each accepted socket to the proxy over the Unix socket
+//! ([`EgressBridge::hand_over`]), and the proxy reads and writes the sandbox's TCP connection
+//! itself (splicing it to the origin). Relaying cost two more copies of every byte through
+//! user space and held a download to about a third of a direct connection's throughput
+//! (docs/benchmarks.md, "Egress proxy"). gVisor's sockets live in its own network stack and
+//! cannot be handed to the host; there the bridge relays.
 
 use std::io;
 use std::net::SocketAddr;
-use std::os::fd::OwnedFd;
+use std::os::fd::{AsFd, OwnedFd};
 use std::path::{Path, PathBuf};
 use std::sync::{Mutex, OnceLock};
 use std::time::{Duration, Instant};
@@ -48,6 +56,10 @@ pub struct EgressBridge {
     /// The loopback addresses to listen on (the HTTP and SOCKS5 proxy ports; the host
     /// proxy tells the two apart by the first byte).
     pub listen: Vec<SocketAddr>,
+    /// Hand each accepted socket to the proxy ([`sandcell_protocol::EGRESS_HANDOVER`] with
+    /// the socket attached) instead of relaying its bytes: only where the proxy shares the
+    /// sandbox's kernel. A handover the socket refuses falls back to relaying.
+    pub hand_over: bool,
 }
 
 impl EgressBridge {
@@ -59,6 +71,7 @@ impl EgressBridge {
                 SocketAddr::from(([127, 0, 0, 1], 3128)),
                 SocketAddr::from(([127, 0, 0, 1], 1080)),
             ],
+            hand_over: false,
         }
     }
 }
@@ -290,7 +303,7 @@ async fn serve(
                     None => break None,
                 },
                 Some(client) = o.accepted.recv() => {
-                    o.tasks.spawn(relay_connection(client, bridge.socket.clone()));
+                    o.tasks.spawn(serve_connection(client, bridge.socket.clone(), bridge.hand_over));
                 }
                 // Finished connections are collected (their results are nothing).
                 Some(_) = o.tasks.join_next() => {}
@@ -304,7 +317,7 @@ async fn serve(
             None => loop {
                 tokio::select! {
                     Some(client) = o.accepted.recv() => {
-                        o.tasks.spawn(relay_connection(client, bridge.socket.clone()));
+                        o.tasks.spawn(serve_connection(client, bridge.socket.clone(), bridge.hand_over));
                     }
                     Some(_) = o.tasks.join_next() => {}
                     else => return,
@@ -372,14 +385,32 @@ async fn connect_unix(path: &Path) -> io::Result<PolledFd> {
     }
 }
 
-/// Relays one accepted connection to the proxy's socket until both sides are done. The
-/// proxy gone (the sandbox's egress turned off) ends the connection at once.
-async fn relay_connection(client: OwnedFd, socket: PathBuf) {
+/// Takes one accepted connection to the proxy's socket: hands the socket over when
+/// `hand_over` says so and the socket takes it, else relays it until both sides are done.
+/// The proxy gone (the sandbox's egress turned off) ends the connection at once.
+async fn serve_connection(client: OwnedFd, socket: PathBuf, hand_over: bool) {
     let _ = rustix::net::sockopt::set_tcp_nodelay(&client, true);
-    let Ok(client) = PolledFd::new(client) else {
+    let Ok(upstream) = connect_unix(&socket).await else {
         return;
     };
-    let Ok(upstream) = connect_unix(&socket).await else {
+    if hand_over {
+        // One byte into an empty socket buffer is taken whole or not at all. Taken, the
+        // proxy holds the connection and the agent's copies close here.
+        match sandcell_jail::fdpass::send_with_fd(
+            upstream.as_fd(),
+            &[sandcell_protocol::EGRESS_HANDOVER],
+            client.as_fd(),
+        ) {
+            Ok(1) => return,
+            Ok(_) => {}
+            Err(e) => {
+                eprintln!(
+                    "sandcell-guest: handing an egress connection over failed ({e}); relaying it"
+                );
+            }
+        }
+    }
+    let Ok(client) = PolledFd::new(client) else {
         return;
     };
     let _ = relay(&client, &upstream).await;
@@ -401,16 +432,21 @@ async fn relay(a: &PolledFd, b: &PolledFd) -> io::Result<()> {
     tokio::try_join!(one_way(a, b), one_way(b, a)).map(|_| ())
 }
 
-/// Relays every connection of `listener` to `socket` as the agent's bridge does (public
-/// for the benchmark, which runs the bridge without an agent).
-pub async fn relay_listener(listener: tokio::net::TcpListener, socket: PathBuf) -> io::Result<()> {
+/// Serves every connection of `listener` to `socket` as the agent's bridge does, handing
+/// the sockets over with `hand_over` (public for the benchmark, which runs the bridge
+/// without an agent).
+pub async fn relay_listener(
+    listener: tokio::net::TcpListener,
+    socket: PathBuf,
+    hand_over: bool,
+) -> io::Result<()> {
     // Off tokio's reactor, onto the agent's loop, as in the agent.
     let listener = PolledFd::new(OwnedFd::from(listener.into_std()?))?;
     let mut connections = JoinSet::new();
     loop {
         tokio::select! {
             accepted = listener.accept() => {
-                connections.spawn(relay_connection(accepted?, socket.clone()));
+                connections.spawn(serve_connection(accepted?, socket.clone(), hand_over));
             }
             Some(_) = connections.join_next() => {}
         }
@@ -451,7 +487,7 @@ mod tests {
             .await
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
-        tokio::spawn(relay_listener(listener, socket));
+        tokio::spawn(relay_listener(listener, socket, false));
         let mut c = tokio::net::TcpStream::connect(addr).await.expect("connect");
         c.write_all(b"CONNECT a:443").await.expect("write");
         let mut back = Vec::new();
@@ -468,6 +504,7 @@ mod tests {
         tokio::spawn(relay_listener(
             listener,
             PathBuf::from("/nonexistent/egress.sock"),
+            true,
         ));
         let mut c = tokio::net::TcpStream::connect(addr).await.expect("connect");
         let mut back = Vec::new();
@@ -494,7 +531,7 @@ mod tests {
             .await
             .expect("bind");
         let addr = listener.local_addr().expect("addr");
-        tokio::spawn(relay_listener(listener, socket));
+        tokio::spawn(relay_listener(listener, socket, false));
         let c = tokio::net::TcpStream::connect(addr).await.expect("connect");
         let (mut r, mut w) = c.into_split();
         let sent: Vec<u8> = (0..3 * COPY_SIZE + 17).map(|i| (i % 251) as u8).collect();
@@ -512,6 +549,47 @@ mod tests {
         writer.await.expect("writer");
         assert_eq!(back.len(), sent.len());
         assert!(back == sent);
+    }
+
+    #[tokio::test]
+    async fn a_handed_over_connection_is_the_clients_own_socket_in_the_proxys_hands() {
+        // The proxy gets the handover byte with the client's socket attached, and nothing
+        // else on its Unix connection; it answers on the socket, and the client hears it.
+        let dir = tempfile::tempdir().expect("dir");
+        let socket = dir.path().join("egress.sock");
+        let proxy = std::os::unix::net::UnixListener::bind(&socket).expect("bind");
+        let held = std::thread::spawn(move || {
+            let (s, _) = proxy.accept().expect("accept");
+            let mut first = [0u8; 16];
+            let (n, mut fds) =
+                sandcell_jail::fdpass::recv_with_fds(s.as_fd(), &mut first).expect("recv");
+            assert_eq!(&first[..n], &[sandcell_protocol::EGRESS_HANDOVER]);
+            assert_eq!(fds.len(), 1, "one socket is attached");
+            // The agent has let its end of the Unix connection go.
+            let mut rest = Vec::new();
+            std::io::Read::read_to_end(&mut &s, &mut rest).expect("read the rest");
+            assert!(rest.is_empty());
+            let mut client = std::net::TcpStream::from(fds.remove(0));
+            client.set_nonblocking(false).expect("blocking");
+            let mut asked = [0u8; 5];
+            std::io::Read::read_exact(&mut client, &mut asked).expect("read");
+            std::io::Write::write_all(&mut client, b"proxy holds: ").expect("write");
+            std::io::Write::write_all(&mut client, &asked).expect("write");
+        });
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = listener.local_addr().expect("addr");
+        tokio::spawn(relay_listener(listener, socket, true));
+        let mut c = tokio::net::TcpStream::connect(addr).await.expect("connect");
+        c.write_all(b"hello").await.expect("write");
+        let mut back = Vec::new();
+        tokio::time::timeout(Duration::from_secs(10), c.read_to_end(&mut back))
+            .await
+            .expect("in time")
+            .expect("read");
+        assert_eq!(back, b"proxy holds: hello");
+        held.join().expect("proxy");
     }
 
     /// A loopback address with a free port (bound and let go).
@@ -544,6 +622,7 @@ mod tests {
         let bridge = EgressBridge {
             socket,
             listen: vec![addr],
+            hand_over: false,
         };
         let switch: &'static EgressSwitch = Box::leak(Box::new(EgressSwitch::new()));
         start(&bridge, switch).await;
@@ -600,6 +679,7 @@ mod tests {
             &EgressBridge {
                 socket,
                 listen: vec![addr],
+                hand_over: false,
             },
             switch,
         )

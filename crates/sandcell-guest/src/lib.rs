@@ -122,7 +122,12 @@ impl GuestConfig {
             sandcell_protocol::EGRESS_DIR,
         ));
         if bound || socket.exists() {
-            self.with_egress()
+            let mut config = self.with_egress();
+            // The process backend's proxy shares this kernel: it takes the sockets.
+            if let Some(bridge) = &mut config.egress {
+                bridge.hand_over = true;
+            }
+            config
         } else {
             self
         }

@@ -118,3 +118,8 @@ pub const EGRESS_SOCKS_PROXY: &str = "socks5h://127.0.0.1:1080";
 
 /// The egress proxy's socket, in [`EGRESS_DIR`].
 pub const EGRESS_SOCKET: &str = "/run/sandcell/egress.sock";
+
+/// The first byte a guest sends on a connection to [`EGRESS_SOCKET`] when it hands the
+/// accepted client's socket itself to the proxy (attached as `SCM_RIGHTS`) instead of
+/// relaying its bytes. Neither an HTTP request nor a SOCKS5 greeting starts with it.
+pub const EGRESS_HANDOVER: u8 = 0x00;

@@ -3,14 +3,24 @@
 //! `GET /bytes/N`; a client fetches it
 //! - directly (a new TCP connection to the origin);
 //! - through the egress path a sandbox uses: a TCP connection to the guest agent's bridge
-//!   (`127.0.0.1:3128` in a sandbox; any loopback port here), relayed to the proxy's Unix
-//!   socket, then the proxy's own connection to the origin, as a `CONNECT` tunnel (what
-//!   HTTPS clients such as pip and npm open) and as a plain-HTTP proxy request.
+//!   (`127.0.0.1:3128` in a sandbox; any loopback port here), handed over to the proxy
+//!   through its Unix socket (the process backend's bridge), then the proxy's own connection
+//!   to the origin, as a `CONNECT` tunnel (what HTTPS clients such as pip and npm open) and
+//!   as a plain-HTTP proxy request;
+//! - as a `CONNECT` tunnel through a bridge that relays the bytes over the Unix socket
+//!   instead (gVisor's, whose sockets cannot be handed to the host).
 //!
 //! The proxy decides each connection under an `allow` policy naming the origin (a name
 //! pinned to 127.0.0.1, as a test resolver maps it), meters its bytes and records an event,
 //! as it does for a sandbox. No network namespace is crossed: this measures the proxy and
 //! the bridge, not a sandbox.
+//!
+//! Two layouts, one after the other:
+//! - **one thread**: origin, proxy, bridges and client share one thread, so the ratio is the
+//!   CPU each byte costs the whole path, against direct's;
+//! - **as deployed**: the origin, the proxy (with the bridges) and the client each on a
+//!   thread of their own, as a remote server, the daemon and a program in the sandbox run
+//!   side by side; the ratio is what the program sees.
 
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -73,9 +83,18 @@ async fn origin() -> anyhow::Result<SocketAddr> {
     Ok(addr)
 }
 
-/// The proxy on a Unix socket, and the bridge's loopback port in front of it.
-async fn proxy(dir: &std::path::Path, origin: SocketAddr) -> anyhow::Result<SocketAddr> {
-    let socket = dir.join("egress.sock");
+/// The proxy on a Unix socket, and a bridge's loopback port in front of it (one that hands
+/// connections over with `hand_over`, else one that relays them).
+async fn proxy(
+    dir: &std::path::Path,
+    origin: SocketAddr,
+    hand_over: bool,
+) -> anyhow::Result<SocketAddr> {
+    let socket = dir.join(if hand_over {
+        "egress-handover.sock"
+    } else {
+        "egress-relay.sock"
+    });
     let resolver = StaticResolver::new([(ORIGIN.to_string(), vec![origin.ip()])]);
     let policy = format!("allow:{ORIGIN}")
         .parse()
@@ -91,7 +110,7 @@ async fn proxy(dir: &std::path::Path, origin: SocketAddr) -> anyhow::Result<Sock
     tokio::spawn(proxy.serve_unix(listener));
     let bridge = TcpListener::bind("127.0.0.1:0").await?;
     let addr = bridge.local_addr()?;
-    tokio::spawn(sandcell_guest::egress_relay(bridge, socket));
+    tokio::spawn(sandcell_guest::egress_relay(bridge, socket, hand_over));
     Ok(addr)
 }
 
@@ -99,8 +118,18 @@ async fn proxy(dir: &std::path::Path, origin: SocketAddr) -> anyhow::Result<Sock
 #[derive(Debug, Clone, Copy)]
 enum Way {
     Direct,
+    /// Through the bridge that hands connections over.
     Connect,
     PlainProxy,
+    /// Through the bridge that relays.
+    ConnectRelayed,
+}
+
+/// The two bridges' ports.
+#[derive(Debug, Clone, Copy)]
+struct Bridges {
+    handing_over: SocketAddr,
+    relaying: SocketAddr,
 }
 
 /// Sends `GET /bytes/n` on `s` and reads the answer to its end; its size.
@@ -128,17 +157,21 @@ async fn fetch<S: AsyncRead + AsyncWrite + Unpin>(
 async fn once(
     way: Way,
     origin: SocketAddr,
-    bridge: SocketAddr,
+    bridges: Bridges,
     n: usize,
 ) -> anyhow::Result<Duration> {
     let started = Instant::now();
+    let bridge = match way {
+        Way::ConnectRelayed => bridges.relaying,
+        _ => bridges.handing_over,
+    };
     let got = match way {
         Way::Direct => {
             let mut s = TcpStream::connect(origin).await?;
             s.set_nodelay(true)?;
             fetch(&mut s, &format!("/bytes/{n}")).await?
         }
-        Way::Connect => {
+        Way::Connect | Way::ConnectRelayed => {
             let mut s = TcpStream::connect(bridge).await?;
             s.set_nodelay(true)?;
             let port = origin.port();
@@ -191,21 +224,117 @@ pub async fn egress(
 ) -> anyhow::Result<ExitCode> {
     let dir = std::env::temp_dir().join(format!("sandcell-bench-egress-{}", std::process::id()));
     std::fs::create_dir_all(&dir).context("a scratch folder")?;
-    let result = measure(&dir, samples, big_samples, json_out).await;
+    let mut report = serde_json::Map::new();
+    let mut result = Ok(());
+    for layout in [Layout::OneThread, Layout::AsDeployed] {
+        let folder = dir.join(layout.name());
+        result = match std::fs::create_dir(&folder) {
+            Ok(()) => measure(&folder, layout, samples, big_samples, json_out, &mut report).await,
+            Err(e) => Err(anyhow::Error::new(e).context("a scratch folder")),
+        };
+        if result.is_err() {
+            break;
+        }
+    }
     let _ = std::fs::remove_dir_all(&dir);
-    result
+    result?;
+    if json_out {
+        println!("{}", serde_json::Value::Object(report));
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Where the parts run.
+#[derive(Debug, Clone, Copy)]
+enum Layout {
+    OneThread,
+    AsDeployed,
+}
+
+impl Layout {
+    fn name(self) -> &'static str {
+        match self {
+            Self::OneThread => "one-thread",
+            Self::AsDeployed => "as-deployed",
+        }
+    }
+}
+
+/// A single-threaded runtime on a thread of its own, stopped when dropped.
+struct SideRuntime {
+    handle: tokio::runtime::Handle,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl SideRuntime {
+    fn start(name: &str) -> anyhow::Result<Self> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()?;
+        let handle = rt.handle().clone();
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let thread = std::thread::Builder::new()
+            .name(name.to_string())
+            .spawn(move || {
+                let _ = rt.block_on(stopped);
+            })?;
+        Ok(Self {
+            handle,
+            stop: Some(stop),
+            thread: Some(thread),
+        })
+    }
+}
+
+impl Drop for SideRuntime {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        if let Some(thread) = self.thread.take() {
+            let _ = thread.join();
+        }
+    }
 }
 
 async fn measure(
     dir: &std::path::Path,
+    layout: Layout,
     samples: usize,
     big_samples: usize,
     json_out: bool,
-) -> anyhow::Result<ExitCode> {
-    let origin = origin().await?;
-    let bridge = proxy(dir, origin).await?;
-    let ways = [Way::Direct, Way::Connect, Way::PlainProxy];
-    let mut report = serde_json::Map::new();
+    report: &mut serde_json::Map<String, serde_json::Value>,
+) -> anyhow::Result<()> {
+    let sides = match layout {
+        Layout::OneThread => None,
+        Layout::AsDeployed => Some((
+            SideRuntime::start("bench-origin")?,
+            SideRuntime::start("bench-proxy")?,
+        )),
+    };
+    let here = tokio::runtime::Handle::current();
+    let (origin_rt, proxy_rt) = match &sides {
+        Some((o, p)) => (o.handle.clone(), p.handle.clone()),
+        None => (here.clone(), here),
+    };
+    let origin = origin_rt.spawn(origin()).await??;
+    let folder = dir.to_path_buf();
+    let bridge = proxy_rt
+        .spawn(async move {
+            anyhow::Ok(Bridges {
+                handing_over: proxy(&folder, origin, true).await?,
+                relaying: proxy(&folder, origin, false).await?,
+            })
+        })
+        .await??;
+    let ways = [
+        Way::Direct,
+        Way::Connect,
+        Way::PlainProxy,
+        Way::ConnectRelayed,
+    ];
+    let mut layout_report = serde_json::Map::new();
     let mut lines = Vec::new();
     // (label, bytes, samples)
     let cases: [(&str, usize, usize); 3] = [
@@ -218,8 +347,8 @@ async fn measure(
         for way in ways {
             once(way, origin, bridge, bytes).await?;
         }
-        let mut times: [Vec<Duration>; 3] = Default::default();
-        // Interleaved, so the three see the same machine.
+        let mut times: [Vec<Duration>; 4] = Default::default();
+        // Interleaved, so all see the same machine.
         for _ in 0..n {
             for (i, way) in ways.iter().enumerate() {
                 times[i].push(once(*way, origin, bridge, bytes).await?);
@@ -244,18 +373,24 @@ async fn measure(
                 ),
             };
             lines.push(format!(
-                "  {label:<26} {:<12} {:>4}  median {median:>9.3} ms  p99 {p99:>9.3} ms  {mb_s:>8.0} MiB/s{versus}",
+                "  {label:<26} {:<14} {:>4}  median {median:>9.3} ms  p99 {p99:>9.3} ms  {mb_s:>8.0} MiB/s{versus}",
                 format!("{way:?}").to_lowercase(),
                 times[i].len()
             ));
         }
-        report.insert(label.to_string(), serde_json::Value::Object(case));
+        layout_report.insert(label.to_string(), serde_json::Value::Object(case));
     }
-    if json_out {
-        println!("{}", serde_json::Value::Object(report));
-    } else {
+    report.insert(
+        layout.name().to_string(),
+        serde_json::Value::Object(layout_report),
+    );
+    if !json_out {
         println!(
-            "egress: direct to the origin, against the bridge + proxy (connect tunnel, plain proxy)"
+            "egress, {}: direct to the origin, against the bridge + proxy (connect tunnel, plain proxy: the bridge hands connections over; connectrelayed: it relays them, as on gVisor)",
+            match layout {
+                Layout::OneThread => "all on one thread (CPU per byte)",
+                Layout::AsDeployed => "origin, proxy and client on threads of their own",
+            }
         );
         for l in lines {
             println!("{l}");
@@ -264,5 +399,5 @@ async fn measure(
             "  targets: >= 80% of direct throughput on downloads; <= 1 ms added per small request"
         );
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }

@@ -411,12 +411,14 @@ async fn a_prepared_pool_serves_only_creates_naming_its_key() {
                 .await
                 .map_err(|e| e.to_string())?;
             if out.result.success() {
-                Ok(())
+                Ok(serde_json::json!({"mark": "/tmp/mark"}))
             } else {
                 Err("the mark was not written".to_string())
             }
         })
-            as std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>
+            as std::pin::Pin<
+                Box<dyn std::future::Future<Output = Result<serde_json::Value, String>> + Send>,
+            >
     };
     fleet.set_pools(vec![PoolSpec {
         name: "prepared".into(),
@@ -435,6 +437,7 @@ async fn a_prepared_pool_serves_only_creates_naming_its_key() {
         .await
         .unwrap();
     assert!(!plain.from_pool);
+    assert_eq!(plain.prepared, None);
     assert_eq!(fleet.pool_ready_counts(), vec![("prepared".into(), 1)]);
 
     let keyed = fleet
@@ -448,6 +451,11 @@ async fn a_prepared_pool_serves_only_creates_naming_its_key() {
         .await
         .unwrap();
     assert!(keyed.from_pool);
+    // The preparation's report comes with the sandbox that took it.
+    assert_eq!(
+        keyed.prepared,
+        Some(serde_json::json!({"mark": "/tmp/mark"}))
+    );
     let sandbox = fleet.sandbox("alice", &keyed.record.id).unwrap();
     let out = sandbox
         .exec(ExecRequest::shell("cat /tmp/mark"))
@@ -456,23 +464,44 @@ async fn a_prepared_pool_serves_only_creates_naming_its_key() {
     assert_eq!(out.stdout, b"prepared\n");
     fleet.drain_pools().await;
 
-    // A preparation that fails leaves the pool short and no sandbox or record behind.
-    let failing = |_sandbox: sandcell_engine::Sandbox| {
+    // A preparation that fails leaves the pool short and no sandbox or record behind; the
+    // pool after it still fills, and the failing one is not tried again at once.
+    let tries = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = tries.clone();
+    let failing = move |_sandbox: sandcell_engine::Sandbox| {
+        counted.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
         Box::pin(async { Err("the registry is down".to_string()) })
-            as std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>
+            as std::pin::Pin<
+                Box<dyn std::future::Future<Output = Result<serde_json::Value, String>> + Send>,
+            >
     };
-    fleet.set_pools(vec![PoolSpec {
-        name: "failing".into(),
-        spec: SandboxSpec::default(),
-        size: 1,
-        prepare: Some(PoolPrepare {
-            key: "down".into(),
-            run: Arc::new(failing),
-        }),
-    }]);
+    fleet.set_pools(vec![
+        PoolSpec {
+            name: "failing".into(),
+            spec: SandboxSpec::default(),
+            size: 1,
+            prepare: Some(PoolPrepare {
+                key: "down".into(),
+                run: Arc::new(failing),
+            }),
+        },
+        PoolSpec {
+            name: "plain".into(),
+            spec: SandboxSpec::default(),
+            size: 1,
+            prepare: None,
+        },
+    ]);
     let records_before = ledger.count_active(None).unwrap();
+    assert_eq!(fleet.refill_pools().await, 1);
+    assert_eq!(
+        fleet.pool_ready_counts(),
+        vec![("failing".into(), 0), ("plain".into(), 1)]
+    );
+    assert_eq!(ledger.count_active(None).unwrap(), records_before + 1);
     assert_eq!(fleet.refill_pools().await, 0);
-    assert_eq!(fleet.pool_ready_counts(), vec![("failing".into(), 0)]);
+    assert_eq!(tries.load(std::sync::atomic::Ordering::SeqCst), 1);
+    fleet.drain_pools().await;
     assert_eq!(ledger.count_active(None).unwrap(), records_before);
     fleet.stop_all("test over").await;
     assert_eq!(backend.running(), 0);

@@ -67,21 +67,10 @@ pub fn apply_to_spec(spec: &mut SandboxSpec, packages: &Packages, home_given: bo
     }
 }
 
-/// The registries installs reach (found once), and what warm pools installed.
+/// The registries installs reach (found once).
 #[derive(Debug, Default)]
 pub struct PackagesState {
     registries: OnceLock<Result<Found, String>>,
-    /// The install report of each ready pool sandbox with packages, by sandbox id: given to
-    /// the create that takes it.
-    pooled: std::sync::Mutex<std::collections::HashMap<String, PackagesReport>>,
-}
-
-impl PackagesState {
-    fn pooled(
-        &self,
-    ) -> std::sync::MutexGuard<'_, std::collections::HashMap<String, PackagesReport>> {
-        self.pooled.lock().unwrap_or_else(|e| e.into_inner())
-    }
 }
 
 /// What names a package list in warm pools (`CreateOptions::pool_key`): the sorted lists,
@@ -282,24 +271,18 @@ impl Service {
                     .install_packages(&sandbox, &packages)
                     .await
                     .map_err(|e| e.to_string())?;
-                service
-                    .packages
-                    .pooled()
-                    .insert(sandbox.id().to_string(), report);
-                Ok(())
+                // Kept with the sandbox in its pool: the create that takes it reports it.
+                serde_json::to_value(report)
+                    .map_err(|e| format!("the install report does not serialize: {e}"))
             })
-                as std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>
+                as std::pin::Pin<
+                    Box<dyn std::future::Future<Output = Result<serde_json::Value, String>> + Send>,
+                >
         };
         sandcell_engine::fleet::PoolPrepare {
             key,
             run: std::sync::Arc::new(run),
         }
-    }
-
-    /// The install report of a pool sandbox a create took (its packages were installed
-    /// while it waited).
-    pub(crate) fn pooled_packages(&self, sandbox_id: &str) -> Option<PackagesReport> {
-        self.packages.pooled().remove(sandbox_id)
     }
 
     /// Installs `packages` into the freshly made `sandbox` (see the module's description).

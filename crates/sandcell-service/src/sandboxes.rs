@@ -297,11 +297,11 @@ impl Service {
                 return Err(e.into());
             }
         }
-        let pooled = if created.from_pool {
-            self.pooled_packages(&record.id)
-        } else {
-            None
-        };
+        // The install report of a pool sandbox whose packages were installed while it
+        // waited.
+        let pooled = created.prepared.clone().and_then(|v| {
+            serde_json::from_value::<sandcell_api::sandboxes::PackagesReport>(v).ok()
+        });
         let packages = match wanted_packages {
             // Installed while it waited in its pool.
             Some(_) if pooled.is_some() => pooled.map(|mut report| {

@@ -90,6 +90,9 @@ pub struct Created {
     pub record: SandboxRecord,
     /// It came ready from a warm pool.
     pub from_pool: bool,
+    /// What its pool's preparation reported ([`PrepareFn`]), when it came from a
+    /// pool that prepares.
+    pub prepared: Option<serde_json::Value>,
     /// What came back, when it was started from a checkpoint.
     pub restore: Option<crate::snapshot::RestoreReport>,
 }
@@ -199,11 +202,13 @@ impl Fleet {
         let admitted = self.admission.lock().await;
         self.check_caps(owner)?;
         if opts.checkpoint.is_none()
-            && let Some(record) = self.claim_from_pool(record.clone(), opts.pool_key.as_deref())?
+            && let Some((record, prepared)) =
+                self.claim_from_pool(record.clone(), opts.pool_key.as_deref())?
         {
             return Ok(Created {
                 record,
                 from_pool: true,
+                prepared,
                 restore: None,
             });
         }
@@ -240,6 +245,7 @@ impl Fleet {
                 Ok(Created {
                     record,
                     from_pool: false,
+                    prepared: None,
                     restore,
                 })
             }

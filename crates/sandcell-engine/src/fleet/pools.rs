@@ -8,6 +8,7 @@ use std::collections::{HashMap, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use super::{Fleet, Live, SandboxRecord, SandboxState, lock, now_ms, persistence};
 use crate::error::EngineError;
@@ -31,9 +32,17 @@ pub struct PoolSpec {
     pub prepare: Option<PoolPrepare>,
 }
 
-/// What [`PoolPrepare`] runs on a started pool sandbox; an error drops the sandbox.
-pub type PrepareFn =
-    dyn Fn(Sandbox) -> Pin<Box<dyn Future<Output = Result<(), String>> + Send>> + Send + Sync;
+/// What [`PoolPrepare`] runs on a started pool sandbox: its report (kept with the sandbox
+/// and handed to the create that takes it, [`super::Created::prepared`]), or why it failed,
+/// which drops the sandbox.
+pub type PrepareFn = dyn Fn(Sandbox) -> Pin<Box<dyn Future<Output = Result<serde_json::Value, String>> + Send>>
+    + Send
+    + Sync;
+
+/// How long a pool whose sandbox could not be started or prepared waits before it is tried
+/// again, the first time; each failure in a row doubles it, up to [`RETRY_MAX`].
+const RETRY_FIRST: Duration = Duration::from_secs(5);
+const RETRY_MAX: Duration = Duration::from_secs(300);
 
 /// Preparation of a pool's sandboxes, named by a key that creates must give to match
 /// ([`super::CreateOptions::pool_key`]): the spec alone cannot tell a sandbox with packages
@@ -64,9 +73,24 @@ impl PartialEq for PoolPrepare {
 #[derive(Default)]
 pub(super) struct Pools {
     specs: std::sync::Mutex<Vec<PoolSpec>>,
-    ready: std::sync::Mutex<HashMap<String, VecDeque<Sandbox>>>,
+    ready: std::sync::Mutex<HashMap<String, VecDeque<Ready>>>,
+    /// Pools that failed lately: not tried again before `next`.
+    failing: std::sync::Mutex<HashMap<String, Failing>>,
     /// Wakes the refiller after a sandbox was taken.
     taken: tokio::sync::Notify,
+}
+
+/// A ready pool sandbox and what its preparation reported.
+struct Ready {
+    sandbox: Sandbox,
+    prepared: Option<serde_json::Value>,
+}
+
+/// A pool's failures in a row.
+#[derive(Debug, Clone, Copy)]
+struct Failing {
+    next: Instant,
+    wait: Duration,
 }
 
 impl Fleet {
@@ -90,30 +114,53 @@ impl Fleet {
 
     /// Starts sandboxes until every pool is full; one at a time, so that refilling never
     /// competes much with the requests being served. Returns how many it started.
+    ///
+    /// A pool whose sandbox cannot be started or prepared (a package that will not install,
+    /// say) stays short and is left alone for a while, longer after each failure in a row
+    /// (5 s, doubling, at most 5 min); the other pools fill meanwhile, and creates go the
+    /// slow way.
     pub async fn refill_pools(&self) -> usize {
         let mut started = 0;
         loop {
             let wanted = {
                 let specs = lock(&self.pools.specs);
                 let ready = lock(&self.pools.ready);
+                let failing = lock(&self.pools.failing);
+                let now = Instant::now();
                 specs
                     .iter()
-                    .find(|p| ready.get(&p.name).map_or(0, VecDeque::len) < p.size)
+                    .find(|p| {
+                        ready.get(&p.name).map_or(0, VecDeque::len) < p.size
+                            && failing.get(&p.name).is_none_or(|f| f.next <= now)
+                    })
                     .cloned()
             };
             let Some(pool) = wanted else {
                 return started;
             };
             match self.start_pooled(&pool).await {
-                Ok(sandbox) => {
+                Ok(ready) => {
+                    lock(&self.pools.failing).remove(&pool.name);
                     lock(&self.pools.ready)
                         .entry(pool.name.clone())
                         .or_default()
-                        .push_back(sandbox);
+                        .push_back(ready);
                     started += 1;
                 }
-                // A pool that cannot start sandboxes stays short; creates go the slow way.
-                Err(_) => return started,
+                Err(e) => {
+                    let mut failing = lock(&self.pools.failing);
+                    let wait = failing
+                        .get(&pool.name)
+                        .map_or(RETRY_FIRST, |f| (f.wait * 2).min(RETRY_MAX));
+                    tracing::warn!(pool = %pool.name, error = %e, retry_in_s = wait.as_secs(), "a warm pool stays short");
+                    failing.insert(
+                        pool.name.clone(),
+                        Failing {
+                            next: Instant::now() + wait,
+                            wait,
+                        },
+                    );
+                }
             }
         }
     }
@@ -123,7 +170,7 @@ impl Fleet {
         let _ = tokio::time::timeout(limit, self.pools.taken.notified()).await;
     }
 
-    async fn start_pooled(&self, pool: &PoolSpec) -> Result<Sandbox, EngineError> {
+    async fn start_pooled(&self, pool: &PoolSpec) -> Result<Ready, EngineError> {
         let now = now_ms();
         let mut record = SandboxRecord {
             id: crate::engine::new_sandbox_id(),
@@ -149,7 +196,10 @@ impl Fleet {
         {
             Ok(sandbox) => match &pool.prepare {
                 Some(prepare) => match (prepare.run)(sandbox.clone()).await {
-                    Ok(()) => Ok(sandbox),
+                    Ok(report) => Ok(Ready {
+                        sandbox,
+                        prepared: Some(report),
+                    }),
                     Err(why) => {
                         let _ = sandbox.destroy().await;
                         tracing::warn!(pool = %pool.name, error = %why, "a warm pool sandbox could not be prepared");
@@ -159,21 +209,24 @@ impl Fleet {
                         })
                     }
                 },
-                None => Ok(sandbox),
+                None => Ok(Ready {
+                    sandbox,
+                    prepared: None,
+                }),
             },
             Err(e) => Err(e),
         };
         match made {
-            Ok(sandbox) => {
+            Ok(ready) => {
                 record.state = SandboxState::Running;
-                record.runtime = sandbox.runtime();
+                record.runtime = ready.sandbox.runtime();
                 record.updated_at_ms = now_ms();
                 if let Err(e) = self.ledger.update(&record) {
-                    let _ = sandbox.destroy().await;
+                    let _ = ready.sandbox.destroy().await;
                     let _ = self.ledger.remove(&record.id);
                     return Err(persistence(e));
                 }
-                Ok(sandbox)
+                Ok(ready)
             }
             Err(e) => {
                 let _ = self.ledger.remove(&record.id);
@@ -184,12 +237,13 @@ impl Fleet {
 
     /// Hands a ready sandbox with `wanted`'s spec, prepared as `pool_key` names (or not
     /// prepared, for `None`), to `wanted`'s owner, if a pool has one: its record becomes
-    /// `wanted` (with the pool sandbox's id and runtime).
+    /// `wanted` (with the pool sandbox's id and runtime). Returns it with its preparation's
+    /// report.
     pub(super) fn claim_from_pool(
         &self,
         mut wanted: SandboxRecord,
         pool_key: Option<&str>,
-    ) -> Result<Option<SandboxRecord>, EngineError> {
+    ) -> Result<Option<(SandboxRecord, Option<serde_json::Value>)>, EngineError> {
         let name = {
             let specs = lock(&self.pools.specs);
             let found = specs.iter().find(|p| {
@@ -200,19 +254,19 @@ impl Fleet {
                 None => return Ok(None),
             }
         };
-        let sandbox = loop {
+        let Ready { sandbox, prepared } = loop {
             let next = lock(&self.pools.ready)
                 .get_mut(&name)
                 .and_then(VecDeque::pop_front);
-            let Some(sandbox) = next else {
+            let Some(ready) = next else {
                 return Ok(None);
             };
             // One that died while waiting is dropped (and its record with it).
-            if sandbox.is_gone() {
-                let _ = self.ledger.remove(sandbox.id());
+            if ready.sandbox.is_gone() {
+                let _ = self.ledger.remove(ready.sandbox.id());
                 continue;
             }
-            break sandbox;
+            break ready;
         };
         self.pools.taken.notify_one();
         wanted.id = sandbox.id().to_string();
@@ -237,7 +291,7 @@ impl Fleet {
             wanted.updated_at_ms,
         ));
         lock(&self.live).insert(wanted.id.clone(), live);
-        Ok(Some(wanted))
+        Ok(Some((wanted, prepared)))
     }
 
     /// Ends every ready pool sandbox and forgets its record.
@@ -245,6 +299,7 @@ impl Fleet {
         let drained: Vec<Sandbox> = lock(&self.pools.ready)
             .drain()
             .flat_map(|(_, q)| q)
+            .map(|ready| ready.sandbox)
             .collect();
         for sandbox in drained {
             let _ = sandbox.destroy().await;

@@ -171,7 +171,7 @@ impl PortTable {
 /// checkpointed): the host may try again once the snapshot is done.
 fn refused(port: u16) -> WireError {
     WireError::new(
-        ErrorCode::InvalidState,
+        ErrorCode::Unavailable,
         format!(
             "the sandbox is being snapshotted: port {port} cannot be connected to until the \
              snapshot is done; try again"
@@ -526,7 +526,7 @@ mod tests {
         }
         // Refused while suspended, saying why.
         let e = host.connect(4, port).expect_err("refused while suspended");
-        assert_eq!(e.code, ErrorCode::InvalidState, "{e:?}");
+        assert_eq!(e.code, ErrorCode::Unavailable, "{e:?}");
         assert!(e.message.contains("snapshot"), "{e:?}");
         // Nothing open: closing again answers at once.
         control(move || switch.suspend(Duration::from_secs(5))).expect("suspended again");

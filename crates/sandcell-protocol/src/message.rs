@@ -362,6 +362,9 @@ pub enum ErrorCode {
     Io,
     /// A cap or quota was reached (sandboxes, sizes).
     LimitExceeded,
+    /// Not now, for a moment (the sandbox is being snapshotted): the same request may
+    /// succeed shortly.
+    Unavailable,
     /// A bug or unexpected condition in the agent.
     Internal,
 }

@@ -103,6 +103,7 @@ pub fn status_of(kind: ErrorKind) -> StatusCode {
         K::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         K::NoSpace => StatusCode::INSUFFICIENT_STORAGE,
         K::Unresponsive => StatusCode::GATEWAY_TIMEOUT,
+        K::Unavailable => StatusCode::SERVICE_UNAVAILABLE,
     }
 }
 
@@ -130,6 +131,9 @@ impl From<sandcell_api::ValidationError> for ApiError {
     }
 }
 
+/// The `Retry-After` of a 503 `unavailable`, in seconds: a snapshot's pause is well under it.
+const UNAVAILABLE_RETRY_AFTER_SECS: &str = "1";
+
 /// Marks an error response with its code, for the metrics and the request log.
 #[derive(Debug, Clone)]
 pub struct ErrorTag(pub String);
@@ -137,8 +141,16 @@ pub struct ErrorTag(pub String);
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let tag = ErrorTag(self.body.code.clone());
-        let mut resp = (self.status, Json(self.body)).into_response();
+        let status = self.status;
+        let mut resp = (status, Json(self.body)).into_response();
         resp.extensions_mut().insert(tag);
+        // `unavailable` lasts a moment (a snapshot): say when to ask again.
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            resp.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                axum::http::HeaderValue::from_static(UNAVAILABLE_RETRY_AFTER_SECS),
+            );
+        }
         resp
     }
 }
@@ -157,6 +169,27 @@ mod tests {
             assert_eq!(e.code(), kind.wire_name());
             assert!(e.status().is_client_error() || e.status().is_server_error());
         }
+    }
+
+    #[test]
+    fn unavailable_is_a_503_saying_when_to_ask_again() {
+        let resp = ApiError::from(ServiceError::new(ErrorKind::Unavailable, "snapshotting"))
+            .into_response();
+        assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(
+            resp.headers()
+                .get(axum::http::header::RETRY_AFTER)
+                .map(|v| v.as_bytes()),
+            Some(&b"1"[..])
+        );
+        let conflict =
+            ApiError::from(ServiceError::new(ErrorKind::InvalidState, "x")).into_response();
+        assert!(
+            conflict
+                .headers()
+                .get(axum::http::header::RETRY_AFTER)
+                .is_none()
+        );
     }
 
     #[test]

@@ -48,13 +48,16 @@ pub enum ErrorKind {
     LimitExceeded,
     /// A request's body is over the size limit.
     BodyTooLarge,
+    /// Not now, for a moment (the sandbox is being snapshotted): the same request may
+    /// succeed shortly.
+    Unavailable,
     /// A fault of the service.
     Internal,
 }
 
 impl ErrorKind {
     /// Every kind (for front ends that check their mapping is complete).
-    pub const ALL: [ErrorKind; 21] = [
+    pub const ALL: [ErrorKind; 22] = [
         Self::InvalidArgument,
         Self::PathOutsideSandbox,
         Self::NotADirectory,
@@ -75,6 +78,7 @@ impl ErrorKind {
         Self::SpawnFailed,
         Self::LimitExceeded,
         Self::BodyTooLarge,
+        Self::Unavailable,
         Self::Internal,
     ];
 
@@ -101,6 +105,7 @@ impl ErrorKind {
             Self::SpawnFailed => "spawn_failed",
             Self::LimitExceeded => "limit_exceeded",
             Self::BodyTooLarge => "body_too_large",
+            Self::Unavailable => "unavailable",
             Self::Internal => "internal",
         }
     }
@@ -122,6 +127,7 @@ impl ErrorKind {
             C::NoSpace => Self::NoSpace,
             C::SpawnFailed => Self::SpawnFailed,
             C::LimitExceeded => Self::LimitExceeded,
+            C::Unavailable => Self::Unavailable,
             C::BadFrame
             | C::FrameTooLarge
             | C::UnsupportedVersion

@@ -147,6 +147,7 @@ def test_mapping_of_codes_and_statuses() -> None:
         ("permission_denied", 403): sandcell.PermissionDeniedError,
         ("invalid_state", 409): sandcell.ConflictError,
         ("unresponsive", 504): sandcell.TimeoutError,
+        ("unavailable", 503): sandcell.ConflictError,
         ("internal", 500): sandcell.ServerError,
         ("some_new_conflict", 409): sandcell.ConflictError,
         ("some_new_failure", 502): sandcell.ServerError,

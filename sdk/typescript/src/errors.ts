@@ -39,7 +39,7 @@ export class NotFoundError extends SandcellError {}
 /** 400: the request is malformed (bad field, bad id, path outside the sandbox, …). */
 export class InvalidArgumentError extends SandcellError {}
 
-/** 409: the request conflicts with the current state (already exists, not empty, busy context, snapshot with children, …). */
+/** 409: the request conflicts with the current state (already exists, not empty, busy context, snapshot with children, …); 503 `unavailable`: for a moment (a sandbox being snapshotted; `Retry-After` says when to ask again). */
 export class ConflictError extends SandcellError {}
 
 /** 409 `sandbox_gone`: the sandbox stopped, failed or was lost; the message says why. */
@@ -83,6 +83,7 @@ const BY_CODE: Record<string, ErrorClass> = {
   body_too_large: LimitExceededError,
   no_space: LimitExceededError,
   unresponsive: TimeoutError,
+  unavailable: ConflictError,
   internal: ServerError,
 };
 

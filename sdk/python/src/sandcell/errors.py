@@ -47,7 +47,8 @@ class InvalidArgumentError(SandcellError):
 
 
 class ConflictError(SandcellError):
-    """The thing is in a state that refuses this (409: `already_exists`, `invalid_state`, …)."""
+    """The thing is in a state that refuses this (409: `already_exists`, `invalid_state`, …), or
+    refuses it for a moment (503 `unavailable`, with `Retry-After`: a sandbox being snapshotted)."""
 
 
 class SandboxGoneError(ConflictError):
@@ -93,6 +94,7 @@ _BY_CODE: dict[str, type[SandcellError]] = {
     "body_too_large": LimitExceededError,
     "no_space": LimitExceededError,
     "unresponsive": TimeoutError,
+    "unavailable": ConflictError,
     "internal": ServerError,
 }
 

@@ -274,6 +274,128 @@ async fn the_proxy_socket_is_the_sandboxs_own_and_nothing_else_is_reachable_thro
     b.destroy().await.unwrap();
 }
 
+/// Attacks on the handover (a descriptor sent with the first byte, which the process
+/// backend's bridge uses): a listening socket, a UDP socket, a file and a Unix socket each
+/// get their connection closed without a word; then a connection this program makes and
+/// hands over by itself, which the proxy serves as any client (under the same policy).
+const FORGED_HANDOVERS: &str = r#"import array, socket, sys
+def hand(fd, byte=b"\0"):
+    s = socket.socket(socket.AF_UNIX)
+    s.connect("/run/sandcell/egress.sock")
+    try:
+        s.sendmsg([byte], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [fd]))])
+    except OSError as e:
+        print("refused-by-kernel", e.errno)
+        return None
+    return s
+listening = socket.socket(); listening.bind(("127.0.0.1", 0)); listening.listen()
+udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+f = open("/etc/passwd")
+a, b = socket.socketpair()
+for name, fd in [("listening", listening), ("udp", udp), ("file", f), ("unix", a)]:
+    s = hand(fd.fileno())
+    if s is None:
+        continue
+    s.settimeout(15)
+    got = s.recv(100)
+    print(name, "closed" if got == b"" else "answered %r" % got[:40])
+server = socket.socket(); server.bind(("127.0.0.1", 0)); server.listen()
+client = socket.create_connection(server.getsockname())
+accepted, _ = server.accept()
+s = hand(accepted.fileno())
+accepted.close()
+if s is not None:
+    s.close()
+    client.sendall(b"GET http://%s/handed HTTP/1.1\r\nHost: x\r\n\r\n" % sys.argv[1].encode())
+    client.settimeout(15)
+    data = b""
+    while True:
+        d = client.recv(4096)
+        if not d:
+            break
+        data += d
+    print("served:", data.split(b"\r\n\r\n", 1)[-1].decode())
+"#;
+
+/// The inodes of the sockets this process holds.
+fn sockets_held_here() -> std::collections::HashSet<u64> {
+    std::fs::read_dir("/proc/self/fd")
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .filter_map(|target| {
+            let t = target.to_string_lossy().into_owned();
+            t.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn the_bridge_hands_connections_to_the_proxy_and_a_forged_handover_gets_nothing() {
+    let port = web_server().await;
+    let (engine, _) = egress_engine();
+    let sb = sandbox_on(&engine, allow(&["web.test"])).await;
+    let target = format!("web.test:{port}");
+
+    if on_gvisor() {
+        sandcell_testkit::skip::skip(
+            "gVisor's bridge relays (its sockets cannot be handed to the host): only the forged handovers are tried",
+        );
+    } else {
+        // A tunnel held open: the sandbox's end of its connection to 3128 is a socket this
+        // process (the engine, the proxy's home) holds, not the agent: the bridge handed it
+        // over.
+        sb.write_file("/tmp/hold.py", HOLD_TUNNEL.as_bytes(), None)
+            .await
+            .unwrap();
+        sb.spawn(sandcell_protocol::ExecRequest::argv([
+            "/usr/bin/python3",
+            "/tmp/hold.py",
+            target.as_str(),
+        ]))
+        .await
+        .unwrap();
+        held_says(&sb, "established").await;
+        // /proc/net/tcp inside: local 127.0.0.1:3128 (0100007F:0C38), established (01).
+        let table = text(&sh(&sb, "cat /proc/net/tcp").await.stdout);
+        let inodes: Vec<u64> = table
+            .lines()
+            .filter_map(|l| {
+                let f: Vec<&str> = l.split_whitespace().collect();
+                (f.get(1) == Some(&"0100007F:0C38") && f.get(3) == Some(&"01"))
+                    .then(|| f.get(9)?.parse().ok())
+                    .flatten()
+            })
+            .collect();
+        assert_eq!(inodes.len(), 1, "{table}");
+        assert!(
+            sockets_held_here().contains(&inodes[0]),
+            "the proxy does not hold the bridge's end of the tunnel: {table}"
+        );
+    }
+
+    sb.write_file("/tmp/forge.py", FORGED_HANDOVERS.as_bytes(), None)
+        .await
+        .unwrap();
+    let out = sh(&sb, &format!("python3 /tmp/forge.py {target} 2>&1")).await;
+    let said = text(&out.stdout);
+    if on_gvisor() {
+        // Whatever gVisor does with the descriptors, nothing is served from them.
+        assert!(!said.contains("served: hello"), "{said}");
+    } else {
+        for name in ["listening", "udp", "file", "unix"] {
+            assert!(said.contains(&format!("{name} closed")), "{said}");
+        }
+        // Handed over by hand, a connection is a client like any other.
+        assert!(said.contains("served: hello /handed"), "{said}");
+    }
+    // The proxy still serves and decides.
+    let out = curl(&sb, &format!("http://web.test:{port}/after")).await;
+    assert!(out.ends_with("hello /after\ncode=200"), "{out}");
+    let out = curl(&sb, &format!("http://other.test:{port}/")).await;
+    assert!(out.contains("code=403"), "{out}");
+    sb.destroy().await.unwrap();
+}
+
 /// A program that opens a tunnel through the sandbox's proxy to its argument (`host:port`)
 /// and holds it, appending `established` (or `refused`) to /tmp/held.out, then `ended` when
 /// the tunnel ends.

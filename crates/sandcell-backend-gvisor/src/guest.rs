@@ -36,6 +36,10 @@ pub const EGRESS: &str = "--egress";
 pub const SUSPEND_EGRESS: &str = "suspend-egress";
 /// The control command that opens the bridge again; answered [`CONTROL_OK`] once it listens.
 pub const RESUME_EGRESS: &str = "resume-egress";
+/// The control command that asks whether a checkpoint would end the sandbox: answered
+/// [`CONTROL_OK`] when nothing is known to, else [`CONTROL_ERROR`] naming the processes
+/// ([`checkpoint_blockers`]). An agent from before it answers "unknown command".
+pub const CHECKPOINT_BLOCKERS: &str = "checkpoint-blockers";
 /// The answer to a command that was done: `ok <tag>`, the tag the command came with.
 pub const CONTROL_OK: &str = "ok";
 /// The answer to a command that failed: `error <tag> <why>`.
@@ -121,6 +125,7 @@ pub(crate) fn serve_control(control: UnixStream) {
         let done = match command {
             SUSPEND_EGRESS => switch.suspend(SWITCH_LIMIT).map_err(|e| e.to_string()),
             RESUME_EGRESS => switch.resume(SWITCH_LIMIT).map_err(|e| e.to_string()),
+            CHECKPOINT_BLOCKERS => checkpoint_blockers(std::path::Path::new("/proc"), std::process::id()),
             other => Err(format!("unknown command {other:?}")),
         };
         let answer = match done {
@@ -131,6 +136,78 @@ pub(crate) fn serve_control(control: UnixStream) {
             return;
         }
     }
+}
+
+/// Processes this runsc cannot checkpoint, named (with `Err`): `runsc checkpoint` panics on a
+/// TCP socket an epoll instance watches ("endpoint still has waiters upon save"), and a
+/// failed save ends the sandbox. So a process holding both a TCP socket and an epoll
+/// instance (an `asyncio` or Node.js server, say) is taken for one: gVisor's fdinfo does not
+/// say what an epoll instance watches. `proc` is the procfs to read, `me` the process not to
+/// count (the agent, whose own sockets are closed by then).
+pub(crate) fn checkpoint_blockers(proc: &std::path::Path, me: u32) -> Result<(), String> {
+    let tcp = tcp_inodes(proc);
+    let mut found = Vec::new();
+    let Ok(entries) = std::fs::read_dir(proc) else {
+        return Ok(());
+    };
+    for entry in entries.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+            continue;
+        };
+        if pid == me {
+            continue;
+        }
+        let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else {
+            continue;
+        };
+        let (mut epoll, mut sockets) = (false, 0usize);
+        for fd in fds.flatten() {
+            let Ok(target) = std::fs::read_link(fd.path()) else {
+                continue;
+            };
+            let target = target.to_string_lossy();
+            if target == "anon_inode:[eventpoll]" {
+                epoll = true;
+            } else if let Some(inode) = target
+                .strip_prefix("socket:[")
+                .and_then(|t| t.strip_suffix(']'))
+                .and_then(|t| t.parse::<u64>().ok())
+                && tcp.contains(&inode)
+            {
+                sockets += 1;
+            }
+        }
+        if epoll && sockets > 0 {
+            let comm = std::fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
+            found.push(format!("{pid} ({})", comm.trim()));
+        }
+    }
+    if found.is_empty() {
+        return Ok(());
+    }
+    found.sort();
+    Err(format!(
+        "process {} holds TCP sockets and an epoll instance (a server listening with asyncio \
+         or Node.js, say), which this gVisor cannot checkpoint without ending the sandbox; \
+         stop it (or close its sockets) and snapshot again",
+        found.join(", ")
+    ))
+}
+
+/// The inodes of the TCP sockets in `proc/net/tcp` and `tcp6` (of the reader's network
+/// namespace).
+fn tcp_inodes(proc: &std::path::Path) -> std::collections::HashSet<u64> {
+    ["net/tcp", "net/tcp6"]
+        .iter()
+        .filter_map(|table| std::fs::read_to_string(proc.join(table)).ok())
+        .flat_map(|text| {
+            text.lines()
+                .skip(1)
+                .filter_map(|line| line.split_whitespace().nth(9)?.parse::<u64>().ok())
+                .filter(|inode| *inode != 0)
+                .collect::<Vec<_>>()
+        })
+        .collect()
 }
 
 /// The network policy named on the command line (none: loopback).
@@ -157,4 +234,53 @@ fn confine(network: NetworkMode) -> Result<(), JailError> {
 fn copy_until_end(mut from: UnixStream, mut to: UnixStream) {
     let _ = std::io::copy(&mut from, &mut to);
     let _ = to.shutdown(std::net::Shutdown::Write);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::BufRead;
+    use std::process::{Command, Stdio};
+
+    /// A Python child running `code`, once it printed its first line.
+    fn child(code: &str) -> std::process::Child {
+        let mut c = Command::new("python3")
+            .args(["-c", code])
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("python3");
+        let mut line = String::new();
+        std::io::BufReader::new(c.stdout.as_mut().expect("stdout"))
+            .read_line(&mut line)
+            .expect("ready");
+        c
+    }
+
+    fn named(pid: u32) -> bool {
+        match checkpoint_blockers(std::path::Path::new("/proc"), std::process::id()) {
+            Ok(()) => false,
+            Err(why) => why.contains(&format!("{pid} (")),
+        }
+    }
+
+    #[test]
+    fn a_server_with_tcp_sockets_in_epoll_is_named_and_a_plain_socket_is_not() {
+        let mut server = child(
+            "import asyncio\nasync def m():\n    await asyncio.start_server(lambda r, w: None, '127.0.0.1', 0)\n    print('ready', flush=True)\n    await asyncio.sleep(60)\nasyncio.run(m())",
+        );
+        let mut plain = child(
+            "import socket, time\ns = socket.socket()\ns.bind(('127.0.0.1', 0))\ns.listen()\nprint('ready', flush=True)\ntime.sleep(60)",
+        );
+        let (server_pid, plain_pid) = (server.id(), plain.id());
+        assert!(named(server_pid), "the asyncio server was not named");
+        assert!(!named(plain_pid), "a socket no epoll instance has was named");
+        let why = checkpoint_blockers(std::path::Path::new("/proc"), std::process::id())
+            .expect_err("a blocker");
+        assert!(why.contains("python3") && why.contains("epoll"), "{why}");
+        for c in [&mut server, &mut plain] {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        assert!(!named(server_pid));
+    }
 }

@@ -124,6 +124,21 @@ const CONTROL_FILE: &str = "sandcell-control";
 /// its bridge 10 s).
 const CONTROL_LIMIT: std::time::Duration = std::time::Duration::from_secs(15);
 
+/// Why a control command was not done.
+#[derive(Debug)]
+enum Refusal {
+    /// The channel failed (closed, no answer in time).
+    Channel(String),
+    /// The agent answered with an error: its words.
+    Said(String),
+}
+
+impl From<String> for Refusal {
+    fn from(why: String) -> Self {
+        Self::Channel(why)
+    }
+}
+
 /// The host's end of a container's control channel (its agent's stdout; see [`guest`]).
 struct Control {
     stream: Mutex<std::io::BufReader<UnixStream>>,
@@ -139,9 +154,17 @@ impl Control {
         }
     }
 
+    /// [`Self::request`], with the agent's refusal as a message like the channel's failures.
+    fn ask(&self, command: &str) -> Result<(), String> {
+        self.request(command).map_err(|e| match e {
+            Refusal::Channel(why) => why,
+            Refusal::Said(why) => format!("the agent answered {command:?} with {why:?}"),
+        })
+    }
+
     /// Sends `command` and waits (at most [`CONTROL_LIMIT`]) for the agent to say it is done.
     /// Answers to earlier commands (late, after their wait ended) are skipped by their tag.
-    fn ask(&self, command: &str) -> Result<(), String> {
+    fn request(&self, command: &str) -> Result<(), Refusal> {
         use std::io::{BufRead, Write};
         let mut stream = self
             .stream
@@ -165,12 +188,12 @@ impl Control {
         loop {
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
-                return Err(io(std::io::ErrorKind::TimedOut.into()));
+                return Err(io(std::io::ErrorKind::TimedOut.into()).into());
             }
             stream.get_mut().set_read_timeout(Some(left)).map_err(io)?;
             let mut answer = String::new();
             if stream.read_line(&mut answer).map_err(io)? == 0 {
-                return Err(closed());
+                return Err(closed().into());
             }
             let mut words = answer.trim().splitn(3, ' ');
             let (status, answered) = (words.next(), words.next());
@@ -179,10 +202,7 @@ impl Control {
             }
             return match status {
                 Some(guest::CONTROL_OK) => Ok(()),
-                _ => Err(format!(
-                    "the agent answered {command:?} with {:?}",
-                    words.next().unwrap_or_default()
-                )),
+                _ => Err(Refusal::Said(words.next().unwrap_or_default().to_string())),
             };
         }
     }
@@ -994,6 +1014,20 @@ impl GvisorState {
                 "close the agent's egress bridge for the checkpoint",
                 e,
             ));
+        }
+        // A save this runsc would fail ends the sandbox: refused instead, the sandbox going
+        // on as it was. An agent from before the question does not know it.
+        if let Some(control) = &control
+            && let Err(Refusal::Said(why)) = control.request(guest::CHECKPOINT_BLOCKERS)
+            && !why.starts_with("unknown command")
+        {
+            let _ = control.ask(guest::RESUME_EGRESS);
+            if was_frozen {
+                let _ = self.pause_now();
+            }
+            return Err(EngineError::Unsupported(format!(
+                "a process snapshot of this gVisor sandbox would end it: {why}"
+            )));
         }
         let image_arg = image.display().to_string();
         if let Err(e) = self

@@ -221,6 +221,53 @@ fn daemon_gvisor_in_place_restores_answer_at_once() {
     }
 }
 
+#[test]
+fn daemon_gvisor_a_snapshot_a_listening_server_would_break_is_refused_and_the_sandbox_goes_on() {
+    // This runsc cannot save a TCP socket an epoll instance watches, and a failed save ends
+    // the sandbox: an asyncio server listening inside gets the snapshot refused, saying why,
+    // and the sandbox keeps everything.
+    let d = Daemon::start(&[]);
+    let id = d.create_id(json!({"backend": "gvisor", "template": "python"}));
+    let r = code_within(&d, &id, "kept = 41 + 1", Duration::from_secs(60));
+    assert_eq!(r["done"]["status"], "ok", "{r}");
+    let server = "import asyncio\nasync def m():\n    await asyncio.start_server(lambda r, w: None, '127.0.0.1', 8125)\n    open('/tmp/srv.out', 'w').write('ready')\n    await asyncio.sleep(600)\nasyncio.run(m())";
+    let bg = d.post(
+        &format!("/v1/sandboxes/{id}/processes"),
+        json!({"cmd": format!("exec python3 -c \"{server}\"")}),
+    );
+    assert_eq!(bg.status, 201, "{}", bg.body);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while d.exec(&id, "cat /tmp/srv.out 2>/dev/null").stdout != "ready" {
+        assert!(Instant::now() < deadline, "the server never listened");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let r = d.post(&format!("/v1/sandboxes/{id}/snapshots"), json!({}));
+    assert_eq!(r.status, 409, "{}", r.body);
+    assert_eq!(r.body["code"], "unsupported", "{}", r.body);
+    let message = r.body["message"].as_str().unwrap_or_default();
+    assert!(
+        message.contains("python3") && message.contains("epoll"),
+        "{message}"
+    );
+    // Nothing was lost: the kernel's state, the server, and the sandbox's records.
+    let v = code_within(&d, &id, "kept", Duration::from_secs(30));
+    assert_eq!(v["result"]["text/plain"], "42", "{v}");
+    assert_eq!(d.get(&format!("/v1/sandboxes/{id}")).body["state"], "running");
+    let listening = d.exec(&id, "cat /proc/net/tcp").stdout;
+    assert!(listening.contains(":1FBD"), "the server is gone: {listening}");
+    // Without the server, the snapshot is taken.
+    let pid = bg.body["pid"].as_u64().expect("the server's pid");
+    assert_eq!(d.exec(&id, &format!("kill {pid}")).exit_code, Some(0));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while d.exec(&id, "cat /proc/net/tcp").stdout.contains(":1FBD") {
+        assert!(Instant::now() < deadline, "the server did not end");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    checkpoint(&d, &id);
+    let v = code_within(&d, &id, "kept", Duration::from_secs(30));
+    assert_eq!(v["result"]["text/plain"], "42", "{v}");
+}
+
 /// `curl <args>` inside `id`: what it printed and `code=<http code>` on the last line.
 fn curl(d: &Daemon, id: &str, args: &str) -> String {
     d.exec(

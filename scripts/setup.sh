@@ -8,6 +8,7 @@ have() { command -v "$1" >/dev/null 2>&1; }
 [ -x /usr/bin/python3 ] || need+=(python3)
 [ -x /usr/bin/node ] || need+=(nodejs)
 have bwrap || need+=(bubblewrap)      # benchmarks and acceptance compare against it
+[ -x /usr/bin/tinyproxy ] || need+=(tinyproxy)  # `bench egress` compares the proxy against it
 have gcc || need+=(gcc)               # linker for cargo
 have ps || need+=(procps)
 # Kernels and their tests: plots, data frames, R with ggplot2.

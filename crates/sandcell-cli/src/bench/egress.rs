@@ -8,7 +8,11 @@
 //!   to the origin, as a `CONNECT` tunnel (what HTTPS clients such as pip and npm open) and
 //!   as a plain-HTTP proxy request;
 //! - as a `CONNECT` tunnel through a bridge that relays the bytes over the Unix socket
-//!   instead (gVisor's, whose sockets cannot be handed to the host).
+//!   instead (gVisor's, whose sockets cannot be handed to the host);
+//! - as a `CONNECT` tunnel through tinyproxy (what an operator might run as an allow-list
+//!   proxy instead: Debian's, installed by scripts/setup.sh; skipped, saying so, when it is
+//!   missing), with a filter allowing only the origin. It runs as a process of its own, so
+//!   on the one-thread layout it does not share the thread.
 //!
 //! The proxy decides each connection under an `allow` policy naming the origin (a name
 //! pinned to 127.0.0.1, as a test resolver maps it), meters its bytes and records an event,
@@ -123,13 +127,76 @@ enum Way {
     PlainProxy,
     /// Through the bridge that relays.
     ConnectRelayed,
+    /// Through tinyproxy.
+    Tinyproxy,
 }
 
-/// The two bridges' ports.
+/// The two bridges' ports, and tinyproxy's.
 #[derive(Debug, Clone, Copy)]
 struct Bridges {
     handing_over: SocketAddr,
     relaying: SocketAddr,
+    tinyproxy: Option<SocketAddr>,
+}
+
+/// tinyproxy on a free loopback port, allowing `CONNECT` to the origin only (by address: it
+/// resolves names itself); killed when dropped.
+struct Tinyproxy {
+    child: std::process::Child,
+    addr: SocketAddr,
+}
+
+impl Tinyproxy {
+    /// Started, and answering; `None` when it is not installed.
+    async fn start(dir: &std::path::Path, origin: SocketAddr) -> anyhow::Result<Option<Self>> {
+        let Some(bin) = ["/usr/bin/tinyproxy", "/usr/sbin/tinyproxy"]
+            .into_iter()
+            .map(std::path::Path::new)
+            .find(|p| p.exists())
+        else {
+            return Ok(None);
+        };
+        let port = std::net::TcpListener::bind("127.0.0.1:0")?
+            .local_addr()?
+            .port();
+        let filter = dir.join("tinyproxy.filter");
+        std::fs::write(&filter, format!("^{}$\n", origin.ip()))?;
+        let config = dir.join("tinyproxy.conf");
+        std::fs::write(
+            &config,
+            format!(
+                "Port {port}\nListen 127.0.0.1\nTimeout 600\nMaxClients 100\nLogLevel Warning\n\
+                 ConnectPort {}\nFilter \"{}\"\nFilterDefaultDeny Yes\nFilterType ere\n",
+                origin.port(),
+                filter.display()
+            ),
+        )?;
+        let child = std::process::Command::new(bin)
+            .arg("-d")
+            .arg("-c")
+            .arg(&config)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .context("start tinyproxy")?;
+        let addr = SocketAddr::from(([127, 0, 0, 1], port));
+        let proxy = Self { child, addr };
+        for _ in 0..100 {
+            if TcpStream::connect(addr).await.is_ok() {
+                return Ok(Some(proxy));
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        bail!("tinyproxy did not listen on {addr}")
+    }
+}
+
+impl Drop for Tinyproxy {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
 }
 
 /// Sends `GET /bytes/n` on `s` and reads the answer to its end; its size.
@@ -161,9 +228,13 @@ async fn once(
     n: usize,
 ) -> anyhow::Result<Duration> {
     let started = Instant::now();
-    let bridge = match way {
-        Way::ConnectRelayed => bridges.relaying,
-        _ => bridges.handing_over,
+    let (bridge, host) = match way {
+        Way::ConnectRelayed => (bridges.relaying, ORIGIN.to_string()),
+        Way::Tinyproxy => (
+            bridges.tinyproxy.context("tinyproxy is not running")?,
+            origin.ip().to_string(),
+        ),
+        _ => (bridges.handing_over, ORIGIN.to_string()),
     };
     let got = match way {
         Way::Direct => {
@@ -171,13 +242,12 @@ async fn once(
             s.set_nodelay(true)?;
             fetch(&mut s, &format!("/bytes/{n}")).await?
         }
-        Way::Connect | Way::ConnectRelayed => {
+        Way::Connect | Way::ConnectRelayed | Way::Tinyproxy => {
             let mut s = TcpStream::connect(bridge).await?;
             s.set_nodelay(true)?;
             let port = origin.port();
             s.write_all(
-                format!("CONNECT {ORIGIN}:{port} HTTP/1.1\r\nHost: {ORIGIN}:{port}\r\n\r\n")
-                    .as_bytes(),
+                format!("CONNECT {host}:{port} HTTP/1.1\r\nHost: {host}:{port}\r\n\r\n").as_bytes(),
             )
             .await?;
             // The tunnel's answer, to its blank line.
@@ -192,7 +262,7 @@ async fn once(
                 }
                 head.push(byte[0]);
             }
-            if !head.starts_with(b"HTTP/1.1 200") {
+            if !head.starts_with(b"HTTP/1.1 200") && !head.starts_with(b"HTTP/1.0 200") {
                 bail!(
                     "the proxy refused the tunnel: {}",
                     String::from_utf8_lossy(&head)
@@ -320,20 +390,29 @@ async fn measure(
     };
     let origin = origin_rt.spawn(origin()).await??;
     let folder = dir.to_path_buf();
-    let bridge = proxy_rt
+    let (handing_over, relaying) = proxy_rt
         .spawn(async move {
-            anyhow::Ok(Bridges {
-                handing_over: proxy(&folder, origin, true).await?,
-                relaying: proxy(&folder, origin, false).await?,
-            })
+            anyhow::Ok((
+                proxy(&folder, origin, true).await?,
+                proxy(&folder, origin, false).await?,
+            ))
         })
         .await??;
-    let ways = [
+    let tinyproxy = Tinyproxy::start(dir, origin).await?;
+    let bridge = Bridges {
+        handing_over,
+        relaying,
+        tinyproxy: tinyproxy.as_ref().map(|t| t.addr),
+    };
+    let mut ways = vec![
         Way::Direct,
         Way::Connect,
         Way::PlainProxy,
         Way::ConnectRelayed,
     ];
+    if tinyproxy.is_some() {
+        ways.push(Way::Tinyproxy);
+    }
     let mut layout_report = serde_json::Map::new();
     let mut lines = Vec::new();
     // (label, bytes, samples)
@@ -344,10 +423,10 @@ async fn measure(
     ];
     for (label, bytes, n) in cases {
         // One of each first, so every path is warm.
-        for way in ways {
-            once(way, origin, bridge, bytes).await?;
+        for way in &ways {
+            once(*way, origin, bridge, bytes).await?;
         }
-        let mut times: [Vec<Duration>; 4] = Default::default();
+        let mut times: Vec<Vec<Duration>> = vec![Vec::new(); ways.len()];
         // Interleaved, so all see the same machine.
         for _ in 0..n {
             for (i, way) in ways.iter().enumerate() {
@@ -394,6 +473,9 @@ async fn measure(
         );
         for l in lines {
             println!("{l}");
+        }
+        if tinyproxy.is_none() {
+            println!("  tinyproxy: skipped, not installed (scripts/setup.sh installs it)");
         }
         println!(
             "  targets: >= 80% of direct throughput on downloads; <= 1 ms added per small request"

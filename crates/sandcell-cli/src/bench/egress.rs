@@ -12,7 +12,11 @@
 //! - as a `CONNECT` tunnel through tinyproxy (what an operator might run as an allow-list
 //!   proxy instead: Debian's, installed by scripts/setup.sh; skipped, saying so, when it is
 //!   missing), with a filter allowing only the origin. It runs as a process of its own, so
-//!   on the one-thread layout it does not share the thread.
+//!   on the one-thread layout it does not share the thread;
+//! - through a bare relay (the floor of any proxy that ends the client's TCP connection and
+//!   opens its own): it connects every connection to the origin at once and moves the bytes
+//!   with blocking `splice(2)`, one thread each way, deciding and recording nothing. Its
+//!   threads are its own on both layouts.
 //!
 //! The proxy decides each connection under an `allow` policy naming the origin (a name
 //! pinned to 127.0.0.1, as a test resolver maps it), meters its bytes and records an event,
@@ -129,6 +133,8 @@ enum Way {
     ConnectRelayed,
     /// Through tinyproxy.
     Tinyproxy,
+    /// Through the bare splice relay (no request: the connection is the origin's).
+    Bare,
 }
 
 /// The two bridges' ports, and tinyproxy's.
@@ -137,6 +143,47 @@ struct Bridges {
     handing_over: SocketAddr,
     relaying: SocketAddr,
     tinyproxy: Option<SocketAddr>,
+    bare: SocketAddr,
+}
+
+/// The bare relay: every connection to its port is connected to `origin` and spliced both
+/// ways on two threads of its own, until both ends are done.
+fn bare_relay(origin: SocketAddr) -> anyhow::Result<SocketAddr> {
+    use std::net::{Shutdown, TcpListener as StdListener, TcpStream as StdStream};
+    fn one_way(from: &StdStream, to: &StdStream) -> std::io::Result<()> {
+        use rustix::pipe::{PipeFlags, SpliceFlags, pipe_with, splice};
+        let (r, w) = pipe_with(PipeFlags::CLOEXEC)?;
+        let _ = rustix::pipe::fcntl_setpipe_size(&w, 1 << 20);
+        loop {
+            let n = splice(from, None, &w, None, 1 << 20, SpliceFlags::MOVE)?;
+            if n == 0 {
+                return to.shutdown(Shutdown::Write);
+            }
+            let mut left = n;
+            while left > 0 {
+                left -= splice(&r, None, to, None, left, SpliceFlags::MOVE)?;
+            }
+        }
+    }
+    let listener = StdListener::bind("127.0.0.1:0")?;
+    let addr = listener.local_addr()?;
+    std::thread::Builder::new()
+        .name("bench-bare-relay".into())
+        .spawn(move || {
+            for client in listener.incoming() {
+                let Ok(client) = client else { return };
+                let Ok(upstream) = StdStream::connect(origin) else {
+                    continue;
+                };
+                let _ = (client.set_nodelay(true), upstream.set_nodelay(true));
+                let (Ok(c2), Ok(u2)) = (client.try_clone(), upstream.try_clone()) else {
+                    continue;
+                };
+                std::thread::spawn(move || one_way(&client, &upstream));
+                std::thread::spawn(move || one_way(&u2, &c2));
+            }
+        })?;
+    Ok(addr)
 }
 
 /// tinyproxy on a free loopback port, allowing `CONNECT` to the origin only (by address: it
@@ -234,11 +281,17 @@ async fn once(
             bridges.tinyproxy.context("tinyproxy is not running")?,
             origin.ip().to_string(),
         ),
+        Way::Bare => (bridges.bare, ORIGIN.to_string()),
         _ => (bridges.handing_over, ORIGIN.to_string()),
     };
     let got = match way {
-        Way::Direct => {
-            let mut s = TcpStream::connect(origin).await?;
+        Way::Direct | Way::Bare => {
+            let mut s = TcpStream::connect(if matches!(way, Way::Bare) {
+                bridge
+            } else {
+                origin
+            })
+            .await?;
             s.set_nodelay(true)?;
             fetch(&mut s, &format!("/bytes/{n}")).await?
         }
@@ -403,6 +456,7 @@ async fn measure(
         handing_over,
         relaying,
         tinyproxy: tinyproxy.as_ref().map(|t| t.addr),
+        bare: bare_relay(origin)?,
     };
     let mut ways = vec![
         Way::Direct,
@@ -413,6 +467,7 @@ async fn measure(
     if tinyproxy.is_some() {
         ways.push(Way::Tinyproxy);
     }
+    ways.push(Way::Bare);
     let mut layout_report = serde_json::Map::new();
     let mut lines = Vec::new();
     // (label, bytes, samples)

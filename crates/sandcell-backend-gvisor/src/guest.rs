@@ -125,7 +125,9 @@ pub(crate) fn serve_control(control: UnixStream) {
         let done = match command {
             SUSPEND_EGRESS => switch.suspend(SWITCH_LIMIT).map_err(|e| e.to_string()),
             RESUME_EGRESS => switch.resume(SWITCH_LIMIT).map_err(|e| e.to_string()),
-            CHECKPOINT_BLOCKERS => checkpoint_blockers(std::path::Path::new("/proc"), std::process::id()),
+            CHECKPOINT_BLOCKERS => {
+                checkpoint_blockers(std::path::Path::new("/proc"), std::process::id())
+            }
             other => Err(format!("unknown command {other:?}")),
         };
         let answer = match done {
@@ -151,7 +153,11 @@ pub(crate) fn checkpoint_blockers(proc: &std::path::Path, me: u32) -> Result<(),
         return Ok(());
     };
     for entry in entries.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+        let Some(pid) = entry
+            .file_name()
+            .to_str()
+            .and_then(|n| n.parse::<u32>().ok())
+        else {
             continue;
         };
         if pid == me {
@@ -273,7 +279,10 @@ mod tests {
         );
         let (server_pid, plain_pid) = (server.id(), plain.id());
         assert!(named(server_pid), "the asyncio server was not named");
-        assert!(!named(plain_pid), "a socket no epoll instance has was named");
+        assert!(
+            !named(plain_pid),
+            "a socket no epoll instance has was named"
+        );
         let why = checkpoint_blockers(std::path::Path::new("/proc"), std::process::id())
             .expect_err("a blocker");
         assert!(why.contains("python3") && why.contains("epoll"), "{why}");

@@ -252,9 +252,15 @@ fn daemon_gvisor_a_snapshot_a_listening_server_would_break_is_refused_and_the_sa
     // Nothing was lost: the kernel's state, the server, and the sandbox's records.
     let v = code_within(&d, &id, "kept", Duration::from_secs(30));
     assert_eq!(v["result"]["text/plain"], "42", "{v}");
-    assert_eq!(d.get(&format!("/v1/sandboxes/{id}")).body["state"], "running");
+    assert_eq!(
+        d.get(&format!("/v1/sandboxes/{id}")).body["state"],
+        "running"
+    );
     let listening = d.exec(&id, "cat /proc/net/tcp").stdout;
-    assert!(listening.contains(":1FBD"), "the server is gone: {listening}");
+    assert!(
+        listening.contains(":1FBD"),
+        "the server is gone: {listening}"
+    );
     // Without the server, the snapshot is taken.
     let pid = bg.body["pid"].as_u64().expect("the server's pid");
     assert_eq!(d.exec(&id, &format!("kill {pid}")).exit_code, Some(0));

@@ -5,16 +5,19 @@
 # Idempotent: does nothing when target/tools/criu/criu passes `criu check` and carries the
 # patches below (their list is stamped next to it).
 #
-# One patch: `criu dump` skips check_user_ns, a sanity check that re-enters the sandbox's
+# Two patches. First, `criu dump` skips check_user_ns, a sanity check that re-enters the sandbox's
 # namespaces as their root. A sandbox restored by CRIU has an agent that was never executed
 # inside it; non-dumpable (so its own sandbox cannot read its memory), its /proc/<pid>/ns stays
 # closed to that root, and the check would refuse to checkpoint it again. Sandcell's jail makes
 # every namespace of a checkpointable sandbox from its user namespace, which is what the check
-# verifies.
+# verifies. Second, a TCP socket's SO_PASSCRED and SO_PASSSEC that the kernel will not read
+# (Linux 6.16 and later answer EOPNOTSUPP for them on anything but Unix and netlink sockets)
+# are dumped as off instead of failing the dump: without it no established TCP connection (a preview being
+# served, a program's own client and server) could be checkpointed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=target/tools/criu
-patches="skip-check-user-ns"
+patches="skip-check-user-ns passcred-passsec-unsupported"
 if [ -x "$out/criu" ] && "$out/criu" check >/dev/null 2>&1 \
    && [ "$(cat "$out/patches" 2>/dev/null)" = "$patches" ]; then
   exit 0
@@ -52,6 +55,9 @@ tar -C "$work" -xf "$tarball"
 sed -i 's/^\tif (check_user_ns(pid))$/\tif (0 \&\& check_user_ns(pid))/' "$work/criu-$upstream/criu/namespaces.c"
 grep -q 'if (0 && check_user_ns(pid))' "$work/criu-$upstream/criu/namespaces.c" \
   || { echo "criu: the check_user_ns patch no longer applies to criu $upstream" >&2; exit 1; }
+sed -i 's/^\tif (getsockopt(sk, level, name, val, &aux) < 0) {$/&\n\t\tif (errno == EOPNOTSUPP \&\& level == SOL_SOCKET \&\& (name == SO_PASSCRED || name == SO_PASSSEC)) {\n\t\t\tmemset(val, 0, len);\n\t\t\treturn 0;\n\t\t}/' "$work/criu-$upstream/criu/sockets.c"
+grep -q 'errno == EOPNOTSUPP && level == SOL_SOCKET' "$work/criu-$upstream/criu/sockets.c" \
+  || { echo "criu: the SO_PASSCRED/SO_PASSSEC patch no longer applies to criu $upstream" >&2; exit 1; }
 echo "criu: building criu $upstream" >&2
 make -C "$work/criu-$upstream" -j"$(nproc)" criu >"$work/build.log" 2>&1 \
   || { echo "criu: build failed, see $work/build.log" >&2; exit 1; }

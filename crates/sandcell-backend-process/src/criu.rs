@@ -80,6 +80,9 @@ impl Criu {
                 "--leave-running",
                 "--network-lock",
                 "skip",
+                // A connection open inside (a preview being served, a program's own client
+                // and server) is saved in repair mode instead of failing the dump.
+                "--tcp-established",
                 "--external",
                 "mnt[]",
             ])
@@ -121,7 +124,7 @@ impl Criu {
             .arg("-D")
             .arg(image)
             .args(["--restore-detached", "--external", "mnt[]", "--root", &root])
-            .args(["--manage-cgroups=soft"])
+            .args(["--manage-cgroups=soft", "--tcp-established"])
             .args([
                 "--inherit-fd",
                 &format!("fd[{INHERITED_FD}]:socket:[{agent_ino}]"),

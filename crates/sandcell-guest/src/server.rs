@@ -438,6 +438,13 @@ impl Conn {
         }
         match msg {
             HostMessage::Hello { protocol, .. } => {
+                // A greeting on a greeted connection is a new host: a sandbox restored from
+                // a checkpoint, on the connection the old one had. Its connections to ports
+                // were the old host's, whose ends are not in this sandbox: closed, so that a
+                // server inside does not wait on them.
+                for (_, port) in self.ports.drain() {
+                    port.abort();
+                }
                 let reply = self.hello_reply(protocol);
                 self.reply(id, reply).await;
             }

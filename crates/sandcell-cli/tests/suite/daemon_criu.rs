@@ -190,3 +190,94 @@ fn checkpointable_is_refused_where_it_does_not_apply() {
         r.body
     );
 }
+
+/// A threaded web server on 127.0.0.1:8000 inside: `/slow` answers `slow` after 3 s, anything
+/// else `quick` at once.
+const SLOW_SERVER: &str = r#"import http.server, time
+class H(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        if self.path == "/slow":
+            time.sleep(3)
+        body = b"slow" if self.path == "/slow" else b"quick"
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+    def log_message(self, *a):
+        pass
+http.server.ThreadingHTTPServer(("127.0.0.1", 8000), H).serve_forever()
+"#;
+
+/// `GET path` to the daemon with the key, on a connection of its own; (status, body).
+fn get_raw(url: &str, key: &str, path: &str) -> (u16, String) {
+    use std::io::{Read, Write};
+    let mut s = std::net::TcpStream::connect(url.trim_start_matches("http://")).unwrap();
+    write!(
+        s,
+        "GET {path} HTTP/1.1\r\nHost: localhost\r\nX-API-Key: {key}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut buf = Vec::new();
+    s.read_to_end(&mut buf).unwrap();
+    let text = String::from_utf8_lossy(&buf).to_string();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or(0);
+    (status, body.to_string())
+}
+
+#[test]
+fn a_checkpoint_taken_while_a_preview_is_served_keeps_it_and_forks_serve_their_own() {
+    // CRIU refused to dump a sandbox with an established TCP connection inside (a preview
+    // being served is one: the agent's connection to the server), and the snapshot failed.
+    let d = Daemon::start(&[]);
+    if !criu_ready(&d) {
+        return;
+    }
+    let id = d.create_id(json!({"checkpointable": true}));
+    d.exec(
+        &id,
+        &format!("cat > /workspace/slow.py <<'PY'\n{SLOW_SERVER}PY"),
+    );
+    let bg = d.post(
+        &format!("/v1/sandboxes/{id}/processes"),
+        json!({"cmd": "exec python3 /workspace/slow.py"}),
+    );
+    assert_eq!(bg.status, 201, "{}", bg.body);
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while d.get(&format!("/v1/sandboxes/{id}/ports/8000/")).status != 200 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server never answered"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let (url, key, path) = (
+        d.url.clone(),
+        d.key.clone(),
+        format!("/v1/sandboxes/{id}/ports/8000/slow"),
+    );
+    let slow = std::thread::spawn(move || get_raw(&url, &key, &path));
+    // The request is at the server, waiting on its sleep.
+    std::thread::sleep(Duration::from_millis(800));
+    let snap = d.post(&format!("/v1/sandboxes/{id}/snapshots"), json!({}));
+    assert_eq!(snap.status, 201, "{}\n{}", snap.body, d.log());
+    assert_eq!(snap.body["fidelity"], "process", "{}", snap.body);
+    // The source's request was not cut.
+    assert_eq!(slow.join().unwrap(), (200, "slow".to_string()));
+    // A fork has the server, serving its own requests (the copy of the old request's
+    // connection, whose other end is not in the fork, was closed).
+    let forked = super::daemon_snapshots::fork(&d, snap.body["id"].as_str().unwrap(), 1);
+    assert_eq!(forked.status, 201, "{}", forked.body);
+    let fid = super::daemon_snapshots::fork_ids(&forked).remove(0);
+    let r = d.get(&format!("/v1/sandboxes/{fid}/ports/8000/"));
+    assert_eq!((r.status, r.body), (200, json!("quick")));
+    let (url, key) = (d.url.clone(), d.key.clone());
+    assert_eq!(
+        get_raw(&url, &key, &format!("/v1/sandboxes/{fid}/ports/8000/slow")),
+        (200, "slow".to_string())
+    );
+}

@@ -208,25 +208,11 @@ class H(http.server.BaseHTTPRequestHandler):
 http.server.ThreadingHTTPServer(("127.0.0.1", 8000), H).serve_forever()
 "#;
 
-/// `GET path` to the daemon with the key, on a connection of its own; (status, body).
+/// `GET path` to the daemon at `url` with `key`, on a connection of its own; (status, body).
 fn get_raw(url: &str, key: &str, path: &str) -> (u16, String) {
-    use std::io::{Read, Write};
-    let mut s = std::net::TcpStream::connect(url.trim_start_matches("http://")).unwrap();
-    write!(
-        s,
-        "GET {path} HTTP/1.1\r\nHost: localhost\r\nX-API-Key: {key}\r\nConnection: close\r\n\r\n"
-    )
-    .unwrap();
-    let mut buf = Vec::new();
-    s.read_to_end(&mut buf).unwrap();
-    let text = String::from_utf8_lossy(&buf).to_string();
-    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
-    let status = head
-        .split(' ')
-        .nth(1)
-        .and_then(|c| c.parse().ok())
-        .unwrap_or(0);
-    (status, body.to_string())
+    let (status, _, body) =
+        super::daemon_previews::get_raw(url, "localhost", path, &format!("X-API-Key: {key}\r\n"));
+    (status, body)
 }
 
 #[test]

@@ -87,7 +87,12 @@ fn start_servers(d: &Daemon, id: &str) {
 
 /// A raw HTTP/1.1 GET to the daemon with `host` as the Host header; (status, headers, body).
 fn get_with_host(d: &Daemon, host: &str, path: &str, extra: &str) -> (u16, String, String) {
-    let addr = d.url.trim_start_matches("http://").to_string();
+    get_raw(&d.url, host, path, extra)
+}
+
+/// [`get_with_host`] to the daemon at `url`, from any thread.
+pub(super) fn get_raw(url: &str, host: &str, path: &str, extra: &str) -> (u16, String, String) {
+    let addr = url.trim_start_matches("http://").to_string();
     let mut s = TcpStream::connect(&addr).unwrap();
     write!(
         s,

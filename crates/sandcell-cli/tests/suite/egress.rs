@@ -344,17 +344,7 @@ async fn the_bridge_hands_connections_to_the_proxy_and_a_forged_handover_gets_no
         // A tunnel held open: the sandbox's end of its connection to 3128 is a socket this
         // process (the engine, the proxy's home) holds, not the agent: the bridge handed it
         // over.
-        sb.write_file("/tmp/hold.py", HOLD_TUNNEL.as_bytes(), None)
-            .await
-            .unwrap();
-        sb.spawn(sandcell_protocol::ExecRequest::argv([
-            "/usr/bin/python3",
-            "/tmp/hold.py",
-            target.as_str(),
-        ]))
-        .await
-        .unwrap();
-        held_says(&sb, "established").await;
+        hold_tunnel(&sb, &target).await;
         // /proc/net/tcp inside: local 127.0.0.1:3128 (0100007F:0C38), established (01).
         let table = text(&sh(&sb, "cat /proc/net/tcp").await.stdout);
         let inodes: Vec<u64> = table
@@ -409,6 +399,21 @@ while s.recv(4096):
 open("/tmp/held.out", "a").write("ended\n")
 "#;
 
+/// Starts [`HOLD_TUNNEL`] to `target` in `sb` and waits until its tunnel is established.
+async fn hold_tunnel(sb: &Sandbox, target: &str) {
+    sb.write_file("/tmp/hold.py", HOLD_TUNNEL.as_bytes(), None)
+        .await
+        .unwrap();
+    sb.spawn(sandcell_protocol::ExecRequest::argv([
+        "/usr/bin/python3",
+        "/tmp/hold.py",
+        target,
+    ]))
+    .await
+    .unwrap();
+    held_says(sb, "established").await;
+}
+
 /// Waits (at most 20 s) until /tmp/held.out inside says `word`.
 async fn held_says(sb: &Sandbox, word: &str) {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
@@ -430,18 +435,7 @@ async fn a_snapshot_with_a_tunnel_open_leaves_the_proxy_deciding_and_its_restore
     let port = web_server().await;
     let (engine, events) = egress_engine();
     let sb = sandbox_on(&engine, allow(&["web.test"])).await;
-    sb.write_file("/tmp/hold.py", HOLD_TUNNEL.as_bytes(), None)
-        .await
-        .unwrap();
-    let target = format!("web.test:{port}");
-    sb.spawn(sandcell_protocol::ExecRequest::argv([
-        "/usr/bin/python3",
-        "/tmp/hold.py",
-        target.as_str(),
-    ]))
-    .await
-    .unwrap();
-    held_says(&sb, "established").await;
+    hold_tunnel(&sb, &format!("web.test:{port}")).await;
     assert_eq!(sb.egress_connections(), 1);
 
     let dir = tempfile::tempdir().unwrap();

@@ -203,8 +203,13 @@ impl Service {
             Ok::<_, ServiceError>(rec)
         }
         .await;
-        if taken.is_err() {
+        if let Err(e) = &taken {
             let _ = std::fs::remove_dir_all(&dir);
+            if sandbox.is_gone() {
+                self.fleet
+                    .settle_if_gone(id, &format!("it ended during a snapshot: {}", e.message))
+                    .await;
+            }
         }
         taken
     }

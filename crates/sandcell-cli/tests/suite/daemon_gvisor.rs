@@ -274,6 +274,40 @@ fn daemon_gvisor_a_snapshot_a_listening_server_would_break_is_refused_and_the_sa
     assert_eq!(v["result"]["text/plain"], "42", "{v}");
 }
 
+#[test]
+fn daemon_gvisor_a_sandbox_a_failed_checkpoint_ended_is_recorded_so_at_once() {
+    // What the agent cannot see beforehand still ends the sandbox (a program holding a
+    // connection to the host's proxy socket: runsc's save of it fails); its record then says
+    // so with the cause instead of `running`.
+    let d = Daemon::start(&[]);
+    let id = d.create_id(json!({"backend": "gvisor", "template": "python"}));
+    let holder = "import socket, time\ns = socket.socket(socket.AF_UNIX)\ns.connect('/run/sandcell/egress.sock')\nopen('/tmp/held', 'w').write('yes')\ntime.sleep(600)";
+    let bg = d.post(
+        &format!("/v1/sandboxes/{id}/processes"),
+        json!({"cmd": format!("exec python3 -c \"{holder}\"")}),
+    );
+    assert_eq!(bg.status, 201, "{}", bg.body);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while d.exec(&id, "cat /tmp/held 2>/dev/null").stdout != "yes" {
+        assert!(Instant::now() < deadline, "the program never connected");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let r = d.post(&format!("/v1/sandboxes/{id}/snapshots"), json!({}));
+    if r.status == 201 {
+        // A runsc that can save it: nothing to record.
+        sandcell_testkit::skip::skip("this runsc checkpoints a connection to a host socket");
+        return;
+    }
+    let info = d.get(&format!("/v1/sandboxes/{id}")).body;
+    assert_eq!(info["state"], "stopped", "{info}");
+    assert!(
+        info["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("during a snapshot")),
+        "{info}"
+    );
+}
+
 /// `curl <args>` inside `id`: what it printed and `code=<http code>` on the last line.
 fn curl(d: &Daemon, id: &str, args: &str) -> String {
     d.exec(

@@ -457,6 +457,19 @@ impl Fleet {
         Ok(record)
     }
 
+    /// Records sandbox `id` as ended with `reason` when it is gone (an operation found its
+    /// agent gone: a failed checkpoint ends a gVisor sandbox), instead of leaving it
+    /// `running` until the next collection. Whether it was gone.
+    pub async fn settle_if_gone(&self, id: &str, reason: &str) -> bool {
+        let gone = lock(&self.live)
+            .get(id)
+            .is_some_and(|l| l.sandbox.is_gone());
+        if gone {
+            let _ = self.stop(id, reason).await;
+        }
+        gone
+    }
+
     /// Ends a sandbox: the record says `stopped` (with `reason`) before its processes go.
     async fn stop(&self, id: &str, reason: &str) -> Result<(), EngineError> {
         let live = lock(&self.live).remove(id);

@@ -147,7 +147,7 @@ pub(crate) fn serve_control(control: UnixStream) {
 /// say what an epoll instance watches. `proc` is the procfs to read, `me` the process not to
 /// count (the agent, whose own sockets are closed by then).
 pub(crate) fn checkpoint_blockers(proc: &std::path::Path, me: u32) -> Result<(), String> {
-    let tcp = tcp_inodes(proc);
+    let tcp_sockets = tcp_inodes(proc);
     let mut found = Vec::new();
     let Ok(entries) = std::fs::read_dir(proc) else {
         return Ok(());
@@ -166,7 +166,7 @@ pub(crate) fn checkpoint_blockers(proc: &std::path::Path, me: u32) -> Result<(),
         let Ok(fds) = std::fs::read_dir(entry.path().join("fd")) else {
             continue;
         };
-        let (mut epoll, mut sockets) = (false, 0usize);
+        let (mut epoll, mut tcp) = (false, false);
         for fd in fds.flatten() {
             let Ok(target) = std::fs::read_link(fd.path()) else {
                 continue;
@@ -178,12 +178,12 @@ pub(crate) fn checkpoint_blockers(proc: &std::path::Path, me: u32) -> Result<(),
                 .strip_prefix("socket:[")
                 .and_then(|t| t.strip_suffix(']'))
                 .and_then(|t| t.parse::<u64>().ok())
-                && tcp.contains(&inode)
+                && tcp_sockets.contains(&inode)
             {
-                sockets += 1;
+                tcp = true;
             }
         }
-        if epoll && sockets > 0 {
+        if epoll && tcp {
             let comm = std::fs::read_to_string(entry.path().join("comm")).unwrap_or_default();
             found.push(format!("{pid} ({})", comm.trim()));
         }

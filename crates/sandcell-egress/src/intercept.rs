@@ -29,7 +29,7 @@ use tokio_rustls::{TlsAcceptor, TlsConnector};
 
 use crate::ca::{HTTP11, Interception};
 use crate::http::{Body, copy_chunked};
-use crate::meter::{BYTE_LIMIT, Metered};
+use crate::meter::{BYTE_LIMIT, Meter, Metered};
 use crate::proxy::{Asked, COPY_BUF, EgressEvent, EgressProxy, Inbound, Outcome, millis};
 use crate::secrets::{RequestHead, Secrets};
 
@@ -101,19 +101,18 @@ impl Session<'_> {
 
     /// `stream`, its reads counted as bytes from the sandbox.
     fn meter_up<S>(&self, stream: S) -> Metered<S> {
-        Metered {
-            inner: stream,
-            count: self.up.clone(),
-            total: self.proxy.byte_counter(),
-            limit: self.proxy.limits().max_bytes,
-        }
+        self.meter(&self.up).wrap(stream)
     }
 
     /// `stream`, its reads counted as bytes to the sandbox.
     fn meter_down<S>(&self, stream: S) -> Metered<S> {
-        Metered {
-            inner: stream,
-            count: self.down.clone(),
+        self.meter(&self.down).wrap(stream)
+    }
+
+    /// A meter counting into `count` and the sandbox's total.
+    fn meter(&self, count: &Arc<AtomicU64>) -> Meter {
+        Meter {
+            count: count.clone(),
             total: self.proxy.byte_counter(),
             limit: self.proxy.limits().max_bytes,
         }

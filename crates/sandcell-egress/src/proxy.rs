@@ -14,10 +14,10 @@ use tokio::net::TcpStream;
 use crate::ca::Interception;
 use crate::decide::{Denied, decide};
 use crate::handover::{self, Opening};
-use crate::meter::{BYTE_LIMIT, Metered};
+use crate::meter::{BYTE_LIMIT, Meter};
 use crate::resolve::Resolver;
 use crate::secrets::Secrets;
-use crate::splice::{self, End, Meter, Shared, Socket};
+use crate::splice::{self, End, Shared, Socket};
 use crate::tls::{Hello, MAX_RECORD, client_hello};
 
 /// How a connection asked to go out.
@@ -287,14 +287,9 @@ impl EgressProxy {
             }
         };
         let head = head.as_slice();
-        let down_count = Arc::new(AtomicU64::new(0));
+        let down_meter = self.meter();
         let (up_read, mut up_write) = upstream.into_split();
-        let mut down_meter = Metered {
-            inner: up_read,
-            count: down_count.clone(),
-            total: self.bytes.clone(),
-            limit: self.limits.max_bytes,
-        };
+        let mut down_read = down_meter.wrap(up_read);
         let up = async {
             up_write.write_all(head).await?;
             let sent = match body {
@@ -322,17 +317,13 @@ impl EgressProxy {
         let spliced = splice::claim::<W>();
         let down = async {
             if let Some(socket) = &spliced {
-                let meter = Meter {
-                    count: down_count.clone(),
-                    total: self.bytes.clone(),
-                    limit: self.limits.max_bytes,
-                };
                 let client = socket.end();
-                let r = splice::relay(End::from(down_meter.inner.as_ref()), client, &meter).await;
+                let r =
+                    splice::relay(End::from(down_read.inner.as_ref()), client, &down_meter).await;
                 let _ = client.shutdown_write();
                 return r;
             }
-            let r = copy(&mut down_meter, &mut client_write).await;
+            let r = copy(&mut down_read, &mut client_write).await;
             let _ = client_write.shutdown().await;
             r
         };
@@ -356,7 +347,7 @@ impl EgressProxy {
             address,
             sni: None,
             bytes_up,
-            bytes_down: down_count.load(Ordering::Relaxed),
+            bytes_down: down_meter.count.load(Ordering::Relaxed),
             duration_ms: millis(asked.started.elapsed()),
             intercepted: false,
             secrets: used,
@@ -559,12 +550,7 @@ impl EgressProxy {
         let up_meter = self.meter();
         let down_meter = self.meter();
         let (up_read, mut up_write) = upstream.into_split();
-        let mut down_read = Metered {
-            inner: up_read,
-            count: down_meter.count.clone(),
-            total: down_meter.total.clone(),
-            limit: down_meter.limit,
-        };
+        let mut down_read = down_meter.wrap(up_read);
         let (client_read, mut client_write) = tokio::io::split(inbound.stream);
         let mut first = Inbound {
             stream: client_read,
@@ -588,12 +574,7 @@ impl EgressProxy {
             if let Err(e) = up_write.write_all(&pending).await {
                 return Err((sni, Ending::from(e)));
             }
-            let mut up_read = Metered {
-                inner: first.stream,
-                count: up_meter.count.clone(),
-                total: up_meter.total.clone(),
-                limit: up_meter.limit,
-            };
+            let mut up_read = up_meter.wrap(first.stream);
             let r = copy(&mut up_read, &mut up_write).await;
             let _ = up_write.shutdown().await;
             match r {

@@ -29,6 +29,7 @@ use std::io;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::pin::Pin;
 use std::sync::Arc;
+#[cfg(test)]
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, ready};
 
@@ -37,7 +38,7 @@ use rustix::pipe::{PipeFlags, SpliceFlags};
 use tokio::io::{AsyncRead, AsyncWrite, Interest, ReadBuf};
 use tokio::net::{TcpStream, UnixStream};
 
-use crate::meter::BYTE_LIMIT;
+use crate::meter::Meter;
 
 /// The size each pipe is asked for: 256 pages, enough for several of loopback's 64 KiB
 /// segments per `splice`. Kept at the default when the host refuses (an unprivileged user
@@ -243,39 +244,6 @@ pub(crate) fn claim<S: ?Sized + 'static>() -> Option<Arc<Socket>> {
     SOCKET.try_with(Arc::clone).ok()
 }
 
-/// Counts the bytes one direction takes from its source, into its own count and the
-/// sandbox's total, against the sandbox's limit: [`crate::meter::Metered`] for a relay that
-/// reads no buffer.
-#[derive(Debug, Clone)]
-pub(crate) struct Meter {
-    pub count: Arc<AtomicU64>,
-    pub total: Arc<AtomicU64>,
-    pub limit: Option<u64>,
-}
-
-impl Meter {
-    /// How much of `want` may be taken now; the limit's error once the total reached it.
-    fn allowance(&self, want: usize) -> io::Result<usize> {
-        let Some(limit) = self.limit else {
-            return Ok(want);
-        };
-        let total = self.total.load(Ordering::Relaxed);
-        if total >= limit {
-            return Err(io::Error::other(BYTE_LIMIT));
-        }
-        // Never past the limit in one take (a read through `Metered` can overshoot by a
-        // buffer).
-        Ok(usize::try_from(limit - total).map_or(want, |left| want.min(left)))
-    }
-
-    /// Counts `n` bytes taken.
-    pub(crate) fn add(&self, n: usize) {
-        let n = n as u64;
-        self.count.fetch_add(n, Ordering::Relaxed);
-        self.total.fetch_add(n, Ordering::Relaxed);
-    }
-}
-
 /// One direction's pipe.
 struct Pipe {
     read: OwnedFd,
@@ -450,6 +418,7 @@ pub(crate) async fn write_all(to: End<'_>, bytes: &[u8]) -> io::Result<()> {
 
 #[cfg(test)]
 mod tests {
+    use crate::meter::BYTE_LIMIT;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     use tokio::net::TcpListener;
 

@@ -696,19 +696,32 @@ async fn a_plain_request_gets_a_large_answer_whole_and_counted() {
     assert_eq!(e.bytes_down, answer.len() as u64);
 }
 
+/// A `CONNECT` to `upstream.test` at `addr`'s port sent to `setup`'s proxy over an
+/// in-memory stream (not a socket, so never spliced); the client's halves.
+async fn connect_in_memory(
+    setup: &Setup,
+    addr: SocketAddr,
+) -> (
+    tokio::io::ReadHalf<tokio::io::DuplexStream>,
+    tokio::io::WriteHalf<tokio::io::DuplexStream>,
+) {
+    let (client, served) = tokio::io::duplex(64 * 1024);
+    tokio::spawn(setup.proxy.clone().handle(served));
+    let (r, mut w) = tokio::io::split(client);
+    let target = format!("upstream.test:{}", addr.port());
+    w.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
+        .await
+        .expect("write");
+    (r, w)
+}
+
 #[tokio::test]
 async fn a_stream_that_is_not_a_socket_is_relayed_through_a_buffer_with_its_limits() {
     const SIZE: usize = 1 << 20;
     let down = pattern(SIZE, 6);
     let (addr, mut received) = sender(down.clone()).await;
     let setup = Setup::start("allow:upstream.test", Limits::default(), pinned()).await;
-    let (client, served) = tokio::io::duplex(64 * 1024);
-    tokio::spawn(setup.proxy.clone().handle(served));
-    let (mut r, mut w) = tokio::io::split(client);
-    let target = format!("upstream.test:{}", addr.port());
-    w.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
-        .await
-        .expect("write");
+    let (mut r, w) = connect_in_memory(&setup, addr).await;
     let mut head = Vec::new();
     let mut byte = [0u8; 1];
     while !head.ends_with(b"\r\n\r\n") {
@@ -735,13 +748,7 @@ async fn a_stream_that_is_not_a_socket_is_relayed_through_a_buffer_with_its_limi
     };
     let (addr, _) = echo().await;
     let setup = Setup::start("allow:upstream.test", limits, pinned()).await;
-    let (client, served) = tokio::io::duplex(64 * 1024);
-    tokio::spawn(setup.proxy.clone().handle(served));
-    let (mut r, mut w) = tokio::io::split(client);
-    let target = format!("upstream.test:{}", addr.port());
-    w.write_all(format!("CONNECT {target} HTTP/1.1\r\nHost: {target}\r\n\r\n").as_bytes())
-        .await
-        .expect("write");
+    let (mut r, mut w) = connect_in_memory(&setup, addr).await;
     let writer = tokio::spawn(async move {
         let _ = w.write_all(&pattern(4 << 20, 7)).await;
         w

@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde_json::json;
 
-use super::daemon::Daemon;
+use super::daemon::{Daemon, wait_for};
 use super::daemon_snapshots::{check_tmp, fill_tmp};
 
 /// Whether the daemon has a working CRIU; reports the test skipped when it has not.
@@ -233,14 +233,10 @@ fn a_checkpoint_taken_while_a_preview_is_served_keeps_it_and_forks_serve_their_o
         json!({"cmd": "exec python3 /workspace/slow.py"}),
     );
     assert_eq!(bg.status, 201, "{}", bg.body);
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while d.get(&format!("/v1/sandboxes/{id}/ports/8000/")).status != 200 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the server never answered"
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_for(Duration::from_secs(20), || {
+        (d.get(&format!("/v1/sandboxes/{id}/ports/8000/")).status == 200).then_some(())
+    })
+    .expect("the server never answered");
     let (url, key, path) = (
         d.url.clone(),
         d.key.clone(),

@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use reqwest::Method;
 use serde_json::json;
 
-use super::daemon::{CodeResultExt, Daemon};
+use super::daemon::{CodeResultExt, Daemon, wait_for};
 use super::daemon_network::{daemon as egress_daemon, web_server};
 use super::daemon_pause::{count, start_counter};
 use super::egress::HOLD_TUNNEL;
@@ -221,6 +221,21 @@ fn daemon_gvisor_in_place_restores_answer_at_once() {
     }
 }
 
+/// Starts `code` as a background Python program in `id` and waits (at most 30 s) until the
+/// file `marker` it writes says `ready`; its pid.
+fn start_python(d: &Daemon, id: &str, code: &str, marker: &str, ready: &str) -> u64 {
+    let bg = d.post(
+        &format!("/v1/sandboxes/{id}/processes"),
+        json!({"cmd": format!("exec python3 -c \"{code}\"")}),
+    );
+    assert_eq!(bg.status, 201, "{}", bg.body);
+    wait_for(Duration::from_secs(30), || {
+        (d.exec(id, &format!("cat {marker} 2>/dev/null")).stdout == ready).then_some(())
+    })
+    .unwrap_or_else(|| panic!("{marker} never said {ready}"));
+    bg.body["pid"].as_u64().expect("the program's pid")
+}
+
 #[test]
 fn daemon_gvisor_a_snapshot_a_listening_server_would_break_is_refused_and_the_sandbox_goes_on() {
     // This runsc cannot save a TCP socket an epoll instance watches, and a failed save ends
@@ -231,16 +246,7 @@ fn daemon_gvisor_a_snapshot_a_listening_server_would_break_is_refused_and_the_sa
     let r = code_within(&d, &id, "kept = 41 + 1", Duration::from_secs(60));
     assert_eq!(r["done"]["status"], "ok", "{r}");
     let server = "import asyncio\nasync def m():\n    await asyncio.start_server(lambda r, w: None, '127.0.0.1', 8125)\n    open('/tmp/srv.out', 'w').write('ready')\n    await asyncio.sleep(600)\nasyncio.run(m())";
-    let bg = d.post(
-        &format!("/v1/sandboxes/{id}/processes"),
-        json!({"cmd": format!("exec python3 -c \"{server}\"")}),
-    );
-    assert_eq!(bg.status, 201, "{}", bg.body);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while d.exec(&id, "cat /tmp/srv.out 2>/dev/null").stdout != "ready" {
-        assert!(Instant::now() < deadline, "the server never listened");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    let pid = start_python(&d, &id, server, "/tmp/srv.out", "ready");
     let r = d.post(&format!("/v1/sandboxes/{id}/snapshots"), json!({}));
     assert_eq!(r.status, 409, "{}", r.body);
     assert_eq!(r.body["code"], "unsupported", "{}", r.body);
@@ -262,13 +268,11 @@ fn daemon_gvisor_a_snapshot_a_listening_server_would_break_is_refused_and_the_sa
         "the server is gone: {listening}"
     );
     // Without the server, the snapshot is taken.
-    let pid = bg.body["pid"].as_u64().expect("the server's pid");
     assert_eq!(d.exec(&id, &format!("kill {pid}")).exit_code, Some(0));
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while d.exec(&id, "cat /proc/net/tcp").stdout.contains(":1FBD") {
-        assert!(Instant::now() < deadline, "the server did not end");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    wait_for(Duration::from_secs(10), || {
+        (!d.exec(&id, "cat /proc/net/tcp").stdout.contains(":1FBD")).then_some(())
+    })
+    .expect("the server did not end");
     checkpoint(&d, &id);
     let v = code_within(&d, &id, "kept", Duration::from_secs(30));
     assert_eq!(v["result"]["text/plain"], "42", "{v}");
@@ -282,16 +286,7 @@ fn daemon_gvisor_a_sandbox_a_failed_checkpoint_ended_is_recorded_so_at_once() {
     let d = Daemon::start(&[]);
     let id = d.create_id(json!({"backend": "gvisor", "template": "python"}));
     let holder = "import socket, time\ns = socket.socket(socket.AF_UNIX)\ns.connect('/run/sandcell/egress.sock')\nopen('/tmp/held', 'w').write('yes')\ntime.sleep(600)";
-    let bg = d.post(
-        &format!("/v1/sandboxes/{id}/processes"),
-        json!({"cmd": format!("exec python3 -c \"{holder}\"")}),
-    );
-    assert_eq!(bg.status, 201, "{}", bg.body);
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while d.exec(&id, "cat /tmp/held 2>/dev/null").stdout != "yes" {
-        assert!(Instant::now() < deadline, "the program never connected");
-        std::thread::sleep(Duration::from_millis(100));
-    }
+    start_python(&d, &id, holder, "/tmp/held", "yes");
     let r = d.post(&format!("/v1/sandboxes/{id}/snapshots"), json!({}));
     if r.status == 201 {
         // A runsc that can save it: nothing to record.

@@ -406,7 +406,7 @@ pub async fn reopen(
         (_, Some((step, snap)), _) => {
             let opts = sandcell_engine::fleet::CreateOptions::default();
             let made = service
-                .restore_snapshot(caller, &snap.snapshot_id, &opts)
+                .restore_snapshot(caller, &snap.snapshot_id, &opts, &[])
                 .await?;
             let id = SandboxId::parse(made.sandbox.id)?;
             notes.push(format!(

@@ -442,7 +442,11 @@ impl Runner {
         snapshot: &str,
     ) -> ServiceResult<sandcell_api::snapshots::Forked> {
         let opts = sandcell_engine::fleet::CreateOptions::default();
-        match self.service.restore_snapshot(caller, snapshot, &opts).await {
+        match self
+            .service
+            .restore_snapshot(caller, snapshot, &opts, &[])
+            .await
+        {
             Err(e) if e.kind == ErrorKind::NotFound => Err(ServiceError::new(
                 ErrorKind::InvalidState,
                 format!(

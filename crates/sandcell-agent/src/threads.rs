@@ -177,7 +177,7 @@ impl Runner {
                 let opts = sandcell_engine::fleet::CreateOptions::default();
                 let made = self
                     .service
-                    .restore_snapshot(caller, &snapshot, &opts)
+                    .restore_snapshot(caller, &snapshot, &opts, &[])
                     .await?;
                 (SandboxId::parse(made.sandbox.id)?, Some(snapshot))
             }

@@ -160,7 +160,9 @@ pub struct CreateSandbox {
     /// placeholder, which the egress proxy replaces with the value in the headers and query
     /// of requests to the secret's hosts only (over TLS it terminates with a CA the sandbox
     /// trusts, `/run/sandcell/ca.pem`); a request carrying it to another host is refused.
-    /// Kept in the daemon's memory only. Not with network `off`.
+    /// Values are kept in the daemon's memory only. Not with network `off`. With
+    /// `snapshot_id`: values for the snapshot's secrets (by name), needed when the daemon
+    /// restarted since the snapshot was taken.
     #[serde(default)]
     pub secrets: Vec<SecretInput>,
     /// The isolation backend (default `process`; `GET /v1/system` lists those available).
@@ -293,6 +295,54 @@ impl SecretInput {
         }
         Ok(())
     }
+}
+
+/// A secret as a sandbox's record keeps it: its name, its placeholder and its hosts, never
+/// its value (which only the daemon's memory holds).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SecretRef {
+    /// The environment variable that holds its placeholder.
+    pub name: String,
+    /// What the sandbox holds instead of the value (`SANDCELL_SECRET_` and 32 hex digits).
+    pub placeholder: String,
+    /// The hosts it may be sent to, as network allow rules.
+    pub hosts: Vec<String>,
+}
+
+/// A sandbox's secrets, replacing those it has (`PUT /v1/sandboxes/{id}/secrets`).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct SetSecrets {
+    /// Every secret the sandbox is to have: one it has keeps its placeholder and gets this
+    /// value and these hosts; a new one gets a new placeholder (not in the environment of
+    /// processes already running: pass it on yourself); one left out is forgotten, and its
+    /// placeholder then passes unreplaced.
+    pub secrets: Vec<SecretInput>,
+}
+
+/// A sandbox's secrets, without their values.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SecretList {
+    /// Each secret.
+    pub secrets: Vec<SecretState>,
+}
+
+/// One secret of a sandbox, without its value.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct SecretState {
+    /// Its name (the environment variable holding the placeholder).
+    pub name: String,
+    /// Its placeholder.
+    pub placeholder: String,
+    /// The hosts it may be sent to.
+    pub hosts: Vec<String>,
+    /// Whether the daemon holds its value: `false` after a restart of the daemon until it is
+    /// given again, and meanwhile a request carrying the placeholder is refused.
+    pub held: bool,
 }
 
 /// Most packages one installer may be given.

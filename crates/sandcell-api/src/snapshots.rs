@@ -103,6 +103,10 @@ pub struct ForkSnapshot {
     /// Forget each new sandbox's record when it stops.
     #[serde(default)]
     pub ephemeral: bool,
+    /// Values for the snapshot's secrets, by name (needed when the daemon restarted since
+    /// the snapshot was taken; otherwise they replace the values the forks would inherit).
+    #[serde(default)]
+    pub secrets: Vec<crate::sandboxes::SecretInput>,
 }
 
 /// One sandbox made from a snapshot, and what came back.

@@ -10,7 +10,9 @@ use sandcell_api::exec::{ExecInput, ExecOutput, ExecStreamEvent};
 use sandcell_api::git::{GitClone, GitCloneResult};
 use sandcell_api::network::{EgressEventList, NetworkInfo, NetworkPolicy, SetNetwork};
 use sandcell_api::processes::ProcessList;
-use sandcell_api::sandboxes::{CreateSandbox, SandboxInfo, SandboxList, SetTimeout};
+use sandcell_api::sandboxes::{
+    CreateSandbox, SandboxInfo, SandboxList, SecretInput, SecretList, SetSecrets, SetTimeout,
+};
 
 use crate::{Client, ClientError, EventStream, query, segment};
 
@@ -141,6 +143,25 @@ impl Client {
         let path = format!("{}/network", sandbox_path(id));
         let body = SetNetwork {
             network: network.clone(),
+        };
+        self.call(Method::PUT, &path, Some(&body)).await
+    }
+
+    /// `GET /v1/sandboxes/{id}/secrets`: names, placeholders, hosts; never values.
+    pub async fn sandbox_secrets(&self, id: &str) -> Result<SecretList, ClientError> {
+        let path = format!("{}/secrets", sandbox_path(id));
+        self.call(Method::GET, &path, None::<&()>).await
+    }
+
+    /// `PUT /v1/sandboxes/{id}/secrets`: replaces its secrets.
+    pub async fn set_sandbox_secrets(
+        &self,
+        id: &str,
+        secrets: &[SecretInput],
+    ) -> Result<SecretList, ClientError> {
+        let path = format!("{}/secrets", sandbox_path(id));
+        let body = SetSecrets {
+            secrets: secrets.to_vec(),
         };
         self.call(Method::PUT, &path, Some(&body)).await
     }

@@ -69,7 +69,9 @@ pub enum SecretError {
 #[derive(Clone, PartialEq, Eq)]
 pub struct Secret {
     name: String,
-    value: String,
+    /// `None`: a secret whose value this process never had (a sandbox reattached or restored
+    /// by a restarted daemon); its placeholder is refused everywhere until it is given.
+    value: Option<String>,
     placeholder: String,
     hosts: Vec<HostRule>,
 }
@@ -107,11 +109,25 @@ impl Secret {
     ) -> Result<Self, SecretError> {
         let name = name.into();
         let value = value.into();
-        let placeholder = placeholder.into();
         check_name(&name)?;
         if let Some(why) = value_problem(&value) {
             return Err(SecretError::BadValue { name, why });
         }
+        let mut secret = Self::unheld(name, placeholder, hosts)?;
+        secret.value = Some(value);
+        Ok(secret)
+    }
+
+    /// A secret whose placeholder the sandbox holds but whose value is not known here: a
+    /// request carrying it is refused (to any host), saying the value must be given again.
+    pub fn unheld(
+        name: impl Into<String>,
+        placeholder: impl Into<String>,
+        hosts: Vec<HostRule>,
+    ) -> Result<Self, SecretError> {
+        let name = name.into();
+        let placeholder = placeholder.into();
+        check_name(&name)?;
         if !is_placeholder(placeholder.as_bytes()) || placeholder.len() != placeholder_len() {
             return Err(SecretError::BadPlaceholder { name, placeholder });
         }
@@ -120,10 +136,15 @@ impl Secret {
         }
         Ok(Self {
             name,
-            value,
+            value: None,
             placeholder,
             hosts,
         })
+    }
+
+    /// Its value, when this process holds it.
+    pub fn value(&self) -> Option<&str> {
+        self.value.as_deref()
     }
 
     /// Its name.
@@ -346,10 +367,19 @@ impl Secrets {
                     ),
                 ));
             }
+            let Some(value) = &secret.value else {
+                return Err(Refusal::new(
+                    secret,
+                    format!(
+                        "the value of secret '{}' is not held here (the daemon restarted since it was given): give it again",
+                        secret.name
+                    ),
+                ));
+            };
             out.extend_from_slice(&text[from..at]);
             match encoding {
-                Encoding::Raw => out.extend_from_slice(secret.value.as_bytes()),
-                Encoding::Query => percent_encode(secret.value.as_bytes(), &mut out),
+                Encoding::Raw => out.extend_from_slice(value.as_bytes()),
+                Encoding::Query => percent_encode(value.as_bytes(), &mut out),
             }
             from = end;
             changed = true;
@@ -769,6 +799,33 @@ mod tests {
         let mut h = head(&format!("GET /{pa}/x HTTP/1.1\r\nHost: api.test\r\n\r\n"));
         let r = secrets.apply(&mut h, "api.test", 443).expect_err("path");
         assert!(r.reason.contains("path"), "{r}");
+    }
+
+    #[test]
+    fn an_unheld_secret_is_refused_even_for_its_host_and_named() {
+        let (held, pa, _) = two();
+        let unheld = Secret::unheld("TOKEN", pa.clone(), rules(&["api.test"])).expect("unheld");
+        assert_eq!(unheld.value(), None);
+        assert_eq!(held.get("TOKEN").and_then(Secret::value), Some("v@lue 1"));
+        let secrets = Secrets::new(vec![unheld]).expect("secrets");
+        assert!(secrets.any_for("api.test", 443), "its host is still read");
+        let mut h = head(&format!(
+            "GET / HTTP/1.1\r\nHost: api.test\r\nAuthorization: Bearer {pa}\r\n\r\n"
+        ));
+        let before = h.clone();
+        let r = secrets.apply(&mut h, "api.test", 443).expect_err("unheld");
+        assert_eq!(r.secret.as_deref(), Some("TOKEN"));
+        assert!(r.reason.contains("not held here"), "{r}");
+        assert_eq!(
+            h.to_bytes(),
+            before.to_bytes(),
+            "a refused head is unchanged"
+        );
+        let mut h = head(&format!("GET /?k={pa} HTTP/1.1\r\nHost: x.test\r\n\r\n"));
+        let r = secrets.apply(&mut h, "x.test", 443).expect_err("elsewhere");
+        assert!(r.reason.contains("only to api.test"), "{r}");
+        assert!(Secret::unheld("T", "SANDCELL_SECRET_xyz", rules(&["a.test"])).is_err());
+        assert!(Secret::unheld("T", pa, vec![]).is_err());
     }
 
     #[test]

@@ -10,10 +10,11 @@ use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, PoisonError, RwLock};
 
-use sandcell_api::network::NetworkPolicy;
+use sandcell_api::network::{HostRule, NetworkPolicy};
+use sandcell_api::sandboxes::SecretRef;
 use sandcell_egress::{
-    EgressEvent, EgressProxy, InterceptCa, Interception, Limits, Resolver, Secrets, SystemResolver,
-    UpstreamTrust,
+    EgressEvent, EgressProxy, InterceptCa, Interception, Limits, Resolver, Secret, Secrets,
+    SystemResolver, UpstreamTrust,
 };
 
 use crate::error::EngineError;
@@ -27,6 +28,18 @@ pub const SOCKET_NAME: &str = "egress.sock";
 pub const CA_BUNDLE_NAME: &str = "ca.pem";
 /// Where a sandbox sees it.
 pub const SANDBOX_CA_BUNDLE: &str = "/run/sandcell/ca.pem";
+
+/// What a sandbox's record keeps of `secrets`: everything but the values.
+pub fn secret_refs(secrets: &Secrets) -> Vec<SecretRef> {
+    secrets
+        .iter()
+        .map(|s| SecretRef {
+            name: s.name().to_string(),
+            placeholder: s.placeholder().to_string(),
+            hosts: s.hosts().iter().map(ToString::to_string).collect(),
+        })
+        .collect()
+}
 
 /// The folder of sandbox `id` under a backend's runtime folder (`<runtime>/egress/<id>`).
 pub fn sandbox_dir(runtime_dir: &Path, id: &str) -> PathBuf {
@@ -64,6 +77,9 @@ pub struct EgressHub {
     upstream_ca: Option<PathBuf>,
     /// The proxy's own CA and the upstream roots, made on first need (secrets).
     interception: std::sync::OnceLock<Result<Interception, String>>,
+    /// Secret values by placeholder, for as long as this process runs: a sandbox restored
+    /// or forked from a snapshot, holding the same placeholders, gets them from here.
+    vault: std::sync::Mutex<std::collections::HashMap<String, String>>,
 }
 
 impl std::fmt::Debug for EgressHub {
@@ -90,7 +106,48 @@ impl EgressHub {
             sink: RwLock::new(None),
             upstream_ca: None,
             interception: std::sync::OnceLock::new(),
+            vault: std::sync::Mutex::default(),
         }
+    }
+
+    /// Keeps the values of `secrets` (those it has) for later sandboxes with their
+    /// placeholders.
+    pub fn hold(&self, secrets: &Secrets) {
+        let mut vault = self.vault.lock().unwrap_or_else(PoisonError::into_inner);
+        for s in secrets.iter() {
+            if let Some(value) = s.value() {
+                vault.insert(s.placeholder().to_string(), value.to_string());
+            }
+        }
+    }
+
+    /// Whether the value behind `placeholder` is held here.
+    pub fn holds(&self, placeholder: &str) -> bool {
+        self.vault
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .contains_key(placeholder)
+    }
+
+    /// The proxy's secrets for `refs`: with the values held here, the others unheld (their
+    /// placeholders refused until given again).
+    pub fn secrets_of(&self, refs: &[SecretRef]) -> Result<Secrets, EngineError> {
+        let vault = self.vault.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut list = Vec::with_capacity(refs.len());
+        for r in refs {
+            let hosts = r
+                .hosts
+                .iter()
+                .map(|h| h.parse::<HostRule>())
+                .collect::<Result<Vec<_>, _>>()
+                .map_err(|e| EngineError::InvalidSpec(format!("secret '{}': {e}", r.name)))?;
+            let secret = match vault.get(&r.placeholder) {
+                Some(value) => Secret::with_placeholder(&r.name, value, &r.placeholder, hosts),
+                None => Secret::unheld(&r.name, &r.placeholder, hosts),
+            };
+            list.push(secret.map_err(|e| EngineError::InvalidSpec(e.to_string()))?);
+        }
+        Secrets::new(list).map_err(|e| EngineError::InvalidSpec(e.to_string()))
     }
 
     /// Also trusts the CAs in the PEM file `path` for upstreams of terminated TLS.
@@ -146,6 +203,7 @@ impl EgressHub {
         id: &str,
         dir: &Path,
         policy: NetworkPolicy,
+        secrets: &[SecretRef],
     ) -> Result<EgressHandle, EngineError> {
         let path = dir.join(SOCKET_NAME);
         let io = |what: &str, e| EngineError::io(format!("{what} {}", path.display()), e);
@@ -159,12 +217,17 @@ impl EgressHub {
             .map_err(|e| io("set the mode of", e))?;
         let proxy = self.proxy(id, policy, self.limits.clone());
         let task = tokio::spawn(proxy.clone().serve_unix(listener));
-        Ok(EgressHandle {
+        let handle = EgressHandle {
             proxy,
             task,
             dir: Some(dir.to_path_buf()),
             hub: self.clone(),
-        })
+        };
+        // A failure drops the handle, which stops its proxy.
+        if !secrets.is_empty() {
+            handle.set_secrets(self.secrets_of(secrets)?)?;
+        }
+        Ok(handle)
     }
 
     /// A proxy on the host's loopback for work the service does on sandbox `id`'s behalf
@@ -285,8 +348,14 @@ impl EgressHandle {
             .and_then(|()| std::fs::rename(&tmp, &path))
             .map_err(|e| EngineError::io(format!("write {}", path.display()), e))?;
         self.proxy.set_interception(Some(interception));
+        self.hub.hold(&secrets);
         self.proxy.set_secrets(secrets);
         Ok(())
+    }
+
+    /// The secrets its proxy has now.
+    pub fn secrets(&self) -> Secrets {
+        self.proxy.secrets()
     }
 
     /// Stops the proxy and removes the sandbox's folder (the sandbox is gone).
@@ -323,7 +392,9 @@ mod tests {
         }));
         // A stale socket from an earlier process is replaced.
         std::fs::write(dir.join(SOCKET_NAME), b"stale").unwrap();
-        let handle = hub.open("sb-1", &dir, NetworkPolicy::Loopback).unwrap();
+        let handle = hub
+            .open("sb-1", &dir, NetworkPolicy::Loopback, &[])
+            .unwrap();
         let mode = std::fs::metadata(dir.join(SOCKET_NAME))
             .unwrap()
             .permissions()

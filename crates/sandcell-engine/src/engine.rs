@@ -77,7 +77,12 @@ impl Engine {
         spec: &SandboxSpec,
     ) -> Result<Option<EgressHandle>, EngineError> {
         match backend.egress_dir(id, spec)? {
-            Some(dir) => Ok(Some(self.egress.open(id, &dir, spec.network.clone())?)),
+            Some(dir) => Ok(Some(self.egress.open(
+                id,
+                &dir,
+                spec.network.clone(),
+                &spec.secrets,
+            )?)),
             None if spec.network.has_egress() => Err(EngineError::InvalidSpec(format!(
                 "network '{}': the {} backend cannot give this sandbox egress",
                 spec.network.kind(),

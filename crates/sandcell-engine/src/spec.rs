@@ -100,6 +100,10 @@ pub struct SandboxSpec {
     /// CRIU cannot carry.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub checkpointable: bool,
+    /// Its secrets without their values (the egress proxy's [`crate::egress::EgressHub`]
+    /// holds those, in memory): so that a restore, a fork or a reattachment knows them.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub secrets: Vec<sandcell_api::sandboxes::SecretRef>,
 }
 
 impl SandboxSpec {

@@ -93,6 +93,7 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(sandboxes::resume))
         .routes(routes!(network::get_network, network::set_network))
         .routes(routes!(network::egress_events))
+        .routes(routes!(network::get_secrets, network::set_secrets))
         .routes(routes!(network::git_clone))
         .routes(routes!(previews::create))
         .routes(routes!(usage::usage))

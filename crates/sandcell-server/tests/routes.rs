@@ -103,6 +103,12 @@ const ROUTES: &[Route] = &[
         r#"{"network": 5}"#,
     ),
     route("GET", "/v1/sandboxes/{id}/network/events"),
+    route("GET", "/v1/sandboxes/{id}/secrets"),
+    json(
+        route("PUT", "/v1/sandboxes/{id}/secrets"),
+        r#"{"secrets": []}"#,
+        r#"{"secrets": "all"}"#,
+    ),
     json(
         route("POST", "/v1/sandboxes/{id}/git/clone"),
         r#"{"url": "https://git.example/team/repo.git"}"#,

@@ -259,6 +259,9 @@ impl Service {
             spec.env
                 .insert(s.name().to_string(), s.placeholder().to_string());
         }
+        // The proxy gets the values as the sandbox starts; its record, the rest.
+        spec.secrets = sandcell_engine::egress::secret_refs(&secrets);
+        self.fleet.engine().egress().hold(&secrets);
         let mut opts = create_options(
             spec,
             req.labels,
@@ -287,16 +290,6 @@ impl Service {
         }
         let created = created?;
         let record = created.record;
-        if !secrets.is_empty() {
-            let set = self
-                .fleet
-                .sandbox(&caller.owner, &record.id)
-                .and_then(|sb| sb.set_secrets(secrets.clone()));
-            if let Err(e) = set {
-                let _ = self.fleet.delete(&caller.owner, &record.id).await;
-                return Err(e.into());
-            }
-        }
         // The install report of a pool sandbox whose packages were installed while it
         // waited.
         let pooled = created.prepared.clone().and_then(|v| {
@@ -353,15 +346,14 @@ impl Service {
             || !req.env.is_empty()
             || req.network.is_some()
             || req.packages.is_some()
-            || !req.secrets.is_empty()
             || !req.kernels.is_empty()
             || req.backend.is_some()
             || req.checkpointable
         {
             return Err(ServiceError::invalid(
                 "a sandbox restored from a snapshot takes the snapshot's backend, template, size, \
-                 limits, env, network and kernels: give only labels, metadata, timeouts or ephemeral with \
-                 'snapshot_id'",
+                 limits, env, network and kernels: give only labels, metadata, timeouts, ephemeral \
+                 or the values of its secrets with 'snapshot_id'",
             ));
         }
         let opts = create_options(
@@ -372,7 +364,9 @@ impl Service {
             req.timeout_secs,
             req.ephemeral,
         );
-        let made = self.restore_snapshot(caller, snapshot_id, &opts).await?;
+        let made = self
+            .restore_snapshot(caller, snapshot_id, &opts, &req.secrets)
+            .await?;
         self.audit(
             caller,
             "sandbox.restore",

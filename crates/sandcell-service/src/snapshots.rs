@@ -6,6 +6,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 use sandcell_api::rules::check_record_id;
+use sandcell_api::sandboxes::SecretInput;
 use sandcell_api::snapshots::{
     AUTO_TAG, AutoSnapshot, CreateSnapshot, DEFAULT_KEEP, ForkResult, ForkSnapshot, Forked,
     MAX_DESCRIPTION, MAX_FORKS, MAX_NAME, SnapshotInfo, SnapshotList,
@@ -285,7 +286,9 @@ impl Service {
             req.timeout_secs,
             req.ephemeral,
         );
-        let made = self.make_from(caller, &rec, count, &opts).await?;
+        let made = self
+            .make_from(caller, &rec, count, &opts, &req.secrets)
+            .await?;
         self.audit(
             caller,
             "snapshot.fork",
@@ -296,33 +299,42 @@ impl Service {
     }
 
     /// One sandbox restored from the caller's snapshot, with `opts` (whose spec is replaced
-    /// by the snapshot's).
+    /// by the snapshot's) and values for the snapshot's `secrets` (see [`Self::make_from`]).
     pub async fn restore_snapshot(
         &self,
         caller: &Caller,
         snapshot_id: &str,
         opts: &CreateOptions,
+        secrets: &[SecretInput],
     ) -> ServiceResult<Forked> {
         let rec = self.own_snapshot(caller, snapshot_id)?;
-        let mut made = self.make_from(caller, &rec, 1, opts).await?;
+        let mut made = self.make_from(caller, &rec, 1, opts, secrets).await?;
         made.pop()
             .ok_or_else(|| ServiceError::internal("the restore made no sandbox"))
     }
 
     /// Makes `count` sandboxes from snapshot `rec`; a failure ends the ones made so far.
+    /// They hold the snapshot's secret placeholders, and get the values this process holds
+    /// for them, or those in `given` (by name; they also replace the hosts).
     async fn make_from(
         &self,
         caller: &Caller,
         rec: &SnapshotRecord,
         count: u32,
         opts: &CreateOptions,
+        given: &[SecretInput],
     ) -> ServiceResult<Vec<Forked>> {
-        let kept: Kept = serde_json::from_value(rec.manifest.clone()).map_err(|e| {
+        let mut kept: Kept = serde_json::from_value(rec.manifest.clone()).map_err(|e| {
             ServiceError::new(
                 ErrorKind::SnapshotCorrupt,
                 format!("the snapshot's record cannot be read: {e}"),
             )
         })?;
+        if !given.is_empty() {
+            let secrets = crate::secrets::rebind(&kept.spec.secrets, given)?;
+            kept.spec.secrets = sandcell_engine::egress::secret_refs(&secrets);
+            self.fleet.engine().egress().hold(&secrets);
+        }
         let dir = PathBuf::from(&rec.path);
         let mut made = Vec::new();
         for _ in 0..count {

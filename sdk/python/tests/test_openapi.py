@@ -350,6 +350,14 @@ def every_call() -> Iterator[tuple[str, _api.Call[Any] | _api.StreamCall[Any]]]:
     yield "set_network", _api.set_network(SB, "full")
     yield "set_network", _api.set_network(SB, ["example.org", "127.0.0.1:8080"])
     yield "set_network", _api.set_network(SB, {"allow": ("a.example.org",)})
+    yield "get_secrets", _api.get_secrets(SB)
+    yield (
+        "set_secrets",
+        _api.set_secrets(
+            SB, [_models.Secret("TOKEN", "v", ["api.example.org"]), {"name": "B", "value": "w", "hosts": ("b.example.org",)}]
+        ),
+    )
+    yield "set_secrets", _api.set_secrets(SB, [])
     yield "egress_events", _api.egress_events(SB, limit=50, before=12)
     yield "egress_events", _api.egress_events(SB, limit=None, before=None)
     yield (
@@ -440,6 +448,19 @@ def every_call() -> Iterator[tuple[str, _api.Call[Any] | _api.StreamCall[Any]]]:
         "fork",
         _api.fork(
             SNAP, count=2, labels={"a": "b"}, metadata={"c": "d"}, timeout=60, idle_timeout=30, ephemeral=True
+        ),
+    )
+    yield (
+        "fork",
+        _api.fork(
+            SNAP,
+            count=1,
+            labels=None,
+            metadata=None,
+            timeout=None,
+            idle_timeout=None,
+            ephemeral=False,
+            secrets=[_models.Secret("TOKEN", "v", ["api.example.org"])],
         ),
     )
     yield "get_auto_snapshot", _api.get_auto_snapshot(SB)
@@ -721,6 +742,7 @@ MODELS = [
     Model(_models.InferJob, "InferJob"),
     Model(_models.RunUsage, "RunUsage"),
     Model(_models.NetworkInfo, "NetworkInfo"),
+    Model(_models.SecretState, "SecretState"),
     Model(_models.EgressEvent, "EgressEventInfo"),
     Model(_models.EgressEventList, "EgressEventList"),
     Model(_models.GitCloneResult, "GitCloneResult"),

@@ -143,3 +143,36 @@ async def test_async_secrets(secrets_daemon: Daemon, registries: FakeRegistries)
             ephemeral=True,
             **_client(secrets_daemon),
         )
+
+
+def test_secrets_are_rotated_live_and_given_to_forks(secrets_daemon: Daemon, registries: FakeRegistries) -> None:
+    first, rotated, forked, port = _value(), _value(), _value(), registries.https_port
+    client = _client(secrets_daemon)
+
+    def sent(sb: Sandbox) -> str:
+        out = sb.exec(f'{CURL} --fail "https://api.test:{port}/echo?key=$TOKEN"')
+        assert out.exit_code == 0, out.stderr
+        return str(json.loads(out.stdout)["path"])
+
+    with Sandbox.create(network=["api.test"], secrets=[Secret("TOKEN", first, ["api.test"])], **client) as sb:
+        [state] = sb.secrets()
+        assert state.name == "TOKEN" and state.held and state.hosts == ["api.test"], state
+        assert first not in repr(state)
+        # Rotated: the same placeholder, the new value.
+        [again] = sb.set_secrets([Secret("TOKEN", rotated, ["api.test"])])
+        assert again.placeholder == state.placeholder, (again, state)
+        assert sent(sb) == f"/echo?key={rotated}"
+        with pytest.raises(InvalidArgumentError) as bad:
+            sb.set_secrets([{"name": "TOKEN", "value": "a\nb", "hosts": ["api.test"]}])
+        assert "TOKEN" in str(bad.value) and "a\nb" not in str(bad.value)
+        assert sent(sb) == f"/echo?key={rotated}", "a refused change changes nothing"
+
+        snap = sb.create_snapshot()
+        # A fork gets the value its origin had, or the one given.
+        [inherited] = Sandbox.fork(snap.id, ephemeral=True, **client)
+        [given] = Sandbox.fork(snap.id, ephemeral=True, secrets=[Secret("TOKEN", forked, ["api.test"])], **client)
+        with inherited, given:
+            assert sent(inherited) == f"/echo?key={rotated}"
+            assert sent(given) == f"/echo?key={forked}"
+        with pytest.raises(InvalidArgumentError, match="NOPE"):
+            Sandbox.fork(snap.id, secrets=[Secret("NOPE", forked, ["api.test"])], **client)

@@ -56,6 +56,7 @@ export type {
   EgressProtocol,
   IterEgressEventsOptions,
   NetworkInfo,
+  SecretState,
 } from "./network.js";
 export type { GitCloneOptions, GitCloneResult } from "./git.js";
 export type { PreviewInfo, PreviewOptions, PreviewRoute, PreviewUrlOptions } from "./previews.js";

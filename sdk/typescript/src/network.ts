@@ -1,7 +1,17 @@
-/** A sandbox's network: its policy (read and changed live), and its egress proxy's events. */
+/**
+ * A sandbox's network: its policy (read and changed live), its secrets (which its egress
+ * proxy puts in), and its egress proxy's events.
+ */
 
 import { type HttpClient } from "./http.js";
-import { fromNetworkPolicy, toNetworkPolicy, type NetworkPolicy, type NetworkPolicyInput } from "./types.js";
+import {
+  fromNetworkPolicy,
+  fromSecrets,
+  toNetworkPolicy,
+  type NetworkPolicy,
+  type NetworkPolicyInput,
+  type Secret,
+} from "./types.js";
 
 /** A sandbox's network now. */
 export interface NetworkInfo {
@@ -15,6 +25,23 @@ export interface NetworkInfo {
   bytes: number;
   /** Connections open through the proxy now. */
   openConnections: number;
+}
+
+/**
+ * One of a sandbox's secrets as the daemon shows it: never its value. The daemon keeps values
+ * in memory only, so after it restarted `held` is false, and a request carrying the
+ * placeholder is refused until the value is given again (`setSecrets`, or a fork's or
+ * restore's `secrets`).
+ */
+export interface SecretState {
+  /** The environment variable holding its placeholder. */
+  name: string;
+  /** The placeholder (`SANDCELL_SECRET_…`) its egress proxy replaces with the value. */
+  placeholder: string;
+  /** The hosts the value may be sent to. */
+  hosts: string[];
+  /** Whether the daemon holds the value now. */
+  held: boolean;
 }
 
 /** How a connection went through the egress proxy: `http` (a plain request), `connect` (an HTTPS tunnel) or `socks5`. */
@@ -104,6 +131,23 @@ export interface WireEgressEventList {
   next_before?: number | null;
 }
 
+/** `SecretState` as sent. */
+export interface WireSecretState {
+  name: string;
+  placeholder: string;
+  hosts: string[];
+  held: boolean;
+}
+
+/** `SecretList` as sent. */
+export interface WireSecretList {
+  secrets: WireSecretState[];
+}
+
+function toSecretStates(list: WireSecretList): SecretState[] {
+  return list.secrets.map((s) => ({ name: s.name, placeholder: s.placeholder, hosts: [...s.hosts], held: s.held }));
+}
+
 function toNetworkInfo(n: WireNetworkInfo): NetworkInfo {
   return {
     network: toNetworkPolicy(n.network),
@@ -142,6 +186,18 @@ export async function setNetwork(http: HttpClient, id: string, policy: NetworkPo
     body: { json: { network: fromNetworkPolicy(policy) } },
   });
   return toNetworkInfo(n);
+}
+
+/** `GET /v1/sandboxes/{id}/secrets`. */
+export async function getSecrets(http: HttpClient, id: string): Promise<SecretState[]> {
+  return toSecretStates(await http.json<WireSecretList>("GET", `/v1/sandboxes/${id}/secrets`));
+}
+
+/** `PUT /v1/sandboxes/{id}/secrets`. */
+export async function setSecrets(http: HttpClient, id: string, secrets: readonly Secret[]): Promise<SecretState[]> {
+  // Checked as at create, before anything is sent (a malformed list is a TypeError).
+  const body = { secrets: fromSecrets(secrets) };
+  return toSecretStates(await http.json<WireSecretList>("PUT", `/v1/sandboxes/${id}/secrets`, { body: { json: body } }));
 }
 
 /** `GET /v1/sandboxes/{id}/network/events`: one page, newest first. */

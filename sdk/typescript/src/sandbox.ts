@@ -81,7 +81,10 @@ export interface CreateSandboxOptions extends ClientOptions {
    * variable holding a placeholder, which its egress proxy replaces with the value in the
    * headers and query of requests to `hosts` only (so `network` must let it reach them; not
    * with `off`). A malformed one is a `TypeError` before anything is sent, a bad name, value
-   * or host rule an `InvalidArgumentError`.
+   * or host rule an `InvalidArgumentError`. With `snapshotId`: values for the snapshot's
+   * secrets by name, which keep their placeholders (needed after the daemon restarted, as it
+   * keeps values in memory only; otherwise they replace the values the restore would get); a
+   * name the snapshot lacks is an `InvalidArgumentError`.
    */
   secrets?: readonly Secret[];
   /** Kernels to start during creation, so the first code in them runs at once. */
@@ -92,7 +95,7 @@ export interface CreateSandboxOptions extends ClientOptions {
   checkpointable?: boolean;
   /** Automatic snapshots. */
   autoSnapshot?: Partial<AutoSnapshotSettings>;
-  /** Restore this snapshot instead (then only labels, metadata, timeouts and `ephemeral` may be given). */
+  /** Restore this snapshot instead (then only labels, metadata, timeouts, `ephemeral` and `secrets` may be given). */
   snapshotId?: string;
 }
 
@@ -398,6 +401,29 @@ export class Sandbox {
     const info = await network.setNetwork(this.http, this.id, policy);
     this.info.network = toNetworkPolicy(info.network);
     return info;
+  }
+
+  /**
+   * Its secrets: names, placeholders, hosts, and whether the daemon holds each value (`held`
+   * is false after the daemon restarted, as it keeps values in memory only: until the value
+   * is given again with `setSecrets`, requests carrying the placeholder are refused). Never a
+   * value.
+   */
+  secrets(): Promise<network.SecretState[]> {
+    return network.getSecrets(this.http, this.id);
+  }
+
+  /**
+   * Replaces its secrets, from its next request on: a name it has keeps its placeholder (so
+   * a value is rotated, or given again after the daemon restarted, without touching what
+   * runs inside); a new name gets a new placeholder, which processes already running lack
+   * in their environment (`secrets()` shows it); a name left out is forgotten, and its
+   * placeholder then passes unreplaced. A malformed list is a `TypeError` before anything is
+   * sent; a bad name, value or host rule, or network `off`, an `InvalidArgumentError` that
+   * names the secret, never its value (nothing is changed then).
+   */
+  setSecrets(secrets: readonly Secret[]): Promise<network.SecretState[]> {
+    return network.setSecrets(this.http, this.id, secrets);
   }
 
   /**

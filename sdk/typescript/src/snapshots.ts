@@ -3,7 +3,15 @@
 import { clientFor, type HttpClient } from "./http.js";
 import { type ClientOptions } from "./config.js";
 import { Sandbox } from "./sandbox.js";
-import { type Language, type SkippedVariable, type StringMap, type WireSandbox, toSandboxInfo } from "./types.js";
+import {
+  fromSecrets,
+  toSandboxInfo,
+  type Language,
+  type Secret,
+  type SkippedVariable,
+  type StringMap,
+  type WireSandbox,
+} from "./types.js";
 
 /** One kernel's state in a snapshot. */
 export interface KernelState {
@@ -63,6 +71,14 @@ export interface ForkOptions {
   idleTimeoutSecs?: number;
   /** Forget each new sandbox's record once it stops or is killed (`Sandbox.get` then answers `NotFoundError`). */
   ephemeral?: boolean;
+  /**
+   * Values for the snapshot's secrets by name (`[{ name, value, hosts }]`), which keep their
+   * placeholders: needed after the daemon restarted, as it keeps values in memory only
+   * (otherwise the forks get the values it holds for those placeholders, and these replace
+   * them). A name the snapshot lacks, or a bad value or host rule, is an
+   * `InvalidArgumentError`; a malformed list a `TypeError` before anything is sent.
+   */
+  secrets?: readonly Secret[];
 }
 
 /** Automatic snapshots of one sandbox. */
@@ -225,6 +241,7 @@ export async function forkSnapshot(http: HttpClient, snapshotId: string, options
           timeout_secs: options.timeoutSecs,
           idle_timeout_secs: options.idleTimeoutSecs,
           ephemeral: options.ephemeral,
+          secrets: options.secrets === undefined ? undefined : fromSecrets(options.secrets),
         },
       },
       timeout: null,

@@ -257,6 +257,8 @@ const WIRE: Record<string, WireModel> = {
   WirePreviewInfo: { schema: "PreviewInfo" },
   WirePackagesReport: { schema: "PackagesReport" },
   WireSecret: { schema: "SecretInput" },
+  WireSecretState: { schema: "SecretState" },
+  WireSecretList: { schema: "SecretList" },
 };
 
 /** Named TypeScript types and the JSON types they hold. */
@@ -420,9 +422,12 @@ test("the Secret interface (sent, never read) has the members the SecretInput sc
   assert.deepEqual(members.map((m) => m.name).sort(), Object.keys(props).sort());
   assert.deepEqual([...(schema.required ?? [])].sort(), Object.keys(props).sort());
   assert.ok(members.find((m) => m.name === "hosts")!.type.endsWith("[]"));
-  const create: Schema = resolveSchema(schemas["CreateSandbox"]!).properties;
-  assert.deepEqual(typesOf(create["secrets"]), ["array"]);
-  assert.equal(schemaName(create["secrets"].items), "SecretInput");
+  // Sent as they are wherever secrets are given: at create (and restore), to a fork, live.
+  for (const body of ["CreateSandbox", "ForkSnapshot", "SetSecrets"]) {
+    const secrets: Schema = resolveSchema(schemas[body]!).properties["secrets"];
+    assert.deepEqual(typesOf(secrets), ["array"], body);
+    assert.equal(schemaName(secrets.items), "SecretInput", body);
+  }
 });
 
 test("the headers a run's event stream sends are the document's", () => {
@@ -579,6 +584,7 @@ async function everyMethod(): Promise<void> {
     autoSnapshot: { intervalSecs: 60, keep: 2, beforeReclaim: true },
   });
   await Sandbox.create({ ...client, snapshotId: "snap-0123456789ab", labels: { a: "b" } });
+  await Sandbox.create({ ...client, snapshotId: "snap-0123456789ab", secrets: [{ name: "API_TOKEN", value: "t0ken", hosts: ["api.example.org"] }] });
   await Sandbox.create({ ...client, network: { allow: ["example.org", "*.example.net:443", "[::1]:8080"] } });
   await Sandbox.create({ ...client, network: ["example.org:443"] });
   await Sandbox.create({ ...client, network: "full" });
@@ -597,6 +603,7 @@ async function everyMethod(): Promise<void> {
   await Sandbox.get(sb.id, client);
   await Sandbox.list({ ...client, label: { a: "b" }, metadata: { c: "d" }, state: ["running", "paused"] });
   await Sandbox.fork("snap-0123456789ab", { ...client, count: 2, labels: { a: "b" }, metadata: { c: "d" }, timeoutSecs: 60, idleTimeoutSecs: 30, ephemeral: true });
+  await Sandbox.fork("snap-0123456789ab", { ...client, secrets: [{ name: "API_TOKEN", value: "t0ken", hosts: ["api.example.org"] }] });
   await sb.refresh();
   await sb.setTimeout(90);
   await sb.pause();
@@ -606,6 +613,9 @@ async function everyMethod(): Promise<void> {
   await sb.setNetwork("loopback");
   await sb.setNetwork(["example.org", "127.0.0.1:8080"]);
   await sb.setNetwork({ allow: ["a.example.org"] });
+  await sb.secrets();
+  await sb.setSecrets([{ name: "API_TOKEN", value: "t0ken", hosts: ["api.example.org", "*.example.net:443"] }]);
+  await sb.setSecrets([]);
   await sb.egressEvents({ limit: 50, before: 12 });
   await sb.egressEvents();
   for await (const event of sb.iterEgressEvents({ pageSize: 10 })) assert.equal(typeof event.id, "number");
@@ -664,6 +674,7 @@ async function everyMethod(): Promise<void> {
   await Snapshot.get(snap.id, client);
   await Snapshot.list({ ...client, sandboxId: sb.id });
   await snap.fork({ count: 1 });
+  await snap.fork({ secrets: [{ name: "API_TOKEN", value: "t0ken", hosts: ["api.example.org"] }] });
   await snap.delete();
   await sb.getAutoSnapshot();
   await sb.setAutoSnapshot({ intervalSecs: 60, keep: 2, beforeReclaim: true });

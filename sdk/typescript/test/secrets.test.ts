@@ -6,7 +6,9 @@
  * `/run/sandcell/ca.pem`, the CA of the proxy that terminates the sandbox's TLS) and the
  * server sees the value, in a Bearer header, the query and Basic auth; to a host the secret
  * does not name it is refused. Bad secrets are refused by the daemon (400) or before anything
- * is sent, and no message shows a value.
+ * is sent, and no message shows a value. A live sandbox's secrets are listed (never their
+ * values) and replaced, a name keeping its placeholder; a snapshot's forks and restores take
+ * values for its secrets.
  */
 
 import assert from "node:assert/strict";
@@ -14,7 +16,14 @@ import { randomBytes } from "node:crypto";
 import { after, before, test } from "node:test";
 
 import { inspect } from "node:util";
-import { InvalidArgumentError, Sandbox, secret as hiddenSecret, type ClientOptions, type Secret } from "sandcell";
+import {
+  InvalidArgumentError,
+  Sandbox,
+  secret as hiddenSecret,
+  type ClientOptions,
+  type Secret,
+  type SecretState,
+} from "sandcell";
 import { startDaemon, startFakeRegistries, type Daemon, type FakeRegistries } from "./daemon.js";
 
 let registries: FakeRegistries | undefined;
@@ -137,4 +146,112 @@ test("bad secrets are refused by the daemon or before sending, naming no value, 
     });
   }
   assert.equal(await active(), before);
+});
+
+/** The value the fake server saw where `sb` sent `$TOKEN` (a Bearer header and the query, which must agree). */
+async function sentToken(sb: Sandbox): Promise<string> {
+  const out = await sb.exec(
+    `curl -sS --fail --cacert /run/sandcell/ca.pem -H "Authorization: Bearer $TOKEN" "https://api.test:${port}/echo?key=$TOKEN"`,
+  );
+  assert.equal(out.exitCode, 0, out.stderr);
+  const seen = JSON.parse(out.stdout) as Echo;
+  const bearer = seen.headers["authorization"]?.replace(/^Bearer /, "");
+  assert.equal(seen.path, `/echo?key=${bearer}`);
+  return bearer ?? "";
+}
+
+test("setSecrets rotates a value under the same placeholder; forks and restores take values of their own", async () => {
+  const [first, rotated, forked, restoredValue] = [freshValue(), freshValue(), freshValue(), freshValue()];
+  const token = (value: string): Secret[] => [hiddenSecret("TOKEN", value, ["api.test"])];
+  const sb = await Sandbox.create({ ...client, network: ["api.test"], secrets: token(first) });
+  const made: Sandbox[] = [];
+  let snapshot: { delete(): Promise<void> } | undefined;
+  try {
+    const placeholder = (await sb.exec("printenv TOKEN")).stdout.trim();
+    const expected: SecretState[] = [{ name: "TOKEN", placeholder, hosts: ["api.test"], held: true }];
+    const listed = await sb.secrets();
+    assert.deepEqual(listed, expected);
+    assert.ok(!JSON.stringify(listed).includes(first));
+    assert.equal(await sentToken(sb), first);
+
+    // Rotated live: the same placeholder (nothing inside changes), the new value sent.
+    const states = await sb.setSecrets(token(rotated));
+    assert.deepEqual(states, expected);
+    assert.deepEqual(await sb.secrets(), expected);
+    assert.equal(await sentToken(sb), rotated);
+
+    // A fork given a value of its own: the snapshot's placeholder, that value; the source keeps its own.
+    const snap = await sb.createSnapshot({ name: "with-secret" });
+    snapshot = snap;
+    const [fork] = await snap.fork({ ephemeral: true, secrets: token(forked) });
+    made.push(fork!);
+    assert.equal((await fork!.exec("printenv TOKEN")).stdout.trim(), placeholder);
+    assert.deepEqual(await fork!.secrets(), expected);
+    assert.equal(await sentToken(fork!), forked);
+    assert.equal(await sentToken(sb), rotated);
+    // A restore takes them the same way (`snapshotId` with `secrets`).
+    const restored = await Sandbox.create({ ...client, snapshotId: snap.id, ephemeral: true, secrets: token(restoredValue) });
+    made.push(restored);
+    assert.equal(await sentToken(restored), restoredValue);
+    // A name the snapshot has no secret of is refused, naming the ones it has.
+    await assert.rejects(snap.fork({ ephemeral: true, secrets: [hiddenSecret("NOPE", forked, ["api.test"])] }), (e: unknown) => {
+      assert.ok(e instanceof InvalidArgumentError, String(e));
+      assert.ok(e.message.includes("TOKEN"), e.message);
+      assert.ok(!e.message.includes(forked), e.message);
+      return true;
+    });
+
+    // A bad value (a newline) is refused by the daemon, naming no value, and changes nothing.
+    const bad = `${freshValue()}\nX-Injected: 1`;
+    await assert.rejects(sb.setSecrets(token(bad)), (e: unknown) => {
+      assert.ok(e instanceof InvalidArgumentError, String(e));
+      assert.equal(e.status, 400);
+      assert.ok(!e.message.includes(bad.split("\n")[0]!), e.message);
+      return true;
+    });
+    assert.deepEqual(await sb.secrets(), expected);
+    assert.equal(await sentToken(sb), rotated);
+
+    // Left out: forgotten.
+    assert.deepEqual(await sb.setSecrets([]), []);
+    assert.deepEqual(await sb.secrets(), []);
+  } finally {
+    for (const s of [...made, sb]) await s.kill();
+    await snapshot?.delete();
+  }
+});
+
+test("setSecrets checks the list's shape before sending anything", async () => {
+  const value = freshValue();
+  const sb = await Sandbox.create({ ...client, ephemeral: true, network: ["api.test"], secrets: [hiddenSecret("TOKEN", value, ["api.test"])] });
+  const real = globalThis.fetch;
+  let requests = 0;
+  try {
+    globalThis.fetch = ((...args: Parameters<typeof fetch>) => {
+      requests++;
+      return real(...args);
+    }) as typeof fetch;
+    const malformed: [unknown, RegExp][] = [
+      [{ name: "TOKEN", value, hosts: ["api.test"] }, /secrets is a list of \{ name, value, hosts \}, not object/],
+      [[{ name: "TOKEN", value, host: ["api.test"] }], /secrets\[0\] has the keys name, value and hosts; unknown: host; missing: hosts/],
+      [[{ name: "TOKEN", value, hosts: "api.test" }], /secrets\[0\] \(TOKEN\): hosts is a list of host rules/],
+      [[{ name: "TOKEN", value: 7, hosts: ["api.test"] }], /value is a string, not number/],
+    ];
+    for (const [secrets, message] of malformed) {
+      await assert.rejects(sb.setSecrets(secrets as Secret[]), (e: unknown) => {
+        assert.ok(e instanceof TypeError, String(e));
+        assert.match(e.message, message);
+        assert.ok(!e.message.includes(value), e.message);
+        return true;
+      });
+    }
+    assert.equal(requests, 0);
+  } finally {
+    globalThis.fetch = real;
+  }
+  try {
+    assert.equal((await sb.secrets())[0]?.held, true);
+  } finally {
+    await sb.kill();
+  }
 });

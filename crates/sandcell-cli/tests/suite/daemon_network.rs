@@ -833,3 +833,148 @@ print(len(hits), read, hits)
     }
     drop(regs);
 }
+
+/// Secrets follow a sandbox into its snapshots' forks and restores; a restarted daemon, which
+/// no longer has the values, refuses the placeholders (never passing them on) until they are
+/// given again, live or with the fork.
+#[test]
+fn secrets_follow_forks_and_a_restarted_daemon_refuses_them_until_given_again() {
+    use sandcell_testkit::registries::FakeRegistries;
+    const VALUE: &str = "s3cr3t-f0rk-7d1e";
+    const ROTATED: &str = "r0tated-aa51";
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let regs = rt.block_on(FakeRegistries::start(&["api.test"])).unwrap();
+    let port = regs.https_addr().port();
+    let ca = format!("network.upstream_ca_file={}", regs.ca_pem_path().display());
+    let mut d = Daemon::start_with_env(
+        &[&ca],
+        &[
+            ("SANDCELL_TEST", "1"),
+            ("SANDCELL_TEST_RESOLVE", "api.test=127.0.0.1"),
+        ],
+    );
+    let secret =
+        |value: &str| json!([{"name": "API_TOKEN", "value": value, "hosts": ["api.test"]}]);
+    let id = d.create_id(json!({"network": {"allow": ["api.test"]}, "secrets": secret(VALUE)}));
+    // What reached the fake server for a request from `sb` with the placeholder in the query
+    // (`None`: refused, with the proxy's answer).
+    let send_token = |d: &Daemon, sb: &str| -> Result<String, String> {
+        regs.clear_requests();
+        let out = d.exec(
+            sb,
+            &format!(
+                "curl -sS -w '\\ncode=%{{http_code}}' \"https://api.test:{port}/bytes/1?key=$API_TOKEN\" 2>&1"
+            ),
+        );
+        let seen: Vec<String> = regs
+            .requests()
+            .iter()
+            .filter_map(|q| q.query.clone())
+            .collect();
+        match seen.first() {
+            Some(q) if out.stdout.ends_with("code=200") => Ok(q.clone()),
+            _ => Err(format!("{} (server saw {seen:?})", out.stdout)),
+        }
+    };
+    assert_eq!(send_token(&d, &id), Ok(format!("key={VALUE}")));
+    let r = d.get(&format!("/v1/sandboxes/{id}/secrets"));
+    assert_eq!(r.status, 200, "{}", r.body);
+    let placeholder = r.body["secrets"][0]["placeholder"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(r.body["secrets"][0]["held"], true, "{}", r.body);
+    assert!(!r.body.to_string().contains(VALUE), "{}", r.body);
+
+    // A fork in the same daemon holds the same placeholder and gets the value.
+    let r = d.post(&format!("/v1/sandboxes/{id}/snapshots"), json!({}));
+    assert_eq!(r.status, 201, "{}", r.body);
+    let snap = r.body["id"].as_str().unwrap().to_string();
+    assert!(
+        !std::fs::read_to_string(d.home().join("snapshots").join(&snap).join("manifest.json"))
+            .unwrap_or_default()
+            .contains(VALUE)
+    );
+    let r = d.post(&format!("/v1/snapshots/{snap}/fork"), json!({}));
+    assert_eq!(r.status, 201, "{}", r.body);
+    let fork = r.body["sandboxes"][0]["sandbox"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(d.exec(&fork, "echo -n $API_TOKEN").stdout, placeholder);
+    assert_eq!(send_token(&d, &fork), Ok(format!("key={VALUE}")));
+
+    // A daemon that crashed and came back reattaches the sandboxes without the values:
+    // refused, never sent. (A clean stop ends them.)
+    d.kill9();
+    d.restart(&[&ca]);
+    let r = d.get(&format!("/v1/sandboxes/{id}/secrets"));
+    assert_eq!(r.body["secrets"][0]["held"], false, "{}", r.body);
+    let refused = send_token(&d, &id).expect_err("an unheld secret is refused");
+    assert!(
+        refused.contains("API_TOKEN") && refused.contains("not held"),
+        "{refused}"
+    );
+    // So is a fork made without them; one given them works.
+    let r = d.post(&format!("/v1/snapshots/{snap}/fork"), json!({}));
+    assert_eq!(r.status, 201, "{}", r.body);
+    let bare = r.body["sandboxes"][0]["sandbox"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert!(send_token(&d, &bare).is_err());
+    let r = d.post(
+        &format!("/v1/snapshots/{snap}/fork"),
+        json!({"secrets": secret(ROTATED)}),
+    );
+    assert_eq!(r.status, 201, "{}", r.body);
+    let given = r.body["sandboxes"][0]["sandbox"]["id"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    assert_eq!(send_token(&d, &given), Ok(format!("key={ROTATED}")));
+    // A restore takes them the same way.
+    let r = d.post(
+        "/v1/sandboxes",
+        json!({"snapshot_id": snap, "secrets": secret(VALUE)}),
+    );
+    assert_eq!(r.status, 201, "{}", r.body);
+    let restored = r.body["id"].as_str().unwrap().to_string();
+    assert_eq!(send_token(&d, &restored), Ok(format!("key={VALUE}")));
+    // Given again live: the original works again, with its placeholder.
+    let r = d.call(
+        Method::PUT,
+        &format!("/v1/sandboxes/{id}/secrets"),
+        Some(json!({"secrets": secret(VALUE)})),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["secrets"][0]["placeholder"], placeholder.as_str());
+    assert_eq!(r.body["secrets"][0]["held"], true);
+    assert_eq!(send_token(&d, &id), Ok(format!("key={VALUE}")));
+
+    // Bad input: a clear error, nothing changed.
+    let r = d.post(
+        &format!("/v1/snapshots/{snap}/fork"),
+        json!({"secrets": [{"name": "NOPE", "value": "v", "hosts": ["api.test"]}]}),
+    );
+    r.expect_error(400, "invalid_argument");
+    assert!(r.body.to_string().contains("API_TOKEN"), "{}", r.body);
+    let r = d.call(
+        Method::PUT,
+        &format!("/v1/sandboxes/{id}/secrets"),
+        Some(json!({"secrets": [{"name": "API_TOKEN", "value": "a\nb", "hosts": ["api.test"]}]})),
+    );
+    r.expect_error(400, "invalid_argument");
+    assert_eq!(send_token(&d, &id), Ok(format!("key={VALUE}")));
+    // Forgotten: the placeholder is just text again (sent as it is, to an allowed host).
+    let r = d.call(
+        Method::PUT,
+        &format!("/v1/sandboxes/{id}/secrets"),
+        Some(json!({"secrets": []})),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["secrets"], json!([]));
+    let r = d.get(&format!("/v1/sandboxes/{id}/secrets"));
+    assert_eq!(r.body["secrets"], json!([]));
+    drop(regs);
+}

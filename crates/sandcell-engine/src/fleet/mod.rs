@@ -457,6 +457,24 @@ impl Fleet {
         Ok(record)
     }
 
+    /// Gives `owner`'s sandbox `id` these secrets, replacing those it had: its egress proxy
+    /// and the hub hold the values, its record the rest (for restores, forks and
+    /// reattachments).
+    pub fn set_secrets(
+        &self,
+        owner: &str,
+        id: &str,
+        secrets: sandcell_egress::Secrets,
+    ) -> Result<SandboxRecord, EngineError> {
+        let sandbox = self.sandbox_as_is(owner, id)?;
+        let mut record = self.get(owner, id)?;
+        record.spec.secrets = crate::egress::secret_refs(&secrets);
+        sandbox.set_secrets(secrets)?;
+        record.updated_at_ms = now_ms();
+        self.ledger.update(&record).map_err(persistence)?;
+        Ok(record)
+    }
+
     /// Records sandbox `id` as ended with `reason` when it is gone (an operation found its
     /// agent gone: a failed checkpoint ends a gVisor sandbox), instead of leaving it
     /// `running` until the next collection. Whether it was gone.

@@ -1,11 +1,13 @@
 //! `/v1/sandboxes/{id}/network`: what a sandbox's network reaches (read and changed live),
-//! and its egress events; `…/git/clone`, a clone made through the same proxies.
+//! and its egress events; `…/secrets`, what its proxy puts in for placeholders; `…/git/clone`,
+//! a clone made through the same proxies.
 
 use axum::Json;
 use axum::extract::{RawQuery, State};
 use sandcell_api::SandboxId;
 use sandcell_api::git::{GitClone, GitCloneResult};
 use sandcell_api::network::{EgressEventList, NetworkInfo, SetNetwork};
+use sandcell_api::sandboxes::{SecretList, SetSecrets};
 
 use super::extract::{ApiJson, ApiPath, query_pairs};
 use crate::auth::Caller;
@@ -56,6 +58,53 @@ pub async fn set_network(
     ApiJson(req): ApiJson<SetNetwork>,
 ) -> ApiResult<Json<NetworkInfo>> {
     Ok(Json(s.service.set_network(&caller, &id, req)?))
+}
+
+/// The sandbox's secrets: names, placeholders and hosts, never values; `held` is false for
+/// one whose value the daemon lost in a restart (its placeholder is refused until given).
+#[utoipa::path(
+    get, path = "/v1/sandboxes/{id}/secrets", tag = "network",
+    params(("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$")),
+    responses(
+        (status = 200, body = SecretList),
+        (status = 400, body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn get_secrets(
+    State(s): State<AppState>,
+    caller: Caller,
+    ApiPath(id): ApiPath<SandboxId>,
+) -> ApiResult<Json<SecretList>> {
+    Ok(Json(s.service.get_secrets(&caller, &id)?))
+}
+
+/// Replaces the running sandbox's secrets, from its next request on: a name it has keeps
+/// its placeholder (give a value again after a restart of the daemon, or rotate it); a new
+/// name gets a new placeholder (answered here; processes already running do not have it in
+/// their environment); a name left out is forgotten.
+#[utoipa::path(
+    put, path = "/v1/sandboxes/{id}/secrets", tag = "network",
+    params(("id" = String, Path, description = "Sandbox id", pattern = "^sb-[a-z0-9-]{1,64}$")),
+    request_body = SetSecrets,
+    responses(
+        (status = 200, body = SecretList),
+        (status = 400, description = "A bad secret, or a sandbox with network `off`", body = ErrorBody),
+        (status = 401, body = ErrorBody),
+        (status = 404, body = ErrorBody),
+        (status = 409, description = "The sandbox is not running", body = ErrorBody),
+    ),
+    security(("api_key" = []))
+)]
+pub async fn set_secrets(
+    State(s): State<AppState>,
+    caller: Caller,
+    ApiPath(id): ApiPath<SandboxId>,
+    ApiJson(req): ApiJson<SetSecrets>,
+) -> ApiResult<Json<SecretList>> {
+    Ok(Json(s.service.set_secrets(&caller, &id, req)?))
 }
 
 /// The sandbox's egress events, newest first: every connection (and plain-HTTP request)

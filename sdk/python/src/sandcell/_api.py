@@ -49,6 +49,7 @@ from ._models import (
     SandboxInfo,
     Secret,
     SecretInput,
+    SecretState,
     SnapshotInfo,
     SnapshotPolicy,
     StepSandbox,
@@ -351,6 +352,20 @@ def set_network(sandbox_id: str, policy: NetworkPolicyInput) -> Call[NetworkInfo
         lambda r: NetworkInfo.from_json(r.json()),
         json={"network": _network(policy)},
     )
+
+
+def _secret_states(r: httpx.Response) -> list[SecretState]:
+    return [SecretState.from_json(s) for s in r.json()["secrets"]]
+
+
+def get_secrets(sandbox_id: str) -> Call[list[SecretState]]:
+    """`GET /v1/sandboxes/{id}/secrets`."""
+    return Call("GET", _sb(sandbox_id, "/secrets"), _secret_states)
+
+
+def set_secrets(sandbox_id: str, secrets: Sequence[SecretInput]) -> Call[list[SecretState]]:
+    """`PUT /v1/sandboxes/{id}/secrets`."""
+    return Call("PUT", _sb(sandbox_id, "/secrets"), _secret_states, json={"secrets": _secrets(secrets)})
 
 
 def egress_events(sandbox_id: str, *, limit: int | None, before: int | None) -> Call[EgressEventList]:
@@ -903,11 +918,13 @@ def fork(
     timeout: float | timedelta | None,
     idle_timeout: float | timedelta | None,
     ephemeral: bool,
+    secrets: Sequence[SecretInput] | None = None,
 ) -> Call[list[SandboxInfo]]:
     """`POST /v1/snapshots/{id}/fork`: the new sandboxes, each with its `restore` report."""
     body = _drop_none(
         {
             "count": count,
+            "secrets": _secrets(secrets) if secrets is not None else None,
             "ephemeral": ephemeral or None,
             "labels": dict(labels) if labels else None,
             "metadata": dict(metadata) if metadata else None,

@@ -146,6 +146,28 @@ the keys `name`, `value` and `hosts` (`{"name": "API_TOKEN", "value": "…", "ho
 ["api.example.com"]}`)."""
 
 
+@dataclass
+class SecretState:
+    """One of a sandbox's secrets as `Sandbox.secrets()` shows it: never its value. `held` is
+    False after the daemon restarted (it keeps values in memory only): until the value is
+    given again (`set_secrets`), a request carrying the placeholder is refused."""
+
+    name: str
+    placeholder: str
+    hosts: list[str]
+    held: bool
+
+    @classmethod
+    def from_json(cls, d: JsonDict) -> SecretState:
+        """Parses one entry of a `SecretList` answer."""
+        return cls(
+            name=str(d["name"]),
+            placeholder=str(d["placeholder"]),
+            hosts=[str(h) for h in d.get("hosts", [])],
+            held=bool(d.get("held", False)),
+        )
+
+
 def _policy(value: Any) -> NetworkPolicy:
     """A policy as the API sends it (`"off"`, …, or `{"allow": [...]}`); a missing one is
     the daemon's default, `loopback`."""

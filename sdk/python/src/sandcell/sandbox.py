@@ -56,6 +56,7 @@ from ._models import (
     RunOnceResult,
     SandboxInfo,
     SecretInput,
+    SecretState,
     SnapshotInfo,
     SnapshotPolicy,
     StepSandbox,
@@ -335,12 +336,16 @@ class Sandbox:
         timeout: float | timedelta | None = None,
         idle_timeout: float | timedelta | None = None,
         ephemeral: bool = False,
+        secrets: Sequence[SecretInput] | None = None,
         client: Sandcell | None = None,
         api_url: str | None = None,
         api_key: str | None = None,
     ) -> builtins.list[Sandbox]:
         """Makes `count` independent sandboxes from a snapshot (all or none); each `info.restore`
-        says what came back. Ephemeral ones leave no record once deleted."""
+        says what came back. Ephemeral ones leave no record once deleted. `secrets` gives
+        values for the snapshot's secrets by name (needed after a restart of the daemon, which
+        keeps values in memory only; otherwise the forks get the values the snapshot's sandbox
+        had)."""
         call = _api.fork(
             snapshot_id,
             count=count,
@@ -349,6 +354,7 @@ class Sandbox:
             timeout=timeout,
             idle_timeout=idle_timeout,
             ephemeral=ephemeral,
+            secrets=secrets,
         )
         sandcell, owned = _connect(client, api_url, api_key)
         try:
@@ -480,6 +486,20 @@ class Sandbox:
         info = self._http.call(_api.set_network(self.id, policy))
         self.info.network = info.network
         return info
+
+    def secrets(self) -> builtins.list[SecretState]:
+        """The sandbox's secrets: names, placeholders, hosts and whether the daemon holds each
+        value (`held` is False after a restart of the daemon until the value is given again:
+        meanwhile a request carrying the placeholder is refused). Never the values."""
+        return self._http.call(_api.get_secrets(self.id))
+
+    def set_secrets(self, secrets: Sequence[SecretInput]) -> builtins.list[SecretState]:
+        """Replaces the running sandbox's secrets, from its next request on: a name it has keeps
+        its placeholder (give a value again after a restart of the daemon, or rotate one); a
+        new name gets a new placeholder (see `secrets()`; processes already running do not have
+        it in their environment); a name left out is forgotten. A bad secret is an
+        InvalidArgumentError naming it, never its value."""
+        return self._http.call(_api.set_secrets(self.id, secrets))
 
     def egress_events(
         self, *, limit: int | None = None, before: int | None = None

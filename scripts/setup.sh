@@ -22,6 +22,8 @@ have ps || need+=(procps)
 have runsc || need+=(runsc)
 [ -x /usr/bin/Rscript ] || need+=(r-base-core)
 [ -d /usr/lib/R/site-library/ggplot2 ] || need+=(r-cran-ggplot2)
+# Templates: the image store is an OCI layout, which the tests read back with a standard tool.
+have umoci || need+=(umoci)
 
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""

@@ -1,0 +1,33 @@
+//! Sandcell's images: what templates are built into and sandboxes start from.
+//!
+//! - [`store`]: an OCI image layout on disk (content-addressed blobs, tagged manifests) with
+//!   a layer cache by build-step key and garbage collection of what nothing uses;
+//! - [`layer`]: a build step's changes (an overlay's upper folder, whiteouts included) as a
+//!   layer tar, and layers applied in order onto a root folder.
+#![forbid(unsafe_code)]
+
+pub mod layer;
+pub mod store;
+
+pub use layer::{IdRange, LayerStats, apply, write_diff};
+pub use store::{Collected, Descriptor, Image, Manifest, Store};
+
+/// Why an image operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ImageError {
+    /// The file system refused.
+    #[error("{op}: {source}")]
+    Io {
+        /// What was being done, to which path.
+        op: String,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// A request or a layer that cannot be used as it is.
+    #[error("{0}")]
+    Invalid(String),
+    /// The store holds something other than what it recorded.
+    #[error("the image store is damaged: {0}")]
+    Corrupt(String),
+}

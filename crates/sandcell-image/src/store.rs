@@ -1,0 +1,587 @@
+//! The image store: an OCI image layout (`oci-layout`, `index.json`, `blobs/sha256/…`) that
+//! standard tools (umoci, skopeo) read, plus a cache of built layers by step key
+//! (`cache/<key>`, outside the layout proper).
+//!
+//! Blobs are written to a temporary file, hashed as they are written, and renamed into place:
+//! a crash leaves no half blob under its digest. `index.json` is replaced the same way. One
+//! process (the daemon, or an embedded engine) writes a store at a time.
+
+use std::collections::BTreeSet;
+use std::fs::{self, File};
+use std::io::{self, Read, Write};
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, PoisonError};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::ImageError;
+
+/// Media type of an uncompressed layer.
+pub const LAYER_TAR: &str = "application/vnd.oci.image.layer.v1.tar";
+/// Media type of an image configuration.
+pub const CONFIG_JSON: &str = "application/vnd.oci.image.config.v1+json";
+/// Media type of a manifest.
+pub const MANIFEST_JSON: &str = "application/vnd.oci.image.manifest.v1+json";
+/// Media type of the index.
+const INDEX_JSON: &str = "application/vnd.oci.image.index.v1+json";
+/// The annotation that names an image in the index.
+pub const REF_NAME: &str = "org.opencontainers.image.ref.name";
+
+/// A blob, as manifests and the index point at it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Descriptor {
+    /// What it is.
+    #[serde(rename = "mediaType")]
+    pub media_type: String,
+    /// `sha256:<hex>`.
+    pub digest: String,
+    /// Its size in bytes.
+    pub size: u64,
+    /// Annotations (the index's carry the image's name).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub annotations: std::collections::BTreeMap<String, String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Index {
+    #[serde(rename = "schemaVersion")]
+    schema_version: u32,
+    #[serde(rename = "mediaType", default)]
+    media_type: Option<String>,
+    #[serde(default)]
+    manifests: Vec<Descriptor>,
+}
+
+/// An image's manifest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    /// Always 2.
+    #[serde(rename = "schemaVersion")]
+    pub schema_version: u32,
+    /// [`MANIFEST_JSON`].
+    #[serde(rename = "mediaType", default)]
+    pub media_type: Option<String>,
+    /// Its configuration blob.
+    pub config: Descriptor,
+    /// Its layers, lowest first.
+    pub layers: Vec<Descriptor>,
+}
+
+/// An image found by name.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Image {
+    /// Its name in the index.
+    pub reference: String,
+    /// Its manifest's descriptor.
+    pub manifest_digest: String,
+    /// The manifest.
+    pub manifest: Manifest,
+    /// The configuration (OCI image config JSON).
+    pub config: serde_json::Value,
+}
+
+/// What a garbage collection removed.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Collected {
+    /// Blobs removed.
+    pub blobs: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Cache entries dropped (their layer was gone, or the cache was not kept).
+    pub cache_entries: u64,
+}
+
+/// An OCI image layout on disk.
+#[derive(Debug)]
+pub struct Store {
+    root: PathBuf,
+    /// Serializes changes of `index.json` and the cache within this process.
+    writing: Mutex<()>,
+}
+
+fn io_err(op: impl Into<String>, path: &Path) -> impl FnOnce(io::Error) -> ImageError {
+    let op = op.into();
+    let path = path.to_path_buf();
+    move |source| ImageError::Io {
+        op: format!("{op} {}", path.display()),
+        source,
+    }
+}
+
+impl Store {
+    /// Opens (making it when missing) the layout at `root`.
+    pub fn open(root: impl Into<PathBuf>) -> Result<Self, ImageError> {
+        let root = root.into();
+        let blobs = root.join("blobs").join("sha256");
+        fs::create_dir_all(&blobs).map_err(io_err("create", &blobs))?;
+        fs::create_dir_all(root.join("cache")).map_err(io_err("create", &root))?;
+        fs::create_dir_all(root.join("tmp")).map_err(io_err("create", &root))?;
+        let layout = root.join("oci-layout");
+        if !layout.exists() {
+            write_atomically(&layout, br#"{"imageLayoutVersion":"1.0.0"}"#)?;
+        }
+        let store = Self {
+            root,
+            writing: Mutex::new(()),
+        };
+        if !store.index_path().exists() {
+            store.write_index(&Index {
+                schema_version: 2,
+                media_type: Some(INDEX_JSON.into()),
+                manifests: Vec::new(),
+            })?;
+        }
+        Ok(store)
+    }
+
+    /// Where the layout is.
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+
+    fn index_path(&self) -> PathBuf {
+        self.root.join("index.json")
+    }
+
+    /// The file of blob `digest` (`sha256:<hex>`).
+    pub fn blob_path(&self, digest: &str) -> Result<PathBuf, ImageError> {
+        let hex = digest
+            .strip_prefix("sha256:")
+            .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+            .ok_or_else(|| ImageError::Invalid(format!("'{digest}' is not a sha256 digest")))?;
+        Ok(self.root.join("blobs").join("sha256").join(hex))
+    }
+
+    /// A new temporary file inside the store (same file system as the blobs).
+    pub fn temp_file(&self) -> Result<(PathBuf, File), ImageError> {
+        let dir = self.root.join("tmp");
+        for n in 0u32.. {
+            let path = dir.join(format!("{}-{n}", std::process::id()));
+            match fs::OpenOptions::new()
+                .write(true)
+                .read(true)
+                .create_new(true)
+                .open(&path)
+            {
+                Ok(f) => return Ok((path, f)),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(io_err("create", &path)(e)),
+            }
+        }
+        Err(ImageError::Invalid("no temporary file name left".into()))
+    }
+
+    /// Stores `bytes` as a blob.
+    pub fn put_bytes(&self, bytes: &[u8], media_type: &str) -> Result<Descriptor, ImageError> {
+        let (tmp, mut file) = self.temp_file()?;
+        file.write_all(bytes).map_err(io_err("write", &tmp))?;
+        drop(file);
+        self.adopt(&tmp, media_type)
+    }
+
+    /// Writes a blob through `write` (given a writer that hashes), then stores it.
+    pub fn put_with<T>(
+        &self,
+        media_type: &str,
+        write: impl FnOnce(&mut dyn Write) -> Result<T, ImageError>,
+    ) -> Result<(Descriptor, T), ImageError> {
+        let (tmp, file) = self.temp_file()?;
+        let mut hashing = Hashing {
+            inner: io::BufWriter::with_capacity(1 << 20, file),
+            hash: Sha256::new(),
+            size: 0,
+        };
+        let made = write(&mut hashing).and_then(|t| {
+            hashing.inner.flush().map_err(io_err("write", &tmp))?;
+            Ok(t)
+        });
+        let made = match made {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = fs::remove_file(&tmp);
+                return Err(e);
+            }
+        };
+        let digest = format!("sha256:{}", hex(&hashing.hash.finalize()));
+        let desc = Descriptor {
+            media_type: media_type.to_string(),
+            digest,
+            size: hashing.size,
+            annotations: Default::default(),
+        };
+        self.place(&tmp, &desc)?;
+        Ok((desc, made))
+    }
+
+    /// Moves the file `tmp` (inside the store) in as a blob, hashing it.
+    fn adopt(&self, tmp: &Path, media_type: &str) -> Result<Descriptor, ImageError> {
+        let mut file = File::open(tmp).map_err(io_err("open", tmp))?;
+        let mut hash = Sha256::new();
+        let mut buf = vec![0u8; 1 << 16];
+        let mut size = 0u64;
+        loop {
+            let n = file.read(&mut buf).map_err(io_err("read", tmp))?;
+            if n == 0 {
+                break;
+            }
+            hash.update(&buf[..n]);
+            size += n as u64;
+        }
+        let desc = Descriptor {
+            media_type: media_type.to_string(),
+            digest: format!("sha256:{}", hex(&hash.finalize())),
+            size,
+            annotations: Default::default(),
+        };
+        self.place(tmp, &desc)?;
+        Ok(desc)
+    }
+
+    fn place(&self, tmp: &Path, desc: &Descriptor) -> Result<(), ImageError> {
+        let path = self.blob_path(&desc.digest)?;
+        if path.exists() {
+            // The same bytes are there already.
+            let _ = fs::remove_file(tmp);
+            return Ok(());
+        }
+        fs::rename(tmp, &path).map_err(io_err("rename into", &path))
+    }
+
+    /// Reads a blob, checking its digest.
+    pub fn read_blob(&self, digest: &str) -> Result<Vec<u8>, ImageError> {
+        let path = self.blob_path(digest)?;
+        let bytes = fs::read(&path).map_err(io_err("read", &path))?;
+        let got = format!("sha256:{}", hex(&Sha256::digest(&bytes)));
+        if got != digest {
+            return Err(ImageError::Corrupt(format!(
+                "blob {digest} holds {got}: the store was changed outside Sandcell"
+            )));
+        }
+        Ok(bytes)
+    }
+
+    /// Names an image made of `layers` (lowest first) and `config` (an OCI image config):
+    /// writes the config and the manifest, and points `reference` at them (replacing what it
+    /// named before).
+    pub fn tag(
+        &self,
+        reference: &str,
+        layers: &[Descriptor],
+        config: &serde_json::Value,
+    ) -> Result<Descriptor, ImageError> {
+        for layer in layers {
+            if !self.blob_path(&layer.digest)?.exists() {
+                return Err(ImageError::Invalid(format!(
+                    "layer {} is not in the store",
+                    layer.digest
+                )));
+            }
+        }
+        let config_bytes = serde_json::to_vec(config)
+            .map_err(|e| ImageError::Invalid(format!("the image's config: {e}")))?;
+        let config = self.put_bytes(&config_bytes, CONFIG_JSON)?;
+        let manifest = Manifest {
+            schema_version: 2,
+            media_type: Some(MANIFEST_JSON.into()),
+            config,
+            layers: layers.to_vec(),
+        };
+        let manifest_bytes = serde_json::to_vec(&manifest)
+            .map_err(|e| ImageError::Invalid(format!("the manifest: {e}")))?;
+        let mut desc = self.put_bytes(&manifest_bytes, MANIFEST_JSON)?;
+        desc.annotations
+            .insert(REF_NAME.to_string(), reference.to_string());
+        let _guard = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut index = self.read_index()?;
+        index
+            .manifests
+            .retain(|m| m.annotations.get(REF_NAME).map(String::as_str) != Some(reference));
+        index.manifests.push(desc.clone());
+        self.write_index(&index)?;
+        Ok(desc)
+    }
+
+    /// The image named `reference`, if there is one.
+    pub fn image(&self, reference: &str) -> Result<Option<Image>, ImageError> {
+        let index = self.read_index()?;
+        let Some(desc) = index
+            .manifests
+            .iter()
+            .find(|m| m.annotations.get(REF_NAME).map(String::as_str) == Some(reference))
+        else {
+            return Ok(None);
+        };
+        let manifest: Manifest = serde_json::from_slice(&self.read_blob(&desc.digest)?)
+            .map_err(|e| ImageError::Corrupt(format!("manifest {}: {e}", desc.digest)))?;
+        let config = serde_json::from_slice(&self.read_blob(&manifest.config.digest)?)
+            .map_err(|e| ImageError::Corrupt(format!("config {}: {e}", manifest.config.digest)))?;
+        Ok(Some(Image {
+            reference: reference.to_string(),
+            manifest_digest: desc.digest.clone(),
+            manifest,
+            config,
+        }))
+    }
+
+    /// Every image's name, in the order they were named.
+    pub fn references(&self) -> Result<Vec<String>, ImageError> {
+        Ok(self
+            .read_index()?
+            .manifests
+            .iter()
+            .filter_map(|m| m.annotations.get(REF_NAME).cloned())
+            .collect())
+    }
+
+    /// Removes the name `reference` (its blobs stay until [`Self::collect_garbage`]); whether
+    /// there was one.
+    pub fn untag(&self, reference: &str) -> Result<bool, ImageError> {
+        let _guard = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut index = self.read_index()?;
+        let before = index.manifests.len();
+        index
+            .manifests
+            .retain(|m| m.annotations.get(REF_NAME).map(String::as_str) != Some(reference));
+        if index.manifests.len() == before {
+            return Ok(false);
+        }
+        self.write_index(&index)?;
+        Ok(true)
+    }
+
+    /// The layer a build step with cache key `key` made before, if its blob is still here.
+    pub fn cached_layer(&self, key: &str) -> Result<Option<Descriptor>, ImageError> {
+        let path = self.cache_path(key)?;
+        let text = match fs::read(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(io_err("read", &path)(e)),
+        };
+        let Ok(desc) = serde_json::from_slice::<Descriptor>(&text) else {
+            return Ok(None);
+        };
+        Ok(self.blob_path(&desc.digest)?.exists().then_some(desc))
+    }
+
+    /// Remembers that the step with cache key `key` made `layer`.
+    pub fn remember_layer(&self, key: &str, layer: &Descriptor) -> Result<(), ImageError> {
+        let path = self.cache_path(key)?;
+        let bytes = serde_json::to_vec(layer)
+            .map_err(|e| ImageError::Invalid(format!("a cache entry: {e}")))?;
+        write_atomically(&path, &bytes)
+    }
+
+    fn cache_path(&self, key: &str) -> Result<PathBuf, ImageError> {
+        if key.is_empty() || key.len() > 128 || !key.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(ImageError::Invalid(format!("'{key}' is not a cache key")));
+        }
+        Ok(self.root.join("cache").join(key))
+    }
+
+    /// Removes every blob no named image uses (and, unless `keep_cache`, the layer cache
+    /// with it; cache entries whose layer is gone always go), and leftover temporary files.
+    pub fn collect_garbage(&self, keep_cache: bool) -> Result<Collected, ImageError> {
+        let _guard = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
+        let mut live = BTreeSet::new();
+        for desc in self.read_index()?.manifests {
+            live.insert(desc.digest.clone());
+            let manifest: Manifest = serde_json::from_slice(&self.read_blob(&desc.digest)?)
+                .map_err(|e| ImageError::Corrupt(format!("manifest {}: {e}", desc.digest)))?;
+            live.insert(manifest.config.digest);
+            live.extend(manifest.layers.into_iter().map(|l| l.digest));
+        }
+        let mut out = Collected::default();
+        let cache_dir = self.root.join("cache");
+        for entry in fs::read_dir(&cache_dir).map_err(io_err("list", &cache_dir))? {
+            let entry = entry.map_err(io_err("list", &cache_dir))?;
+            let desc = fs::read(entry.path())
+                .ok()
+                .and_then(|b| serde_json::from_slice::<Descriptor>(&b).ok());
+            let keep = keep_cache
+                && desc.as_ref().is_some_and(|d| {
+                    self.blob_path(&d.digest)
+                        .map(|p| p.exists())
+                        .unwrap_or(false)
+                });
+            match (keep, desc) {
+                (true, Some(d)) => {
+                    live.insert(d.digest);
+                }
+                _ => {
+                    fs::remove_file(entry.path()).map_err(io_err("remove", &entry.path()))?;
+                    out.cache_entries += 1;
+                }
+            }
+        }
+        let blobs = self.root.join("blobs").join("sha256");
+        for entry in fs::read_dir(&blobs).map_err(io_err("list", &blobs))? {
+            let entry = entry.map_err(io_err("list", &blobs))?;
+            let digest = format!("sha256:{}", entry.file_name().to_string_lossy());
+            if !live.contains(&digest) {
+                let size = entry.metadata().map(|m| m.len()).unwrap_or(0);
+                fs::remove_file(entry.path()).map_err(io_err("remove", &entry.path()))?;
+                out.blobs += 1;
+                out.bytes += size;
+            }
+        }
+        // Temporary files of this process are in use only while a put runs, under no lock:
+        // leave them; a dead process's are leftovers.
+        let tmp = self.root.join("tmp");
+        let mine = format!("{}-", std::process::id());
+        for entry in fs::read_dir(&tmp).map_err(io_err("list", &tmp))?.flatten() {
+            if !entry.file_name().to_string_lossy().starts_with(&mine) {
+                let _ = fs::remove_file(entry.path());
+            }
+        }
+        Ok(out)
+    }
+
+    fn read_index(&self) -> Result<Index, ImageError> {
+        let path = self.index_path();
+        let bytes = fs::read(&path).map_err(io_err("read", &path))?;
+        serde_json::from_slice(&bytes).map_err(|e| ImageError::Corrupt(format!("index.json: {e}")))
+    }
+
+    fn write_index(&self, index: &Index) -> Result<(), ImageError> {
+        let bytes = serde_json::to_vec(index)
+            .map_err(|e| ImageError::Invalid(format!("index.json: {e}")))?;
+        write_atomically(&self.index_path(), &bytes)
+    }
+}
+
+/// Writes `path` through a temporary file beside it and a rename.
+fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), ImageError> {
+    let name = path
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let tmp = path.with_file_name(format!(".{name}.{}.tmp", std::process::id()));
+    let mut f = File::create(&tmp).map_err(io_err("create", &tmp))?;
+    f.write_all(bytes)
+        .and_then(|()| f.sync_all())
+        .map_err(io_err("write", &tmp))?;
+    fs::rename(&tmp, path).map_err(io_err("rename into", path))
+}
+
+/// A writer that hashes and counts what goes through it.
+struct Hashing<W> {
+    inner: W,
+    hash: Sha256,
+    size: u64,
+}
+
+impl<W: Write> Write for Hashing<W> {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.inner.write(buf)?;
+        self.hash.update(&buf[..n]);
+        self.size += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.inner.flush()
+    }
+}
+
+pub(crate) fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// The architecture name OCI uses for this machine.
+pub fn oci_architecture() -> &'static str {
+    match std::env::consts::ARCH {
+        "x86_64" => "amd64",
+        "aarch64" => "arm64",
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blobs_are_content_addressed_and_checked_when_read() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let store = Store::open(dir.path()).expect("open");
+        let a = store.put_bytes(b"hello", LAYER_TAR).expect("put");
+        assert_eq!(
+            a.digest,
+            "sha256:2cf24dba5fb0a30e26e83b2ac5b9e29e1b161e5c1fa7425e73043362938b9824"
+        );
+        assert_eq!(a.size, 5);
+        let b = store.put_bytes(b"hello", LAYER_TAR).expect("again");
+        assert_eq!(a, b);
+        assert_eq!(store.read_blob(&a.digest).expect("read"), b"hello");
+        fs::write(store.blob_path(&a.digest).expect("path"), b"changed").expect("tamper");
+        assert!(matches!(
+            store.read_blob(&a.digest),
+            Err(ImageError::Corrupt(_))
+        ));
+        assert!(store.blob_path("sha256:../../etc").is_err());
+        let (streamed, n) = store
+            .put_with(LAYER_TAR, |w| {
+                w.write_all(b"streamed").map_err(|e| ImageError::Io {
+                    op: "test".into(),
+                    source: e,
+                })?;
+                Ok(8)
+            })
+            .expect("streamed");
+        assert_eq!((streamed.size, n), (8, 8));
+        assert!(
+            fs::read_dir(dir.path().join("tmp"))
+                .expect("tmp")
+                .next()
+                .is_none()
+        );
+    }
+
+    #[test]
+    fn tags_caches_and_garbage_collection() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let store = Store::open(dir.path()).expect("open");
+        let l1 = store.put_bytes(b"layer one", LAYER_TAR).expect("l1");
+        let l2 = store.put_bytes(b"layer two", LAYER_TAR).expect("l2");
+        let orphan = store.put_bytes(b"nobody's", LAYER_TAR).expect("orphan");
+        let config = serde_json::json!({"architecture": oci_architecture(), "os": "linux"});
+        store.tag("base", std::slice::from_ref(&l1), &config).expect("tag base");
+        store
+            .tag("app:v1", &[l1.clone(), l2.clone()], &config)
+            .expect("tag app");
+        let app = store.image("app:v1").expect("read").expect("found");
+        assert_eq!(app.manifest.layers, vec![l1.clone(), l2.clone()]);
+        assert_eq!(app.config["os"], "linux");
+        assert_eq!(store.references().expect("refs"), vec!["base", "app:v1"]);
+        // Tagging again replaces.
+        store.tag("base", std::slice::from_ref(&l2), &config).expect("retag");
+        assert_eq!(store.references().expect("refs"), vec!["app:v1", "base"]);
+        store.remember_layer("ab12", &orphan).expect("cache");
+        assert_eq!(
+            store.cached_layer("ab12").expect("hit"),
+            Some(orphan.clone())
+        );
+        assert_eq!(store.cached_layer("cd34").expect("miss"), None);
+        assert!(store.remember_layer("../x", &orphan).is_err());
+        // Kept by the cache, then not.
+        let kept = store.collect_garbage(true).expect("gc");
+        assert_eq!(kept.blobs, 1, "the old manifest of 'base' only: {kept:?}");
+        assert!(store.blob_path(&orphan.digest).expect("p").exists());
+        assert!(store.untag("app:v1").expect("untag"));
+        assert!(!store.untag("app:v1").expect("again"));
+        let dropped = store.collect_garbage(false).expect("gc");
+        assert_eq!(dropped.cache_entries, 1);
+        assert!(!store.blob_path(&orphan.digest).expect("p").exists());
+        assert!(!store.blob_path(&l1.digest).expect("p").exists());
+        assert!(
+            store.blob_path(&l2.digest).expect("p").exists(),
+            "base still uses it"
+        );
+        assert!(store.image("base").expect("read").is_some());
+        assert!(
+            store.tag("x", &[orphan], &config).is_err(),
+            "a layer not stored"
+        );
+    }
+}

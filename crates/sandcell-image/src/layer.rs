@@ -194,12 +194,11 @@ fn is_opaque(path: &Path) -> bool {
         })
 }
 
-/// Applies the layer tar at `layer` onto `root` (lower layers already there).
+/// Applies the layer tar (plain or gzip) at `layer` onto `root` (lower layers already there).
 pub fn apply(layer: &Path, root: &Path) -> Result<LayerStats, ImageError> {
     let mut stats = LayerStats::default();
     // Pass one: what this layer removes from the layers below.
-    let file = fs::File::open(layer).map_err(io_err("open", layer))?;
-    let mut archive = tar::Archive::new(io::BufReader::new(file));
+    let mut archive = tar::Archive::new(crate::import::reader(layer)?);
     for entry in archive.entries().map_err(io_err("read", layer))? {
         let entry = entry.map_err(io_err("read", layer))?;
         let path = entry.path().map_err(io_err("read", layer))?.into_owned();
@@ -222,8 +221,7 @@ pub fn apply(layer: &Path, root: &Path) -> Result<LayerStats, ImageError> {
         }
     }
     // Pass two: what it adds or changes.
-    let file = fs::File::open(layer).map_err(io_err("open", layer))?;
-    let mut archive = tar::Archive::new(io::BufReader::new(file));
+    let mut archive = tar::Archive::new(crate::import::reader(layer)?);
     archive.set_preserve_permissions(true);
     archive.set_preserve_ownerships(rustix::process::geteuid().is_root());
     archive.set_preserve_mtime(true);

@@ -546,7 +546,9 @@ mod tests {
         let l2 = store.put_bytes(b"layer two", LAYER_TAR).expect("l2");
         let orphan = store.put_bytes(b"nobody's", LAYER_TAR).expect("orphan");
         let config = serde_json::json!({"architecture": oci_architecture(), "os": "linux"});
-        store.tag("base", std::slice::from_ref(&l1), &config).expect("tag base");
+        store
+            .tag("base", std::slice::from_ref(&l1), &config)
+            .expect("tag base");
         store
             .tag("app:v1", &[l1.clone(), l2.clone()], &config)
             .expect("tag app");
@@ -555,7 +557,9 @@ mod tests {
         assert_eq!(app.config["os"], "linux");
         assert_eq!(store.references().expect("refs"), vec!["base", "app:v1"]);
         // Tagging again replaces.
-        store.tag("base", std::slice::from_ref(&l2), &config).expect("retag");
+        store
+            .tag("base", std::slice::from_ref(&l2), &config)
+            .expect("retag");
         assert_eq!(store.references().expect("refs"), vec!["app:v1", "base"]);
         store.remember_layer("ab12", &orphan).expect("cache");
         assert_eq!(

@@ -24,6 +24,8 @@ have runsc || need+=(runsc)
 [ -d /usr/lib/R/site-library/ggplot2 ] || need+=(r-cran-ggplot2)
 # Templates: the image store is an OCI layout, which the tests read back with a standard tool.
 have umoci || need+=(umoci)
+# Templates `FROM debian:<suite>`: the base is made from the configured Debian mirror.
+have mmdebstrap || need+=(mmdebstrap)
 
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""

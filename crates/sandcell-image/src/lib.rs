@@ -2,16 +2,20 @@
 //!
 //! - [`store`]: an OCI image layout on disk (content-addressed blobs, tagged manifests) with
 //!   a layer cache by build-step key and garbage collection of what nothing uses;
+//! - [`bases`]: what a `FROM` names, found without a registry (`host`, the store,
+//!   `debian:<suite>` made with mmdebstrap);
 //! - [`import`]: images brought in from files (OCI layouts and archives, `docker save`
 //!   archives, root filesystem tarballs), and an image's root filesystem written out;
 //! - [`layer`]: a build step's changes (an overlay's upper folder, whiteouts included) as a
 //!   layer tar, and layers applied in order onto a root folder.
 #![forbid(unsafe_code)]
 
+pub mod bases;
 pub mod import;
 pub mod layer;
 pub mod store;
 
+pub use bases::{Base, DebianOptions, Resolved, resolve};
 pub use import::{Imported, flatten, import};
 pub use layer::{IdRange, LayerStats, apply, write_diff};
 pub use store::{Collected, Descriptor, Image, Manifest, Store};

@@ -21,7 +21,7 @@ pub enum Base {
     /// The host's system.
     Host,
     /// An image of the store.
-    Image(Image),
+    Image(Box<Image>),
 }
 
 /// How Debian bases are made.
@@ -54,7 +54,7 @@ pub fn resolve(store: &Store, name: &str, debian: &DebianOptions) -> Result<Reso
     for candidate in candidates(name) {
         if let Some(image) = store.image(&candidate)? {
             return Ok(Resolved {
-                base: Base::Image(image),
+                base: Base::Image(Box::new(image)),
                 made: None,
             });
         }
@@ -71,7 +71,7 @@ pub fn resolve(store: &Store, name: &str, debian: &DebianOptions) -> Result<Reso
             ImageError::Corrupt(format!("{name} was made but is not in the store"))
         })?;
         return Ok(Resolved {
-            base: Base::Image(image),
+            base: Base::Image(Box::new(image)),
             made: Some(start.elapsed()),
         });
     }

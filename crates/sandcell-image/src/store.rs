@@ -3,14 +3,13 @@
 //! (`cache/<key>`, outside the layout proper).
 //!
 //! Blobs are written to a temporary file, hashed as they are written, and renamed into place:
-//! a crash leaves no half blob under its digest. `index.json` is replaced the same way. One
-//! process (the daemon, or an embedded engine) writes a store at a time.
+//! a crash leaves no half blob under its digest. `index.json` is replaced the same way, under
+//! an exclusive lock of `.lock` (the daemon and a CLI command may share a store).
 
 use std::collections::BTreeSet;
 use std::fs::{self, File};
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, PoisonError};
 
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
@@ -96,8 +95,6 @@ pub struct Collected {
 #[derive(Debug)]
 pub struct Store {
     root: PathBuf,
-    /// Serializes changes of `index.json` and the cache within this process.
-    writing: Mutex<()>,
 }
 
 fn io_err(op: impl Into<String>, path: &Path) -> impl FnOnce(io::Error) -> ImageError {
@@ -121,10 +118,7 @@ impl Store {
         if !layout.exists() {
             write_atomically(&layout, br#"{"imageLayoutVersion":"1.0.0"}"#)?;
         }
-        let store = Self {
-            root,
-            writing: Mutex::new(()),
-        };
+        let store = Self { root };
         if !store.index_path().exists() {
             store.write_index(&Index {
                 schema_version: 2,
@@ -138,6 +132,20 @@ impl Store {
     /// Where the layout is.
     pub fn root(&self) -> &Path {
         &self.root
+    }
+
+    /// An exclusive lock on the store's index and cache, held until the file is dropped.
+    fn lock(&self) -> Result<File, ImageError> {
+        let path = self.root.join(".lock");
+        let file = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(io_err("open", &path))?;
+        rustix::fs::flock(&file, rustix::fs::FlockOperation::LockExclusive)
+            .map_err(|e| io_err("lock", &path)(e.into()))?;
+        Ok(file)
     }
 
     fn index_path(&self) -> PathBuf {
@@ -292,7 +300,7 @@ impl Store {
         let mut desc = self.put_bytes(&manifest_bytes, MANIFEST_JSON)?;
         desc.annotations
             .insert(REF_NAME.to_string(), reference.to_string());
-        let _guard = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
+        let _guard = self.lock()?;
         let mut index = self.read_index()?;
         index
             .manifests
@@ -337,7 +345,7 @@ impl Store {
     /// Removes the name `reference` (its blobs stay until [`Self::collect_garbage`]); whether
     /// there was one.
     pub fn untag(&self, reference: &str) -> Result<bool, ImageError> {
-        let _guard = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
+        let _guard = self.lock()?;
         let mut index = self.read_index()?;
         let before = index.manifests.len();
         index
@@ -382,7 +390,7 @@ impl Store {
     /// Removes every blob no named image uses (and, unless `keep_cache`, the layer cache
     /// with it; cache entries whose layer is gone always go), and leftover temporary files.
     pub fn collect_garbage(&self, keep_cache: bool) -> Result<Collected, ImageError> {
-        let _guard = self.writing.lock().unwrap_or_else(PoisonError::into_inner);
+        let _guard = self.lock()?;
         let mut live = BTreeSet::new();
         for desc in self.read_index()?.manifests {
             live.insert(desc.digest.clone());

@@ -105,6 +105,10 @@ enum Command {
     /// delete. Through the daemon when one runs, else on the home's store.
     #[command(subcommand)]
     Memory(memory::MemoryCommand),
+    /// Images templates are built on (in the home's store): import from a file, list,
+    /// inspect, remove, make a base ahead, prune.
+    #[command(subcommand)]
+    Image(crate::image::ImageCommand),
 }
 
 /// Parses the arguments and runs the command; errors print as `sandcell: …` (exit 125).
@@ -164,6 +168,7 @@ fn run_command(command: Command) -> anyhow::Result<ExitCode> {
         Command::Logs(args) => return agent::logs(args),
         Command::Threads(cmd) => return agent::threads(cmd),
         Command::Memory(cmd) => return memory::memory(cmd),
+        Command::Image(cmd) => return crate::image::image(cmd),
         Command::Sandbox { client, command } => {
             return client_rt()?.block_on(client::sandbox(&client, command));
         }

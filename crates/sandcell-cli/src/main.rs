@@ -11,6 +11,7 @@ mod cli;
 mod client;
 mod daemon;
 mod doctor;
+mod image;
 mod mcp;
 mod memory;
 mod options;

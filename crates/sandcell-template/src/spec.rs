@@ -165,7 +165,7 @@ pub fn check_reference(reference: &str) -> Result<(), String> {
     };
     if !part_ok(name, 64) || tag.is_some_and(|t| !part_ok(t, 32)) {
         return Err(format!(
-            "'{reference}' is not a template name: name[:tag], lower-case letters, digits, '.', '_', '-' (name at most 64, tag at most 32)"
+            "'{reference}' is not a template or image name: name[:tag], lower-case letters, digits, '.', '_', '-' (name at most 64, tag at most 32)"
         ));
     }
     Ok(())
@@ -225,7 +225,7 @@ warmup = "import pandas"
     fn bad_files_are_refused_saying_what_is_wrong() {
         let cases = [
             ("nme = \"x\"", "nme"),
-            ("name = \"Bad Name\"", "not a template name"),
+            ("name = \"Bad Name\"", "not a template or image name"),
             ("dockerfile = \"../x\"", "inside the build context"),
             (
                 "dockerfile = \"a\"\ndockerfile_inline = \"FROM host\"",

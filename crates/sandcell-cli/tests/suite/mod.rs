@@ -20,6 +20,7 @@ mod durable_runs;
 mod egress;
 mod exec;
 mod files;
+mod images;
 mod kernels;
 mod limits;
 mod mcp;

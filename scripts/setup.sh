@@ -26,6 +26,8 @@ have runsc || need+=(runsc)
 have umoci || need+=(umoci)
 # Templates `FROM debian:<suite>`: the base is made from the configured Debian mirror.
 have mmdebstrap || need+=(mmdebstrap)
+# Sandboxes from image templates are tested on a tiny root filesystem made of busybox.
+[ -x /bin/busybox ] || need+=(busybox-static)
 
 if [ ${#need[@]} -gt 0 ]; then
   SUDO=""

@@ -119,7 +119,9 @@ pub fn template_kernels(name: &str) -> Option<&'static [Lang]> {
 #[serde(deny_unknown_fields)]
 pub struct CreateSandbox {
     /// The template: `default` (the host's system), or `python`, `node`, `bash`, `r` (the
-    /// same with that kernel started during creation).
+    /// same with that kernel started during creation), or an image of the daemon's store
+    /// (`name[:tag]`, see `sandcell image`): its root filesystem is the sandbox's system
+    /// (process backend).
     pub template: Option<String>,
     /// A named size (default `small`).
     pub size: Option<Size>,

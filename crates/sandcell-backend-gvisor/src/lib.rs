@@ -328,6 +328,7 @@ impl GvisorBackend {
         let skeleton = skeleton::prepare(
             &self.config.runtime_dir.join("rootfs"),
             &RootLayout {
+                system_root: Path::new("/"),
                 system_paths: &self.config.system_paths,
                 etc_files: &etc_files(),
                 tmpfs_paths: &tmpfs,
@@ -477,6 +478,13 @@ impl GvisorBackend {
         spec: &SandboxSpec,
         image: Option<&Path>,
     ) -> Result<LaunchedSandbox, EngineError> {
+        // Its bundle binds the host's system; a template's root is not carried over yet.
+        if spec.system_root.is_some() {
+            return Err(EngineError::InvalidSpec(
+                "sandboxes from image templates run on the process backend only (not gvisor yet)"
+                    .into(),
+            ));
+        }
         if let Some(why) = self.unavailable() {
             return Err(EngineError::BackendUnavailable(format!(
                 "the gvisor backend cannot run here: {why}"

@@ -177,6 +177,7 @@ impl ProcessBackend {
             sandcell_protocol::EGRESS_DIR,
         ];
         let layout = RootLayout {
+            system_root: Path::new("/"),
             system_paths: &self.config.system_paths,
             etc_files: &skeleton::sandbox_etc_files(HOSTNAME),
             tmpfs_paths: &tmpfs,
@@ -315,9 +316,14 @@ impl ProcessBackend {
         } else {
             None
         };
+        let system_root = spec
+            .system_root
+            .as_deref()
+            .map_or(Path::new("/"), Path::new);
         let skeleton = skeleton::prepare(
             &self.config.runtime_dir.join("rootfs"),
             &RootLayout {
+                system_root,
                 system_paths: &self.config.system_paths,
                 etc_files: &skeleton::sandbox_etc_files(HOSTNAME),
                 tmpfs_paths: &tmpfs_paths,
@@ -340,6 +346,7 @@ impl ProcessBackend {
             } else {
                 skeleton.binds
             },
+            system_root: spec.system_root.clone(),
             tmpfs,
             network: match spec.network {
                 NetworkPolicy::Off => NetworkMode::Off,

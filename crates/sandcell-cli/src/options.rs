@@ -60,6 +60,10 @@ pub struct SandboxArgs {
     /// Working directory inside the sandbox.
     #[arg(long)]
     pub cwd: Option<String>,
+    /// An image of the home's store as the sandbox's system instead of the host's
+    /// (`sandcell image ls`; the home is $SANDCELL_HOME or the default).
+    #[arg(long, value_name = "IMAGE")]
+    pub template: Option<String>,
 }
 
 impl SandboxArgs {
@@ -80,6 +84,15 @@ impl SandboxArgs {
             spec.limits.disk_bytes = d;
         }
         spec.network = self.network.clone();
+        if let Some(name) = &self.template {
+            sandcell_template::check_reference(name).map_err(anyhow::Error::msg)?;
+            let dir = sandcell_service::config::default_home().join("images");
+            let store = sandcell_image::Store::open(&dir)
+                .with_context(|| format!("the image store {}", dir.display()))?;
+            let root = sandcell_image::unpacked_root(&store, name)?;
+            spec.template = Some(name.clone());
+            spec.system_root = Some(root.display().to_string());
+        }
         Ok(spec)
     }
 

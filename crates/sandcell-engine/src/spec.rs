@@ -104,6 +104,10 @@ pub struct SandboxSpec {
     /// holds those, in memory): so that a restore, a fork or a reattachment knows them.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub secrets: Vec<sandcell_api::sandboxes::SecretRef>,
+    /// The root filesystem its system comes from (a template image's, unpacked on the host);
+    /// `None`: the host's own `/usr` and the like.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub system_root: Option<String>,
 }
 
 impl SandboxSpec {
@@ -152,6 +156,19 @@ impl SandboxSpec {
         let mut seen = std::collections::BTreeSet::new();
         if let Some(dup) = self.warm_kernels.iter().find(|l| !seen.insert(**l)) {
             return bad(format!("warm kernel {dup} is listed twice"));
+        }
+        if let Some(root) = &self.system_root {
+            let path = std::path::Path::new(root);
+            if !path.is_absolute() || !path.join("usr").is_dir() {
+                return bad(format!(
+                    "system root '{root}' must be an absolute folder holding usr/"
+                ));
+            }
+            if self.checkpointable {
+                return bad(
+                    "a checkpointable sandbox cannot start from an image template yet".into(),
+                );
+            }
         }
         Ok(())
     }

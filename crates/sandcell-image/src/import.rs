@@ -384,7 +384,7 @@ pub fn flatten(
 ) -> Result<crate::LayerStats, ImageError> {
     let image = store
         .image(reference)?
-        .ok_or_else(|| ImageError::Invalid(format!("no image named '{reference}'")))?;
+        .ok_or_else(|| ImageError::Missing(reference.to_string()))?;
     fs::create_dir_all(dest).map_err(io_err("create", dest))?;
     let mut total = crate::LayerStats::default();
     for layer in &image.manifest.layers {

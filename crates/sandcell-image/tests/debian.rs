@@ -10,7 +10,7 @@ use sandcell_image::{Base, DebianOptions, Store, layer, resolve};
 #[test]
 fn a_debian_base_is_made_once_from_the_mirror_and_then_found() {
     if !rustix::process::geteuid().is_root() {
-        eprintln!("skipped: mmdebstrap as used here needs root");
+        sandcell_testkit::skip::skip("mmdebstrap as used here needs root");
         return;
     }
     if Command::new("mmdebstrap")
@@ -18,7 +18,7 @@ fn a_debian_base_is_made_once_from_the_mirror_and_then_found() {
         .output()
         .is_err()
     {
-        eprintln!("skipped: mmdebstrap is not installed (scripts/setup.sh installs it)");
+        sandcell_testkit::skip::skip("mmdebstrap is not installed (scripts/setup.sh installs it)");
         return;
     }
     let root = std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("debian-bases");

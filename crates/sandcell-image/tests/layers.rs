@@ -51,7 +51,7 @@ fn is_root() -> bool {
 #[test]
 fn changes_through_an_overlay_become_a_layer_that_applies_and_umoci_reads() {
     if !is_root() {
-        eprintln!("skipped: mounting overlayfs needs root");
+        sandcell_testkit::skip::skip("mounting overlayfs needs root");
         return;
     }
     let tmp = tempfile::tempdir().expect("tmp");
@@ -142,7 +142,7 @@ fn changes_through_an_overlay_become_a_layer_that_applies_and_umoci_reads() {
     store.tag("test", &[base, diff], &config).expect("tag");
     let umoci = Command::new("umoci").arg("--version").output();
     if umoci.is_err() {
-        eprintln!("skipped: umoci is not installed (scripts/setup.sh installs it)");
+        sandcell_testkit::skip::skip("umoci is not installed (scripts/setup.sh installs it)");
         return;
     }
     let bundle = tmp.path().join("bundle");

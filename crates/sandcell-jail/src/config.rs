@@ -107,9 +107,12 @@ pub struct JailConfig {
     /// [`crate::rootfs::skeleton`]): the sandbox binds it recursively and `ro_binds` is empty.
     #[serde(default)]
     pub root_premounted: bool,
-    /// Host paths (files or directories) bound read-only at the same path inside; their
-    /// mount points exist in the skeleton.
+    /// Paths (files or directories) bound read-only at the same path inside, from under
+    /// `system_root`; their mount points exist in the skeleton.
     pub ro_binds: Vec<String>,
+    /// Where `ro_binds` come from: a template's root filesystem; `None`: the host's `/`.
+    #[serde(default)]
+    pub system_root: Option<String>,
     /// Writable tmpfs mounts (their mount points exist in the skeleton).
     pub tmpfs: Vec<TmpfsMount>,
     /// Network policy.

@@ -152,6 +152,7 @@ fn a_mounted_skeleton_holds_its_binds_and_is_remounted_when_one_is_gone() {
     let dir = cache.path().join("rootfs");
     let system = vec!["/usr".to_string(), "/etc/ssl".to_string()];
     let layout = RootLayout {
+        system_root: std::path::Path::new("/"),
         system_paths: &system,
         etc_files: &[],
         tmpfs_paths: &["/workspace"],

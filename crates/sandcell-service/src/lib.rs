@@ -19,6 +19,7 @@ pub mod error;
 pub mod exec;
 pub mod files;
 pub mod git;
+pub mod images;
 pub mod keys;
 pub mod ledger;
 pub mod lifecycle;

@@ -253,7 +253,7 @@ impl Service {
         caller: &Caller,
         req: CreateSandbox,
     ) -> ServiceResult<SandboxInfo> {
-        let mut spec = spec_of(&req)?;
+        let mut spec = self.spec_for(&req).await?;
         let secrets = crate::secrets::secrets_of(&req.secrets)?;
         for s in secrets.iter() {
             spec.env

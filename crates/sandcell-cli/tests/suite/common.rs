@@ -47,7 +47,16 @@ pub async fn sandbox() -> Sandbox {
 
 pub async fn sandbox_with(mut spec: SandboxSpec) -> Sandbox {
     spec.backend = backend();
+    spec.system_root = system_root();
     engine().create(spec).await.expect("create sandbox")
+}
+
+/// `SANDCELL_TEST_SYSTEM_ROOT`: the suites' sandboxes take their system from this folder, as
+/// sandboxes from an image template do (scripts/test.sh runs the attacks so once).
+pub fn system_root() -> Option<String> {
+    std::env::var("SANDCELL_TEST_SYSTEM_ROOT")
+        .ok()
+        .filter(|s| !s.is_empty())
 }
 
 /// Runs `sh -c LINE` and returns the output.

@@ -16,6 +16,7 @@ mod daemon_pause;
 mod daemon_previews;
 mod daemon_processes;
 mod daemon_snapshots;
+mod daemon_templates;
 mod durable_runs;
 mod egress;
 mod exec;

@@ -92,10 +92,12 @@ pub fn setup(config: &JailConfig) -> Result<Vec<Feature>, JailError> {
         // The root itself is read-only: only the tmpfs mounts below are writable.
         let attrs = mount_attr::RDONLY | mount_attr::NOSUID | mount_attr::NODEV;
         set_attrs(root, attrs, false, "the root")?;
+        let system_root = config.system_root.as_deref().unwrap_or("");
         for path in &config.ro_binds {
             let target = format!("{root}{path}");
+            let source = format!("{}{path}", system_root.trim_end_matches('/'));
             do_mount(
-                Some(path),
+                Some(source.as_str()),
                 &target,
                 None,
                 MsFlags::MS_BIND | MsFlags::MS_REC,

@@ -33,7 +33,10 @@ const STALE_BUILD: Duration = Duration::from_secs(60);
 /// What a sandbox root holds, as the host describes it.
 #[derive(Debug, Clone, Copy)]
 pub struct RootLayout<'a> {
-    /// Host paths mirrored at the same place inside (see [`crate::JailConfig::ro_binds`]).
+    /// Where the system comes from: `/` (the host's own) or a template's root filesystem.
+    pub system_root: &'a Path,
+    /// Paths under `system_root` mirrored at the same place inside (see
+    /// [`crate::JailConfig::ro_binds`]).
     pub system_paths: &'a [String],
     /// Files synthesized under `/etc`: (name relative to `/etc`, contents).
     pub etc_files: &'a [(String, String)],
@@ -46,7 +49,10 @@ pub struct RootLayout<'a> {
 pub struct Skeleton {
     /// The skeleton directory on the host.
     pub dir: PathBuf,
-    /// Host paths to bind read-only at the same place (their mount points exist in `dir`).
+    /// Where the binds come from (`/`: the host's own system).
+    pub system_root: PathBuf,
+    /// Paths to bind read-only, from under `system_root` to the same place inside (their
+    /// mount points exist in `dir`).
     pub binds: Vec<String>,
     /// The binds and the devices are mounted inside `dir` already, in this mount namespace.
     pub mounted: bool,
@@ -77,16 +83,18 @@ pub fn prepare(
     mount: bool,
 ) -> Result<Skeleton, JailError> {
     let (entries, binds) = plan(layout)?;
-    let dir = cache_dir.join(format!("root-{:016x}", digest(&entries)));
+    let family = family(layout.system_root);
+    let dir = cache_dir.join(format!("root-{family}-{:016x}", digest(&entries)));
     let skeleton = Skeleton {
         dir,
+        system_root: layout.system_root.to_path_buf(),
         binds,
         mounted: mount,
     };
     if mount {
         // The usual case, in two system calls: built and mounted already. Only the first and
         // the last mount are checked (they are made in order); `sandcell doctor` checks all.
-        let points = mount_points(&skeleton.dir, &skeleton.binds);
+        let points = mount_points(&skeleton);
         if let (Some(first), Some(last)) = (points.first(), points.last())
             && is_mount_root(&first.0)
             && is_mount_root(&last.0)
@@ -99,20 +107,35 @@ pub fn prepare(
         build(cache_dir, &skeleton.dir, &entries)?;
     }
     if mount {
-        mount_in_place(cache_dir, &skeleton.dir, &skeleton.binds)?;
+        mount_in_place(cache_dir, &skeleton)?;
     }
     Ok(skeleton)
+}
+
+/// The part of a skeleton's name its system root decides (`host` for `/`): skeletons of one
+/// family replace each other as the host changes; those of different families (the host and
+/// each template) are mounted side by side.
+fn family(system_root: &Path) -> String {
+    if system_root == Path::new("/") {
+        return "host".into();
+    }
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in system_root.as_os_str().as_encoded_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    format!("{h:016x}")
 }
 
 /// Mounts whatever of a mounted skeleton's binds and devices is missing (see
 /// [`missing_mounts`]); [`prepare`] itself checks only the first and the last.
 pub fn repair(cache_dir: &Path, skeleton: &Skeleton) -> Result<(), JailError> {
-    mount_in_place(cache_dir, &skeleton.dir, &skeleton.binds)
+    mount_in_place(cache_dir, skeleton)
 }
 
 /// The mount points of a mounted skeleton that are not mounts (empty when all are).
 pub fn missing_mounts(skeleton: &Skeleton) -> Vec<PathBuf> {
-    mount_points(&skeleton.dir, &skeleton.binds)
+    mount_points(skeleton)
         .into_iter()
         .map(|(target, _, _)| target)
         .filter(|t| !is_mount_root(t))
@@ -120,10 +143,13 @@ pub fn missing_mounts(skeleton: &Skeleton) -> Vec<PathBuf> {
 }
 
 /// The mount points inside `dir` that [`mount_in_place`] fills: (target, source, read-only).
-fn mount_points(dir: &Path, binds: &[String]) -> Vec<(PathBuf, String, bool)> {
-    let system = binds
-        .iter()
-        .map(|b| (dir.join(b.trim_start_matches('/')), b.clone(), true));
+fn mount_points(skeleton: &Skeleton) -> Vec<(PathBuf, String, bool)> {
+    let dir = &skeleton.dir;
+    let system = skeleton.binds.iter().map(|b| {
+        let rel = b.trim_start_matches('/');
+        let source = skeleton.system_root.join(rel).display().to_string();
+        (dir.join(rel), source, true)
+    });
     let devices = DEVICES
         .iter()
         .map(|d| (dir.join("dev").join(d), format!("/dev/{d}"), false));
@@ -131,8 +157,9 @@ fn mount_points(dir: &Path, binds: &[String]) -> Vec<(PathBuf, String, bool)> {
 }
 
 /// Mounts the binds and devices inside `dir` unless they all are already.
-fn mount_in_place(cache_dir: &Path, dir: &Path, binds: &[String]) -> Result<(), JailError> {
-    let points = mount_points(dir, binds);
+fn mount_in_place(cache_dir: &Path, skeleton: &Skeleton) -> Result<(), JailError> {
+    let dir = skeleton.dir.as_path();
+    let points = mount_points(skeleton);
     if points.iter().all(|(target, _, _)| is_mount_root(target)) {
         return Ok(());
     }
@@ -173,7 +200,7 @@ fn mount_in_place(cache_dir: &Path, dir: &Path, binds: &[String]) -> Result<(), 
             .map_err(|e| JailError::io(what("make read-only"), e))?;
         }
     }
-    unmount_other_skeletons(cache_dir, dir);
+    unmount_other_skeletons(cache_dir, dir, &family(&skeleton.system_root));
     Ok(())
 }
 
@@ -195,13 +222,13 @@ pub(crate) fn make_private_mount(dir: &Path) -> Result<(), JailError> {
     .map_err(|e| JailError::io(format!("make {} a private mount", dir.display()), e.into()))
 }
 
-/// Detaches the mounts of older skeletons (their files stay: live sandboxes may use them;
-/// sandboxes hold copies of the mounts, which this does not touch).
-fn unmount_other_skeletons(cache_dir: &Path, keep: &Path) {
+/// Detaches the mounts of older skeletons of the same family (their files stay: live
+/// sandboxes may use them; sandboxes hold copies of the mounts, which this does not touch).
+fn unmount_other_skeletons(cache_dir: &Path, keep: &Path, family: &str) {
     let Ok(mountinfo) = fs::read_to_string("/proc/self/mountinfo") else {
         return;
     };
-    let prefix = format!("{}/root-", cache_dir.display());
+    let prefix = format!("{}/root-{family}-", cache_dir.display());
     let keep = format!("{}/", keep.display());
     let mut points: Vec<&str> = mountinfo
         .lines()
@@ -233,19 +260,20 @@ fn plan(layout: &RootLayout<'_>) -> Result<(BTreeMap<String, Node>, Vec<String>)
     let mut binds = Vec::new();
     for path in layout.system_paths {
         let rel = relative(path)?;
-        let meta = match fs::symlink_metadata(path) {
+        let source = layout.system_root.join(&rel);
+        let meta = match fs::symlink_metadata(&source) {
             Ok(m) => m,
             // Missing on this host: not mirrored.
             Err(_) => continue,
         };
         let node = if meta.file_type().is_symlink() {
-            let target =
-                fs::read_link(path).map_err(|e| JailError::io(format!("readlink {path}"), e))?;
+            let target = fs::read_link(&source)
+                .map_err(|e| JailError::io(format!("readlink {}", source.display()), e))?;
             Node::Symlink(target)
         } else if meta.is_file() && meta.len() <= COPY_MAX && path.starts_with("/etc/") {
             // Small /etc files are copied: a bind mount each would cost more at every start.
             Node::Copy {
-                source: PathBuf::from(path),
+                source: source.clone(),
                 stamp: [
                     meta.dev() as i64,
                     meta.ino() as i64,
@@ -570,6 +598,7 @@ mod tests {
         tmpfs: &'a [&'a str],
     ) -> RootLayout<'a> {
         RootLayout {
+            system_root: Path::new("/"),
             system_paths: system,
             etc_files: etc,
             tmpfs_paths: tmpfs,

@@ -1,0 +1,57 @@
+//! Templates that are images of the home's store (`<home>/images`, see
+//! docs/templates.md): a create naming one gets a sandbox whose system is that image's root
+//! filesystem, unpacked once on the host (`sandcell_image::unpacked_root`) and bound
+//! read-only like the host's own system.
+
+use std::path::{Path, PathBuf};
+
+use sandcell_api::sandboxes::{CreateSandbox, template_kernels};
+use sandcell_engine::SandboxSpec;
+
+use crate::{ErrorKind, Service, ServiceError, ServiceResult};
+
+impl Service {
+    /// The engine spec `req` asks for: a built-in template as [`crate::sandboxes::spec_of`]
+    /// makes it, or an image of the store as its system root.
+    pub async fn spec_for(&self, req: &CreateSandbox) -> ServiceResult<SandboxSpec> {
+        let Some(name) = req
+            .template
+            .as_deref()
+            .filter(|t| template_kernels(t).is_none())
+        else {
+            return crate::sandboxes::spec_of(req);
+        };
+        sandcell_template::check_reference(name).map_err(ServiceError::invalid)?;
+        let images = self.config.home.join("images");
+        let name_owned = name.to_string();
+        let root = tokio::task::spawn_blocking(move || image_root(&images, &name_owned))
+            .await
+            .map_err(|e| ServiceError::internal(format!("unpacking the image: {e}")))??;
+        let mut plain = req.clone();
+        plain.template = None;
+        let mut spec = crate::sandboxes::spec_of(&plain)?;
+        spec.template = Some(name.to_string());
+        spec.system_root = Some(root.display().to_string());
+        Ok(spec)
+    }
+}
+
+/// The unpacked root of image `name` in the store at `images`; `not_found` when the store
+/// has no such image.
+fn image_root(images: &Path, name: &str) -> ServiceResult<PathBuf> {
+    let store = sandcell_image::Store::open(images).map_err(image_error)?;
+    sandcell_image::unpacked_root(&store, name).map_err(|e| match e {
+        sandcell_image::ImageError::Missing(_) => ServiceError::not_found("template", name)
+            .with_details(serde_json::json!({
+                "hint": "a built-in template (default, python, node, bash, r) or an image: sandcell image import FILE --as NAME"
+            })),
+        other => image_error(other),
+    })
+}
+
+fn image_error(e: sandcell_image::ImageError) -> ServiceError {
+    match e {
+        sandcell_image::ImageError::Invalid(m) => ServiceError::invalid(m),
+        other => ServiceError::new(ErrorKind::Internal, other.to_string()),
+    }
+}

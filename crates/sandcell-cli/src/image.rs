@@ -211,16 +211,24 @@ pub fn image(command: ImageCommand) -> anyhow::Result<ExitCode> {
             if args.json {
                 println!(
                     "{}",
-                    serde_json::json!({"blobs": got.blobs, "bytes": got.bytes, "cache_entries": got.cache_entries})
+                    serde_json::json!({"blobs": got.blobs, "bytes": got.bytes, "cache_entries": got.cache_entries,
+                        "roots": got.roots, "roots_in_use": got.roots_in_use})
                 );
             } else {
                 println!(
-                    "removed {} blob{} ({}), {} cache entr{}",
+                    "removed {} blob{} ({}), {} cache entr{}, {} unpacked root{}{}",
                     got.blobs,
                     if got.blobs == 1 { "" } else { "s" },
                     human(got.bytes),
                     got.cache_entries,
-                    if got.cache_entries == 1 { "y" } else { "ies" }
+                    if got.cache_entries == 1 { "y" } else { "ies" },
+                    got.roots,
+                    if got.roots == 1 { "" } else { "s" },
+                    if got.roots_in_use > 0 {
+                        format!(" ({} kept: sandboxes still use them)", got.roots_in_use)
+                    } else {
+                        String::new()
+                    }
                 );
             }
         }

@@ -89,6 +89,10 @@ pub struct Collected {
     pub bytes: u64,
     /// Cache entries dropped (their layer was gone, or the cache was not kept).
     pub cache_entries: u64,
+    /// Unpacked roots removed (their image is gone and no sandbox uses them).
+    pub roots: u64,
+    /// Unpacked roots of removed images kept because a sandbox still has them mounted.
+    pub roots_in_use: u64,
 }
 
 /// An OCI image layout on disk.
@@ -433,6 +437,38 @@ impl Store {
                 out.bytes += size;
             }
         }
+        // Unpacked roots of images no name points at, unless a sandbox still has one mounted
+        // (deleting its files would pull them from under it).
+        let roots = self.root.join("roots");
+        if let Ok(entries) = fs::read_dir(&roots) {
+            for entry in entries.flatten() {
+                let name = entry.file_name().to_string_lossy().into_owned();
+                if name.starts_with('.') || live.contains(&format!("sha256:{name}")) {
+                    continue;
+                }
+                let path = entry.path();
+                // A mount's root is given within its own file system, whose mount point may
+                // be anywhere: the digest in the path is what identifies the root.
+                let inside = format!("/roots/{name}/");
+                let exact = format!("/roots/{name}");
+                let uses = |m: &Mount| m.root.contains(&inside) || m.root.ends_with(&exact);
+                // This namespace's binds of it are a root skeleton's, mounted ahead for later
+                // sandboxes: detached (sandboxes hold copies of their own).
+                let (ours, others) = mounts();
+                for m in ours.iter().filter(|m| uses(m)) {
+                    let _ = rustix::mount::unmount(
+                        m.point.as_str(),
+                        rustix::mount::UnmountFlags::DETACH,
+                    );
+                }
+                if others.iter().any(uses) {
+                    out.roots_in_use += 1;
+                    continue;
+                }
+                fs::remove_dir_all(&path).map_err(io_err("remove", &path))?;
+                out.roots += 1;
+            }
+        }
         // Temporary files of this process are in use only while a put runs, under no lock:
         // leave them; a dead process's are leftovers.
         let tmp = self.root.join("tmp");
@@ -456,6 +492,59 @@ impl Store {
             .map_err(|e| ImageError::Invalid(format!("index.json: {e}")))?;
         write_atomically(&self.index_path(), &bytes)
     }
+}
+
+/// One mount, as `mountinfo` gives it.
+struct Mount {
+    /// Its root within its file system.
+    root: String,
+    /// Where it is mounted.
+    point: String,
+}
+
+/// The mounts of this process's namespace, and those of every other mount namespace (read
+/// once each through one of its processes).
+fn mounts() -> (Vec<Mount>, Vec<Mount>) {
+    let parse = |text: &str| -> Vec<Mount> {
+        text.lines()
+            .filter_map(|line| {
+                let mut fields = line.split(' ');
+                let root = fields.nth(3)?.to_string();
+                let point = fields.next()?.to_string();
+                Some(Mount { root, point })
+            })
+            .collect()
+    };
+    let ours = fs::read_to_string("/proc/self/mountinfo")
+        .map(|t| parse(&t))
+        .unwrap_or_default();
+    let mut seen = std::collections::BTreeSet::new();
+    if let Ok(ns) = fs::read_link("/proc/self/ns/mnt") {
+        seen.insert(ns);
+    }
+    let mut others = Vec::new();
+    if let Ok(procs) = fs::read_dir("/proc") {
+        for p in procs.flatten() {
+            if !p
+                .file_name()
+                .to_string_lossy()
+                .bytes()
+                .all(|b| b.is_ascii_digit())
+            {
+                continue;
+            }
+            // A namespace read already is skipped; one whose link cannot be read is read.
+            if let Ok(ns) = fs::read_link(p.path().join("ns/mnt"))
+                && !seen.insert(ns)
+            {
+                continue;
+            }
+            if let Ok(text) = fs::read_to_string(p.path().join("mountinfo")) {
+                others.extend(parse(&text));
+            }
+        }
+    }
+    (ours, others)
 }
 
 /// Writes `path` through a temporary file beside it and a rename.

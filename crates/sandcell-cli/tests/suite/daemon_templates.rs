@@ -147,6 +147,53 @@ fn a_sandbox_from_an_image_template_runs_on_that_image() {
         String::from_utf8_lossy(&out.stderr)
     );
 
+    // Removed while a sandbox runs on it: the name goes, the unpacked root stays (pruning
+    // it would pull the system from under the sandbox) until the sandbox is gone.
+    let image = |args: &[&str]| {
+        let out = Command::new(BIN)
+            .arg("image")
+            .args(args)
+            .arg("--home")
+            .arg(d.home())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    image(&["rm", "tiny:v1"]);
+    let pruned: serde_json::Value = serde_json::from_str(&image(&["prune", "--json"])).unwrap();
+    assert_eq!(
+        (pruned["roots"].as_u64(), pruned["roots_in_use"].as_u64()),
+        (Some(0), Some(1)),
+        "{pruned}"
+    );
+    let out = d.exec(&id, "busybox | head -1");
+    assert!(
+        out.stdout.starts_with("BusyBox"),
+        "still running on it: {}",
+        out.stdout
+    );
+    let r = d.post("/v1/sandboxes", json!({"template": "tiny:v1"}));
+    r.expect_error(404, "not_found");
+    assert_eq!(d.delete(&format!("/v1/sandboxes/{id}")).status, 204);
+    let pruned: serde_json::Value = serde_json::from_str(&image(&["prune", "--json"])).unwrap();
+    assert_eq!(
+        (pruned["roots"].as_u64(), pruned["roots_in_use"].as_u64()),
+        (Some(1), Some(0)),
+        "{pruned}"
+    );
+    assert_eq!(
+        std::fs::read_dir(d.home().join("images/roots"))
+            .unwrap()
+            .count(),
+        0,
+        "the unpacked root is gone"
+    );
+
     // A template neither built in nor imported, and a backend that cannot run images yet.
     let r = d.post("/v1/sandboxes", json!({"template": "nope:v1"}));
     r.expect_error(404, "not_found");
@@ -157,6 +204,7 @@ fn a_sandbox_from_an_image_template_runs_on_that_image() {
     );
     let r = d.post("/v1/sandboxes", json!({"template": "Bad Name"}));
     r.expect_error(400, "invalid_argument");
+    image(&["import", tarball.to_str().unwrap(), "--as", "tiny:v1"]);
     let r = d.post(
         "/v1/sandboxes",
         json!({"template": "tiny:v1", "backend": "gvisor"}),

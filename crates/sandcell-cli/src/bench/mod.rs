@@ -18,6 +18,7 @@ mod kernel;
 mod packages;
 mod startup;
 mod stats;
+mod templates;
 
 /// Arguments of `sandcell bench`.
 #[derive(Debug, Args)]
@@ -72,9 +73,9 @@ enum BenchWhat {
     /// `kill -9` of the daemon, a fork from step 2 to its first result (needs `scripted-llm`,
     /// as `agent` does).
     Durable(durable::DurableArgs),
-    /// The egress proxy (issue 18's, not yet in sandboxes): small requests and 1 MB and
-    /// 100 MB downloads through the guest's bridge and the proxy (a CONNECT tunnel and a
-    /// plain-HTTP request), against the same requests made directly, on loopback.
+    /// The egress proxy: small requests and 1 MB and 100 MB downloads through the guest's
+    /// bridge and the proxy (a CONNECT tunnel and a plain-HTTP request), against the same
+    /// requests made directly, on loopback.
     Egress {
         /// Samples of the small request (at least 100) and of the 1 MB download.
         #[arg(long, default_value_t = 100)]
@@ -94,6 +95,19 @@ enum BenchWhat {
         /// Samples of each.
         #[arg(long, default_value_t = 10)]
         samples: usize,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Sandboxes from an image (issue 19): create + exec + destroy on an image's unpacked
+    /// root against the same on the host's system, and the image's first unpacking.
+    Templates {
+        /// Samples of each (at least 50 for the published figures).
+        #[arg(long, default_value_t = 50)]
+        samples: usize,
+        /// An image of the home's store (default: a busybox image made for the run).
+        #[arg(long, value_name = "NAME")]
+        image: Option<String>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -123,5 +137,10 @@ pub async fn bench(args: BenchArgs, engine: Engine) -> anyhow::Result<ExitCode> 
             egress::egress(samples, big_samples, json).await
         }
         BenchWhat::Packages { samples, json } => packages::packages(engine, samples, json).await,
+        BenchWhat::Templates {
+            samples,
+            image,
+            json,
+        } => templates::templates(engine, samples, image, json).await,
     }
 }

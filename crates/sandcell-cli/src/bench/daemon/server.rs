@@ -442,7 +442,7 @@ impl Drop for Daemon {
 }
 
 /// A new, private directory under /tmp.
-fn temp_home() -> anyhow::Result<PathBuf> {
+pub(in crate::bench) fn temp_home() -> anyhow::Result<PathBuf> {
     use std::os::unix::fs::DirBuilderExt;
     let nanos = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)

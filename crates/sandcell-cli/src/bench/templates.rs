@@ -1,0 +1,169 @@
+//! `sandcell bench templates`: what a sandbox whose system is an image costs against a
+//! host-based one (issue 19), in one run, through the engine (create + `exec` + destroy,
+//! interleaved sample by sample):
+//! - "host": a sandbox on the host's own system;
+//! - "image": a sandbox on an image's unpacked root (an image of the home's store named by
+//!   `--image`, or else a busybox root filesystem made and imported into a temporary store
+//!   here);
+//! - once, untimed per sample: the image's first unpacking (what the first sandbox of a new
+//!   image pays).
+//!
+//! The command is `/bin/sh -c true` in both, so each measures the sandbox, not the program.
+//! Builds (cold and cached) and pools per template are not measured: they are not built yet.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::{Context, bail};
+use sandcell_engine::{Engine, SandboxSpec};
+use sandcell_protocol::ExecRequest;
+
+use super::stats::quantile;
+
+/// The image's name, its unpacked root, and how long unpacking took (`None`: it was
+/// unpacked already).
+fn image_root(
+    image: Option<&str>,
+    scratch: &Path,
+) -> anyhow::Result<(String, PathBuf, Option<Duration>)> {
+    let (store, name) = match image {
+        Some(name) => {
+            let dir = sandcell_service::config::default_home().join("images");
+            (sandcell_image::Store::open(&dir)?, name.to_string())
+        }
+        None => {
+            let busybox = Path::new("/bin/busybox");
+            if !busybox.is_file() {
+                bail!(
+                    "no /bin/busybox to make an image of (install busybox-static, or pass --image NAME)"
+                );
+            }
+            let root = scratch.join("rootfs");
+            std::fs::create_dir_all(root.join("usr/bin"))?;
+            std::fs::copy(busybox, root.join("usr/bin/busybox"))?;
+            std::os::unix::fs::symlink("busybox", root.join("usr/bin/sh"))?;
+            std::os::unix::fs::symlink("busybox", root.join("usr/bin/true"))?;
+            std::os::unix::fs::symlink("usr/bin", root.join("bin"))?;
+            let tarball = scratch.join("rootfs.tar");
+            let ok = std::process::Command::new("tar")
+                .arg("-C")
+                .arg(&root)
+                .arg("-cf")
+                .arg(&tarball)
+                .arg(".")
+                .status()
+                .context("run tar")?
+                .success();
+            if !ok {
+                bail!("tar failed making the busybox image");
+            }
+            let store = sandcell_image::Store::open(scratch.join("images"))?;
+            sandcell_image::import(&store, &tarball, "bench-busybox", None)?;
+            (store, "bench-busybox".to_string())
+        }
+    };
+    let already = store
+        .image(&name)?
+        .with_context(|| format!("no image named '{name}' (sandcell image ls)"))?
+        .manifest_digest
+        .strip_prefix("sha256:")
+        .is_some_and(|hex| store.root().join("roots").join(hex).join("usr").is_dir());
+    let start = Instant::now();
+    let root = sandcell_image::unpacked_root(&store, &name)?;
+    let took = (!already).then(|| start.elapsed());
+    Ok((name, root, took))
+}
+
+async fn sample(engine: &Engine, spec: &SandboxSpec) -> anyhow::Result<Duration> {
+    let start = Instant::now();
+    let sb = engine.create(spec.clone()).await?;
+    let out = sb.exec(ExecRequest::shell("true")).await?;
+    let took = start.elapsed();
+    sb.destroy().await?;
+    if !out.result.success() {
+        bail!("`true` failed in the sandbox: {:?}", out.result);
+    }
+    Ok(took)
+}
+
+/// Both rows' samples: (image name, its first unpacking, host samples, image samples).
+async fn measure(
+    engine: &Engine,
+    samples: usize,
+    image: Option<&str>,
+    scratch: &Path,
+) -> anyhow::Result<(String, Option<Duration>, Vec<Duration>, Vec<Duration>)> {
+    let (name, root, unpacked) = image_root(image, scratch)?;
+    let host = SandboxSpec::default();
+    let from_image = SandboxSpec {
+        template: Some(name.clone()),
+        system_root: Some(root.display().to_string()),
+        ..SandboxSpec::default()
+    };
+    // Warm-up: page cache, skeletons of both kinds.
+    sample(engine, &host).await?;
+    sample(engine, &from_image).await?;
+    let (mut h, mut i) = (Vec::new(), Vec::new());
+    for _ in 0..samples {
+        h.push(sample(engine, &host).await?);
+        i.push(sample(engine, &from_image).await?);
+    }
+    Ok((name, unpacked, h, i))
+}
+
+pub(super) async fn templates(
+    engine: Engine,
+    samples: usize,
+    image: Option<String>,
+    as_json: bool,
+) -> anyhow::Result<ExitCode> {
+    if samples < 3 {
+        bail!("--samples must be at least 3");
+    }
+    let scratch = super::daemon::server::temp_home()?;
+    let measured = measure(&engine, samples, image.as_deref(), &scratch).await;
+    // The busybox image's root is bound in a skeleton: pruning detaches it before the
+    // folder goes.
+    if image.is_none()
+        && let Ok(store) = sandcell_image::Store::open(scratch.join("images"))
+    {
+        let _ = store.untag("bench-busybox");
+        let _ = store.collect_garbage(false);
+    }
+    let _ = std::fs::remove_dir_all(&scratch);
+    let (name, unpacked, h, i) = measured?;
+    let (hm, im) = (quantile(&h, 0.5), quantile(&i, 0.5));
+    if as_json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "samples": samples,
+                "image": name,
+                "unpack_ms": unpacked.map(|d| d.as_secs_f64() * 1000.0),
+                "host": {"p50_ms": hm, "p90_ms": quantile(&h, 0.9)},
+                "image_root": {"p50_ms": im, "p90_ms": quantile(&i, 0.9)},
+                "ratio": im / hm,
+            })
+        );
+    } else {
+        println!("sandbox create + exec `true` + destroy, {samples} samples each, interleaved");
+        println!(
+            "  host system          p50 {hm:7.2} ms   p90 {:7.2} ms",
+            quantile(&h, 0.9)
+        );
+        println!(
+            "  image '{name}'  p50 {im:7.2} ms   p90 {:7.2} ms   ({:.2}x the host's)",
+            quantile(&i, 0.9),
+            im / hm
+        );
+        match unpacked {
+            Some(d) => println!(
+                "  the image's first unpacking (once per image): {:.1} ms",
+                d.as_secs_f64() * 1000.0
+            ),
+            None => println!("  the image was unpacked before this run"),
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

@@ -170,6 +170,28 @@ pub fn check_query(query: &str) -> Result<(), ValidationError> {
     Ok(())
 }
 
+/// `path` made absolute against the folder `cwd` (itself absolute), with `.`, `..` and empty
+/// segments resolved (`..` stops at the root): how paths inside a sandbox or an image are
+/// compared and joined.
+pub fn absolute_path(cwd: &str, path: &str) -> String {
+    let joined = if path.starts_with('/') {
+        path.to_string()
+    } else {
+        format!("{cwd}/{path}")
+    };
+    let mut parts: Vec<&str> = Vec::new();
+    for part in joined.split('/') {
+        match part {
+            "" | "." => {}
+            ".." => {
+                parts.pop();
+            }
+            p => parts.push(p),
+        }
+    }
+    format!("/{}", parts.join("/"))
+}
+
 /// Whole seconds to milliseconds, refusing what would overflow.
 pub fn secs_to_ms(field: &str, secs: u64) -> Result<u64, ValidationError> {
     secs.checked_mul(1000)

@@ -277,22 +277,7 @@ pub struct ExportFile {
 /// `path` as the API names it: absolute (relative ones are under /workspace), with no `.`,
 /// `..` or empty segments; to match a path given to an export.
 pub fn absolute(path: &str) -> String {
-    let joined = if path.starts_with('/') {
-        path.to_string()
-    } else {
-        format!("/workspace/{path}")
-    };
-    let mut parts: Vec<&str> = Vec::new();
-    for part in joined.split('/') {
-        match part {
-            "" | "." => {}
-            ".." => {
-                parts.pop();
-            }
-            p => parts.push(p),
-        }
-    }
-    format!("/{}", parts.join("/"))
+    sandcell_api::rules::absolute_path("/workspace", path)
 }
 
 #[cfg(test)]

@@ -332,22 +332,7 @@ fn argv_of(command: &Command, shell: &[String]) -> Vec<String> {
 
 /// `path` made absolute against `cwd`, with `.` and `..` resolved.
 fn absolute(cwd: &str, path: &str) -> String {
-    let joined = if path.starts_with('/') {
-        path.to_string()
-    } else {
-        format!("{cwd}/{path}")
-    };
-    let mut parts: Vec<&str> = Vec::new();
-    for part in joined.split('/') {
-        match part {
-            "" | "." => {}
-            ".." => {
-                parts.pop();
-            }
-            p => parts.push(p),
-        }
-    }
-    format!("/{}", parts.join("/"))
+    sandcell_api::rules::absolute_path(cwd, path)
 }
 
 /// `text` with `$NAME`, `${NAME}`, `${NAME:-word}`, `${NAME:+word}` (and `-`, `+` without the

@@ -453,14 +453,17 @@ impl Store {
                 let exact = format!("/roots/{name}");
                 let uses = |m: &Mount| m.root.contains(&inside) || m.root.ends_with(&exact);
                 // This namespace's binds of it are a root skeleton's, mounted ahead for later
-                // sandboxes: detached (sandboxes hold copies of their own).
-                let (ours, others) = mounts();
+                // sandboxes: detached (sandboxes hold copies of their own). Then every mount
+                // table is read again: a process whose namespace link cannot be read (pid 1,
+                // as some hosts run it) may share this namespace.
+                let (ours, _) = mounts();
                 for m in ours.iter().filter(|m| uses(m)) {
                     let _ = rustix::mount::unmount(
                         m.point.as_str(),
                         rustix::mount::UnmountFlags::DETACH,
                     );
                 }
+                let (_, others) = mounts();
                 if others.iter().any(uses) {
                     out.roots_in_use += 1;
                     continue;

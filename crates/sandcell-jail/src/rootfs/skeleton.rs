@@ -261,6 +261,12 @@ fn plan(layout: &RootLayout<'_>) -> Result<(BTreeMap<String, Node>, Vec<String>)
     for path in layout.system_paths {
         let rel = relative(path)?;
         let source = layout.system_root.join(&rel);
+        // An image's folders are the image's to say: one that is a symbolic link (`etc ->
+        // /root`) would make a bind of `etc/ssl` reach outside it, so such a path is not
+        // mirrored. The host's own root is trusted as it is.
+        if layout.system_root != Path::new("/") && through_link(layout.system_root, &rel) {
+            continue;
+        }
         let meta = match fs::symlink_metadata(&source) {
             Ok(m) => m,
             // Missing on this host: not mirrored.
@@ -323,6 +329,17 @@ fn plan(layout: &RootLayout<'_>) -> Result<(BTreeMap<String, Node>, Vec<String>)
         insert(&mut entries, relative(path)?, Node::Dir);
     }
     Ok((entries, binds))
+}
+
+/// Whether a folder on the way from `root` to `root/rel` (not `rel` itself) is a symbolic
+/// link.
+fn through_link(root: &Path, rel: &str) -> bool {
+    let mut at = root.to_path_buf();
+    let parts: Vec<&str> = rel.split('/').collect();
+    parts[..parts.len().saturating_sub(1)].iter().any(|part| {
+        at.push(part);
+        fs::symlink_metadata(&at).is_ok_and(|m| m.file_type().is_symlink())
+    })
 }
 
 /// `path` without its leading `/`; it must be absolute and plain.
@@ -603,6 +620,42 @@ mod tests {
             etc_files: etc,
             tmpfs_paths: tmpfs,
         }
+    }
+
+    #[test]
+    fn an_image_root_cannot_reach_outside_itself_through_a_linked_folder() {
+        let image = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        let cache = tempfile::tempdir().unwrap();
+        fs::create_dir_all(image.path().join("usr/bin")).unwrap();
+        fs::create_dir_all(outside.path().join("ssl")).unwrap();
+        fs::write(outside.path().join("os-release"), "ID=host-secret\n").unwrap();
+        // The image's /etc is a link to a folder of the host.
+        symlink(outside.path(), image.path().join("etc")).unwrap();
+        let system = vec![
+            "/usr".to_string(),
+            "/etc/ssl".to_string(),
+            "/etc/os-release".to_string(),
+        ];
+        let s = prepare(
+            &cache.path().join("c"),
+            &RootLayout {
+                system_root: image.path(),
+                system_paths: &system,
+                etc_files: &[],
+                tmpfs_paths: &[],
+            },
+            false,
+        )
+        .unwrap();
+        assert_eq!(
+            s.binds,
+            vec!["/usr".to_string()],
+            "nothing through the link"
+        );
+        assert!(!s.dir.join("etc/os-release").exists());
+        assert!(!s.dir.join("etc/ssl").exists());
+        assert_eq!(s.system_root, image.path());
     }
 
     #[test]

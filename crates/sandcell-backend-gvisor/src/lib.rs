@@ -208,21 +208,9 @@ impl Control {
     }
 }
 
-/// The agent folder for `binary`: `<bin>/<size>-<mtime>-<inode>`, one per build.
-///
-/// A restored sandbox maps its agent's code from the file it ran from again (a checkpoint
-/// holds only the memory the process changed), so a checkpoint must find exactly that
-/// binary: replacing it in place (another build started a daemon meanwhile) restored the
-/// old process over the new code, which hung or crashed the agent.
+/// The agent folder for `binary` (see [`skeleton::binary_dir`]).
 fn agent_dir(bin: &Path, binary: &Path) -> std::io::Result<PathBuf> {
-    use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata(binary)?;
-    let mtime = m
-        .modified()?
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap_or_default()
-        .as_nanos();
-    Ok(bin.join(format!("{:x}-{mtime:x}-{:x}", m.len(), m.ino())))
+    skeleton::binary_dir(bin, binary)
 }
 
 /// The `gvisor` backend.

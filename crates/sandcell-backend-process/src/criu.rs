@@ -311,7 +311,14 @@ pub fn socket_inode(pid: i32, fd: i32) -> Option<u64> {
 /// The folder bound at [`GUEST_MOUNT`] in checkpointable sandboxes: a copy of `binary` (the
 /// Sandcell binary) in `runtime_dir`.
 pub fn guest_dir(binary: &Path, runtime_dir: &Path) -> Result<PathBuf, EngineError> {
-    let dir = runtime_dir.join("criu").join("bin");
+    // One folder per build: a copy replaced under a running sandbox is a "ghost file" its
+    // checkpoint cannot carry (seen when sandboxes of two builds, or two first installs,
+    // met).
+    let dir =
+        sandcell_jail::rootfs::skeleton::binary_dir(&runtime_dir.join("criu").join("bin"), binary)
+            .map_err(|e| {
+                EngineError::io("find the agent binary for checkpointable sandboxes", e)
+            })?;
     sandcell_jail::rootfs::skeleton::install_binary(binary, &dir)
         .map_err(|e| EngineError::io("install the agent binary for checkpointable sandboxes", e))?;
     Ok(dir)

@@ -573,10 +573,29 @@ pub fn sandbox_etc_files(hostname: &str) -> Vec<(String, String)> {
     ]
 }
 
+/// The folder for copies of `binary` under `parent`: `<parent>/<size>-<mtime>-<inode>`, one
+/// per build.
+///
+/// A restored sandbox maps its agent's code from the file it ran from again (a checkpoint
+/// holds only the memory the process changed), and CRIU refuses to dump a process whose
+/// binary was replaced under it (a "ghost file"): so a copy is never replaced in place, and
+/// each build gets a folder of its own.
+pub fn binary_dir(parent: &Path, binary: &Path) -> io::Result<PathBuf> {
+    let m = fs::metadata(binary)?;
+    let mtime = m
+        .modified()?
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .unwrap_or_default()
+        .as_nanos();
+    Ok(parent.join(format!("{:x}-{mtime:x}-{:x}", m.len(), m.ino())))
+}
+
 /// Copies `binary` to `dir/sandcell` (mode 0755, `dir` too, so the sandbox user can run it)
-/// unless a copy of the same size, no older, is there; written beside and renamed, so that
-/// running sandboxes keep the file they started from. For backends that bind the agent
-/// binary into sandboxes. Returns the copy's path.
+/// unless a copy of the same size, no older, is there. The copy is written beside and linked
+/// into place only where nothing is yet, so that sandboxes starting at the same moment all
+/// run the one file that stays (a copy replaced under a running sandbox is a file its
+/// checkpoint cannot carry). For backends that bind the agent binary into sandboxes (in a
+/// folder from [`binary_dir`]). Returns the copy's path.
 pub fn install_binary(binary: &Path, dir: &Path) -> io::Result<PathBuf> {
     let fail = |what: &str, path: &Path, e: io::Error| {
         io::Error::new(e.kind(), format!("{what} {}: {e}", path.display()))
@@ -589,10 +608,12 @@ pub fn install_binary(binary: &Path, dir: &Path) -> io::Result<PathBuf> {
     let _ = fs::set_permissions(dir, fs::Permissions::from_mode(0o755));
     let target = dir.join("sandcell");
     let src = fs::metadata(binary).map_err(|e| fail("read", binary, e))?;
-    if let Ok(have) = fs::metadata(&target)
-        && have.len() == src.len()
-        && have.modified().ok() >= src.modified().ok()
-    {
+    let in_place = || {
+        fs::metadata(&target).is_ok_and(|have| {
+            have.len() == src.len() && have.modified().ok() >= src.modified().ok()
+        })
+    };
+    if in_place() {
         return Ok(target);
     }
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
@@ -601,7 +622,20 @@ pub fn install_binary(binary: &Path, dir: &Path) -> io::Result<PathBuf> {
     fs::copy(binary, &tmp).map_err(|e| fail("copy", binary, e))?;
     fs::set_permissions(&tmp, fs::Permissions::from_mode(0o755))
         .map_err(|e| fail("chmod", &tmp, e))?;
-    fs::rename(&tmp, &target).map_err(|e| fail("install", &target, e))?;
+    let placed = if in_place() {
+        // Another process put this build there while we copied: that copy stays.
+        Ok(())
+    } else if target.exists() {
+        // A different binary at the same place (a folder not from `binary_dir`).
+        fs::rename(&tmp, &target)
+    } else {
+        match fs::hard_link(&tmp, &target) {
+            Err(e) if e.kind() == io::ErrorKind::AlreadyExists => Ok(()),
+            other => other,
+        }
+    };
+    let _ = fs::remove_file(&tmp);
+    placed.map_err(|e| fail("install", &target, e))?;
     Ok(target)
 }
 
@@ -620,6 +654,31 @@ mod tests {
             etc_files: etc,
             tmpfs_paths: tmpfs,
         }
+    }
+
+    #[test]
+    fn installs_at_the_same_moment_leave_one_copy_that_is_never_replaced() {
+        let tmp = tempfile::tempdir().unwrap();
+        let binary = tmp.path().join("sandcell-build");
+        fs::write(&binary, vec![7u8; 4 << 20]).unwrap();
+        let dir = binary_dir(&tmp.path().join("bin"), &binary).unwrap();
+        let inodes: Vec<u64> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..4)
+                .map(|_| {
+                    s.spawn(|| {
+                        let path = install_binary(&binary, &dir).unwrap();
+                        fs::metadata(path).unwrap().ino()
+                    })
+                })
+                .collect();
+            handles.into_iter().map(|h| h.join().unwrap()).collect()
+        });
+        let now = fs::metadata(dir.join("sandcell")).unwrap().ino();
+        assert!(inodes.iter().all(|i| *i == now), "{inodes:?} then {now}");
+        assert_eq!(fs::read_dir(&dir).unwrap().count(), 1, "no copy left behind");
+        // Another build gets a folder of its own.
+        fs::write(&binary, vec![8u8; 1 << 20]).unwrap();
+        assert_ne!(binary_dir(&tmp.path().join("bin"), &binary).unwrap(), dir);
     }
 
     #[test]

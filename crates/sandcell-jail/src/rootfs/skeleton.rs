@@ -675,7 +675,11 @@ mod tests {
         });
         let now = fs::metadata(dir.join("sandcell")).unwrap().ino();
         assert!(inodes.iter().all(|i| *i == now), "{inodes:?} then {now}");
-        assert_eq!(fs::read_dir(&dir).unwrap().count(), 1, "no copy left behind");
+        assert_eq!(
+            fs::read_dir(&dir).unwrap().count(),
+            1,
+            "no copy left behind"
+        );
         // Another build gets a folder of its own.
         fs::write(&binary, vec![8u8; 1 << 20]).unwrap();
         assert_ne!(binary_dir(&tmp.path().join("bin"), &binary).unwrap(), dir);

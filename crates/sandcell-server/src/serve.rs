@@ -387,7 +387,7 @@ fn pool_specs(
             packages: Some(pool.packages.clone()).filter(|p| !p.is_empty()),
             ..Default::default()
         };
-        let spec = sandcell_service::sandboxes::spec_of(&req)
+        let spec = sandcell_service::images::spec_with_images(&config.home, &req)
             .map_err(|e| ServeError::Pool(format!("'{entry}': {e}")))?;
         specs.push((
             sandcell_engine::fleet::PoolSpec {

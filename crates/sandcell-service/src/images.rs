@@ -14,26 +14,33 @@ impl Service {
     /// The engine spec `req` asks for: a built-in template as [`crate::sandboxes::spec_of`]
     /// makes it, or an image of the store as its system root.
     pub async fn spec_for(&self, req: &CreateSandbox) -> ServiceResult<SandboxSpec> {
-        let Some(name) = req
-            .template
-            .as_deref()
-            .filter(|t| template_kernels(t).is_none())
-        else {
-            return crate::sandboxes::spec_of(req);
-        };
-        sandcell_template::check_reference(name).map_err(ServiceError::invalid)?;
-        let images = self.config.home.join("images");
-        let name_owned = name.to_string();
-        let root = tokio::task::spawn_blocking(move || image_root(&images, &name_owned))
+        let home = self.config.home.clone();
+        let req = req.clone();
+        tokio::task::spawn_blocking(move || spec_with_images(&home, &req))
             .await
-            .map_err(|e| ServiceError::internal(format!("unpacking the image: {e}")))??;
-        let mut plain = req.clone();
-        plain.template = None;
-        let mut spec = crate::sandboxes::spec_of(&plain)?;
-        spec.template = Some(name.to_string());
-        spec.system_root = Some(root.display().to_string());
-        Ok(spec)
+            .map_err(|e| ServiceError::internal(format!("unpacking the image: {e}")))?
     }
+}
+
+/// The engine spec `req` asks for, an image template of the store under `home` resolved to
+/// its unpacked root (unpacked now when it is not yet: this blocks). Warm pools of image
+/// templates get their spec here too, so that creates naming the image find them.
+pub fn spec_with_images(home: &Path, req: &CreateSandbox) -> ServiceResult<SandboxSpec> {
+    let Some(name) = req
+        .template
+        .as_deref()
+        .filter(|t| template_kernels(t).is_none())
+    else {
+        return crate::sandboxes::spec_of(req);
+    };
+    sandcell_template::check_reference(name).map_err(ServiceError::invalid)?;
+    let root = image_root(&home.join("images"), name)?;
+    let mut plain = req.clone();
+    plain.template = None;
+    let mut spec = crate::sandboxes::spec_of(&plain)?;
+    spec.template = Some(name.to_string());
+    spec.system_root = Some(root.display().to_string());
+    Ok(spec)
 }
 
 /// The unpacked root of image `name` in the store at `images`; `not_found` when the store

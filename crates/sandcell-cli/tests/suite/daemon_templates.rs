@@ -2,16 +2,18 @@
 //! is imported into the daemon's home with `sandcell image import`, and a sandbox created
 //! with `template: "tiny:v1"` runs on it — not on the host's system — with every restriction
 //! of a host-based sandbox (uid 65532, a read-only system, the synthesized /etc). A kernel the
-//! image lacks fails clearly; an unknown template is 404; gVisor says it cannot yet.
+//! image lacks fails clearly; an unknown template is 404; gVisor says it cannot yet; a warm
+//! pool of the image serves creates naming it.
 
 use std::os::unix::fs::symlink;
 use std::path::Path;
 use std::process::Command;
+use std::time::Duration;
 
 use serde_json::json;
 
 use super::common::BIN;
-use super::daemon::Daemon;
+use super::daemon::{Daemon, send, wait_for};
 
 /// A root filesystem tarball with busybox as its whole system.
 fn busybox_rootfs(dir: &Path) -> Option<std::path::PathBuf> {
@@ -53,7 +55,7 @@ fn a_sandbox_from_an_image_template_runs_on_that_image() {
         );
         return;
     };
-    let d = Daemon::start(&[]);
+    let mut d = Daemon::start(&[]);
     let out = Command::new(BIN)
         .args(["image", "import"])
         .arg(&tarball)
@@ -215,4 +217,28 @@ fn a_sandbox_from_an_image_template_runs_on_that_image() {
         "{}",
         r.body
     );
+
+    // A warm pool of the image: its sandboxes wait ready, and a create naming the image
+    // takes one.
+    d.terminate();
+    d.restart(&["pools.warm=tiny:v1/small=1"]);
+    let metrics = || {
+        let r = send(d.req_as(Some(&d.key), reqwest::Method::GET, "/metrics"));
+        r.body.as_str().unwrap_or_default().to_string()
+    };
+    wait_for(Duration::from_secs(60), || {
+        metrics()
+            .contains("sandcell_pool_ready{pool=\"tiny:v1/small\"} 1")
+            .then_some(())
+    })
+    .unwrap_or_else(|| panic!("the pool never filled: {}\n{}", metrics(), d.log()));
+    let r = d.post("/v1/sandboxes", json!({"template": "tiny:v1"}));
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert!(
+        metrics().contains("sandcell_pool_requests_total{result=\"hit\"} 1"),
+        "{}",
+        metrics()
+    );
+    let out = d.exec(r.body["id"].as_str().unwrap(), "cat /etc/os-release");
+    assert_eq!(out.stdout, "ID=tiny\n");
 }

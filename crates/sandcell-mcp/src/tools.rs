@@ -123,6 +123,10 @@ pub struct CreateSession {
     pub env: Option<BTreeMap<String, String>>,
     /// Start from this snapshot (made by `snapshot_session`) instead of empty.
     pub snapshot_id: Option<String>,
+    /// An image of the server's store as the session's system instead of the server's own
+    /// (`debian:bookworm`, or an image the operator imported: `sandcell image ls`); its
+    /// programs and interpreters are the image's, and `runtime` starts only when named.
+    pub image: Option<String>,
     /// Backend: `process` (default) or `gvisor` (stronger isolation, full-memory snapshots).
     pub backend: Option<String>,
     /// On the process backend, where the server has a working CRIU: snapshots keep every
@@ -1102,11 +1106,20 @@ impl SandcellMcp {
             cpus: p.cpus,
             ..LimitsInput::default()
         });
+        // An image's own interpreters: the runtime starts with it only when named.
+        let kernels = match (&p.image, p.runtime) {
+            (Some(_), Some(r)) => vec![r.lang()],
+            _ => Vec::new(),
+        };
         let req = CreateSandbox {
             // A restore takes the snapshot's template (the API refuses another): named only
             // when the caller names one.
-            template: (p.snapshot_id.is_none() || p.runtime.is_some())
-                .then(|| runtime.name().to_string()),
+            template: match &p.image {
+                Some(image) => Some(image.clone()),
+                None => (p.snapshot_id.is_none() || p.runtime.is_some())
+                    .then(|| runtime.name().to_string()),
+            },
+            kernels,
             limits,
             env: p.env.unwrap_or_default(),
             labels: session_labels(),

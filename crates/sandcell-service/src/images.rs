@@ -48,10 +48,12 @@ pub fn spec_with_images(home: &Path, req: &CreateSandbox) -> ServiceResult<Sandb
 fn image_root(images: &Path, name: &str) -> ServiceResult<PathBuf> {
     let store = sandcell_image::Store::open(images).map_err(image_error)?;
     sandcell_image::unpacked_root(&store, name).map_err(|e| match e {
-        sandcell_image::ImageError::Missing(_) => ServiceError::not_found("template", name)
-            .with_details(serde_json::json!({
-                "hint": "a built-in template (default, python, node, bash, r) or an image: sandcell image import FILE --as NAME"
-            })),
+        sandcell_image::ImageError::Missing(_) => ServiceError::new(
+            ErrorKind::NotFound,
+            format!(
+                "no template '{name}': name a built-in one (default, python, node, bash, r) or an image of the store (sandcell image ls; sandcell image import FILE --as {name})"
+            ),
+        ),
         other => image_error(other),
     })
 }

@@ -479,6 +479,26 @@ fn agent_fork_and_resume_through_the_official_mcp_client() {
 }
 
 #[test]
+fn a_session_on_an_image_through_the_official_mcp_client() {
+    if !std::path::Path::new("/bin/busybox").is_file() {
+        sandcell_testkit::skip::skip(
+            "/bin/busybox is missing (scripts/setup.sh installs busybox-static)",
+        );
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let out = run("image.py", &[BIN, home.path().to_str().unwrap()]);
+    assert_ran(
+        &String::from_utf8_lossy(&out.stdout),
+        &[
+            "the image is imported",
+            "commands run on the image's system",
+            "an image the store lacks is a tool error",
+        ],
+    );
+}
+
+#[test]
 fn the_tool_list_in_docs_mcp_md_is_current() {
     let out = Command::new(BIN)
         .args(["mcp", "--tools-markdown"])

@@ -46,6 +46,23 @@ fn busybox_rootfs(dir: &Path) -> Option<std::path::PathBuf> {
     Some(tarball)
 }
 
+/// `sandcell image ARGS --home HOME`, which must succeed; its output.
+fn image(home: &Path, args: &[&str]) -> String {
+    let out = Command::new(BIN)
+        .arg("image")
+        .args(args)
+        .arg("--home")
+        .arg(home)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 #[test]
 fn a_sandbox_from_an_image_template_runs_on_that_image() {
     let tmp = tempfile::tempdir().unwrap();
@@ -56,18 +73,8 @@ fn a_sandbox_from_an_image_template_runs_on_that_image() {
         return;
     };
     let mut d = Daemon::start(&[]);
-    let out = Command::new(BIN)
-        .args(["image", "import"])
-        .arg(&tarball)
-        .args(["--as", "tiny:v1", "--home"])
-        .arg(d.home())
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let tarball = tarball.to_str().unwrap().to_string();
+    image(d.home(), &["import", &tarball, "--as", "tiny:v1"]);
 
     let r = d.post("/v1/sandboxes", json!({"template": "tiny:v1"}));
     assert_eq!(r.status, 201, "{}", r.body);
@@ -151,23 +158,9 @@ fn a_sandbox_from_an_image_template_runs_on_that_image() {
 
     // Removed while a sandbox runs on it: the name goes, the unpacked root stays (pruning
     // it would pull the system from under the sandbox) until the sandbox is gone.
-    let image = |args: &[&str]| {
-        let out = Command::new(BIN)
-            .arg("image")
-            .args(args)
-            .arg("--home")
-            .arg(d.home())
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{args:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        String::from_utf8_lossy(&out.stdout).into_owned()
-    };
-    image(&["rm", "tiny:v1"]);
-    let pruned: serde_json::Value = serde_json::from_str(&image(&["prune", "--json"])).unwrap();
+    image(d.home(), &["rm", "tiny:v1"]);
+    let pruned: serde_json::Value =
+        serde_json::from_str(&image(d.home(), &["prune", "--json"])).unwrap();
     assert_eq!(
         (pruned["roots"].as_u64(), pruned["roots_in_use"].as_u64()),
         (Some(0), Some(1)),
@@ -182,7 +175,8 @@ fn a_sandbox_from_an_image_template_runs_on_that_image() {
     let r = d.post("/v1/sandboxes", json!({"template": "tiny:v1"}));
     r.expect_error(404, "not_found");
     assert_eq!(d.delete(&format!("/v1/sandboxes/{id}")).status, 204);
-    let pruned: serde_json::Value = serde_json::from_str(&image(&["prune", "--json"])).unwrap();
+    let pruned: serde_json::Value =
+        serde_json::from_str(&image(d.home(), &["prune", "--json"])).unwrap();
     assert_eq!(
         (pruned["roots"].as_u64(), pruned["roots_in_use"].as_u64()),
         (Some(1), Some(0)),
@@ -206,7 +200,7 @@ fn a_sandbox_from_an_image_template_runs_on_that_image() {
     );
     let r = d.post("/v1/sandboxes", json!({"template": "Bad Name"}));
     r.expect_error(400, "invalid_argument");
-    image(&["import", tarball.to_str().unwrap(), "--as", "tiny:v1"]);
+    image(d.home(), &["import", &tarball, "--as", "tiny:v1"]);
     let r = d.post(
         "/v1/sandboxes",
         json!({"template": "tiny:v1", "backend": "gvisor"}),

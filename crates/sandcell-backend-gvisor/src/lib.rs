@@ -109,7 +109,7 @@ struct Shared {
     root: String,
     /// System paths bound into it.
     binds: Vec<String>,
-    /// The folder holding this binary as the agent (see [`agent_dir`]).
+    /// The folder holding this binary as the agent (see [`skeleton::binary_dir`]).
     guest_dir: String,
 }
 
@@ -206,11 +206,6 @@ impl Control {
             };
         }
     }
-}
-
-/// The agent folder for `binary` (see [`skeleton::binary_dir`]).
-fn agent_dir(bin: &Path, binary: &Path) -> std::io::Result<PathBuf> {
-    skeleton::binary_dir(bin, binary)
 }
 
 /// The `gvisor` backend.
@@ -325,7 +320,7 @@ impl GvisorBackend {
             false,
         )
         .map_err(|e| launch_err("root skeleton", e.to_string()))?;
-        let guest_dir = agent_dir(&self.dir().join("bin"), &self.config.binary)
+        let guest_dir = skeleton::binary_dir(&self.dir().join("bin"), &self.config.binary)
             .map_err(|e| launch_err("agent binary", e.to_string()))?;
         install_binary(&self.config.binary, &guest_dir)
             .map_err(|e| launch_err("agent binary", e))?;
@@ -1036,7 +1031,7 @@ impl GvisorState {
             }
             return Err(Self::failed("runsc checkpoint", e));
         }
-        // Restores of this image need the same agent binary (see agent_dir). Unwritten, they
+        // Restores of this image need the same agent binary (see skeleton::binary_dir). Unwritten, they
         // take the current one, as before checkpoints named theirs.
         let _ = std::fs::write(image.join(AGENT_DIR_FILE), &guest_dir);
         let (host, child) =
@@ -1166,10 +1161,10 @@ mod tests {
         // Two builds of the binary get two folders.
         let bin = tmp.path().join("sandcell");
         std::fs::write(&bin, b"one").unwrap();
-        let first = agent_dir(tmp.path(), &bin).unwrap();
+        let first = skeleton::binary_dir(tmp.path(), &bin).unwrap();
         std::fs::remove_file(&bin).unwrap();
         std::fs::write(&bin, b"other").unwrap();
-        assert_ne!(first, agent_dir(tmp.path(), &bin).unwrap());
+        assert_ne!(first, skeleton::binary_dir(tmp.path(), &bin).unwrap());
     }
 
     #[test]

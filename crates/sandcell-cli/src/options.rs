@@ -85,11 +85,8 @@ impl SandboxArgs {
         }
         spec.network = self.network.clone();
         if let Some(name) = &self.template {
-            sandcell_template::check_reference(name).map_err(anyhow::Error::msg)?;
-            let dir = sandcell_service::config::default_home().join("images");
-            let store = sandcell_image::Store::open(&dir)
-                .with_context(|| format!("the image store {}", dir.display()))?;
-            let root = sandcell_image::unpacked_root(&store, name)?;
+            let home = sandcell_service::config::default_home();
+            let root = sandcell_service::images::image_root(&home, name)?;
             spec.template = Some(name.clone());
             spec.system_root = Some(root.display().to_string());
         }

@@ -353,11 +353,6 @@ impl EgressHandle {
         Ok(())
     }
 
-    /// The secrets its proxy has now.
-    pub fn secrets(&self) -> Secrets {
-        self.proxy.secrets()
-    }
-
     /// Stops the proxy and removes the sandbox's folder (the sandbox is gone).
     pub fn remove(&self) {
         self.task.abort();

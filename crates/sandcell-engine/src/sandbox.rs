@@ -311,15 +311,6 @@ impl Sandbox {
             .map_or(0, EgressHandle::open_connections)
     }
 
-    /// The secrets its egress proxy has (none without one).
-    pub fn secrets(&self) -> sandcell_egress::Secrets {
-        self.inner
-            .egress
-            .as_ref()
-            .map(EgressHandle::secrets)
-            .unwrap_or_default()
-    }
-
     /// Gives its egress proxy `secrets` (see [`EgressHandle::set_secrets`]).
     pub fn set_secrets(&self, secrets: sandcell_egress::Secrets) -> Result<(), EngineError> {
         match &self.inner.egress {

@@ -8,7 +8,7 @@
 //!   name;
 //! - anything else is refused at once, saying how to import it.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -188,11 +188,6 @@ fn make_debian(
     };
     let _ = std::fs::remove_file(&tar);
     result
-}
-
-/// Whether `path` looks like a usable root (has `/usr`), for a clear error before a build.
-pub fn has_system(root: &Path) -> bool {
-    root.join("usr").is_dir()
 }
 
 #[cfg(test)]

@@ -440,35 +440,43 @@ impl Store {
         // Unpacked roots of images no name points at, unless a sandbox still has one mounted
         // (deleting its files would pull them from under it).
         let roots = self.root.join("roots");
-        if let Ok(entries) = fs::read_dir(&roots) {
-            for entry in entries.flatten() {
-                let name = entry.file_name().to_string_lossy().into_owned();
-                if name.starts_with('.') || live.contains(&format!("sha256:{name}")) {
-                    continue;
-                }
-                let path = entry.path();
-                // A mount's root is given within its own file system, whose mount point may
-                // be anywhere: the digest in the path is what identifies the root.
-                let inside = format!("/roots/{name}/");
-                let exact = format!("/roots/{name}");
-                let uses = |m: &Mount| m.root.contains(&inside) || m.root.ends_with(&exact);
-                // This namespace's binds of it are a root skeleton's, mounted ahead for later
-                // sandboxes: detached (sandboxes hold copies of their own). Then every mount
-                // table is read again: a process whose namespace link cannot be read (pid 1,
-                // as some hosts run it) may share this namespace.
-                let (ours, _) = mounts();
-                for m in ours.iter().filter(|m| uses(m)) {
+        let dead: Vec<(String, PathBuf)> = fs::read_dir(&roots)
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .map(|e| (e.file_name().to_string_lossy().into_owned(), e.path()))
+                    .filter(|(name, _)| {
+                        !name.starts_with('.') && !live.contains(&format!("sha256:{name}"))
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        if !dead.is_empty() {
+            // A mount's root is given within its own file system, whose mount point may be
+            // anywhere: the digest in the path is what identifies an unpacked root.
+            let uses = |name: &str, m: &Mount| {
+                m.root.contains(&format!("/roots/{name}/"))
+                    || m.root.ends_with(&format!("/roots/{name}"))
+            };
+            // This namespace's binds of them are root skeletons', mounted ahead for later
+            // sandboxes: detached (sandboxes hold copies of their own). The other mount
+            // tables are read after: a process whose namespace link cannot be read (pid 1,
+            // as some hosts run it) may share this one.
+            for m in own_mounts() {
+                if dead.iter().any(|(name, _)| uses(name, &m)) {
                     let _ = rustix::mount::unmount(
                         m.point.as_str(),
                         rustix::mount::UnmountFlags::DETACH,
                     );
                 }
-                let (_, others) = mounts();
-                if others.iter().any(uses) {
+            }
+            let others = other_mounts();
+            for (name, path) in &dead {
+                if others.iter().any(|m| uses(name, m)) {
                     out.roots_in_use += 1;
                     continue;
                 }
-                fs::remove_dir_all(&path).map_err(io_err("remove", &path))?;
+                fs::remove_dir_all(path).map_err(io_err("remove", path))?;
                 out.roots += 1;
             }
         }
@@ -505,49 +513,55 @@ struct Mount {
     point: String,
 }
 
-/// The mounts of this process's namespace, and those of every other mount namespace (read
-/// once each through one of its processes).
-fn mounts() -> (Vec<Mount>, Vec<Mount>) {
-    let parse = |text: &str| -> Vec<Mount> {
-        text.lines()
-            .filter_map(|line| {
-                let mut fields = line.split(' ');
-                let root = fields.nth(3)?.to_string();
-                let point = fields.next()?.to_string();
-                Some(Mount { root, point })
-            })
-            .collect()
-    };
-    let ours = fs::read_to_string("/proc/self/mountinfo")
-        .map(|t| parse(&t))
-        .unwrap_or_default();
+/// Mount table lines as `mountinfo` gives them.
+fn parse_mounts(text: &str) -> Vec<Mount> {
+    text.lines()
+        .filter_map(|line| {
+            let mut fields = line.split(' ');
+            let root = fields.nth(3)?.to_string();
+            let point = fields.next()?.to_string();
+            Some(Mount { root, point })
+        })
+        .collect()
+}
+
+/// The mounts of this process's namespace.
+fn own_mounts() -> Vec<Mount> {
+    fs::read_to_string("/proc/self/mountinfo")
+        .map(|t| parse_mounts(&t))
+        .unwrap_or_default()
+}
+
+/// The mounts of every other mount namespace, each read once through one of its processes.
+fn other_mounts() -> Vec<Mount> {
     let mut seen = std::collections::BTreeSet::new();
     if let Ok(ns) = fs::read_link("/proc/self/ns/mnt") {
         seen.insert(ns);
     }
     let mut others = Vec::new();
-    if let Ok(procs) = fs::read_dir("/proc") {
-        for p in procs.flatten() {
-            if !p
-                .file_name()
-                .to_string_lossy()
-                .bytes()
-                .all(|b| b.is_ascii_digit())
-            {
-                continue;
-            }
-            // A namespace read already is skipped; one whose link cannot be read is read.
-            if let Ok(ns) = fs::read_link(p.path().join("ns/mnt"))
-                && !seen.insert(ns)
-            {
-                continue;
-            }
-            if let Ok(text) = fs::read_to_string(p.path().join("mountinfo")) {
-                others.extend(parse(&text));
-            }
+    let Ok(procs) = fs::read_dir("/proc") else {
+        return others;
+    };
+    for p in procs.flatten() {
+        if !p
+            .file_name()
+            .to_string_lossy()
+            .bytes()
+            .all(|b| b.is_ascii_digit())
+        {
+            continue;
+        }
+        // A namespace read already is skipped; one whose link cannot be read is read.
+        if let Ok(ns) = fs::read_link(p.path().join("ns/mnt"))
+            && !seen.insert(ns)
+        {
+            continue;
+        }
+        if let Ok(text) = fs::read_to_string(p.path().join("mountinfo")) {
+            others.extend(parse_mounts(&text));
         }
     }
-    (ours, others)
+    others
 }
 
 /// Writes `path` through a temporary file beside it and a rename.

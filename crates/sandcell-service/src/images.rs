@@ -14,6 +14,10 @@ impl Service {
     /// The engine spec `req` asks for: a built-in template as [`crate::sandboxes::spec_of`]
     /// makes it, or an image of the store as its system root.
     pub async fn spec_for(&self, req: &CreateSandbox) -> ServiceResult<SandboxSpec> {
+        // A built-in template touches no file: only an image's unpacking leaves the thread.
+        if image_template(req).is_none() {
+            return crate::sandboxes::spec_of(req);
+        }
         let home = self.config.home.clone();
         let req = req.clone();
         tokio::task::spawn_blocking(move || spec_with_images(&home, &req))
@@ -26,15 +30,10 @@ impl Service {
 /// its unpacked root (unpacked now when it is not yet: this blocks). Warm pools of image
 /// templates get their spec here too, so that creates naming the image find them.
 pub fn spec_with_images(home: &Path, req: &CreateSandbox) -> ServiceResult<SandboxSpec> {
-    let Some(name) = req
-        .template
-        .as_deref()
-        .filter(|t| template_kernels(t).is_none())
-    else {
+    let Some(name) = image_template(req) else {
         return crate::sandboxes::spec_of(req);
     };
-    sandcell_template::check_reference(name).map_err(ServiceError::invalid)?;
-    let root = image_root(&home.join("images"), name)?;
+    let root = image_root(home, name)?;
     let mut plain = req.clone();
     plain.template = None;
     let mut spec = crate::sandboxes::spec_of(&plain)?;
@@ -43,15 +42,23 @@ pub fn spec_with_images(home: &Path, req: &CreateSandbox) -> ServiceResult<Sandb
     Ok(spec)
 }
 
-/// The unpacked root of image `name` in the store at `images`; `not_found` when the store
-/// has no such image.
-fn image_root(images: &Path, name: &str) -> ServiceResult<PathBuf> {
-    let store = sandcell_image::Store::open(images).map_err(image_error)?;
+/// The template `req` names when it is not a built-in one (then an image of the store).
+fn image_template(req: &CreateSandbox) -> Option<&str> {
+    req.template
+        .as_deref()
+        .filter(|t| template_kernels(t).is_none())
+}
+
+/// The unpacked root of image `name` in the store of `home` (`sandcell run --template`
+/// and creates alike); `not_found` when the store has no such image.
+pub fn image_root(home: &Path, name: &str) -> ServiceResult<PathBuf> {
+    sandcell_template::check_reference(name).map_err(ServiceError::invalid)?;
+    let store = sandcell_image::Store::open(home.join("images")).map_err(image_error)?;
     sandcell_image::unpacked_root(&store, name).map_err(|e| match e {
         sandcell_image::ImageError::Missing(_) => ServiceError::new(
             ErrorKind::NotFound,
             format!(
-                "no template '{name}': name a built-in one (default, python, node, bash, r) or an image of the store (sandcell image ls; sandcell image import FILE --as {name})"
+                "no template '{name}': it is not built in (default, python, node, bash, r) and no image named '{name}' is in the store (sandcell image ls; sandcell image import FILE --as {name})"
             ),
         ),
         other => image_error(other),

@@ -33,34 +33,15 @@ fn busybox_rootfs(dir: &Path) -> Option<std::path::PathBuf> {
     symlink("usr/bin", root.join("bin")).unwrap();
     std::fs::write(root.join("etc/os-release"), "ID=tiny\n").unwrap();
     let tarball = dir.join("tiny.tar");
-    let ok = Command::new("tar")
-        .arg("-C")
-        .arg(&root)
-        .arg("-cf")
-        .arg(&tarball)
-        .arg(".")
-        .status()
-        .unwrap()
-        .success();
-    assert!(ok, "tar");
+    super::images::tar_folder(&root, &tarball);
     Some(tarball)
 }
 
 /// `sandcell image ARGS --home HOME`, which must succeed; its output.
 fn image(home: &Path, args: &[&str]) -> String {
-    let out = Command::new(BIN)
-        .arg("image")
-        .args(args)
-        .arg("--home")
-        .arg(home)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{args:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
+    let (code, out, err) = super::images::sandcell(home, args);
+    assert_eq!(code, 0, "{args:?}: {err}");
+    out
 }
 
 #[test]

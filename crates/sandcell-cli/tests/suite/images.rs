@@ -6,7 +6,8 @@ use std::process::Command;
 
 use super::common::BIN;
 
-fn sandcell(home: &std::path::Path, args: &[&str]) -> (i32, String, String) {
+/// `sandcell image ARGS --home HOME`: exit code, stdout, stderr.
+pub(super) fn sandcell(home: &std::path::Path, args: &[&str]) -> (i32, String, String) {
     let out = Command::new(BIN)
         .arg("image")
         .args(args)
@@ -21,6 +22,24 @@ fn sandcell(home: &std::path::Path, args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// `tarball`: the folder `dir`'s contents as a tar (gzip when the name ends `.gz`).
+pub(super) fn tar_folder(dir: &std::path::Path, tarball: &std::path::Path) {
+    let flags = if tarball.extension().is_some_and(|e| e == "gz") {
+        "-czf"
+    } else {
+        "-cf"
+    };
+    let status = Command::new("tar")
+        .arg("-C")
+        .arg(dir)
+        .arg(flags)
+        .arg(tarball)
+        .arg(".")
+        .status()
+        .unwrap();
+    assert!(status.success(), "tar {}", dir.display());
+}
+
 #[test]
 fn images_are_imported_listed_inspected_removed_and_pruned() {
     let tmp = tempfile::tempdir().unwrap();
@@ -29,15 +48,7 @@ fn images_are_imported_listed_inspected_removed_and_pruned() {
     std::fs::create_dir_all(rootfs.join("usr/bin")).unwrap();
     std::fs::write(rootfs.join("usr/bin/hello"), "#!/bin/sh\necho hello\n").unwrap();
     let tarball = tmp.path().join("rootfs.tar.gz");
-    let status = Command::new("tar")
-        .arg("-C")
-        .arg(&rootfs)
-        .arg("-czf")
-        .arg(&tarball)
-        .arg(".")
-        .status()
-        .unwrap();
-    assert!(status.success());
+    tar_folder(&rootfs, &tarball);
     let file = tarball.to_str().unwrap();
 
     let (code, out, err) = sandcell(&home, &["import", file, "--as", "mybase:v1"]);

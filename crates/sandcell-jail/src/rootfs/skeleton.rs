@@ -119,12 +119,20 @@ fn family(system_root: &Path) -> String {
     if system_root == Path::new("/") {
         return "host".into();
     }
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in system_root.as_os_str().as_encoded_bytes() {
-        h ^= u64::from(*b);
-        h = h.wrapping_mul(0x0100_0000_01b3);
-    }
+    let mut h = FNV_OFFSET;
+    fnv_feed(&mut h, system_root.as_os_str().as_encoded_bytes());
     format!("{h:016x}")
+}
+
+/// FNV-1a's start.
+const FNV_OFFSET: u64 = 0xcbf2_9ce4_8422_2325;
+
+/// Feeds `bytes` and a separator to FNV-1a hash `h`: stable across builds and runs.
+fn fnv_feed(h: &mut u64, bytes: &[u8]) {
+    for b in bytes.iter().chain(&[0xff]) {
+        *h ^= u64::from(*b);
+        *h = h.wrapping_mul(0x0100_0000_01b3);
+    }
 }
 
 /// Mounts whatever of a mounted skeleton's binds and devices is missing (see
@@ -371,13 +379,8 @@ fn insert(entries: &mut BTreeMap<String, Node>, rel: String, node: Node) {
 
 /// FNV-1a over a canonical encoding of the entries: stable across builds and runs.
 fn digest(entries: &BTreeMap<String, Node>) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    let mut feed = |bytes: &[u8]| {
-        for b in bytes.iter().chain(&[0xff]) {
-            h ^= u64::from(*b);
-            h = h.wrapping_mul(0x0100_0000_01b3);
-        }
-    };
+    let mut h = FNV_OFFSET;
+    let mut feed = |bytes: &[u8]| fnv_feed(&mut h, bytes);
     feed(&FORMAT.to_le_bytes());
     for (rel, node) in entries {
         feed(rel.as_bytes());

@@ -23,6 +23,7 @@ pub mod runs;
 pub mod sandboxes;
 pub mod snapshots;
 pub mod system;
+pub mod templates;
 pub mod time;
 pub mod transfer;
 pub mod usage;

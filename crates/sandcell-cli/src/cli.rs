@@ -109,6 +109,9 @@ enum Command {
     /// inspect, remove, make a base ahead, prune.
     #[command(subcommand)]
     Image(crate::image::ImageCommand),
+    /// Templates: build one from a Dockerfile into the home's image store.
+    #[command(subcommand)]
+    Template(crate::template::TemplateCommand),
 }
 
 /// Parses the arguments and runs the command; errors print as `sandcell: …` (exit 125).
@@ -169,6 +172,7 @@ fn run_command(command: Command) -> anyhow::Result<ExitCode> {
         Command::Threads(cmd) => return agent::threads(cmd),
         Command::Memory(cmd) => return memory::memory(cmd),
         Command::Image(cmd) => return crate::image::image(cmd),
+        Command::Template(cmd) => return crate::template::template(cmd),
         Command::Sandbox { client, command } => {
             return client_rt()?.block_on(client::sandbox(&client, command));
         }

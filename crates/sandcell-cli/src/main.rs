@@ -1,4 +1,4 @@
-//! The `sandcell` binary. Hidden entry points (`__jail`, `__gvisor-guest`) are dispatched before anything
+//! The `sandcell` binary. Hidden entry points (`__jail`, `__gvisor-guest`, `__build-step`) are dispatched before anything
 //! else runs, because the launcher must still be single-threaded when it clones.
 
 #![forbid(unsafe_code)]
@@ -18,6 +18,7 @@ mod options;
 mod render;
 mod repl;
 mod run;
+mod template;
 
 fn main() -> ExitCode {
     if std::env::args_os().nth(1).is_some_and(|a| a == "__jail") {
@@ -31,6 +32,13 @@ fn main() -> ExitCode {
     }
     if std::env::args_os().nth(1).is_some_and(|a| a == "__guest") {
         return exec_guest();
+    }
+    if std::env::args_os()
+        .nth(1)
+        .is_some_and(|a| a == "__build-step")
+    {
+        let code = sandcell_jail::build::main_from_stdin();
+        return ExitCode::from(u8::try_from(code).unwrap_or(1));
     }
     cli::main()
 }

@@ -89,6 +89,9 @@ impl SandboxArgs {
             let root = sandcell_service::images::image_root(&home, name)?;
             spec.template = Some(name.clone());
             spec.system_root = Some(root.display().to_string());
+            for (key, value) in sandcell_service::images::image_env(&home, name)? {
+                spec.env.entry(key).or_insert(value);
+            }
         }
         Ok(spec)
     }

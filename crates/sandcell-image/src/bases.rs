@@ -51,13 +51,11 @@ pub fn resolve(store: &Store, name: &str, debian: &DebianOptions) -> Result<Reso
             made: None,
         });
     }
-    for candidate in candidates(name) {
-        if let Some(image) = store.image(&candidate)? {
-            return Ok(Resolved {
-                base: Base::Image(Box::new(image)),
-                made: None,
-            });
-        }
+    if let Some(image) = store.lookup(name)? {
+        return Ok(Resolved {
+            base: Base::Image(Box::new(image)),
+            made: None,
+        });
     }
     if let Some(suite) = name.strip_prefix("debian:") {
         let suite = debian_suite(suite).ok_or_else(|| {
@@ -78,17 +76,8 @@ pub fn resolve(store: &Store, name: &str, debian: &DebianOptions) -> Result<Reso
     Err(ImageError::Invalid(format!(
         "FROM {name}: no image of that name is in the store, and no image registry can be reached from here; import it first: \
          `sandcell image import FILE --as {name}` (a `docker save` archive, an OCI layout or archive, or a root filesystem tarball), \
-         or build on `debian:<suite>` or `host`"
+         or start from `debian:<suite>`"
     )))
-}
-
-/// The store names `name` may be under: itself, and with `:latest` when it has no tag.
-fn candidates(name: &str) -> Vec<String> {
-    if name.contains(':') {
-        vec![name.to_string()]
-    } else {
-        vec![name.to_string(), format!("{name}:latest")]
-    }
 }
 
 /// The suite mmdebstrap takes for what `debian:` names.

@@ -385,9 +385,18 @@ pub fn flatten(
     let image = store
         .image(reference)?
         .ok_or_else(|| ImageError::Missing(reference.to_string()))?;
+    flatten_layers(store, &image.manifest.layers, dest)
+}
+
+/// Writes the root filesystem that `layers` (lowest first) make into `dest`.
+pub fn flatten_layers(
+    store: &Store,
+    layers: &[Descriptor],
+    dest: &Path,
+) -> Result<crate::LayerStats, ImageError> {
     fs::create_dir_all(dest).map_err(io_err("create", dest))?;
     let mut total = crate::LayerStats::default();
-    for layer in &image.manifest.layers {
+    for layer in layers {
         let known = [
             LAYER_TAR,
             LAYER_TAR_GZIP,

@@ -20,7 +20,7 @@ pub mod store;
 pub use bases::{Base, DebianOptions, Resolved, resolve};
 pub use import::{Imported, flatten, import};
 pub use layer::{IdRange, LayerStats, apply, write_diff};
-pub use roots::unpacked_root;
+pub use roots::{chain_id, unpacked_layers, unpacked_root};
 pub use store::{Collected, Descriptor, Image, Manifest, Store};
 
 /// Why an image operation failed.

@@ -96,7 +96,7 @@ pub struct Collected {
 }
 
 /// An OCI image layout on disk.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Store {
     root: PathBuf,
 }
@@ -314,6 +314,18 @@ impl Store {
         Ok(desc)
     }
 
+    /// The image a user means by `name`: `name` itself, or `name:latest` when `name` has no
+    /// tag.
+    pub fn lookup(&self, name: &str) -> Result<Option<Image>, ImageError> {
+        if let Some(image) = self.image(name)? {
+            return Ok(Some(image));
+        }
+        if name.contains(':') {
+            return Ok(None);
+        }
+        self.image(&format!("{name}:latest"))
+    }
+
     /// The image named `reference`, if there is one.
     pub fn image(&self, reference: &str) -> Result<Option<Image>, ImageError> {
         let index = self.read_index()?;
@@ -401,6 +413,11 @@ impl Store {
             let manifest: Manifest = serde_json::from_slice(&self.read_blob(&desc.digest)?)
                 .map_err(|e| ImageError::Corrupt(format!("manifest {}: {e}", desc.digest)))?;
             live.insert(manifest.config.digest);
+            // Its unpacked root, by chain id.
+            live.insert(format!(
+                "sha256:{}",
+                crate::roots::chain_id(&manifest.layers)
+            ));
             live.extend(manifest.layers.into_iter().map(|l| l.digest));
         }
         let mut out = Collected::default();

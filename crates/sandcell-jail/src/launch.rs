@@ -710,7 +710,7 @@ fn clone_sandbox(new_net: bool) -> Result<(Option<Pid>, NsLines), JailError> {
     Ok((pid, lines))
 }
 
-fn raw_clone(flags: libc::c_int) -> io::Result<Option<Pid>> {
+pub(crate) fn raw_clone(flags: libc::c_int) -> io::Result<Option<Pid>> {
     // SAFETY: the launcher is single-threaded (checked by ensure_single_threaded), so a
     // fork-style clone — no CLONE_VM, a NULL stack meaning "continue on a copy-on-write copy
     // of the current stack", SIGCHLD on exit — duplicates the process exactly like fork(2).

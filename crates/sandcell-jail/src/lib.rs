@@ -4,6 +4,7 @@
 //! `unsafe` block carries a `// SAFETY:` note. The launcher ([`launch`]) runs in a
 //! single-threaded helper process (`sandcell __jail`), never inside the multithreaded host.
 
+pub mod build;
 pub mod caps;
 pub mod cgroup;
 pub mod config;

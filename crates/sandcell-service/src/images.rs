@@ -39,7 +39,30 @@ pub fn spec_with_images(home: &Path, req: &CreateSandbox) -> ServiceResult<Sandb
     let mut spec = crate::sandboxes::spec_of(&plain)?;
     spec.template = Some(name.to_string());
     spec.system_root = Some(root.display().to_string());
+    // The image's `ENV` (a build's, or an imported image's), under what the request sets.
+    for (key, value) in image_env(home, name)? {
+        spec.env.entry(key).or_insert(value);
+    }
     Ok(spec)
+}
+
+/// The environment image `name` of the store under `home` declares (`Env` of its config).
+pub fn image_env(home: &Path, name: &str) -> ServiceResult<Vec<(String, String)>> {
+    let store = sandcell_image::Store::open(home.join("images")).map_err(image_error)?;
+    let Some(image) = store.lookup(name).map_err(image_error)? else {
+        return Ok(Vec::new());
+    };
+    Ok(image
+        .config
+        .pointer("/config/Env")
+        .and_then(|v| v.as_array())
+        .map(|a| {
+            a.iter()
+                .filter_map(|e| e.as_str()?.split_once('='))
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect()
+        })
+        .unwrap_or_default())
 }
 
 /// The template `req` names when it is not a built-in one (then an image of the store).

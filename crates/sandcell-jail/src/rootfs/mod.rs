@@ -32,7 +32,7 @@ pub const WRITABLE_DEVICES: &[&str] = &["/dev"];
 const DEVICES: &[&str] = &["null", "zero", "full", "random", "urandom", "tty"];
 
 /// Symlinks in the sandbox's `/dev`: (name, target).
-const DEV_SYMLINKS: &[(&str, &str)] = &[
+pub(crate) const DEV_SYMLINKS: &[(&str, &str)] = &[
     ("ptmx", "pts/ptmx"),
     ("fd", "/proc/self/fd"),
     ("stdin", "/proc/self/fd/0"),
@@ -236,7 +236,7 @@ fn locked_flags(path: &str) -> MsFlags {
 
 /// A proc mount for the new pid namespace. It must happen while the host's /proc is still
 /// visible (before the pivot), or the kernel refuses it inside a user namespace.
-fn mount_proc(root: &str) -> Result<(), JailError> {
+pub(crate) fn mount_proc(root: &str) -> Result<(), JailError> {
     let target = format!("{root}/proc");
     do_mount(
         Some("proc"),
@@ -281,7 +281,7 @@ fn bind_devices(root: &str) -> Result<(), JailError> {
 }
 
 /// A private devpts and a size-limited `/dev/shm`.
-fn mount_dev_filesystems(root: &str) -> Result<(), JailError> {
+pub(crate) fn mount_dev_filesystems(root: &str) -> Result<(), JailError> {
     do_mount(
         Some("devpts"),
         &format!("{root}/dev/pts"),
@@ -305,7 +305,7 @@ fn pivot_root(new_root: &str, put_old: &str) -> Result<(), JailError> {
         .map_err(|e| JailError::io(format!("pivot_root {new_root} {put_old}"), e.into()))
 }
 
-fn do_mount(
+pub(crate) fn do_mount(
     source: Option<&str>,
     target: &str,
     fstype: Option<&str>,

@@ -551,6 +551,65 @@ pub const DEFAULT_SYSTEM_PATHS: &[&str] = &[
     "/etc/R",
 ];
 
+/// Top-level folders of an image that a sandbox never takes from it: its own kernel
+/// filesystems, scratch and work folders, and `/etc` (taken entry by entry, see
+/// [`image_system_paths`]).
+const IMAGE_RESERVED: &[&str] = &["proc", "dev", "sys", "tmp", "run", "etc", "lost+found"];
+
+/// `/etc` entries of an image a sandbox does not take: those it synthesizes (users, host
+/// name, resolver) and password hashes.
+const IMAGE_ETC_RESERVED: &[&str] = &["shadow", "gshadow", "shadow-", "gshadow-", "mtab"];
+
+/// What a sandbox on an image's root mirrors from it: `defaults`, every other top-level entry
+/// of the image (`/app`, `/opt`, `/srv`, files a build put at the root, …) and every `/etc`
+/// entry but the synthesized ones (`etc_files`), password hashes and the sandbox's own mount
+/// points (`tmpfs_paths`).
+pub fn image_system_paths(
+    image_root: &Path,
+    defaults: &[String],
+    etc_files: &[(String, String)],
+    tmpfs_paths: &[&str],
+) -> Vec<String> {
+    let mut paths: Vec<String> = defaults.to_vec();
+    let names = |dir: &Path| -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(dir)
+            .map(|entries| {
+                entries
+                    .flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        names
+    };
+    let owned = |path: &str| {
+        tmpfs_paths
+            .iter()
+            .any(|t| *t == path || t.starts_with(&format!("{path}/")))
+    };
+    for name in names(image_root) {
+        let path = format!("/{name}");
+        if IMAGE_RESERVED.contains(&name.as_str()) || owned(&path) || paths.contains(&path) {
+            continue;
+        }
+        paths.push(path);
+    }
+    // A link `/etc -> …` is not followed (see `through_link`).
+    if !fs::symlink_metadata(image_root.join("etc")).is_ok_and(|m| m.is_dir()) {
+        return paths;
+    }
+    for name in names(&image_root.join("etc")) {
+        let path = format!("/etc/{name}");
+        let synthesized = etc_files.iter().any(|(f, _)| f == &name);
+        if synthesized || IMAGE_ETC_RESERVED.contains(&name.as_str()) || paths.contains(&path) {
+            continue;
+        }
+        paths.push(path);
+    }
+    paths
+}
+
 /// The files synthesized under a sandbox's `/etc`: users, groups, host name, resolver.
 pub fn sandbox_etc_files(hostname: &str) -> Vec<(String, String)> {
     let u = sandcell_protocol::SANDBOX_UID;

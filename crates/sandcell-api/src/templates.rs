@@ -1,0 +1,143 @@
+//! Templates: builds from a Dockerfile and a context, their progress and logs, and the
+//! images they make.
+
+use serde::{Deserialize, Serialize};
+
+/// A build's state: `queued` → `running` → `succeeded`, `failed` or `cancelled`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum BuildState {
+    /// Waiting for an earlier build to finish.
+    Queued,
+    /// Running step `step` of `steps`.
+    Running,
+    /// Done: the image is tagged.
+    Succeeded,
+    /// A step failed (its exit code and log say why), or the build could not be done.
+    Failed,
+    /// Cancelled before it finished.
+    Cancelled,
+}
+
+impl BuildState {
+    /// Whether the build is over.
+    pub fn is_final(self) -> bool {
+        matches!(self, Self::Succeeded | Self::Failed | Self::Cancelled)
+    }
+}
+
+/// What happened to one step.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct StepReport {
+    /// 1-based.
+    pub index: u32,
+    /// Its line in the Dockerfile.
+    pub line: u32,
+    /// The instruction as written.
+    pub text: String,
+    /// Its layer came from the cache.
+    pub cached: bool,
+    /// The command's exit code (`RUN`; none for a cached or file step).
+    pub exit_code: Option<i32>,
+    /// How long it took, in milliseconds.
+    pub duration_ms: u64,
+    /// The layer it made (`sha256:…`).
+    pub layer: Option<String>,
+    /// The layer's size in bytes.
+    pub size: u64,
+}
+
+/// One event of a build's log, in order: what `GET /v1/templates/builds/{id}/logs` streams.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(tag = "event", rename_all = "snake_case")]
+pub enum BuildEvent {
+    /// An instruction ignored (with its line).
+    Warning {
+        /// Its line.
+        line: u32,
+        /// What was ignored and why.
+        message: String,
+    },
+    /// The base was found, or made now (a Debian base's first use).
+    Base {
+        /// What `FROM` names.
+        name: String,
+        /// The base's manifest digest.
+        digest: String,
+        /// How long making it took, when it was made now.
+        made_ms: Option<u64>,
+    },
+    /// A step begins.
+    StepStarted {
+        /// 1-based.
+        index: u32,
+        /// How many steps there are.
+        total: u32,
+        /// Its line in the Dockerfile.
+        line: u32,
+        /// The instruction as written.
+        text: String,
+    },
+    /// Output of the running step.
+    Output {
+        /// The step.
+        index: u32,
+        /// `stdout` or `stderr`.
+        stream: String,
+        /// The text (lossy UTF-8).
+        text: String,
+    },
+    /// A request of the running step through the build's egress proxy.
+    Network {
+        /// The step.
+        index: u32,
+        /// The host asked for.
+        host: String,
+        /// The port.
+        port: u16,
+        /// `allowed` or `denied`.
+        outcome: String,
+        /// Why it was denied, when it was.
+        reason: Option<String>,
+    },
+    /// A step ended.
+    StepFinished {
+        /// What happened.
+        step: StepReport,
+    },
+    /// A kernel was tried in the finished image.
+    Smoke {
+        /// `python`, `node`, `bash` or `r`.
+        kernel: String,
+        /// It started.
+        ok: bool,
+        /// Its version, or why it did not start.
+        detail: String,
+    },
+    /// The build is over.
+    Finished {
+        /// `succeeded`, `failed` or `cancelled`.
+        state: BuildState,
+        /// Why it failed.
+        error: Option<String>,
+    },
+}
+
+/// A finished build's image.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct BuiltImage {
+    /// The name it is tagged with (`name:tag`).
+    pub reference: String,
+    /// Its manifest digest.
+    pub digest: String,
+    /// Its layers, the base's included.
+    pub layers: u32,
+    /// The bytes of its layers.
+    pub size: u64,
+    /// The kernels that started in it.
+    pub kernels: Vec<String>,
+}

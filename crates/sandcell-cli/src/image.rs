@@ -153,7 +153,7 @@ pub fn image(command: ImageCommand) -> anyhow::Result<ExitCode> {
         ImageCommand::Inspect { name, args } => {
             let store = open(&args)?;
             let image = store
-                .image(&name)?
+                .lookup(&name)?
                 .with_context(|| format!("no image named '{name}' (sandcell image ls)"))?;
             if args.json {
                 println!(
@@ -186,11 +186,14 @@ pub fn image(command: ImageCommand) -> anyhow::Result<ExitCode> {
         }
         ImageCommand::Rm { name, args } => {
             let store = open(&args)?;
-            if !store.untag(&name)? {
+            let reference = store
+                .lookup(&name)?
+                .map_or(name.clone(), |image| image.reference);
+            if !store.untag(&reference)? {
                 anyhow::bail!("no image named '{name}' (sandcell image ls)");
             }
             if !args.json {
-                println!("removed {name} (its layers go at the next `sandcell image prune`)");
+                println!("removed {reference} (its layers go at the next `sandcell image prune`)");
             }
         }
         ImageCommand::Base { name, args } => {

@@ -702,6 +702,12 @@ fn resolve_user(user: &str) -> Result<(u32, u32), JailError> {
         None => (user, None),
     };
     let passwd = fs::read_to_string("/etc/passwd").unwrap_or_default();
+    // `root` is uid 0 even in an image without /etc/passwd.
+    let name = if name == "root" && lookup(&passwd, |f| f[0] == "root").is_none() {
+        "0"
+    } else {
+        name
+    };
     let (uid, primary) = match name.parse::<u32>() {
         Ok(uid) => (
             uid,

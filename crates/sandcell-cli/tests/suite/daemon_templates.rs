@@ -15,8 +15,13 @@ use serde_json::json;
 use super::common::BIN;
 use super::daemon::{Daemon, send, wait_for};
 
-/// A root filesystem tarball with busybox as its whole system.
-fn busybox_rootfs(dir: &Path) -> Option<std::path::PathBuf> {
+/// The programs of the busybox image here.
+const TOOLS: &[&str] = &[
+    "sh", "ls", "cat", "id", "touch", "echo", "wc", "head", "grep",
+];
+
+/// A root filesystem tarball with busybox as its whole system, `tools` linked to it.
+pub(super) fn busybox_rootfs(dir: &Path, tools: &[&str]) -> Option<std::path::PathBuf> {
     let busybox = Path::new("/bin/busybox");
     if !busybox.is_file() {
         return None;
@@ -25,9 +30,7 @@ fn busybox_rootfs(dir: &Path) -> Option<std::path::PathBuf> {
     std::fs::create_dir_all(root.join("usr/bin")).unwrap();
     std::fs::create_dir_all(root.join("etc")).unwrap();
     std::fs::copy(busybox, root.join("usr/bin/busybox")).unwrap();
-    for tool in [
-        "sh", "ls", "cat", "id", "touch", "echo", "wc", "head", "grep",
-    ] {
+    for tool in tools {
         symlink("busybox", root.join("usr/bin").join(tool)).unwrap();
     }
     symlink("usr/bin", root.join("bin")).unwrap();
@@ -47,7 +50,7 @@ fn image(home: &Path, args: &[&str]) -> String {
 #[test]
 fn a_sandbox_from_an_image_template_runs_on_that_image() {
     let tmp = tempfile::tempdir().unwrap();
-    let Some(tarball) = busybox_rootfs(tmp.path()) else {
+    let Some(tarball) = busybox_rootfs(tmp.path(), TOOLS) else {
         sandcell_testkit::skip::skip(
             "/bin/busybox is missing (scripts/setup.sh installs busybox-static)",
         );

@@ -30,3 +30,4 @@ mod processes;
 mod rootless;
 mod runs_api;
 mod service;
+mod template_builds;

@@ -1,0 +1,383 @@
+//! `sandcell template build` through the real binary, on a home of its own. Offline first: a
+//! busybox base imported from a root filesystem tarball, a Dockerfile with ARG, ENV, WORKDIR,
+//! COPY, RUN and USER built into layers; a second build served wholly from the cache (the
+//! same image, digest and all); a changed copied file rebuilding from its step on; a file
+//! deleted by a step staying deleted (a whiteout); the store read back by umoci; refusals
+//! with their line; a failing RUN exiting with its code and showing its output. Then with
+//! the machine's Debian mirror: `apt-get install jq` through the build's egress proxy, and
+//! `jq` running in a sandbox of the template.
+
+use std::path::Path;
+use std::process::Command;
+
+use serde_json::Value;
+
+use super::common::BIN;
+
+/// The programs the busybox base of these builds has.
+const TOOLS: &[&str] = &[
+    "sh", "ls", "cat", "id", "touch", "echo", "rm", "mkdir", "wc", "head", "grep",
+];
+
+/// `sandcell template build --json` on `home`: exit code, events, stderr.
+fn build(home: &Path, context: &Path, name: &str, extra: &[&str]) -> (i32, Vec<Value>, String) {
+    let out = Command::new(BIN)
+        .env("SANDCELL_HOME", home)
+        .args(["template", "build", "--json", "-t", name])
+        .args(extra)
+        .arg(context)
+        .output()
+        .expect("run sandcell");
+    let events = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l}")))
+        .collect();
+    (
+        out.status.code().unwrap_or(-1),
+        events,
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// The `step_finished` reports, in order.
+fn steps(events: &[Value]) -> Vec<&Value> {
+    events
+        .iter()
+        .filter(|e| e["event"] == "step_finished")
+        .map(|e| &e["step"])
+        .collect()
+}
+
+/// Everything the steps printed.
+fn output(events: &[Value]) -> String {
+    events
+        .iter()
+        .filter(|e| e["event"] == "output")
+        .filter_map(|e| e["text"].as_str())
+        .collect()
+}
+
+/// `sandcell run --template NAME -- sh -c SCRIPT` on `home`: its stdout.
+fn run_on(home: &Path, name: &str, script: &str) -> String {
+    let out = Command::new(BIN)
+        .env("SANDCELL_HOME", home)
+        .args(["run", "--template", name, "--", "sh", "-c", script])
+        .output()
+        .expect("run sandcell");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+fn skip_unless_root() -> bool {
+    if !rustix::process::geteuid().is_root() {
+        sandcell_testkit::skip::skip("builds map a private id range: they need root");
+        return true;
+    }
+    false
+}
+
+#[test]
+fn a_dockerfile_builds_into_cached_layers_and_a_sandbox_runs_on_the_result() {
+    if skip_unless_root() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("home");
+    let Some(tarball) = super::daemon_templates::busybox_rootfs(tmp.path(), TOOLS) else {
+        sandcell_testkit::skip::skip(
+            "/bin/busybox is missing (scripts/setup.sh installs busybox-static)",
+        );
+        return;
+    };
+    let (code, _, err) = super::images::sandcell(
+        &home,
+        &["import", tarball.to_str().unwrap(), "--as", "tiny:v1"],
+    );
+    assert_eq!(code, 0, "{err}");
+
+    let ctx = tmp.path().join("ctx");
+    std::fs::create_dir_all(ctx.join("src")).unwrap();
+    std::fs::write(ctx.join("data.txt"), "data v1\n").unwrap();
+    std::fs::write(ctx.join("src/tool.sh"), "echo tool\n").unwrap();
+    std::fs::write(
+        ctx.join("Dockerfile"),
+        "FROM tiny:v1\n\
+         ARG WHO=world\n\
+         ENV GREETING=hello\n\
+         WORKDIR /app\n\
+         COPY data.txt ./\n\
+         COPY src/*.sh /app/bin/\n\
+         RUN echo \"$GREETING $WHO\" > /greeting && rm /etc/os-release && id -u > /app/built-by\n\
+         USER 1000:1000\n\
+         RUN id -u && touch /app/denied 2>/dev/null || echo cannot write /app\n\
+         EXPOSE 8080\n\
+         CMD [\"sh\"]\n",
+    )
+    .unwrap();
+
+    let (code, events, err) = build(&home, &ctx, "demo", &["--build-arg", "WHO=builder"]);
+    assert_eq!(code, 0, "{err}\n{events:?}");
+    assert!(
+        events
+            .iter()
+            .any(|e| e["event"] == "warning" && e["line"] == 10),
+        "EXPOSE is warned about with its line: {events:?}"
+    );
+    let first = steps(&events);
+    assert_eq!(first.len(), 5, "WORKDIR, 2 COPY, 2 RUN: {first:?}");
+    assert!(
+        first
+            .iter()
+            .all(|s| s["cached"] == false && s["layer"].is_string())
+    );
+    assert_eq!(first[3]["exit_code"], 0);
+    let printed = output(&events);
+    // USER 1000 runs as 1000, which cannot write the root's folder.
+    assert!(printed.contains("1000\ncannot write /app"), "{printed}");
+    let finished = events.last().unwrap();
+    assert_eq!(finished["event"], "finished");
+    assert_eq!(finished["state"], "succeeded");
+
+    // A sandbox on the template: its files, the deletion, the variables of ENV and ARG.
+    let out = run_on(
+        &home,
+        "demo",
+        "cat /greeting /app/data.txt /app/bin/tool.sh /app/built-by; ls /etc/os-release 2>&1; echo $GREETING",
+    );
+    assert_eq!(
+        out.lines().take(4).collect::<Vec<_>>(),
+        ["hello builder", "data v1", "echo tool", "0"],
+        "{out}"
+    );
+    assert!(out.contains("No such file"), "deleted stays deleted: {out}");
+    assert!(out.ends_with("hello\n"), "{out}");
+
+    // Again: every step from the cache, and the same image.
+    let digest = |events: &[Value]| -> String {
+        let (code, out, _) = super::images::sandcell(&home, &["inspect", "demo", "--json"]);
+        assert_eq!(code, 0);
+        let _ = events;
+        serde_json::from_str::<Value>(&out).unwrap()["digest"]
+            .as_str()
+            .unwrap()
+            .to_string()
+    };
+    let before = digest(&events);
+    let (code, events, err) = build(&home, &ctx, "demo", &["--build-arg", "WHO=builder"]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        steps(&events).iter().all(|s| s["cached"] == true),
+        "{events:?}"
+    );
+    assert_eq!(
+        digest(&events),
+        before,
+        "a rebuild that changes nothing is the same image"
+    );
+
+    // A changed copied file: the steps before it come from the cache, it and those after run.
+    std::fs::write(ctx.join("data.txt"), "data v2\n").unwrap();
+    let (code, events, err) = build(&home, &ctx, "demo", &["--build-arg", "WHO=builder"]);
+    assert_eq!(code, 0, "{err}");
+    let cached: Vec<bool> = steps(&events)
+        .iter()
+        .map(|s| s["cached"].as_bool().unwrap())
+        .collect();
+    assert_eq!(cached, [true, false, false, false, false]);
+    assert!(run_on(&home, "demo", "cat /app/data.txt").contains("data v2"));
+    // --no-cache runs everything.
+    let (code, events, _) = build(
+        &home,
+        &ctx,
+        "demo",
+        &["--no-cache", "--build-arg", "WHO=builder"],
+    );
+    assert_eq!(code, 0);
+    assert!(steps(&events).iter().all(|s| s["cached"] == false));
+
+    // The store is an OCI image layout a standard tool reads.
+    if Command::new("umoci").arg("--version").output().is_ok() {
+        let out = Command::new("umoci")
+            .args(["ls", "--layout"])
+            .arg(home.join("images"))
+            .output()
+            .unwrap();
+        let names = String::from_utf8_lossy(&out.stdout);
+        assert!(names.lines().any(|l| l == "demo:latest"), "{names}");
+        let bundle = tmp.path().join("bundle");
+        let out = Command::new("umoci")
+            .args(["unpack", "--rootless", "--image"])
+            .arg(format!("{}:demo:latest", home.join("images").display()))
+            .arg(&bundle)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            std::fs::read_to_string(bundle.join("rootfs/greeting")).unwrap(),
+            "hello builder\n"
+        );
+        assert!(
+            !bundle.join("rootfs/etc/os-release").exists(),
+            "the whiteout applies"
+        );
+    } else {
+        sandcell_testkit::skip::skip("umoci is not installed: the layout is not read back");
+    }
+}
+
+#[test]
+fn bad_dockerfiles_and_failing_steps_fail_clearly() {
+    if skip_unless_root() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("home");
+    let Some(tarball) = super::daemon_templates::busybox_rootfs(tmp.path(), TOOLS) else {
+        sandcell_testkit::skip::skip(
+            "/bin/busybox is missing (scripts/setup.sh installs busybox-static)",
+        );
+        return;
+    };
+    let (code, _, err) = super::images::sandcell(
+        &home,
+        &["import", tarball.to_str().unwrap(), "--as", "tiny:v1"],
+    );
+    assert_eq!(code, 0, "{err}");
+    let ctx = tmp.path().join("ctx");
+    std::fs::create_dir_all(&ctx).unwrap();
+    let dockerfile = |text: &str| std::fs::write(ctx.join("Dockerfile"), text).unwrap();
+
+    // A failing RUN: the build exits with its code, its output is in the log.
+    dockerfile(
+        "FROM tiny:v1\nRUN echo made > /a\nRUN echo about to fail; exit 7\nRUN echo never\n",
+    );
+    let (code, events, err) = build(&home, &ctx, "broken", &[]);
+    assert_eq!(code, 7, "{err}");
+    assert!(output(&events).contains("about to fail"), "{events:?}");
+    let reports = steps(&events);
+    assert_eq!(reports.len(), 2, "the third step never starts: {reports:?}");
+    assert_eq!(reports[1]["exit_code"], 7);
+    assert_eq!(events.last().unwrap()["state"], "failed");
+    assert!(
+        err.contains("step 2") && err.contains("exit code 7"),
+        "{err}"
+    );
+    let (code, _, _) = super::images::sandcell(&home, &["inspect", "broken"]);
+    assert_ne!(code, 0, "a failed build tags nothing");
+
+    // Refusals, before any step runs, each naming what is wrong.
+    for (text, expect) in [
+        ("FROM tiny:v1\nRUN true\nONBUILD RUN x\n", "line 3"),
+        (
+            "FROM tiny:v1\nCOPY ../outside /x\n",
+            "leaves the build context",
+        ),
+        ("FROM ubuntu:22.04\nRUN true\n", "sandcell image import"),
+        ("FROM host\nRUN true\n", "FROM host cannot be built on"),
+        ("FROM tiny:v1\nCOPY missing.txt /x\n", "matches nothing"),
+    ] {
+        dockerfile(text);
+        let (code, _, err) = build(&home, &ctx, "refused", &[]);
+        assert_ne!(code, 0, "{text}");
+        assert!(err.contains(expect), "{text}: {err}");
+    }
+    let (code, _, err) = build(&home, &ctx, "Bad Name", &[]);
+    assert_ne!(code, 0);
+    assert!(err.contains("not a template or image name"), "{err}");
+}
+
+/// The Debian base of these tests, made once per machine with mmdebstrap into a store under
+/// the build's scratch folder, then imported from there (an OCI layout) into `home`.
+fn debian_base(home: &Path) -> bool {
+    if Command::new("mmdebstrap")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        sandcell_testkit::skip::skip("mmdebstrap is not installed (scripts/setup.sh installs it)");
+        return false;
+    }
+    let cache_home = Path::new(env!("CARGO_TARGET_TMPDIR")).join("debian-home");
+    let (code, _, err) = super::images::sandcell(&cache_home, &["base", "debian:bookworm"]);
+    assert_eq!(code, 0, "{err}");
+    let layout = cache_home.join("images");
+    let (code, _, err) = super::images::sandcell(
+        home,
+        &[
+            "import",
+            layout.to_str().unwrap(),
+            "--pick",
+            "debian:bookworm",
+            "--as",
+            "debian:bookworm",
+        ],
+    );
+    assert_eq!(code, 0, "{err}");
+    true
+}
+
+#[test]
+fn apt_get_reaches_the_mirror_through_the_build_proxy_and_the_package_runs_in_a_sandbox() {
+    if skip_unless_root() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("home");
+    if !debian_base(&home) {
+        return;
+    }
+    let ctx = tmp.path().join("ctx");
+    std::fs::create_dir_all(&ctx).unwrap();
+    std::fs::write(
+        ctx.join("Dockerfile"),
+        "FROM debian:bookworm\n\
+         RUN --mount=type=cache,target=/var/cache/apt --mount=type=cache,target=/var/lib/apt/lists \\\n\
+             apt-get update && apt-get install -y --no-install-recommends jq\n\
+         RUN echo '{\"a\": 41}' | jq .a\n",
+    )
+    .unwrap();
+    let (code, events, err) = build(&home, &ctx, "jq", &[]);
+    assert_eq!(code, 0, "{err}\n{}", output(&events));
+    assert!(output(&events).contains("41"), "jq ran in the next step");
+    assert!(
+        events
+            .iter()
+            .any(|e| e["event"] == "network" && e["outcome"] == "allowed"),
+        "apt went through the build's proxy: {events:?}"
+    );
+    // The package caches stayed outside the layer: jq and its libraries are a few MB.
+    let install = steps(&events)[0];
+    assert!(install["size"].as_u64().unwrap() < 20 << 20, "{install}");
+    assert!(
+        events
+            .iter()
+            .any(|e| e["event"] == "smoke" && e["kernel"] == "bash" && e["ok"] == true),
+        "{events:?}"
+    );
+    let out = run_on(&home, "jq", "echo '{\"b\": [1,2,3]}' | jq '.b | length'");
+    assert_eq!(out, "3\n");
+
+    // A host the template does not allow is refused by the proxy, and the step says so.
+    std::fs::write(
+        ctx.join("Dockerfile"),
+        "FROM debian:bookworm\nSHELL [\"/bin/bash\", \"-c\"]\nRUN exec 3<>/dev/tcp/127.0.0.1/3128 && printf 'GET http://not-allowed.invalid/ HTTP/1.1\\r\\nHost: not-allowed.invalid\\r\\n\\r\\n' >&3 && head -1 <&3\n",
+    )
+    .unwrap();
+    let (code, events, err) = build(&home, &ctx, "denied", &["--no-cache"]);
+    assert_eq!(code, 0, "{err}\n{}", output(&events));
+    assert!(output(&events).contains("403"), "{}", output(&events));
+    assert!(
+        events.iter().any(|e| e["event"] == "network"
+            && e["outcome"] == "denied"
+            && e["host"] == "not-allowed.invalid"),
+        "{events:?}"
+    );
+}

@@ -381,3 +381,62 @@ fn apt_get_reaches_the_mirror_through_the_build_proxy_and_the_package_runs_in_a_
         "{events:?}"
     );
 }
+
+#[test]
+fn a_build_step_cannot_leave_its_sandbox_or_change_the_base() {
+    if skip_unless_root() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("home");
+    let tools = [TOOLS, &["mount", "unshare", "chroot"]].concat();
+    let Some(tarball) = super::daemon_templates::busybox_rootfs(tmp.path(), &tools) else {
+        sandcell_testkit::skip::skip(
+            "/bin/busybox is missing (scripts/setup.sh installs busybox-static)",
+        );
+        return;
+    };
+    let (code, _, err) = super::images::sandcell(
+        &home,
+        &["import", tarball.to_str().unwrap(), "--as", "tiny:v1"],
+    );
+    assert_eq!(code, 0, "{err}");
+    let ctx = tmp.path().join("ctx");
+    std::fs::create_dir_all(&ctx).unwrap();
+    std::fs::write(
+        ctx.join("Dockerfile"),
+        "FROM tiny:v1\n\
+         RUN mount -t tmpfs none /mnt 2>/dev/null && echo MOUNTED || echo mount-refused; \\\n\
+             unshare -U true 2>/dev/null && echo USERNS || echo unshare-refused; \\\n\
+             chroot / true 2>/dev/null && echo CHROOT || echo chroot-refused; \\\n\
+             echo 1 > /proc/sys/kernel/sysrq 2>/dev/null && echo SYSCTL || echo sysctl-refused; \\\n\
+             grep CapEff /proc/self/status; \\\n\
+             echo tampered > /etc/os-release && echo base-copy-changed\n",
+    )
+    .unwrap();
+    let (code, events, err) = build(&home, &ctx, "attack", &["--offline"]);
+    assert_eq!(code, 0, "{err}\n{}", output(&events));
+    let printed = output(&events);
+    for refused in ["mount-refused", "unshare-refused", "sysctl-refused"] {
+        assert!(printed.contains(refused), "{refused}: {printed}");
+    }
+    // Docker's build set: chown, dac_override, fowner, fsetid, kill, setgid, setuid, setpcap,
+    // net_bind_service, sys_chroot, mknod, audit_write, setfcap; never sys_admin (bit 21).
+    assert!(printed.contains("CapEff:\t00000000a80405fb"), "{printed}");
+    assert!(printed.contains("base-copy-changed"), "{printed}");
+    // The step changed its own copy: the base's unpacked root on the host is untouched (the
+    // other root is the finished template's).
+    let roots: Vec<_> = std::fs::read_dir(home.join("images/roots"))
+        .unwrap()
+        .flatten()
+        .filter(|e| !e.file_name().to_string_lossy().starts_with('.'))
+        .collect();
+    let mut seen: Vec<String> = roots
+        .iter()
+        .map(|r| std::fs::read_to_string(r.path().join("etc/os-release")).unwrap())
+        .collect();
+    seen.sort();
+    assert_eq!(seen, ["ID=tiny\n", "tampered\n"]);
+    let out = run_on(&home, "attack", "cat /etc/os-release");
+    assert_eq!(out, "tampered\n", "the template has the step's change");
+}

@@ -49,7 +49,7 @@ pub struct StepReport {
     pub size: u64,
 }
 
-/// One event of a build's log, in order: what `GET /v1/templates/builds/{id}/logs` streams.
+/// One event of a build's log, in order: what `GET /v1/builds/{build_id}/logs` streams.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(tag = "event", rename_all = "snake_case")]
@@ -140,4 +140,122 @@ pub struct BuiltImage {
     pub size: u64,
     /// The kernels that started in it.
     pub kernels: Vec<String>,
+}
+
+/// The largest build context, decoded (`POST /v1/templates`).
+pub const MAX_CONTEXT_BYTES: usize = 256 * 1024 * 1024;
+
+/// `POST /v1/templates`: build a template from a Dockerfile and a context.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(deny_unknown_fields)]
+pub struct StartBuild {
+    /// The template's name (`name[:tag]`; `name` means `name:latest`).
+    pub name: String,
+    /// The Dockerfile's text.
+    pub dockerfile: String,
+    /// The build context: a tar archive (plain or gzip), base64-encoded; none: an empty
+    /// context.
+    #[serde(default)]
+    pub context: Option<String>,
+    /// `--build-arg`s.
+    #[serde(default)]
+    pub build_args: std::collections::BTreeMap<String, String>,
+    /// Run every step, even those whose layer is cached.
+    #[serde(default)]
+    pub no_cache: bool,
+    /// Hosts `RUN` steps may reach besides the machine's package registries.
+    #[serde(default)]
+    pub allow_hosts: Vec<String>,
+    /// No network for `RUN` steps.
+    #[serde(default)]
+    pub offline: bool,
+    /// Answer when the build has ended (200) instead of at once (202).
+    #[serde(default)]
+    pub wait: bool,
+}
+
+/// A build: `GET /v1/templates/builds/{build_id}`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct BuildInfo {
+    /// Its id.
+    pub id: String,
+    /// The template it makes.
+    pub name: String,
+    /// Where it is.
+    pub state: BuildState,
+    /// The step running (1-based; 0 before the first).
+    pub step: u32,
+    /// How many steps the Dockerfile has (0 until it is planned).
+    pub steps: u32,
+    /// The steps that ended.
+    pub step_reports: Vec<StepReport>,
+    /// The failing step's exit code.
+    pub exit_code: Option<i32>,
+    /// Why it failed.
+    pub error: Option<String>,
+    /// What it made.
+    pub image: Option<BuiltImage>,
+    /// When it was asked for (RFC 3339).
+    pub created_at: String,
+    /// When it ended.
+    pub finished_at: Option<String>,
+}
+
+/// `GET /v1/templates/builds`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct BuildList {
+    /// Newest first.
+    pub builds: Vec<BuildInfo>,
+}
+
+/// A template (an image of the daemon's store).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TemplateInfo {
+    /// Its name (`name:tag`).
+    pub name: String,
+    /// Its manifest digest.
+    pub digest: String,
+    /// Its layers.
+    pub layers: u32,
+    /// The bytes of its layers.
+    pub size: u64,
+    /// The kernels its build found starting in it (none recorded for an imported image).
+    pub kernels: Vec<String>,
+    /// Its environment (`ENV`).
+    pub env: Vec<String>,
+    /// Its `WORKDIR`.
+    pub workdir: Option<String>,
+    /// Sandboxes running on it now.
+    pub sandboxes: u32,
+}
+
+/// `GET /v1/templates`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct TemplateList {
+    /// By name.
+    pub templates: Vec<TemplateInfo>,
+}
+
+/// A build's events: `GET /v1/templates/builds/{build_id}/logs?format=json`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct BuildLog {
+    /// Each event with its number (`seq`, from 1).
+    pub events: Vec<NumberedBuildEvent>,
+}
+
+/// A build event and its number.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct NumberedBuildEvent {
+    /// Its number, from 1.
+    pub seq: u64,
+    /// The event.
+    #[serde(flatten)]
+    pub event: BuildEvent,
 }

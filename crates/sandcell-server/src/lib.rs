@@ -37,7 +37,7 @@ pub use state::AppState;
 
 use crate::api::{
     background, code, exec, files, keys, memories, network, previews, processes, runs, sandboxes,
-    snapshots, system, threads, transfer, usage,
+    snapshots, system, templates, threads, transfer, usage,
 };
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorTag};
@@ -61,6 +61,7 @@ use crate::error::{ApiError, ErrorTag};
         (name = "runs", description = "Agent runs: start, follow, cancel, resume, fork"),
         (name = "threads", description = "Threads: conversations that persist across agent runs"),
         (name = "memories", description = "Memories of a sandbox or of its owner: add, search, list, delete"),
+        (name = "templates", description = "Templates: build from a Dockerfile, follow the build, list, delete"),
         (name = "keys", description = "API keys"),
         (name = "system", description = "The service itself"),
     )
@@ -157,6 +158,12 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(memories::get_infer_sandbox))
         .routes(routes!(memories::infer, memories::list_infer))
         .routes(routes!(memories::get_infer))
+        .routes(routes!(templates::build, templates::list))
+        .routes(routes!(templates::get, templates::delete))
+        .routes(routes!(templates::list_builds))
+        .routes(routes!(templates::get_build))
+        .routes(routes!(templates::cancel_build))
+        .routes(routes!(templates::logs))
         .routes(routes!(system::system))
 }
 

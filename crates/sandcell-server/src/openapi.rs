@@ -40,6 +40,11 @@ const PATH_PARAMS: &[(&str, Option<&str>)] = &[
     ("memory_id", Some("^mem-[0-9a-f]{16}$")),
     ("job_id", Some("^inf-[0-9a-f]{16}$")),
     ("context", Some("^[A-Za-z0-9_.-]{1,64}$")),
+    ("build_id", Some("^bld-[0-9a-f]{12}$")),
+    (
+        "name",
+        Some("^[a-z0-9][a-z0-9._-]{0,63}(:[a-z0-9][a-z0-9._-]{0,31})?$"),
+    ),
     ("pid", None),
 ];
 
@@ -53,6 +58,7 @@ const PRODUCERS: &[(&str, &str, &str)] = &[
     ("/v1/sandboxes/{id}/snapshots", "snapshot_id", "id"),
     ("/v1/keys", "key_id", "id"),
     ("/v1/runs", "run_id", "id"),
+    ("/v1/templates", "build_id", "id"),
     ("/v1/sandboxes/{id}/memories", "memory_id", "id"),
     ("/v1/memories", "memory_id", "id"),
     ("/v1/sandboxes/{id}/memories/infer", "job_id", "id"),

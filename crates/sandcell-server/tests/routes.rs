@@ -260,6 +260,18 @@ const ROUTES: &[Route] = &[
     route("POST", "/v1/runs/{run_id}/steps/{step}/sandbox"),
     route("GET", "/v1/runs/{run_id}/events"),
     json(
+        route("POST", "/v1/templates"),
+        r#"{"name": "tpl", "dockerfile": "FROM tpl-base\nRUN true\n"}"#,
+        r#"{"name": 1, "dockerfile": "FROM x"}"#,
+    ),
+    route("GET", "/v1/templates"),
+    route("GET", "/v1/templates/{name}"),
+    route("DELETE", "/v1/templates/{name}"),
+    route("GET", "/v1/builds"),
+    route("GET", "/v1/builds/{build_id}"),
+    route("POST", "/v1/builds/{build_id}/cancel"),
+    route("GET", "/v1/builds/{build_id}/logs"),
+    json(
         route("POST", "/v1/threads"),
         r#"{"name": "work"}"#,
         r#"{"name": 1}"#,
@@ -323,6 +335,8 @@ struct Ids {
     job_id: String,
     thread_id: String,
     step: String,
+    build_id: String,
+    name: String,
 }
 
 impl Ids {
@@ -340,6 +354,8 @@ impl Ids {
             job_id: "inf-0000000000000000".into(),
             thread_id: "th-0000000000000000".into(),
             step: "1".into(),
+            build_id: "bld-000000000000".into(),
+            name: "no-such-template".into(),
         }
     }
 
@@ -357,6 +373,8 @@ impl Ids {
             .replace("{job_id}", &self.job_id)
             .replace("{thread_id}", &self.thread_id)
             .replace("{step}", &self.step)
+            .replace("{build_id}", &self.build_id)
+            .replace("{name}", &self.name)
             .replace("{port}", "8000");
         if route.query.is_empty() {
             path
@@ -672,7 +690,7 @@ async fn a_malformed_id_in_the_path_is_a_400() {
     let good = Ids::missing();
     let mut mismatches = Vec::new();
     type Field = fn(&mut Ids) -> &mut String;
-    let malformed: [(&str, Field, &str); 10] = [
+    let malformed: [(&str, Field, &str); 12] = [
         ("{id}", |i| &mut i.id, "SB-Not-An-Id"),
         ("{pid}", |i| &mut i.pid, "forty-two"),
         ("{snapshot_id}", |i| &mut i.snapshot_id, "sn-xyz"),
@@ -683,6 +701,8 @@ async fn a_malformed_id_in_the_path_is_a_400() {
         ("{job_id}", |i| &mut i.job_id, "inf-xyz"),
         ("{thread_id}", |i| &mut i.thread_id, "th-xyz"),
         ("{step}", |i| &mut i.step, "one"),
+        ("{build_id}", |i| &mut i.build_id, "bld-xyz"),
+        ("{name}", |i| &mut i.name, "Not_A_Name"),
     ];
     for route in ROUTES {
         for (param, field, bad) in &malformed {
@@ -1045,6 +1065,9 @@ async fn another_owners_resources_are_a_404() {
         job_id: job_id.into(),
         thread_id: thread["id"].as_str().expect("a thread id").into(),
         step: "1".into(),
+        // Templates and builds belong to the daemon, not to an owner: none here.
+        build_id: "bld-000000000000".into(),
+        name: "no-such-template".into(),
     };
     let mut mismatches = Vec::new();
     for route in ROUTES.iter().filter(|r| r.path.contains('{')) {

@@ -34,6 +34,7 @@ pub mod secrets;
 pub mod signed_url;
 pub mod snapshots;
 pub mod system;
+pub mod templates;
 pub mod transfer;
 pub mod usage;
 

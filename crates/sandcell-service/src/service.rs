@@ -43,6 +43,8 @@ pub struct Service {
     pub public_ports: crate::previews::PublicPorts,
     /// The writer of egress events to the audit log.
     pub egress_log: crate::network::EgressLog,
+    /// Template builds.
+    pub builds: crate::templates::Builds,
 }
 
 impl std::fmt::Debug for Service {
@@ -63,7 +65,11 @@ impl Service {
             tracing::warn!(error = %e, "public preview ports could not be read");
             crate::previews::PublicPorts::default()
         });
+        // Build steps run through this binary's `__build-step` (the daemon is `sandcell`).
+        let helper = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("sandcell"));
+        let builds = crate::templates::Builds::new(&config.home, helper);
         Self {
+            builds,
             egress_log,
             fleet,
             store,

@@ -440,3 +440,161 @@ fn a_build_step_cannot_leave_its_sandbox_or_change_the_base() {
     let out = run_on(&home, "attack", "cat /etc/os-release");
     assert_eq!(out, "tampered\n", "the template has the step's change");
 }
+
+/// `dir` as a gzip tar, base64-encoded (a build context for the REST API).
+fn context_base64(dir: &Path, tmp: &Path) -> String {
+    use base64::Engine as _;
+    let tarball = tmp.join("context.tar.gz");
+    super::images::tar_folder(dir, &tarball);
+    base64::engine::general_purpose::STANDARD.encode(std::fs::read(&tarball).unwrap())
+}
+
+#[test]
+fn the_daemon_builds_a_template_as_a_job_whose_log_streams_and_guards_it_while_in_use() {
+    use reqwest::Method;
+    use serde_json::json;
+    use std::time::Instant;
+
+    if skip_unless_root() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(tarball) = super::daemon_templates::busybox_rootfs(tmp.path(), TOOLS) else {
+        sandcell_testkit::skip::skip(
+            "/bin/busybox is missing (scripts/setup.sh installs busybox-static)",
+        );
+        return;
+    };
+    let d = super::daemon::Daemon::start(&[]);
+    let (code, _, err) = super::images::sandcell(
+        d.home(),
+        &["import", tarball.to_str().unwrap(), "--as", "tiny:v1"],
+    );
+    assert_eq!(code, 0, "{err}");
+    let ctx = tmp.path().join("ctx");
+    std::fs::create_dir_all(&ctx).unwrap();
+    std::fs::write(ctx.join("motd"), "built over REST\n").unwrap();
+    let dockerfile =
+        "FROM tiny:v1\nCOPY motd /etc/motd\nRUN echo step output && sleep 1\nENV MODE=rest\n";
+    let context = context_base64(&ctx, tmp.path());
+
+    // Bad input: answered at once, naming what is wrong.
+    let r = d.post(
+        "/v1/templates",
+        json!({"name": "rest", "dockerfile": "FROM tiny:v1\nONBUILD RUN x\n"}),
+    );
+    r.expect_error(400, "invalid_argument");
+    assert!(
+        r.body["message"].as_str().unwrap().contains("line 2"),
+        "{}",
+        r.body
+    );
+    let r = d.post(
+        "/v1/templates",
+        json!({"name": "rest", "dockerfile": dockerfile, "context": "not base64!"}),
+    );
+    r.expect_error(400, "invalid_argument");
+    let (bob, _) = d.key_for("bob");
+    let r = d.call_as(
+        Some(&bob),
+        Method::POST,
+        "/v1/templates",
+        Some(json!({"name": "rest", "dockerfile": dockerfile})),
+    );
+    r.expect_error(403, "permission_denied");
+
+    // A build: 202 at once, its log followed live to its end.
+    let r = d.post(
+        "/v1/templates",
+        json!({"name": "rest:v1", "dockerfile": dockerfile, "context": context}),
+    );
+    assert_eq!(r.status, 202, "{}", r.body);
+    let id = r.body["id"].as_str().unwrap().to_string();
+    assert!(id.starts_with("bld-"), "{id}");
+    let start = Instant::now();
+    let resp = d
+        .req(Method::GET, &format!("/v1/builds/{id}/logs"))
+        .send()
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let events = super::daemon::read_sse(resp, start);
+    let names: Vec<&str> = events.iter().map(|e| e.name.as_str()).collect();
+    assert_eq!(names.first(), Some(&"base"), "{names:?}");
+    assert_eq!(names.last(), Some(&"finished"), "{names:?}");
+    assert!(names.contains(&"step_started") && names.contains(&"step_finished"));
+    let output: String = events
+        .iter()
+        .filter(|e| e.name == "output")
+        .filter_map(|e| e.data["text"].as_str())
+        .collect();
+    assert!(output.contains("step output"), "{output}");
+    // Live: the output came before the step's end (the step sleeps after printing).
+    let at = |name: &str| events.iter().find(|e| e.name == name).unwrap().at;
+    assert!(at("output") + std::time::Duration::from_millis(500) < at("finished"));
+
+    let r = d.get(&format!("/v1/builds/{id}"));
+    assert_eq!(r.status, 200);
+    assert_eq!(r.body["state"], "succeeded", "{}", r.body);
+    assert_eq!(r.body["steps"], 2);
+    assert_eq!(r.body["step_reports"].as_array().unwrap().len(), 2);
+    assert_eq!(r.body["image"]["reference"], "rest:v1");
+    // The stored log as JSON, from an event on.
+    let r = d.get(&format!("/v1/builds/{id}/logs?format=json&after=1"));
+    assert_eq!(r.body["events"][0]["seq"], 2, "{}", r.body);
+    let r = d.get("/v1/builds");
+    assert_eq!(r.body["builds"][0]["id"], id.as_str());
+
+    let r = d.get("/v1/templates");
+    let names: Vec<&str> = r.body["templates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|t| t["name"].as_str())
+        .collect();
+    assert_eq!(names, ["rest:v1", "tiny:v1"]);
+    let r = d.get("/v1/templates/rest:v1");
+    assert_eq!(
+        r.body["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| *e == "MODE=rest")
+            .count(),
+        1
+    );
+    assert_eq!(r.body["sandboxes"], 0);
+
+    // A sandbox on it: its files and ENV; the template cannot be deleted meanwhile.
+    let sb = d.create_id(json!({"template": "rest:v1"}));
+    let out = d.exec(&sb, "cat /etc/motd; echo $MODE");
+    assert_eq!(out.stdout, "built over REST\nrest\n", "{}", out.stderr);
+    assert_eq!(d.get("/v1/templates/rest:v1").body["sandboxes"], 1);
+    d.delete("/v1/templates/rest:v1")
+        .expect_error(409, "invalid_state");
+    assert_eq!(d.delete(&format!("/v1/sandboxes/{sb}")).status, 204);
+    assert_eq!(d.delete("/v1/templates/rest:v1").status, 204);
+    d.get("/v1/templates/rest:v1")
+        .expect_error(404, "not_found");
+
+    // A failing build, and a cancelled one.
+    let r = d.post(
+        "/v1/templates",
+        json!({"name": "fails", "dockerfile": "FROM tiny:v1\nRUN exit 3\n", "wait": true}),
+    );
+    assert_eq!(r.status, 200, "{}", r.body);
+    assert_eq!(r.body["state"], "failed");
+    assert_eq!(r.body["exit_code"], 3);
+    let r = d.post(
+        "/v1/templates",
+        json!({"name": "slow", "dockerfile": "FROM tiny:v1\nRUN sleep 60\n"}),
+    );
+    let slow = r.body["id"].as_str().unwrap().to_string();
+    super::daemon::wait_for(std::time::Duration::from_secs(20), || {
+        (d.get(&format!("/v1/builds/{slow}")).body["state"] == "running").then_some(())
+    })
+    .expect("the slow build runs");
+    let cancelled = Instant::now();
+    let r = d.post(&format!("/v1/builds/{slow}/cancel"), json!({}));
+    assert_eq!(r.body["state"], "cancelled", "{}", r.body);
+    assert!(cancelled.elapsed() < std::time::Duration::from_secs(20));
+}

@@ -518,6 +518,14 @@ impl Fleet {
         }
     }
 
+    /// Sandboxes running now whose system is the image root `system_root`.
+    pub fn sandboxes_on(&self, system_root: &str) -> u32 {
+        lock(&self.live)
+            .values()
+            .filter(|l| l.sandbox.spec().system_root.as_deref() == Some(system_root))
+            .count() as u32
+    }
+
     /// Sandboxes running now.
     pub fn running(&self) -> usize {
         lock(&self.live).len()

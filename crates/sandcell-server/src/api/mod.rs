@@ -15,6 +15,7 @@ pub mod runs;
 pub mod sandboxes;
 pub mod snapshots;
 pub mod system;
+pub mod templates;
 pub mod threads;
 pub mod transfer;
 pub mod usage;

@@ -252,14 +252,14 @@ pub async fn events(
 
 /// What `GET /v1/runs/{run_id}/events` was asked.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct EventsQuery {
-    after: u64,
-    json: bool,
-    limit: u32,
+pub(crate) struct EventsQuery {
+    pub(crate) after: u64,
+    pub(crate) json: bool,
+    pub(crate) limit: u32,
 }
 
 impl EventsQuery {
-    fn parse(raw: Option<&str>, headers: &HeaderMap) -> Result<Self, ApiError> {
+    pub(crate) fn parse(raw: Option<&str>, headers: &HeaderMap) -> Result<Self, ApiError> {
         let mut q = Self {
             after: 0,
             json: false,

@@ -243,7 +243,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 
 /// The daemon to go through: the one named (`--url`, `$SANDCELL_API_URL`), else the one
 /// running on the home; `None` when there is neither.
-fn daemon_client(d: &DaemonArgs, config: &ConfigArgs) -> anyhow::Result<Option<Client>> {
+pub(crate) fn daemon_client(d: &DaemonArgs, config: &ConfigArgs) -> anyhow::Result<Option<Client>> {
     let home = config.home();
     let named = d.url.clone().or_else(|| {
         std::env::var("SANDCELL_API_URL")

@@ -1,6 +1,6 @@
-//! `sandcell template`: build templates from a Dockerfile and a context folder into the
-//! home's image store, in this process (builds through a running daemon come with its REST
-//! API for them).
+//! `sandcell template`: build templates from a Dockerfile and a context folder, list, show
+//! and remove them. Through the daemon when one runs on the home (or `--url` names one),
+//! else in this process on the home's image store: the same builder either way.
 
 use std::collections::BTreeMap;
 use std::io::Write as _;
@@ -9,10 +9,11 @@ use std::process::ExitCode;
 
 use anyhow::Context as _;
 use clap::{Args, Subcommand};
-use sandcell_api::templates::{BuildEvent, BuildState};
+use sandcell_api::templates::{BuildEvent, BuildState, StartBuild, TemplateInfo};
 use sandcell_build::BuildError;
-use sandcell_build::builder::{BuildRequest, Builder, BuilderConfig, Cancel};
+use sandcell_build::builder::{BuildRequest, Builder, BuilderConfig, Cancel, KERNELS_LABEL};
 
+use crate::agent::{DaemonArgs, daemon_client};
 use crate::image::ImageArgs;
 
 /// `sandcell template`.
@@ -22,6 +23,32 @@ pub enum TemplateCommand {
     /// layer; progress and the steps' output are shown live. Exits with the failing step's
     /// exit code.
     Build(BuildArgs),
+    /// List the templates (the images of the store, built or imported).
+    Ls {
+        #[command(flatten)]
+        daemon: DaemonArgs,
+        #[command(flatten)]
+        args: ImageArgs,
+    },
+    /// Show a template: digest, layers, size, kernels, environment, sandboxes on it.
+    Inspect {
+        /// Its name.
+        name: String,
+        #[command(flatten)]
+        daemon: DaemonArgs,
+        #[command(flatten)]
+        args: ImageArgs,
+    },
+    /// Remove a template (refused while sandboxes run on it); its layers go at the next
+    /// `sandcell image prune`.
+    Rm {
+        /// Its name.
+        name: String,
+        #[command(flatten)]
+        daemon: DaemonArgs,
+        #[command(flatten)]
+        args: ImageArgs,
+    },
 }
 
 /// `sandcell template build`.
@@ -47,6 +74,11 @@ pub struct BuildArgs {
     /// No network for `RUN` steps, not even the registries.
     #[arg(long)]
     pub offline: bool,
+    /// Build in this process even when a daemon runs.
+    #[arg(long)]
+    pub local: bool,
+    #[command(flatten)]
+    pub daemon: DaemonArgs,
     #[command(flatten)]
     pub args: ImageArgs,
 }
@@ -54,8 +86,224 @@ pub struct BuildArgs {
 /// Runs a `template` command.
 pub fn template(command: TemplateCommand) -> anyhow::Result<ExitCode> {
     match command {
-        TemplateCommand::Build(build) => build_template(build),
+        TemplateCommand::Build(build) => {
+            let daemon = if build.local {
+                None
+            } else {
+                daemon_client(&build.daemon, &build.args.config)?
+            };
+            match daemon {
+                Some(client) => build_through(client, build),
+                None => build_template(build),
+            }
+        }
+        TemplateCommand::Ls { daemon, args } => {
+            let list = match daemon_client(&daemon, &args.config)? {
+                Some(client) => runtime()?.block_on(client.templates())?.templates,
+                None => local_templates(&args)?,
+            };
+            if args.json {
+                println!("{}", serde_json::to_string_pretty(&list)?);
+            } else {
+                let rows: Vec<Vec<String>> = list
+                    .iter()
+                    .map(|t| {
+                        vec![
+                            t.name.clone(),
+                            short(&t.digest),
+                            t.layers.to_string(),
+                            human(t.size),
+                            if t.kernels.is_empty() {
+                                "-".into()
+                            } else {
+                                t.kernels.join(",")
+                            },
+                        ]
+                    })
+                    .collect();
+                print!(
+                    "{}",
+                    crate::render::table(&["NAME", "DIGEST", "LAYERS", "SIZE", "KERNELS"], &rows)
+                );
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        TemplateCommand::Inspect { name, daemon, args } => {
+            let info = match daemon_client(&daemon, &args.config)? {
+                Some(client) => runtime()?.block_on(client.template(&name))?,
+                None => local_templates(&args)?
+                    .into_iter()
+                    .find(|t| t.name == name || t.name == format!("{name}:latest"))
+                    .with_context(|| format!("no template '{name}' (sandcell template ls)"))?,
+            };
+            println!("{}", serde_json::to_string_pretty(&info)?);
+            Ok(ExitCode::SUCCESS)
+        }
+        TemplateCommand::Rm { name, daemon, args } => {
+            match daemon_client(&daemon, &args.config)? {
+                Some(client) => runtime()?.block_on(client.delete_template(&name))?,
+                None => {
+                    let store = sandcell_image::Store::open(args.config.home().join("images"))?;
+                    let image = store
+                        .lookup(&name)?
+                        .with_context(|| format!("no template '{name}' (sandcell template ls)"))?;
+                    store.untag(&image.reference)?;
+                }
+            }
+            if !args.json {
+                println!("removed {name}");
+            }
+            Ok(ExitCode::SUCCESS)
+        }
     }
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .context("start the async runtime")
+}
+
+/// The templates of the home's store, read in this process (no daemon: none runs on them).
+fn local_templates(args: &ImageArgs) -> anyhow::Result<Vec<TemplateInfo>> {
+    let store = sandcell_image::Store::open(args.config.home().join("images"))?;
+    let mut out = Vec::new();
+    for name in store.references()? {
+        let Some(image) = store.image(&name)? else {
+            continue;
+        };
+        let config = &image.config["config"];
+        out.push(TemplateInfo {
+            name: image.reference.clone(),
+            digest: image.manifest_digest.clone(),
+            layers: image.manifest.layers.len() as u32,
+            size: image.manifest.layers.iter().map(|l| l.size).sum(),
+            kernels: config["Labels"][KERNELS_LABEL]
+                .as_str()
+                .map(|k| {
+                    k.split(',')
+                        .filter(|k| !k.is_empty())
+                        .map(str::to_string)
+                        .collect()
+                })
+                .unwrap_or_default(),
+            env: config["Env"]
+                .as_array()
+                .map(|a| {
+                    a.iter()
+                        .filter_map(|e| e.as_str().map(str::to_string))
+                        .collect()
+                })
+                .unwrap_or_default(),
+            workdir: config["WorkingDir"].as_str().map(str::to_string),
+            sandboxes: 0,
+        });
+    }
+    out.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(out)
+}
+
+/// A build through the daemon: the context packed and sent, the log followed live.
+fn build_through(client: sandcell_client::Client, b: BuildArgs) -> anyhow::Result<ExitCode> {
+    let file = b
+        .file
+        .clone()
+        .unwrap_or_else(|| b.context.join("Dockerfile"));
+    let dockerfile = std::fs::read_to_string(&file)
+        .with_context(|| format!("read the Dockerfile {}", file.display()))?;
+    let context = pack_context(&b.context)?;
+    let req = StartBuild {
+        name: b.name.clone(),
+        dockerfile,
+        context: Some(context),
+        build_args: parse_build_args(&b.build_args)?,
+        no_cache: b.no_cache,
+        allow_hosts: b.allow.clone(),
+        offline: b.offline,
+        wait: false,
+    };
+    let json = b.args.json;
+    let info = runtime()?.block_on(async move {
+        let started = client.start_build(&req).await?;
+        let mut events = client.follow_build(&started.id, 0).await?;
+        let mut view = Progress::default();
+        while let Some(event) = events.next().await {
+            let event = event?;
+            if json {
+                println!(
+                    "{}",
+                    serde_json::to_string(&event.event).unwrap_or_default()
+                );
+            } else {
+                view.show(&event.event);
+            }
+        }
+        anyhow::Ok(client.build(&started.id).await?)
+    })?;
+    match info.state {
+        BuildState::Succeeded => {
+            if let (Some(image), false) = (&info.image, json) {
+                print_built(image);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        BuildState::Cancelled => {
+            eprintln!("sandcell: the build was cancelled");
+            Ok(ExitCode::from(130))
+        }
+        _ => {
+            eprintln!(
+                "sandcell: {}",
+                info.error
+                    .clone()
+                    .unwrap_or_else(|| "the build failed".into())
+            );
+            let code = info.exit_code.unwrap_or(1);
+            Ok(ExitCode::from(u8::try_from(code).unwrap_or(1).max(1)))
+        }
+    }
+}
+
+/// The context folder as a gzip tar, base64-encoded.
+fn pack_context(dir: &std::path::Path) -> anyhow::Result<String> {
+    use base64::Engine as _;
+    let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
+    {
+        let mut tar = tar::Builder::new(&mut gz);
+        tar.follow_symlinks(false);
+        tar.append_dir_all(".", dir)
+            .with_context(|| format!("pack the build context {}", dir.display()))?;
+        tar.finish().context("pack the build context")?;
+    }
+    let bytes = gz.finish().context("pack the build context")?;
+    Ok(base64::engine::general_purpose::STANDARD.encode(bytes))
+}
+
+fn parse_build_args(args: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    for a in args {
+        let (k, v) = a
+            .split_once('=')
+            .with_context(|| format!("--build-arg {a}: expected NAME=VALUE"))?;
+        out.insert(k.to_string(), v.to_string());
+    }
+    Ok(out)
+}
+
+fn print_built(image: &sandcell_api::templates::BuiltImage) {
+    println!(
+        "built {} ({}, {} layers, kernels: {})",
+        image.reference,
+        short(&image.digest),
+        image.layers,
+        if image.kernels.is_empty() {
+            "none".to_string()
+        } else {
+            image.kernels.join(", ")
+        }
+    );
 }
 
 fn build_template(b: BuildArgs) -> anyhow::Result<ExitCode> {
@@ -65,13 +313,7 @@ fn build_template(b: BuildArgs) -> anyhow::Result<ExitCode> {
         .unwrap_or_else(|| b.context.join("Dockerfile"));
     let dockerfile = std::fs::read_to_string(&file)
         .with_context(|| format!("read the Dockerfile {}", file.display()))?;
-    let mut build_args = BTreeMap::new();
-    for a in &b.build_args {
-        let (k, v) = a
-            .split_once('=')
-            .with_context(|| format!("--build-arg {a}: expected NAME=VALUE"))?;
-        build_args.insert(k.to_string(), v.to_string());
-    }
+    let build_args = parse_build_args(&b.build_args)?;
     let helper = std::env::current_exe().context("find the sandcell binary")?;
     let builder = Builder::new(BuilderConfig::for_home(&b.args.config.home(), helper));
     let request = BuildRequest {
@@ -83,11 +325,7 @@ fn build_template(b: BuildArgs) -> anyhow::Result<ExitCode> {
         allow_hosts: b.allow.clone(),
         offline: b.offline,
     };
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .context("start the async runtime")?;
+    let rt = runtime()?;
     let json = b.args.json;
     let result = rt.block_on(async move {
         let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
@@ -115,17 +353,7 @@ fn build_template(b: BuildArgs) -> anyhow::Result<ExitCode> {
     match result {
         Ok(image) => {
             if !json {
-                println!(
-                    "built {} ({}, {} layers, kernels: {})",
-                    image.reference,
-                    &image.digest[..19.min(image.digest.len())],
-                    image.layers,
-                    if image.kernels.is_empty() {
-                        "none".to_string()
-                    } else {
-                        image.kernels.join(", ")
-                    }
-                );
+                print_built(&image);
             }
             Ok(ExitCode::SUCCESS)
         }

@@ -17,6 +17,7 @@ mod runs;
 mod sandboxes;
 mod snapshots;
 pub mod sse;
+mod templates;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

@@ -50,6 +50,69 @@ pub fn json_result<T: serde::Serialize>(value: &T) -> CallToolResult {
     ))])
 }
 
+/// A build as `template_build` and `template_build_status` show it: its state and steps,
+/// the last lines of its log, what it made.
+pub fn build_status(
+    info: &sandcell_api::templates::BuildInfo,
+    events: &[sandcell_api::templates::BuildEvent],
+) -> CallToolResult {
+    use sandcell_api::templates::BuildEvent;
+    let steps: Vec<String> = info
+        .step_reports
+        .iter()
+        .map(|s| {
+            let how = if s.cached {
+                "cached".to_string()
+            } else {
+                match s.exit_code {
+                    Some(0) | None => format!("{:.1} s", s.duration_ms as f64 / 1000.0),
+                    Some(code) => format!("exit code {code}"),
+                }
+            };
+            format!("[{}] {} ({how})", s.index, s.text)
+        })
+        .collect();
+    let mut log = String::new();
+    for e in events {
+        match e {
+            BuildEvent::Output { text, .. } => log.push_str(text),
+            BuildEvent::Smoke { kernel, ok, .. } => {
+                log.push_str(&format!(
+                    "kernel {kernel}: {}\n",
+                    if *ok { "starts" } else { "missing" }
+                ));
+            }
+            BuildEvent::Warning { line, message } => {
+                log.push_str(&format!("warning: line {line}: {message}\n"));
+            }
+            _ => {}
+        }
+    }
+    let mut v = serde_json::json!({
+        "build_id": info.id,
+        "name": info.name,
+        "state": info.state,
+        "step": info.step,
+        "steps": info.steps,
+        "finished_steps": steps,
+        "log_tail": truncate(&log, 4000),
+    });
+    if let Some(e) = &info.error {
+        v["error"] = serde_json::json!(e);
+    }
+    if let Some(image) = &info.image {
+        v["template"] = serde_json::json!({
+            "name": image.reference,
+            "kernels": image.kernels,
+            "next": "create_session with image set to this name starts a session on it",
+        });
+    }
+    if !info.state.is_final() {
+        v["next"] = serde_json::json!("call template_build_status with this build_id to follow it");
+    }
+    json_result(&v)
+}
+
 /// Characters of one event's line in `agent_status`.
 const EVENT_LINE_LIMIT: usize = 160;
 

@@ -21,6 +21,7 @@ use sandcell_api::sandboxes::{CreateSandbox, SandboxInfo, SandboxList};
 use sandcell_api::snapshots::{
     CreateSnapshot, ForkResult, ForkSnapshot, SnapshotInfo, SnapshotList,
 };
+use sandcell_api::templates::{BuildEvent, BuildInfo, StartBuild, TemplateList};
 use sandcell_api::transfer::{CreateExport, ExportInfo, ExportList, ImportRequest, ImportResult};
 use sandcell_client::{Client, ClientError, Method};
 use sandcell_service::memory::Scope;
@@ -214,6 +215,14 @@ pub trait Sandcell: Send + Sync {
     ) -> CallResult<InferJob>;
     /// Any infer job of the caller's, a sandbox's included (its id names it).
     async fn get_infer_job(&self, job_id: &str) -> CallResult<InferJob>;
+    /// Starts a template build (waits for its end with `req.wait`).
+    async fn start_build(&self, req: StartBuild) -> CallResult<BuildInfo>;
+    /// A build.
+    async fn get_build(&self, build_id: &str) -> CallResult<BuildInfo>;
+    /// A build's last `n` log events.
+    async fn last_build_events(&self, build_id: &str, n: usize) -> CallResult<Vec<BuildEvent>>;
+    /// The templates.
+    async fn list_templates(&self) -> CallResult<TemplateList>;
     /// The base URL clients outside this process can reach (for download links), if any.
     fn public_base(&self) -> Option<String>;
 }
@@ -471,10 +480,34 @@ impl Sandcell for InProcess {
             .get_infer_job(&self.caller, Scope::Owner, job_id)?)
     }
 
+    async fn start_build(&self, req: StartBuild) -> CallResult<BuildInfo> {
+        Ok(self.service.start_build(&self.caller, req).await?)
+    }
+
+    async fn get_build(&self, build_id: &str) -> CallResult<BuildInfo> {
+        Ok(self.service.build_info(build_id)?)
+    }
+
+    async fn last_build_events(&self, build_id: &str, n: usize) -> CallResult<Vec<BuildEvent>> {
+        let all = self.service.build_log(build_id, 0, usize::MAX)?.events;
+        Ok(tail(all.into_iter().map(|e| e.event).collect(), n))
+    }
+
+    async fn list_templates(&self) -> CallResult<TemplateList> {
+        Ok(self.service.list_templates().await?)
+    }
+
     /// None: links are made from the MCP request's own Host when it came over HTTP.
     fn public_base(&self) -> Option<String> {
         None
     }
+}
+
+/// The last `n` of `items`.
+fn tail<T>(mut items: Vec<T>, n: usize) -> Vec<T> {
+    let cut = items.len().saturating_sub(n);
+    items.drain(..cut);
+    items
 }
 
 /// A daemon's REST API, through the typed client (acting with the client's key).
@@ -699,6 +732,31 @@ impl Sandcell for Remote {
     async fn get_infer_job(&self, job_id: &str) -> CallResult<InferJob> {
         // Without a sandbox the route takes any of the caller's jobs.
         Ok(self.client.infer_job(None, job_id).await?)
+    }
+
+    async fn start_build(&self, req: StartBuild) -> CallResult<BuildInfo> {
+        Ok(self.client.start_build(&req).await?)
+    }
+
+    async fn get_build(&self, build_id: &str) -> CallResult<BuildInfo> {
+        Ok(self.client.build(build_id).await?)
+    }
+
+    async fn last_build_events(&self, build_id: &str, n: usize) -> CallResult<Vec<BuildEvent>> {
+        let info = self.client.build(build_id).await?;
+        let mut events = Vec::new();
+        // A build that goes on is read up to now, not followed.
+        if info.state.is_final() {
+            let mut stream = self.client.follow_build(build_id, 0).await?;
+            while let Some(e) = stream.next().await {
+                events.push(e?.event);
+            }
+        }
+        Ok(tail(events, n))
+    }
+
+    async fn list_templates(&self) -> CallResult<TemplateList> {
+        Ok(self.client.templates().await?)
     }
 
     fn public_base(&self) -> Option<String> {

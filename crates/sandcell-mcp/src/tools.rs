@@ -25,6 +25,7 @@ use sandcell_api::memories::{
 use sandcell_api::runs::{BudgetsInput, ForkRun, StartRun, Validate};
 use sandcell_api::sandboxes::{CreateSandbox, Lang, LimitsInput};
 use sandcell_api::snapshots::{CreateSnapshot, ForkSnapshot as ForkRequest};
+use sandcell_api::templates::StartBuild;
 use sandcell_api::transfer::{CreateExport, ImportRequest};
 use sandcell_api::{Code, SandboxId, Seconds, Tags, Timeout};
 use sandcell_service::{Caller, Service};
@@ -428,6 +429,69 @@ pub struct MemoryDelete {
 pub struct RunRef {
     /// The run id returned by `agent_run` (`run-…`).
     pub run_id: String,
+}
+
+/// `template_build`'s arguments.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct TemplateBuild {
+    /// The template's name, `name[:tag]` (lower-case letters, digits, `.`, `_`, `-`).
+    pub name: String,
+    /// The Dockerfile: FROM (debian:<suite> or an image of the server), RUN, COPY, ADD, ENV,
+    /// ARG, WORKDIR, USER, LABEL, SHELL, CMD, ENTRYPOINT, `RUN --mount=type=cache`.
+    pub dockerfile: String,
+    /// The build context's files, path (relative) -> text content, for COPY and ADD.
+    #[serde(default)]
+    pub files: BTreeMap<String, String>,
+    /// Build arguments (`ARG`).
+    #[serde(default)]
+    pub build_args: BTreeMap<String, String>,
+    /// Run every step, even cached ones.
+    #[serde(default)]
+    pub no_cache: bool,
+    /// Wait for the build to end (default true); false: answer at once with its build_id.
+    pub wait: Option<bool>,
+}
+
+/// A build to look at.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BuildRef {
+    /// The build id returned by `template_build` (`bld-…`).
+    pub build_id: String,
+}
+
+/// Log events a build's answer shows.
+const BUILD_EVENTS: usize = 40;
+
+/// The context files as a tar archive, base64-encoded.
+fn context_archive(files: &BTreeMap<String, String>) -> Result<Option<String>, CallError> {
+    use base64::Engine as _;
+    if files.is_empty() {
+        return Ok(None);
+    }
+    let mut tar = tar::Builder::new(Vec::new());
+    for (path, text) in files {
+        let clean = path.trim_start_matches("./");
+        if clean.is_empty() || clean.starts_with('/') || clean.split('/').any(|c| c == "..") {
+            return Err(CallError::new(
+                "invalid_argument",
+                format!("files: '{path}' must be a relative path inside the context"),
+            ));
+        }
+        let mut header = tar::Header::new_gnu();
+        header.set_size(text.len() as u64);
+        header.set_mode(0o644);
+        header.set_entry_type(tar::EntryType::Regular);
+        tar.append_data(&mut header, clean, text.as_bytes())
+            .map_err(|e| CallError::new("invalid_argument", format!("files: {path}: {e}")))?;
+    }
+    let bytes = tar
+        .into_inner()
+        .map_err(|e| CallError::new("internal", format!("packing the files: {e}")))?;
+    Ok(Some(
+        base64::engine::general_purpose::STANDARD.encode(bytes),
+    ))
 }
 
 /// Events of a run `agent_status` summarizes.
@@ -899,6 +963,66 @@ impl SandcellMcp {
             async {
                 let api = self.sandcell(&ctx)?;
                 Ok(output::run_started(&api.resume_run(&p.run_id).await?))
+            }
+            .await,
+        )
+    }
+
+    #[tool(
+        description = "Build a template (a reusable environment for sessions) from a Dockerfile: each step runs in a build sandbox with the network limited to the package registries, layers are cached, and the kernels that start in the result are listed. files gives the build context for COPY. Waits for the end unless wait is false (then follow with template_build_status). Then create_session with image: NAME starts sessions on it. Needs an admin key."
+    )]
+    async fn template_build(
+        &self,
+        Parameters(p): Parameters<TemplateBuild>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
+        answer(
+            async {
+                let api = self.sandcell(&ctx)?;
+                let req = StartBuild {
+                    name: p.name,
+                    dockerfile: p.dockerfile,
+                    context: context_archive(&p.files)?,
+                    build_args: p.build_args,
+                    no_cache: p.no_cache,
+                    wait: p.wait.unwrap_or(true),
+                    ..StartBuild::default()
+                };
+                let info = api.start_build(req).await?;
+                let events = api.last_build_events(&info.id, BUILD_EVENTS).await?;
+                Ok(output::build_status(&info, &events))
+            }
+            .await,
+        )
+    }
+
+    #[tool(
+        description = "How a template build goes: its state (queued, running, succeeded, failed, cancelled), the step running, each finished step (cached or not, exit code, seconds), the last lines of its log, and the kernels of the template it made."
+    )]
+    async fn template_build_status(
+        &self,
+        Parameters(p): Parameters<BuildRef>,
+        ctx: RequestContext<RoleServer>,
+    ) -> ToolResult {
+        answer(
+            async {
+                let api = self.sandcell(&ctx)?;
+                let info = api.get_build(&p.build_id).await?;
+                let events = api.last_build_events(&p.build_id, BUILD_EVENTS).await?;
+                Ok(output::build_status(&info, &events))
+            }
+            .await,
+        )
+    }
+
+    #[tool(
+        description = "List the templates sessions can start on (create_session with image: NAME): name, size, the kernels that start in it, the sessions running on it."
+    )]
+    async fn template_list(&self, ctx: RequestContext<RoleServer>) -> ToolResult {
+        answer(
+            async {
+                let api = self.sandcell(&ctx)?;
+                Ok(output::json_result(&api.list_templates().await?))
             }
             .await,
         )

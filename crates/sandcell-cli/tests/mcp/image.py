@@ -72,6 +72,33 @@ async def scenario(session):
     r = await session.call_tool("destroy_session", {"session_id": sid})
     check("destroy", not r.is_error, text_of(r))
 
+    # A template built through the tools, its context given as files, then a session on it.
+    r = await session.call_tool("template_build", {
+        "name": "built",
+        "dockerfile": "FROM tiny:v1\nCOPY hello.txt /etc/hello\nRUN echo from-build > /etc/built\n",
+        "files": {"hello.txt": "hi there\n"},
+    })
+    answer = json.loads(text_of(r)) if not r.is_error else {}
+    check("template_build builds and waits", answer.get("state") == "succeeded"
+          and len(answer.get("finished_steps", [])) == 2
+          and answer.get("template", {}).get("name") == "built:latest", text_of(r))
+    r = await session.call_tool("template_list", {})
+    check("template_list shows it", not r.is_error and "built:latest" in text_of(r), text_of(r))
+    r = await session.call_tool("create_session", {"image": "built"})
+    check("a session on the built template", not r.is_error, text_of(r))
+    sid = text_of(r).split("session_id: ")[1].split()[0]
+    r = await session.call_tool("execute_terminal", {"session_id": sid, "command": "cat /etc/hello /etc/built"})
+    check("it has the build's files", "hi there" in text_of(r) and "from-build" in text_of(r), text_of(r))
+    await session.call_tool("destroy_session", {"session_id": sid})
+    r = await session.call_tool("template_build", {
+        "name": "broken", "dockerfile": "FROM tiny:v1\nRUN echo failing-step; exit 5\n"})
+    answer = json.loads(text_of(r)) if not r.is_error else {}
+    check("a failing build says which step and shows its output", answer.get("state") == "failed"
+          and "exit code 5" in " ".join(answer.get("finished_steps", []))
+          and "failing-step" in answer.get("log_tail", ""), text_of(r))
+    r = await session.call_tool("template_build", {"name": "x", "dockerfile": "FROM tiny:v1\nONBUILD RUN x\n"})
+    check("a bad Dockerfile is a tool error naming the line", r.is_error and "line 2" in text_of(r), text_of(r))
+
 
 async def main():
     binary, home = sys.argv[1], sys.argv[2]

@@ -494,6 +494,11 @@ fn a_session_on_an_image_through_the_official_mcp_client() {
             "the image is imported",
             "commands run on the image's system",
             "an image the store lacks is a tool error",
+            "template_build builds and waits",
+            "template_list shows it",
+            "it has the build's files",
+            "a failing build says which step",
+            "a bad Dockerfile is a tool error naming the line",
         ],
     );
 }

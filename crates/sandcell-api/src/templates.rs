@@ -152,8 +152,21 @@ pub const MAX_CONTEXT_BYTES: usize = 256 * 1024 * 1024;
 pub struct StartBuild {
     /// The template's name (`name[:tag]`; `name` means `name:latest`).
     pub name: String,
-    /// The Dockerfile's text.
+    /// The Dockerfile's text (or give `spec` or `builtin`).
+    #[serde(default)]
     pub dockerfile: String,
+    /// A template file (TOML, docs/templates.md): its Dockerfile inline or a path in the
+    /// context, build arguments, the defaults of its sandboxes, its warm strategy.
+    #[serde(default)]
+    pub spec: Option<String>,
+    /// A built-in template to build (`python-data-analysis`, `cpp-algorithm`,
+    /// `go-algorithm`, `node`, `web-tools`).
+    #[serde(default)]
+    pub builtin: Option<String>,
+    /// The network of the template's sandboxes, over the template file's (`web-tools` needs
+    /// it: the hosts its sandboxes may reach).
+    #[serde(default)]
+    pub sandbox_network: Option<crate::network::NetworkPolicy>,
     /// The build context: a tar archive (plain or gzip), base64-encoded; none: an empty
     /// context.
     #[serde(default)]

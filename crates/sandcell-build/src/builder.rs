@@ -81,7 +81,22 @@ pub struct BuildRequest {
     pub allow_hosts: Vec<String>,
     /// No network at all for `RUN` steps (not even the registries).
     pub offline: bool,
+    /// The template file's defaults for sandboxes of the template (recorded in the image;
+    /// its claimed kernels must pass the smoke test).
+    pub defaults: Option<TemplateDefaults>,
 }
+
+/// What a template file says about the sandboxes of its template.
+#[derive(Debug, Clone, Default, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct TemplateDefaults {
+    /// Their defaults.
+    pub sandbox: sandcell_template::SandboxDefaults,
+    /// How they are kept ready.
+    pub warm: sandcell_template::WarmStrategy,
+}
+
+/// The label holding a template's [`TemplateDefaults`] as JSON.
+pub const DEFAULTS_LABEL: &str = "org.sandcell.template";
 
 /// Cancels a build: its running step is killed, and it ends `cancelled`.
 #[derive(Debug, Clone)]
@@ -185,6 +200,7 @@ impl Builder {
         cancel: &Cancel,
     ) -> Result<BuiltImage, BuildError> {
         sandcell_template::check_reference(&request.name).map_err(BuildError::Invalid)?;
+        let request = &request;
         let reference = if request.name.contains(':') {
             request.name.clone()
         } else {
@@ -502,6 +518,11 @@ impl Builder {
                 "0".into()
             },
             caches,
+            ca_bundle: if is_run && egress_socket.is_some() {
+                host_ca_bundle()
+            } else {
+                None
+            },
             egress_socket: if is_run { egress_socket } else { None },
             limits: self.config.limits.clone(),
             cgroup_parent: self.config.cgroup_parent.clone(),
@@ -627,6 +648,7 @@ impl Builder {
                 user: "0".into(),
                 caches: Vec::new(),
                 egress_socket: None,
+                ca_bundle: None,
                 limits: self.config.limits.clone(),
                 cgroup_parent: self.config.cgroup_parent.clone(),
                 status_file: path_string(&dir.join("status.json"))?,
@@ -719,6 +741,17 @@ impl Drop for Egress {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// The host's CA bundle, if it has one where Debian and Fedora keep it.
+fn host_ca_bundle() -> Option<String> {
+    [
+        "/etc/ssl/certs/ca-certificates.crt",
+        "/etc/pki/tls/certs/ca-bundle.crt",
+    ]
+    .into_iter()
+    .find(|p| Path::new(p).is_file())
+    .map(str::to_string)
 }
 
 /// The interpreters tried in a finished image, by kernel.

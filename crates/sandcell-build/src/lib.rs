@@ -14,6 +14,7 @@
 pub mod builder;
 pub mod ids;
 pub mod registries;
+pub mod source;
 pub mod stage;
 mod step;
 

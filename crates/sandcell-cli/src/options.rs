@@ -92,6 +92,18 @@ impl SandboxArgs {
             for (key, value) in sandcell_service::images::image_env(&home, name)? {
                 spec.env.entry(key).or_insert(value);
             }
+            // The template's own network, unless --network chose one.
+            if let Some(defaults) = sandcell_service::images::template_defaults(&home, name)? {
+                for (key, value) in defaults.sandbox.env {
+                    spec.env.entry(key).or_insert(value);
+                }
+                if self.network == NetworkPolicy::Loopback
+                    && let Some(network) = defaults.sandbox.network
+                {
+                    spec.network = serde_json::from_value(network)
+                        .context("the template's recorded network")?;
+                }
+            }
         }
         Ok(spec)
     }

@@ -54,14 +54,24 @@ pub enum TemplateCommand {
 /// `sandcell template build`.
 #[derive(Debug, Args)]
 pub struct BuildArgs {
-    /// The build context: the folder `COPY` and `ADD` read.
-    pub context: PathBuf,
+    /// The build context: the folder `COPY` and `ADD` read (none with --builtin).
+    pub context: Option<PathBuf>,
     /// The Dockerfile (default: `CONTEXT/Dockerfile`).
+    /// A template file (`*.toml`: its Dockerfile inline or in the context, the defaults of
+    /// its sandboxes, its warm strategy) is read as one.
     #[arg(short = 'f', long = "file")]
     pub file: Option<PathBuf>,
-    /// The template's name (`name[:tag]`).
+    /// Build a built-in template: python-data-analysis, cpp-algorithm, go-algorithm, node,
+    /// web-tools.
+    #[arg(long, value_name = "NAME", conflicts_with_all = ["context", "file"])]
+    pub builtin: Option<String>,
+    /// The network of the template's sandboxes (over the template file's): `off`,
+    /// `loopback`, `full` or `allow:HOST[,HOST…]` (web-tools needs it).
+    #[arg(long, value_name = "POLICY")]
+    pub sandbox_network: Option<sandcell_api::network::NetworkPolicy>,
+    /// The template's name (`name[:tag]`; default: the template file's or built-in's name).
     #[arg(short = 't', long)]
-    pub name: String,
+    pub name: Option<String>,
     /// Run every step, even those whose layer is cached.
     #[arg(long)]
     pub no_cache: bool,
@@ -207,23 +217,24 @@ fn local_templates(args: &ImageArgs) -> anyhow::Result<Vec<TemplateInfo>> {
 
 /// A build through the daemon: the context packed and sent, the log followed live.
 fn build_through(client: sandcell_client::Client, b: BuildArgs) -> anyhow::Result<ExitCode> {
-    let file = b
-        .file
-        .clone()
-        .unwrap_or_else(|| b.context.join("Dockerfile"));
-    let dockerfile = std::fs::read_to_string(&file)
-        .with_context(|| format!("read the Dockerfile {}", file.display()))?;
-    let context = pack_context(&b.context)?;
-    let req = StartBuild {
-        name: b.name.clone(),
-        dockerfile,
-        context: Some(context),
+    let what = what_to_build(&b)?;
+    let mut req = StartBuild {
+        name: what.name.clone(),
         build_args: parse_build_args(&b.build_args)?,
         no_cache: b.no_cache,
         allow_hosts: b.allow.clone(),
         offline: b.offline,
-        wait: false,
+        sandbox_network: b.sandbox_network.clone(),
+        ..StartBuild::default()
     };
+    match &what.form {
+        Form::Builtin(name) => req.builtin = Some(name.clone()),
+        Form::TemplateFile(text) => req.spec = Some(text.clone()),
+        Form::Dockerfile(text) => req.dockerfile = text.clone(),
+    }
+    if let Some(dir) = &b.context {
+        req.context = Some(pack_context(dir)?);
+    }
     let json = b.args.json;
     let info = runtime()?.block_on(async move {
         let started = client.start_build(&req).await?;
@@ -264,6 +275,56 @@ fn build_through(client: sandcell_client::Client, b: BuildArgs) -> anyhow::Resul
             Ok(ExitCode::from(u8::try_from(code).unwrap_or(1).max(1)))
         }
     }
+}
+
+/// A folder removed when dropped.
+struct ScratchDir(PathBuf);
+
+impl Drop for ScratchDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// What `sandcell template build` was asked to build.
+struct WhatToBuild {
+    name: String,
+    form: Form,
+}
+
+enum Form {
+    Builtin(String),
+    /// A template file's text.
+    TemplateFile(String),
+    /// A Dockerfile's text.
+    Dockerfile(String),
+}
+
+fn what_to_build(b: &BuildArgs) -> anyhow::Result<WhatToBuild> {
+    let (form, file_name) = if let Some(name) = &b.builtin {
+        let builtin = sandcell_template::builtin::builtin(name)?;
+        (Form::Builtin(name.clone()), Some(builtin.name.to_string()))
+    } else {
+        let context = b
+            .context
+            .as_ref()
+            .context("give the build context folder (or --builtin NAME)")?;
+        let file = b.file.clone().unwrap_or_else(|| context.join("Dockerfile"));
+        let text =
+            std::fs::read_to_string(&file).with_context(|| format!("read {}", file.display()))?;
+        if file.extension().is_some_and(|e| e == "toml") {
+            let parsed = sandcell_template::TemplateFile::parse(&text)?;
+            (Form::TemplateFile(text), parsed.name)
+        } else {
+            (Form::Dockerfile(text), None)
+        }
+    };
+    let name = b
+        .name
+        .clone()
+        .or(file_name)
+        .context("give the template's name: -t NAME[:TAG]")?;
+    Ok(WhatToBuild { name, form })
 }
 
 /// The context folder as a gzip tar, base64-encoded.
@@ -307,23 +368,52 @@ fn print_built(image: &sandcell_api::templates::BuiltImage) {
 }
 
 fn build_template(b: BuildArgs) -> anyhow::Result<ExitCode> {
-    let file = b
-        .file
-        .clone()
-        .unwrap_or_else(|| b.context.join("Dockerfile"));
-    let dockerfile = std::fs::read_to_string(&file)
-        .with_context(|| format!("read the Dockerfile {}", file.display()))?;
-    let build_args = parse_build_args(&b.build_args)?;
+    let what = what_to_build(&b)?;
     let helper = std::env::current_exe().context("find the sandcell binary")?;
     let builder = Builder::new(BuilderConfig::for_home(&b.args.config.home(), helper));
+    // A built-in's context is written into a folder of its own, removed after.
+    let scratch = ScratchDir(
+        b.args
+            .config
+            .home()
+            .join("builds")
+            .join("contexts")
+            .join(format!("cli-{}", std::process::id())),
+    );
+    let context = match &b.context {
+        Some(dir) => dir.clone(),
+        None => {
+            let _ = std::fs::remove_dir_all(&scratch.0);
+            std::fs::create_dir_all(&scratch.0)
+                .with_context(|| format!("create {}", scratch.0.display()))?;
+            scratch.0.clone()
+        }
+    };
+    let network = match &b.sandbox_network {
+        Some(n) => Some(serde_json::to_value(n)?),
+        None => None,
+    };
+    let source = match &what.form {
+        Form::Builtin(name) => sandcell_build::source::from_builtin(name, &context, network)?,
+        Form::TemplateFile(text) => {
+            sandcell_build::source::from_template_file(text, &context, network)?
+        }
+        Form::Dockerfile(text) => sandcell_build::source::Source {
+            dockerfile: text.clone(),
+            ..Default::default()
+        },
+    };
+    let mut build_args = source.build_args;
+    build_args.extend(parse_build_args(&b.build_args)?);
     let request = BuildRequest {
-        name: b.name.clone(),
-        dockerfile,
-        context: b.context.clone(),
+        name: what.name.clone(),
+        dockerfile: source.dockerfile,
+        context,
         build_args,
         no_cache: b.no_cache,
         allow_hosts: b.allow.clone(),
         offline: b.offline,
+        defaults: source.defaults,
     };
     let rt = runtime()?;
     let json = b.args.json;

@@ -91,6 +91,11 @@ pub struct BuildStepConfig {
     pub caches: Vec<(String, String)>,
     /// The host egress proxy's socket; `None`: no network beyond `lo`.
     pub egress_socket: Option<String>,
+    /// The host's CA bundle, shown to the step at [`CA_BUNDLE`] (outside the layer) and named
+    /// by the variables TLS clients read: a registry is then trusted as the host's own
+    /// package managers trust it (some networks re-sign TLS with a CA only the host knows).
+    #[serde(default)]
+    pub ca_bundle: Option<String>,
     /// Limits of the step (memory and pids for the whole step).
     pub limits: Limits,
     /// The parent cgroup (as run sandboxes').
@@ -110,6 +115,21 @@ pub struct CopyInto {
     /// `--chmod` (octal), for every copied entry; default: the source's mode.
     pub chmod: Option<u32>,
 }
+
+/// Where the host's CA bundle appears in a step: inside `/dev`, a tmpfs outside the layer.
+pub const CA_BUNDLE: &str = "/dev/sandcell-ca.crt";
+
+/// The variables that point TLS clients at [`CA_BUNDLE`] (OpenSSL, pip, requests, curl,
+/// Node.js, git, cargo).
+const CA_VARIABLES: &[&str] = &[
+    "SSL_CERT_FILE",
+    "PIP_CERT",
+    "REQUESTS_CA_BUNDLE",
+    "CURL_CA_BUNDLE",
+    "NODE_EXTRA_CA_CERTS",
+    "GIT_SSL_CAINFO",
+    "CARGO_HTTP_CAINFO",
+];
 
 /// Where the staging folder is bound during a copy: inside `/dev`, a tmpfs outside the layer.
 const STAGING_POINT: &str = "/dev/.sandcell-copy";
@@ -219,6 +239,7 @@ fn try_run(config: &BuildStepConfig) -> Result<BuildStepStatus, JailError> {
         None => None,
     };
     mount_root(config)?;
+    prepare_root(config)?;
 
     let cgroup = SandboxCgroup::create(
         Path::new("/sys/fs/cgroup"),
@@ -351,6 +372,83 @@ fn mount_root(config: &BuildStepConfig) -> Result<(), JailError> {
     )
 }
 
+/// What the helper adds to the merged root before the step's namespaces are cloned (as the
+/// host's root, in its own mount namespace): `/dev` (a tmpfs outside the layer, with the
+/// harmless devices), the caches and the staged files. Folders it makes in the root are
+/// given to the range's root, as the step would have made them.
+fn prepare_root(config: &BuildStepConfig) -> Result<(), JailError> {
+    let root = config.merged.as_str();
+    let owner = Some(config.id_base);
+    for (host, target) in &config.caches {
+        let point = mount_point(root, target, owner)?;
+        crate::rootfs::do_mount(
+            Some(host),
+            &point,
+            None,
+            MsFlags::MS_BIND,
+            None,
+            &format!("bind the cache at {target}"),
+        )?;
+    }
+    mount_point(root, "/proc", owner)?;
+    let dev = mount_point(root, "/dev", owner)?;
+    crate::rootfs::do_mount(
+        Some("tmpfs"),
+        &dev,
+        Some("tmpfs"),
+        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
+        Some(&format!("size=1m,mode=755,uid={0},gid={0}", config.id_base)),
+        "mount /dev",
+    )?;
+    for name in DEVICES {
+        let target = format!("{dev}/{name}");
+        fs::write(&target, b"").map_err(|e| JailError::io(format!("make {target}"), e))?;
+        crate::rootfs::do_mount(
+            Some(&format!("/dev/{name}")),
+            &target,
+            None,
+            MsFlags::MS_BIND,
+            None,
+            &format!("bind /dev/{name}"),
+        )?;
+    }
+    for dir in ["pts", "shm"] {
+        fs::create_dir(format!("{dev}/{dir}"))
+            .map_err(|e| JailError::io(format!("make /dev/{dir}"), e))?;
+    }
+    for (name, target) in crate::rootfs::DEV_SYMLINKS {
+        std::os::unix::fs::symlink(target, format!("{dev}/{name}"))
+            .map_err(|e| JailError::io(format!("link /dev/{name}"), e))?;
+    }
+    if let Some(bundle) = &config.ca_bundle {
+        let target = format!("{root}{CA_BUNDLE}");
+        fs::write(&target, b"").map_err(|e| JailError::io(format!("make {CA_BUNDLE}"), e))?;
+        crate::rootfs::do_mount(
+            Some(bundle),
+            &target,
+            None,
+            MsFlags::MS_BIND,
+            None,
+            "bind the host's CA bundle",
+        )?;
+        crate::mount_attr::set(&target, crate::mount_attr::RDONLY, false)
+            .map_err(|e| JailError::io("make the CA bundle read-only", e))?;
+    }
+    if let Some(copy) = &config.copy {
+        let point = format!("{root}{STAGING_POINT}");
+        fs::create_dir(&point).map_err(|e| JailError::io(format!("make {STAGING_POINT}"), e))?;
+        crate::rootfs::do_mount(
+            Some(&copy.staging),
+            &point,
+            None,
+            MsFlags::MS_BIND | MsFlags::MS_REC,
+            None,
+            "bind the staged files",
+        )?;
+    }
+    Ok(())
+}
+
 /// A user namespace with the build's id mapping, for the idmapped mount to take its mapping
 /// from: a child that makes it and waits, mapped by us, then let go.
 fn mapping_namespace(id_base: u32) -> Result<fs::File, JailError> {
@@ -456,9 +554,9 @@ fn step_side(config: &BuildStepConfig, limited_by_cgroup: bool) -> JailError {
 }
 
 fn prepare_step(config: &BuildStepConfig, limited_by_cgroup: bool) -> Result<(), JailError> {
-    // Still the host's root by id (unmapped here): become the namespace's root, so that files
-    // the step makes belong to the range. Capabilities stay: the namespace gave them all.
-    switch_user(0, 0)?;
+    // Still the host's root by id (unmapped here), which reaches the step's root through a
+    // home only root may enter; files are made only after the switch below, so that they
+    // belong to the range.
     let root = config.merged.as_str();
     crate::rootfs::do_mount(
         None,
@@ -478,67 +576,16 @@ fn prepare_step(config: &BuildStepConfig, limited_by_cgroup: bool) -> Result<(),
         None,
         "bind the step's root",
     )?;
-    for (host, target) in &config.caches {
-        let point = mount_point(root, target)?;
-        crate::rootfs::do_mount(
-            Some(host),
-            &point,
-            None,
-            MsFlags::MS_BIND,
-            None,
-            &format!("bind the cache at {target}"),
-        )?;
-    }
-    ensure_dir(root, "/proc")?;
     crate::rootfs::mount_proc(root)?;
-    ensure_dir(root, "/dev")?;
-    crate::rootfs::do_mount(
-        Some("tmpfs"),
-        &format!("{root}/dev"),
-        Some("tmpfs"),
-        MsFlags::MS_NOSUID | MsFlags::MS_NOEXEC,
-        Some("size=1m,mode=755"),
-        "mount /dev",
-    )?;
-    for name in DEVICES {
-        let target = format!("{root}/dev/{name}");
-        fs::write(&target, b"").map_err(|e| JailError::io(format!("make {target}"), e))?;
-        crate::rootfs::do_mount(
-            Some(&format!("/dev/{name}")),
-            &target,
-            None,
-            MsFlags::MS_BIND,
-            None,
-            &format!("bind /dev/{name}"),
-        )?;
-    }
-    for dir in ["pts", "shm"] {
-        fs::create_dir(format!("{root}/dev/{dir}"))
-            .map_err(|e| JailError::io(format!("make /dev/{dir}"), e))?;
-    }
-    for (name, target) in crate::rootfs::DEV_SYMLINKS {
-        std::os::unix::fs::symlink(target, format!("{root}/dev/{name}"))
-            .map_err(|e| JailError::io(format!("link /dev/{name}"), e))?;
-    }
     crate::rootfs::mount_dev_filesystems(root)?;
-    if let Some(copy) = &config.copy {
-        let point = format!("{root}{STAGING_POINT}");
-        fs::create_dir(&point).map_err(|e| JailError::io(format!("make {STAGING_POINT}"), e))?;
-        crate::rootfs::do_mount(
-            Some(&copy.staging),
-            &point,
-            None,
-            MsFlags::MS_BIND | MsFlags::MS_REC,
-            None,
-            "bind the staged files",
-        )?;
-    }
     std::env::set_current_dir(root).map_err(|e| JailError::io("chdir into the step's root", e))?;
     nix::unistd::pivot_root(".", ".")
         .map_err(|e| JailError::io("pivot_root into the step's root", e.into()))?;
     umount2(".", MntFlags::MNT_DETACH)
         .map_err(|e| JailError::io("detach the host's root", e.into()))?;
     std::env::set_current_dir("/").map_err(|e| JailError::io("chdir /", e))?;
+    // Become the namespace's root; capabilities stay (the namespace gave them all).
+    switch_user(0, 0)?;
     let _ = nix::unistd::sethostname("build");
 
     crate::rlimits::apply(&config.limits, limited_by_cgroup, limited_by_cgroup)?;
@@ -635,7 +682,7 @@ fn merge_dir(
 
 /// Makes `target` (absolute) under `root` as a folder, refusing any symbolic link on the way,
 /// so that a cache cannot be bound over a path outside the root.
-fn mount_point(root: &str, target: &str) -> Result<String, JailError> {
+fn mount_point(root: &str, target: &str, owner: Option<u32>) -> Result<String, JailError> {
     let mut path = std::path::PathBuf::from(root);
     for part in target.split('/').filter(|p| !p.is_empty() && *p != ".") {
         path.push(part);
@@ -650,15 +697,15 @@ fn mount_point(root: &str, target: &str) -> Result<String, JailError> {
             Err(e) if e.kind() == io::ErrorKind::NotFound => {
                 fs::create_dir(&path)
                     .map_err(|e| JailError::io(format!("make {}", path.display()), e))?;
+                if let Some(id) = owner {
+                    std::os::unix::fs::lchown(&path, Some(id), Some(id))
+                        .map_err(|e| JailError::io(format!("chown {}", path.display()), e))?;
+                }
             }
             Err(e) => return Err(JailError::io(format!("inspect {}", path.display()), e)),
         }
     }
     Ok(path.to_string_lossy().into_owned())
-}
-
-fn ensure_dir(root: &str, path: &str) -> Result<(), JailError> {
-    mount_point(root, path).map(|_| ())
 }
 
 /// Keeps only [`BUILD_CAPS`] in every set, the bounding set included.
@@ -775,6 +822,13 @@ fn exec(config: &BuildStepConfig) -> JailError {
             "PATH".into(),
             "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
         ));
+    }
+    if config.ca_bundle.is_some() {
+        for name in CA_VARIABLES {
+            if !env.iter().any(|(k, _)| k == name) {
+                env.push((name.to_string(), CA_BUNDLE.into()));
+            }
+        }
     }
     if config.egress_socket.is_some() {
         let proxy = format!("http://{PROXY_ADDR}");

@@ -34,7 +34,7 @@ pub fn spec_with_images(home: &Path, req: &CreateSandbox) -> ServiceResult<Sandb
         return crate::sandboxes::spec_of(req);
     };
     let root = image_root(home, name)?;
-    let mut plain = req.clone();
+    let mut plain = with_template_defaults(home, name, req)?;
     plain.template = None;
     let mut spec = crate::sandboxes::spec_of(&plain)?;
     spec.template = Some(name.to_string());
@@ -44,6 +44,62 @@ pub fn spec_with_images(home: &Path, req: &CreateSandbox) -> ServiceResult<Sandb
         spec.env.entry(key).or_insert(value);
     }
     Ok(spec)
+}
+
+/// `req` with the defaults the template file of image `name` gave its sandboxes (network,
+/// limits, environment, kernels started at create) under what `req` sets itself.
+pub fn with_template_defaults(
+    home: &Path,
+    name: &str,
+    req: &CreateSandbox,
+) -> ServiceResult<CreateSandbox> {
+    let mut req = req.clone();
+    let Some(defaults) = template_defaults(home, name)? else {
+        return Ok(req);
+    };
+    let sandbox = defaults.sandbox;
+    let bad = |what: &str, e: serde_json::Error| {
+        ServiceError::invalid(format!(
+            "template '{name}' records a {what} that is not valid here: {e}"
+        ))
+    };
+    if req.network.is_none()
+        && let Some(network) = sandbox.network
+    {
+        req.network = Some(serde_json::from_value(network).map_err(|e| bad("network", e))?);
+    }
+    if req.limits.is_none()
+        && let Some(limits) = sandbox.limits
+    {
+        req.limits = Some(serde_json::from_value(limits).map_err(|e| bad("limits", e))?);
+    }
+    for (key, value) in sandbox.env {
+        req.env.entry(key).or_insert(value);
+    }
+    if req.kernels.is_empty() {
+        req.kernels = serde_json::from_value(serde_json::json!(sandbox.kernels))
+            .map_err(|e| bad("kernel list", e))?;
+    }
+    Ok(req)
+}
+
+/// The defaults the template file of image `name` recorded, if it had one.
+pub fn template_defaults(
+    home: &Path,
+    name: &str,
+) -> ServiceResult<Option<sandcell_build::builder::TemplateDefaults>> {
+    let store = sandcell_image::Store::open(home.join("images")).map_err(image_error)?;
+    let Some(image) = store.lookup(name).map_err(image_error)? else {
+        return Ok(None);
+    };
+    let Some(text) =
+        image.config["config"]["Labels"][sandcell_build::builder::DEFAULTS_LABEL].as_str()
+    else {
+        return Ok(None);
+    };
+    serde_json::from_str(text).map(Some).map_err(|e| {
+        ServiceError::invalid(format!("template '{name}' has unreadable defaults: {e}"))
+    })
 }
 
 /// The environment image `name` of the store under `home` declares (`Env` of its config).

@@ -120,10 +120,28 @@ impl Service {
     pub async fn start_build(&self, caller: &Caller, req: StartBuild) -> ServiceResult<BuildInfo> {
         admin_only(caller, "build templates")?;
         sandcell_template::check_reference(&req.name).map_err(ServiceError::invalid)?;
-        let parsed = sandcell_template::parse(&req.dockerfile)
-            .map_err(|e| ServiceError::invalid(format!("Dockerfile {e}")))?;
-        sandcell_template::plan(&parsed, &req.build_args)
-            .map_err(|e| ServiceError::invalid(format!("Dockerfile {e}")))?;
+        let forms = [
+            !req.dockerfile.is_empty(),
+            req.spec.is_some(),
+            req.builtin.is_some(),
+        ];
+        if forms.iter().filter(|f| **f).count() != 1 {
+            return Err(ServiceError::invalid(
+                "give exactly one of dockerfile, spec (a template file) or builtin",
+            ));
+        }
+        // A Dockerfile's mistakes are answered at once; a template file's once its context
+        // is unpacked (its Dockerfile may be a file in it).
+        if !req.dockerfile.is_empty() {
+            let parsed = sandcell_template::parse(&req.dockerfile)
+                .map_err(|e| ServiceError::invalid(format!("Dockerfile {e}")))?;
+            sandcell_template::plan(&parsed, &req.build_args)
+                .map_err(|e| ServiceError::invalid(format!("Dockerfile {e}")))?;
+        }
+        if let Some(name) = &req.builtin {
+            sandcell_template::builtin::builtin(name)
+                .map_err(|e| ServiceError::invalid(e.to_string()))?;
+        }
         let context_bytes = match &req.context {
             Some(text) => {
                 let bytes = base64::engine::general_purpose::STANDARD
@@ -180,14 +198,41 @@ impl Service {
                 jobs.remove(old);
             }
         }
+        let sandbox_network = match &req.sandbox_network {
+            Some(n) => Some(
+                serde_json::to_value(n)
+                    .map_err(|e| ServiceError::invalid(format!("sandbox_network: {e}")))?,
+            ),
+            None => None,
+        };
+        let source = if let Some(name) = &req.builtin {
+            sandcell_build::source::from_builtin(name, &context, sandbox_network)
+        } else if let Some(text) = &req.spec {
+            sandcell_build::source::from_template_file(text, &context, sandbox_network)
+        } else {
+            Ok(sandcell_build::source::Source {
+                dockerfile: req.dockerfile.clone(),
+                ..Default::default()
+            })
+        };
+        let source = match source {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = std::fs::remove_dir_all(&context);
+                return Err(ServiceError::invalid(e.to_string()));
+            }
+        };
+        let mut build_args = source.build_args;
+        build_args.extend(req.build_args.clone());
         let request = BuildRequest {
             name: req.name.clone(),
-            dockerfile: req.dockerfile.clone(),
+            dockerfile: source.dockerfile,
             context: context.clone(),
-            build_args: req.build_args.clone(),
+            build_args,
             no_cache: req.no_cache,
             allow_hosts: req.allow_hosts.clone(),
             offline: req.offline,
+            defaults: source.defaults,
         };
         let builder = builds.builder.clone();
         let gate = builds.one_at_a_time.clone();
@@ -219,9 +264,7 @@ impl Service {
                     Err(BuildError::Cancelled)
                 }
             };
-            if let Ok(image) = result {
-                lock(&runner.info).image = Some(image);
-            }
+            drop(result);
             let _ = std::fs::remove_dir_all(&context);
         });
         if req.wait {
@@ -297,7 +340,8 @@ impl Service {
                         let seq = event.seq;
                         return Some((event, (job, rx, seq, last)));
                     }
-                    if lock(&job.info).state.is_final() && lock(&job.events).is_empty() {
+                    // A build that has ended has no more to send.
+                    if lock(&job.info).state.is_final() {
                         return None;
                     }
                     if rx.changed().await.is_err() {

@@ -12,6 +12,7 @@
 //! Nothing here touches the file system or runs a step.
 #![forbid(unsafe_code)]
 
+pub mod builtin;
 pub mod dockerfile;
 pub mod plan;
 pub mod spec;

@@ -48,7 +48,10 @@ def _ref_name(schema: dict[str, Any]) -> str | None:
 
 
 def resolve(schema: dict[str, Any]) -> dict[str, Any]:
-    """`schema` with `$ref` followed, `allOf` merged and a `oneOf [X, null]` made a nullable X."""
+    """`schema` with `$ref` followed, `allOf` merged and a `oneOf [X, null]` made a nullable X.
+    A part of an `allOf` that has several shapes (a `oneOf` of objects: a build event of any
+    kind, numbered) brings the properties of every shape, none of them required (which are
+    depends on the shape)."""
     name = _ref_name(schema)
     if name is not None:
         return resolve(SCHEMAS[name])
@@ -56,6 +59,8 @@ def resolve(schema: dict[str, Any]) -> dict[str, Any]:
         merged: dict[str, Any] = {"type": "object", "properties": {}, "required": []}
         for part in schema["allOf"]:
             r = resolve(part)
+            for shape in r.get("oneOf", []):
+                merged["properties"].update(resolve(shape).get("properties", {}))
             merged["properties"].update(r.get("properties", {}))
             merged["required"] += r.get("required", [])
         return merged
@@ -257,6 +262,7 @@ EXPORT = "exp-0123456789ab"
 THREAD = "th-0123456789abcdef"
 MEMORY = "mem-0123456789abcdef"
 INFER_JOB = "inf-0123456789abcdef"
+BUILD = "bld-0123456789ab"
 AUTO = AutoSnapshot(interval_secs=60, keep=2, before_reclaim=True)
 
 
@@ -585,6 +591,42 @@ def every_call() -> Iterator[tuple[str, _api.Call[Any] | _api.StreamCall[Any]]]:
         yield "infer_memories", _api.infer_memories(scope, "facts", category=None, metadata=None)
         yield "get_infer_job", _api.get_infer_job(scope, INFER_JOB)
         yield "list_infer_jobs", _api.list_infer_jobs(scope, limit=5)
+    yield (
+        "start_build",
+        _api.start_build(
+            "app:v1",
+            dockerfile="FROM tiny:v1\nRUN echo hi\n",
+            context=b"\x1f\x8b not really gzip",
+            build_args={"WHO": "me"},
+            no_cache=True,
+            allow_hosts=["example.org", "*.example.net:443"],
+            offline=True,
+            wait=True,
+        ),
+    )
+    yield (
+        "start_build",
+        _api.start_build(
+            "app",
+            dockerfile="FROM tiny:v1\n",
+            context=None,
+            build_args=None,
+            no_cache=False,
+            allow_hosts=None,
+            offline=False,
+            wait=False,
+        ),
+    )
+    yield "list_builds", _api.list_builds()
+    yield "get_build", _api.get_build(BUILD)
+    yield "cancel_build", _api.cancel_build(BUILD)
+    yield "build_log_list", _api.build_log_list(BUILD, 3)
+    yield "follow_build", _api.follow_build(BUILD, after=3)
+    yield "follow_build", _api.follow_build(BUILD, last_event_id=7)
+    yield "list_templates", _api.list_templates()
+    for name in ("tiny", "tiny:v1"):
+        yield "get_template", _api.get_template(name)
+        yield "delete_template", _api.delete_template(name)
 
 
 CALLS = list(every_call())
@@ -749,6 +791,18 @@ MODELS = [
     Model(_models.PreviewInfo, "PreviewInfo"),
     Model(_models.PackagesReport, "PackagesReport"),
     Model(_models.Budgets, "Budgets"),
+    Model(_models.StepReport, "StepReport"),
+    Model(_models.BuiltImage, "BuiltImage"),
+    Model(_models.BuildInfo, "BuildInfo"),
+    Model(_models.TemplateInfo, "TemplateInfo"),
+    # Every kind's fields in one model (None where a kind has none): the union of BuildEvent's
+    # shapes, numbered.
+    Model(
+        _models.BuildEvent,
+        "NumberedBuildEvent",
+        renamed={"kind": "event"},
+        not_in_schema={"data": "the whole event as sent, kept as it came"},
+    ),
     # Read from `run_started`'s `validate`, as sent (the schema of StartRun.validate).
     Model(_models.Validate, "Validate"),
 ]
@@ -968,3 +1022,60 @@ def test_schema_names_exist() -> None:
     unknown = sorted({m.schema for m in MODELS} - set(SCHEMAS))
     assert not unknown, f"test_openapi.MODELS names schemas the document has not: {unknown}"
 
+
+
+def test_each_build_event_kind_is_parsed() -> None:
+    """Every shape of BuildEvent (with its `seq`), as the log sends it: its kind, each of its
+    fields in the model's field of that name, the whole event in `data`; no key read that no
+    shape has."""
+    shapes = SCHEMAS["BuildEvent"]["oneOf"]
+    fields = {f.name for f in dataclasses.fields(_models.BuildEvent)}
+    every = {"seq"} | {p for shape in shapes for p in resolve(shape)["properties"]}
+    kinds = []
+    for shape in shapes:
+        props = resolve(shape)["properties"]
+        (kind,) = props["event"]["enum"]
+        kinds.append(kind)
+        reads: Reads = {}
+        body = sample(shape, reads, full=True, label=kind)
+        body["seq"] = 5
+        event = _models.BuildEvent.from_json(body)
+        assert (event.seq, event.kind, event.data) == (5, kind, dict(body)), kind
+        for prop in set(props) - {"event"}:
+            assert prop in fields, f"BuildEvent has no field for {kind}.{prop}"
+            value = getattr(event, prop)
+            if prop == "step":
+                assert isinstance(value, _models.StepReport) and value.index == 7, kind
+            else:
+                assert value == body[prop], f"{kind}.{prop}"
+        unknown = sorted(reads[kind].keys - every)
+        assert not unknown, f"{kind}: reads {unknown}, which no build event has"
+    assert kinds == [
+        "warning", "base", "step_started", "output", "network", "step_finished", "smoke", "finished"
+    ]
+
+
+def test_a_build_is_sent_as_the_api_takes_it() -> None:
+    """The context is base64 of the bytes given; defaults send nothing; waiting for the end
+    has no read timeout; a lone host where a list belongs is refused."""
+    sent = _api.start_build(
+        "app", dockerfile="FROM x\n", context=b"tar", build_args={"A": "1"}, no_cache=False,
+        allow_hosts=("h.example.org",), offline=False, wait=True,
+    )
+    assert sent.json == {
+        "name": "app", "dockerfile": "FROM x\n", "context": "dGFy", "build_args": {"A": "1"},
+        "allow_hosts": ["h.example.org"], "wait": True,
+    }
+    assert sent.read_timeout is None
+    bare = _api.start_build(
+        "app", dockerfile="FROM x\n", context=None, build_args=None, no_cache=False,
+        allow_hosts=None, offline=False, wait=False,
+    )
+    assert bare.json == {"name": "app", "dockerfile": "FROM x\n"}
+    assert bare.read_timeout is _api.Default.TIMEOUT
+    with pytest.raises(TypeError, match="allow_hosts is a list"):
+        _api.start_build(
+            "app", dockerfile="FROM x\n", context=None, build_args=None, no_cache=False,
+            allow_hosts="h.example.org", offline=False, wait=False,
+        )
+    assert _api.get_template("tiny:v1").path == "/v1/templates/tiny%3Av1"

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from sandcell import (
+    AsyncBuild,
     AsyncCommands,
     AsyncFiles,
     AsyncMemories,
@@ -23,8 +24,11 @@ from sandcell import (
     AsyncRuns,
     AsyncSandbox,
     AsyncSandcell,
+    AsyncTemplate,
+    AsyncTemplates,
     AsyncTerminal,
     AsyncThreads,
+    Build,
     Commands,
     Files,
     Memories,
@@ -33,6 +37,8 @@ from sandcell import (
     Runs,
     Sandbox,
     Sandcell,
+    Template,
+    Templates,
     Terminal,
     Threads,
 )
@@ -62,6 +68,9 @@ TWINS = [
     (Run, AsyncRun),
     (Threads, AsyncThreads),
     (Memories, AsyncMemories),
+    (Templates, AsyncTemplates),
+    (Build, AsyncBuild),
+    (Template, AsyncTemplate),
     (Terminal, AsyncTerminal),
     (SyncTransport, AsyncTransport),
 ]

@@ -3,6 +3,8 @@
  * kind of failure a caller may want to catch on its own.
  */
 
+import { type BuildInfo, type StepReport } from "./types.js";
+
 /** Any failure the SDK reports: an error answer of the API, or a transport failure. */
 export class SandcellError extends Error {
   /** The API's machine-readable code (`not_found`, `invalid_argument`, …), or the SDK's own (`connection_failed`, `timeout`). */
@@ -56,6 +58,51 @@ export class TimeoutError extends SandcellError {}
 
 /** The daemon could not be reached at all (not running, wrong URL, connection cut). */
 export class ConnectionError extends SandcellError {}
+
+/**
+ * A template build that ended without making its template: `build.wait()` (and
+ * `Template.waitForBuild`) throws it when the build ended `failed` (code `build_failed`) or
+ * `cancelled` (code `build_cancelled`). `exitCode` is the failing step's exit code and `step`
+ * that step's report (null when no command failed: a missing base, a `COPY` source the context
+ * lacks, a cancel), `error` the daemon's reason, `info` the build as it ended; its log
+ * (`build.logs()`) has the output. Not an HTTP answer: `status` is undefined.
+ */
+export class BuildError extends SandcellError {
+  /** The build (`bld-…`). */
+  readonly buildId: string;
+  /** How it ended: `failed` or `cancelled`. */
+  readonly state: "failed" | "cancelled";
+  /** The failing step's exit code, when a command failed. */
+  readonly exitCode: number | null;
+  /** The failing step's report, when a command failed. */
+  readonly step: StepReport | null;
+  /** Why it failed, as the daemon says. */
+  readonly error: string | null;
+  /** The build as it ended. */
+  readonly info: BuildInfo;
+
+  constructor(info: BuildInfo) {
+    const state = info.state === "cancelled" ? "cancelled" : "failed";
+    const step = state === "cancelled" ? null : info.stepReports.find((s) => s.exitCode !== null && s.exitCode !== 0) ?? null;
+    const exitCode = info.exitCode ?? step?.exitCode ?? null;
+    let message = `build ${info.id} of ${info.name} ${state === "cancelled" ? "was cancelled" : "failed"}`;
+    if (state === "failed") {
+      if (step !== null) message += ` at step ${step.index}/${info.steps} (line ${step.line}: ${step.text})`;
+      if (exitCode !== null) message += ` with exit code ${exitCode}`;
+      if (info.error !== null) message += `: ${info.error}`;
+    }
+    super(message, {
+      code: state === "cancelled" ? "build_cancelled" : "build_failed",
+      details: { build_id: info.id, state, exit_code: exitCode, error: info.error },
+    });
+    this.buildId = info.id;
+    this.state = state;
+    this.exitCode = exitCode;
+    this.step = step;
+    this.error = info.error;
+    this.info = info;
+  }
+}
 
 type ErrorClass = new (message: string, init: ConstructorParameters<typeof SandcellError>[1]) => SandcellError;
 

@@ -32,6 +32,8 @@ export type {
   Validate,
   WaitOptions,
 } from "./runs.js";
+export { Build, Template } from "./templates.js";
+export type { BuildLogsOptions, BuildTemplateOptions, WaitBuildOptions } from "./templates.js";
 export { Threads, threads } from "./threads.js";
 export type { CreateThreadOptions, ThreadInfo } from "./threads.js";
 export { Memories, inferDone, memory } from "./memory.js";
@@ -107,6 +109,7 @@ export { DEFAULT_API_URL } from "./config.js";
 export type { ClientOptions } from "./config.js";
 export {
   AuthenticationError,
+  BuildError,
   ConflictError,
   ConnectionError,
   InvalidArgumentError,
@@ -121,6 +124,10 @@ export {
 export type { ErrorBody } from "./errors.js";
 export type {
   AllowPolicy,
+  BuildEvent,
+  BuildInfo,
+  BuildState,
+  BuiltImage,
   ExitCause,
   ExitInfo,
   KernelRestore,
@@ -138,5 +145,7 @@ export type {
   Secret,
   Size,
   SkippedVariable,
+  StepReport,
   StringMap,
+  TemplateInfo,
 } from "./types.js";

@@ -402,7 +402,7 @@ function toRunEvent(e: Record<string, unknown>): RunEvent {
 }
 
 /** Resolves after `secs`, or rejects with the signal's reason when it aborts first. */
-function sleep(secs: number, signal?: AbortSignal): Promise<void> {
+export function sleep(secs: number, signal?: AbortSignal): Promise<void> {
   return new Promise((resolve, reject) => {
     if (signal?.aborted) {
       reject(signal.reason);
@@ -421,7 +421,7 @@ function sleep(secs: number, signal?: AbortSignal): Promise<void> {
 }
 
 /** Whether a failure of an event stream is the connection's (worth following again), not the daemon's answer. */
-function isDropped(e: unknown): boolean {
+export function isDropped(e: unknown): boolean {
   return e instanceof ConnectionError || (e instanceof TimeoutError && e.status === undefined);
 }
 

@@ -469,3 +469,223 @@ export function toExitInfo(e: WireExit): ExitInfo {
   };
 }
 
+
+// ---- templates and their builds ----
+
+/** Where a template build is: `queued` → `running` → `succeeded`, `failed` or `cancelled`. */
+export type BuildState = "queued" | "running" | "succeeded" | "failed" | "cancelled";
+
+/** What happened to one step of a build. */
+export interface StepReport {
+  /** Its number, from 1. */
+  index: number;
+  /** Its line in the Dockerfile. */
+  line: number;
+  /** The instruction as written. */
+  text: string;
+  /** Its layer came from the build cache (nothing ran). */
+  cached: boolean;
+  /** How long it took, in milliseconds. */
+  durationMs: number;
+  /** Its layer's size in bytes. */
+  size: number;
+  /** The command's exit code (`RUN`; null for a cached or file step). */
+  exitCode: number | null;
+  /** The layer it made (`sha256:…`). */
+  layer: string | null;
+}
+
+/** The image a build made. */
+export interface BuiltImage {
+  /** The name it is tagged with (`name:tag`): what `Sandbox.create({ template })` takes. */
+  reference: string;
+  /** Its manifest digest. */
+  digest: string;
+  /** Its layers, the base's included. */
+  layers: number;
+  /** The bytes of its layers. */
+  size: number;
+  /** The kernels that started in it (`python`, `node`, `bash`, `r`). */
+  kernels: string[];
+}
+
+/** A template build as the API describes it. */
+export interface BuildInfo {
+  /** Its id (`bld-…`). */
+  id: string;
+  /** The template it makes (`name[:tag]`, as asked). */
+  name: string;
+  /** Where it is. */
+  state: BuildState;
+  /** The step running (from 1; 0 before the first). */
+  step: number;
+  /** How many steps the Dockerfile has (0 until it is planned). */
+  steps: number;
+  /** The steps that ended, in order. */
+  stepReports: StepReport[];
+  /** The failing step's exit code. */
+  exitCode: number | null;
+  /** Why it failed. */
+  error: string | null;
+  /** What it made, once it succeeded. */
+  image: BuiltImage | null;
+  /** When it was asked for. */
+  createdAt: Date;
+  /** When it ended. */
+  finishedAt: Date | null;
+  /** It succeeded. */
+  ok: boolean;
+  /** It has ended (`succeeded`, `failed` or `cancelled`). */
+  done: boolean;
+}
+
+/**
+ * One event of a build's log, numbered by `seq` (1, 2, 3, … without gaps), its `type` the
+ * kind: `warning` (an instruction ignored), `base` (the `FROM` image found, or made now),
+ * `step_started`, `output` (a step's stdout or stderr), `network` (a request of a step
+ * through the build's egress proxy), `step_finished`, `smoke` (a kernel tried in the finished
+ * image), and `finished` last. `data` is the event as sent (snake_case).
+ */
+export type BuildEvent =
+  | { seq: number; type: "warning"; line: number; message: string; data: Record<string, unknown> }
+  | { seq: number; type: "base"; name: string; digest: string; madeMs: number | null; data: Record<string, unknown> }
+  | { seq: number; type: "step_started"; index: number; total: number; line: number; text: string; data: Record<string, unknown> }
+  | { seq: number; type: "output"; index: number; stream: string; text: string; data: Record<string, unknown> }
+  | {
+      seq: number;
+      type: "network";
+      index: number;
+      host: string;
+      port: number;
+      outcome: string;
+      reason: string | null;
+      data: Record<string, unknown>;
+    }
+  | { seq: number; type: "step_finished"; step: StepReport; data: Record<string, unknown> }
+  | { seq: number; type: "smoke"; kernel: string; ok: boolean; detail: string; data: Record<string, unknown> }
+  | { seq: number; type: "finished"; state: BuildState; error: string | null; data: Record<string, unknown> };
+
+/** A template: an image of the daemon's store, built or imported. */
+export interface TemplateInfo {
+  /** Its name (`name:tag`). */
+  name: string;
+  /** Its manifest digest. */
+  digest: string;
+  /** Its layers. */
+  layers: number;
+  /** The bytes of its layers. */
+  size: number;
+  /** The kernels its build found starting in it (none recorded for an imported image). */
+  kernels: string[];
+  /** Its environment (`ENV`), name to value. */
+  env: StringMap;
+  /** Its `WORKDIR`. */
+  workdir: string | null;
+  /** Sandboxes running on it now (it cannot be deleted while there are any). */
+  sandboxes: number;
+}
+
+/** `StepReport` as sent. */
+export interface WireStepReport {
+  index: number;
+  line: number;
+  text: string;
+  cached: boolean;
+  duration_ms: number;
+  size: number;
+  exit_code?: number | null;
+  layer?: string | null;
+}
+
+/** `BuiltImage` as sent. */
+export interface WireBuiltImage {
+  reference: string;
+  digest: string;
+  layers: number;
+  size: number;
+  kernels: string[];
+}
+
+/** `BuildInfo` as sent. */
+export interface WireBuildInfo {
+  id: string;
+  name: string;
+  state: BuildState;
+  step: number;
+  steps: number;
+  step_reports: WireStepReport[];
+  exit_code?: number | null;
+  error?: string | null;
+  image?: WireBuiltImage | null;
+  created_at: string;
+  finished_at?: string | null;
+}
+
+/** `TemplateInfo` as sent. */
+export interface WireTemplateInfo {
+  name: string;
+  digest: string;
+  layers: number;
+  size: number;
+  kernels: string[];
+  env: string[];
+  workdir?: string | null;
+  sandboxes: number;
+}
+
+/** Maps a step report from the wire. */
+export function toStepReport(s: WireStepReport): StepReport {
+  return {
+    index: s.index,
+    line: s.line,
+    text: s.text,
+    cached: s.cached,
+    durationMs: s.duration_ms,
+    size: s.size,
+    exitCode: s.exit_code ?? null,
+    layer: s.layer ?? null,
+  };
+}
+
+/** Maps a build from the wire. */
+export function toBuildInfo(b: WireBuildInfo): BuildInfo {
+  const i = b.image;
+  return {
+    id: b.id,
+    name: b.name,
+    state: b.state,
+    step: b.step,
+    steps: b.steps,
+    stepReports: b.step_reports.map(toStepReport),
+    exitCode: b.exit_code ?? null,
+    error: b.error ?? null,
+    image:
+      i === undefined || i === null
+        ? null
+        : { reference: i.reference, digest: i.digest, layers: i.layers, size: i.size, kernels: [...i.kernels] },
+    createdAt: new Date(b.created_at),
+    finishedAt: toDate(b.finished_at),
+    ok: b.state === "succeeded",
+    done: b.state === "succeeded" || b.state === "failed" || b.state === "cancelled",
+  };
+}
+
+/** Maps a template from the wire; its `KEY=value` environment becomes a map. */
+export function toTemplateInfo(t: WireTemplateInfo): TemplateInfo {
+  const env: StringMap = {};
+  for (const entry of t.env) {
+    const eq = entry.indexOf("=");
+    if (eq === -1) env[entry] = "";
+    else env[entry.slice(0, eq)] = entry.slice(eq + 1);
+  }
+  return {
+    name: t.name,
+    digest: t.digest,
+    layers: t.layers,
+    size: t.size,
+    kernels: [...t.kernels],
+    env,
+    workdir: t.workdir ?? null,
+    sandboxes: t.sandboxes,
+  };
+}

@@ -16,7 +16,7 @@ import { dirname, join, resolve } from "node:path";
 import { test } from "node:test";
 import { fileURLToPath } from "node:url";
 
-import { FileExport, Run, Sandbox, Snapshot, memory, system, threads } from "sandcell";
+import { FileExport, Run, Sandbox, Snapshot, Template, memory, system, threads } from "sandcell";
 
 type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
 type Schema = { [key: string]: any };
@@ -57,6 +57,33 @@ function resolveSchema(s: Schema): Schema {
     }
   }
   return s;
+}
+
+/**
+ * The object shapes of a value of several shapes: a `oneOf` of objects, or an `allOf` one of
+ * whose parts is (a build log's numbered event: each event's shape with its number), each
+ * shape merged with the other parts; undefined for a value of one shape.
+ */
+function shapesOf(s: Schema): Schema[] | undefined {
+  // References followed, not resolved: resolveSchema would merge the allOf.
+  let r = s;
+  for (let name = refName(r); name !== undefined; name = refName(r)) r = schemas[name]!;
+  if (Array.isArray(r.oneOf)) {
+    const branches = r.oneOf.filter((b: Schema) => b.type !== "null").map(resolveSchema);
+    return branches.length > 1 && branches.every((b: Schema) => b.properties !== undefined) ? branches : undefined;
+  }
+  if (!Array.isArray(r.allOf)) return undefined;
+  const parts: Schema[] = r.allOf;
+  const at = parts.findIndex((p) => shapesOf(p) !== undefined);
+  if (at === -1) return undefined;
+  return shapesOf(parts[at]!)!.map((shape) => {
+    const merged: Schema = { type: "object", properties: {}, required: [] };
+    for (const part of parts.map((p, i) => (i === at ? shape : resolveSchema(p)))) {
+      Object.assign(merged.properties, part.properties ?? {});
+      merged.required.push(...(part.required ?? []));
+    }
+    return merged;
+  });
 }
 
 /** The component a schema refers to, directly or as the one non-null branch of a `oneOf`. */
@@ -259,6 +286,10 @@ const WIRE: Record<string, WireModel> = {
   WireSecret: { schema: "SecretInput" },
   WireSecretState: { schema: "SecretState" },
   WireSecretList: { schema: "SecretList" },
+  WireStepReport: { schema: "StepReport" },
+  WireBuiltImage: { schema: "BuiltImage" },
+  WireBuildInfo: { schema: "BuildInfo" },
+  WireTemplateInfo: { schema: "TemplateInfo" },
 };
 
 /** Named TypeScript types and the JSON types they hold. */
@@ -280,6 +311,7 @@ const NAMED: Record<string, string[]> = {
   InferStatus: ["string"],
   MatchedBy: ["string"],
   MemoryRanking: ["string"],
+  BuildState: ["string"],
   StringMap: ["object"],
   MimeBundle: ["object"],
   ExecutionError: ["object"],
@@ -440,6 +472,30 @@ test("the headers a run's event stream sends are the document's", () => {
   assert.deepEqual(sent.filter((h) => h !== "accept" && !documented.includes(h)), []);
 });
 
+test("the headers a build's log stream sends are the document's", () => {
+  const source = readFileSync(join(srcDir, "templates.ts"), "utf8");
+  const sent = [...source.matchAll(/headers\["([\w-]+)"\]|\{ (accept): "text\/event-stream" \}/g)].map((m) => m[1] ?? m[2]!);
+  assert.ok(sent.includes("last-event-id") && sent.includes("accept"), `templates.ts no longer sends these headers: ${sent}`);
+  const { op } = operation("GET", "/v1/builds/x/logs");
+  const documented = (op.parameters ?? []).filter((p: Schema) => p.in === "header").map((p: Schema) => String(p.name).toLowerCase());
+  assert.deepEqual(sent.filter((h) => h !== "accept" && !documented.includes(h)), []);
+});
+
+test("the BuildEvent type and its mapping know every kind of event the BuildEvent schema has", () => {
+  const kinds = shapesOf(schemas["BuildEvent"]!)!.map((shape) => {
+    const e = shape.properties.event;
+    assert.ok(Array.isArray(e?.enum) && e.enum.length === 1, `a BuildEvent shape without one event name: ${JSON.stringify(shape)}`);
+    return String(e.enum[0]);
+  });
+  const types = readFileSync(join(srcDir, "types.ts"), "utf8");
+  const union = /export type BuildEvent =([\s\S]*?)\};\n/.exec(types);
+  assert.ok(union, "types.ts no longer declares `export type BuildEvent`");
+  assert.deepEqual([...union[1]!.matchAll(/type: "(\w+)"/g)].map((m) => m[1]).sort(), [...kinds].sort(), "BuildEvent's members");
+  const mapping = /function toBuildEvent[\s\S]*?\n\}\n/.exec(readFileSync(join(srcDir, "templates.ts"), "utf8"));
+  assert.ok(mapping, "templates.ts no longer defines toBuildEvent");
+  assert.deepEqual([...mapping[0].matchAll(/case "(\w+)":/g)].map((m) => m[1]).sort(), [...kinds].sort(), "toBuildEvent's cases");
+});
+
 // ---- the SDK's methods against a fake daemon that answers samples of the schemas ----
 
 /** Keys read per schema, and the properties it has. */
@@ -467,8 +523,10 @@ function sample(s: Schema, reads: Reads, full: boolean, label: string): Json {
     for (const [k, p] of Object.entries<Schema>(r.properties)) {
       if (full || required.has(k)) obj[k] = sample(p, reads, full, `${label}.${k}`);
     }
-    if (!reads.has(label)) reads.set(label, { properties: new Set(Object.keys(r.properties)), keys: new Set() });
+    // A value of several shapes may have any property of any of them.
+    if (!reads.has(label)) reads.set(label, { properties: new Set(), keys: new Set() });
     const read = reads.get(label)!;
+    for (const k of Object.keys(r.properties)) read.properties.add(k);
     return new Proxy(obj, {
       get(target, key, receiver) {
         if (typeof key === "string" && !NOT_READS.has(key)) read.keys.add(key);
@@ -485,7 +543,13 @@ function sample(s: Schema, reads: Reads, full: boolean, label: string): Json {
     if (t === "integer") return 7;
     if (t === "number") return 1.5;
     if (t === "boolean") return true;
-    if (t === "array") return r.items === undefined ? [] : [sample(r.items, reads, full, label)];
+    if (t === "array") {
+      if (r.items === undefined) return [];
+      // A list of values of several shapes (a build's log events) holds one of each.
+      const shapes = shapesOf(r.items);
+      const itemLabel = schemaName(r.items) ?? label;
+      return shapes === undefined ? [sample(r.items, reads, full, label)] : shapes.map((shape) => sample(shape, reads, full, itemLabel));
+    }
     if (t === "object") {
       return typeof r.additionalProperties === "object" ? { key: sample(r.additionalProperties, reads, full, label) } : {};
     }
@@ -743,6 +807,29 @@ async function everyMethod(): Promise<void> {
   }
   // A run without a sandbox (the required-only answers) has none to give.
   if (run.info.sandboxId !== null) await run.sandbox();
+  const build = await Template.build("app:v1", {
+    ...client,
+    dockerfile: "FROM debian:bookworm\nRUN true\n",
+    context: new Uint8Array([0x1f, 0x8b, 0x08, 0]),
+    buildArgs: { V: "1" },
+    noCache: true,
+    allowHosts: ["example.org", "*.example.net:443"],
+    offline: false,
+    wait: true,
+  });
+  await Template.build("app", { ...client, dockerfile: "FROM tiny:v1\n" });
+  // A context folder, packed here (its Dockerfile is not read when one is given).
+  await Template.build("app", { ...client, dockerfile: "FROM tiny:v1\n", context: srcDir, offline: true });
+  await build.info();
+  await build.listLogs({ after: 3 });
+  await build.listLogs();
+  await build.cancel();
+  await Template.getBuild(build.id, client);
+  await Template.listBuilds(client);
+  await Template.cancelBuild(build.id, client);
+  await Template.list(client);
+  await Template.get("app:v1", client);
+  await Template.delete("app:v1", client);
   await sb.kill();
 }
 

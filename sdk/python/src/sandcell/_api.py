@@ -18,6 +18,8 @@ from ._models import (
     Artifact,
     AutoSnapshot,
     Budgets,
+    BuildEvent,
+    BuildInfo,
     CodeEvent,
     CommandResult,
     Context,
@@ -53,6 +55,7 @@ from ._models import (
     SnapshotInfo,
     SnapshotPolicy,
     StepSandbox,
+    TemplateInfo,
     ThreadInfo,
     Validate,
     Variables,
@@ -1288,6 +1291,131 @@ def get_memory(sandbox_id: str | None, memory_id: str) -> Call[Memory]:
 def delete_memory(sandbox_id: str | None, memory_id: str) -> Call[None]:
     """`DELETE …/memories/{memory_id}` (without a sandbox: any of the caller's memories)."""
     return Call("DELETE", _memories(sandbox_id, f"/{quote(memory_id, safe='')}"), _nothing)
+
+
+# --- templates --------------------------------------------------------------------------
+
+
+def _template(name: str) -> str:
+    return f"/v1/templates/{quote(name, safe='')}"
+
+
+def _build(build_id: str, rest: str = "") -> str:
+    return f"/v1/builds/{quote(build_id, safe='')}{rest}"
+
+
+def _build_info(r: httpx.Response) -> BuildInfo:
+    return BuildInfo.from_json(r.json())
+
+
+def start_build(
+    name: str,
+    *,
+    dockerfile: str,
+    context: bytes | None,
+    build_args: Mapping[str, str] | None,
+    no_cache: bool,
+    allow_hosts: Sequence[str] | None,
+    offline: bool,
+    wait: bool,
+) -> Call[BuildInfo]:
+    """`POST /v1/templates`: answered at once (202, `queued` or `running`), or with `wait` once
+    the build has ended (200; no read timeout then: a build takes as long as its steps do).
+    `context` is a tar archive (plain or gzip), sent base64-encoded."""
+    if isinstance(allow_hosts, str):
+        raise TypeError("allow_hosts is a list of hosts such as ['example.org'], not str")
+    body = _drop_none(
+        {
+            "name": name,
+            "dockerfile": dockerfile,
+            "context": base64.b64encode(context).decode("ascii") if context is not None else None,
+            "build_args": {str(k): str(v) for k, v in build_args.items()} if build_args else None,
+            "no_cache": no_cache or None,
+            "allow_hosts": list(allow_hosts) if allow_hosts else None,
+            "offline": offline or None,
+            "wait": wait or None,
+        }
+    )
+    return Call(
+        "POST",
+        "/v1/templates",
+        _build_info,
+        json=body,
+        read_timeout=None if wait else Default.TIMEOUT,
+    )
+
+
+def list_builds() -> Call[list[BuildInfo]]:
+    """`GET /v1/builds`: the builds the daemon has run since it started, newest first."""
+    return Call("GET", "/v1/builds", lambda r: [BuildInfo.from_json(b) for b in r.json()["builds"]])
+
+
+def get_build(build_id: str) -> Call[BuildInfo]:
+    """`GET /v1/builds/{build_id}`."""
+    return Call("GET", _build(build_id), _build_info)
+
+
+def cancel_build(build_id: str) -> Call[BuildInfo]:
+    """`POST /v1/builds/{build_id}/cancel`: answers once the build has ended."""
+    return Call("POST", _build(build_id, "/cancel"), _build_info)
+
+
+# Most events one `format=json` answer of a build's log holds (the route's own cap).
+BUILD_LOG_PAGE = 1000
+
+
+def build_log_list(build_id: str, after: int, limit: int = BUILD_LOG_PAGE) -> Call[list[BuildEvent]]:
+    """`GET /v1/builds/{build_id}/logs?format=json`: the events numbered after `after`."""
+    return Call(
+        "GET",
+        _build(build_id, "/logs"),
+        lambda r: [BuildEvent.from_json(e) for e in r.json()["events"]],
+        params=[("format", "json"), ("after", str(after)), ("limit", str(limit))],
+    )
+
+
+def build_event(ev: SseEvent) -> BuildEvent | None:
+    """A build log's stream event (each is named after its kind and carries its `seq`)."""
+    if isinstance(ev.data, dict) and "seq" in ev.data and "event" in ev.data:
+        return BuildEvent.from_json(ev.data)
+    if ev.name == "error" and isinstance(ev.data, dict):
+        raise error_from_body(ev.data, None)
+    return None
+
+
+def follow_build(
+    build_id: str, *, after: int = 0, last_event_id: int | None = None
+) -> StreamCall[BuildEvent]:
+    """`GET /v1/builds/{build_id}/logs` as server-sent events: from event `after + 1` (or, on
+    a reconnect, after `Last-Event-ID`), the stored events then the live ones; the stream ends
+    after `finished`."""
+    headers = [("Accept", "text/event-stream")]
+    if last_event_id is not None:
+        headers.append(("Last-Event-ID", str(last_event_id)))
+    return StreamCall(
+        "GET",
+        _build(build_id, "/logs"),
+        build_event,
+        params=[("after", str(after))] if after else [],
+        headers=headers,
+    )
+
+
+def list_templates() -> Call[list[TemplateInfo]]:
+    """`GET /v1/templates`: by name."""
+    return Call(
+        "GET", "/v1/templates", lambda r: [TemplateInfo.from_json(t) for t in r.json()["templates"]]
+    )
+
+
+def get_template(name: str) -> Call[TemplateInfo]:
+    """`GET /v1/templates/{name}`."""
+    return Call("GET", _template(name), lambda r: TemplateInfo.from_json(r.json()))
+
+
+def delete_template(name: str) -> Call[None]:
+    """`DELETE /v1/templates/{name}` (refused, 409, while sandboxes run on it)."""
+    return Call("DELETE", _template(name), _nothing)
 
 
 def check_status(resp: httpx.Response) -> None:

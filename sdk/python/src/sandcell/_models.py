@@ -1399,3 +1399,221 @@ class PreviewInfo:
     def from_json(cls, d: JsonDict) -> PreviewInfo:
         """Parses a `PreviewInfo` answer."""
         return cls(**_known(cls, d))
+
+
+# --- templates ----------------------------------------------------------------------------
+
+
+@dataclass
+class StepReport:
+    """What happened to one step of a build: its number `index` (1-based), its `line` in the
+    Dockerfile and `text` (the instruction as written), whether its layer came from the cache,
+    the command's `exit_code` (`RUN` steps that ran; None for a cached or file step), how long
+    it took, and the `layer` it made (`sha256:…`) and its `size` in bytes."""
+
+    index: int
+    line: int
+    text: str
+    cached: bool
+    duration_ms: int
+    size: int
+    exit_code: int | None = None
+    layer: str | None = None
+
+    @classmethod
+    def from_json(cls, d: JsonDict) -> StepReport:
+        """Parses a `StepReport`."""
+        return cls(
+            index=int(d["index"]),
+            line=int(d.get("line", 0)),
+            text=str(d.get("text", "")),
+            cached=bool(d.get("cached", False)),
+            duration_ms=int(d.get("duration_ms", 0)),
+            size=int(d.get("size", 0)),
+            exit_code=d.get("exit_code"),
+            layer=d.get("layer"),
+        )
+
+
+@dataclass
+class BuiltImage:
+    """The image a build made: its name (`reference`, `name:tag`), manifest `digest`, its
+    `layers` (the base's included) and their bytes, and the kernels that started in it."""
+
+    reference: str
+    digest: str
+    layers: int
+    size: int
+    kernels: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, d: JsonDict) -> BuiltImage:
+        """Parses a `BuiltImage`."""
+        return cls(
+            reference=str(d["reference"]),
+            digest=str(d.get("digest", "")),
+            layers=int(d.get("layers", 0)),
+            size=int(d.get("size", 0)),
+            kernels=[str(k) for k in d.get("kernels") or []],
+        )
+
+
+@dataclass
+class BuildInfo:
+    """A template build: `state` is `queued`, `running`, `succeeded`, `failed` or `cancelled`;
+    `step` the step running (1-based; 0 before the first) of `steps` (0 until the Dockerfile
+    is planned); `step_reports` the steps that ended, in order; `exit_code` the failing step's
+    exit code and `error` why it failed; `image` what it made (once it succeeded)."""
+
+    id: str
+    name: str
+    state: str
+    step: int
+    steps: int
+    created_at: str
+    step_reports: list[StepReport] = field(default_factory=list)
+    exit_code: int | None = None
+    error: str | None = None
+    image: BuiltImage | None = None
+    finished_at: str | None = None
+
+    @classmethod
+    def from_json(cls, d: JsonDict) -> BuildInfo:
+        """Parses a `BuildInfo` answer."""
+        return cls(
+            id=str(d["id"]),
+            name=str(d.get("name", "")),
+            state=str(d["state"]),
+            step=int(d.get("step", 0)),
+            steps=int(d.get("steps", 0)),
+            created_at=str(d.get("created_at", "")),
+            step_reports=[StepReport.from_json(s) for s in d.get("step_reports") or []],
+            exit_code=d.get("exit_code"),
+            error=d.get("error"),
+            image=BuiltImage.from_json(d["image"]) if d.get("image") else None,
+            finished_at=d.get("finished_at"),
+        )
+
+    @property
+    def done(self) -> bool:
+        """Whether it has ended (`succeeded`, `failed` or `cancelled`)."""
+        return self.state in ("succeeded", "failed", "cancelled")
+
+    @property
+    def ok(self) -> bool:
+        """Whether it succeeded (the template is tagged)."""
+        return self.state == "succeeded"
+
+    @property
+    def failed_step(self) -> StepReport | None:
+        """The step whose command failed (a non-zero exit code), if one did."""
+        failed = [s for s in self.step_reports if s.exit_code not in (None, 0)]
+        return failed[-1] if failed else None
+
+
+@dataclass
+class BuildEvent:
+    """One event of a build's log, numbered `seq` (1, 2, 3, … without gaps), of one `kind`:
+
+    - `warning`: an instruction ignored (`line`, `message`);
+    - `base`: the base found or made now (`name`, `digest`, `made_ms`);
+    - `step_started`: step `index` of `total` begins (`line`, `text`);
+    - `output`: the running step `index` printed `text` on `stream` (`stdout`, `stderr`);
+    - `network`: a request of step `index` through the build's proxy (`host`, `port`,
+      `outcome` `allowed`/`denied`, `reason`);
+    - `step_finished`: a step ended (`step`, its `StepReport`);
+    - `smoke`: a kernel tried in the finished image (`kernel`, `ok`, `detail`);
+    - `finished`: the build is over (`state` `succeeded`, `failed` or `cancelled`; `error`).
+
+    The fields another kind has are None; `data` is the whole event as sent (`event["text"]`
+    reads it)."""
+
+    seq: int
+    kind: str
+    index: int | None = None
+    total: int | None = None
+    line: int | None = None
+    text: str | None = None
+    stream: str | None = None
+    message: str | None = None
+    name: str | None = None
+    digest: str | None = None
+    made_ms: int | None = None
+    host: str | None = None
+    port: int | None = None
+    outcome: str | None = None
+    reason: str | None = None
+    step: StepReport | None = None
+    kernel: str | None = None
+    ok: bool | None = None
+    detail: str | None = None
+    state: str | None = None
+    error: str | None = None
+    data: JsonDict = field(default_factory=dict)
+
+    @classmethod
+    def from_json(cls, d: JsonDict) -> BuildEvent:
+        """Parses a `NumberedBuildEvent` (a flat object: `seq`, `event`, then the kind's fields)."""
+        step = d.get("step")
+        return cls(
+            seq=int(d.get("seq", 0)),
+            kind=str(d.get("event", "")),
+            index=d.get("index"),
+            total=d.get("total"),
+            line=d.get("line"),
+            text=d.get("text"),
+            stream=d.get("stream"),
+            message=d.get("message"),
+            name=d.get("name"),
+            digest=d.get("digest"),
+            made_ms=d.get("made_ms"),
+            host=d.get("host"),
+            port=d.get("port"),
+            outcome=d.get("outcome"),
+            reason=d.get("reason"),
+            step=StepReport.from_json(step) if isinstance(step, dict) else None,
+            kernel=d.get("kernel"),
+            ok=d.get("ok"),
+            detail=d.get("detail"),
+            state=d.get("state"),
+            error=d.get("error"),
+            data=dict(d),
+        )
+
+    def __getitem__(self, key: str) -> Any:
+        return self.data[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """A field of the event, or `default`."""
+        return self.data.get(key, default)
+
+
+@dataclass
+class TemplateInfo:
+    """A template: an image of the daemon's store, built or imported. `name` is `name:tag`;
+    `env` its `ENV` (`KEY=value` each), `workdir` its `WORKDIR`, `kernels` those its build
+    found starting in it (none recorded for an imported image), `sandboxes` how many run on
+    it now (a template is not deleted while any do)."""
+
+    name: str
+    digest: str
+    layers: int
+    size: int
+    sandboxes: int
+    kernels: list[str] = field(default_factory=list)
+    env: list[str] = field(default_factory=list)
+    workdir: str | None = None
+
+    @classmethod
+    def from_json(cls, d: JsonDict) -> TemplateInfo:
+        """Parses a `TemplateInfo` answer."""
+        return cls(
+            name=str(d["name"]),
+            digest=str(d.get("digest", "")),
+            layers=int(d.get("layers", 0)),
+            size=int(d.get("size", 0)),
+            sandboxes=int(d.get("sandboxes", 0)),
+            kernels=[str(k) for k in d.get("kernels") or []],
+            env=[str(e) for e in d.get("env") or []],
+            workdir=d.get("workdir"),
+        )

@@ -14,14 +14,17 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 # sync: from concurrent import futures
 from datetime import timedelta
 from types import TracebackType
-from typing import IO, Any, Literal, overload
+from typing import IO, Any, Literal, TypeVar, overload
 
 from . import _api
+from ._context import ContextInput, build_inputs
 from ._http import AsyncTransport, Config, aread_chunks
 from ._models import (
     Artifact,
     AutoSnapshot,
     Budgets,
+    BuildEvent,
+    BuildInfo,
     CodeCallbacks,
     CodeEvent,
     CommandBuilder,
@@ -60,14 +63,16 @@ from ._models import (
     SnapshotInfo,
     SnapshotPolicy,
     StepSandbox,
+    TemplateInfo,
     ThreadInfo,
     Validate,
     Variables,
 )
-from .errors import ConnectionError, NotFoundError, SandboxGoneError, TimeoutError
+from .errors import BuildError, ConnectionError, NotFoundError, SandboxGoneError, TimeoutError
 from .terminal import AsyncTerminal
 
 PathOrFile = str | os.PathLike[str] | IO[bytes]
+T = TypeVar("T")
 
 
 def _context_id(context: str | Context) -> str:
@@ -102,6 +107,9 @@ class AsyncSandcell:
         self.memory = AsyncMemories(self, None)
         """The caller's own memories (not of any sandbox): `add`, `search`, `list`, `get`,
         `delete`; `get` and `delete` reach a sandbox's memories too."""
+        self.templates = AsyncTemplates(self)
+        """Templates and their builds: `build`, `list`, `get`, `delete`, `get_build`,
+        `list_builds`."""
 
     @classmethod
     def _from_config(cls, config: Config) -> AsyncSandcell:
@@ -1108,10 +1116,10 @@ _RECONNECTS = 5
 _POLL_FIRST, _POLL_MAX = 0.1, 1.0
 
 
-# sync: def _in_thread(fn: Callable[[], RunInfo]) -> futures.Future[RunInfo]:
+# sync: def _in_thread(fn: Callable[[], T]) -> futures.Future[T]:
 # sync:     """`fn()` in a daemon thread (one that never holds up the interpreter's exit): a wait
 # sync:     can give up on it at its deadline, which a blocking read cannot be made to do."""
-# sync:     future: futures.Future[RunInfo] = futures.Future()
+# sync:     future: futures.Future[T] = futures.Future()
 
 # sync:     def run() -> None:
 # sync:         try:
@@ -1119,7 +1127,7 @@ _POLL_FIRST, _POLL_MAX = 0.1, 1.0
 # sync:         except BaseException as e:  # handed to whoever waits, as the call would have raised it
 # sync:             future.set_exception(e)
 
-# sync:     threading.Thread(target=run, name="sandcell-run-wait", daemon=True).start()
+# sync:     threading.Thread(target=run, name="sandcell-wait", daemon=True).start()
 # sync:     return future
 
 
@@ -1567,3 +1575,419 @@ class AsyncRun:
         if self.info.sandbox_id is None:
             raise ValueError(f"run {self.id} has no sandbox yet")
         return await AsyncSandbox.get(self.info.sandbox_id, client=self.client)
+
+
+# --- templates ----------------------------------------------------------------------------
+
+
+async def _build_call(
+    name: str,
+    *,
+    dockerfile: str | None,
+    context: ContextInput | None,
+    build_args: Mapping[str, str] | None,
+    no_cache: bool,
+    allow_hosts: Sequence[str] | None,
+    offline: bool,
+    wait: bool,
+) -> _api.Call[BuildInfo]:
+    """The build's request: the context folder packed (it reads files: the async client does
+    it in a thread), the Dockerfile given or read from the folder. A bad input is a ValueError or TypeError before
+    anything is sent."""
+    archive, text = await asyncio.to_thread(build_inputs, context, dockerfile)  # sync: archive, text = build_inputs(context, dockerfile)
+    return _api.start_build(
+        name,
+        dockerfile=text,
+        context=archive,
+        build_args=build_args,
+        no_cache=no_cache,
+        allow_hosts=allow_hosts,
+        offline=offline,
+        wait=wait,
+    )
+
+
+async def _call_once(
+    call: _api.Call[T], client: AsyncSandcell | None, api_url: str | None, api_key: str | None
+) -> T:
+    """Sends one call on `client`, or on a connection made for it and closed after."""
+    sandcell, owned = _connect(client, api_url, api_key)
+    try:
+        return await sandcell._http.call(call)
+    finally:
+        if owned:
+            await sandcell.close()
+
+
+def _settled(info: BuildInfo) -> bool:
+    """Whether a build has ended and, when it succeeded, its image is recorded (a moment after
+    its `finished` event)."""
+    return info.done and (info.image is not None or not info.ok)
+
+
+class AsyncTemplates:
+    """`client.templates`, for asyncio: templates the daemon builds from a Dockerfile and a
+    context (each step in a build sandbox, its changes a cached layer of the daemon's image
+    store), the builds that make them, and the templates of its store. A sandbox runs on a
+    template with `AsyncSandbox.create(template="name:tag")`. Building and deleting take an admin
+    key (PermissionDeniedError otherwise)."""
+
+    def __init__(self, client: AsyncSandcell) -> None:
+        self._client = client
+
+    async def build(
+        self,
+        name: str,
+        *,
+        dockerfile: str | None = None,
+        context: ContextInput | None = None,
+        build_args: Mapping[str, str] | None = None,
+        no_cache: bool = False,
+        allow_hosts: Sequence[str] | None = None,
+        offline: bool = False,
+        wait: bool = False,
+    ) -> AsyncBuild:
+        """Starts building template `name` (`name[:tag]`; `name` is `name:latest`) and returns
+        its `AsyncBuild` at once, `queued` or `running` (follow it with `logs()`, `wait()`).
+        `dockerfile` is the Dockerfile's text (default: the `Dockerfile` of the `context`
+        folder); `context` a folder, packed here as a gzip tar archive (its contents at the
+        top: `COPY app.py /app/` finds `<folder>/app.py`), or a tar archive's bytes (plain or
+        gzip); None is an empty context. `build_args` are `--build-arg`s; `no_cache` runs every
+        step, even those whose layer is cached; `allow_hosts` are hosts `RUN` steps may reach
+        besides the machine's package registries, `offline` gives them no network. With
+        `wait=True` the daemon answers once the build has ended (the handle's `info` is final:
+        `wait()` returns it or raises BuildError). A bad name or Dockerfile is an
+        InvalidArgumentError naming the line; a key that is not an admin key, a
+        PermissionDeniedError."""
+        call = await _build_call(
+            name,
+            dockerfile=dockerfile,
+            context=context,
+            build_args=build_args,
+            no_cache=no_cache,
+            allow_hosts=allow_hosts,
+            offline=offline,
+            wait=wait,
+        )
+        return AsyncBuild(await self._client._http.call(call), self._client)
+
+    async def list(self) -> builtins.list[TemplateInfo]:
+        """The templates of the daemon's store (built or imported), by name."""
+        return await self._client._http.call(_api.list_templates())
+
+    async def get(self, name: str) -> TemplateInfo:
+        """One template (`name` is `name:latest`; NotFoundError if there is none)."""
+        return await self._client._http.call(_api.get_template(name))
+
+    async def delete(self, name: str) -> None:
+        """Deletes a template's name (its layers go at the daemon's next garbage collection):
+        a ConflictError while sandboxes run on it, NotFoundError if there is none."""
+        await self._client._http.call(_api.delete_template(name))
+
+    async def get_build(self, build_id: str) -> AsyncBuild:
+        """A handle on a build (`bld-…`; NotFoundError if the daemon has none of that id: it
+        keeps its last 100 builds, in memory)."""
+        return AsyncBuild(await self._client._http.call(_api.get_build(build_id)), self._client)
+
+    async def list_builds(self) -> builtins.list[BuildInfo]:
+        """The builds the daemon has run since it started, newest first."""
+        return await self._client._http.call(_api.list_builds())
+
+
+class AsyncBuild:
+    """One template build, for asyncio: follow its log, wait for its end, cancel it."""
+
+    def __init__(self, info: BuildInfo, client: AsyncSandcell, *, owns_client: bool = False) -> None:
+        self.info = info
+        self.client = client
+        self._http = client._http
+        self._owns_client = owns_client
+        # The last event a wait saw, and whether it was `finished`: the next wait goes on from there.
+        self._seen = 0
+        self._finished = False
+        # sync: # The thread a wait follows the build in, kept when the wait gives up at its deadline.
+        # sync: self._follower: futures.Future[BuildInfo] | None = None
+
+    def __repr__(self) -> str:
+        return f"<AsyncBuild {self.id} {self.info.name} {self.info.state}>"
+
+    @property
+    def id(self) -> str:
+        """The build's id (`bld-…`)."""
+        return self.info.id
+
+    async def refresh(self) -> BuildInfo:
+        """Reads the build's record again (state, step, step reports, image)."""
+        self.info = await self._http.call(_api.get_build(self.id))
+        return self.info
+
+    async def wait(self, timeout: float | None = None) -> BuildInfo:
+        """Waits for the build to end, following its log (it returns as `finished` comes; a
+        build that has ended: at once), and returns its `BuildInfo` once it succeeded, with its
+        `image`. A build that failed or was cancelled raises BuildError (`exit_code`, `step`:
+        the failing step's `StepReport`, `error`, `info`); one still going after `timeout`
+        seconds, TimeoutError (it goes on: wait again, or `cancel()` it)."""
+        if not _settled(self.info):
+            follow = asyncio.ensure_future(self._follow_to_end())  # sync: follow = self._follower
+            # sync: if follow is None or follow.done():
+            # sync:     # A follow still going (a wait before this one gave up on it) is waited on again.
+            # sync:     follow = self._follower = _in_thread(self._follow_to_end)
+            try:  # async only
+                await asyncio.wait([follow], timeout=timeout)  # async only
+            finally:  # async only
+                # A follow the wait gave up on (or was cancelled in) stops.  # async only
+                follow.cancel()  # async only
+            # sync: futures.wait([follow], timeout)
+            if not follow.done():
+                raise TimeoutError(f"build {self.id} has not ended after {timeout} s", code="timeout")
+            # sync: self._follower = None
+            follow.result()
+        if not self.info.ok:
+            raise BuildError(self.info)
+        return self.info
+
+    async def _follow_to_end(self) -> BuildInfo:
+        """`wait` without its deadline: the log from the last event a wait saw until `finished`,
+        then the build's record, asked for again (every 0.1 s growing to 1 s) until it has
+        ended and, when it succeeded, holds its image (the image is given up on after ~2 s)."""
+        if not self._finished:
+            async for event in self._follow(self._seen):
+                self._seen = event.seq
+                self._finished = self._finished or event.kind == "finished"
+        pause = _POLL_FIRST
+        while True:
+            info = await self.refresh()
+            if _settled(info) or (info.done and pause >= _POLL_MAX):
+                return info
+            await asyncio.sleep(pause)  # sync: time.sleep(pause)
+            pause = min(pause * 1.5, _POLL_MAX)
+
+    async def logs(self, follow: bool = True, *, after: int = 0) -> AsyncIterator[BuildEvent]:
+        """Yields the build's log events numbered after `after` (0: all) in order. With
+        `follow` (the default): the stored ones, then the live ones as they happen, until
+        `finished`; a connection that drops on the way is followed again from the last event
+        seen (`Last-Event-ID`), so no event comes twice or goes missing. Without: the stored
+        ones only, read at once. (`after` at or past the `finished` event of an ended build
+        waits for nothing that will come: ask for the stored ones then.)"""
+        if follow:
+            async for event in self._follow(after):
+                yield event
+            return
+        while True:
+            page = await self._http.call(_api.build_log_list(self.id, after))
+            for event in page:
+                yield event
+            if len(page) < _api.BUILD_LOG_PAGE:
+                return
+            after = page[-1].seq
+
+    async def _follow(self, after: int) -> AsyncIterator[BuildEvent]:
+        """The log's events after `after`, the live ones too, until `finished`."""
+        last = after
+        finished = False
+        failures = 0
+        first = True
+        while not finished:
+            call = (
+                _api.follow_build(self.id, after=after)
+                if first
+                else _api.follow_build(self.id, last_event_id=last)
+            )
+            first = False
+            try:
+                async for event in self._http.stream(call):
+                    if event.seq <= last:
+                        continue  # already given (a server that replayed from earlier)
+                    last, failures = event.seq, 0
+                    finished = finished or event.kind == "finished"
+                    yield event
+            except (ConnectionError, TimeoutError) as e:
+                # A 504 is the daemon's answer, not a broken connection.
+                if e.status is not None or failures >= _RECONNECTS:
+                    raise
+            else:
+                if finished:
+                    return
+                # Ended without `finished`: a build that has ended has no more to give; one
+                # still going is followed again.
+                if (await self.refresh()).done:
+                    return
+                if failures >= _RECONNECTS:
+                    raise ConnectionError(
+                        f"the log of build {self.id} keeps ending before the build does",
+                        code="connection_failed",
+                    )
+            failures += 1
+            delay = min(0.2 * 2 ** (failures - 1), 5.0)
+            await asyncio.sleep(delay)  # sync: time.sleep(delay)
+
+    async def cancel(self) -> BuildInfo:
+        """Cancels the build: its running step is killed. Answers once it has ended
+        (`cancelled`); a build that had ended already is answered as it ended."""
+        self.info = await self._http.call(_api.cancel_build(self.id))
+        return self.info
+
+    async def disconnect(self) -> None:
+        """Lets go of this handle's connection if it made it (`AsyncTemplate.build` without a
+        `client`); the build goes on."""
+        if self._owns_client:
+            await self.client.close()
+
+
+class AsyncTemplate:
+    """Templates through class methods (as `AsyncSandbox.create` makes sandboxes), for asyncio:
+    each takes `client=` (else `api_url=` and `api_key=`, else the environment, as
+    `AsyncSandcell()` does). `client.templates` has the same calls on a connection of one's
+    own."""
+
+    @classmethod
+    async def build(
+        cls,
+        name: str,
+        *,
+        dockerfile: str | None = None,
+        context: ContextInput | None = None,
+        build_args: Mapping[str, str] | None = None,
+        no_cache: bool = False,
+        allow_hosts: Sequence[str] | None = None,
+        offline: bool = False,
+        wait: bool = False,
+        client: AsyncSandcell | None = None,
+        api_url: str | None = None,
+        api_key: str | None = None,
+    ) -> AsyncBuild:
+        """Starts building template `name` from `dockerfile` (its text; default: the context
+        folder's `Dockerfile`) and `context` (a folder, or a tar archive's bytes), as
+        `client.templates.build` does, and returns its `AsyncBuild` at once (`wait()` for its
+        end). A handle made without `client` holds a connection of its own (`disconnect()`
+        lets it go)."""
+        call = await _build_call(
+            name,
+            dockerfile=dockerfile,
+            context=context,
+            build_args=build_args,
+            no_cache=no_cache,
+            allow_hosts=allow_hosts,
+            offline=offline,
+            wait=wait,
+        )
+        sandcell, owned = _connect(client, api_url, api_key)
+        try:
+            return AsyncBuild(await sandcell._http.call(call), sandcell, owns_client=owned)
+        except BaseException:
+            if owned:
+                await sandcell.close()
+            raise
+
+    @classmethod
+    async def wait_for_build(
+        cls,
+        build: str | AsyncBuild,
+        timeout: float | None = None,
+        *,
+        client: AsyncSandcell | None = None,
+        api_url: str | None = None,
+        api_key: str | None = None,
+    ) -> BuildInfo:
+        """`AsyncBuild.wait(timeout)` of a build (an id or a handle): its `BuildInfo` once it
+        succeeded; BuildError if it failed or was cancelled, TimeoutError after `timeout`."""
+        if isinstance(build, AsyncBuild):
+            return await build.wait(timeout)
+        sandcell, owned = _connect(client, api_url, api_key)
+        try:
+            found = AsyncBuild(await sandcell._http.call(_api.get_build(build)), sandcell)
+            return await found.wait(timeout)
+        finally:
+            if owned:
+                await sandcell.close()
+
+    @classmethod
+    async def logs(
+        cls,
+        build: str | AsyncBuild,
+        follow: bool = True,
+        *,
+        after: int = 0,
+        client: AsyncSandcell | None = None,
+        api_url: str | None = None,
+        api_key: str | None = None,
+    ) -> AsyncIterator[BuildEvent]:
+        """`AsyncBuild.logs(follow, after=after)` of a build (an id or a handle): its events,
+        live until `finished` (or, without `follow`, the stored ones)."""
+        if isinstance(build, AsyncBuild):
+            async for event in build.logs(follow, after=after):
+                yield event
+            return
+        sandcell, owned = _connect(client, api_url, api_key)
+        try:
+            found = AsyncBuild(await sandcell._http.call(_api.get_build(build)), sandcell)
+            async for event in found.logs(follow, after=after):
+                yield event
+        finally:
+            if owned:
+                await sandcell.close()
+
+    @classmethod
+    async def get_build(
+        cls,
+        build_id: str,
+        *,
+        client: AsyncSandcell | None = None,
+        api_url: str | None = None,
+        api_key: str | None = None,
+    ) -> AsyncBuild:
+        """A handle on a build (NotFoundError if the daemon has none of that id)."""
+        sandcell, owned = _connect(client, api_url, api_key)
+        try:
+            return AsyncBuild(await sandcell._http.call(_api.get_build(build_id)), sandcell, owns_client=owned)
+        except BaseException:
+            if owned:
+                await sandcell.close()
+            raise
+
+    @classmethod
+    async def list_builds(
+        cls,
+        *,
+        client: AsyncSandcell | None = None,
+        api_url: str | None = None,
+        api_key: str | None = None,
+    ) -> builtins.list[BuildInfo]:
+        """The builds the daemon has run since it started, newest first."""
+        return await _call_once(_api.list_builds(), client, api_url, api_key)
+
+    @classmethod
+    async def list(
+        cls,
+        *,
+        client: AsyncSandcell | None = None,
+        api_url: str | None = None,
+        api_key: str | None = None,
+    ) -> builtins.list[TemplateInfo]:
+        """The templates of the daemon's store (built or imported), by name."""
+        return await _call_once(_api.list_templates(), client, api_url, api_key)
+
+    @classmethod
+    async def get(
+        cls,
+        name: str,
+        *,
+        client: AsyncSandcell | None = None,
+        api_url: str | None = None,
+        api_key: str | None = None,
+    ) -> TemplateInfo:
+        """One template (NotFoundError if there is none)."""
+        return await _call_once(_api.get_template(name), client, api_url, api_key)
+
+    @classmethod
+    async def delete(
+        cls,
+        name: str,
+        *,
+        client: AsyncSandcell | None = None,
+        api_url: str | None = None,
+        api_key: str | None = None,
+    ) -> None:
+        """Deletes a template's name: a ConflictError while sandboxes run on it, NotFoundError
+        if there is none."""
+        await _call_once(_api.delete_template(name), client, api_url, api_key)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import builtins
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._models import BuildInfo, StepReport
 
 
 class SandcellError(Exception):
@@ -69,6 +72,34 @@ class ConnectionError(SandcellError, builtins.ConnectionError):
 
 class ServerError(SandcellError):
     """The daemon failed (500 `internal`, or an answer that is not Sandcell's)."""
+
+
+class BuildError(SandcellError):
+    """A template build ended without making its template (raised by `Build.wait`): `state` is
+    `failed` (code `build_failed`) or `cancelled` (`build_cancelled`); `exit_code` is the
+    failing step's exit code and `step` that step's `StepReport` (None when no command
+    failed: a bad base, a `COPY` of a missing file, a cancel), `error` the daemon's reason,
+    `info` the build's `BuildInfo` as it ended. Its log (`Build.logs()`) has the output."""
+
+    def __init__(self, info: BuildInfo) -> None:
+        step = info.failed_step
+        self.info = info
+        self.build_id = info.id
+        self.state = info.state
+        self.exit_code = info.exit_code if info.exit_code is not None else (step.exit_code if step else None)
+        self.step: StepReport | None = step
+        self.error = info.error
+        if info.state == "cancelled":
+            message, code = f"build {info.id} of {info.name} was cancelled", "build_cancelled"
+        else:
+            message, code = f"build {info.id} of {info.name} failed", "build_failed"
+            if step is not None:
+                message += f" at step {step.index}/{info.steps} (line {step.line}: {step.text})"
+            if self.exit_code is not None:
+                message += f" with exit code {self.exit_code}"
+            if info.error:
+                message += f": {info.error}"
+        super().__init__(message, code=code, details={"build_id": info.id, "state": info.state})
 
 
 _BY_CODE: dict[str, type[SandcellError]] = {

@@ -263,7 +263,7 @@ impl Builder {
             if request.offline || !plan.steps.iter().any(|s| matches!(s.op, Op::Run { .. })) {
                 None
             } else {
-                Some(self.start_egress(&scratch.0, &request, events, current.clone())?)
+                Some(self.start_egress(&scratch.0, request, events, current.clone())?)
             };
 
         let diff_ids = base_image
@@ -302,7 +302,7 @@ impl Builder {
             let report = self
                 .step(
                     &store,
-                    &request,
+                    request,
                     planned,
                     index,
                     &step_dir,

@@ -345,13 +345,38 @@ impl Builder {
             )
             .await?;
 
-        let config = image_config(
+        if let Some(defaults) = &request.defaults {
+            let missing: Vec<&str> = defaults
+                .sandbox
+                .kernels
+                .iter()
+                .filter(|k| !kernels.contains(k))
+                .map(String::as_str)
+                .collect();
+            if !missing.is_empty() {
+                return Err(BuildError::Invalid(format!(
+                    "the template claims kernels that do not start in the image it built: {} (started: {})",
+                    missing.join(", "),
+                    if kernels.is_empty() {
+                        "none".to_string()
+                    } else {
+                        kernels.join(", ")
+                    }
+                )));
+            }
+        }
+        let mut config = image_config(
             &base_config,
             &plan.config,
             &chain.diff_ids,
             &kernels,
             history,
         );
+        if let Some(defaults) = &request.defaults {
+            let text = serde_json::to_string(defaults)
+                .map_err(|e| BuildError::Invalid(format!("the template's defaults: {e}")))?;
+            config["config"]["Labels"][DEFAULTS_LABEL] = text.into();
+        }
         let size: u64 = chain.layers.iter().map(|l| l.size).sum();
         let layers = chain.layers.clone();
         let tagged = {

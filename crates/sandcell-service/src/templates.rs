@@ -249,12 +249,26 @@ impl Service {
                     let cancel = runner.cancel.clone();
                     let build =
                         tokio::spawn(async move { builder.build(request, tx, cancel).await });
+                    // The end is told once the image is recorded: whoever reads the build
+                    // after `finished` finds it.
+                    let mut finished = None;
                     while let Some(event) = rx.recv().await {
-                        runner.record(event);
+                        match event {
+                            BuildEvent::Finished { .. } => finished = Some(event),
+                            other => runner.record(other),
+                        }
                     }
-                    build.await.unwrap_or_else(|e| {
+                    let result = build.await.unwrap_or_else(|e| {
                         Err(BuildError::Invalid(format!("the build task: {e}")))
-                    })
+                    });
+                    if let Ok(image) = &result {
+                        lock(&runner.info).image = Some(image.clone());
+                    }
+                    runner.record(finished.unwrap_or_else(|| BuildEvent::Finished {
+                        state: BuildState::Failed,
+                        error: Some("the build ended without saying how".into()),
+                    }));
+                    result
                 }
                 None => {
                     runner.record(BuildEvent::Finished {

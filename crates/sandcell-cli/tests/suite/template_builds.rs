@@ -598,3 +598,108 @@ fn the_daemon_builds_a_template_as_a_job_whose_log_streams_and_guards_it_while_i
     assert_eq!(r.body["state"], "cancelled", "{}", r.body);
     assert!(cancelled.elapsed() < std::time::Duration::from_secs(20));
 }
+
+#[test]
+fn built_in_templates_build_with_one_request_and_do_their_jobs() {
+    use serde_json::json;
+
+    if skip_unless_root() {
+        return;
+    }
+    let d = super::daemon::Daemon::start(&[]);
+    if !debian_base(d.home()) {
+        return;
+    }
+    let built = |name: &str, extra: serde_json::Value| {
+        let mut body = json!({"name": name, "builtin": name, "wait": true});
+        body.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let r = d.post("/v1/templates", body);
+        assert_eq!(r.status, 200, "{}", r.body);
+        let log = d.get(&format!(
+            "/v1/builds/{}/logs?format=json",
+            r.body["id"].as_str().unwrap()
+        ));
+        assert_eq!(r.body["state"], "succeeded", "{}\n{}", r.body, log.body);
+        r.body
+    };
+
+    // python-data-analysis: its sandboxes start with the python kernel, without network, and a
+    // figure written to the outputs folder comes back as an artifact.
+    let info = built("python-data-analysis", json!({}));
+    assert!(
+        info["image"]["kernels"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("python")),
+        "{info}"
+    );
+    let sb = d.create_id(json!({"template": "python-data-analysis"}));
+    let out = d.code(
+        &sb,
+        "import pandas as pd, numpy as np, matplotlib.pyplot as plt\n\
+         df = pd.DataFrame({'x': np.arange(10), 'y': np.arange(10) ** 2})\n\
+         df.plot(x='x', y='y')\n\
+         plt.savefig('/workspace/outputs/squares.png')\n\
+         print(int(df.y.sum()))",
+    );
+    assert_eq!(out.error, None, "{out:?}");
+    assert!(out.stdout.contains("285"), "{out:?}");
+    let artifacts = d.get(&format!("/v1/sandboxes/{sb}/artifacts"));
+    assert!(
+        artifacts.body.to_string().contains("squares.png")
+            && artifacts.body.to_string().contains("image/png"),
+        "{}",
+        artifacts.body
+    );
+    assert_eq!(
+        d.sandbox(&sb).network,
+        sandcell_api::network::NetworkPolicy::Off
+    );
+    assert_eq!(d.delete(&format!("/v1/sandboxes/{sb}")).status, 204);
+
+    // cpp-algorithm: cpp-run compiles and runs, and reports both phases with their timings.
+    built("cpp-algorithm", json!({}));
+    let sb = d.create_id(json!({"template": "cpp-algorithm"}));
+    let out = d.exec(
+        &sb,
+        "cat > /workspace/sum.cpp <<'EOF'\n\
+         #include <cstdio>\n\
+         int main() { long s = 0; for (int i = 1; i <= 1000; i++) s += i; std::printf(\"%ld\\n\", s); }\n\
+         EOF\n\
+         cpp-run /workspace/sum.cpp",
+    );
+    assert_eq!(out.exit_code, Some(0), "{}", out.stderr);
+    assert_eq!(out.stdout, "500500\n");
+    let report: serde_json::Value = serde_json::from_str(out.stderr.trim()).unwrap();
+    assert_eq!(report["phase"], "run");
+    assert!(report["compile_ms"].as_u64().unwrap() > 0, "{report}");
+    assert!(report["run_ms"].is_u64(), "{report}");
+    let out = d.exec(
+        &sb,
+        "echo 'int main( {' > /workspace/bad.cpp; cpp-run /workspace/bad.cpp",
+    );
+    assert_ne!(out.exit_code, Some(0));
+    assert!(
+        out.stderr.contains("\"phase\":\"compile\""),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(d.delete(&format!("/v1/sandboxes/{sb}")).status, 204);
+
+    // web-tools reaches only the hosts its builder allows: none given is refused at once.
+    let r = d.post(
+        "/v1/templates",
+        json!({"name": "web-tools", "builtin": "web-tools"}),
+    );
+    r.expect_error(400, "invalid_argument");
+    assert!(
+        r.body["message"]
+            .as_str()
+            .unwrap()
+            .contains("sandbox_network"),
+        "{}",
+        r.body
+    );
+}

@@ -399,6 +399,10 @@ fn pool_specs(
             pool.packages,
         ));
     }
+    // The templates whose template file asks for a warm pool (`[warm] strategy = "pool"`).
+    for pool in sandcell_service::images::template_pools(&config.home) {
+        specs.push((pool, Default::default()));
+    }
     Ok(specs)
 }
 

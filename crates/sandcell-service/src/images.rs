@@ -37,7 +37,9 @@ pub fn spec_with_images(home: &Path, req: &CreateSandbox) -> ServiceResult<Sandb
     let mut plain = with_template_defaults(home, name, req)?;
     plain.template = None;
     let mut spec = crate::sandboxes::spec_of(&plain)?;
-    spec.template = Some(name.to_string());
+    // One name for the image however it was asked for (`name` is `name:latest`): a warm
+    // pool's spec and a create's then match.
+    spec.template = Some(reference_of(name));
     spec.system_root = Some(root.display().to_string());
     // The image's `ENV` (a build's, or an imported image's), under what the request sets.
     for (key, value) in image_env(home, name)? {
@@ -119,6 +121,93 @@ pub fn image_env(home: &Path, name: &str) -> ServiceResult<Vec<(String, String)>
                 .collect()
         })
         .unwrap_or_default())
+}
+
+/// `name` as the store names it: with its tag, `latest` when it has none.
+pub fn reference_of(name: &str) -> String {
+    if name.contains(':') {
+        name.to_string()
+    } else {
+        format!("{name}:latest")
+    }
+}
+
+/// The warm pool the template file of image `name` asks for (`[warm] strategy = "pool"`):
+/// sandboxes as a create naming it gets them, each having run the warm-up code in its first
+/// kernel (Python when it starts none). `None` for any other strategy (`snapshot` and
+/// `singleton` are recorded, not acted on yet).
+pub fn template_pool(
+    home: &Path,
+    name: &str,
+) -> ServiceResult<Option<sandcell_engine::fleet::PoolSpec>> {
+    let Some(defaults) = template_defaults(home, name)? else {
+        return Ok(None);
+    };
+    let sandcell_template::WarmStrategy::Pool { size, warmup } = defaults.warm else {
+        return Ok(None);
+    };
+    let reference = reference_of(name);
+    let req = CreateSandbox {
+        template: Some(reference.clone()),
+        ..Default::default()
+    };
+    let spec = spec_with_images(home, &req)?;
+    let language = spec
+        .warm_kernels
+        .first()
+        .copied()
+        .unwrap_or(sandcell_protocol::Language::Python);
+    let prepare = warmup.map(|code| {
+        let run = move |sandbox: sandcell_engine::Sandbox| {
+            let code = code.clone();
+            Box::pin(async move {
+                let ran = sandbox
+                    .run(language, &code)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                match ran.error {
+                    Some(e) => Err(format!("the warm-up failed: {}: {}", e.ename, e.evalue)),
+                    None => Ok(serde_json::json!({"warmed": true})),
+                }
+            })
+                as std::pin::Pin<
+                    Box<dyn std::future::Future<Output = Result<serde_json::Value, String>> + Send>,
+                >
+        };
+        sandcell_engine::fleet::PoolPrepare {
+            key: warmup_key(&reference),
+            run: std::sync::Arc::new(run),
+        }
+    });
+    Ok(Some(sandcell_engine::fleet::PoolSpec {
+        name: format!("{reference}/template"),
+        spec,
+        size: size as usize,
+        prepare,
+    }))
+}
+
+/// The warm pools of every template of the store under `home` that asks for one (a
+/// template that cannot give one is skipped, saying why in the log).
+pub fn template_pools(home: &Path) -> Vec<sandcell_engine::fleet::PoolSpec> {
+    let Ok(store) = sandcell_image::Store::open(home.join("images")) else {
+        return Vec::new();
+    };
+    let mut pools = Vec::new();
+    for name in store.references().unwrap_or_default() {
+        match template_pool(home, &name) {
+            Ok(Some(pool)) => pools.push(pool),
+            Ok(None) => {}
+            Err(e) => tracing::warn!(template = %name, error = %e, "no warm pool for it"),
+        }
+    }
+    pools
+}
+
+/// What a create of image template `reference` must name to take a sandbox its pool warmed
+/// up (see [`template_pool`]).
+pub fn warmup_key(reference: &str) -> String {
+    format!("warmup:{reference}")
 }
 
 /// The template `req` names when it is not a built-in one (then an image of the store).

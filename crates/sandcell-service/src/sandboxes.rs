@@ -272,6 +272,25 @@ impl Service {
         );
         let wanted_packages = req.packages.as_ref().filter(|p| !p.is_empty());
         opts.pool_key = wanted_packages.map(crate::packages::pool_key);
+        // An image template whose pool warms its sandboxes up: the create takes those.
+        if opts.pool_key.is_none()
+            && let Some(template) = opts
+                .spec
+                .system_root
+                .as_ref()
+                .and(opts.spec.template.as_ref())
+            && crate::images::template_defaults(&self.config.home, template)?.is_some_and(|d| {
+                matches!(
+                    d.warm,
+                    sandcell_template::WarmStrategy::Pool {
+                        warmup: Some(_),
+                        ..
+                    }
+                )
+            })
+        {
+            opts.pool_key = Some(crate::images::warmup_key(template));
+        }
         let start = Instant::now();
         let created = self.fleet.create(&caller.owner, opts).await;
         match &created {

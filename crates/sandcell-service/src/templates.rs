@@ -237,6 +237,8 @@ impl Service {
         let builder = builds.builder.clone();
         let gate = builds.one_at_a_time.clone();
         let runner = job.clone();
+        let home = self.config.home.clone();
+        let fleet = self.fleet.clone();
         let task = tokio::spawn(async move {
             let permit = tokio::select! {
                 p = gate.acquire_owned() => p.ok(),
@@ -263,6 +265,13 @@ impl Service {
                     });
                     if let Ok(image) = &result {
                         lock(&runner.info).image = Some(image.clone());
+                        // Its warm pool (when its template file asks for one) now holds
+                        // sandboxes of this image.
+                        match crate::images::template_pool(&home, &image.reference) {
+                            Ok(Some(pool)) => fleet.upsert_pool(pool).await,
+                            Ok(None) => {}
+                            Err(e) => tracing::warn!(error = %e, "the template's warm pool"),
+                        }
                     }
                     runner.record(finished.unwrap_or_else(|| BuildEvent::Finished {
                         state: BuildState::Failed,

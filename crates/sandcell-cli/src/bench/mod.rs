@@ -108,6 +108,11 @@ enum BenchWhat {
         /// An image of the home's store (default: a busybox image made for the run).
         #[arg(long, value_name = "NAME")]
         image: Option<String>,
+        /// Measure builds instead: this built-in template (e.g. python-data-analysis) built
+        /// once without the layer cache, then `--samples` times fully cached, in the home's
+        /// store.
+        #[arg(long, value_name = "BUILTIN")]
+        build: Option<String>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -139,8 +144,18 @@ pub async fn bench(args: BenchArgs, engine: Engine) -> anyhow::Result<ExitCode> 
         BenchWhat::Packages { samples, json } => packages::packages(engine, samples, json).await,
         BenchWhat::Templates {
             samples,
+            build: Some(builtin),
+            json,
+            ..
+        } => {
+            drop(engine);
+            templates::builds(&builtin, samples, json).await
+        }
+        BenchWhat::Templates {
+            samples,
             image,
             json,
+            build: None,
         } => templates::templates(engine, samples, image, json).await,
     }
 }

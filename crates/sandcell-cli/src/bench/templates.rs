@@ -9,7 +9,12 @@
 //!   image pays).
 //!
 //! The command is `/bin/sh -c true` in both, so each measures the sandbox, not the program.
-//! Builds (cold and cached) and pools per template are not measured: they are not built yet.
+//!
+//! With `--build NAME`: a built-in template built in the home's store once without the
+//! layer cache (every step runs; the apt and pip caches of earlier builds are warm, so this
+//! is not a first download), then fully cached `--samples` times, through the same builder
+//! as `sandcell template build --local`. No alternative runs here to compare with: Docker
+//! cannot pull a base image on these machines.
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -164,6 +169,88 @@ pub(super) async fn templates(
             ),
             None => println!("  the image was unpacked before this run"),
         }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// One build of built-in `name` in the home's store; its wall time and the steps it ran.
+async fn build_once(name: &str, no_cache: bool) -> anyhow::Result<(Duration, usize, usize)> {
+    use sandcell_build::builder::{BuildRequest, Builder, BuilderConfig, Cancel};
+    let home = sandcell_service::config::default_home();
+    let helper = std::env::current_exe().context("find the sandcell binary")?;
+    let builder = Builder::new(BuilderConfig::for_home(&home, helper));
+    let context = home
+        .join("builds")
+        .join("contexts")
+        .join(format!("bench-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&context);
+    std::fs::create_dir_all(&context)?;
+    let source = sandcell_build::source::from_builtin(name, &context, None)?;
+    let request = BuildRequest {
+        name: name.to_string(),
+        dockerfile: source.dockerfile,
+        context: context.clone(),
+        build_args: source.build_args,
+        no_cache,
+        defaults: source.defaults,
+        ..BuildRequest::default()
+    };
+    let (tx, mut rx) = tokio::sync::mpsc::unbounded_channel();
+    let start = Instant::now();
+    let build = tokio::spawn(async move { builder.build(request, tx, Cancel::default()).await });
+    let (mut ran, mut cached) = (0, 0);
+    while let Some(event) = rx.recv().await {
+        if let sandcell_api::templates::BuildEvent::StepFinished { step } = event {
+            if step.cached {
+                cached += 1;
+            } else {
+                ran += 1;
+            }
+        }
+    }
+    let built = build.await.context("the build task")?;
+    let took = start.elapsed();
+    let _ = std::fs::remove_dir_all(&context);
+    built?;
+    Ok((took, ran, cached))
+}
+
+/// `sandcell bench templates --build NAME`.
+pub(super) async fn builds(name: &str, samples: usize, as_json: bool) -> anyhow::Result<ExitCode> {
+    if samples < 3 {
+        bail!("--samples must be at least 3");
+    }
+    let (cold, ran, _) = build_once(name, true).await?;
+    let mut cached = Vec::new();
+    for _ in 0..samples {
+        let (took, ran_again, _) = build_once(name, false).await?;
+        if ran_again != 0 {
+            bail!("a rebuild with nothing changed ran {ran_again} steps");
+        }
+        cached.push(took);
+    }
+    let cold_ms = cold.as_secs_f64() * 1000.0;
+    let p50 = quantile(&cached, 0.5);
+    if as_json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "template": name,
+                "cold_ms": cold_ms,
+                "cold_steps": ran,
+                "cached": {"samples": samples, "p50_ms": p50, "p90_ms": quantile(&cached, 0.9)},
+            })
+        );
+    } else {
+        println!("build of the built-in template '{name}' in the home's store");
+        println!(
+            "  without the layer cache ({ran} steps run; package caches warm)  {:8.1} ms",
+            cold_ms
+        );
+        println!(
+            "  fully cached, {samples} samples                 p50 {p50:8.1} ms   p90 {:8.1} ms",
+            quantile(&cached, 0.9)
+        );
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -635,7 +635,32 @@ fn built_in_templates_build_with_one_request_and_do_their_jobs() {
             .contains(&json!("python")),
         "{info}"
     );
+    // Its template file asks for a warm pool of one sandbox that has imported pandas: the
+    // daemon fills it once the build is done, and the create takes it.
+    let metrics = || {
+        let r = super::daemon::send(d.req(reqwest::Method::GET, "/metrics"));
+        r.body.as_str().unwrap_or_default().to_string()
+    };
+    super::daemon::wait_for(std::time::Duration::from_secs(120), || {
+        metrics()
+            .contains("sandcell_pool_ready{pool=\"python-data-analysis:latest/template\"} 1")
+            .then_some(())
+    })
+    .unwrap_or_else(|| {
+        panic!(
+            "the template's pool never filled: {}\n{}",
+            metrics(),
+            d.log()
+        )
+    });
     let sb = d.create_id(json!({"template": "python-data-analysis"}));
+    assert!(
+        metrics().contains("sandcell_pool_requests_total{result=\"hit\"} 1"),
+        "{}",
+        metrics()
+    );
+    let warmed = d.code(&sb, "import sys\nprint('pandas' in sys.modules)");
+    assert_eq!(warmed.stdout, "True\n", "the warm-up ran: {warmed:?}");
     let out = d.code(
         &sb,
         "import pandas as pd, numpy as np, matplotlib.pyplot as plt\n\

@@ -294,6 +294,32 @@ impl Fleet {
         Ok(Some((wanted, prepared)))
     }
 
+    /// Adds a pool, or replaces the one of the same name (a template built again): the
+    /// replaced pool's ready sandboxes (on the old spec) are ended. The refiller fills it at
+    /// its next round.
+    pub async fn upsert_pool(&self, pool: PoolSpec) {
+        let stale: Vec<Sandbox> = {
+            let mut specs = lock(&self.pools.specs);
+            let replaced = specs.iter().position(|p| p.name == pool.name);
+            let old = replaced.map(|i| specs.remove(i));
+            let name = pool.name.clone();
+            specs.push(pool);
+            match old {
+                Some(_) => lock(&self.pools.ready)
+                    .remove(&name)
+                    .map(|q| q.into_iter().map(|r| r.sandbox).collect())
+                    .unwrap_or_default(),
+                None => Vec::new(),
+            }
+        };
+        lock(&self.pools.failing).clear();
+        self.pools.taken.notify_one();
+        for sandbox in stale {
+            let _ = sandbox.destroy().await;
+            let _ = self.ledger.remove(sandbox.id());
+        }
+    }
+
     /// Ends every ready pool sandbox and forgets its record.
     pub async fn drain_pools(&self) {
         let drained: Vec<Sandbox> = lock(&self.pools.ready)

@@ -8,7 +8,8 @@
 #
 # Every generated request reaches its handler: the run authenticates with the admin key, and
 # every `{id}`-like path parameter is a real resource made here first (a sandbox with a Python
-# context, a process, an export, a snapshot, a run, a memory and an infer job), so requests
+# context, a process, an export, a snapshot, a run, a memory, an infer job, a template and a
+# build), so requests
 # get past the 404 of unknown ids.
 # Operations that end a resource get a live one of their own before each call
 # (scripts/schemathesis_hooks.py), `DELETE /v1/keys/{key_id}` included: schemathesis reuses ids
@@ -29,8 +30,15 @@ base="http://127.0.0.1:$port"
 # Agent runs and memory infer jobs ask the daemon itself for a model: it answers 404 at once,
 # so a generated run ends quickly (provider_error), a job fails, and nothing outside loopback
 # is reached.
+# Generated builds whose base is `debian:<suite>` (the built-ins' too) would make one with
+# mmdebstrap (seconds each, one build at a time: the run crawled): a stand-in that fails at
+# once comes first on the daemon's PATH.
 # Generated git URLs name made-up hosts: only a name of the tests' own resolves (to
 # loopback), so nothing asks the machine's resolver.
+mkdir -p "$scratch/bin"
+printf '#!/bin/sh\necho "no Debian mirror in the fuzzing run" >&2\nexit 1\n' >"$scratch/bin/mmdebstrap"
+chmod 755 "$scratch/bin/mmdebstrap"
+PATH="$scratch/bin:$PATH" \
 SANDCELL_TEST=1 SANDCELL_TEST_RESOLVE="git.test=127.0.0.1" SANDCELL_TEST_RESOLVE_ONLY=1 \
 "$BIN" serve --home "$scratch/home" --listen "127.0.0.1:$port" \
   --set limits.max_per_owner=5 --set shutdown.sandboxes=stop \
@@ -85,6 +93,15 @@ job=$(api POST "/v1/sandboxes/$sb/memories/infer" '{"text": "seed"}' id)
 # hooks).
 memory=$(api POST "/v1/sandboxes/$sb/memories" '{"text": "seed"}' id)
 
+# A template (an image imported into the daemon's store: a root filesystem of one folder)
+# and a build (it fails at once: its base is not in the store), for the routes of one of
+# each; `DELETE /v1/templates/{name}` gets templates of its own from the hooks.
+mkdir -p "$scratch/rootfs/usr/bin" "$scratch/rootfs/etc"
+echo "ID=seed" >"$scratch/rootfs/etc/os-release"
+tar -C "$scratch/rootfs" -cf "$scratch/rootfs.tar" .
+"$BIN" image import "$scratch/rootfs.tar" --as seed-template:v1 --home "$scratch/home" >/dev/null
+build=$(api POST /v1/templates '{"name": "seed-build", "dockerfile": "FROM not-in-the-store\nRUN true\n", "wait": true}' id)
+
 cat >"$scratch/schemathesis.toml" <<EOF
 hooks = "$PWD/scripts/schemathesis_hooks.py"
 
@@ -98,8 +115,11 @@ hooks = "$PWD/scripts/schemathesis_hooks.py"
 "path.run_id" = "$run"
 "path.job_id" = "$job"
 "path.memory_id" = "$memory"
+"path.name" = "seed-template:v1"
+"path.build_id" = "$build"
 EOF
 export SANDCELL_FUZZ_BASE=$base SANDCELL_FUZZ_KEY=$key SANDCELL_FUZZ_SANDBOX=$sb
+export SANDCELL_FUZZ_BIN=$BIN SANDCELL_FUZZ_HOME=$scratch/home SANDCELL_FUZZ_ROOTFS=$scratch/rootfs.tar
 
 cd "$scratch"
 start=$(date +%s)

@@ -8,6 +8,7 @@ environment the script sets.
 """
 
 import os
+import subprocess
 import sys
 import threading
 
@@ -81,8 +82,24 @@ def made(field):
     return read
 
 
+def make_template():
+    """A template of its own: the seed's root filesystem imported under a new name (called
+    by `live`, which holds LOCK)."""
+    TEMPLATES["count"] += 1
+    name = f"victim-{TEMPLATES['count']}:v1"
+    done = subprocess.run(
+        [os.environ["SANDCELL_FUZZ_BIN"], "image", "import", os.environ["SANDCELL_FUZZ_ROOTFS"],
+         "--as", name, "--home", os.environ["SANDCELL_FUZZ_HOME"]],
+        capture_output=True,
+    )
+    return name if done.returncode == 0 else None
+
+
+TEMPLATES = {"count": 0}
+
 # kind: (is it still there, make a new one)
 KINDS = {
+    "template": (lambda name: call("GET", f"/v1/templates/{name}").ok, make_template),
     "sandbox": (sandbox_alive, make_sandbox),
     "context": (
         context_alive,
@@ -143,6 +160,7 @@ ENDS = {
     "DELETE /v1/keys/{key_id}": ("key_id", "key"),
     "DELETE /v1/sandboxes/{id}/memories/{memory_id}": ("memory_id", "sandbox_memory"),
     "DELETE /v1/memories/{memory_id}": ("memory_id", "owner_memory"),
+    "DELETE /v1/templates/{name}": ("name", "template"),
 }
 
 

@@ -146,6 +146,11 @@ const KEYS: &[Key] = &[
         default: |_| int(600),
     },
     Key {
+        name: "templates.debian_mirror",
+        help: "the Debian mirror `FROM debian:<suite>` bases are made from with mmdebstrap (empty: the first Debian archive of the host's apt sources)",
+        default: |_| string(""),
+    },
+    Key {
         name: "exports.url_ttl_secs",
         help: "how long an export's signed download link (no API key needed) stays valid (0: no signed links)",
         default: |_| int(3600),
@@ -304,6 +309,8 @@ pub struct Config {
     pub memory: MemoryConfig,
     /// Packages installed at create: where from.
     pub packages: PackagesConfig,
+    /// Template builds.
+    pub templates: TemplatesConfig,
     /// Sandboxes' egress.
     pub network: NetworkConfig,
 }
@@ -337,6 +344,13 @@ pub struct PackagesConfig {
     pub ca_file: String,
     /// Longest install.
     pub timeout_secs: u64,
+}
+
+/// Template builds' settings.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct TemplatesConfig {
+    /// The Debian mirror of `debian:<suite>` bases (empty: the host's).
+    pub debian_mirror: String,
 }
 
 /// Memories' settings.

@@ -67,7 +67,7 @@ impl Service {
         });
         // Build steps run through this binary's `__build-step` (the daemon is `sandcell`).
         let helper = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("sandcell"));
-        let builds = crate::templates::Builds::new(&config.home, helper);
+        let builds = crate::templates::Builds::new(&config, helper);
         Self {
             builds,
             egress_log,

@@ -50,10 +50,15 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 impl Builds {
-    /// Builds into the store of `home`, steps run by the `sandcell` binary `helper`.
-    pub fn new(home: &Path, helper: PathBuf) -> Self {
+    /// Builds into the store of the settings' home, steps run by the `sandcell` binary
+    /// `helper`.
+    pub fn new(config: &crate::config::Config, helper: PathBuf) -> Self {
+        let mut builder = BuilderConfig::for_home(&config.home, helper);
+        if !config.templates.debian_mirror.is_empty() {
+            builder.debian.mirror = Some(config.templates.debian_mirror.clone());
+        }
         Self {
-            builder: Builder::new(BuilderConfig::for_home(home, helper)),
+            builder: Builder::new(builder),
             jobs: Mutex::new(Vec::new()),
             one_at_a_time: Arc::new(Semaphore::new(1)),
         }

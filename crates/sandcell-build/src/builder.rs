@@ -708,7 +708,7 @@ impl Builder {
         std::fs::create_dir_all(&dir)
             .map_err(BuildError::io(format!("create {}", dir.display())))?;
         // Each build has its own range: the cache follows the build that uses it.
-        chown_tree(&dir, id_base)?;
+        stage::chown_tree(&dir, id_base)?;
         Ok(dir)
     }
 
@@ -819,20 +819,6 @@ impl StepDirs {
             .map_err(BuildError::io(format!("chown {}", dirs.upper.display())))?;
         Ok(dirs)
     }
-}
-
-fn chown_tree(path: &Path, id: u32) -> Result<(), BuildError> {
-    std::os::unix::fs::lchown(path, Some(id), Some(id))
-        .map_err(BuildError::io(format!("chown {}", path.display())))?;
-    if path.is_dir() && !path.is_symlink() {
-        for entry in
-            std::fs::read_dir(path).map_err(BuildError::io(format!("list {}", path.display())))?
-        {
-            let entry = entry.map_err(BuildError::io(format!("list {}", path.display())))?;
-            chown_tree(&entry.path(), id)?;
-        }
-    }
-    Ok(())
 }
 
 fn path_string(path: &Path) -> Result<String, BuildError> {

@@ -328,7 +328,8 @@ fn unpack_tar(path: &Path, to: &Path, owner: u32) -> Result<(), BuildError> {
     chown_tree(to, owner)
 }
 
-fn chown_tree(path: &Path, owner: u32) -> Result<(), BuildError> {
+/// Gives `path` and everything below it (links themselves, not followed) to host id `owner`.
+pub(crate) fn chown_tree(path: &Path, owner: u32) -> Result<(), BuildError> {
     chown(path, owner)?;
     let meta =
         fs::symlink_metadata(path).map_err(BuildError::io(format!("stat {}", path.display())))?;

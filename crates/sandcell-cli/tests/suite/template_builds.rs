@@ -72,6 +72,23 @@ fn run_on(home: &Path, name: &str, script: &str) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Imports the busybox base (`tools` linked) into `home` as `tiny:v1`; false (saying
+/// "skipped") when the host has no busybox.
+fn import_tiny(tmp: &Path, home: &Path, tools: &[&str]) -> bool {
+    let Some(tarball) = super::daemon_templates::busybox_rootfs(tmp, tools) else {
+        sandcell_testkit::skip::skip(
+            "/bin/busybox is missing (scripts/setup.sh installs busybox-static)",
+        );
+        return false;
+    };
+    let (code, _, err) = super::images::sandcell(
+        home,
+        &["import", tarball.to_str().unwrap(), "--as", "tiny:v1"],
+    );
+    assert_eq!(code, 0, "{err}");
+    true
+}
+
 fn skip_unless_root() -> bool {
     if !rustix::process::geteuid().is_root() {
         sandcell_testkit::skip::skip("builds map a private id range: they need root");
@@ -87,17 +104,9 @@ fn a_dockerfile_builds_into_cached_layers_and_a_sandbox_runs_on_the_result() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let home = tmp.path().join("home");
-    let Some(tarball) = super::daemon_templates::busybox_rootfs(tmp.path(), TOOLS) else {
-        sandcell_testkit::skip::skip(
-            "/bin/busybox is missing (scripts/setup.sh installs busybox-static)",
-        );
+    if !import_tiny(tmp.path(), &home, TOOLS) {
         return;
-    };
-    let (code, _, err) = super::images::sandcell(
-        &home,
-        &["import", tarball.to_str().unwrap(), "--as", "tiny:v1"],
-    );
-    assert_eq!(code, 0, "{err}");
+    }
 
     let ctx = tmp.path().join("ctx");
     std::fs::create_dir_all(ctx.join("src")).unwrap();
@@ -157,16 +166,15 @@ fn a_dockerfile_builds_into_cached_layers_and_a_sandbox_runs_on_the_result() {
     assert!(out.ends_with("hello\n"), "{out}");
 
     // Again: every step from the cache, and the same image.
-    let digest = |events: &[Value]| -> String {
+    let digest = || -> String {
         let (code, out, _) = super::images::sandcell(&home, &["inspect", "demo", "--json"]);
         assert_eq!(code, 0);
-        let _ = events;
         serde_json::from_str::<Value>(&out).unwrap()["digest"]
             .as_str()
             .unwrap()
             .to_string()
     };
-    let before = digest(&events);
+    let before = digest();
     let (code, events, err) = build(&home, &ctx, "demo", &["--build-arg", "WHO=builder"]);
     assert_eq!(code, 0, "{err}");
     assert!(
@@ -174,7 +182,7 @@ fn a_dockerfile_builds_into_cached_layers_and_a_sandbox_runs_on_the_result() {
         "{events:?}"
     );
     assert_eq!(
-        digest(&events),
+        digest(),
         before,
         "a rebuild that changes nothing is the same image"
     );
@@ -240,17 +248,9 @@ fn bad_dockerfiles_and_failing_steps_fail_clearly() {
     }
     let tmp = tempfile::tempdir().unwrap();
     let home = tmp.path().join("home");
-    let Some(tarball) = super::daemon_templates::busybox_rootfs(tmp.path(), TOOLS) else {
-        sandcell_testkit::skip::skip(
-            "/bin/busybox is missing (scripts/setup.sh installs busybox-static)",
-        );
+    if !import_tiny(tmp.path(), &home, TOOLS) {
         return;
-    };
-    let (code, _, err) = super::images::sandcell(
-        &home,
-        &["import", tarball.to_str().unwrap(), "--as", "tiny:v1"],
-    );
-    assert_eq!(code, 0, "{err}");
+    }
     let ctx = tmp.path().join("ctx");
     std::fs::create_dir_all(&ctx).unwrap();
     let dockerfile = |text: &str| std::fs::write(ctx.join("Dockerfile"), text).unwrap();
@@ -390,17 +390,9 @@ fn a_build_step_cannot_leave_its_sandbox_or_change_the_base() {
     let tmp = tempfile::tempdir().unwrap();
     let home = tmp.path().join("home");
     let tools = [TOOLS, &["mount", "unshare", "chroot"]].concat();
-    let Some(tarball) = super::daemon_templates::busybox_rootfs(tmp.path(), &tools) else {
-        sandcell_testkit::skip::skip(
-            "/bin/busybox is missing (scripts/setup.sh installs busybox-static)",
-        );
+    if !import_tiny(tmp.path(), &home, &tools) {
         return;
-    };
-    let (code, _, err) = super::images::sandcell(
-        &home,
-        &["import", tarball.to_str().unwrap(), "--as", "tiny:v1"],
-    );
-    assert_eq!(code, 0, "{err}");
+    }
     let ctx = tmp.path().join("ctx");
     std::fs::create_dir_all(&ctx).unwrap();
     std::fs::write(
@@ -459,18 +451,10 @@ fn the_daemon_builds_a_template_as_a_job_whose_log_streams_and_guards_it_while_i
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let Some(tarball) = super::daemon_templates::busybox_rootfs(tmp.path(), TOOLS) else {
-        sandcell_testkit::skip::skip(
-            "/bin/busybox is missing (scripts/setup.sh installs busybox-static)",
-        );
-        return;
-    };
     let d = super::daemon::Daemon::start(&[]);
-    let (code, _, err) = super::images::sandcell(
-        d.home(),
-        &["import", tarball.to_str().unwrap(), "--as", "tiny:v1"],
-    );
-    assert_eq!(code, 0, "{err}");
+    if !import_tiny(tmp.path(), d.home(), TOOLS) {
+        return;
+    }
     let ctx = tmp.path().join("ctx");
     std::fs::create_dir_all(&ctx).unwrap();
     std::fs::write(ctx.join("motd"), "built over REST\n").unwrap();

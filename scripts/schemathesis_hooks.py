@@ -7,18 +7,29 @@ get such a sandbox too). A rename gets a file to move. The daemon's address, the
 environment the script sets.
 """
 
+import ast
 import os
 import subprocess
-import sys
 import threading
 
 import requests
 import schemathesis
 
-# Hypothesis parses whole source files for the repr of its lambdas; on CPython 3.11 an AST that
-# nears the recursion limit leaves the interpreter's AST depth count wrong ("AST constructor
-# recursion depth mismatch", a SystemError, CPython issue 106905), which failed a run once.
-sys.setrecursionlimit(max(sys.getrecursionlimit(), 20_000))
+# Hypothesis parses whole source files for the repr of its lambdas. CPython 3.11 keeps the
+# AST converter's depth count per interpreter, not per thread, so two workers parsing at once
+# (a garbage collection inside one lets the other run) overwrite each other's count: a
+# SystemError, "AST constructor recursion depth mismatch (before=66, after=58)", where `after`
+# is the other thread's starting depth. It failed CI twice; parses now take turns.
+_AST_LOCK = threading.RLock()
+_ast_parse = ast.parse
+
+
+def _parse_in_turn(*args, **kwargs):
+    with _AST_LOCK:
+        return _ast_parse(*args, **kwargs)
+
+
+ast.parse = _parse_in_turn
 
 BASE = os.environ["SANDCELL_FUZZ_BASE"]
 SESSION = requests.Session()

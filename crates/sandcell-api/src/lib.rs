@@ -28,6 +28,7 @@ pub mod time;
 pub mod transfer;
 pub mod usage;
 pub mod values;
+pub mod volumes;
 
 pub use rules::ValidationError;
 pub use values::{Code, SandboxId, Seconds, Tags, Timeout};

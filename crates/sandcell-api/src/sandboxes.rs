@@ -179,6 +179,10 @@ pub struct CreateSandbox {
     /// Restore a snapshot: the new sandbox gets the snapshot's settings and files (then
     /// `template`, `size`, `limits`, `env`, `network` and `kernels` must not be given).
     pub snapshot_id: Option<String>,
+    /// Host folders (inside the service's `mounts.allowed_paths`) and named volumes mounted
+    /// into it, on either backend. Not with `checkpointable`.
+    #[serde(default)]
+    pub mounts: Vec<crate::volumes::MountInput>,
 }
 
 /// A sandbox as the API shows it.

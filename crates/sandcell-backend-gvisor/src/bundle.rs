@@ -5,7 +5,7 @@
 use serde_json::{Value, json};
 
 use crate::guest::{NETWORK_LOOPBACK, NETWORK_OFF};
-use sandcell_engine::{NetworkPolicy, SandboxSpec};
+use sandcell_engine::{MountMode, NetworkPolicy, SandboxSpec};
 use sandcell_protocol::SANDBOX_UID;
 
 /// Where the Sandcell binary is bound inside (read-only).
@@ -62,6 +62,16 @@ pub fn config(spec: &SandboxSpec, inputs: &BundleInputs<'_>) -> Value {
         }
         mounts.push(json!({
             "destination": path, "type": "tmpfs", "source": "tmpfs", "options": options,
+        }));
+    }
+    // Host folders and volumes, parents first (the service checked where they go).
+    let mut host_mounts: Vec<_> = spec.mounts.iter().collect();
+    host_mounts.sort_by_key(|m| m.target.matches('/').count());
+    for m in host_mounts {
+        let access = if m.mode == MountMode::Rw { "rw" } else { "ro" };
+        mounts.push(json!({
+            "destination": m.target.trim_end_matches('/'), "type": "bind", "source": m.source,
+            "options": ["bind", access, "nosuid", "nodev"],
         }));
     }
     // As on `process`: POSIX shared memory and semaphores (Python's multiprocessing) need a

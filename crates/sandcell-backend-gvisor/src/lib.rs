@@ -24,7 +24,7 @@ use async_trait::async_trait;
 use sandcell_engine::backend::{CheckpointSupport, Fidelity, GuestStream, IsolationLevel};
 use sandcell_engine::{
     Backend, BackendCapabilities, BackendFeatures, BackendInstance, BackendKind, EngineError,
-    LaunchedSandbox, NetworkPolicy, ResourceCounters, SandboxSpec,
+    LaunchedSandbox, MountMode, NetworkPolicy, ResourceCounters, SandboxSpec,
 };
 use sandcell_jail::cgroup::{CgroupVersion, SandboxCgroup};
 use sandcell_jail::rootfs::skeleton::{self, RootLayout};
@@ -467,6 +467,12 @@ impl GvisorBackend {
                 "sandboxes from image templates run on the process backend only (not gvisor yet)"
                     .into(),
             ));
+        }
+        if let Some(m) = spec.mounts.iter().find(|m| m.mode == MountMode::Overlay) {
+            return Err(EngineError::InvalidSpec(format!(
+                "the overlay mount at '{}' is the process backend's (gvisor mounts folders ro or rw)",
+                m.target
+            )));
         }
         if let Some(why) = self.unavailable() {
             return Err(EngineError::BackendUnavailable(format!(

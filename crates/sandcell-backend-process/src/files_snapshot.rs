@@ -31,7 +31,8 @@ pub(crate) fn capture(root: &Path, dirs: &[&str], out: impl Write) -> io::Result
             Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
             Err(e) => return Err(e),
         }
-        walk(&mut tar, &path, Path::new(dir), 0, &mut captured)?;
+        let top_dev = fs::symlink_metadata(&path)?.dev();
+        walk(&mut tar, &path, Path::new(dir), 0, top_dev, &mut captured)?;
     }
     tar.into_inner()?.flush()?;
     Ok(captured)
@@ -51,10 +52,20 @@ fn walk(
     path: &Path,
     name: &Path,
     depth: usize,
+    top_dev: u64,
     captured: &mut FilesCapture,
 ) -> io::Result<()> {
     let meta = fs::symlink_metadata(path)?;
     let kind = meta.file_type();
+    // Another file system below a carried folder is a mount (a host folder or a volume): its
+    // files are not the sandbox's to carry, and a restore mounts it again.
+    if kind.is_dir() && meta.dev() != top_dev {
+        captured.skipped.push(format!(
+            "/{}: a mounted folder (mounted again on restore, not copied)",
+            name.display()
+        ));
+        return Ok(());
+    }
     if kind.is_dir() {
         let mut h = header_for(&meta, tar::EntryType::Directory, 0);
         tar.append_data(&mut h, name, io::empty())?;
@@ -73,6 +84,7 @@ fn walk(
                 &entry.path(),
                 &name.join(entry.file_name()),
                 depth + 1,
+                top_dev,
                 captured,
             )?;
         }

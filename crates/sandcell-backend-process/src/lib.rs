@@ -23,11 +23,12 @@ use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open, pidfd_send_signal};
 use sandcell_engine::backend::{CheckpointSupport, Fidelity, GuestStream, IsolationLevel};
 use sandcell_engine::{
+    MountMode,
     Backend, BackendCapabilities, BackendFeatures, BackendInstance, BackendKind, EngineError,
     LaunchedSandbox, NetworkPolicy, ResourceCounters, SandboxSpec,
 };
 use sandcell_jail::cgroup::{CgroupVersion, SandboxCgroup};
-use sandcell_jail::config::SparesConfig;
+use sandcell_jail::config::{HostMount, HostMountMode, SparesConfig};
 use sandcell_jail::rootfs::skeleton::{self, RootLayout};
 use sandcell_jail::{JailConfig, JailError, Limits, NetworkMode, TmpfsMount};
 use sandcell_protocol::{
@@ -363,6 +364,7 @@ impl ProcessBackend {
             },
             system_root: spec.system_root.clone(),
             tmpfs,
+            mounts: host_mounts(spec),
             network: match spec.network {
                 NetworkPolicy::Off => NetworkMode::Off,
                 // Egress leaves through the proxy, never through the namespace.
@@ -484,6 +486,27 @@ const SPARES: usize = 2;
 
 /// Host ids for the sandbox user when running as root: an unprivileged id of its own per
 /// sandbox (2^30 + random), so sandboxes share no id with each other or the host.
+/// The jail's mounts of `spec`, parents before the folders below them.
+fn host_mounts(spec: &SandboxSpec) -> Vec<HostMount> {
+    let mut mounts: Vec<HostMount> = spec
+        .mounts
+        .iter()
+        .map(|m| HostMount {
+            source: m.source.clone(),
+            target: m.target.trim_end_matches('/').to_string(),
+            mode: match m.mode {
+                MountMode::Ro => HostMountMode::ReadOnly,
+                MountMode::Rw => HostMountMode::ReadWrite,
+                MountMode::Overlay => HostMountMode::Overlay,
+            },
+            owner_uid: m.owner_uid,
+            owner_gid: m.owner_gid,
+        })
+        .collect();
+    mounts.sort_by_key(|m| m.target.matches('/').count());
+    mounts
+}
+
 fn outside_ids() -> (u32, u32) {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();

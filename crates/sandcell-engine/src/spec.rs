@@ -108,6 +108,28 @@ pub struct SandboxSpec {
     /// `None`: the host's own `/usr` and the like.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub system_root: Option<String>,
+    /// Host folders and volumes mounted into it, resolved by the service.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub mounts: Vec<SandboxMount>,
+}
+
+/// A host folder mounted into a sandbox (a volume is one too: its folder under the home).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SandboxMount {
+    /// The host folder, absolute, its symbolic links resolved.
+    pub source: String,
+    /// Where it appears inside (see [`sandcell_api::volumes::check_mount_path`]).
+    pub target: String,
+    /// How the sandbox sees it.
+    pub mode: sandcell_api::volumes::MountMode,
+    /// The host uid whose files the sandbox sees as its own (`process` backend, through an
+    /// idmapped mount; gVisor shows the host's ids).
+    pub owner_uid: u32,
+    /// The host gid shown as the sandbox's group, as `owner_uid`.
+    pub owner_gid: u32,
+    /// The volume it is, when it is one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub volume: Option<String>,
 }
 
 impl SandboxSpec {
@@ -156,6 +178,20 @@ impl SandboxSpec {
         let mut seen = std::collections::BTreeSet::new();
         if let Some(dup) = self.warm_kernels.iter().find(|l| !seen.insert(**l)) {
             return bad(format!("warm kernel {dup} is listed twice"));
+        }
+        let mut targets = std::collections::BTreeSet::new();
+        for m in &self.mounts {
+            sandcell_api::volumes::check_mount_path(&m.target)
+                .map_err(|e| EngineError::InvalidSpec(e.0))?;
+            if !targets.insert(m.target.trim_end_matches('/')) {
+                return bad(format!("two mounts at '{}'", m.target));
+            }
+            if !std::path::Path::new(&m.source).is_absolute() {
+                return bad(format!("mount source '{}' must be absolute", m.source));
+            }
+        }
+        if self.checkpointable && !self.mounts.is_empty() {
+            return bad("a checkpointable sandbox cannot have mounts: CRIU cannot carry them".into());
         }
         if let Some(root) = &self.system_root {
             let path = std::path::Path::new(root);

@@ -450,26 +450,10 @@ fn prepare_root(config: &BuildStepConfig) -> Result<(), JailError> {
 }
 
 /// A user namespace with the build's id mapping, for the idmapped mount to take its mapping
-/// from: a child that makes it and waits, mapped by us, then let go.
+/// from.
 fn mapping_namespace(id_base: u32) -> Result<fs::File, JailError> {
-    let (wait_read, wait_write) = pipe()?;
-    let child = crate::launch::raw_clone(libc::CLONE_NEWUSER)
-        .map_err(|e| JailError::io("clone a namespace for the id mapping", e))?;
-    let Some(child) = child else {
-        drop(wait_write);
-        let mut byte = [0u8; 1];
-        let _ = fs::File::from(wait_read).read(&mut byte);
-        // SAFETY: _exit ends this process at once, without running the parent's handlers.
-        unsafe { libc::_exit(0) };
-    };
-    drop(wait_read);
-    let opened = write_maps(child, id_base).and_then(|()| {
-        fs::File::open(format!("/proc/{child}/ns/user"))
-            .map_err(|e| JailError::io("open the mapping namespace", e))
-    });
-    drop(wait_write);
-    let _ = waitpid(child, None);
-    opened
+    let map = format!("0 {id_base} {ID_RANGE_SIZE}\n");
+    crate::mount_attr::mapping_namespace(&map, &map)
 }
 
 fn write_maps(pid: Pid, id_base: u32) -> Result<(), JailError> {

@@ -55,6 +55,34 @@ pub struct TmpfsMount {
     pub mode: u32,
 }
 
+/// How a sandbox sees a [`HostMount`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum HostMountMode {
+    /// Read-only.
+    ReadOnly,
+    /// Read and write.
+    ReadWrite,
+    /// Read-only below an overlay whose upper layer lies in the tmpfs holding the target.
+    Overlay,
+}
+
+/// A host folder mounted into the sandbox, below one of its tmpfs mounts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HostMount {
+    /// The host folder (absolute).
+    pub source: String,
+    /// Where inside: a tmpfs mount's path or a folder below one (made when missing).
+    pub target: String,
+    /// How the sandbox sees it.
+    pub mode: HostMountMode,
+    /// The host uid shown as the sandbox user's, when the launcher is root (an idmapped
+    /// mount); otherwise the host's ids show through.
+    pub owner_uid: u32,
+    /// The host gid shown as the sandbox group's, as `owner_uid`.
+    pub owner_gid: u32,
+}
+
 /// Where the launcher finds things made ahead of time.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SparesConfig {
@@ -115,6 +143,9 @@ pub struct JailConfig {
     pub system_root: Option<String>,
     /// Writable tmpfs mounts (their mount points exist in the skeleton).
     pub tmpfs: Vec<TmpfsMount>,
+    /// Host folders mounted below the tmpfs mounts, in this order (parents first).
+    #[serde(default)]
+    pub mounts: Vec<HostMount>,
     /// Network policy.
     pub network: NetworkMode,
     /// Where spare network namespaces and cgroups are kept (root only; see

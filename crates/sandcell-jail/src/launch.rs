@@ -351,13 +351,23 @@ fn launch(
             .map(bind_agent_socket)
             .transpose(),
     )?;
+    // Host folders are opened here, as host root (a folder only root may enter still
+    // mounts), their owner shown as the sandbox user; the child attaches them.
+    let trees = if root {
+        at(
+            "mounts",
+            rootfs::mounts::detach_all(&config.mounts, outside_uid, outside_gid),
+        )?
+    } else {
+        Vec::new()
+    };
     let (child, ns_lines) = at("clone", clone_sandbox(pooled_netns.is_none()))?;
     for (name, detail) in ns_lines {
         report.set(name, FeatureState::Active, detail);
     }
     let Some(pid) = child else {
         drop(go_launcher);
-        let isolation = sandbox_side(go_child, &config, pooled_netns.is_some())?;
+        let isolation = sandbox_side(go_child, &config, trees, pooled_netns.is_some())?;
         report.merge(&isolation);
         if checkpointable {
             return Err(("exec the agent".into(), exec_agent(&report)));
@@ -369,6 +379,7 @@ fn launch(
         });
     };
     drop(go_child);
+    drop(trees);
     // The agent's alone: the launcher never accepts on it.
     drop(listener);
     if let Err(e) = write_id_maps(pid, outside_uid, outside_gid, checkpointable) {
@@ -789,7 +800,12 @@ fn switch_ids(uid: u32, gid: u32) -> Result<(), JailError> {
 
 /// Inside the new namespaces: wait for the id maps, then confine this process. `net_ready`:
 /// the network namespace came from the pool with `lo` up already.
-fn sandbox_side(go: OwnedFd, config: &JailConfig, net_ready: bool) -> StageResult<IsolationReport> {
+fn sandbox_side(
+    go: OwnedFd,
+    config: &JailConfig,
+    trees: Vec<rootfs::mounts::DetachedMount>,
+    net_ready: bool,
+) -> StageResult<IsolationReport> {
     // The launcher died or failed to map us: there is nothing to serve.
     let gone = || {
         let e = JailError::Config("the launcher went away".into());
@@ -810,7 +826,7 @@ fn sandbox_side(go: OwnedFd, config: &JailConfig, net_ready: bool) -> StageResul
     )?;
 
     let mut report = IsolationReport::default();
-    for f in at("rootfs", rootfs::setup(config))? {
+    for f in at("rootfs", rootfs::setup(config, trees))? {
         report.set(&f.name, f.state, f.detail);
     }
     let _ = nix::unistd::setsid();

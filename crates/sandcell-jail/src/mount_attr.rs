@@ -1,6 +1,7 @@
 //! `mount_setattr(2)`, which no safe wrapper we use exposes yet.
 
 use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
 use crate::rootfs::c_path;
 
@@ -64,31 +65,41 @@ const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x0000_0004;
 /// the user namespace `userns` (an idmapped mount: files stored with ids 0… appear as the
 /// ids that namespace maps them to, without being copied or changed on disk).
 pub fn bind_idmapped(source: &str, target: &str, userns: &std::fs::File) -> io::Result<()> {
-    use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
-    let invalid = |e: crate::JailError| io::Error::new(io::ErrorKind::InvalidInput, e.to_string());
+    let tree = clone_tree(source, false)?;
+    set_on_tree(&tree, 0, Some(userns), false)?;
+    move_tree(&tree, target)
+}
+
+/// A detached copy of the mount tree at `source` (with the mounts below it when
+/// `recursive`), to be attached with [`move_tree`], possibly from another mount namespace.
+pub fn clone_tree(source: &str, recursive: bool) -> io::Result<OwnedFd> {
     let src = c_path(source).map_err(invalid)?;
-    let dst = c_path(target).map_err(invalid)?;
+    let flags = OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | if recursive { AT_RECURSIVE } else { 0 };
     // SAFETY: `src` is a valid NUL-terminated path that outlives the call; open_tree only
     // reads it and returns a new file descriptor or -1.
-    let fd = unsafe {
-        libc::syscall(
-            libc::SYS_open_tree,
-            libc::AT_FDCWD,
-            src.as_ptr(),
-            OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC,
-        )
-    };
+    let fd = unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, src.as_ptr(), flags) };
     if fd < 0 {
         return Err(io::Error::last_os_error());
     }
     // SAFETY: open_tree returned a new descriptor that nothing else owns.
-    let tree = unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) };
+    Ok(unsafe { OwnedFd::from_raw_fd(fd as libc::c_int) })
+}
+
+/// Sets `attrs` on a detached tree from [`clone_tree`] (every mount of it when `recursive`),
+/// and, with `userns`, shows its ids through that namespace's mapping.
+pub fn set_on_tree(
+    tree: &OwnedFd,
+    attrs: u64,
+    userns: Option<&std::fs::File>,
+    recursive: bool,
+) -> io::Result<()> {
     let attr = MountAttr {
-        attr_set: IDMAP,
+        attr_set: attrs | if userns.is_some() { IDMAP } else { 0 },
         attr_clr: 0,
         propagation: 0,
-        userns_fd: userns.as_raw_fd() as u64,
+        userns_fd: userns.map_or(0, |f| f.as_raw_fd() as u64),
     };
+    let flags = libc::AT_EMPTY_PATH as libc::c_uint | if recursive { AT_RECURSIVE } else { 0 };
     let empty = c"";
     // SAFETY: `tree` is an open detached mount, `empty` a valid empty C string and `attr` a
     // correctly laid out struct mount_attr whose size we pass; the kernel only reads them.
@@ -97,15 +108,24 @@ pub fn bind_idmapped(source: &str, target: &str, userns: &std::fs::File) -> io::
             libc::SYS_mount_setattr,
             tree.as_raw_fd(),
             empty.as_ptr(),
-            libc::AT_EMPTY_PATH as libc::c_uint,
+            flags,
             &attr as *const MountAttr,
             std::mem::size_of::<MountAttr>(),
         )
     };
     if r < 0 {
-        return Err(io::Error::last_os_error());
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
     }
-    // SAFETY: as above; `dst` is a valid NUL-terminated path that outlives the call.
+}
+
+/// Attaches a detached tree from [`clone_tree`] on `target`.
+pub fn move_tree(tree: &OwnedFd, target: &str) -> io::Result<()> {
+    let dst = c_path(target).map_err(invalid)?;
+    let empty = c"";
+    // SAFETY: `tree` is an open detached mount; `empty` and `dst` are valid NUL-terminated
+    // strings that outlive the call, which only reads them.
     let r = unsafe {
         libc::syscall(
             libc::SYS_move_mount,
@@ -117,7 +137,47 @@ pub fn bind_idmapped(source: &str, target: &str, userns: &std::fs::File) -> io::
         )
     };
     if r < 0 {
-        return Err(io::Error::last_os_error());
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(())
     }
-    Ok(())
+}
+
+fn invalid(e: crate::JailError) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidInput, e.to_string())
+}
+
+/// A user namespace whose id maps are `uid_map` and `gid_map` (lines of `inside outside
+/// count`), for an
+/// idmapped mount to take its mapping from: a child that makes it and waits, mapped by us,
+/// then let go. Only root can write such maps.
+pub fn mapping_namespace(uid_map: &str, gid_map: &str) -> Result<std::fs::File, crate::JailError> {
+    use crate::JailError;
+    use std::io::Read;
+    let (wait_read, wait_write) = nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC)
+        .map_err(|e| JailError::io("make a pipe", e.into()))?;
+    let child = crate::launch::raw_clone(libc::CLONE_NEWUSER)
+        .map_err(|e| JailError::io("clone a namespace for the id mapping", e))?;
+    let Some(child) = child else {
+        drop(wait_write);
+        let mut byte = [0u8; 1];
+        let _ = std::fs::File::from(wait_read).read(&mut byte);
+        // SAFETY: _exit ends this process at once, without running the parent's handlers.
+        unsafe { libc::_exit(0) };
+    };
+    drop(wait_read);
+    let write = |file: &str, contents: &str| {
+        std::fs::write(format!("/proc/{child}/{file}"), contents)
+            .map_err(|e| JailError::io(format!("write {file} of the mapping namespace"), e))
+    };
+    let opened = write("uid_map", uid_map)
+        .and_then(|()| write("setgroups", "allow"))
+        .and_then(|()| write("gid_map", gid_map))
+        .and_then(|()| {
+            std::fs::File::open(format!("/proc/{child}/ns/user"))
+                .map_err(|e| JailError::io("open the mapping namespace", e))
+        });
+    drop(wait_write);
+    let _ = nix::sys::wait::waitpid(child, None);
+    opened
 }

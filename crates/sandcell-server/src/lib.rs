@@ -37,7 +37,7 @@ pub use state::AppState;
 
 use crate::api::{
     background, code, exec, files, keys, memories, network, previews, processes, runs, sandboxes,
-    snapshots, system, templates, threads, transfer, usage,
+    snapshots, system, templates, threads, transfer, usage, volumes,
 };
 use crate::auth::Caller;
 use crate::error::{ApiError, ErrorTag};
@@ -62,6 +62,7 @@ use crate::error::{ApiError, ErrorTag};
         (name = "threads", description = "Threads: conversations that persist across agent runs"),
         (name = "memories", description = "Memories of a sandbox or of its owner: add, search, list, delete"),
         (name = "templates", description = "Templates: build from a Dockerfile, follow the build, list, delete"),
+        (name = "volumes", description = "Named volumes: folders that outlive the sandboxes mounting them"),
         (name = "keys", description = "API keys"),
         (name = "system", description = "The service itself"),
     )
@@ -164,6 +165,8 @@ fn api_routes() -> OpenApiRouter<AppState> {
         .routes(routes!(templates::get_build))
         .routes(routes!(templates::cancel_build))
         .routes(routes!(templates::logs))
+        .routes(routes!(volumes::create, volumes::list))
+        .routes(routes!(volumes::get, volumes::delete))
         .routes(routes!(system::system))
 }
 

@@ -272,6 +272,14 @@ const ROUTES: &[Route] = &[
     route("POST", "/v1/builds/{build_id}/cancel"),
     route("GET", "/v1/builds/{build_id}/logs"),
     json(
+        route("POST", "/v1/volumes"),
+        r#"{"name": "data"}"#,
+        r#"{"name": 1}"#,
+    ),
+    route("GET", "/v1/volumes"),
+    route("GET", "/v1/volumes/{volume}"),
+    route("DELETE", "/v1/volumes/{volume}"),
+    json(
         route("POST", "/v1/threads"),
         r#"{"name": "work"}"#,
         r#"{"name": 1}"#,
@@ -337,6 +345,7 @@ struct Ids {
     step: String,
     build_id: String,
     name: String,
+    volume: String,
 }
 
 impl Ids {
@@ -356,6 +365,7 @@ impl Ids {
             step: "1".into(),
             build_id: "bld-000000000000".into(),
             name: "no-such-template".into(),
+            volume: "no-such-volume".into(),
         }
     }
 
@@ -375,6 +385,7 @@ impl Ids {
             .replace("{step}", &self.step)
             .replace("{build_id}", &self.build_id)
             .replace("{name}", &self.name)
+            .replace("{volume}", &self.volume)
             .replace("{port}", "8000");
         if route.query.is_empty() {
             path
@@ -690,7 +701,7 @@ async fn a_malformed_id_in_the_path_is_a_400() {
     let good = Ids::missing();
     let mut mismatches = Vec::new();
     type Field = fn(&mut Ids) -> &mut String;
-    let malformed: [(&str, Field, &str); 12] = [
+    let malformed: [(&str, Field, &str); 13] = [
         ("{id}", |i| &mut i.id, "SB-Not-An-Id"),
         ("{pid}", |i| &mut i.pid, "forty-two"),
         ("{snapshot_id}", |i| &mut i.snapshot_id, "sn-xyz"),
@@ -703,6 +714,7 @@ async fn a_malformed_id_in_the_path_is_a_400() {
         ("{step}", |i| &mut i.step, "one"),
         ("{build_id}", |i| &mut i.build_id, "bld-xyz"),
         ("{name}", |i| &mut i.name, "Not_A_Name"),
+        ("{volume}", |i| &mut i.volume, "Not_A_Volume"),
     ];
     for route in ROUTES {
         for (param, field, bad) in &malformed {
@@ -1053,6 +1065,10 @@ async fn another_owners_resources_are_a_404() {
         .alice("POST", "/v1/threads", Some(json!({"name": "alice's"})))
         .await;
     assert_eq!(status, StatusCode::CREATED, "{thread}");
+    let (status, volume) = h
+        .alice("POST", "/v1/volumes", Some(json!({"name": "alices"})))
+        .await;
+    assert_eq!(status, StatusCode::CREATED, "{volume}");
     let alices = Ids {
         id: id.clone(),
         pid: "4242".into(),
@@ -1068,6 +1084,7 @@ async fn another_owners_resources_are_a_404() {
         // Templates and builds belong to the daemon, not to an owner: none here.
         build_id: "bld-000000000000".into(),
         name: "no-such-template".into(),
+        volume: "alices".into(),
     };
     let mut mismatches = Vec::new();
     for route in ROUTES.iter().filter(|r| r.path.contains('{')) {

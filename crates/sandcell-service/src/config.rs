@@ -111,6 +111,11 @@ const KEYS: &[Key] = &[
         default: |_| toml::Value::Array(Vec::new()),
     },
     Key {
+        name: "mounts.allowed_paths",
+        help: "host directories that may be mounted into sandboxes, read-only unless a mount asks for rw (comma-separated in the environment)",
+        default: |_| toml::Value::Array(Vec::new()),
+    },
+    Key {
         name: "network.upstream_ca_file",
         help: "a PEM file of more certificate authorities the egress proxy trusts for upstream servers when it terminates TLS for secrets (besides the system's; empty: none)",
         default: |_| string(""),
@@ -295,6 +300,8 @@ pub struct Config {
     pub limits: LimitsConfig,
     /// What may be imported.
     pub import: ImportConfig,
+    /// What may be mounted.
+    pub mounts: MountsConfig,
     /// Export download links.
     pub exports: ExportsConfig,
     /// Warm pools.
@@ -601,6 +608,13 @@ pub struct ImportConfig {
     pub allowed_paths: Vec<PathBuf>,
 }
 
+/// What may be mounted into sandboxes.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MountsConfig {
+    /// Host directories (absolute) that may be mounted, with what lies below them.
+    pub allowed_paths: Vec<PathBuf>,
+}
+
 /// Export download links.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ExportsConfig {
@@ -869,6 +883,12 @@ fn validate(c: &Config) -> Result<(), ConfigError> {
         return Err(bad(
             "packages.ca_file",
             format!("'{}' is not an absolute path", c.packages.ca_file),
+        ));
+    }
+    if let Some(p) = c.mounts.allowed_paths.iter().find(|p| !p.is_absolute()) {
+        return Err(bad(
+            "mounts.allowed_paths",
+            format!("'{}' is not an absolute path", p.display()),
         ));
     }
     if let Some(p) = c.import.allowed_paths.iter().find(|p| !p.is_absolute()) {

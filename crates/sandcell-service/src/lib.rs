@@ -37,6 +37,7 @@ pub mod system;
 pub mod templates;
 pub mod transfer;
 pub mod usage;
+pub mod volumes;
 
 mod service;
 

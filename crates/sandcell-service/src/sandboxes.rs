@@ -254,6 +254,8 @@ impl Service {
         req: CreateSandbox,
     ) -> ServiceResult<SandboxInfo> {
         let mut spec = self.spec_for(&req).await?;
+        spec.mounts = self.resolve_mounts(caller, &req.mounts)?;
+        spec.validate()?;
         let secrets = crate::secrets::secrets_of(&req.secrets)?;
         for s in secrets.iter() {
             spec.env
@@ -368,6 +370,7 @@ impl Service {
             || !req.kernels.is_empty()
             || req.backend.is_some()
             || req.checkpointable
+            || !req.mounts.is_empty()
         {
             return Err(ServiceError::invalid(
                 "a sandbox restored from a snapshot takes the snapshot's backend, template, size, \

@@ -526,6 +526,17 @@ impl Fleet {
             .count() as u32
     }
 
+    /// The running sandboxes that mount the host folder `source` (volumes included), by id.
+    pub fn sandboxes_mounting(&self, source: &str) -> Vec<String> {
+        let mut ids: Vec<String> = lock(&self.live)
+            .values()
+            .filter(|l| l.sandbox.spec().mounts.iter().any(|m| m.source == source))
+            .map(|l| l.sandbox.id().to_string())
+            .collect();
+        ids.sort();
+        ids
+    }
+
     /// Sandboxes running now.
     pub fn running(&self) -> usize {
         lock(&self.live).len()

@@ -8,6 +8,7 @@
 //!    `/proc` and the devices are mounted, and the size-limited writable tmpfs mounts;
 //! 4. `pivot_root` into it and the old root (the host's) is detached.
 
+pub mod mounts;
 pub mod skeleton;
 
 use std::ffi::CString;
@@ -48,7 +49,10 @@ pub const SHM_BYTES: u64 = 64 * 1024 * 1024;
 
 /// Builds the root filesystem and pivots into it. The caller is in fresh user and mount
 /// namespaces with full capabilities there.
-pub fn setup(config: &JailConfig) -> Result<Vec<Feature>, JailError> {
+pub fn setup(
+    config: &JailConfig,
+    detached: Vec<mounts::DetachedMount>,
+) -> Result<Vec<Feature>, JailError> {
     do_mount(
         None,
         "/",
@@ -125,6 +129,7 @@ pub fn setup(config: &JailConfig) -> Result<Vec<Feature>, JailError> {
             &format!("mount tmpfs on {}", t.path),
         )?;
     }
+    let mounted = mounts::attach_all(root, &config.mounts, detached)?;
     if let Some(dir) = &config.guest_dir {
         let target = format!("{root}/.sandcell");
         do_mount(
@@ -175,7 +180,7 @@ pub fn setup(config: &JailConfig) -> Result<Vec<Feature>, JailError> {
         .iter()
         .map(|t| format!("{} ({} bytes)", t.path, t.size_bytes))
         .collect();
-    Ok(vec![Feature {
+    let mut features = vec![Feature {
         name: "rootfs".into(),
         state: FeatureState::Active,
         detail: format!(
@@ -187,7 +192,15 @@ pub fn setup(config: &JailConfig) -> Result<Vec<Feature>, JailError> {
             },
             writable.join(", ")
         ),
-    }])
+    }];
+    if !mounted.is_empty() {
+        features.push(Feature {
+            name: "mounts".into(),
+            state: FeatureState::Active,
+            detail: format!("host folders: {}", mounted.join("; ")),
+        });
+    }
+    Ok(features)
 }
 
 /// Sets mount attributes on the mount at `target` (and every mount below it when

@@ -19,3 +19,4 @@ pub mod templates;
 pub mod threads;
 pub mod transfer;
 pub mod usage;
+pub mod volumes;

@@ -10,17 +10,33 @@ use crate::{ServiceError, ServiceResult};
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct HostPathPolicy {
     roots: Vec<PathBuf>,
+    /// The setting that lists them, named in refusals.
+    setting: &'static str,
+    /// What the service does with them (`imports from`, `mounts from`).
+    verb: &'static str,
 }
 
 impl HostPathPolicy {
     /// The policy of these allowed folders, resolved now (symlinks followed); a folder that
     /// does not exist allows nothing.
     pub fn new<P: AsRef<Path>>(allowed: &[P]) -> Self {
+        Self::named(allowed, "import.allowed_paths", "imports from")
+    }
+
+    /// The policy of the folders setting `setting` lists, for a use its refusals call
+    /// `verb` ("mounts from").
+    pub fn named<P: AsRef<Path>>(
+        allowed: &[P],
+        setting: &'static str,
+        verb: &'static str,
+    ) -> Self {
         Self {
             roots: allowed
                 .iter()
                 .filter_map(|p| std::fs::canonicalize(p).ok())
                 .collect(),
+            setting,
+            verb,
         }
     }
 
@@ -30,7 +46,8 @@ impl HostPathPolicy {
     pub fn resolve(&self, raw: &str) -> ServiceResult<PathBuf> {
         let denied = || {
             ServiceError::forbidden(format!(
-                "'{raw}' is not inside a host folder this service imports from (import.allowed_paths)"
+                "'{raw}' is not inside a host folder this service {} ({})",
+                self.verb, self.setting
             ))
             .with_details(serde_json::json!({"host_path": raw}))
         };
@@ -39,9 +56,10 @@ impl HostPathPolicy {
             return Err(denied());
         }
         if self.roots.is_empty() {
-            return Err(ServiceError::forbidden(
-                "this service imports from no host folder (set import.allowed_paths)",
-            ));
+            return Err(ServiceError::forbidden(format!(
+                "this service {} no host folder (set {})",
+                self.verb, self.setting
+            )));
         }
         let resolved = std::fs::canonicalize(path).map_err(|_| {
             if self.roots.iter().any(|r| path.starts_with(r)) {

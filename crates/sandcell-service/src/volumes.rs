@@ -1,0 +1,205 @@
+//! Host folders and named volumes mounted into sandboxes, and the volumes themselves.
+//!
+//! A volume is a folder of the home, `<home>/volumes/<owner>/<name>/data`, its files owned by
+//! the sandbox user's id ([`SANDBOX_UID`]) on the host: the `process` backend shows that id as
+//! the sandbox user through an idmapped mount, and gVisor writes as it. Volumes belong to the
+//! owner that made them; they outlive the sandboxes that mount them until deleted.
+
+use std::path::{Path, PathBuf};
+
+use sandcell_api::volumes::{MountInput, VolumeInfo, VolumeList, check_volume_name};
+use sandcell_engine::SandboxMount;
+use sandcell_protocol::SANDBOX_UID;
+
+use crate::transfer::HostPathPolicy;
+use crate::{Caller, ErrorKind, Service, ServiceError, ServiceResult};
+
+/// A volume's record beside its files.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct VolumeRecord {
+    created_at_ms: i64,
+}
+
+impl Service {
+    /// The folders mounts may come from (`mounts.allowed_paths`), resolved now.
+    pub fn mount_policy(&self) -> HostPathPolicy {
+        HostPathPolicy::named(
+            &self.config.mounts.allowed_paths,
+            "mounts.allowed_paths",
+            "mounts from",
+        )
+    }
+
+    /// Resolves a create's mounts: each host folder checked against the allow-list (symbolic
+    /// links resolved), each volume made when it does not exist yet.
+    pub fn resolve_mounts(
+        &self,
+        caller: &Caller,
+        list: &[MountInput],
+    ) -> ServiceResult<Vec<SandboxMount>> {
+        MountInput::check_all(list)?;
+        let policy = (!list.is_empty()).then(|| self.mount_policy());
+        list.iter()
+            .map(|m| {
+                let (source, owner_uid, owner_gid, volume) = match (&m.host_path, &m.volume) {
+                    (Some(host), _) => {
+                        let resolved = policy
+                            .as_ref()
+                            .map(|p| p.resolve(host))
+                            .transpose()?
+                            .unwrap_or_default();
+                        let meta = std::fs::metadata(&resolved)
+                            .map_err(|e| ServiceError::invalid(format!("mount '{host}': {e}")))?;
+                        if !meta.is_dir() {
+                            return Err(ServiceError::invalid(format!(
+                                "mount '{host}' is not a folder"
+                            )));
+                        }
+                        use std::os::unix::fs::MetadataExt;
+                        (resolved, meta.uid(), meta.gid(), None)
+                    }
+                    (None, Some(name)) => {
+                        let dir = self.ensure_volume(&caller.owner, name)?;
+                        (dir, SANDBOX_UID, SANDBOX_UID, Some(name.clone()))
+                    }
+                    (None, None) => unreachable!("check_all refuses a mount without a source"),
+                };
+                Ok(SandboxMount {
+                    source: source.display().to_string(),
+                    target: m.path.trim_end_matches('/').to_string(),
+                    mode: m.mode(),
+                    owner_uid,
+                    owner_gid,
+                    volume,
+                })
+            })
+            .collect()
+    }
+
+    /// Makes volume `name` of the caller (an error when it exists).
+    pub fn create_volume(&self, caller: &Caller, name: &str) -> ServiceResult<VolumeInfo> {
+        check_volume_name(name)?;
+        if self.volume_dir(&caller.owner, name).exists() {
+            return Err(ServiceError::new(
+                ErrorKind::AlreadyExists,
+                format!("volume '{name}' exists"),
+            ));
+        }
+        self.ensure_volume(&caller.owner, name)?;
+        self.get_volume(caller, name)
+    }
+
+    /// The caller's volumes.
+    pub fn list_volumes(&self, caller: &Caller) -> ServiceResult<VolumeList> {
+        let dir = self.owner_volumes(&caller.owner);
+        let mut names: Vec<String> = match std::fs::read_dir(&dir) {
+            Ok(entries) => entries
+                .filter_map(|e| e.ok()?.file_name().into_string().ok())
+                .filter(|n| check_volume_name(n).is_ok())
+                .collect(),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
+            Err(e) => return Err(io_error("read the volumes", e)),
+        };
+        names.sort();
+        let volumes = names
+            .iter()
+            .map(|n| self.get_volume(caller, n))
+            .collect::<ServiceResult<_>>()?;
+        Ok(VolumeList { volumes })
+    }
+
+    /// One of the caller's volumes.
+    pub fn get_volume(&self, caller: &Caller, name: &str) -> ServiceResult<VolumeInfo> {
+        check_volume_name(name)?;
+        let dir = self.volume_dir(&caller.owner, name);
+        let record: VolumeRecord = match std::fs::read(dir.join("volume.json")) {
+            Ok(bytes) => serde_json::from_slice(&bytes)
+                .map_err(|e| ServiceError::internal(format!("volume '{name}' record: {e}")))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(ServiceError::not_found("volume", name));
+            }
+            Err(e) => return Err(io_error("read a volume's record", e)),
+        };
+        let data = dir.join("data");
+        Ok(VolumeInfo {
+            name: name.to_string(),
+            created_at: sandcell_api::time::rfc3339(record.created_at_ms),
+            size_bytes: tree_bytes(&data),
+            sandboxes: self.fleet.sandboxes_mounting(&data.display().to_string()),
+        })
+    }
+
+    /// Deletes one of the caller's volumes and its files; refused while a sandbox mounts it.
+    pub fn delete_volume(&self, caller: &Caller, name: &str) -> ServiceResult<()> {
+        let info = self.get_volume(caller, name)?;
+        if !info.sandboxes.is_empty() {
+            return Err(ServiceError::new(
+                ErrorKind::InvalidState,
+                format!(
+                    "volume '{name}' is mounted by {}: delete them first",
+                    info.sandboxes.join(", ")
+                ),
+            ));
+        }
+        std::fs::remove_dir_all(self.volume_dir(&caller.owner, name))
+            .map_err(|e| io_error("delete the volume", e))
+    }
+
+    fn owner_volumes(&self, owner: &str) -> PathBuf {
+        // Owner names are letters, digits and `-_.@` (see `check_owner`): a safe folder name.
+        self.config.home.join("volumes").join(owner)
+    }
+
+    fn volume_dir(&self, owner: &str, name: &str) -> PathBuf {
+        self.owner_volumes(owner).join(name)
+    }
+
+    /// Volume `name`'s data folder, made (with its record) when missing.
+    fn ensure_volume(&self, owner: &str, name: &str) -> ServiceResult<PathBuf> {
+        check_volume_name(name)?;
+        let dir = self.volume_dir(owner, name);
+        let data = dir.join("data");
+        if dir.join("volume.json").exists() {
+            return Ok(data);
+        }
+        std::fs::create_dir_all(&data).map_err(|e| io_error("make the volume", e))?;
+        give_to_sandbox_user(&data)?;
+        let record = VolumeRecord {
+            created_at_ms: sandcell_engine::fleet::now_ms(),
+        };
+        let text = serde_json::to_vec(&record).map_err(|e| ServiceError::internal(e.to_string()))?;
+        std::fs::write(dir.join("volume.json"), text)
+            .map_err(|e| io_error("write the volume's record", e))?;
+        Ok(data)
+    }
+}
+
+/// Makes `dir` the sandbox user's. Only root may: otherwise (refused) it stays the service's
+/// user's, which is who its sandboxes run as then.
+fn give_to_sandbox_user(dir: &Path) -> ServiceResult<()> {
+    match std::os::unix::fs::chown(dir, Some(SANDBOX_UID), Some(SANDBOX_UID)) {
+        Err(e) if e.kind() != std::io::ErrorKind::PermissionDenied => {
+            Err(io_error("give the volume to the sandbox user", e))
+        }
+        _ => Ok(()),
+    }
+}
+
+fn io_error(what: &str, e: std::io::Error) -> ServiceError {
+    ServiceError::internal(format!("{what}: {e}"))
+}
+
+/// The bytes of the files under `dir` (symbolic links not followed).
+fn tree_bytes(dir: &Path) -> u64 {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return 0;
+    };
+    entries
+        .filter_map(Result::ok)
+        .map(|e| match e.file_type() {
+            Ok(t) if t.is_dir() => tree_bytes(&e.path()),
+            Ok(t) if t.is_file() => e.metadata().map_or(0, |m| m.len()),
+            _ => 0,
+        })
+        .sum()
+}

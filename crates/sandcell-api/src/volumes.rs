@@ -130,18 +130,34 @@ impl MountInput {
                 list.len()
             )));
         }
-        let mut seen = std::collections::BTreeSet::new();
         for m in list {
             m.check()?;
-            if !seen.insert(m.path.trim_end_matches('/').to_string()) {
+        }
+        check_targets(list.iter().map(|m| m.path.as_str()))
+    }
+}
+
+/// Checks a sandbox's mount targets together: none twice, none inside another (its mount
+/// point would be made in a folder the sandbox may have filled with links earlier: a volume).
+pub fn check_targets<'a>(paths: impl Iterator<Item = &'a str>) -> Result<(), ValidationError> {
+    let paths: Vec<&str> = paths.map(|p| p.trim_end_matches('/')).collect();
+    for (i, a) in paths.iter().enumerate() {
+        for b in &paths[i + 1..] {
+            if a == b {
+                return Err(ValidationError(format!("two mounts at '{a}'")));
+            }
+            let (outer, inner) = if a.len() < b.len() { (a, b) } else { (b, a) };
+            if inner
+                .strip_prefix(outer)
+                .is_some_and(|rest| rest.starts_with('/'))
+            {
                 return Err(ValidationError(format!(
-                    "two mounts at '{}'",
-                    m.path.trim_end_matches('/')
+                    "mount '{inner}' lies inside mount '{outer}': mount them side by side"
                 )));
             }
         }
-        Ok(())
     }
+    Ok(())
 }
 
 fn split_spec<'a>(
@@ -242,7 +258,13 @@ mod tests {
 
     #[test]
     fn mount_paths_must_lie_in_the_sandboxes_own_folders() {
-        for ok in ["/workspace", "/workspace/", "/workspace/data", "/home/sandbox/x", "/tmp/a/b"] {
+        for ok in [
+            "/workspace",
+            "/workspace/",
+            "/workspace/data",
+            "/home/sandbox/x",
+            "/tmp/a/b",
+        ] {
             check_mount_path(ok).unwrap();
         }
         for bad in [
@@ -272,7 +294,12 @@ mod tests {
         assert_eq!(o.mode(), MountMode::Overlay);
         assert!(MountInput::parse_host("/srv:/workspace:rx").is_err());
         assert!(MountInput::parse_host("/srv").is_err());
-        assert!(MountInput::parse_volume("Bad Name:/workspace").unwrap().check().is_err());
+        assert!(
+            MountInput::parse_volume("Bad Name:/workspace")
+                .unwrap()
+                .check()
+                .is_err()
+        );
     }
 
     #[test]
@@ -280,6 +307,11 @@ mod tests {
         let a = MountInput::parse_host("/a:/workspace/x").unwrap();
         let b = MountInput::parse_volume("v:/workspace/x/").unwrap();
         assert!(MountInput::check_all(&[a.clone(), b]).is_err());
+        let inner = MountInput::parse_volume("v:/workspace/x/y").unwrap();
+        let e = MountInput::check_all(&[a.clone(), inner]).unwrap_err();
+        assert!(e.0.contains("inside mount '/workspace/x'"), "{e}");
+        let beside = MountInput::parse_volume("v:/workspace/xy").unwrap();
+        MountInput::check_all(&[a.clone(), beside]).unwrap();
         let neither = MountInput {
             host_path: None,
             volume: None,

@@ -23,9 +23,8 @@ use rustix::event::{PollFd, PollFlags, Timespec, poll};
 use rustix::process::{Pid, PidfdFlags, Signal, pidfd_open, pidfd_send_signal};
 use sandcell_engine::backend::{CheckpointSupport, Fidelity, GuestStream, IsolationLevel};
 use sandcell_engine::{
-    MountMode,
     Backend, BackendCapabilities, BackendFeatures, BackendInstance, BackendKind, EngineError,
-    LaunchedSandbox, NetworkPolicy, ResourceCounters, SandboxSpec,
+    LaunchedSandbox, MountMode, NetworkPolicy, ResourceCounters, SandboxSpec,
 };
 use sandcell_jail::cgroup::{CgroupVersion, SandboxCgroup};
 use sandcell_jail::config::{HostMount, HostMountMode, SparesConfig};

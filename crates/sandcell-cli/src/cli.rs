@@ -112,6 +112,9 @@ enum Command {
     /// Templates: build one from a Dockerfile into the home's image store.
     #[command(subcommand)]
     Template(crate::template::TemplateCommand),
+    /// Named volumes: folders that outlive the sandboxes mounting them (`--volume`).
+    #[command(subcommand)]
+    Volume(crate::volume::VolumeCommand),
 }
 
 /// Parses the arguments and runs the command; errors print as `sandcell: …` (exit 125).
@@ -173,6 +176,7 @@ fn run_command(command: Command) -> anyhow::Result<ExitCode> {
         Command::Memory(cmd) => return memory::memory(cmd),
         Command::Image(cmd) => return crate::image::image(cmd),
         Command::Template(cmd) => return crate::template::template(cmd),
+        Command::Volume(cmd) => return crate::volume::volume(cmd),
         Command::Sandbox { client, command } => {
             return client_rt()?.block_on(client::sandbox(&client, command));
         }

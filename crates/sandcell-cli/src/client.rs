@@ -11,6 +11,7 @@ use std::process::ExitCode;
 
 use anyhow::{Context, anyhow, bail};
 use clap::{Args, Subcommand};
+use sandcell_api::volumes::MountInput;
 use sandcell_api::code::{CodeInput, CodeStreamEvent};
 use sandcell_api::exec::{ExecInput, ExecStreamEvent, ExitInfo};
 use sandcell_api::git::GitClone;
@@ -230,6 +231,14 @@ pub struct CreateArgs {
     /// An R package to install while it is made (repeatable).
     #[arg(long = "r", value_name = "NAME")]
     r: Vec<String>,
+    /// A host folder mounted inside: HOST:PATH[:ro|rw|overlay], read-only by default, inside
+    /// the daemon's `mounts.allowed_paths` (repeatable).
+    #[arg(long = "mount", value_name = "HOST:PATH[:MODE]")]
+    mounts: Vec<String>,
+    /// A named volume mounted inside: NAME:PATH[:ro|rw|overlay], read-write by default,
+    /// made on first use (repeatable).
+    #[arg(long = "volume", value_name = "NAME:PATH[:MODE]")]
+    volumes: Vec<String>,
 }
 
 /// `sandcell sandbox ls`.
@@ -353,6 +362,12 @@ pub async fn sandbox(args: &ClientArgs, cmd: SandboxCommand) -> anyhow::Result<E
                 },
                 backend: a.backend,
                 checkpointable: a.checkpointable,
+                mounts: a
+                    .mounts
+                    .iter()
+                    .map(|m| MountInput::parse_host(m))
+                    .chain(a.volumes.iter().map(|v| MountInput::parse_volume(v)))
+                    .collect::<Result<_, _>>()?,
                 ..CreateSandbox::default()
             };
             let v = c.api.create_sandbox(&req).await?;

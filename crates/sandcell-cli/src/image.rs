@@ -248,7 +248,8 @@ fn short(digest: &str) -> String {
         .collect()
 }
 
-fn human(bytes: u64) -> String {
+/// A size for people: `12 B`, `3.4 MiB`.
+pub(crate) fn human(bytes: u64) -> String {
     const UNITS: [&str; 4] = ["B", "KiB", "MiB", "GiB"];
     let mut v = bytes as f64;
     let mut unit = 0;

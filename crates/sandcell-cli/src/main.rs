@@ -19,6 +19,7 @@ mod render;
 mod repl;
 mod run;
 mod template;
+mod volume;
 
 fn main() -> ExitCode {
     if std::env::args_os().nth(1).is_some_and(|a| a == "__jail") {

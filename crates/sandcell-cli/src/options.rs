@@ -4,6 +4,7 @@ use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
 use sandcell_engine::spec::parse_size;
 use sandcell_engine::{NetworkPolicy, SandboxSpec};
+use sandcell_api::volumes::MountInput;
 use sandcell_protocol::Language;
 
 /// Languages with a kernel.
@@ -64,6 +65,14 @@ pub struct SandboxArgs {
     /// (`sandcell image ls`; the home is $SANDCELL_HOME or the default).
     #[arg(long, value_name = "IMAGE")]
     pub template: Option<String>,
+    /// A host folder mounted inside: HOST:PATH[:ro|rw|overlay], read-only by default; PATH is
+    /// /workspace or lies below /workspace, /home/sandbox or /tmp (repeatable).
+    #[arg(long = "mount", value_name = "HOST:PATH[:MODE]")]
+    pub mounts: Vec<String>,
+    /// A named volume of the home mounted inside: NAME:PATH[:ro|rw|overlay], read-write by
+    /// default, made on first use (repeatable; see `sandcell volume`).
+    #[arg(long = "volume", value_name = "NAME:PATH[:MODE]")]
+    pub volumes: Vec<String>,
 }
 
 impl SandboxArgs {
@@ -105,7 +114,37 @@ impl SandboxArgs {
                 }
             }
         }
+        spec.mounts = self.mounts()?;
         Ok(spec)
+    }
+
+    /// `--mount` and `--volume`, resolved. The command line's user picks any folder they can
+    /// read (the daemon's allow-list, `mounts.allowed_paths`, is for its API's callers);
+    /// volumes are the home's, shared with the daemon's admin.
+    pub fn mounts(&self) -> anyhow::Result<Vec<sandcell_engine::SandboxMount>> {
+        let mut list = Vec::new();
+        for m in &self.mounts {
+            let mut input = MountInput::parse_host(m)?;
+            if let Some(host) = &input.host_path {
+                let resolved = std::fs::canonicalize(host)
+                    .with_context(|| format!("--mount '{m}': the host folder '{host}'"))?;
+                input.host_path = Some(resolved.display().to_string());
+            }
+            list.push(input);
+        }
+        for v in &self.volumes {
+            list.push(MountInput::parse_volume(v)?);
+        }
+        if list.is_empty() {
+            return Ok(Vec::new());
+        }
+        let home = sandcell_service::config::default_home();
+        Ok(sandcell_service::volumes::resolve_mounts(
+            &home,
+            sandcell_server::ADMIN_OWNER,
+            &list,
+            |host| Ok(std::path::PathBuf::from(host)),
+        )?)
     }
 
     /// `--env` pairs, checked.

@@ -14,7 +14,7 @@ use sandcell_build::BuildError;
 use sandcell_build::builder::{BuildRequest, Builder, BuilderConfig, Cancel, KERNELS_LABEL};
 
 use crate::agent::{DaemonArgs, daemon_client};
-use crate::image::ImageArgs;
+use crate::image::{ImageArgs, human};
 
 /// `sandcell template`.
 #[derive(Debug, Subcommand)]
@@ -168,7 +168,7 @@ pub fn template(command: TemplateCommand) -> anyhow::Result<ExitCode> {
     }
 }
 
-fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -565,10 +565,3 @@ fn short(digest: &str) -> String {
         .collect()
 }
 
-fn human(bytes: u64) -> String {
-    match bytes {
-        b if b >= 1 << 20 => format!("{:.1} MiB", b as f64 / f64::from(1 << 20)),
-        b if b >= 1 << 10 => format!("{:.1} KiB", b as f64 / 1024.0),
-        b => format!("{b} B"),
-    }
-}

@@ -18,6 +18,7 @@ mod sandboxes;
 mod snapshots;
 pub mod sse;
 mod templates;
+mod volumes;
 
 use std::path::{Path, PathBuf};
 use std::time::Duration;

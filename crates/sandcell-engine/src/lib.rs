@@ -30,7 +30,7 @@ pub use error::EngineError;
 pub use host_call::{HostCallFuture, HostCallHandler, HostCallRequest};
 pub use process::{AttachEvent, AttachFrom, AttachOutput, AttachStream, BackgroundProcess};
 pub use sandbox::{ExecEvent, ExecOutput, ExecStream, Sandbox, Timings};
-pub use snapshot::{FilesCapture, FilesRestore, RestoreReport, SnapshotManifest};
 pub use sandcell_api::volumes::MountMode;
+pub use snapshot::{FilesCapture, FilesRestore, RestoreReport, SnapshotManifest};
 pub use spec::{BackendKind, NetworkPolicy, SandboxLimits, SandboxMount, SandboxSpec};
 pub use transfer::{Download, Upload};

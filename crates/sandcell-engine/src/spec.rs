@@ -179,19 +179,19 @@ impl SandboxSpec {
         if let Some(dup) = self.warm_kernels.iter().find(|l| !seen.insert(**l)) {
             return bad(format!("warm kernel {dup} is listed twice"));
         }
-        let mut targets = std::collections::BTreeSet::new();
+        sandcell_api::volumes::check_targets(self.mounts.iter().map(|m| m.target.as_str()))
+            .map_err(|e| EngineError::InvalidSpec(e.0))?;
         for m in &self.mounts {
             sandcell_api::volumes::check_mount_path(&m.target)
                 .map_err(|e| EngineError::InvalidSpec(e.0))?;
-            if !targets.insert(m.target.trim_end_matches('/')) {
-                return bad(format!("two mounts at '{}'", m.target));
-            }
             if !std::path::Path::new(&m.source).is_absolute() {
                 return bad(format!("mount source '{}' must be absolute", m.source));
             }
         }
         if self.checkpointable && !self.mounts.is_empty() {
-            return bad("a checkpointable sandbox cannot have mounts: CRIU cannot carry them".into());
+            return bad(
+                "a checkpointable sandbox cannot have mounts: CRIU cannot carry them".into(),
+            );
         }
         if let Some(root) = &self.system_root {
             let path = std::path::Path::new(root);

@@ -71,10 +71,15 @@ pub fn bind_idmapped(source: &str, target: &str, userns: &std::fs::File) -> io::
 }
 
 /// A detached copy of the mount tree at `source` (with the mounts below it when
-/// `recursive`), to be attached with [`move_tree`], possibly from another mount namespace.
+/// `recursive`; `source` itself must not be a symbolic link), to be attached with
+/// [`move_tree`], possibly from another mount namespace.
 pub fn clone_tree(source: &str, recursive: bool) -> io::Result<OwnedFd> {
     let src = c_path(source).map_err(invalid)?;
-    let flags = OPEN_TREE_CLONE | OPEN_TREE_CLOEXEC | if recursive { AT_RECURSIVE } else { 0 };
+    // A link put in place of the folder after it was checked is not followed.
+    let flags = OPEN_TREE_CLONE
+        | OPEN_TREE_CLOEXEC
+        | libc::AT_SYMLINK_NOFOLLOW as libc::c_uint
+        | if recursive { AT_RECURSIVE } else { 0 };
     // SAFETY: `src` is a valid NUL-terminated path that outlives the call; open_tree only
     // reads it and returns a new file descriptor or -1.
     let fd = unsafe { libc::syscall(libc::SYS_open_tree, libc::AT_FDCWD, src.as_ptr(), flags) };

@@ -37,62 +37,79 @@ impl Service {
         caller: &Caller,
         list: &[MountInput],
     ) -> ServiceResult<Vec<SandboxMount>> {
-        MountInput::check_all(list)?;
         let policy = (!list.is_empty()).then(|| self.mount_policy());
-        list.iter()
-            .map(|m| {
-                let (source, owner_uid, owner_gid, volume) = match (&m.host_path, &m.volume) {
-                    (Some(host), _) => {
-                        let resolved = policy
-                            .as_ref()
-                            .map(|p| p.resolve(host))
-                            .transpose()?
-                            .unwrap_or_default();
-                        let meta = std::fs::metadata(&resolved)
-                            .map_err(|e| ServiceError::invalid(format!("mount '{host}': {e}")))?;
-                        if !meta.is_dir() {
-                            return Err(ServiceError::invalid(format!(
-                                "mount '{host}' is not a folder"
-                            )));
-                        }
-                        use std::os::unix::fs::MetadataExt;
-                        (resolved, meta.uid(), meta.gid(), None)
-                    }
-                    (None, Some(name)) => {
-                        let dir = self.ensure_volume(&caller.owner, name)?;
-                        (dir, SANDBOX_UID, SANDBOX_UID, Some(name.clone()))
-                    }
-                    (None, None) => unreachable!("check_all refuses a mount without a source"),
-                };
-                Ok(SandboxMount {
-                    source: source.display().to_string(),
-                    target: m.path.trim_end_matches('/').to_string(),
-                    mode: m.mode(),
-                    owner_uid,
-                    owner_gid,
-                    volume,
-                })
-            })
-            .collect()
+        resolve_mounts(&self.config.home, &caller.owner, list, |host| {
+            policy.as_ref().map_or_else(
+                || Err(ServiceError::internal("no mount policy")),
+                |p| p.resolve(host),
+            )
+        })
+    }
+
+    /// The caller's volumes.
+    pub fn volumes<'a>(&'a self, caller: &'a Caller) -> VolumeShelf<'a> {
+        VolumeShelf {
+            home: &self.config.home,
+            owner: &caller.owner,
+            mounting: Box::new(|source| self.fleet.sandboxes_mounting(source)),
+        }
     }
 
     /// Makes volume `name` of the caller (an error when it exists).
     pub fn create_volume(&self, caller: &Caller, name: &str) -> ServiceResult<VolumeInfo> {
+        self.volumes(caller).create(name)
+    }
+
+    /// The caller's volumes.
+    pub fn list_volumes(&self, caller: &Caller) -> ServiceResult<VolumeList> {
+        self.volumes(caller).list()
+    }
+
+    /// One of the caller's volumes.
+    pub fn get_volume(&self, caller: &Caller, name: &str) -> ServiceResult<VolumeInfo> {
+        self.volumes(caller).get(name)
+    }
+
+    /// Deletes one of the caller's volumes and its files; refused while a sandbox mounts it.
+    pub fn delete_volume(&self, caller: &Caller, name: &str) -> ServiceResult<()> {
+        self.volumes(caller).delete(name)
+    }
+}
+
+/// One owner's volumes in a home; `mounting` names the running sandboxes that mount a folder.
+pub struct VolumeShelf<'a> {
+    home: &'a Path,
+    owner: &'a str,
+    mounting: Box<dyn Fn(&str) -> Vec<String> + 'a>,
+}
+
+impl<'a> VolumeShelf<'a> {
+    /// `owner`'s volumes of `home`, as a process that runs no sandbox of its own sees them
+    /// (the command line without a daemon).
+    pub fn local(home: &'a Path, owner: &'a str) -> Self {
+        Self {
+            home,
+            owner,
+            mounting: Box::new(|_| Vec::new()),
+        }
+    }
+
+    /// Makes volume `name` (an error when it exists).
+    pub fn create(&self, name: &str) -> ServiceResult<VolumeInfo> {
         check_volume_name(name)?;
-        if self.volume_dir(&caller.owner, name).exists() {
+        if self.dir(name).exists() {
             return Err(ServiceError::new(
                 ErrorKind::AlreadyExists,
                 format!("volume '{name}' exists"),
             ));
         }
-        self.ensure_volume(&caller.owner, name)?;
-        self.get_volume(caller, name)
+        ensure_volume(self.home, self.owner, name)?;
+        self.get(name)
     }
 
-    /// The caller's volumes.
-    pub fn list_volumes(&self, caller: &Caller) -> ServiceResult<VolumeList> {
-        let dir = self.owner_volumes(&caller.owner);
-        let mut names: Vec<String> = match std::fs::read_dir(&dir) {
+    /// Every volume, by name.
+    pub fn list(&self) -> ServiceResult<VolumeList> {
+        let mut names: Vec<String> = match std::fs::read_dir(owner_volumes(self.home, self.owner)) {
             Ok(entries) => entries
                 .filter_map(|e| e.ok()?.file_name().into_string().ok())
                 .filter(|n| check_volume_name(n).is_ok())
@@ -103,15 +120,15 @@ impl Service {
         names.sort();
         let volumes = names
             .iter()
-            .map(|n| self.get_volume(caller, n))
+            .map(|n| self.get(n))
             .collect::<ServiceResult<_>>()?;
         Ok(VolumeList { volumes })
     }
 
-    /// One of the caller's volumes.
-    pub fn get_volume(&self, caller: &Caller, name: &str) -> ServiceResult<VolumeInfo> {
+    /// Volume `name`.
+    pub fn get(&self, name: &str) -> ServiceResult<VolumeInfo> {
         check_volume_name(name)?;
-        let dir = self.volume_dir(&caller.owner, name);
+        let dir = self.dir(name);
         let record: VolumeRecord = match std::fs::read(dir.join("volume.json")) {
             Ok(bytes) => serde_json::from_slice(&bytes)
                 .map_err(|e| ServiceError::internal(format!("volume '{name}' record: {e}")))?,
@@ -125,13 +142,13 @@ impl Service {
             name: name.to_string(),
             created_at: sandcell_api::time::rfc3339(record.created_at_ms),
             size_bytes: tree_bytes(&data),
-            sandboxes: self.fleet.sandboxes_mounting(&data.display().to_string()),
+            sandboxes: (self.mounting)(&data.display().to_string()),
         })
     }
 
-    /// Deletes one of the caller's volumes and its files; refused while a sandbox mounts it.
-    pub fn delete_volume(&self, caller: &Caller, name: &str) -> ServiceResult<()> {
-        let info = self.get_volume(caller, name)?;
+    /// Deletes volume `name` and its files; refused while a sandbox mounts it.
+    pub fn delete(&self, name: &str) -> ServiceResult<()> {
+        let info = self.get(name)?;
         if !info.sandboxes.is_empty() {
             return Err(ServiceError::new(
                 ErrorKind::InvalidState,
@@ -141,37 +158,83 @@ impl Service {
                 ),
             ));
         }
-        std::fs::remove_dir_all(self.volume_dir(&caller.owner, name))
-            .map_err(|e| io_error("delete the volume", e))
+        std::fs::remove_dir_all(self.dir(name)).map_err(|e| io_error("delete the volume", e))
     }
 
-    fn owner_volumes(&self, owner: &str) -> PathBuf {
-        // Owner names are letters, digits and `-_.@` (see `check_owner`): a safe folder name.
-        self.config.home.join("volumes").join(owner)
+    fn dir(&self, name: &str) -> PathBuf {
+        owner_volumes(self.home, self.owner).join(name)
     }
+}
 
-    fn volume_dir(&self, owner: &str, name: &str) -> PathBuf {
-        self.owner_volumes(owner).join(name)
-    }
+/// Resolves mounts for `owner` of the home `home`: each host folder through `allow` (which
+/// checks it and resolves its links), each volume made when it does not exist yet.
+pub fn resolve_mounts(
+    home: &Path,
+    owner: &str,
+    list: &[MountInput],
+    allow: impl Fn(&str) -> ServiceResult<PathBuf>,
+) -> ServiceResult<Vec<SandboxMount>> {
+    MountInput::check_all(list)?;
+    list.iter()
+        .map(|m| {
+            let (source, owner_uid, owner_gid, volume) = match (&m.host_path, &m.volume) {
+                (Some(host), _) => {
+                    let resolved = allow(host)?;
+                    let meta = std::fs::metadata(&resolved)
+                        .map_err(|e| ServiceError::invalid(format!("mount '{host}': {e}")))?;
+                    if !meta.is_dir() {
+                        return Err(ServiceError::invalid(format!(
+                            "mount '{host}' is not a folder"
+                        )));
+                    }
+                    use std::os::unix::fs::MetadataExt;
+                    (resolved, meta.uid(), meta.gid(), None)
+                }
+                (None, Some(name)) => {
+                    let dir = ensure_volume(home, owner, name)?;
+                    (dir, SANDBOX_UID, SANDBOX_UID, Some(name.clone()))
+                }
+                (None, None) => {
+                    return Err(ServiceError::invalid(format!(
+                        "mount at '{}' names no source",
+                        m.path
+                    )));
+                }
+            };
+            Ok(SandboxMount {
+                source: source.display().to_string(),
+                target: m.path.trim_end_matches('/').to_string(),
+                mode: m.mode(),
+                owner_uid,
+                owner_gid,
+                volume,
+            })
+        })
+        .collect()
+}
 
-    /// Volume `name`'s data folder, made (with its record) when missing.
-    fn ensure_volume(&self, owner: &str, name: &str) -> ServiceResult<PathBuf> {
-        check_volume_name(name)?;
-        let dir = self.volume_dir(owner, name);
-        let data = dir.join("data");
-        if dir.join("volume.json").exists() {
-            return Ok(data);
-        }
-        std::fs::create_dir_all(&data).map_err(|e| io_error("make the volume", e))?;
-        give_to_sandbox_user(&data)?;
-        let record = VolumeRecord {
-            created_at_ms: sandcell_engine::fleet::now_ms(),
-        };
-        let text = serde_json::to_vec(&record).map_err(|e| ServiceError::internal(e.to_string()))?;
-        std::fs::write(dir.join("volume.json"), text)
-            .map_err(|e| io_error("write the volume's record", e))?;
-        Ok(data)
+fn owner_volumes(home: &Path, owner: &str) -> PathBuf {
+    // Owner names are letters, digits and `-_.@` (see `check_owner`): a safe folder name.
+    home.join("volumes").join(owner)
+}
+
+/// Volume `name`'s data folder, made (with its record) when missing.
+fn ensure_volume(home: &Path, owner: &str, name: &str) -> ServiceResult<PathBuf> {
+    check_volume_name(name)?;
+    let dir = owner_volumes(home, owner).join(name);
+    let data = dir.join("data");
+    if dir.join("volume.json").exists() {
+        return Ok(data);
     }
+    std::fs::create_dir_all(&data).map_err(|e| io_error("make the volume", e))?;
+    give_to_sandbox_user(&data)?;
+    let record = VolumeRecord {
+        created_at_ms: sandcell_engine::fleet::now_ms(),
+    };
+    let text = serde_json::to_vec(&record).map_err(|e| ServiceError::internal(e.to_string()))?;
+    std::fs::write(dir.join("volume.json"), text)
+        .map_err(|e| io_error("write the volume's record", e))?;
+    Ok(data)
 }
 
 /// Makes `dir` the sandbox user's. Only root may: otherwise (refused) it stays the service's

@@ -25,6 +25,7 @@ mod images;
 mod kernels;
 mod limits;
 mod mcp;
+mod mounts;
 mod memory;
 mod processes;
 mod rootless;

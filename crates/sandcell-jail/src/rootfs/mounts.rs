@@ -52,12 +52,16 @@ pub fn detach_all(
                     false
                 }
                 Err(e) => {
-                    return Err(JailError::io(format!("idmap the host folder {}", m.source), e));
+                    return Err(JailError::io(
+                        format!("idmap the host folder {}", m.source),
+                        e,
+                    ));
                 }
             };
             if !idmapped {
-                mount_attr::set_on_tree(&tree, attrs(m.mode), None, false)
-                    .map_err(|e| JailError::io(format!("protect the host folder {}", m.source), e))?;
+                mount_attr::set_on_tree(&tree, attrs(m.mode), None, false).map_err(|e| {
+                    JailError::io(format!("protect the host folder {}", m.source), e)
+                })?;
             }
             Ok(DetachedMount { tree, idmapped })
         })

@@ -25,11 +25,7 @@ impl HostPathPolicy {
 
     /// The policy of the folders setting `setting` lists, for a use its refusals call
     /// `verb` ("mounts from").
-    pub fn named<P: AsRef<Path>>(
-        allowed: &[P],
-        setting: &'static str,
-        verb: &'static str,
-    ) -> Self {
+    pub fn named<P: AsRef<Path>>(allowed: &[P], setting: &'static str, verb: &'static str) -> Self {
         Self {
             roots: allowed
                 .iter()

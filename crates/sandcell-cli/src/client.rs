@@ -11,13 +11,13 @@ use std::process::ExitCode;
 
 use anyhow::{Context, anyhow, bail};
 use clap::{Args, Subcommand};
-use sandcell_api::volumes::MountInput;
 use sandcell_api::code::{CodeInput, CodeStreamEvent};
 use sandcell_api::exec::{ExecInput, ExecStreamEvent, ExitInfo};
 use sandcell_api::git::GitClone;
 use sandcell_api::network::NetworkPolicy;
 use sandcell_api::sandboxes::{CreateSandbox, Lang, SandboxInfo, Size};
 use sandcell_api::snapshots::{CreateSnapshot, ForkSnapshot};
+use sandcell_api::volumes::MountInput;
 use sandcell_api::{Code, Seconds, Tags, Timeout};
 use sandcell_client::{ClientError, Discover, ListSandboxes};
 use serde::Serialize;

@@ -20,6 +20,7 @@ mod repl;
 mod run;
 mod template;
 mod volume;
+mod workspace;
 
 fn main() -> ExitCode {
     if std::env::args_os().nth(1).is_some_and(|a| a == "__jail") {

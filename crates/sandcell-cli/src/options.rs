@@ -2,9 +2,9 @@
 
 use anyhow::{Context, bail};
 use clap::{Args, ValueEnum};
+use sandcell_api::volumes::MountInput;
 use sandcell_engine::spec::parse_size;
 use sandcell_engine::{NetworkPolicy, SandboxSpec};
-use sandcell_api::volumes::MountInput;
 use sandcell_protocol::Language;
 
 /// Languages with a kernel.
@@ -78,6 +78,11 @@ pub struct SandboxArgs {
 impl SandboxArgs {
     /// The sandbox's spec (`--env` applies to every command and kernel).
     pub fn spec(&self) -> anyhow::Result<SandboxSpec> {
+        self.spec_on(self.template.as_deref())
+    }
+
+    /// The sandbox's spec on image `template` (`None`: the host's system).
+    pub fn spec_on(&self, template: Option<&str>) -> anyhow::Result<SandboxSpec> {
         let mut spec = SandboxSpec {
             env: self.env_pairs()?.into_iter().collect(),
             ..SandboxSpec::default()
@@ -93,10 +98,10 @@ impl SandboxArgs {
             spec.limits.disk_bytes = d;
         }
         spec.network = self.network.clone();
-        if let Some(name) = &self.template {
+        if let Some(name) = template {
             let home = sandcell_service::config::default_home();
             let root = sandcell_service::images::image_root(&home, name)?;
-            spec.template = Some(name.clone());
+            spec.template = Some(name.to_string());
             spec.system_root = Some(root.display().to_string());
             for (key, value) in sandcell_service::images::image_env(&home, name)? {
                 spec.env.entry(key).or_insert(value);

@@ -35,6 +35,15 @@ pub struct RunArgs {
     /// Do not print the status line.
     #[arg(short, long)]
     quiet: bool,
+    /// Run in a repository folder: its template is built (once) from its dependency files,
+    /// then the command runs with the folder at /workspace (read-only below an overlay: writes
+    /// go to a scratch layer) and the network off.
+    #[arg(long, value_name = "DIR", conflicts_with = "template")]
+    workspace: Option<PathBuf>,
+    /// With --workspace: `tests-only` (the test runner and declared test dependencies; the
+    /// default), `dev` (the project's own install) or a command run in a copy of the folder.
+    #[arg(long, value_name = "tests-only|dev|CMD", requires = "workspace")]
+    setup: Option<String>,
     /// Where images from CODE are saved (default: a new folder under the temp dir).
     #[arg(long, value_name = "DIR")]
     image_dir: Option<PathBuf>,
@@ -99,7 +108,10 @@ pub struct Prepared {
 /// Validates the arguments before anything starts.
 pub fn prepare(args: &RunArgs) -> anyhow::Result<Prepared> {
     let job = args.job()?;
-    let mut spec = args.sandbox.spec()?;
+    let mut spec = match &args.workspace {
+        Some(dir) => workspace_spec(args, dir)?,
+        None => args.sandbox.spec()?,
+    };
     if let Job::Code {
         language,
         cwd: None,
@@ -115,6 +127,35 @@ pub fn prepare(args: &RunArgs) -> anyhow::Result<Prepared> {
         job,
         spec,
     })
+}
+
+/// The spec of a `--workspace` run: the folder's template, the folder under an overlay at
+/// `/workspace`, the network off (unless --network chose another).
+fn workspace_spec(args: &RunArgs, dir: &std::path::Path) -> anyhow::Result<SandboxSpec> {
+    let dir =
+        std::fs::canonicalize(dir).with_context(|| format!("--workspace '{}'", dir.display()))?;
+    if !dir.is_dir() {
+        bail!("--workspace '{}' is not a folder", dir.display());
+    }
+    let setup: sandcell_template::workspace::Setup =
+        args.setup.as_deref().unwrap_or("tests-only").parse()?;
+    let home = sandcell_service::config::default_home();
+    let template = crate::workspace::template_for(&dir, &setup, &home)?;
+    let mut spec = args.sandbox.spec_on(Some(&template))?;
+    let meta = std::fs::metadata(&dir)?;
+    use std::os::unix::fs::MetadataExt;
+    spec.mounts.push(sandcell_engine::SandboxMount {
+        source: dir.display().to_string(),
+        target: "/workspace".into(),
+        mode: sandcell_engine::MountMode::Overlay,
+        owner_uid: meta.uid(),
+        owner_gid: meta.gid(),
+        volume: None,
+    });
+    if args.sandbox.network == sandcell_engine::NetworkPolicy::Loopback {
+        spec.network = sandcell_engine::NetworkPolicy::Off;
+    }
+    Ok(spec)
 }
 
 fn ms(d: std::time::Duration) -> f64 {

@@ -564,4 +564,3 @@ fn short(digest: &str) -> String {
         .take(12)
         .collect()
 }
-

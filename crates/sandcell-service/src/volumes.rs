@@ -76,11 +76,14 @@ impl Service {
     }
 }
 
-/// One owner's volumes in a home; `mounting` names the running sandboxes that mount a folder.
+/// Names the running sandboxes that mount a host folder.
+type Mounting<'a> = Box<dyn Fn(&str) -> Vec<String> + 'a>;
+
+/// One owner's volumes in a home.
 pub struct VolumeShelf<'a> {
     home: &'a Path,
     owner: &'a str,
-    mounting: Box<dyn Fn(&str) -> Vec<String> + 'a>,
+    mounting: Mounting<'a>,
 }
 
 impl<'a> VolumeShelf<'a> {

@@ -8,6 +8,8 @@
 //!   the cache key material of its layer.
 //! - [`spec`]: the template file (TOML): the Dockerfile, build arguments, and the defaults of
 //!   the sandboxes made from it (limits, network, env, kernels, warm strategy).
+//! - [`workspace`]: the template a repository's tests run in, planned from its dependency
+//!   files (`sandcell run --workspace`).
 //!
 //! Nothing here touches the file system or runs a step.
 #![forbid(unsafe_code)]
@@ -16,6 +18,7 @@ pub mod builtin;
 pub mod dockerfile;
 pub mod plan;
 pub mod spec;
+pub mod workspace;
 
 pub use dockerfile::{Command, Instruction, ParseError, Parsed, Step, Warning, parse};
 pub use plan::{ImageConfig, Op, Plan, PlanError, PlannedStep, layer_key, plan};

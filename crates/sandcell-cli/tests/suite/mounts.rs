@@ -162,7 +162,11 @@ fn host_folders_mount_read_only_unless_asked_and_only_from_the_allow_list() {
         ]}),
     );
     r.expect_error(400, "invalid_argument");
-    assert!(r.body["message"].as_str().unwrap().contains("inside mount"), "{}", r.body);
+    assert!(
+        r.body["message"].as_str().unwrap().contains("inside mount"),
+        "{}",
+        r.body
+    );
     let after = d.get("/v1/sandboxes").body["items"]
         .as_array()
         .unwrap()
@@ -218,16 +222,17 @@ fn a_volume_outlives_its_sandbox_belongs_to_its_owner_and_goes_only_when_unused(
     assert_eq!(r.status, 201, "{}", r.body);
     let snap = r.body["id"].as_str().unwrap().to_string();
     assert!(
-        r.body["manifest"].to_string().contains("/home/sandbox/data: a mounted folder"),
+        r.body["manifest"]
+            .to_string()
+            .contains("/home/sandbox/data: a mounted folder"),
         "{}",
         r.body
     );
     assert_eq!(d.delete(&format!("/v1/sandboxes/{first}")).status, 204);
 
     // The next sandbox sees it; read-only when asked.
-    let second = d.create_id(
-        json!({"mounts": [{"volume": "data", "path": "/workspace/v", "mode": "ro"}]}),
-    );
+    let second =
+        d.create_id(json!({"mounts": [{"volume": "data", "path": "/workspace/v", "mode": "ro"}]}));
     assert_eq!(d.exec(&second, "cat /workspace/v/f").stdout, "kept\n");
     assert!(!d.exec(&second, "echo no >> /workspace/v/f").ok);
     assert_eq!(d.delete(&format!("/v1/sandboxes/{second}")).status, 204);
@@ -271,15 +276,24 @@ fn gvisor_sandboxes_mount_host_folders_and_volumes_too() {
             {"volume": "shared", "path": "/workspace/shared"},
         ],
     }));
-    assert_eq!(d.exec(&id, "cat /workspace/proj/a.txt").stdout, "hello from the host");
+    assert_eq!(
+        d.exec(&id, "cat /workspace/proj/a.txt").stdout,
+        "hello from the host"
+    );
     assert!(!d.exec(&id, "echo x > /workspace/proj/new.txt").ok);
     assert!(!host.path().join("allowed/proj/new.txt").exists());
-    let out = d.exec(&id, "echo from-gvisor > /workspace/shared/g && cat /workspace/shared/g");
+    let out = d.exec(
+        &id,
+        "echo from-gvisor > /workspace/shared/g && cat /workspace/shared/g",
+    );
     assert_eq!(out.stdout, "from-gvisor\n", "{out:?}");
     assert_eq!(d.delete(&format!("/v1/sandboxes/{id}")).status, 204);
     // A process sandbox sees what the gVisor one wrote.
     let id = d.create_id(json!({"mounts": [{"volume": "shared", "path": "/workspace/shared"}]}));
-    assert_eq!(d.exec(&id, "cat /workspace/shared/g").stdout, "from-gvisor\n");
+    assert_eq!(
+        d.exec(&id, "cat /workspace/shared/g").stdout,
+        "from-gvisor\n"
+    );
     // An overlay is the process backend's: refused with the reason.
     let r = d.post(
         "/v1/sandboxes",
@@ -331,7 +345,13 @@ fn sandcell_run_mounts_folders_and_volumes_of_its_home() {
     assert_eq!(list[0]["size_bytes"], 3, "{list}");
     // Bad flags are refused before a sandbox is made.
     for bad in [
-        vec!["run", "--mount", "/nonexistent-folder:/workspace/x", "--", "true"],
+        vec![
+            "run",
+            "--mount",
+            "/nonexistent-folder:/workspace/x",
+            "--",
+            "true",
+        ],
         vec!["run", "--mount", &proj, "--", "true"],
         vec!["run", "--volume", "cache:/etc", "--", "true"],
     ] {

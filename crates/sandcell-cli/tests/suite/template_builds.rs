@@ -89,7 +89,7 @@ fn import_tiny(tmp: &Path, home: &Path, tools: &[&str]) -> bool {
     true
 }
 
-fn skip_unless_root() -> bool {
+pub(super) fn skip_unless_root() -> bool {
     if !rustix::process::geteuid().is_root() {
         sandcell_testkit::skip::skip("builds map a private id range: they need root");
         return true;
@@ -296,7 +296,7 @@ fn bad_dockerfiles_and_failing_steps_fail_clearly() {
 
 /// The Debian base of these tests, made once per machine with mmdebstrap into a store under
 /// the build's scratch folder, then imported from there (an OCI layout) into `home`.
-fn debian_base(home: &Path) -> bool {
+pub(super) fn debian_base(home: &Path) -> bool {
     if Command::new("mmdebstrap")
         .arg("--version")
         .output()

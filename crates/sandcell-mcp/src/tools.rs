@@ -24,6 +24,7 @@ use sandcell_api::memories::{
 };
 use sandcell_api::runs::{BudgetsInput, ForkRun, StartRun, Validate};
 use sandcell_api::sandboxes::{CreateSandbox, Lang, LimitsInput};
+use sandcell_api::volumes::MountInput;
 use sandcell_api::snapshots::{CreateSnapshot, ForkSnapshot as ForkRequest};
 use sandcell_api::templates::StartBuild;
 use sandcell_api::transfer::{CreateExport, ImportRequest};
@@ -140,6 +141,47 @@ pub struct CreateSession {
     /// the package registries the server allows (pip, npm, R; cached for later sessions).
     /// When one cannot be installed the session is not made and the error names it.
     pub dependencies: Option<Dependencies>,
+    /// Folders mounted into the session: host folders the server allows
+    /// (`mounts.allowed_paths`) and named volumes, which outlive the session (made on first
+    /// use).
+    pub mounts: Option<Vec<SessionMount>>,
+}
+
+/// One folder mounted into a session.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SessionMount {
+    /// A host folder (absolute) the server allows; give this or `volume`.
+    pub host_path: Option<String>,
+    /// A named volume of yours; give this or `host_path`.
+    pub volume: Option<String>,
+    /// Where it appears: `/workspace`, or a folder below `/workspace`, `/home/sandbox` or
+    /// `/tmp`.
+    pub path: String,
+    /// `ro` (host folders' default), `rw` (volumes' default) or `overlay` (read-only below,
+    /// the session's writes kept apart).
+    pub mode: Option<String>,
+}
+
+impl SessionMount {
+    fn input(self) -> Result<MountInput, CallError> {
+        let mode = self
+            .mode
+            .map(|m| serde_json::from_value(serde_json::Value::String(m.clone())))
+            .transpose()
+            .map_err(|_| {
+                CallError::new(
+                    "invalid_argument",
+                    "mount mode must be one of ro, rw, overlay".to_string(),
+                )
+            })?;
+        Ok(MountInput {
+            host_path: self.host_path,
+            volume: self.volume,
+            path: self.path,
+            mode,
+        })
+    }
 }
 
 /// A session to act on.
@@ -1266,6 +1308,12 @@ impl SandcellMcp {
             backend: p.backend,
             checkpointable: p.checkpointable.unwrap_or(false),
             snapshot_id: p.snapshot_id,
+            mounts: p
+                .mounts
+                .unwrap_or_default()
+                .into_iter()
+                .map(SessionMount::input)
+                .collect::<Result<_, _>>()?,
             ..CreateSandbox::default()
         };
         let restored = req.snapshot_id.is_some();

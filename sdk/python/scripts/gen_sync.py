@@ -41,6 +41,8 @@ RENAMES = {
     "AsyncTemplates": "Templates",
     "AsyncTemplate": "Template",
     "AsyncBuild": "Build",
+    "AsyncVolumes": "Volumes",
+    "AsyncVolume": "Volume",
     "AsyncTerminal": "Terminal",
     "AsyncTransport": "SyncTransport",
     "AsyncIterator": "Iterator",

@@ -40,7 +40,9 @@ def _tail(path: Path) -> str:
 def serve(
     home: Path, allowed: Path, *settings: str, env: dict[str, str] | None = None
 ) -> Iterator[Daemon]:
-    """`sandcell serve` on `home` and a free port, with these `--set` settings; stopped after."""
+    """`sandcell serve` on `home` and a free port, with these `--set` settings; stopped after.
+    `allowed` is the host folder it imports files from and mounts into sandboxes
+    (`import.allowed_paths`, `mounts.allowed_paths`)."""
     binary = Path(os.environ.get("SANDCELL_BIN") or REPO / "target/release/sandcell")
     if not os.access(binary, os.X_OK):
         pytest.fail(
@@ -49,7 +51,12 @@ def serve(
         )
     log = home / "daemon.log"
     args = [str(binary), "serve", "--home", str(home), "--listen", "127.0.0.1:0"]
-    for setting in ("shutdown.sandboxes=stop", f"import.allowed_paths={allowed}", *settings):
+    defaults = (
+        "shutdown.sandboxes=stop",
+        f"import.allowed_paths={allowed}",
+        f"mounts.allowed_paths={allowed}",
+    )
+    for setting in (*defaults, *settings):
         args += ["--set", setting]
     with open(log, "wb") as out:
         proc = subprocess.Popen(

@@ -286,6 +286,12 @@ def every_call() -> Iterator[tuple[str, _api.Call[Any] | _api.StreamCall[Any]]]:
                 _models.Secret("API_TOKEN", "t0ken", ["api.example.org", "*.example.net:443"]),
                 {"name": "OTHER", "value": "v", "hosts": ("example.com",)},
             ],
+            mounts=[
+                _models.Mount.from_host("/srv/data", "/workspace/data"),
+                _models.Mount.from_volume("cache", "/home/sandbox/cache", "rw"),
+                {"host_path": "/srv/src", "path": "/tmp/src", "mode": "overlay"},
+                {"volume": "out", "path": "/workspace"},
+            ],
             snapshot_id=None,
             backend="process",
             limits={"memory_mb": 256, "cpus": 0.5},
@@ -310,6 +316,7 @@ def every_call() -> Iterator[tuple[str, _api.Call[Any] | _api.StreamCall[Any]]]:
                 network=network,
                 packages=None,
                 secrets=None,
+                mounts=None,
                 snapshot_id=None,
                 backend=None,
                 limits=None,
@@ -334,6 +341,7 @@ def every_call() -> Iterator[tuple[str, _api.Call[Any] | _api.StreamCall[Any]]]:
                 network="full",
                 packages=packages,
                 secrets=[] if packages else None,
+                mounts=[] if packages else None,
                 snapshot_id=None,
                 backend=None,
                 limits=None,
@@ -627,6 +635,10 @@ def every_call() -> Iterator[tuple[str, _api.Call[Any] | _api.StreamCall[Any]]]:
     for name in ("tiny", "tiny:v1"):
         yield "get_template", _api.get_template(name)
         yield "delete_template", _api.delete_template(name)
+    yield "create_volume", _api.create_volume("cache")
+    yield "list_volumes", _api.list_volumes()
+    yield "get_volume", _api.get_volume("cache")
+    yield "delete_volume", _api.delete_volume("cache")
 
 
 CALLS = list(every_call())
@@ -795,6 +807,7 @@ MODELS = [
     Model(_models.BuiltImage, "BuiltImage"),
     Model(_models.BuildInfo, "BuildInfo"),
     Model(_models.TemplateInfo, "TemplateInfo"),
+    Model(_models.VolumeInfo, "VolumeInfo"),
     # Every kind's fields in one model (None where a kind has none): the union of BuildEvent's
     # shapes, numbered.
     Model(
@@ -919,11 +932,30 @@ def test_secrets_fit_the_schema() -> None:
     assert _schema_name(create["secrets"]["items"]) == "SecretInput"
 
 
+def test_mounts_fit_the_schema() -> None:
+    """`Mount` (sent, never parsed) has the fields the MountInput schema has, only `path`
+    required there; its modes are MountMode's; the create request names that schema for its
+    `mounts`, and a mount is sent with only what it gives (no `mode`: the daemon's default)."""
+    props, required = properties("MountInput")
+    names = [f.name for f in dataclasses.fields(_models.Mount)]
+    assert set(names) == set(props), f"Mount {names} vs the schema's {sorted(props)}"
+    assert required == {"path"}
+    modes = typing.get_args(_models.MountMode)
+    assert list(modes) == SCHEMAS["MountMode"]["enum"]
+    create, _ = properties("CreateSandbox")
+    assert json_types(create["mounts"]) == {"array"}
+    assert _schema_name(create["mounts"]["items"]) == "MountInput"
+    sent = _api._mounts(
+        [_models.Mount.from_volume("v", "/tmp/v"), {"host_path": Path("/srv"), "path": "/tmp/s"}]
+    )
+    assert sent == [{"volume": "v", "path": "/tmp/v"}, {"host_path": "/srv", "path": "/tmp/s"}]
+
+
 def _create_with(secrets: Any) -> _api.Call[Any]:
     return _api.create_sandbox(
         template=None, size=None, timeout=None, ttl=None, idle_timeout=None, ephemeral=False,
         labels=None, metadata=None, env=None, network=["api.example.org"], packages=None,
-        secrets=secrets, snapshot_id=None, backend=None, limits=None, kernels=None,
+        secrets=secrets, mounts=None, snapshot_id=None, backend=None, limits=None, kernels=None,
         checkpointable=False, auto_snapshot=None,
     )
 
@@ -1004,7 +1036,7 @@ def test_create_with_packages_waits_for_the_install() -> None:
     def create(packages: _models.PackagesInput | None) -> _api.Call[Any]:
         return _api.create_sandbox(
             template=None, size=None, timeout=None, ttl=None, idle_timeout=None, ephemeral=False,
-            labels=None, metadata=None, env=None, network=None, packages=packages, secrets=None,
+            labels=None, metadata=None, env=None, network=None, packages=packages, secrets=None, mounts=None,
             snapshot_id=None, backend=None, limits=None, kernels=None, checkpointable=False,
             auto_snapshot=None,
         )

@@ -28,6 +28,8 @@ from sandcell import (
     AsyncTemplates,
     AsyncTerminal,
     AsyncThreads,
+    AsyncVolume,
+    AsyncVolumes,
     Build,
     Commands,
     Files,
@@ -41,6 +43,8 @@ from sandcell import (
     Templates,
     Terminal,
     Threads,
+    Volume,
+    Volumes,
 )
 from sandcell._http import AsyncTransport, SyncTransport
 
@@ -71,6 +75,8 @@ TWINS = [
     (Templates, AsyncTemplates),
     (Build, AsyncBuild),
     (Template, AsyncTemplate),
+    (Volumes, AsyncVolumes),
+    (Volume, AsyncVolume),
     (Terminal, AsyncTerminal),
     (SyncTransport, AsyncTransport),
 ]

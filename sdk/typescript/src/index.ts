@@ -4,7 +4,7 @@
  */
 
 export { Sandbox } from "./sandbox.js";
-export { secret } from "./types.js";
+export { Mount, secret } from "./types.js";
 export type {
   CreateSandboxOptions,
   EnableAutoSnapshotOptions,
@@ -34,6 +34,8 @@ export type {
 } from "./runs.js";
 export { Build, Template } from "./templates.js";
 export type { BuildLogsOptions, BuildTemplateOptions, WaitBuildOptions } from "./templates.js";
+export { Volume } from "./volumes.js";
+export type { VolumeInfo } from "./volumes.js";
 export { Threads, threads } from "./threads.js";
 export type { CreateThreadOptions, ThreadInfo } from "./threads.js";
 export { Memories, inferDone, memory } from "./memory.js";
@@ -130,9 +132,11 @@ export type {
   BuiltImage,
   ExitCause,
   ExitInfo,
+  HostMount,
   KernelRestore,
   Language,
   LimitsInput,
+  MountMode,
   Network,
   NetworkPolicy,
   NetworkPolicyInput,
@@ -148,4 +152,5 @@ export type {
   StepReport,
   StringMap,
   TemplateInfo,
+  VolumeMount,
 } from "./types.js";

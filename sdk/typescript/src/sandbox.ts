@@ -25,6 +25,7 @@ import {
 } from "./snapshots.js";
 import {
   fromLimits,
+  fromMounts,
   fromNetworkPolicy,
   fromPackages,
   fromSecrets,
@@ -32,6 +33,7 @@ import {
   toSandboxInfo,
   type Language,
   type LimitsInput,
+  type Mount,
   type NetworkPolicyInput,
   type Packages,
   type SandboxInfo,
@@ -87,6 +89,18 @@ export interface CreateSandboxOptions extends ClientOptions {
    * name the snapshot lacks is an `InvalidArgumentError`.
    */
   secrets?: readonly Secret[];
+  /**
+   * Host folders and named volumes mounted into it (`[Mount.fromHost(hostPath, path),
+   * Mount.fromVolume(name, path)]`, or `{ hostPath, path, mode }` / `{ volume, path, mode }`),
+   * each at `path`: `/workspace` or a folder below `/workspace`, `/home/sandbox` or `/tmp`. A
+   * host folder must lie inside the daemon's `mounts.allowed_paths` (else a
+   * `PermissionDeniedError`) and is read-only unless `mode` is `rw` or `overlay` (writes go to
+   * a scratch layer of the sandbox's own; process backend only); a volume is made on first use
+   * and is read-write unless `mode` says otherwise. A malformed mount is a `TypeError` before
+   * anything is sent, a bad path, name or mode an `InvalidArgumentError`. Not with
+   * `checkpointable`.
+   */
+  mounts?: readonly Mount[];
   /** Kernels to start during creation, so the first code in them runs at once. */
   kernels?: Language[];
   /** The isolation backend (`process` by default, `gvisor` where available). */
@@ -240,6 +254,7 @@ export class Sandbox {
       network: options.network === undefined ? undefined : fromNetworkPolicy(options.network),
       packages: options.packages === undefined ? undefined : fromPackages(options.packages),
       secrets: options.secrets === undefined ? undefined : fromSecrets(options.secrets),
+      mounts: options.mounts === undefined ? undefined : fromMounts(options.mounts),
       kernels: options.kernels,
       backend: options.backend,
       checkpointable: options.checkpointable,

@@ -78,6 +78,62 @@ export function secret(name: string, value: string, hosts: readonly string[]): S
   return Object.freeze(s) as Secret;
 }
 
+/**
+ * How a sandbox sees a mounted folder: `ro` read-only (the default for host folders), `rw`
+ * read-write (the default for volumes), or `overlay`: read-only below, with the sandbox's
+ * writes going to a scratch layer of its own that goes with it (process backend only).
+ */
+export type MountMode = "ro" | "rw" | "overlay";
+
+/**
+ * A host folder mounted into a sandbox when it is made (`Sandbox.create({ mounts })`):
+ * `hostPath` is an absolute folder inside one of the daemon's `mounts.allowed_paths` (else a
+ * `PermissionDeniedError`), read-only unless `mode` says otherwise.
+ */
+export interface HostMount {
+  /** The host folder (absolute). */
+  hostPath: string;
+  /** Where it appears inside: `/workspace` or a folder below `/workspace`, `/home/sandbox` or `/tmp`. */
+  path: string;
+  /** `ro` (the default), `rw` or `overlay`. */
+  mode?: MountMode;
+  volume?: never;
+}
+
+/**
+ * A named volume of your key's owner mounted into a sandbox when it is made
+ * (`Sandbox.create({ mounts })`): made on first use, read-write unless `mode` says otherwise;
+ * it outlives the sandbox (`Volume.list`, `Volume.delete`).
+ */
+export interface VolumeMount {
+  /** The volume's name (1 to 64 of `a-z`, `0-9`, `-`, `_`, `.`, starting with a letter or digit). */
+  volume: string;
+  /** Where it appears inside: `/workspace` or a folder below `/workspace`, `/home/sandbox` or `/tmp`. */
+  path: string;
+  /** `rw` (the default), `ro` or `overlay`. */
+  mode?: MountMode;
+  hostPath?: never;
+}
+
+/** A folder mounted into a sandbox when it is made: a host folder or a named volume. */
+export type Mount = HostMount | VolumeMount;
+
+/**
+ * Makes mounts: `Mount.fromHost("/srv/data", "/workspace/data")`,
+ * `Mount.fromVolume("cache", "/home/sandbox/cache")` (plain objects `{ hostPath, path, mode }`
+ * and `{ volume, path, mode }` are the same).
+ */
+export const Mount = {
+  /** A host folder (absolute, inside the daemon's `mounts.allowed_paths`) at `path`; read-only unless `mode` says `rw` or `overlay`. */
+  fromHost(hostPath: string, path: string, mode?: MountMode): HostMount {
+    return mode === undefined ? { hostPath, path } : { hostPath, path, mode };
+  },
+  /** Your volume `name` (made on first use) at `path`; read-write unless `mode` says `ro` or `overlay`. */
+  fromVolume(name: string, path: string, mode?: MountMode): VolumeMount {
+    return mode === undefined ? { volume: name, path } : { volume: name, path, mode };
+  },
+};
+
 /** How a sandbox's packages were installed (only on the answer of the create that asked for them). */
 export interface PackagesReport {
   /** Served from the cache of an earlier install of the same lists (no registry reached). */
@@ -406,6 +462,52 @@ export function fromSecrets(secrets: readonly Secret[]): WireSecret[] {
       if (typeof host !== "string") throw new TypeError(`${where}: each host is a string, not ${kindOf(host)}`);
     }
     return { name, value, hosts: [...(hosts as string[])] };
+  });
+}
+
+/** `Mount` as sent (`MountInput`). */
+export interface WireMount {
+  host_path?: string | null;
+  volume?: string | null;
+  path: string;
+  mode?: MountMode | null;
+}
+
+const MOUNT_KEYS = ["hostPath", "volume", "path", "mode"] as const;
+
+/**
+ * Mounts as sent, `{ host_path or volume, path, mode }` each (no `mode`: the daemon's default
+ * for the kind). Only their shape is checked here (for JavaScript callers: a lone mount where a
+ * list belongs, a misspelt key, both sources or none); the folders, names, paths and modes are
+ * the daemon's to judge (a bad one is an `InvalidArgumentError`, a host folder outside its
+ * `mounts.allowed_paths` a `PermissionDeniedError`).
+ */
+export function fromMounts(mounts: readonly Mount[]): WireMount[] {
+  if (!Array.isArray(mounts)) throw new TypeError(`mounts is a list of { hostPath or volume, path, mode }, not ${kindOf(mounts)}`);
+  return (mounts as readonly unknown[]).map((mount, i) => {
+    let where = `mounts[${i}]`;
+    if (typeof mount !== "object" || mount === null || Array.isArray(mount)) {
+      throw new TypeError(`${where} is an object { hostPath or volume, path, mode }, not ${kindOf(mount)}`);
+    }
+    const m = mount as Record<string, unknown>;
+    const keys = Object.keys(m).filter((k) => m[k] !== undefined);
+    const unknown = keys.filter((k) => !(MOUNT_KEYS as readonly string[]).includes(k));
+    if (unknown.length > 0 || !keys.includes("path")) {
+      const parts = [`${where} has the keys path, hostPath or volume, and mode`];
+      if (unknown.length > 0) parts.push(`unknown: ${unknown.join(", ")}`);
+      if (!keys.includes("path")) parts.push("missing: path");
+      throw new TypeError(parts.join("; "));
+    }
+    const { hostPath, volume, path, mode } = m;
+    if (typeof path !== "string") throw new TypeError(`${where}: path is a string, not ${kindOf(path)}`);
+    where = `${where} (${path})`;
+    if ((hostPath === undefined) === (volume === undefined)) throw new TypeError(`${where}: give hostPath or volume (exactly one)`);
+    for (const [key, value] of [["hostPath", hostPath], ["volume", volume], ["mode", mode]] as const) {
+      if (value !== undefined && typeof value !== "string") throw new TypeError(`${where}: ${key} is a string, not ${kindOf(value)}`);
+    }
+    const sent: WireMount = hostPath === undefined ? { volume: volume as string, path } : { host_path: hostPath as string, path };
+    if (mode !== undefined) sent.mode = mode as MountMode;
+    return sent;
   });
 }
 

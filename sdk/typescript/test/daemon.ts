@@ -16,6 +16,8 @@ export interface Daemon {
   home: string;
   /** A host folder the daemon may import from (`import.allowed_paths`). */
   importDir: string;
+  /** A host folder whose folders the daemon may mount into sandboxes (`mounts.allowed_paths`). */
+  mountDir: string;
   /** Stops it (SIGTERM: its sandboxes are stopped with it) and removes its home. */
   stop(): Promise<void>;
 }
@@ -56,6 +58,8 @@ export async function startDaemon(options: DaemonOptions = {}): Promise<Daemon> 
   const home = mkdtempSync(join(tmpdir(), "sandcell-ts-"));
   const importDir = join(home, "import");
   mkdirSync(importDir);
+  const mountDir = join(home, "mounts");
+  mkdirSync(mountDir);
   const child = spawn(
     bin,
     [
@@ -68,7 +72,7 @@ export async function startDaemon(options: DaemonOptions = {}): Promise<Daemon> 
       ...(options.settings ?? []).flatMap((s) => ["--set", s]),
     ],
     {
-      env: { ...process.env, SANDCELL_IMPORT_ALLOWED_PATHS: importDir, SANDCELL_LOG: "warn", ...options.env },
+      env: { ...process.env, SANDCELL_IMPORT_ALLOWED_PATHS: importDir, SANDCELL_MOUNTS_ALLOWED_PATHS: mountDir, SANDCELL_LOG: "warn", ...options.env },
       stdio: ["ignore", "ignore", "pipe"],
     },
   );
@@ -90,6 +94,7 @@ export async function startDaemon(options: DaemonOptions = {}): Promise<Daemon> 
     key,
     home,
     importDir,
+    mountDir,
     async stop() {
       if (child.exitCode === null) {
         const exited = new Promise((r) => child.once("exit", r));

@@ -16,7 +16,7 @@ import { dirname, join, resolve } from "node:path";
 import { test } from "node:test";
 import { fileURLToPath } from "node:url";
 
-import { FileExport, Run, Sandbox, Snapshot, Template, memory, system, threads } from "sandcell";
+import { FileExport, Mount, Run, Sandbox, Snapshot, Template, Volume, memory, system, threads } from "sandcell";
 
 type Json = null | boolean | number | string | Json[] | { [key: string]: Json };
 type Schema = { [key: string]: any };
@@ -290,6 +290,8 @@ const WIRE: Record<string, WireModel> = {
   WireBuiltImage: { schema: "BuiltImage" },
   WireBuildInfo: { schema: "BuildInfo" },
   WireTemplateInfo: { schema: "TemplateInfo" },
+  WireMount: { schema: "MountInput" },
+  WireVolumeInfo: { schema: "VolumeInfo" },
 };
 
 /** Named TypeScript types and the JSON types they hold. */
@@ -312,6 +314,7 @@ const NAMED: Record<string, string[]> = {
   MatchedBy: ["string"],
   MemoryRanking: ["string"],
   BuildState: ["string"],
+  MountMode: ["string"],
   StringMap: ["object"],
   MimeBundle: ["object"],
   ExecutionError: ["object"],
@@ -460,6 +463,32 @@ test("the Secret interface (sent, never read) has the members the SecretInput sc
     assert.deepEqual(typesOf(secrets), ["array"], body);
     assert.equal(schemaName(secrets.items), "SecretInput", body);
   }
+});
+
+test("the Mount types (sent, never read) have the members the MountInput schema has; MountMode its modes", () => {
+  const text = readFileSync(join(srcDir, "types.ts"), "utf8").replace(/\/\*[\s\S]*?\*\//g, "").replace(/\/\/.*$/gm, "");
+  const schema = resolveSchema(schemas["MountInput"]!);
+  const props = Object.keys(schema.properties ?? {}).sort();
+  assert.deepEqual(schema.required, ["path"]);
+  // Each kind's members, camelCase, without the other kind's (`never`).
+  const members = (name: string): string[] => {
+    const body = new RegExp(`export interface ${name} \\{([^}]*)\\}`).exec(text);
+    assert.ok(body, `types.ts no longer declares \`export interface ${name}\``);
+    return splitTop(body[1]!, ";")
+      .filter((decl) => !decl.endsWith(": never"))
+      .map((decl) => decl.split(/\??:/)[0]!.replace(/[A-Z]/g, (c) => `_${c.toLowerCase()}`));
+  };
+  const host = members("HostMount");
+  const volume = members("VolumeMount");
+  assert.deepEqual([...new Set([...host, ...volume])].sort(), props);
+  assert.deepEqual(host.sort(), ["host_path", "mode", "path"]);
+  assert.deepEqual(volume.sort(), ["mode", "path", "volume"]);
+  const modes = /export type MountMode = ([^;]*);/.exec(text);
+  assert.ok(modes, "types.ts no longer declares `export type MountMode`");
+  assert.deepEqual([...modes[1]!.matchAll(/"(\w+)"/g)].map((m) => m[1]), schemas["MountMode"]!.enum);
+  const create: Schema = resolveSchema(schemas["CreateSandbox"]!).properties;
+  assert.deepEqual(typesOf(create["mounts"]), ["array"]);
+  assert.equal(schemaName(create["mounts"].items), "MountInput");
 });
 
 test("the headers a run's event stream sends are the document's", () => {
@@ -664,6 +693,16 @@ async function everyMethod(): Promise<void> {
     ],
   });
   await Sandbox.create({ ...client, secrets: [] });
+  await Sandbox.create({
+    ...client,
+    mounts: [
+      Mount.fromHost("/srv/data", "/workspace/data"),
+      Mount.fromVolume("cache", "/home/sandbox/cache", "rw"),
+      { hostPath: "/srv/src", path: "/tmp/src", mode: "overlay" },
+      { volume: "out", path: "/workspace" },
+    ],
+  });
+  await Sandbox.create({ ...client, mounts: [] });
   await Sandbox.get(sb.id, client);
   await Sandbox.list({ ...client, label: { a: "b" }, metadata: { c: "d" }, state: ["running", "paused"] });
   await Sandbox.fork("snap-0123456789ab", { ...client, count: 2, labels: { a: "b" }, metadata: { c: "d" }, timeoutSecs: 60, idleTimeoutSecs: 30, ephemeral: true });
@@ -830,6 +869,10 @@ async function everyMethod(): Promise<void> {
   await Template.list(client);
   await Template.get("app:v1", client);
   await Template.delete("app:v1", client);
+  await Volume.create("cache", client);
+  await Volume.list(client);
+  await Volume.get("cache", client);
+  await Volume.delete("cache", client);
   await sb.kill();
 }
 

@@ -32,6 +32,7 @@ try {
       SANDCELL_API_URL: daemon.url,
       SANDCELL_API_KEY: daemon.key,
       SANDCELL_TEST_IMPORT_DIR: daemon.importDir,
+      SANDCELL_TEST_MOUNT_DIR: daemon.mountDir,
       SANDCELL_TEST_HOME: daemon.home,
     },
   });

@@ -99,6 +99,26 @@ async def scenario(session):
     r = await session.call_tool("template_build", {"name": "x", "dockerfile": "FROM tiny:v1\nONBUILD RUN x\n"})
     check("a bad Dockerfile is a tool error naming the line", r.is_error and "line 2" in text_of(r), text_of(r))
 
+    # A volume outlives the session that wrote it; host folders need the server's allow-list.
+    r = await session.call_tool("create_session", {"mounts": [{"volume": "notes", "path": "/workspace/notes"}]})
+    check("a session with a volume", not r.is_error, text_of(r))
+    sid = text_of(r).split("session_id: ")[1].split()[0]
+    r = await session.call_tool("execute_terminal", {
+        "session_id": sid, "command": "echo kept > /workspace/notes/n.txt && echo wrote"})
+    check("it writes to the volume", "wrote" in text_of(r), text_of(r))
+    await session.call_tool("destroy_session", {"session_id": sid})
+    r = await session.call_tool("create_session", {
+        "mounts": [{"volume": "notes", "path": "/tmp/notes", "mode": "ro"}]})
+    sid = text_of(r).split("session_id: ")[1].split()[0]
+    r = await session.call_tool("execute_terminal", {
+        "session_id": sid, "command": "cat /tmp/notes/n.txt; echo more >> /tmp/notes/n.txt || echo refused"})
+    check("the next session reads it, read-only when asked",
+          "kept" in text_of(r) and "refused" in text_of(r), text_of(r))
+    await session.call_tool("destroy_session", {"session_id": sid})
+    r = await session.call_tool("create_session", {"mounts": [{"host_path": "/etc", "path": "/workspace/etc"}]})
+    check("a host folder the server does not allow is a tool error naming the setting",
+          r.is_error and "mounts.allowed_paths" in text_of(r), text_of(r))
+
 
 async def main():
     binary, home = sys.argv[1], sys.argv[2]

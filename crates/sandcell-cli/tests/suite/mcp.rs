@@ -499,6 +499,9 @@ fn a_session_on_an_image_through_the_official_mcp_client() {
             "it has the build's files",
             "a failing build says which step",
             "a bad Dockerfile is a tool error naming the line",
+            "a session with a volume",
+            "the next session reads it, read-only when asked",
+            "a host folder the server does not allow is a tool error naming the setting",
         ],
     );
 }

@@ -35,6 +35,9 @@ from ._models import (
     MemoryList,
     MemorySearch,
     Metrics,
+    Mount,
+    MountInput,
+    MountMode,
     NetworkInfo,
     NetworkPolicy,
     NetworkPolicyInput,
@@ -65,6 +68,7 @@ from ._models import (
     ThreadInfo,
     Validate,
     Variables,
+    VolumeInfo,
 )
 from .async_sandbox import (
     AsyncBuild,
@@ -79,6 +83,8 @@ from .async_sandbox import (
     AsyncTemplate,
     AsyncTemplates,
     AsyncThreads,
+    AsyncVolume,
+    AsyncVolumes,
 )
 from .errors import (
     AuthenticationError,
@@ -107,6 +113,8 @@ from .sandbox import (
     Template,
     Templates,
     Threads,
+    Volume,
+    Volumes,
 )
 from .terminal import AsyncTerminal, Terminal
 
@@ -129,6 +137,8 @@ __all__ = [
     "AsyncTemplates",
     "AsyncTerminal",
     "AsyncThreads",
+    "AsyncVolume",
+    "AsyncVolumes",
     "AuthenticationError",
     "AutoSnapshot",
     "Budgets",
@@ -164,6 +174,9 @@ __all__ = [
     "MemoryList",
     "MemorySearch",
     "Metrics",
+    "Mount",
+    "MountInput",
+    "MountMode",
     "NetworkInfo",
     "NetworkPolicy",
     "NetworkPolicyInput",
@@ -209,4 +222,7 @@ __all__ = [
     "TimeoutError",
     "Validate",
     "Variables",
+    "Volume",
+    "VolumeInfo",
+    "Volumes",
 ]

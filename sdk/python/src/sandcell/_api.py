@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import enum
 import math
+import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from datetime import timedelta
@@ -37,6 +38,8 @@ from ._models import (
     MemoryList,
     MemorySearch,
     Metrics,
+    Mount,
+    MountInput,
     NetworkInfo,
     NetworkPolicyInput,
     OutputEvent,
@@ -59,6 +62,7 @@ from ._models import (
     ThreadInfo,
     Validate,
     Variables,
+    VolumeInfo,
 )
 from ._sse import SseEvent
 from .errors import error_from_body
@@ -170,6 +174,7 @@ def create_sandbox(
     network: NetworkPolicyInput | None,
     packages: PackagesInput | None,
     secrets: Sequence[SecretInput] | None,
+    mounts: Sequence[MountInput] | None,
     snapshot_id: str | None,
     backend: str | None,
     limits: Mapping[str, float] | None,
@@ -194,6 +199,7 @@ def create_sandbox(
             "network": _network(network) if network is not None else None,
             "packages": _packages(packages) if packages is not None else None,
             "secrets": _secrets(secrets) if secrets is not None else None,
+            "mounts": _mounts(mounts) if mounts is not None else None,
             "snapshot_id": snapshot_id,
             "backend": backend,
             "limits": dict(limits) if limits else None,
@@ -340,6 +346,58 @@ def _secret(i: int, secret: SecretInput) -> dict[str, Any]:
         if not isinstance(host, str):
             raise TypeError(f"{where}: each host is a str, not {type(host).__name__}")
     return {"name": name, "value": value, "hosts": list(hosts)}
+
+
+_MOUNT_KEYS = ("host_path", "volume", "path", "mode")
+
+
+def _mounts(mounts: Sequence[MountInput]) -> list[dict[str, Any]]:
+    """Mounts as sent, `{"host_path" or "volume", "path", "mode"}` each (no `mode`: the
+    daemon's default for the kind). Only their shape is checked here (a lone mount where a
+    list belongs, a misspelt key, both sources or none); the folders, names, paths and modes
+    are the daemon's to judge (a bad one is an InvalidArgumentError, a host folder outside
+    its `mounts.allowed_paths` a PermissionDeniedError)."""
+    if isinstance(mounts, (str, bytes, Mapping, Mount)) or not isinstance(mounts, Sequence):
+        raise TypeError(
+            f"mounts is a list of Mount(...) or {{'host_path' or 'volume', 'path', 'mode'}} "
+            f"mappings, not {type(mounts).__name__}"
+        )
+    return [_mount(i, m) for i, m in enumerate(mounts)]
+
+
+def _mount(i: int, mount: MountInput) -> dict[str, Any]:
+    where = f"mounts[{i}]"
+    if isinstance(mount, Mount):
+        sent: dict[str, Any] = {
+            "host_path": mount.host_path,
+            "volume": mount.volume,
+            "path": mount.path,
+            "mode": mount.mode,
+        }
+    elif isinstance(mount, Mapping):
+        unknown = sorted(str(k) for k in set(mount) - set(_MOUNT_KEYS))
+        if unknown or "path" not in mount:
+            raise ValueError(
+                f"{where} has the keys 'path', 'host_path' or 'volume', and 'mode'"
+                + (f"; unknown: {', '.join(map(repr, unknown))}" if unknown else "")
+                + ("; missing: 'path'" if "path" not in mount else "")
+            )
+        sent = {k: mount.get(k) for k in _MOUNT_KEYS}
+        if isinstance(sent["host_path"], os.PathLike):
+            sent["host_path"] = os.fspath(sent["host_path"])
+    else:
+        raise TypeError(f"{where} is a Mount or a mapping, not {type(mount).__name__}")
+    path = sent["path"]
+    if not isinstance(path, str):
+        raise TypeError(f"{where}: path is a str, not {type(path).__name__}")
+    where = f"{where} ({path!r})"
+    if (sent["host_path"] is None) == (sent["volume"] is None):
+        raise ValueError(f"{where}: give host_path or volume (exactly one)")
+    for key in ("host_path", "volume", "mode"):
+        value = sent[key]
+        if value is not None and not isinstance(value, str):
+            raise TypeError(f"{where}: {key} is a str, not {type(value).__name__}")
+    return _drop_none(sent)
 
 
 def get_network(sandbox_id: str) -> Call[NetworkInfo]:
@@ -1416,6 +1474,38 @@ def get_template(name: str) -> Call[TemplateInfo]:
 def delete_template(name: str) -> Call[None]:
     """`DELETE /v1/templates/{name}` (refused, 409, while sandboxes run on it)."""
     return Call("DELETE", _template(name), _nothing)
+
+
+# --- volumes ----------------------------------------------------------------------------
+
+
+def _volume(name: str) -> str:
+    return f"/v1/volumes/{quote(name, safe='')}"
+
+
+def _volume_info(r: httpx.Response) -> VolumeInfo:
+    return VolumeInfo.from_json(r.json())
+
+
+def create_volume(name: str) -> Call[VolumeInfo]:
+    """`POST /v1/volumes` (409 `already_exists` when the caller has one of that name)."""
+    return Call("POST", "/v1/volumes", _volume_info, json={"name": name})
+
+
+def list_volumes() -> Call[list[VolumeInfo]]:
+    """`GET /v1/volumes`: the caller's, by name."""
+    return Call("GET", "/v1/volumes", lambda r: [VolumeInfo.from_json(v) for v in r.json()["volumes"]])
+
+
+def get_volume(name: str) -> Call[VolumeInfo]:
+    """`GET /v1/volumes/{volume}`."""
+    return Call("GET", _volume(name), _volume_info)
+
+
+def delete_volume(name: str) -> Call[None]:
+    """`DELETE /v1/volumes/{volume}` (refused, 409 `invalid_state`, while a running sandbox
+    mounts it)."""
+    return Call("DELETE", _volume(name), _nothing)
 
 
 def check_status(resp: httpx.Response) -> None:

@@ -146,6 +146,50 @@ the keys `name`, `value` and `hosts` (`{"name": "API_TOKEN", "value": "…", "ho
 ["api.example.com"]}`)."""
 
 
+MountMode = Literal["ro", "rw", "overlay"]
+"""How a sandbox sees a mounted folder: `"ro"` read-only (the default for host folders), `"rw"`
+read-write (the default for volumes), or `"overlay"`: read-only below, with the sandbox's
+writes going to a scratch layer of its own that goes with it (process backend only)."""
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A folder mounted into a sandbox when it is made (`Sandbox.create(mounts=[…])`): a host
+    folder (`host_path`, an absolute path inside one of the daemon's `mounts.allowed_paths`)
+    or a named volume of the caller's (`volume`, made on first use), at `path` inside:
+    `/workspace` or a folder below `/workspace`, `/home/sandbox` or `/tmp`. Exactly one of
+    `host_path` and `volume`. `mode` (None: the daemon's default for the kind) is a
+    `MountMode`. `Mount.from_host(...)` and `Mount.from_volume(...)` make each kind."""
+
+    path: str
+    host_path: str | None = None
+    volume: str | None = None
+    mode: MountMode | None = None
+
+    def __post_init__(self) -> None:
+        if (self.host_path is None) == (self.volume is None):
+            raise ValueError(f"Mount at {self.path!r}: give host_path or volume (exactly one)")
+
+    @classmethod
+    def from_host(cls, host_path: str | os.PathLike[str], path: str, mode: MountMode | None = None) -> Mount:
+        """A host folder (absolute, inside the daemon's `mounts.allowed_paths`) at `path`;
+        read-only unless `mode` says `"rw"` or `"overlay"`."""
+        return cls(path=path, host_path=os.fspath(host_path), mode=mode)
+
+    @classmethod
+    def from_volume(cls, name: str, path: str, mode: MountMode | None = None) -> Mount:
+        """The caller's volume `name` (made on first use) at `path`; read-write unless `mode`
+        says `"ro"` or `"overlay"`."""
+        return cls(path=path, volume=name, mode=mode)
+
+
+MountInput = Mount | Mapping[str, Any]
+"""A mount as `Sandbox.create(mounts=[…])` takes it: a `Mount`, or a mapping with `path` and
+exactly one of `host_path` and `volume`, and optionally `mode` (`{"host_path": "/srv/data",
+"path": "/workspace/data"}`, `{"volume": "cache", "path": "/home/sandbox/cache", "mode":
+"rw"}`)."""
+
+
 @dataclass
 class SecretState:
     """One of a sandbox's secrets as `Sandbox.secrets()` shows it: never its value. `held` is
@@ -1616,4 +1660,27 @@ class TemplateInfo:
             kernels=[str(k) for k in d.get("kernels") or []],
             env=[str(e) for e in d.get("env") or []],
             workdir=d.get("workdir"),
+        )
+
+
+@dataclass
+class VolumeInfo:
+    """A named volume of the caller's (`Volume.create`, or made by the first sandbox that
+    mounts it): its `name`, when it was made (`created_at`, RFC 3339), the bytes of its files
+    (`size_bytes`) and the running sandboxes that mount it now (`sandboxes`, their ids; a
+    volume is not deleted while there are any)."""
+
+    name: str
+    created_at: str
+    size_bytes: int
+    sandboxes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, d: JsonDict) -> VolumeInfo:
+        """Parses a `VolumeInfo` answer."""
+        return cls(
+            name=str(d["name"]),
+            created_at=str(d.get("created_at", "")),
+            size_bytes=int(d.get("size_bytes", 0)),
+            sandboxes=[str(s) for s in d.get("sandboxes") or []],
         )

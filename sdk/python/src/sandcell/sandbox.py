@@ -44,6 +44,7 @@ from ._models import (
     MemoryList,
     MemorySearch,
     Metrics,
+    MountInput,
     NetworkInfo,
     NetworkPolicyInput,
     Offsets,
@@ -67,6 +68,7 @@ from ._models import (
     ThreadInfo,
     Validate,
     Variables,
+    VolumeInfo,
 )
 from .errors import BuildError, ConnectionError, NotFoundError, SandboxGoneError, TimeoutError
 from .terminal import Terminal
@@ -110,6 +112,9 @@ class Sandcell:
         self.templates = Templates(self)
         """Templates and their builds: `build`, `list`, `get`, `delete`, `get_build`,
         `list_builds`."""
+        self.volumes = Volumes(self)
+        """The caller's named volumes, folders that outlive sandboxes: `create`, `list`,
+        `get`, `delete`."""
 
     @classmethod
     def _from_config(cls, config: Config) -> Sandcell:
@@ -235,6 +240,7 @@ class Sandbox:
         network: NetworkPolicyInput | None = None,
         packages: PackagesInput | None = None,
         secrets: Sequence[SecretInput] | None = None,
+        mounts: Sequence[MountInput] | None = None,
         snapshot_id: str | None = None,
         backend: str | None = None,
         limits: Mapping[str, float] | None = None,
@@ -258,7 +264,16 @@ class Sandbox:
         environment variable holding a placeholder, which its egress proxy replaces with the
         value in the headers and query of requests to `hosts` only (so `network` must let it
         reach them; not with `"off"`); a malformed one is a TypeError or ValueError before
-        anything is sent, a bad name, value or host rule an InvalidArgumentError."""
+        anything is sent, a bad name, value or host rule an InvalidArgumentError. `mounts`
+        (`Mount.from_host(host_path, path)`, `Mount.from_volume(name, path)`, or
+        `{"host_path" or "volume", "path", "mode"}` mappings) puts host folders and named
+        volumes into it at `path` (`/workspace` or a folder below `/workspace`,
+        `/home/sandbox` or `/tmp`): a host folder must lie inside the daemon's
+        `mounts.allowed_paths` (else a PermissionDeniedError) and is read-only unless `mode`
+        is `"rw"` or `"overlay"` (writes to a scratch layer of the sandbox's own; process
+        backend only); a volume is made on first use and is read-write unless `mode` says
+        otherwise (not with `checkpointable`). A malformed mount is a TypeError or ValueError
+        before anything is sent, a bad path, name or mode an InvalidArgumentError."""
         call = _api.create_sandbox(
             template=template,
             size=size,
@@ -272,6 +287,7 @@ class Sandbox:
             network=network,
             packages=packages,
             secrets=secrets,
+            mounts=mounts,
             snapshot_id=snapshot_id,
             backend=backend,
             limits=limits,
@@ -1977,3 +1993,89 @@ class Template:
         """Deletes a template's name: a ConflictError while sandboxes run on it, NotFoundError
         if there is none."""
         _call_once(_api.delete_template(name), client, api_url, api_key)
+
+
+class Volumes:
+    """`client.volumes`: the caller's named volumes, folders of the daemon that
+    outlive the sandboxes that mount them (`Sandbox.create(mounts=[Mount.from_volume(name,
+    path)])`, read-write by default). Each API key's owner has volumes of its own; one is made
+    by `create`, or by the first sandbox that mounts it."""
+
+    def __init__(self, client: Sandcell) -> None:
+        self._client = client
+
+    def create(self, name: str) -> VolumeInfo:
+        """Makes an empty volume: `name` is 1 to 64 of `a-z`, `0-9`, `-`, `_`, `.`, starting
+        with a letter or digit (else an InvalidArgumentError); a name taken is a
+        ConflictError (`already_exists`)."""
+        return self._client._http.call(_api.create_volume(name))
+
+    def list(self) -> builtins.list[VolumeInfo]:
+        """The caller's volumes, by name, with their sizes and the running sandboxes that
+        mount them."""
+        return self._client._http.call(_api.list_volumes())
+
+    def get(self, name: str) -> VolumeInfo:
+        """One volume (NotFoundError if the caller has none of that name)."""
+        return self._client._http.call(_api.get_volume(name))
+
+    def delete(self, name: str) -> None:
+        """Deletes a volume and its files: a ConflictError (`invalid_state`) while a running
+        sandbox mounts it, NotFoundError if there is none."""
+        self._client._http.call(_api.delete_volume(name))
+
+
+class Volume:
+    """Volumes through class methods (as `Sandbox.create` makes sandboxes):
+    each takes `client=` (else `api_url=` and `api_key=`, else the environment, as
+    `Sandcell()` does). `client.volumes` has the same calls on a connection of one's
+    own."""
+
+    @classmethod
+    def create(
+        cls,
+        name: str,
+        *,
+        client: Sandcell | None = None,
+        api_url: str | None = None,
+        api_key: str | None = None,
+    ) -> VolumeInfo:
+        """Makes an empty volume (a bad name is an InvalidArgumentError, a name taken a
+        ConflictError)."""
+        return _call_once(_api.create_volume(name), client, api_url, api_key)
+
+    @classmethod
+    def list(
+        cls,
+        *,
+        client: Sandcell | None = None,
+        api_url: str | None = None,
+        api_key: str | None = None,
+    ) -> builtins.list[VolumeInfo]:
+        """The caller's volumes, by name."""
+        return _call_once(_api.list_volumes(), client, api_url, api_key)
+
+    @classmethod
+    def get(
+        cls,
+        name: str,
+        *,
+        client: Sandcell | None = None,
+        api_url: str | None = None,
+        api_key: str | None = None,
+    ) -> VolumeInfo:
+        """One volume (NotFoundError if there is none)."""
+        return _call_once(_api.get_volume(name), client, api_url, api_key)
+
+    @classmethod
+    def delete(
+        cls,
+        name: str,
+        *,
+        client: Sandcell | None = None,
+        api_url: str | None = None,
+        api_key: str | None = None,
+    ) -> None:
+        """Deletes a volume and its files: a ConflictError while a running sandbox mounts
+        it, NotFoundError if there is none."""
+        _call_once(_api.delete_volume(name), client, api_url, api_key)

@@ -106,6 +106,7 @@ impl SandboxArgs {
             for (key, value) in sandcell_service::images::image_env(&home, name)? {
                 spec.env.entry(key).or_insert(value);
             }
+            spec.workdir = sandcell_service::images::image_workdir(&home, name)?;
             // The template's own network, unless --network chose one.
             if let Some(defaults) = sandcell_service::images::template_defaults(&home, name)? {
                 for (key, value) in defaults.sandbox.env {

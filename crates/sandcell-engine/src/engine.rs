@@ -351,12 +351,16 @@ impl Launch {
     /// asked for start while the rest of creation goes on. A failure there shows on the
     /// first execution.
     async fn prepare(&self) {
-        if self.spec.env.is_empty() && self.spec.warm_kernels.is_empty() {
+        if self.spec.env.is_empty()
+            && self.spec.warm_kernels.is_empty()
+            && self.spec.workdir.is_none()
+        {
             return;
         }
         let msg = HostMessage::Prepare {
             env: self.spec.env.clone(),
             kernels: self.spec.warm_kernels.clone(),
+            cwd: self.spec.workdir.clone(),
         };
         // The reply is not awaited; dropping the call discards it when it comes.
         drop(self.client.request(&msg).await);

@@ -746,6 +746,9 @@ pub(crate) fn prepare_exec(
     for (k, v) in &spec.env {
         req.env.entry(k.clone()).or_insert_with(|| v.clone());
     }
+    if req.cwd.is_none() {
+        req.cwd.clone_from(&spec.workdir);
+    }
     if req.timeout_ms.is_none() {
         req.timeout_ms = spec.limits.exec_timeout_ms;
     }
@@ -763,6 +766,9 @@ pub(crate) fn prepare_spawn(
     validate_exec(&req)?;
     for (k, v) in &spec.env {
         req.env.entry(k.clone()).or_insert_with(|| v.clone());
+    }
+    if req.cwd.is_none() {
+        req.cwd.clone_from(&spec.workdir);
     }
     Ok(req)
 }

@@ -111,6 +111,10 @@ pub struct SandboxSpec {
     /// Host folders and volumes mounted into it, resolved by the service.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub mounts: Vec<SandboxMount>,
+    /// Where commands and kernels that name no working directory run (a template's
+    /// `WORKDIR`); `None`: `/workspace`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub workdir: Option<String>,
 }
 
 /// A host folder mounted into a sandbox (a volume is one too: its folder under the home).
@@ -187,6 +191,13 @@ impl SandboxSpec {
             if !std::path::Path::new(&m.source).is_absolute() {
                 return bad(format!("mount source '{}' must be absolute", m.source));
             }
+        }
+        if let Some(w) = &self.workdir
+            && (!w.starts_with('/') || w.contains('\0') || w.split('/').any(|c| c == ".."))
+        {
+            return bad(format!(
+                "working directory '{w}' must be an absolute path without '..'"
+            ));
         }
         if self.checkpointable && !self.mounts.is_empty() {
             return bad(

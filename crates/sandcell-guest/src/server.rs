@@ -579,8 +579,8 @@ impl Conn {
                 reply_of(r.map(|entry| GuestMessage::Entry { entry }))
             }),
             HostMessage::Shutdown => return Some(End::Shutdown(id)),
-            HostMessage::Prepare { env, kernels } => {
-                let reply = reply_of(kernels::prepare(&self.shared, env, kernels));
+            HostMessage::Prepare { env, kernels, cwd } => {
+                let reply = reply_of(kernels::prepare(&self.shared, env, kernels, cwd));
                 self.reply(id, reply).await;
             }
             HostMessage::RunCode(req) => {

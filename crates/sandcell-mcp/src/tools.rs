@@ -24,10 +24,10 @@ use sandcell_api::memories::{
 };
 use sandcell_api::runs::{BudgetsInput, ForkRun, StartRun, Validate};
 use sandcell_api::sandboxes::{CreateSandbox, Lang, LimitsInput};
-use sandcell_api::volumes::MountInput;
 use sandcell_api::snapshots::{CreateSnapshot, ForkSnapshot as ForkRequest};
 use sandcell_api::templates::StartBuild;
 use sandcell_api::transfer::{CreateExport, ImportRequest};
+use sandcell_api::volumes::MountInput;
 use sandcell_api::{Code, SandboxId, Seconds, Tags, Timeout};
 use sandcell_service::{Caller, Service};
 use schemars::JsonSchema;

@@ -116,13 +116,16 @@ pub enum HostMessage {
     /// Kills every process and ends the agent.
     Shutdown,
     /// Sandbox-wide settings for kernels, sent once after `Hello`: environment variables of
-    /// every kernel (a context's own win), and kernels to start at once so the first
-    /// execution does not wait for one. Reply: `Ok` (the kernels start in the background).
+    /// every kernel (a context's own win), kernels to start at once so the first execution
+    /// does not wait for one, and the working directory of contexts that name none (a
+    /// template's). Reply: `Ok` (the kernels start in the background).
     Prepare {
         #[serde(default)]
         env: BTreeMap<String, String>,
         #[serde(default)]
         kernels: Vec<Language>,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        cwd: Option<String>,
     },
     /// Runs code in a kernel. Replies: code events (and, from protocol 2, `HostCall`s the
     /// host answers with `HostCallReply` on the same id), then `CodeDone`.

@@ -45,7 +45,24 @@ pub fn spec_with_images(home: &Path, req: &CreateSandbox) -> ServiceResult<Sandb
     for (key, value) in image_env(home, name)? {
         spec.env.entry(key).or_insert(value);
     }
+    spec.workdir = image_workdir(home, name)?;
     Ok(spec)
+}
+
+/// Where sandboxes of image `name` work: the template file's `[sandbox] workdir`, else the
+/// image's `WORKDIR` (`None` for `/` or none: they work in `/workspace`).
+pub fn image_workdir(home: &Path, name: &str) -> ServiceResult<Option<String>> {
+    if let Some(dir) = template_defaults(home, name)?.and_then(|d| d.sandbox.workdir) {
+        return Ok(Some(dir));
+    }
+    let store = sandcell_image::Store::open(home.join("images")).map_err(image_error)?;
+    let Some(image) = store.lookup(name).map_err(image_error)? else {
+        return Ok(None);
+    };
+    Ok(image.config["config"]["WorkingDir"]
+        .as_str()
+        .filter(|d| d.starts_with('/') && *d != "/")
+        .map(str::to_string))
 }
 
 /// `req` with the defaults the template file of image `name` gave its sandboxes (network,

@@ -155,7 +155,7 @@ fn a_dockerfile_builds_into_cached_layers_and_a_sandbox_runs_on_the_result() {
     let out = run_on(
         &home,
         "demo",
-        "cat /greeting /app/data.txt /app/bin/tool.sh /app/built-by; ls /etc/os-release 2>&1; echo $GREETING",
+        "cat /greeting /app/data.txt /app/bin/tool.sh /app/built-by; ls /etc/os-release 2>&1; echo $GREETING; pwd",
     );
     assert_eq!(
         out.lines().take(4).collect::<Vec<_>>(),
@@ -163,7 +163,8 @@ fn a_dockerfile_builds_into_cached_layers_and_a_sandbox_runs_on_the_result() {
         "{out}"
     );
     assert!(out.contains("No such file"), "deleted stays deleted: {out}");
-    assert!(out.ends_with("hello\n"), "{out}");
+    // Its commands start in the image's WORKDIR.
+    assert!(out.ends_with("hello\n/app\n"), "{out}");
 
     // Again: every step from the cache, and the same image.
     let digest = || -> String {
@@ -458,8 +459,7 @@ fn the_daemon_builds_a_template_as_a_job_whose_log_streams_and_guards_it_while_i
     let ctx = tmp.path().join("ctx");
     std::fs::create_dir_all(&ctx).unwrap();
     std::fs::write(ctx.join("motd"), "built over REST\n").unwrap();
-    let dockerfile =
-        "FROM tiny:v1\nCOPY motd /etc/motd\nRUN echo step output && sleep 1\nENV MODE=rest\n";
+    let dockerfile = "FROM tiny:v1\nCOPY motd /etc/motd\nRUN echo step output && sleep 1\nENV MODE=rest\nWORKDIR /workspace/proj\n";
     let context = context_base64(&ctx, tmp.path());
 
     // Bad input: answered at once, naming what is wrong.
@@ -519,8 +519,8 @@ fn the_daemon_builds_a_template_as_a_job_whose_log_streams_and_guards_it_while_i
     let r = d.get(&format!("/v1/builds/{id}"));
     assert_eq!(r.status, 200);
     assert_eq!(r.body["state"], "succeeded", "{}", r.body);
-    assert_eq!(r.body["steps"], 2);
-    assert_eq!(r.body["step_reports"].as_array().unwrap().len(), 2);
+    assert_eq!(r.body["steps"], 3);
+    assert_eq!(r.body["step_reports"].as_array().unwrap().len(), 3);
     assert_eq!(r.body["image"]["reference"], "rest:v1");
     // The stored log as JSON, from an event on.
     let r = d.get(&format!("/v1/builds/{id}/logs?format=json&after=1"));
@@ -550,8 +550,13 @@ fn the_daemon_builds_a_template_as_a_job_whose_log_streams_and_guards_it_while_i
 
     // A sandbox on it: its files and ENV; the template cannot be deleted meanwhile.
     let sb = d.create_id(json!({"template": "rest:v1"}));
-    let out = d.exec(&sb, "cat /etc/motd; echo $MODE");
-    assert_eq!(out.stdout, "built over REST\nrest\n", "{}", out.stderr);
+    // Commands start in its WORKDIR, made in the sandbox's own /workspace.
+    let out = d.exec(&sb, "cat /etc/motd; echo $MODE; pwd");
+    assert_eq!(
+        out.stdout, "built over REST\nrest\n/workspace/proj\n",
+        "{}",
+        out.stderr
+    );
     assert_eq!(d.get("/v1/templates/rest:v1").body["sandboxes"], 1);
     d.delete("/v1/templates/rest:v1")
         .expect_error(409, "invalid_state");

@@ -55,18 +55,36 @@ async fn try_slot(ctx: &Context) -> Result<tokio::sync::MutexGuard<'_, Slot>, Wi
     Ok(ctx.slot.lock().await)
 }
 
-/// `Prepare`: records the kernels' environment and starts the requested kernels in the
-/// background.
+/// `Prepare`: records the kernels' environment and default working directory, and starts
+/// the requested kernels in the background.
 pub(crate) fn prepare(
     shared: &Arc<Shared>,
     env: BTreeMap<String, String>,
     languages: Vec<Language>,
+    cwd: Option<String>,
 ) -> Result<GuestMessage, WireError> {
     if let Some(bad) = env.keys().find(|k| k.is_empty() || k.contains(['=', '\0'])) {
         return Err(WireError::new(
             ErrorCode::InvalidArgument,
             format!("environment variable name {bad:?} is not valid"),
         ));
+    }
+    if let Some(c) = cwd {
+        let dir = std::path::Path::new(&c);
+        // A template's working directory in the sandbox's own (empty) folders is made.
+        if dir.is_absolute()
+            && !dir.exists()
+            && shared.config.file_roots.iter().any(|r| dir.starts_with(r))
+        {
+            let _ = std::fs::create_dir_all(dir);
+        }
+        if !c.starts_with('/') || !dir.is_dir() {
+            return Err(WireError::new(
+                ErrorCode::InvalidArgument,
+                format!("working directory '{c}' is not a directory in the sandbox"),
+            ));
+        }
+        *lock(&shared.kernels.default_cwd) = c;
     }
     *lock(&shared.kernels.env) = env;
     for language in languages {
@@ -119,7 +137,7 @@ pub(crate) async fn create_context(
             break id;
         }
     };
-    let cwd = cwd.unwrap_or_else(|| shared.kernels.default_cwd.clone());
+    let cwd = cwd.unwrap_or_else(|| lock(&shared.kernels.default_cwd).clone());
     let ctx = Arc::new(new_context(id.clone(), language, cwd, env));
     {
         let mut slot = ctx.slot.lock().await;

@@ -194,7 +194,7 @@ fn context_for_restore(
     let ctx = Arc::new(new_context(
         id.to_string(),
         language,
-        shared.kernels.default_cwd.clone(),
+        lock(&shared.kernels.default_cwd).clone(),
         BTreeMap::new(),
     ));
     contexts.insert(ctx.id.clone(), ctx.clone());

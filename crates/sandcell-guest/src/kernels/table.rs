@@ -76,8 +76,9 @@ pub(crate) struct Kernels {
     pub(super) created: AtomicU64,
     /// Environment of every kernel (from `Prepare`); a context's own variables win.
     pub(super) env: Mutex<BTreeMap<String, String>>,
-    /// Working directory of a context that does not name one (`GuestConfig::default_cwd`).
-    pub(super) default_cwd: String,
+    /// Working directory of a context that does not name one (`GuestConfig::default_cwd`,
+    /// or the template's, from `Prepare`).
+    pub(super) default_cwd: Mutex<String>,
     /// What the last look at the outputs folder found.
     pub(super) outputs: Outputs,
 }
@@ -88,7 +89,7 @@ impl Kernels {
         Self {
             contexts: Mutex::default(),
             created: AtomicU64::default(),
-            default_cwd: default_cwd.to_string_lossy().into_owned(),
+            default_cwd: Mutex::new(default_cwd.to_string_lossy().into_owned()),
             env: Mutex::default(),
             outputs: Outputs::default(),
         }
@@ -107,7 +108,7 @@ impl Kernels {
                     Some(c) => c.clone(),
                     None => match Language::parse(id).filter(|l| l.as_str() == id) {
                         // A default context may be named before its first use.
-                        Some(l) => insert_default(&mut contexts, l, &self.default_cwd),
+                        Some(l) => insert_default(&mut contexts, l, &lock(&self.default_cwd)),
                         None => {
                             return Err(WireError::new(
                                 ErrorCode::NotFound,
@@ -126,7 +127,7 @@ impl Kernels {
             }
             (None, Some(l)) => Ok(match contexts.get(l.as_str()) {
                 Some(c) => c.clone(),
-                None => insert_default(&mut contexts, l, &self.default_cwd),
+                None => insert_default(&mut contexts, l, &lock(&self.default_cwd)),
             }),
             (None, None) => Err(WireError::new(
                 ErrorCode::InvalidArgument,

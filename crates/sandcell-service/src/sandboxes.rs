@@ -164,6 +164,15 @@ pub fn create_options(
     }
 }
 
+/// The label of the one sandbox of a `singleton` template (its value: the template).
+pub const SINGLETON_LABEL: &str = "sandcell.singleton";
+
+/// Creates of `singleton` templates take turns on this.
+fn singleton_turns() -> &'static tokio::sync::Mutex<()> {
+    static TURNS: std::sync::OnceLock<tokio::sync::Mutex<()>> = std::sync::OnceLock::new();
+    TURNS.get_or_init(|| tokio::sync::Mutex::new(()))
+}
+
 /// A sandbox's record as the API shows it.
 pub fn sandbox_info(r: &SandboxRecord) -> SandboxInfo {
     let l = &r.spec.limits;
@@ -293,6 +302,38 @@ impl Service {
         {
             opts.pool_key = Some(crate::images::warmup_key(template));
         }
+        // A template whose warm strategy is `singleton`: one sandbox per owner, which every
+        // create of that owner naming the template gets (the first makes it). Creates of one
+        // take turns, so that two at once do not make two.
+        let singleton = match (&opts.spec.system_root, &opts.spec.template) {
+            (Some(_), Some(t))
+                if crate::images::template_defaults(&self.config.home, t)?
+                    .is_some_and(|d| d.warm == sandcell_template::WarmStrategy::Singleton) =>
+            {
+                Some(t.clone())
+            }
+            _ => None,
+        };
+        let _turn = match &singleton {
+            Some(template) => {
+                let turn = singleton_turns().lock().await;
+                let shared = self.list_sandboxes(
+                    caller,
+                    ListSandboxes {
+                        labels: [(SINGLETON_LABEL.to_string(), template.clone())].into(),
+                        ..ListSandboxes::default()
+                    },
+                )?;
+                if let Some(found) = shared.items.into_iter().next() {
+                    self.metrics.pool_hits.fetch_add(1, Ordering::Relaxed);
+                    return Ok(found);
+                }
+                opts.labels
+                    .insert(SINGLETON_LABEL.to_string(), template.clone());
+                Some(turn)
+            }
+            None => None,
+        };
         let start = Instant::now();
         let created = self.fleet.create(&caller.owner, opts).await;
         match &created {

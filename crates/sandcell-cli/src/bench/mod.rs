@@ -111,8 +111,13 @@ enum BenchWhat {
         /// Measure builds instead: this built-in template (e.g. python-data-analysis) built
         /// once without the layer cache, then `--samples` times fully cached, in the home's
         /// store.
-        #[arg(long, value_name = "BUILTIN")]
+        #[arg(long, value_name = "BUILTIN", conflicts_with = "pool")]
         build: Option<String>,
+        /// Measure creates through a daemon instead: this template of the home's store
+        /// (with a `[warm] strategy = "pool"`), cold and from its pool, beside a host-based
+        /// python sandbox.
+        #[arg(long, value_name = "TEMPLATE", conflicts_with = "image")]
+        pool: Option<String>,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -153,9 +158,19 @@ pub async fn bench(args: BenchArgs, engine: Engine) -> anyhow::Result<ExitCode> 
         }
         BenchWhat::Templates {
             samples,
+            pool: Some(template),
+            json,
+            ..
+        } => {
+            drop(engine);
+            templates::pools(&template, samples, json).await
+        }
+        BenchWhat::Templates {
+            samples,
             image,
             json,
             build: None,
+            pool: None,
         } => templates::templates(engine, samples, image, json).await,
     }
 }

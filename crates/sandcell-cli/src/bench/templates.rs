@@ -254,3 +254,109 @@ pub(super) async fn builds(name: &str, samples: usize, as_json: bool) -> anyhow:
     }
     Ok(ExitCode::SUCCESS)
 }
+
+/// One create + first result, timed, then its delete; the template's pool is full before.
+async fn timed(
+    d: &super::daemon::server::Daemon,
+    pool: &sandcell_engine::fleet::PoolSpec,
+    req: &sandcell_api::sandboxes::CreateSandbox,
+) -> anyhow::Result<Duration> {
+    d.wait_named_pool_full(&pool.name, pool.size).await?;
+    let t = Instant::now();
+    let id = d.create(req).await?;
+    d.first_result(&id).await?;
+    let took = t.elapsed();
+    d.delete(&id).await?;
+    Ok(took)
+}
+
+/// `sandcell bench templates --pool NAME`: through a daemon on a fresh home holding image
+/// `NAME` of the home's store (its template file asks for a warm pool), create + first
+/// result (`1+1`) three ways, interleaved sample by sample: a host-based `python` sandbox
+/// cold, a sandbox of the template cold (its own environment makes it miss the pool), and one
+/// from the template's pool (the pool full again before each).
+pub(super) async fn pools(name: &str, samples: usize, as_json: bool) -> anyhow::Result<ExitCode> {
+    use sandcell_api::sandboxes::CreateSandbox;
+    if samples < 3 {
+        bail!("--samples must be at least 3");
+    }
+    let home = super::daemon::server::temp_home()?;
+    let source = sandcell_service::config::default_home().join("images");
+    let store = sandcell_image::Store::open(home.join("images"))?;
+    sandcell_image::import(&store, &source, name, Some(name))
+        .with_context(|| format!("copy '{name}' from {}", source.display()))?;
+    let Some(pool) = sandcell_service::images::template_pool(&home, name)? else {
+        let _ = std::fs::remove_dir_all(&home);
+        bail!("template '{name}' asks for no warm pool ([warm] strategy = \"pool\")");
+    };
+    let d = super::daemon::server::Daemon::start_in(home, 0, &[], &[]).await?;
+    let with_env = |template: &str, env: bool| CreateSandbox {
+        template: Some(template.to_string()),
+        env: if env {
+            [("A".to_string(), "1".to_string())].into()
+        } else {
+            Default::default()
+        },
+        ..CreateSandbox::default()
+    };
+    let (host_req, cold_req, pool_req) = (
+        with_env("python", true),
+        with_env(name, true),
+        with_env(name, false),
+    );
+    let hits = "sandcell_pool_requests_total{result=\"hit\"}";
+    let (mut host, mut cold, mut pooled, mut hit) = (Vec::new(), Vec::new(), Vec::new(), 0);
+    // The first round warms up and is not kept.
+    for i in 0..=samples {
+        let h = timed(&d, &pool, &host_req).await?;
+        let c = timed(&d, &pool, &cold_req).await?;
+        let before = d.metric(hits).await?;
+        let p = timed(&d, &pool, &pool_req).await?;
+        let after = d.metric(hits).await?;
+        if i > 0 {
+            host.push(h);
+            cold.push(c);
+            pooled.push(p);
+            if after > before {
+                hit += 1;
+            }
+        }
+    }
+    let rows = [
+        ("host_python_cold", "host-based python, cold", &host),
+        ("template_cold", "the template, cold", &cold),
+        ("template_pool", "the template, from its pool", &pooled),
+    ];
+    let host_p50 = quantile(&host, 0.5);
+    if as_json {
+        let list: Vec<serde_json::Value> = rows
+            .iter()
+            .map(|(key, _, s)| {
+                serde_json::json!({
+                    "row": key,
+                    "p50_ms": quantile(s, 0.5),
+                    "p90_ms": quantile(s, 0.9),
+                    "vs_host": quantile(s, 0.5) / host_p50,
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({"template": name, "samples": samples, "pool_hits": hit, "rows": list})
+        );
+    } else {
+        println!(
+            "create + first result (1+1) through the daemon, {samples} samples each, interleaved"
+        );
+        for (_, label, s) in rows {
+            println!(
+                "  {label:32} p50 {:8.2} ms   p90 {:8.2} ms   ({:.2}x host)",
+                quantile(s, 0.5),
+                quantile(s, 0.9),
+                quantile(s, 0.5) / host_p50
+            );
+        }
+        println!("  pool hits: {hit} of {samples}");
+    }
+    Ok(ExitCode::SUCCESS)
+}

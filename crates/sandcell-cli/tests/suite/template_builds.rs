@@ -10,7 +10,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use serde_json::Value;
+use serde_json::{Value, json};
 
 use super::common::BIN;
 
@@ -445,7 +445,6 @@ fn context_base64(dir: &Path, tmp: &Path) -> String {
 #[test]
 fn the_daemon_builds_a_template_as_a_job_whose_log_streams_and_guards_it_while_in_use() {
     use reqwest::Method;
-    use serde_json::json;
     use std::time::Instant;
 
     if skip_unless_root() {
@@ -590,8 +589,6 @@ fn the_daemon_builds_a_template_as_a_job_whose_log_streams_and_guards_it_while_i
 
 #[test]
 fn built_in_templates_build_with_one_request_and_do_their_jobs() {
-    use serde_json::json;
-
     if skip_unless_root() {
         return;
     }
@@ -716,4 +713,39 @@ fn built_in_templates_build_with_one_request_and_do_their_jobs() {
         "{}",
         r.body
     );
+}
+
+#[test]
+fn a_singleton_template_gives_each_owner_one_sandbox_that_every_create_shares() {
+    if skip_unless_root() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let d = super::daemon::Daemon::start(&[]);
+    if !import_tiny(tmp.path(), d.home(), TOOLS) {
+        return;
+    }
+    let spec = "name = \"shared\"\ndockerfile_inline = \"FROM tiny:v1\\nRUN echo built > /etc/built\\n\"\n\
+                [warm]\nstrategy = \"singleton\"\n";
+    let r = d.post(
+        "/v1/templates",
+        json!({"name": "shared", "spec": spec, "wait": true}),
+    );
+    assert_eq!(r.body["state"], "succeeded", "{}", r.body);
+
+    let first = d.create_id(json!({"template": "shared"}));
+    assert!(d.exec(&first, "echo mine > /workspace/note").ok);
+    // Every create of the owner gets that sandbox, with what it holds.
+    let again = d.create_id(json!({"template": "shared"}));
+    assert_eq!(again, first);
+    assert_eq!(d.exec(&again, "cat /workspace/note").stdout, "mine\n");
+    // Another owner gets one of its own.
+    let (bobs_key, _) = d.key_for("bob");
+    let bobs = d.create_as(&bobs_key, json!({"template": "shared"}));
+    assert_ne!(bobs.id, first);
+    // Once it is gone, the next create makes the next one.
+    assert_eq!(d.delete(&format!("/v1/sandboxes/{first}")).status, 204);
+    let next = d.create_id(json!({"template": "shared"}));
+    assert_ne!(next, first);
+    assert_eq!(d.exec(&next, "cat /etc/built").stdout, "built\n");
 }

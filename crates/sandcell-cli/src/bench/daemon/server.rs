@@ -88,7 +88,17 @@ impl Daemon {
         extra: &[String],
         env: &[(String, String)],
     ) -> anyhow::Result<Self> {
-        let home = temp_home()?;
+        Self::start_in(temp_home()?, pool, extra, env).await
+    }
+
+    /// [`Daemon::start_with_env`] on `home`, a folder from [`temp_home`] the caller filled
+    /// first (an image store, say); it is removed with the daemon.
+    pub(in crate::bench) async fn start_in(
+        home: PathBuf,
+        pool: usize,
+        extra: &[String],
+        env: &[(String, String)],
+    ) -> anyhow::Result<Self> {
         let mut d = Self {
             child: None,
             pid: 0,
@@ -281,7 +291,7 @@ impl Daemon {
     }
 
     /// Creates a sandbox; its id.
-    pub(super) async fn create(&self, req: &CreateSandbox) -> anyhow::Result<String> {
+    pub(in crate::bench) async fn create(&self, req: &CreateSandbox) -> anyhow::Result<String> {
         Ok(self.api.create_sandbox(req).await?.id)
     }
 
@@ -311,7 +321,7 @@ impl Daemon {
         Ok(backends)
     }
 
-    pub(super) async fn delete(&self, id: &str) -> anyhow::Result<()> {
+    pub(in crate::bench) async fn delete(&self, id: &str) -> anyhow::Result<()> {
         Ok(self.api.delete_sandbox(id).await?)
     }
 
@@ -334,7 +344,7 @@ impl Daemon {
     }
 
     /// Runs `1+1` in sandbox `id` and checks the result.
-    pub(super) async fn first_result(&self, id: &str) -> anyhow::Result<()> {
+    pub(in crate::bench) async fn first_result(&self, id: &str) -> anyhow::Result<()> {
         let v = self.code_ok(id, &python("1+1")).await?;
         let result = v.result.unwrap_or(Value::Null);
         if result["text/plain"] != "2" {
@@ -344,7 +354,7 @@ impl Daemon {
     }
 
     /// One sample of `/metrics` (0 when the series is absent).
-    pub(super) async fn metric(&self, series: &str) -> anyhow::Result<f64> {
+    pub(in crate::bench) async fn metric(&self, series: &str) -> anyhow::Result<f64> {
         let text = self.api.metrics_text().await.context("GET /metrics")?;
         Ok(text
             .lines()
@@ -373,10 +383,20 @@ impl Daemon {
 
     /// Waits until the warm pool holds `pool` ready sandboxes.
     pub(super) async fn wait_pool_full(&self, pool: usize) -> anyhow::Result<()> {
+        self.wait_named_pool_full(POOL, pool).await
+    }
+
+    /// Waits until warm pool `name` holds `size` ready sandboxes.
+    pub(in crate::bench) async fn wait_named_pool_full(
+        &self,
+        name: &str,
+        size: usize,
+    ) -> anyhow::Result<()> {
+        let pool = size;
         if pool == 0 {
             return Ok(());
         }
-        let series = format!("sandcell_pool_ready{{pool=\"{POOL}\"}}");
+        let series = format!("sandcell_pool_ready{{pool=\"{name}\"}}");
         let deadline = Instant::now() + START_TIMEOUT;
         while self.metric(&series).await? < pool as f64 {
             if Instant::now() > deadline {

@@ -259,12 +259,14 @@ impl Builder {
             .map_err(BuildError::io(format!("create {}", scratch.0.display())))?;
 
         let current = Arc::new(AtomicU32::new(0));
-        let egress =
-            if request.offline || !plan.steps.iter().any(|s| matches!(s.op, Op::Run { .. })) {
-                None
-            } else {
-                Some(self.start_egress(&scratch.0, request, events, current.clone())?)
-            };
+        // Started by the first RUN step that is not cached: a fully cached rebuild reads no
+        // registry configuration (`npm config` alone takes a second).
+        let mut egress = EgressSlot {
+            wanted: !request.offline && plan.steps.iter().any(|s| matches!(s.op, Op::Run { .. })),
+            started: None,
+            scratch: scratch.0.clone(),
+            current: current.clone(),
+        };
 
         let diff_ids = base_image
             .config
@@ -308,7 +310,7 @@ impl Builder {
                     &step_dir,
                     id_base,
                     &base_env,
-                    egress.as_ref().map(|e| e.socket.clone()),
+                    &mut egress,
                     &mut chain,
                     events,
                     cancel,
@@ -404,7 +406,7 @@ impl Builder {
         step_dir: &Path,
         id_base: u32,
         base_env: &[(String, String)],
-        egress_socket: Option<String>,
+        egress: &mut EgressSlot,
         chain: &mut Chain,
         events: &UnboundedSender<BuildEvent>,
         cancel: &Cancel,
@@ -516,6 +518,21 @@ impl Builder {
             _ => (Vec::new(), Vec::new()),
         };
         let is_run = copy.is_none();
+        let egress_socket = match egress {
+            EgressSlot {
+                wanted: true,
+                started: None,
+                scratch,
+                current,
+            } if is_run => {
+                let started = self.start_egress(scratch, request, events, current.clone())?;
+                egress.started.insert(started).socket.clone().into()
+            }
+            EgressSlot {
+                started: Some(e), ..
+            } if is_run => Some(e.socket.clone()),
+            _ => None,
+        };
         let config = BuildStepConfig {
             id: format!("build-{}-{index}", id_base),
             lower_root: path_string(&lower_root)?,
@@ -754,6 +771,15 @@ impl Builder {
             task,
         })
     }
+}
+
+/// The build's egress proxy once a step needs it (`wanted`: the build is not offline and has
+/// RUN steps).
+struct EgressSlot {
+    wanted: bool,
+    started: Option<Egress>,
+    scratch: PathBuf,
+    current: Arc<AtomicU32>,
 }
 
 /// The build's egress proxy, stopped when dropped.

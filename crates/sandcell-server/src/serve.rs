@@ -283,6 +283,7 @@ async fn listen(
 
     let (stop_tx, stop_rx) = watch::channel(false);
     let gc = tokio::spawn(lifecycle_loop(state.clone(), stop_rx.clone()));
+    let image_gc = tokio::spawn(image_gc_loop(state.clone(), stop_rx.clone()));
     let refill = tokio::spawn(pool_loop(fleet.clone(), stop_rx.clone()));
     let mut servers = Vec::new();
     {
@@ -327,6 +328,7 @@ async fn listen(
         }
     }
     let _ = gc.await;
+    let _ = image_gc.await;
     let _ = refill.await;
     fleet.drain_pools().await;
     if config.shutdown.sandboxes == "stop" {
@@ -416,6 +418,30 @@ async fn pool_loop(fleet: Arc<Fleet>, mut stop: watch::Receiver<bool>) {
         tokio::select! {
             _ = fleet.pool_taken(Duration::from_secs(5)) => {}
             _ = stop.wait_for(|v| *v) => return,
+        }
+    }
+}
+
+/// Collects the image store's garbage every `templates.gc_interval_secs` (0: never).
+async fn image_gc_loop(s: AppState, mut stop: watch::Receiver<bool>) {
+    let secs = s.config.templates.gc_interval_secs;
+    if secs == 0 {
+        return;
+    }
+    loop {
+        tokio::select! {
+            _ = tokio::time::sleep(Duration::from_secs(secs)) => {}
+            _ = stop.wait_for(|v| *v) => return,
+        }
+        match s.service.collect_image_garbage().await {
+            Ok(Some(c)) if c.blobs > 0 || c.roots > 0 => tracing::info!(
+                blobs = c.blobs,
+                bytes = c.bytes,
+                roots = c.roots,
+                "image store: removed what no template uses"
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(error = %e.message, "image store: garbage collection failed"),
         }
     }
 }

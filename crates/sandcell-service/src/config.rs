@@ -156,6 +156,11 @@ const KEYS: &[Key] = &[
         default: |_| string(""),
     },
     Key {
+        name: "templates.gc_interval_secs",
+        help: "how often the image store's blobs and unpacked roots no template uses are removed (the layer cache is kept; 0: never, `sandcell image prune` by hand)",
+        default: |_| int(3600),
+    },
+    Key {
         name: "exports.url_ttl_secs",
         help: "how long an export's signed download link (no API key needed) stays valid (0: no signed links)",
         default: |_| int(3600),
@@ -358,6 +363,8 @@ pub struct PackagesConfig {
 pub struct TemplatesConfig {
     /// The Debian mirror of `debian:<suite>` bases (empty: the host's).
     pub debian_mirror: String,
+    /// Seconds between collections of the image store's garbage (0: never).
+    pub gc_interval_secs: u64,
 }
 
 /// Memories' settings.

@@ -486,6 +486,26 @@ fn not_found(name: &str) -> ServiceError {
     )
 }
 
+impl Service {
+    /// Removes the image store's blobs and unpacked roots that no template uses (keeping the
+    /// layer cache and the roots sandboxes run on), unless a build is running: then `None`,
+    /// and the next round collects.
+    pub async fn collect_image_garbage(&self) -> ServiceResult<Option<sandcell_image::Collected>> {
+        let Ok(_no_build) = self.builds.one_at_a_time.clone().try_acquire_owned() else {
+            return Ok(None);
+        };
+        let home = self.config.home.clone();
+        tokio::task::spawn_blocking(move || {
+            open_store(&home)?
+                .collect_garbage(true)
+                .map(Some)
+                .map_err(image_error)
+        })
+        .await
+        .map_err(|e| ServiceError::internal(format!("collecting the image store: {e}")))?
+    }
+}
+
 fn open_store(home: &Path) -> ServiceResult<sandcell_image::Store> {
     sandcell_image::Store::open(home.join("images")).map_err(image_error)
 }

@@ -283,8 +283,9 @@ pub(super) async fn pools(name: &str, samples: usize, as_json: bool) -> anyhow::
     let home = super::daemon::server::temp_home()?;
     let source = sandcell_service::config::default_home().join("images");
     let store = sandcell_image::Store::open(home.join("images"))?;
-    sandcell_image::import(&store, &source, name, Some(name))
-        .with_context(|| format!("copy '{name}' from {}", source.display()))?;
+    let reference = sandcell_service::images::reference_of(name);
+    sandcell_image::import(&store, &source, &reference, Some(&reference))
+        .with_context(|| format!("copy '{reference}' from {}", source.display()))?;
     let Some(pool) = sandcell_service::images::template_pool(&home, name)? else {
         let _ = std::fs::remove_dir_all(&home);
         bail!("template '{name}' asks for no warm pool ([warm] strategy = \"pool\")");

@@ -220,3 +220,48 @@ fn a_sandbox_from_an_image_template_runs_on_that_image() {
     let out = d.exec(r.body["id"].as_str().unwrap(), "cat /etc/os-release");
     assert_eq!(out.stdout, "ID=tiny\n");
 }
+
+#[test]
+fn the_daemon_collects_the_image_stores_garbage_on_its_own() {
+    let tmp = tempfile::tempdir().unwrap();
+    let Some(tarball) = busybox_rootfs(tmp.path(), TOOLS) else {
+        sandcell_testkit::skip::skip(
+            "/bin/busybox is missing (scripts/setup.sh installs busybox-static)",
+        );
+        return;
+    };
+    let d = Daemon::start(&["templates.gc_interval_secs=1"]);
+    let tarball = tarball.to_str().unwrap().to_string();
+    image(d.home(), &["import", &tarball, "--as", "doomed:v1"]);
+    let blobs = d.home().join("images/blobs/sha256");
+    let count = || std::fs::read_dir(&blobs).map_or(0, |r| r.count());
+    // A sandbox unpacks its root; the name goes once it has ended.
+    let id = d.create_id(json!({"template": "doomed:v1"}));
+    assert_eq!(d.delete(&format!("/v1/sandboxes/{id}")).status, 204);
+    let before = count();
+    assert!(before >= 3, "a manifest, a config and a layer: {before}");
+    assert_eq!(d.delete("/v1/templates/doomed:v1").status, 204);
+    // Unpacked roots are named by their chain id (dot-names are the store's own).
+    let roots = || -> Vec<String> {
+        std::fs::read_dir(d.home().join("images/roots"))
+            .map(|r| {
+                r.flatten()
+                    .map(|e| e.file_name().to_string_lossy().into_owned())
+                    .filter(|n| !n.starts_with('.'))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    assert_eq!(roots().len(), 1, "{:?}", roots());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while count() != 0 || !roots().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} blobs and roots {:?} left after 20 s:\n{}",
+            count(),
+            roots(),
+            d.log()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+}

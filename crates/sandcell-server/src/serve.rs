@@ -411,9 +411,13 @@ fn pool_specs(
 /// Keeps the warm pools full: refills at start and after each sandbox taken.
 async fn pool_loop(fleet: Arc<Fleet>, mut stop: watch::Receiver<bool>) {
     loop {
-        tokio::select! {
-            _ = fleet.refill_pools() => {}
-            _ = stop.wait_for(|v| *v) => return,
+        // Never cancelled midway: a pool sandbox being made when the daemon stopped was left
+        // running, in no pool and unknown to the next start (found as leftover launchers
+        // after the test suite).
+        let stopping = stop.clone();
+        fleet.refill_pools_until(|| *stopping.borrow()).await;
+        if *stop.borrow() {
+            return;
         }
         tokio::select! {
             _ = fleet.pool_taken(Duration::from_secs(5)) => {}

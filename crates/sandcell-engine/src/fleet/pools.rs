@@ -120,8 +120,18 @@ impl Fleet {
     /// (5 s, doubling, at most 5 min); the other pools fill meanwhile, and creates go the
     /// slow way.
     pub async fn refill_pools(&self) -> usize {
+        self.refill_pools_until(|| false).await
+    }
+
+    /// [`Fleet::refill_pools`], stopping before the next sandbox once `stop()` says so. Its
+    /// future must not be dropped midway (a sandbox it is making would be left running, in
+    /// no pool): a caller that stops waits for it, which takes at most one sandbox's start.
+    pub async fn refill_pools_until(&self, stop: impl Fn() -> bool) -> usize {
         let mut started = 0;
         loop {
+            if stop() {
+                return started;
+            }
             let wanted = {
                 let specs = lock(&self.pools.specs);
                 let ready = lock(&self.pools.ready);

@@ -64,10 +64,9 @@ pub fn config(spec: &SandboxSpec, inputs: &BundleInputs<'_>) -> Value {
             "destination": path, "type": "tmpfs", "source": "tmpfs", "options": options,
         }));
     }
-    // Host folders and volumes, parents first (the service checked where they go).
-    let mut host_mounts: Vec<_> = spec.mounts.iter().collect();
-    host_mounts.sort_by_key(|m| m.target.matches('/').count());
-    for m in host_mounts {
+    // Host folders and volumes (the spec's rules put them side by side in the sandbox's own
+    // folders).
+    for m in &spec.mounts {
         let access = if m.mode == MountMode::Rw { "rw" } else { "ro" };
         mounts.push(json!({
             "destination": m.target.trim_end_matches('/'), "type": "bind", "source": m.source,

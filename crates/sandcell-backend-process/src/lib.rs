@@ -483,12 +483,9 @@ const HOSTNAME: &str = "sandcell";
 /// Spare network namespaces and cgroups each launcher keeps ready for the next sandboxes.
 const SPARES: usize = 2;
 
-/// Host ids for the sandbox user when running as root: an unprivileged id of its own per
-/// sandbox (2^30 + random), so sandboxes share no id with each other or the host.
-/// The jail's mounts of `spec`, parents before the folders below them.
+/// The jail's mounts of `spec` (none lies inside another: the spec's rules).
 fn host_mounts(spec: &SandboxSpec) -> Vec<HostMount> {
-    let mut mounts: Vec<HostMount> = spec
-        .mounts
+    spec.mounts
         .iter()
         .map(|m| HostMount {
             source: m.source.clone(),
@@ -501,11 +498,11 @@ fn host_mounts(spec: &SandboxSpec) -> Vec<HostMount> {
             owner_uid: m.owner_uid,
             owner_gid: m.owner_gid,
         })
-        .collect();
-    mounts.sort_by_key(|m| m.target.matches('/').count());
-    mounts
+        .collect()
 }
 
+/// Host ids for the sandbox user when running as root: an unprivileged id of its own per
+/// sandbox (2^30 + random), so sandboxes share no id with each other or the host.
 fn outside_ids() -> (u32, u32) {
     use std::hash::{BuildHasher, Hasher};
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();

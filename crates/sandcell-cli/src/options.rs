@@ -128,29 +128,9 @@ impl SandboxArgs {
     /// read (the daemon's allow-list, `mounts.allowed_paths`, is for its API's callers);
     /// volumes are the home's, shared with the daemon's admin.
     pub fn mounts(&self) -> anyhow::Result<Vec<sandcell_engine::SandboxMount>> {
-        let mut list = Vec::new();
-        for m in &self.mounts {
-            let mut input = MountInput::parse_host(m)?;
-            if let Some(host) = &input.host_path {
-                let resolved = std::fs::canonicalize(host)
-                    .with_context(|| format!("--mount '{m}': the host folder '{host}'"))?;
-                input.host_path = Some(resolved.display().to_string());
-            }
-            list.push(input);
-        }
-        for v in &self.volumes {
-            list.push(MountInput::parse_volume(v)?);
-        }
-        if list.is_empty() {
-            return Ok(Vec::new());
-        }
-        let home = sandcell_service::config::default_home();
-        Ok(sandcell_service::volumes::resolve_mounts(
-            &home,
-            sandcell_server::ADMIN_OWNER,
-            &list,
-            |host| Ok(std::path::PathBuf::from(host)),
-        )?)
+        let hosts = self.mounts.iter().map(|m| MountInput::parse_host(m));
+        let volumes = self.volumes.iter().map(|v| MountInput::parse_volume(v));
+        local_mounts(&hosts.chain(volumes).collect::<Result<Vec<_>, _>>()?)
     }
 
     /// `--env` pairs, checked.
@@ -174,4 +154,23 @@ impl SandboxArgs {
             Some(_) => bail!("--timeout must be a positive number of seconds"),
         }
     }
+}
+
+/// `list` resolved for the command line's user: any host folder they can read (links
+/// resolved), the home's volumes of the daemon's admin (made on first use).
+pub fn local_mounts(list: &[MountInput]) -> anyhow::Result<Vec<sandcell_engine::SandboxMount>> {
+    if list.is_empty() {
+        return Ok(Vec::new());
+    }
+    let home = sandcell_service::config::default_home();
+    Ok(sandcell_service::volumes::resolve_mounts(
+        &home,
+        sandcell_server::ADMIN_OWNER,
+        list,
+        |host| {
+            std::fs::canonicalize(host).map_err(|e| {
+                sandcell_service::ServiceError::invalid(format!("the host folder '{host}': {e}"))
+            })
+        },
+    )?)
 }

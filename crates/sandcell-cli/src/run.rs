@@ -14,6 +14,7 @@ use serde_json::json;
 
 use crate::options::{Lang, SandboxArgs};
 use crate::render::{self, Renderer};
+use sandcell_api::volumes::MountInput;
 
 /// Arguments of `sandcell run`.
 #[derive(Debug, Args)]
@@ -142,16 +143,13 @@ fn workspace_spec(args: &RunArgs, dir: &std::path::Path) -> anyhow::Result<Sandb
     let home = sandcell_service::config::default_home();
     let template = crate::workspace::template_for(&dir, &setup, &home)?;
     let mut spec = args.sandbox.spec_on(Some(&template))?;
-    let meta = std::fs::metadata(&dir)?;
-    use std::os::unix::fs::MetadataExt;
-    spec.mounts.push(sandcell_engine::SandboxMount {
-        source: dir.display().to_string(),
-        target: "/workspace".into(),
-        mode: sandcell_engine::MountMode::Overlay,
-        owner_uid: meta.uid(),
-        owner_gid: meta.gid(),
-        volume: None,
-    });
+    spec.mounts
+        .extend(crate::options::local_mounts(&[MountInput {
+            host_path: Some(dir.display().to_string()),
+            volume: None,
+            path: "/workspace".into(),
+            mode: Some(sandcell_engine::MountMode::Overlay),
+        }])?);
     if args.sandbox.network == sandcell_engine::NetworkPolicy::Loopback {
         spec.network = sandcell_engine::NetworkPolicy::Off;
     }

@@ -458,15 +458,7 @@ fn mapping_namespace(id_base: u32) -> Result<fs::File, JailError> {
 
 fn write_maps(pid: Pid, id_base: u32) -> Result<(), JailError> {
     let map = format!("0 {id_base} {ID_RANGE_SIZE}\n");
-    for (file, contents) in [
-        ("uid_map", map.as_str()),
-        ("setgroups", "allow"),
-        ("gid_map", map.as_str()),
-    ] {
-        fs::write(format!("/proc/{pid}/{file}"), contents)
-            .map_err(|e| JailError::io(format!("write {file} of the build step"), e))?;
-    }
-    Ok(())
+    crate::mount_attr::write_id_maps(pid, &map, &map, "the build step")
 }
 
 fn pipe() -> Result<(OwnedFd, OwnedFd), JailError> {

@@ -143,7 +143,7 @@ pub struct JailConfig {
     pub system_root: Option<String>,
     /// Writable tmpfs mounts (their mount points exist in the skeleton).
     pub tmpfs: Vec<TmpfsMount>,
-    /// Host folders mounted below the tmpfs mounts, in this order (parents first).
+    /// Host folders mounted below the tmpfs mounts (none inside another).
     #[serde(default)]
     pub mounts: Vec<HostMount>,
     /// Network policy.

@@ -152,6 +152,24 @@ fn invalid(e: crate::JailError) -> io::Error {
     io::Error::new(io::ErrorKind::InvalidInput, e.to_string())
 }
 
+/// Writes process `pid`'s id maps (`setgroups` allowed); `what` names it in errors.
+pub(crate) fn write_id_maps(
+    pid: nix::unistd::Pid,
+    uid_map: &str,
+    gid_map: &str,
+    what: &str,
+) -> Result<(), crate::JailError> {
+    for (file, contents) in [
+        ("uid_map", uid_map),
+        ("setgroups", "allow"),
+        ("gid_map", gid_map),
+    ] {
+        std::fs::write(format!("/proc/{pid}/{file}"), contents)
+            .map_err(|e| crate::JailError::io(format!("write {file} of {what}"), e))?;
+    }
+    Ok(())
+}
+
 /// A user namespace whose id maps are `uid_map` and `gid_map` (lines of `inside outside
 /// count`), for an
 /// idmapped mount to take its mapping from: a child that makes it and waits, mapped by us,
@@ -171,17 +189,10 @@ pub fn mapping_namespace(uid_map: &str, gid_map: &str) -> Result<std::fs::File, 
         unsafe { libc::_exit(0) };
     };
     drop(wait_read);
-    let write = |file: &str, contents: &str| {
-        std::fs::write(format!("/proc/{child}/{file}"), contents)
-            .map_err(|e| JailError::io(format!("write {file} of the mapping namespace"), e))
-    };
-    let opened = write("uid_map", uid_map)
-        .and_then(|()| write("setgroups", "allow"))
-        .and_then(|()| write("gid_map", gid_map))
-        .and_then(|()| {
-            std::fs::File::open(format!("/proc/{child}/ns/user"))
-                .map_err(|e| JailError::io("open the mapping namespace", e))
-        });
+    let opened = write_id_maps(child, uid_map, gid_map, "the mapping namespace").and_then(|()| {
+        std::fs::File::open(format!("/proc/{child}/ns/user"))
+            .map_err(|e| JailError::io("open the mapping namespace", e))
+    });
     drop(wait_write);
     let _ = nix::sys::wait::waitpid(child, None);
     opened

@@ -264,7 +264,6 @@ impl Service {
     ) -> ServiceResult<SandboxInfo> {
         let mut spec = self.spec_for(&req).await?;
         spec.mounts = self.resolve_mounts(caller, &req.mounts)?;
-        spec.validate()?;
         let secrets = crate::secrets::secrets_of(&req.secrets)?;
         for s in secrets.iter() {
             spec.env
@@ -283,35 +282,28 @@ impl Service {
         );
         let wanted_packages = req.packages.as_ref().filter(|p| !p.is_empty());
         opts.pool_key = wanted_packages.map(crate::packages::pool_key);
-        // An image template whose pool warms its sandboxes up: the create takes those.
-        if opts.pool_key.is_none()
-            && let Some(template) = opts
-                .spec
-                .system_root
-                .as_ref()
-                .and(opts.spec.template.as_ref())
-            && crate::images::template_defaults(&self.config.home, template)?.is_some_and(|d| {
-                matches!(
-                    d.warm,
-                    sandcell_template::WarmStrategy::Pool {
-                        warmup: Some(_),
-                        ..
-                    }
-                )
-            })
-        {
-            opts.pool_key = Some(crate::images::warmup_key(template));
-        }
-        // A template whose warm strategy is `singleton`: one sandbox per owner, which every
-        // create of that owner naming the template gets (the first makes it). Creates of one
-        // take turns, so that two at once do not make two.
-        let singleton = match (&opts.spec.system_root, &opts.spec.template) {
-            (Some(_), Some(t))
-                if crate::images::template_defaults(&self.config.home, t)?
-                    .is_some_and(|d| d.warm == sandcell_template::WarmStrategy::Singleton) =>
-            {
-                Some(t.clone())
+        // An image template's warm strategy, read once: a pool whose sandboxes ran its
+        // warm-up (the create takes one), or a singleton.
+        let warm = match (&opts.spec.system_root, &opts.spec.template) {
+            (Some(_), Some(t)) => {
+                crate::images::template_defaults(&self.config.home, t)?.map(|d| (t.clone(), d.warm))
             }
+            _ => None,
+        };
+        let singleton = match warm {
+            Some((
+                template,
+                sandcell_template::WarmStrategy::Pool {
+                    warmup: Some(_), ..
+                },
+            )) if opts.pool_key.is_none() => {
+                opts.pool_key = Some(crate::images::warmup_key(&template));
+                None
+            }
+            // One sandbox per owner, which every create of that owner naming the template
+            // gets (the first makes it). Creates of one take turns, so that two at once do
+            // not make two.
+            Some((template, sandcell_template::WarmStrategy::Singleton)) => Some(template),
             _ => None,
         };
         let _turn = match &singleton {

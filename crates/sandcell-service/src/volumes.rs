@@ -37,12 +37,8 @@ impl Service {
         caller: &Caller,
         list: &[MountInput],
     ) -> ServiceResult<Vec<SandboxMount>> {
-        let policy = (!list.is_empty()).then(|| self.mount_policy());
         resolve_mounts(&self.config.home, &caller.owner, list, |host| {
-            policy.as_ref().map_or_else(
-                || Err(ServiceError::internal("no mount policy")),
-                |p| p.resolve(host),
-            )
+            self.mount_policy().resolve(host)
         })
     }
 

@@ -39,33 +39,42 @@ pub fn detach_all(
     mounts
         .iter()
         .map(|m| {
-            let tree = mount_attr::clone_tree(&m.source, false)
-                .map_err(|e| JailError::io(format!("open the host folder {}", m.source), e))?;
+            let tree = clone(m)?;
             let userns = mount_attr::mapping_namespace(
                 &format!("{} {outside_uid} 1\n", m.owner_uid),
                 &format!("{} {outside_gid} 1\n", m.owner_gid),
             )?;
-            let idmapped = match mount_attr::set_on_tree(&tree, attrs(m.mode), Some(&userns), false)
-            {
-                Ok(()) => true,
+            match mount_attr::set_on_tree(&tree, attrs(m.mode), Some(&userns), false) {
+                Ok(()) => Ok(DetachedMount {
+                    tree,
+                    idmapped: true,
+                }),
                 Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP)) => {
-                    false
+                    with_host_ids(tree, m)
                 }
-                Err(e) => {
-                    return Err(JailError::io(
-                        format!("idmap the host folder {}", m.source),
-                        e,
-                    ));
-                }
-            };
-            if !idmapped {
-                mount_attr::set_on_tree(&tree, attrs(m.mode), None, false).map_err(|e| {
-                    JailError::io(format!("protect the host folder {}", m.source), e)
-                })?;
+                Err(e) => Err(JailError::io(
+                    format!("idmap the host folder {}", m.source),
+                    e,
+                )),
             }
-            Ok(DetachedMount { tree, idmapped })
         })
         .collect()
+}
+
+/// A detached copy of `m`'s folder.
+fn clone(m: &HostMount) -> Result<OwnedFd, JailError> {
+    mount_attr::clone_tree(&m.source, false)
+        .map_err(|e| JailError::io(format!("open the host folder {}", m.source), e))
+}
+
+/// `m`'s detached `tree` protected per its mode, the host's ids shown.
+fn with_host_ids(tree: OwnedFd, m: &HostMount) -> Result<DetachedMount, JailError> {
+    mount_attr::set_on_tree(&tree, attrs(m.mode), None, false)
+        .map_err(|e| JailError::io(format!("protect the host folder {}", m.source), e))?;
+    Ok(DetachedMount {
+        tree,
+        idmapped: false,
+    })
 }
 
 /// Attaches the mounts under the new root `root` (its tmpfs mounts in place), in order:
@@ -81,17 +90,7 @@ pub fn attach_all(
     for m in mounts {
         let mount = match detached.next() {
             Some(d) => d,
-            None => {
-                let tree = mount_attr::clone_tree(&m.source, false)
-                    .map_err(|e| JailError::io(format!("open the host folder {}", m.source), e))?;
-                mount_attr::set_on_tree(&tree, attrs(m.mode), None, false).map_err(|e| {
-                    JailError::io(format!("protect the host folder {}", m.source), e)
-                })?;
-                DetachedMount {
-                    tree,
-                    idmapped: false,
-                }
-            }
+            None => with_host_ids(clone(m)?, m)?,
         };
         let target = format!("{root}{}", m.target);
         std::fs::create_dir_all(&target)

@@ -63,6 +63,14 @@ pub fn resolve(store: &Store, name: &str, debian: &DebianOptions) -> Result<Reso
                 "FROM {name}: '{suite}' is not a Debian suite (bookworm, trixie, bullseye, sid, stable, testing, 11, 12, 13)"
             ))
         })?;
+        // Two builds from the same new base make it once: the second waits, then finds it.
+        let _making = store.job_lock(&format!("debian-{suite}"))?;
+        if let Some(image) = store.lookup(name)? {
+            return Ok(Resolved {
+                base: Base::Image(Box::new(image)),
+                made: None,
+            });
+        }
         let start = Instant::now();
         make_debian(store, name, suite, debian)?;
         let image = store.image(name)?.ok_or_else(|| {
@@ -151,9 +159,12 @@ fn make_debian(
     drop(file);
     let _ = std::fs::remove_file(&placeholder);
     let tar = placeholder.with_extension("tar");
+    // mmdebstrap unpacks the whole system into its TMPDIR before packing the tarball.
+    let scratch = store.temp_dir()?;
     let mut cmd = Command::new(&program);
     cmd.args(["--variant=minbase", "--format=tar", "--quiet", suite])
-        .arg(&tar);
+        .arg(&tar)
+        .env("TMPDIR", &scratch);
     if let Some(m) = opts.mirror.clone().or_else(host_debian_mirror) {
         cmd.arg(m);
     }
@@ -176,6 +187,7 @@ fn make_debian(
         )))
     };
     let _ = std::fs::remove_file(&tar);
+    let _ = std::fs::remove_dir_all(&scratch);
     result
 }
 

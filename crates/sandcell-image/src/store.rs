@@ -140,7 +140,26 @@ impl Store {
 
     /// An exclusive lock on the store's index and cache, held until the file is dropped.
     fn lock(&self) -> Result<File, ImageError> {
-        let path = self.root.join(".lock");
+        self.lock_file(".lock")
+    }
+
+    /// An exclusive lock for one long job on the store (making a base, say) that the index's
+    /// lock must not be held for; `purpose` names it (letters, digits, `-`).
+    pub fn job_lock(&self, purpose: &str) -> Result<File, ImageError> {
+        if purpose.is_empty()
+            || !purpose
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b == b'-')
+        {
+            return Err(ImageError::Invalid(format!(
+                "'{purpose}' cannot name a lock"
+            )));
+        }
+        self.lock_file(&format!(".lock-{purpose}"))
+    }
+
+    fn lock_file(&self, name: &str) -> Result<File, ImageError> {
+        let path = self.root.join(name);
         let file = fs::OpenOptions::new()
             .create(true)
             .truncate(false)
@@ -163,6 +182,21 @@ impl Store {
             .filter(|h| h.len() == 64 && h.bytes().all(|b| b.is_ascii_hexdigit()))
             .ok_or_else(|| ImageError::Invalid(format!("'{digest}' is not a sha256 digest")))?;
         Ok(self.root.join("blobs").join("sha256").join(hex))
+    }
+
+    /// A new temporary folder inside the store, for a program's own scratch files (its
+    /// `TMPDIR`): on the store's file system, not in a `/tmp` that may be small.
+    pub fn temp_dir(&self) -> Result<PathBuf, ImageError> {
+        let dir = self.root.join("tmp");
+        for n in 0u32.. {
+            let path = dir.join(format!("{}-d{n}", std::process::id()));
+            match fs::create_dir(&path) {
+                Ok(()) => return Ok(path),
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(e) => return Err(io_err("create", &path)(e)),
+            }
+        }
+        Err(ImageError::Invalid("no temporary folder name left".into()))
     }
 
     /// A new temporary file inside the store (same file system as the blobs).
@@ -497,14 +531,22 @@ impl Store {
                 out.roots += 1;
             }
         }
-        // Temporary files of this process are in use only while a put runs, under no lock:
-        // leave them; a dead process's are leftovers.
+        // Temporary files and folders are in use, under no lock, while the process that made
+        // them (their name's prefix) lives: leave those; a dead process's are leftovers.
         let tmp = self.root.join("tmp");
-        let mine = format!("{}-", std::process::id());
         for entry in fs::read_dir(&tmp).map_err(io_err("list", &tmp))?.flatten() {
-            if !entry.file_name().to_string_lossy().starts_with(&mine) {
-                let _ = fs::remove_file(entry.path());
+            let name = entry.file_name();
+            let owner = name.to_string_lossy();
+            let pid = owner.split('-').next().unwrap_or_default();
+            if !pid.is_empty() && Path::new("/proc").join(pid).exists() {
+                continue;
             }
+            let path = entry.path();
+            let _ = if entry.file_type().is_ok_and(|t| t.is_dir()) {
+                fs::remove_dir_all(&path)
+            } else {
+                fs::remove_file(&path)
+            };
         }
         Ok(out)
     }
@@ -718,5 +760,25 @@ mod tests {
             store.tag("x", &[orphan], &config).is_err(),
             "a layer not stored"
         );
+    }
+
+    #[test]
+    fn garbage_collection_leaves_a_live_process_scratch_and_drops_a_dead_ones() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let store = Store::open(dir.path()).expect("open");
+        let (live_file, _f) = store.temp_file().expect("file");
+        let live_dir = store.temp_dir().expect("dir");
+        std::fs::write(live_dir.join("inside"), b"x").expect("write");
+        // No process has a pid this high (the kernel's limit is 2^22).
+        let dead_file = dir.path().join("tmp").join("999999999-0");
+        let dead_dir = dir.path().join("tmp").join("999999999-d0");
+        std::fs::write(&dead_file, b"x").expect("write");
+        std::fs::create_dir_all(dead_dir.join("sub")).expect("mkdir");
+        store.collect_garbage(true).expect("gc");
+        assert!(live_file.exists() && live_dir.join("inside").exists());
+        assert!(!dead_file.exists() && !dead_dir.exists());
+        let _one = store.job_lock("debian-bookworm").expect("lock");
+        assert!(store.job_lock("../x").is_err());
+        assert!(store.job_lock("").is_err());
     }
 }

@@ -38,9 +38,9 @@ export SANDCELL_BIN="$PWD/target/debug/sandcell"
 echo "== tests on gvisor"
 SANDCELL_TEST_BACKEND=gvisor cargo test -p sandcell-cli --test all --quiet -- \
   exec:: files:: kernels:: processes:: limits:: attacks:: egress::
-# The attacks again on sandboxes whose system comes from a root folder of their own, as an
-# image template's does (the folder holds the host's /usr, bound in, so that the attacks'
-# tools are there).
+# The attacks again, on each backend, on sandboxes whose system comes from a root folder of
+# their own, as an image template's does (the folder holds the host's /usr, bound in, so
+# that the attacks' tools are there).
 echo "== attacks on an image root"
 if [ "$(id -u)" = 0 ]; then
   image_root="$(mktemp -d "${TMPDIR:-/tmp}/sandcell-image-root.XXXXXX")"
@@ -49,7 +49,12 @@ if [ "$(id -u)" = 0 ]; then
   for l in bin sbin lib lib64; do [ -L "/$l" ] && ln -s "usr/$l" "$image_root/$l"; done
   mkdir -p "$image_root/etc" && cp -a /etc/ssl "$image_root/etc/"
   status=0
-  SANDCELL_TEST_SYSTEM_ROOT="$image_root" cargo test -p sandcell-cli --test all --quiet -- attacks:: || status=$?
+  for backend in process gvisor; do
+    [ "$status" = 0 ] || break
+    echo "-- on $backend"
+    SANDCELL_TEST_BACKEND="$backend" SANDCELL_TEST_SYSTEM_ROOT="$image_root" \
+      cargo test -p sandcell-cli --test all --quiet -- attacks:: || status=$?
+  done
   umount "$image_root/usr"
   rm -rf "$image_root"
   [ "$status" = 0 ] || exit "$status"

@@ -31,7 +31,9 @@ pub const PIDS_OVERHEAD: u64 = 256;
 pub struct BundleInputs<'a> {
     /// The root skeleton (host folder), bound read-only as `/`.
     pub root: &'a str,
-    /// Host system paths bound read-only at the same place.
+    /// Where the system comes from: `/` (the host's own) or an image's unpacked root.
+    pub system_root: &'a str,
+    /// System paths bound read-only from under `system_root` to the same place inside.
     pub binds: &'a [String],
     /// The host folder holding the Sandcell binary (bound at [`GUEST_DIR`]).
     pub guest_dir: &'a str,
@@ -79,9 +81,11 @@ pub fn config(spec: &SandboxSpec, inputs: &BundleInputs<'_>) -> Value {
         "destination": "/dev/shm", "type": "tmpfs", "source": "shm",
         "options": ["nosuid", "nodev", "mode=1777", format!("size={}", sandcell_jail::rootfs::SHM_BYTES)],
     }));
+    let system_root = inputs.system_root.trim_end_matches('/');
     for path in inputs.binds {
         mounts.push(json!({
-            "destination": path, "type": "bind", "source": path, "options": ["rbind", "ro"],
+            "destination": path, "type": "bind", "source": format!("{system_root}{path}"),
+            "options": ["rbind", "ro", "nosuid", "nodev"],
         }));
     }
     mounts.push(json!({
@@ -158,6 +162,7 @@ mod tests {
     fn inputs() -> BundleInputs<'static> {
         BundleInputs {
             root: "/run/sandcell/rootfs/root-x",
+            system_root: "/",
             binds: &[],
             guest_dir: "/run/sandcell/gvisor/bin",
             egress_dir: None,
@@ -244,5 +249,27 @@ mod tests {
                 .iter()
                 .any(|m| m["destination"] == sandcell_protocol::EGRESS_DIR)
         );
+    }
+
+    #[test]
+    fn an_images_system_is_bound_from_its_root_read_only_and_without_setuid() {
+        let binds = ["/usr".to_string(), "/app".to_string()];
+        let from_image = BundleInputs {
+            system_root: "/var/lib/sandcell/images/roots/abc/",
+            binds: &binds,
+            ..inputs()
+        };
+        let c = config(&SandboxSpec::default(), &from_image);
+        let mounts = c["mounts"].as_array().unwrap();
+        for path in binds {
+            let m = mounts.iter().find(|m| m["destination"] == path).unwrap();
+            assert_eq!(
+                m["source"],
+                json!(format!("/var/lib/sandcell/images/roots/abc{path}"))
+            );
+            for option in ["ro", "nosuid", "nodev"] {
+                assert!(m["options"].as_array().unwrap().contains(&json!(option)));
+            }
+        }
     }
 }

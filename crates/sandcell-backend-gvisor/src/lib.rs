@@ -303,23 +303,9 @@ impl GvisorBackend {
             stage: stage.into(),
             message,
         };
-        let tmpfs: Vec<&str> = bundle::TMPFS
-            .iter()
-            .map(|(p, _)| *p)
-            .chain([GUEST_DIR, sandcell_protocol::EGRESS_DIR])
-            .collect();
-        let skeleton = skeleton::prepare(
-            &self.config.runtime_dir.join("rootfs"),
-            &RootLayout {
-                system_root: Path::new("/"),
-                system_paths: &self.config.system_paths,
-                etc_files: &etc_files(),
-                tmpfs_paths: &tmpfs,
-            },
-            // runsc binds each system path itself: nothing mounted in the host's namespace.
-            false,
-        )
-        .map_err(|e| launch_err("root skeleton", e.to_string()))?;
+        let skeleton = self
+            .skeleton(None)
+            .map_err(|e| launch_err("root skeleton", e))?;
         let guest_dir = skeleton::binary_dir(&self.dir().join("bin"), &self.config.binary)
             .map_err(|e| launch_err("agent binary", e.to_string()))?;
         install_binary(&self.config.binary, &guest_dir)
@@ -340,6 +326,43 @@ impl GvisorBackend {
         };
         *slot = Some(shared.clone());
         Ok(shared)
+    }
+
+    /// The root skeleton of sandboxes whose system comes from `system_root` (`None`: the
+    /// host's), as the process backend makes it: an image brings its own top-level folders
+    /// besides the system ones.
+    fn skeleton(&self, system_root: Option<&str>) -> Result<skeleton::Skeleton, String> {
+        let tmpfs: Vec<&str> = bundle::TMPFS
+            .iter()
+            .map(|(p, _)| *p)
+            .chain([GUEST_DIR, sandcell_protocol::EGRESS_DIR])
+            .collect();
+        let etc_files = etc_files();
+        let image_paths;
+        let system_paths = match system_root {
+            Some(root) => {
+                image_paths = skeleton::image_system_paths(
+                    Path::new(root),
+                    &self.config.system_paths,
+                    &etc_files,
+                    &tmpfs,
+                );
+                &image_paths
+            }
+            None => &self.config.system_paths,
+        };
+        skeleton::prepare(
+            &self.config.runtime_dir.join("rootfs"),
+            &RootLayout {
+                system_root: Path::new(system_root.unwrap_or("/")),
+                system_paths,
+                etc_files: &etc_files,
+                tmpfs_paths: &tmpfs,
+            },
+            // runsc binds each system path itself: nothing mounted in the host's namespace.
+            false,
+        )
+        .map_err(|e| e.to_string())
     }
 
     /// Sandbox `id`'s egress folder (created) unless its network is `off`: a `loopback`
@@ -366,6 +389,20 @@ impl GvisorBackend {
         guest_dir: &str,
     ) -> Result<PathBuf, String> {
         let shared = self.shared().map_err(|e| e.to_string())?;
+        let image_skeleton;
+        let (root, system_root, binds) = match spec.system_root.as_deref() {
+            Some(system_root) => {
+                image_skeleton = self
+                    .skeleton(Some(system_root))
+                    .map_err(|e| format!("the root skeleton of {system_root}: {e}"))?;
+                (
+                    image_skeleton.dir.display().to_string(),
+                    system_root,
+                    &image_skeleton.binds,
+                )
+            }
+            None => (shared.root.clone(), "/", &shared.binds),
+        };
         let dir = self.dir().join("bundles").join(container);
         std::fs::DirBuilder::new()
             .recursive(true)
@@ -379,8 +416,9 @@ impl GvisorBackend {
         let config = bundle::config(
             spec,
             &bundle::BundleInputs {
-                root: &shared.root,
-                binds: &shared.binds,
+                root: &root,
+                system_root,
+                binds,
                 guest_dir,
                 egress_dir: egress.as_deref(),
                 cgroup_path: &self.cgroup_path(container),
@@ -461,13 +499,6 @@ impl GvisorBackend {
         spec: &SandboxSpec,
         image: Option<&Path>,
     ) -> Result<LaunchedSandbox, EngineError> {
-        // Its bundle binds the host's system; a template's root is not carried over yet.
-        if spec.system_root.is_some() {
-            return Err(EngineError::InvalidSpec(
-                "sandboxes from image templates run on the process backend only (not gvisor yet)"
-                    .into(),
-            ));
-        }
         if let Some(m) = spec.mounts.iter().find(|m| m.mode == MountMode::Overlay) {
             return Err(EngineError::InvalidSpec(format!(
                 "the overlay mount at '{}' is the process backend's (gvisor mounts folders ro or rw)",

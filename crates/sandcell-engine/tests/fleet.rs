@@ -358,6 +358,7 @@ async fn a_warm_pool_hands_out_ready_sandboxes_and_refills() {
         spec: SandboxSpec::default(),
         size: 2,
         prepare: None,
+        seed: None,
     }]);
     assert_eq!(fleet.refill_pools().await, 2);
     assert_eq!(fleet.pool_ready_counts(), vec![("default".into(), 2)]);
@@ -428,6 +429,7 @@ async fn a_prepared_pool_serves_only_creates_naming_its_key() {
             key: "mark".into(),
             run: Arc::new(prepare),
         }),
+        seed: None,
     }]);
     assert_eq!(fleet.refill_pools().await, 1);
 
@@ -484,12 +486,14 @@ async fn a_prepared_pool_serves_only_creates_naming_its_key() {
                 key: "down".into(),
                 run: Arc::new(failing),
             }),
+            seed: None,
         },
         PoolSpec {
             name: "plain".into(),
             spec: SandboxSpec::default(),
             size: 1,
             prepare: None,
+            seed: None,
         },
     ]);
     let records_before = ledger.count_active(None).unwrap();

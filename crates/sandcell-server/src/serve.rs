@@ -397,6 +397,7 @@ fn pool_specs(
                 spec,
                 size: pool.count,
                 prepare: None,
+                seed: None,
             },
             pool.packages,
         ));

@@ -99,6 +99,9 @@ pub fn with_template_defaults(
         req.kernels = serde_json::from_value(serde_json::json!(sandbox.kernels))
             .map_err(|e| bad("kernel list", e))?;
     }
+    if req.backend.is_none() {
+        req.backend = sandbox.backend;
+    }
     Ok(req)
 }
 
@@ -149,10 +152,11 @@ pub fn reference_of(name: &str) -> String {
     }
 }
 
-/// The warm pool the template file of image `name` asks for (`[warm] strategy = "pool"`):
-/// sandboxes as a create naming it gets them, each having run the warm-up code in its first
-/// kernel (Python when it starts none). `None` for any other strategy (`snapshot` and
-/// `singleton` are recorded, not acted on yet).
+/// The warm pool the template file of image `name` asks for (`[warm] strategy = "pool"` or
+/// `"snapshot"`): sandboxes as a create naming it gets them, each having run the warm-up
+/// code in its first kernel (Python when it starts none); for `snapshot`, the first one only,
+/// the others restored from its snapshot, kept in `<home>/pool-seeds/<name:tag>`. `None` for
+/// any other strategy (`singleton` is handled by the create).
 pub fn template_pool(
     home: &Path,
     name: &str,
@@ -160,8 +164,10 @@ pub fn template_pool(
     let Some(defaults) = template_defaults(home, name)? else {
         return Ok(None);
     };
-    let sandcell_template::WarmStrategy::Pool { size, warmup } = defaults.warm else {
-        return Ok(None);
+    let (size, warmup, seeded) = match defaults.warm {
+        sandcell_template::WarmStrategy::Pool { size, warmup } => (size, warmup, false),
+        sandcell_template::WarmStrategy::Snapshot { size, warmup } => (size, warmup, true),
+        _ => return Ok(None),
     };
     let reference = reference_of(name);
     let req = CreateSandbox {
@@ -197,11 +203,17 @@ pub fn template_pool(
         }
     });
     Ok(Some(sandcell_engine::fleet::PoolSpec {
-        name: format!("{reference}/template"),
+        name: template_pool_name(&reference),
         spec,
         size: size as usize,
         prepare,
+        seed: seeded.then(|| home.join("pool-seeds").join(&reference)),
     }))
+}
+
+/// The name of template `reference`'s warm pool (in metrics).
+pub fn template_pool_name(reference: &str) -> String {
+    format!("{reference}/template")
 }
 
 /// The warm pools of every template of the store under `home` that asks for one (a

@@ -295,6 +295,9 @@ impl Service {
                 template,
                 sandcell_template::WarmStrategy::Pool {
                     warmup: Some(_), ..
+                }
+                | sandcell_template::WarmStrategy::Snapshot {
+                    warmup: Some(_), ..
                 },
             )) if opts.pool_key.is_none() => {
                 opts.pool_key = Some(crate::images::warmup_key(&template));

@@ -421,6 +421,11 @@ impl Service {
         }
         let store = open_store(&self.config.home)?;
         store.untag(&info.name).map_err(image_error)?;
+        // Its warm pool goes with it (a refill would find no image).
+        let pool = crate::images::template_pool_name(&info.name);
+        if let Some(seed) = self.fleet.remove_pool(&pool).await {
+            let _ = std::fs::remove_dir_all(seed);
+        }
         Ok(())
     }
 

@@ -14,6 +14,7 @@
 //! env = { MPLBACKEND = "Agg" }
 //! workdir = "/workspace"
 //! limits = { memory_mb = 1024, cpus = 1.0 }
+//! backend = "gvisor"                 # default: the daemon's (process)
 //!
 //! [warm]
 //! strategy = "pool"                   # cold | pool | snapshot | singleton
@@ -65,6 +66,8 @@ pub struct SandboxDefaults {
     pub workdir: Option<String>,
     /// Limits (the create request's `limits` shape).
     pub limits: Option<serde_json::Value>,
+    /// The isolation backend (`process`, `gvisor`; a create naming another still may).
+    pub backend: Option<String>,
 }
 
 /// How a template's sandboxes are kept ready.
@@ -82,7 +85,8 @@ pub enum WarmStrategy {
         #[serde(default)]
         warmup: Option<String>,
     },
-    /// A snapshot of a warmed sandbox is kept, and `size` are restored from it ahead.
+    /// A snapshot of a warmed sandbox is kept, and `size` are restored from it ahead (on a
+    /// backend that checkpoints whole sandboxes, gVisor; elsewhere a `pool`).
     Snapshot {
         /// How many wait restored.
         size: u32,
@@ -144,6 +148,13 @@ impl TemplateFile {
             && !w.starts_with('/')
         {
             return bad(format!("sandbox.workdir '{w}' must be absolute"));
+        }
+        // Which backends exist is the service's to say (a create of the template names an
+        // unknown one with the list); here only the shape of a name.
+        if let Some(b) = &self.sandbox.backend
+            && (b.is_empty() || !b.bytes().all(|c| c.is_ascii_lowercase()))
+        {
+            return bad(format!("sandbox.backend '{b}' is not a backend name"));
         }
         Ok(())
     }
@@ -234,6 +245,7 @@ warmup = "import pandas"
             ("[warm]\nstrategy = \"pool\"\nsize = 0", "warm.size"),
             ("[warm]\nstrategy = \"lukewarm\"", "lukewarm"),
             ("[sandbox]\nworkdir = \"rel\"", "absolute"),
+            ("[sandbox]\nbackend = \"G Visor\"", "not a backend name"),
         ];
         for (text, needle) in cases {
             let e = TemplateFile::parse(text).expect_err(text);

@@ -30,6 +30,7 @@ mod mounts;
 mod processes;
 mod rootless;
 mod runs_api;
+mod seeded_pools;
 mod service;
 mod template_builds;
 mod workspace;

@@ -6,6 +6,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -13,6 +14,7 @@ use std::time::{Duration, Instant};
 use super::{Fleet, Live, SandboxRecord, SandboxState, lock, now_ms, persistence};
 use crate::error::EngineError;
 use crate::sandbox::Sandbox;
+use crate::snapshot::SnapshotManifest;
 use crate::spec::SandboxSpec;
 
 /// The owner of ready pool sandboxes (not a valid key owner).
@@ -30,6 +32,11 @@ pub struct PoolSpec {
     /// Work done on each of its sandboxes before it counts as ready (packages installed,
     /// say); only creates naming the same key take from such a pool.
     pub prepare: Option<PoolPrepare>,
+    /// A folder of the pool's own (emptied when the pool starts) where it keeps a snapshot of
+    /// its first sandbox, taken once that sandbox is prepared: the others are restored from
+    /// it, state and all, instead of being made and prepared each. Only where the backend
+    /// checkpoints whole sandboxes (gVisor); elsewhere each is made and prepared.
+    pub seed: Option<PathBuf>,
 }
 
 /// What [`PoolPrepare`] runs on a started pool sandbox: its report (kept with the sandbox
@@ -78,6 +85,17 @@ pub(super) struct Pools {
     failing: std::sync::Mutex<HashMap<String, Failing>>,
     /// Wakes the refiller after a sandbox was taken.
     taken: tokio::sync::Notify,
+    /// The snapshot of each seeded pool, once taken (`None`: its backend cannot take one,
+    /// so its sandboxes are made the usual way).
+    seeds: std::sync::Mutex<HashMap<String, Option<Seed>>>,
+}
+
+/// A seeded pool's snapshot (in its [`PoolSpec::seed`] folder) and its sandbox's preparation
+/// report, which every sandbox restored from it carries.
+#[derive(Clone)]
+struct Seed {
+    manifest: SnapshotManifest,
+    prepared: Option<serde_json::Value>,
 }
 
 /// A ready pool sandbox and what its preparation reported.
@@ -199,34 +217,7 @@ impl Fleet {
             runtime: serde_json::Value::Null,
         };
         self.ledger.insert(&record).map_err(persistence)?;
-        let made = match self
-            .engine
-            .create_with_id(record.id.clone(), pool.spec.clone())
-            .await
-        {
-            Ok(sandbox) => match &pool.prepare {
-                Some(prepare) => match (prepare.run)(sandbox.clone()).await {
-                    Ok(report) => Ok(Ready {
-                        sandbox,
-                        prepared: Some(report),
-                    }),
-                    Err(why) => {
-                        let _ = sandbox.destroy().await;
-                        tracing::warn!(pool = %pool.name, error = %why, "a warm pool sandbox could not be prepared");
-                        Err(EngineError::Launch {
-                            stage: "prepare a warm pool sandbox".into(),
-                            message: why,
-                        })
-                    }
-                },
-                None => Ok(Ready {
-                    sandbox,
-                    prepared: None,
-                }),
-            },
-            Err(e) => Err(e),
-        };
-        match made {
+        match self.make_pooled(pool, &record.id).await {
             Ok(ready) => {
                 record.state = SandboxState::Running;
                 record.runtime = ready.sandbox.runtime();
@@ -243,6 +234,59 @@ impl Fleet {
                 Err(e)
             }
         }
+    }
+
+    /// A new sandbox of `pool` with id `id`: restored from the pool's seed snapshot when it
+    /// has one, else made and prepared (and, for a seeded pool, snapshotted as its seed).
+    async fn make_pooled(&self, pool: &PoolSpec, id: &str) -> Result<Ready, EngineError> {
+        let seed = lock(&self.pools.seeds).get(&pool.name).cloned();
+        if let (Some(dir), Some(Some(seed))) = (&pool.seed, &seed) {
+            let (sandbox, _) = self
+                .engine
+                .restore_checkpoint(id.to_string(), pool.spec.clone(), dir, &seed.manifest)
+                .await?;
+            return Ok(Ready {
+                sandbox,
+                prepared: seed.prepared.clone(),
+            });
+        }
+        let sandbox = self
+            .engine
+            .create_with_id(id.to_string(), pool.spec.clone())
+            .await?;
+        let prepared = match &pool.prepare {
+            Some(prepare) => match (prepare.run)(sandbox.clone()).await {
+                Ok(report) => Some(report),
+                Err(why) => {
+                    let _ = sandbox.destroy().await;
+                    tracing::warn!(pool = %pool.name, error = %why, "a warm pool sandbox could not be prepared");
+                    return Err(EngineError::Launch {
+                        stage: "prepare a warm pool sandbox".into(),
+                        message: why,
+                    });
+                }
+            },
+            None => None,
+        };
+        if let (Some(dir), None) = (&pool.seed, seed) {
+            let seeded = if sandbox.backend_instance().checkpoints() {
+                match take_seed(&sandbox, dir).await {
+                    Ok(manifest) => Some(Seed {
+                        manifest,
+                        prepared: prepared.clone(),
+                    }),
+                    Err(e) => {
+                        let _ = sandbox.destroy().await;
+                        return Err(e);
+                    }
+                }
+            } else {
+                tracing::info!(pool = %pool.name, backend = pool.spec.backend.as_str(), "this backend cannot checkpoint a whole sandbox: the pool's sandboxes are each made and prepared");
+                None
+            };
+            lock(&self.pools.seeds).insert(pool.name.clone(), seeded);
+        }
+        Ok(Ready { sandbox, prepared })
     }
 
     /// Hands a ready sandbox with `wanted`'s spec, prepared as `pool_key` names (or not
@@ -308,6 +352,7 @@ impl Fleet {
     /// replaced pool's ready sandboxes (on the old spec) are ended. The refiller fills it at
     /// its next round.
     pub async fn upsert_pool(&self, pool: PoolSpec) {
+        let pool_name = pool.name.clone();
         let stale: Vec<Sandbox> = {
             let mut specs = lock(&self.pools.specs);
             let replaced = specs.iter().position(|p| p.name == pool.name);
@@ -323,11 +368,37 @@ impl Fleet {
             }
         };
         lock(&self.pools.failing).clear();
+        // A rebuilt template's pool takes a new seed of its new sandboxes.
+        lock(&self.pools.seeds).remove(&pool_name);
         self.pools.taken.notify_one();
         for sandbox in stale {
             let _ = sandbox.destroy().await;
             let _ = self.ledger.remove(sandbox.id());
         }
+    }
+
+    /// Removes pool `name` (a deleted template's): its ready sandboxes are ended; returns
+    /// its seed folder, if it had one, for the caller to remove.
+    pub async fn remove_pool(&self, name: &str) -> Option<PathBuf> {
+        let (seed, stale) = {
+            let mut specs = lock(&self.pools.specs);
+            let removed = specs
+                .iter()
+                .position(|p| p.name == name)
+                .map(|i| specs.remove(i));
+            let stale: Vec<Sandbox> = lock(&self.pools.ready)
+                .remove(name)
+                .map(|q| q.into_iter().map(|r| r.sandbox).collect())
+                .unwrap_or_default();
+            (removed.and_then(|p| p.seed), stale)
+        };
+        lock(&self.pools.seeds).remove(name);
+        lock(&self.pools.failing).remove(name);
+        for sandbox in stale {
+            let _ = sandbox.destroy().await;
+            let _ = self.ledger.remove(sandbox.id());
+        }
+        seed
     }
 
     /// Ends every ready pool sandbox and forgets its record.
@@ -342,4 +413,22 @@ impl Fleet {
             let _ = self.ledger.remove(sandbox.id());
         }
     }
+}
+
+/// Takes the snapshot of a seeded pool into `dir`, emptied first (a seed of an earlier run of
+/// the service, or of the pool before its template was rebuilt, is never restored).
+async fn take_seed(sandbox: &Sandbox, dir: &Path) -> Result<SnapshotManifest, EngineError> {
+    let fresh = dir.to_path_buf();
+    tokio::task::spawn_blocking(move || {
+        match std::fs::remove_dir_all(&fresh) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
+        }
+        std::fs::create_dir_all(&fresh)
+    })
+    .await
+    .map_err(|e| EngineError::io("empty the pool's seed folder", std::io::Error::other(e)))?
+    .map_err(|e| EngineError::io(format!("empty {}", dir.display()), e))?;
+    sandbox.snapshot_to(dir).await
 }

@@ -749,3 +749,76 @@ fn a_singleton_template_gives_each_owner_one_sandbox_that_every_create_shares() 
     assert_ne!(next, first);
     assert_eq!(d.exec(&next, "cat /etc/built").stdout, "built\n");
 }
+
+#[test]
+fn a_snapshot_template_on_gvisor_keeps_a_seed_and_restores_its_pool_from_it() {
+    if skip_unless_root() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let d = super::daemon::Daemon::start(&[]);
+    if !import_tiny(tmp.path(), d.home(), TOOLS) {
+        return;
+    }
+    let spec = "name = \"seeded\"\ndockerfile_inline = \"FROM tiny:v1\\nRUN echo built > /etc/built\\n\"\n\
+                [sandbox]\nbackend = \"gvisor\"\n[warm]\nstrategy = \"snapshot\"\nsize = 1\n";
+    let r = d.post(
+        "/v1/templates",
+        json!({"name": "seeded", "spec": spec, "wait": true}),
+    );
+    assert_eq!(r.body["state"], "succeeded", "{}", r.body);
+    let metrics = || {
+        let r = super::daemon::send(d.req_as(Some(&d.key), reqwest::Method::GET, "/metrics"));
+        r.body.as_str().unwrap_or_default().to_string()
+    };
+    let ready = |n: u32| {
+        let line = format!("sandcell_pool_ready{{pool=\"seeded:latest/template\"}} {n}");
+        super::daemon::wait_for(std::time::Duration::from_secs(60), || {
+            metrics().contains(&line).then_some(())
+        })
+        .unwrap_or_else(|| panic!("never {line}: {}\n{}", metrics(), d.log()));
+    };
+    ready(1);
+    let seed = d.home().join("pool-seeds/seeded:latest");
+    assert!(
+        std::fs::read_dir(&seed).is_ok_and(|mut e| e.next().is_some()),
+        "the seed snapshot is kept in {}",
+        seed.display()
+    );
+    // A create naming the template takes the seeded sandbox, on the template's backend.
+    let r = d.post("/v1/sandboxes", json!({"template": "seeded"}));
+    assert_eq!(r.status, 201, "{}", r.body);
+    assert_eq!(r.body["backend"], "gvisor", "{}", r.body);
+    assert!(
+        metrics().contains("sandcell_pool_requests_total{result=\"hit\"} 1"),
+        "{}",
+        metrics()
+    );
+    let first = r.body["id"].as_str().unwrap().to_string();
+    assert_eq!(d.exec(&first, "cat /etc/built").stdout, "built\n");
+    // The next is restored from the seed: a sandbox of its own.
+    ready(1);
+    let r = d.post("/v1/sandboxes", json!({"template": "seeded"}));
+    assert_eq!(r.status, 201, "{}", r.body);
+    let second = r.body["id"].as_str().unwrap().to_string();
+    assert_ne!(second, first);
+    assert!(
+        metrics().contains("sandcell_pool_requests_total{result=\"hit\"} 2"),
+        "{}",
+        metrics()
+    );
+    assert_eq!(d.exec(&second, "hostname").stdout.trim(), second);
+    assert!(d.exec(&second, "echo only-here > /workspace/x").ok);
+    assert!(!d.exec(&first, "cat /workspace/x").ok, "nothing shared");
+    // Deleting the template (its sandboxes gone) removes its pool and its seed.
+    for id in [&first, &second] {
+        assert_eq!(d.delete(&format!("/v1/sandboxes/{id}")).status, 204);
+    }
+    assert_eq!(d.delete("/v1/templates/seeded").status, 204);
+    assert!(!seed.exists(), "the seed is removed with its template");
+    assert!(
+        !metrics().contains("seeded:latest/template"),
+        "{}",
+        metrics()
+    );
+}

@@ -61,6 +61,7 @@ pub async fn snapshot_step(
             format!("{run_id} step {step}"),
             "the sandbox at the end of an agent run's step".into(),
             tags,
+            sandcell_api::snapshots::VolumeCarry::Mount,
         )
         .await?;
     Ok(StepSnapshot {

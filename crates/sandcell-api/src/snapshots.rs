@@ -33,6 +33,22 @@ pub struct CreateSnapshot {
     #[serde(default)]
     #[cfg_attr(feature = "openapi", schema(value_type = BTreeMap<String, String>))]
     pub tags: Tags,
+    /// What it keeps of the named volumes the sandbox mounts (host folders are never kept).
+    #[serde(default)]
+    pub volumes: VolumeCarry,
+}
+
+/// What a snapshot keeps of its sandbox's named volumes.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+#[serde(rename_all = "snake_case")]
+pub enum VolumeCarry {
+    /// Nothing: a sandbox made from it mounts the same volumes again, as they are then.
+    #[default]
+    Mount,
+    /// A copy of each, taken with the rest while the sandbox is paused: each sandbox made
+    /// from it mounts a new volume of its own (`<name>-<6 hex>`), filled from the copy.
+    Copy,
 }
 
 /// A snapshot.
@@ -62,12 +78,27 @@ pub struct SnapshotInfo {
     /// What it holds: the carried files and their checksum, what was skipped, what a
     /// snapshot of this fidelity does not carry.
     pub manifest: serde_json::Value,
+    /// The named volumes it keeps copies of (`"volumes": "copy"` when taken).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<VolumeCopyInfo>,
     /// Snapshots taken of sandboxes forked from this one (only when shown alone).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub children: Option<Vec<String>>,
     /// Sandboxes restored or forked from it (only when shown alone).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub sandboxes: Option<Vec<String>>,
+}
+
+/// A volume a snapshot keeps a copy of.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
+pub struct VolumeCopyInfo {
+    /// The volume it was taken of.
+    pub volume: String,
+    /// Where the sandbox mounted it (and sandboxes made from the snapshot mount the copy).
+    pub path: String,
+    /// The copy's size (a tar archive).
+    pub bytes: u64,
 }
 
 /// Snapshots.

@@ -16,7 +16,7 @@ use sandcell_api::exec::{ExecInput, ExecStreamEvent, ExitInfo};
 use sandcell_api::git::GitClone;
 use sandcell_api::network::NetworkPolicy;
 use sandcell_api::sandboxes::{CreateSandbox, Lang, SandboxInfo, Size};
-use sandcell_api::snapshots::{CreateSnapshot, ForkSnapshot};
+use sandcell_api::snapshots::{CreateSnapshot, ForkSnapshot, VolumeCarry};
 use sandcell_api::volumes::MountInput;
 use sandcell_api::{Code, Seconds, Tags, Timeout};
 use sandcell_client::{ClientError, Discover, ListSandboxes};
@@ -849,6 +849,10 @@ pub enum SnapshotCommand {
         /// A tag (repeatable).
         #[arg(long = "tag", short = 't', value_name = "KEY=VALUE")]
         tags: Vec<String>,
+        /// Keep a copy of each named volume it mounts (a sandbox made from the snapshot gets
+        /// new volumes filled from them; without it, the volumes are mounted again as they are).
+        #[arg(long)]
+        copy_volumes: bool,
     },
     /// List snapshots.
     #[command(alias = "list")]
@@ -892,11 +896,17 @@ pub async fn snapshot(args: &ClientArgs, cmd: SnapshotCommand) -> anyhow::Result
             name,
             description,
             tags,
+            copy_volumes,
         } => {
             let req = CreateSnapshot {
                 name,
                 description: description.unwrap_or_default(),
                 tags: Tags::new(pairs(&tags, "--tag")?)?,
+                volumes: if copy_volumes {
+                    VolumeCarry::Copy
+                } else {
+                    VolumeCarry::Mount
+                },
             };
             let v = c.api.create_snapshot(&id, &req).await?;
             if c.json {

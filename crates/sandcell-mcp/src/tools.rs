@@ -24,7 +24,7 @@ use sandcell_api::memories::{
 };
 use sandcell_api::runs::{BudgetsInput, ForkRun, StartRun, Validate};
 use sandcell_api::sandboxes::{CreateSandbox, Lang, LimitsInput};
-use sandcell_api::snapshots::{CreateSnapshot, ForkSnapshot as ForkRequest};
+use sandcell_api::snapshots::{CreateSnapshot, ForkSnapshot as ForkRequest, VolumeCarry};
 use sandcell_api::templates::StartBuild;
 use sandcell_api::transfer::{CreateExport, ImportRequest};
 use sandcell_api::volumes::MountInput;
@@ -329,6 +329,10 @@ pub struct SnapshotSession {
     pub description: Option<String>,
     /// Tags: name -> value.
     pub tags: Option<BTreeMap<String, String>>,
+    /// Keep a copy of each named volume the session mounts (a session made from the
+    /// snapshot then gets new volumes filled from the copies); default false: they are
+    /// mounted again as they are then.
+    pub copy_volumes: Option<bool>,
 }
 
 /// `fork_snapshot`.
@@ -865,6 +869,11 @@ impl SandcellMcp {
                     name: p.name,
                     description: p.description.unwrap_or_default(),
                     tags: Tags::new(p.tags.unwrap_or_default()).map_err(CallError::from)?,
+                    volumes: if p.copy_volumes.unwrap_or(false) {
+                        VolumeCarry::Copy
+                    } else {
+                        VolumeCarry::Mount
+                    },
                 };
                 let snapshot = api
                     .create_snapshot(&session_id(&p.session_id)?, req)

@@ -162,7 +162,7 @@ async fn run_git(
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
 
-fn is_root() -> bool {
+pub(crate) fn is_root() -> bool {
     std::fs::metadata("/proc/self")
         .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
         .unwrap_or(false)

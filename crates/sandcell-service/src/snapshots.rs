@@ -9,7 +9,7 @@ use sandcell_api::rules::check_record_id;
 use sandcell_api::sandboxes::SecretInput;
 use sandcell_api::snapshots::{
     AUTO_TAG, AutoSnapshot, CreateSnapshot, DEFAULT_KEEP, ForkResult, ForkSnapshot, Forked,
-    MAX_DESCRIPTION, MAX_FORKS, MAX_NAME, SnapshotInfo, SnapshotList,
+    MAX_DESCRIPTION, MAX_FORKS, MAX_NAME, SnapshotInfo, SnapshotList, VolumeCarry, VolumeCopyInfo,
 };
 use sandcell_api::time::rfc3339;
 use sandcell_api::{SandboxId, Seconds};
@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::caller::new_record_id;
 use crate::sandboxes::{create_options, sandbox_info};
+use crate::volumes::{VolumeCopy, copy_volume, volume_from_copy};
 use crate::{Caller, ErrorKind, Service, ServiceError, ServiceResult};
 
 /// What the store keeps in a snapshot's `manifest` column.
@@ -27,6 +28,9 @@ use crate::{Caller, ErrorKind, Service, ServiceError, ServiceResult};
 struct Kept {
     manifest: SnapshotManifest,
     spec: SandboxSpec,
+    /// Copies of its named volumes, when asked for ([`VolumeCarry::Copy`]).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    volumes: Vec<VolumeCopy>,
 }
 
 fn check_snapshot_id(id: &str) -> ServiceResult<()> {
@@ -48,6 +52,18 @@ pub fn snapshot_info(r: &SnapshotRecord) -> SnapshotInfo {
         size: r.size,
         files: manifest["files"]["files"].as_u64().unwrap_or(0),
         manifest,
+        volumes: r
+            .manifest
+            .get("volumes")
+            .and_then(|v| serde_json::from_value::<Vec<VolumeCopy>>(v.clone()).ok())
+            .unwrap_or_default()
+            .into_iter()
+            .map(|c| VolumeCopyInfo {
+                volume: c.volume,
+                path: c.path,
+                bytes: c.bytes,
+            })
+            .collect(),
         children: None,
         sandboxes: None,
     }
@@ -142,6 +158,7 @@ impl Service {
                 name,
                 req.description,
                 req.tags.into_inner(),
+                req.volumes,
             )
             .await?;
         self.audit(
@@ -154,7 +171,8 @@ impl Service {
     }
 
     /// Takes a snapshot of `owner`'s sandbox `id` (for a request, or on its own schedule,
-    /// or for an agent's step); no half snapshot stays behind on failure.
+    /// or for an agent's step), with copies of its volumes when `volumes` says so; no half
+    /// snapshot stays behind on failure.
     pub async fn take_snapshot(
         &self,
         owner: &str,
@@ -162,20 +180,71 @@ impl Service {
         name: String,
         description: String,
         tags: BTreeMap<String, String>,
+        volumes: VolumeCarry,
     ) -> ServiceResult<SnapshotRecord> {
         let record = self.fleet.get(owner, id)?;
         let sandbox = self.fleet.sandbox_as_is(owner, id)?;
         let snapshot_id = new_record_id("sn")?;
         let dir = self.snapshots_dir().join(&snapshot_id);
         std::fs::create_dir_all(&dir).map_err(|e| disk_error("create the snapshot folder", e))?;
+        let to_copy: Vec<(String, String, PathBuf)> = match volumes {
+            VolumeCarry::Mount => Vec::new(),
+            VolumeCarry::Copy => record
+                .spec
+                .mounts
+                .iter()
+                .filter_map(|m| {
+                    let name = m.volume.clone()?;
+                    Some((name, m.target.clone(), PathBuf::from(&m.source)))
+                })
+                .collect(),
+        };
         let taken = async {
-            let manifest = sandbox.snapshot_to(&dir).await.map_err(|e| match e {
-                EngineError::Io { op, source } => disk_error(&op, source),
-                other => other.into(),
-            })?;
+            // The volumes and the rest are of one moment: the sandbox stays paused from the
+            // first copy until the snapshot is taken.
+            let paused_here = !to_copy.is_empty() && !sandbox.is_paused();
+            if paused_here {
+                sandbox.pause().await?;
+            }
+            let copied = async {
+                let copies = {
+                    let dir = dir.clone();
+                    let to_copy = to_copy.clone();
+                    tokio::task::spawn_blocking(move || {
+                        to_copy
+                            .iter()
+                            .map(|(name, path, data)| copy_volume(data, &dir, name, path))
+                            .collect::<ServiceResult<Vec<_>>>()
+                    })
+                    .await
+                    .map_err(|e| ServiceError::internal(format!("copying volumes: {e}")))??
+                };
+                let manifest = sandbox.snapshot_to(&dir).await.map_err(|e| match e {
+                    EngineError::Io { op, source } => disk_error(&op, source),
+                    other => other.into(),
+                })?;
+                Ok::<_, ServiceError>((manifest, copies))
+            }
+            .await;
+            if paused_here {
+                let _ = sandbox.resume().await;
+            }
+            let (mut manifest, copies) = copied?;
+            for copy in &copies {
+                let mounted = format!("{}: a mounted folder", copy.path);
+                for note in &mut manifest.files.skipped {
+                    if note.starts_with(&mounted) {
+                        *note = format!(
+                            "{}: volume '{}', copied beside the snapshot (each sandbox made from it gets a new volume from the copy)",
+                            copy.path, copy.volume
+                        );
+                    }
+                }
+            }
             let kept = Kept {
                 manifest,
                 spec: record.spec.clone(),
+                volumes: copies,
             };
             let manifest_json = serde_json::to_value(&kept)
                 .map_err(|e| ServiceError::internal(format!("the snapshot's manifest: {e}")))?;
@@ -196,7 +265,8 @@ impl Service {
                 tags,
                 fidelity: kept.manifest.fidelity.to_string(),
                 created_at: now,
-                size: kept.manifest.archive_bytes,
+                size: kept.manifest.archive_bytes
+                    + kept.volumes.iter().map(|v| v.bytes).sum::<u64>(),
                 manifest: manifest_json,
                 path: dir.display().to_string(),
             };
@@ -337,9 +407,41 @@ impl Service {
         }
         let dir = PathBuf::from(&rec.path);
         let mut made = Vec::new();
+        let mut new_volumes = Vec::new();
         for _ in 0..count {
             let mut o = opts.clone();
             o.spec = kept.spec.clone();
+            // Each sandbox gets its own volume filled from each copy, mounted where the
+            // volume was.
+            let mut volumes_made = Vec::new();
+            for copy in &kept.volumes {
+                let made_one = {
+                    let (home, owner) = (self.config.home.clone(), caller.owner.clone());
+                    let (copy, dir) = (copy.clone(), dir.clone());
+                    tokio::task::spawn_blocking(move || {
+                        volume_from_copy(&home, &owner, &copy, &dir)
+                    })
+                    .await
+                    .map_err(|e| ServiceError::internal(format!("restoring a volume: {e}")))
+                    .and_then(|r| r)
+                };
+                let (name, data) = match made_one {
+                    Ok(v) => v,
+                    Err(e) => {
+                        self.undo(caller, &made).await;
+                        self.drop_volumes(caller, &new_volumes);
+                        return Err(e);
+                    }
+                };
+                if let Some(m) = o.spec.mounts.iter_mut().find(|m| m.target == copy.path) {
+                    m.source = data.display().to_string();
+                    m.volume = Some(name.clone());
+                }
+                volumes_made.push(serde_json::json!({
+                    "volume": name, "from": copy.volume, "path": copy.path,
+                }));
+                new_volumes.push(name);
+            }
             // A process checkpoint is where the new sandbox starts from; other snapshots
             // are written into a fresh one.
             let whole = kept.manifest.fidelity == "process";
@@ -353,6 +455,7 @@ impl Service {
                 Ok(c) => (c.record, c.restore),
                 Err(e) => {
                     self.undo(caller, &made).await;
+                    self.drop_volumes(caller, &new_volumes);
                     return Err(corrupt(e));
                 }
             };
@@ -378,14 +481,19 @@ impl Service {
             match restored {
                 Ok(report) => {
                     self.store.set_sandbox_origin(&record.id, &rec.id)?;
+                    let mut restore = serde_json::to_value(&report).unwrap_or_default();
+                    if !volumes_made.is_empty() {
+                        restore["volumes"] = serde_json::Value::Array(volumes_made);
+                    }
                     made.push(Forked {
                         sandbox: sandbox_info(&record),
-                        restore: serde_json::to_value(&report).unwrap_or_default(),
+                        restore,
                     });
                 }
                 Err(e) => {
                     let _ = self.fleet.delete(&caller.owner, &record.id).await;
                     self.undo(caller, &made).await;
+                    self.drop_volumes(caller, &new_volumes);
                     return Err(e);
                 }
             }
@@ -397,6 +505,13 @@ impl Service {
     async fn undo(&self, caller: &Caller, made: &[Forked]) {
         for f in made {
             let _ = self.fleet.delete(&caller.owner, &f.sandbox.id).await;
+        }
+    }
+
+    /// Deletes the volumes a failed restore made from copies (their sandboxes ended first).
+    fn drop_volumes(&self, caller: &Caller, names: &[String]) {
+        for name in names {
+            let _ = self.volumes(caller).delete(name);
         }
     }
 
@@ -455,6 +570,7 @@ impl Service {
                         format!("before reclaim: {why}"),
                         String::new(),
                         tags,
+                        sandcell_api::snapshots::VolumeCarry::Mount,
                     )
                     .await
                 {
@@ -499,6 +615,7 @@ impl Service {
                     "interval".into(),
                     String::new(),
                     tags,
+                    sandcell_api::snapshots::VolumeCarry::Mount,
                 )
                 .await
             {

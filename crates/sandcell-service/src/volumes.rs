@@ -236,6 +236,137 @@ fn ensure_volume(home: &Path, owner: &str, name: &str) -> ServiceResult<PathBuf>
     Ok(data)
 }
 
+/// A volume's copy kept in a snapshot ([`sandcell_api::snapshots::VolumeCarry::Copy`]): a
+/// tar archive of its files in the snapshot's folder, checksummed.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct VolumeCopy {
+    /// The volume it was taken of.
+    pub volume: String,
+    /// Where the sandbox mounted it.
+    pub path: String,
+    /// The archive's name in the snapshot's folder.
+    pub archive: String,
+    /// Its SHA-256 (hex).
+    pub sha256: String,
+    /// Its size in bytes.
+    pub bytes: u64,
+}
+
+/// Writes a copy of the volume files `data` into the snapshot folder `dir`. The sandbox
+/// mounting it should be paused. Links are kept as links, never followed.
+pub(crate) fn copy_volume(
+    data: &Path,
+    dir: &Path,
+    volume: &str,
+    path: &str,
+) -> ServiceResult<VolumeCopy> {
+    let archive = format!("volume-{volume}.tar");
+    let file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .open(dir.join(&archive))
+        .map_err(|e| io_error("write a volume's copy", e))?;
+    let mut tar = tar::Builder::new(Hashing::new(std::io::BufWriter::new(file)));
+    tar.follow_symlinks(false);
+    tar.append_dir_all(".", data)
+        .map_err(|e| io_error(&format!("copy volume '{volume}'"), e))?;
+    let mut out = tar
+        .into_inner()
+        .map_err(|e| io_error("write a volume's copy", e))?;
+    let (sha256, bytes) = out
+        .finish()
+        .map_err(|e| io_error("write a volume's copy", e))?;
+    Ok(VolumeCopy {
+        volume: volume.to_string(),
+        path: path.to_string(),
+        archive,
+        sha256,
+        bytes,
+    })
+}
+
+/// Makes a new volume of `owner` (`<name>-<6 hex>`) from `copy`, kept in the snapshot folder
+/// `dir`, after checking the archive against its checksum. Returns its name and files.
+pub(crate) fn volume_from_copy(
+    home: &Path,
+    owner: &str,
+    copy: &VolumeCopy,
+    dir: &Path,
+) -> ServiceResult<(String, PathBuf)> {
+    let archive = dir.join(&copy.archive);
+    let damaged = |why: String| {
+        ServiceError::new(
+            ErrorKind::SnapshotCorrupt,
+            format!("the copy of volume '{}': {why}", copy.volume),
+        )
+    };
+    let mut hashing = Hashing::new(std::io::sink());
+    let mut file = std::fs::File::open(&archive).map_err(|e| damaged(e.to_string()))?;
+    std::io::copy(&mut file, &mut hashing).map_err(|e| damaged(e.to_string()))?;
+    if hashing.finish().map_err(|e| damaged(e.to_string()))? != (copy.sha256.clone(), copy.bytes) {
+        return Err(damaged("it changed since the snapshot".into()));
+    }
+    let stem: String = copy.volume.chars().take(57).collect();
+    let name = format!(
+        "{stem}-{}",
+        &crate::caller::hex(&crate::caller::random_bytes(3)?)
+    );
+    let data = ensure_volume(home, owner, &name)?;
+    let unpacked = std::fs::File::open(&archive)
+        .map_err(|e| damaged(e.to_string()))
+        .and_then(|f| {
+            let mut tar = tar::Archive::new(std::io::BufReader::new(f));
+            tar.set_preserve_permissions(true);
+            tar.set_preserve_ownerships(crate::git::is_root());
+            // `unpack` keeps every entry inside `data` (no `..`, no writing through a link).
+            tar.unpack(&data).map_err(|e| damaged(e.to_string()))
+        });
+    if let Err(e) = unpacked {
+        let _ = std::fs::remove_dir_all(owner_volumes(home, owner).join(&name));
+        return Err(e);
+    }
+    Ok((name, data))
+}
+
+/// A writer that hashes and counts what passes through it.
+struct Hashing<W> {
+    inner: W,
+    sha: sha2::Sha256,
+    bytes: u64,
+}
+
+impl<W: std::io::Write> Hashing<W> {
+    fn new(inner: W) -> Self {
+        use sha2::Digest;
+        Self {
+            inner,
+            sha: sha2::Sha256::new(),
+            bytes: 0,
+        }
+    }
+
+    /// Flushes; the hex SHA-256 and the byte count.
+    fn finish(&mut self) -> std::io::Result<(String, u64)> {
+        use sha2::Digest;
+        self.inner.flush()?;
+        Ok((crate::caller::hex(&self.sha.finalize_reset()), self.bytes))
+    }
+}
+
+impl<W: std::io::Write> std::io::Write for Hashing<W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        use sha2::Digest;
+        let n = self.inner.write(buf)?;
+        self.sha.update(&buf[..n]);
+        self.bytes += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.inner.flush()
+    }
+}
+
 /// Makes `dir` the sandbox user's. Only root may: otherwise (refused) it stays the service's
 /// user's, which is who its sandboxes run as then.
 fn give_to_sandbox_user(dir: &Path) -> ServiceResult<()> {

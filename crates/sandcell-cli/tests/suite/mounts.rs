@@ -264,6 +264,121 @@ fn a_volume_outlives_its_sandbox_belongs_to_its_owner_and_goes_only_when_unused(
     assert_eq!(d.get("/v1/volumes").body["volumes"], json!([]));
 }
 
+/// A snapshot asked to copy volumes keeps their files as they were; each sandbox made from
+/// it gets new volumes of its own filled from the copies, and the live volume is untouched.
+fn snapshot_copies_volumes_on(backend: &str) {
+    let d = Daemon::start(&[]);
+    let src = d.create_id(json!({
+        "backend": backend,
+        "mounts": [{"volume": "data", "path": "/workspace/data"}],
+    }));
+    let out = d.exec(
+        &src,
+        "mkdir -p /workspace/data/sub && echo then > /workspace/data/sub/f && \
+         ln -s /etc/passwd /workspace/data/link && echo mine > /workspace/own",
+    );
+    assert!(out.ok, "{out:?}");
+    let r = d.post(
+        &format!("/v1/sandboxes/{src}/snapshots"),
+        json!({"volumes": "copy"}),
+    );
+    assert_eq!(r.status, 201, "{}", r.body);
+    let snap = r.body["id"].as_str().unwrap().to_string();
+    let manifest = &r.body["manifest"];
+    assert_eq!(
+        r.body["volumes"],
+        json!([{"volume": "data", "path": "/workspace/data", "bytes": r.body["volumes"][0]["bytes"]}]),
+        "{}",
+        r.body
+    );
+    assert!(
+        r.body["volumes"][0]["bytes"].as_u64() > Some(1024)
+            && r.body["size"].as_u64() > manifest["archive_bytes"].as_u64(),
+        "the copy counts in its size: {}",
+        r.body
+    );
+    if backend == "process" {
+        assert!(
+            manifest.to_string().contains("volume 'data', copied"),
+            "{manifest}"
+        );
+    }
+    // The live volume goes on changing.
+    assert!(d.exec(&src, "echo now > /workspace/data/sub/f").ok);
+
+    let r = d.post(&format!("/v1/snapshots/{snap}/fork"), json!({"count": 2}));
+    assert_eq!(r.status, 201, "{}", r.body);
+    let mut copies = Vec::new();
+    for forked in r.body["sandboxes"].as_array().unwrap() {
+        let id = forked["sandbox"]["id"].as_str().unwrap();
+        let made = &forked["restore"]["volumes"][0];
+        assert_eq!(made["from"], "data", "{forked}");
+        assert_eq!(made["path"], "/workspace/data", "{forked}");
+        let name = made["volume"].as_str().unwrap().to_string();
+        assert!(name.starts_with("data-") && name.len() == 11, "{name}");
+        let out = d.exec(
+            id,
+            "cat /workspace/data/sub/f; readlink /workspace/data/link; stat -c %U /workspace/data/sub/f",
+        );
+        assert_eq!(out.stdout, "then\n/etc/passwd\nsandbox\n", "{out:?}");
+        // Its own: a write reaches neither the other fork nor the live volume.
+        assert!(d.exec(id, &format!("echo {id} > /workspace/data/sub/f")).ok);
+        copies.push((id.to_string(), name));
+    }
+    for (id, name) in &copies {
+        assert_eq!(
+            d.exec(id, "cat /workspace/data/sub/f").stdout,
+            format!("{id}\n")
+        );
+        let shown = d.get(&format!("/v1/volumes/{name}")).body;
+        assert_eq!(shown["sandboxes"], json!([id]), "{shown}");
+    }
+    assert_eq!(d.exec(&src, "cat /workspace/data/sub/f").stdout, "now\n");
+    // Without the copy, a restore mounts the live volume.
+    let r = d.post(&format!("/v1/sandboxes/{src}/snapshots"), json!({}));
+    let plain = r.body["id"].as_str().unwrap().to_string();
+    let restored = d.create_id(json!({"snapshot_id": plain}));
+    assert_eq!(
+        d.exec(&restored, "cat /workspace/data/sub/f").stdout,
+        "now\n"
+    );
+    d.post(
+        &format!("/v1/sandboxes/{src}/snapshots"),
+        json!({"volumes": "all"}),
+    )
+    .expect_error(400, "invalid_argument");
+    // A copy that changed on disk is refused, and no volume is left from the attempt.
+    let dir = d.home().join("snapshots").join(&snap);
+    let archive = dir.join("volume-data.tar");
+    let mut bytes = std::fs::read(&archive).unwrap();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(&archive, bytes).unwrap();
+    let before = d.get("/v1/volumes").body["volumes"]
+        .as_array()
+        .unwrap()
+        .len();
+    d.post("/v1/sandboxes", json!({"snapshot_id": snap}))
+        .expect_error(409, "snapshot_corrupt");
+    assert_eq!(
+        d.get("/v1/volumes").body["volumes"]
+            .as_array()
+            .unwrap()
+            .len(),
+        before
+    );
+}
+
+#[test]
+fn a_snapshot_copies_volumes_when_asked_and_each_restore_gets_its_own() {
+    snapshot_copies_volumes_on("process");
+}
+
+#[test]
+fn a_gvisor_snapshot_copies_volumes_when_asked_and_each_restore_gets_its_own() {
+    snapshot_copies_volumes_on("gvisor");
+}
+
 #[test]
 fn gvisor_sandboxes_mount_host_folders_and_volumes_too() {
     let host = host_tree();

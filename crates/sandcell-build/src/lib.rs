@@ -13,6 +13,7 @@
 
 pub mod builder;
 pub mod ids;
+pub mod ignore;
 pub mod registries;
 pub mod source;
 pub mod stage;

@@ -16,6 +16,7 @@ use std::path::{Component, Path, PathBuf};
 use sha2::{Digest, Sha256};
 
 use crate::BuildError;
+use crate::ignore::ContextIgnore;
 
 /// Stages the sources of a `COPY`/`ADD` into `staging`, owned by host id `owner` (the build
 /// range's id 0, so the step can read them).
@@ -31,12 +32,23 @@ pub fn stage_copy(
         "open the build context {}",
         context.display()
     )))?;
+    let ignore = ContextIgnore::read(&context)?;
+    let picked = Picked {
+        context: &context,
+        ignore: &ignore,
+    };
     let mut matched = Vec::new();
     for source in sources {
         let found = expand(&context, source)?;
         if found.is_empty() {
             return Err(BuildError::Invalid(format!(
                 "'{source}' matches nothing in the build context"
+            )));
+        }
+        let found: Vec<PathBuf> = found.into_iter().filter(|p| picked.wanted(p)).collect();
+        if found.is_empty() {
+            return Err(BuildError::Invalid(format!(
+                "'{source}' matches nothing in the build context: .dockerignore leaves it out"
             )));
         }
         matched.extend(found);
@@ -49,7 +61,7 @@ pub fn stage_copy(
         if meta.is_dir() {
             let target = staging.join(&dest_rel);
             make_parents(staging, &target, owner)?;
-            copy_tree(&path, &target, owner)?;
+            copy_tree(&path, &target, owner, &picked)?;
         } else if unpack && is_tar(&path) {
             let target = staging.join(&dest_rel);
             make_parents(staging, &target, owner)?;
@@ -64,10 +76,32 @@ pub fn stage_copy(
                 staging.join(&dest_rel)
             };
             make_parents(staging, target.parent().unwrap_or(staging), owner)?;
-            copy_entry(&path, &target, owner)?;
+            copy_entry(&path, &target, owner, &picked)?;
         }
     }
     Ok(())
+}
+
+/// What of the context a copy takes: all but what `.dockerignore` leaves out.
+struct Picked<'a> {
+    context: &'a Path,
+    ignore: &'a ContextIgnore,
+}
+
+impl Picked<'_> {
+    fn rel(&self, path: &Path) -> String {
+        path.strip_prefix(self.context)
+            .unwrap_or(path)
+            .to_string_lossy()
+            .into_owned()
+    }
+
+    /// Whether `path` is copied: not left out, or a folder left out that may hold something
+    /// taken back (then its contents are picked one by one).
+    fn wanted(&self, path: &Path) -> bool {
+        let folder = path.is_dir() && !path.is_symlink();
+        self.ignore.keeps(&self.rel(path), folder)
+    }
 }
 
 /// Stages folder `path` (absolute), for a `WORKDIR` that may not exist yet.
@@ -194,7 +228,7 @@ fn expand(context: &Path, source: &str) -> Result<Vec<PathBuf>, BuildError> {
 }
 
 /// Shell-style matching of one name: `*`, `?` and `[…]` (with `!` or `^` to negate).
-fn glob_match(pattern: &str, name: &str) -> bool {
+pub(crate) fn glob_match(pattern: &str, name: &str) -> bool {
     let p: Vec<char> = pattern.chars().collect();
     let n: Vec<char> = name.chars().collect();
     fn go(p: &[char], n: &[char]) -> bool {
@@ -258,20 +292,23 @@ fn make_parents(staging: &Path, target: &Path, owner: u32) -> Result<(), BuildEr
     Ok(())
 }
 
-fn copy_tree(from: &Path, to: &Path, owner: u32) -> Result<(), BuildError> {
+fn copy_tree(from: &Path, to: &Path, owner: u32, picked: &Picked<'_>) -> Result<(), BuildError> {
     let mut names: Vec<_> = fs::read_dir(from)
         .map_err(BuildError::io(format!("list {}", from.display())))?
         .filter_map(|e| e.ok().map(|e| e.file_name()))
         .collect();
     names.sort();
     for name in names {
-        copy_entry(&from.join(&name), &to.join(&name), owner)?;
+        let path = from.join(&name);
+        if picked.wanted(&path) {
+            copy_entry(&path, &to.join(&name), owner, picked)?;
+        }
     }
     Ok(())
 }
 
 /// Copies one entry (a folder with its contents; a link as a link), its mode kept.
-fn copy_entry(from: &Path, to: &Path, owner: u32) -> Result<(), BuildError> {
+fn copy_entry(from: &Path, to: &Path, owner: u32, picked: &Picked<'_>) -> Result<(), BuildError> {
     let meta =
         fs::symlink_metadata(from).map_err(BuildError::io(format!("stat {}", from.display())))?;
     let ft = meta.file_type();
@@ -282,7 +319,7 @@ fn copy_entry(from: &Path, to: &Path, owner: u32) -> Result<(), BuildError> {
         fs::set_permissions(to, fs::Permissions::from_mode(meta.mode() & 0o7777))
             .map_err(BuildError::io(format!("chmod {}", to.display())))?;
         chown(to, owner)?;
-        copy_tree(from, to, owner)
+        copy_tree(from, to, owner, picked)
     } else if ft.is_symlink() {
         let target =
             fs::read_link(from).map_err(BuildError::io(format!("read {}", from.display())))?;
@@ -398,5 +435,41 @@ mod tests {
                 "{bad}: {text}"
             );
         }
+    }
+
+    #[test]
+    fn dockerignore_leaves_files_out_of_every_copy() {
+        let ctx = tempfile::tempdir().unwrap();
+        let c = ctx.path();
+        fs::create_dir_all(c.join("node_modules/pkg")).unwrap();
+        fs::create_dir_all(c.join("data")).unwrap();
+        fs::write(c.join("node_modules/pkg/index.js"), "x").unwrap();
+        fs::write(c.join("app.py"), "a").unwrap();
+        fs::write(c.join("debug.log"), "l").unwrap();
+        fs::write(c.join("data/big.csv"), "b").unwrap();
+        fs::write(c.join("data/keep.csv"), "k").unwrap();
+        fs::write(
+            c.join(".dockerignore"),
+            "node_modules
+*.log
+data
+!data/keep.csv
+",
+        )
+        .unwrap();
+        let staging = tempfile::tempdir().unwrap();
+        let s = staging.path();
+        stage_copy(c, &[".".into()], "/app/", false, s, me()).unwrap();
+        assert!(s.join("app/app.py").exists() && s.join("app/.dockerignore").exists());
+        assert!(!s.join("app/node_modules").exists());
+        assert!(!s.join("app/debug.log").exists());
+        assert!(s.join("app/data/keep.csv").exists() && !s.join("app/data/big.csv").exists());
+        // Named outright, or by a glob: still left out.
+        let err = stage_copy(c, &["debug.log".into()], "/x", false, s, me()).unwrap_err();
+        assert!(err.to_string().contains(".dockerignore"), "{err}");
+        let err = stage_copy(c, &["*.log".into()], "/x/", false, s, me()).unwrap_err();
+        assert!(err.to_string().contains(".dockerignore"), "{err}");
+        stage_copy(c, &["data/keep.csv".into()], "/k", false, s, me()).unwrap();
+        assert_eq!(fs::read_to_string(s.join("k")).unwrap(), "k");
     }
 }

@@ -327,19 +327,45 @@ fn what_to_build(b: &BuildArgs) -> anyhow::Result<WhatToBuild> {
     Ok(WhatToBuild { name, form })
 }
 
-/// The context folder as a gzip tar, base64-encoded.
+/// The context folder as a gzip tar, base64-encoded, without what its `.dockerignore` leaves
+/// out (the file itself is sent: the daemon applies it to every copy too).
 fn pack_context(dir: &std::path::Path) -> anyhow::Result<String> {
     use base64::Engine as _;
+    let ignore = sandcell_build::ignore::ContextIgnore::read(dir)?;
     let mut gz = flate2::write::GzEncoder::new(Vec::new(), flate2::Compression::fast());
     {
         let mut tar = tar::Builder::new(&mut gz);
         tar.follow_symlinks(false);
-        tar.append_dir_all(".", dir)
+        add_kept(&mut tar, dir, std::path::Path::new(""), &ignore)
             .with_context(|| format!("pack the build context {}", dir.display()))?;
         tar.finish().context("pack the build context")?;
     }
     let bytes = gz.finish().context("pack the build context")?;
     Ok(base64::engine::general_purpose::STANDARD.encode(bytes))
+}
+
+/// Adds the entries of `root/rel` that `ignore` keeps, folders before their contents.
+fn add_kept<W: std::io::Write>(
+    tar: &mut tar::Builder<W>,
+    root: &std::path::Path,
+    rel: &std::path::Path,
+    ignore: &sandcell_build::ignore::ContextIgnore,
+) -> std::io::Result<()> {
+    let mut entries: Vec<_> = std::fs::read_dir(root.join(rel))?.collect::<Result<_, _>>()?;
+    entries.sort_by_key(std::fs::DirEntry::file_name);
+    for entry in entries {
+        let path = rel.join(entry.file_name());
+        let folder = entry.file_type()?.is_dir();
+        let name = path.to_string_lossy();
+        if name != sandcell_build::ignore::FILE_NAME && !ignore.keeps(&name, folder) {
+            continue;
+        }
+        tar.append_path_with_name(entry.path(), &path)?;
+        if folder {
+            add_kept(tar, root, &path, ignore)?;
+        }
+    }
+    Ok(())
 }
 
 fn parse_build_args(args: &[String]) -> anyhow::Result<BTreeMap<String, String>> {
@@ -563,4 +589,47 @@ fn short(digest: &str) -> String {
         .chars()
         .take(12)
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_context_sent_leaves_out_what_dockerignore_says() {
+        use base64::Engine as _;
+        use std::io::Read;
+        let ctx = tempfile::tempdir().unwrap();
+        let c = ctx.path();
+        std::fs::create_dir_all(c.join("node_modules/pkg")).unwrap();
+        std::fs::create_dir_all(c.join("src")).unwrap();
+        std::fs::write(c.join("node_modules/pkg/big.js"), "x").unwrap();
+        std::fs::write(c.join("src/app.py"), "a").unwrap();
+        std::fs::write(c.join("src/app.pyc"), "c").unwrap();
+        std::fs::write(
+            c.join(".dockerignore"),
+            "node_modules\n**/*.pyc\n.dockerignore\n",
+        )
+        .unwrap();
+        let packed = base64::engine::general_purpose::STANDARD
+            .decode(pack_context(c).unwrap())
+            .unwrap();
+        let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(&packed[..]));
+        let mut names: Vec<String> = tar
+            .entries()
+            .unwrap()
+            .map(|e| {
+                let mut e = e.unwrap();
+                let mut body = Vec::new();
+                e.read_to_end(&mut body).unwrap();
+                e.path()
+                    .unwrap()
+                    .to_string_lossy()
+                    .trim_end_matches('/')
+                    .to_string()
+            })
+            .collect();
+        names.sort();
+        assert_eq!(names, [".dockerignore", "src", "src/app.py"]);
+    }
 }

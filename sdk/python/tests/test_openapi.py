@@ -454,7 +454,8 @@ def every_call() -> Iterator[tuple[str, _api.Call[Any] | _api.StreamCall[Any]]]:
     yield "delete_export", _api.delete_export(EXPORT)
     yield "export_content", _api.export_content(EXPORT)
     yield "artifacts", _api.artifacts(SB)
-    yield "create_snapshot", _api.create_snapshot(SB, "n", "d", {"t": "v"})
+    yield "create_snapshot", _api.create_snapshot(SB, "n", "d", {"t": "v"}, volumes="copy")
+    yield "create_snapshot", _api.create_snapshot(SB, None, None, None)
     yield "list_snapshots", _api.list_snapshots(SB)
     yield "get_snapshot", _api.get_snapshot(SNAP)
     yield "delete_snapshot", _api.delete_snapshot(SNAP)
@@ -780,6 +781,7 @@ MODELS = [
         not_in_schema={"mtime": "a code run's artifacts have no mtime (None); the artifacts listing has"},
     ),
     Model(_models.SnapshotInfo, "SnapshotInfo"),
+    Model(_models.VolumeCopy, "VolumeCopyInfo"),
     Model(_models.AutoSnapshot, "AutoSnapshot"),
     Model(_models.Context, "ContextView"),
     Model(_models.Variables, "VariablesView"),
@@ -949,6 +951,15 @@ def test_mounts_fit_the_schema() -> None:
         [_models.Mount.from_volume("v", "/tmp/v"), {"host_path": Path("/srv"), "path": "/tmp/s"}]
     )
     assert sent == [{"volume": "v", "path": "/tmp/v"}, {"host_path": "/srv", "path": "/tmp/s"}]
+
+
+def test_volume_carry_fits_the_schema() -> None:
+    """`create_snapshot`'s `volumes` takes VolumeCarry's values, and is sent only when given."""
+    assert list(typing.get_args(_models.VolumeCarry)) == SCHEMAS["VolumeCarry"]["enum"]
+    create, _ = properties("CreateSnapshot")
+    assert _schema_name(create["volumes"]) == "VolumeCarry"
+    assert _api.create_snapshot(SB, None, None, None).json == {}
+    assert _api.create_snapshot(SB, None, None, None, volumes="mount").json == {"volumes": "mount"}
 
 
 def _create_with(secrets: Any) -> _api.Call[Any]:

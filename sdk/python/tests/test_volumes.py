@@ -4,10 +4,13 @@ written, in both forms of a mount; an overlay takes writes without reaching the 
 folder outside the allow-list is a PermissionDeniedError, a bad mount path an
 InvalidArgumentError; a volume written by one sandbox is read by the next once the first is
 gone; volumes are made, listed, shown, refused deletion while a sandbox mounts them, deleted,
-and not found after; a malformed `mounts` is refused before anything is sent."""
+and not found after; a snapshot taken with `volumes="copy"` keeps the volume as it was, each
+sandbox made from it getting a new volume of its own while the live one goes on (without it,
+a restore mounts the live volume); a malformed `mounts` is refused before anything is sent."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from pathlib import Path
 
@@ -25,6 +28,7 @@ from sandcell import (
     Sandbox,
     Sandcell,
     Volume,
+    VolumeCopy,
     VolumeInfo,
 )
 
@@ -138,6 +142,54 @@ def test_volumes_are_made_listed_shown_and_deleted(client: Sandcell) -> None:
     assert name not in {v.name for v in client.volumes.list()}
 
 
+def test_a_snapshot_copies_volumes_when_asked(client: Sandcell) -> None:
+    name = _unique("data")
+    with Sandbox.create(ephemeral=True, mounts=[Mount.from_volume(name, "/workspace/data")]) as live:
+        live.write_file("data/note.txt", "then")
+        snap = live.create_snapshot(volumes="copy")
+        copies: list[str] = []
+        try:
+            assert [(v.volume, v.path) for v in snap.volumes] == [(name, "/workspace/data")]
+            assert isinstance(snap.volumes[0], VolumeCopy) and snap.volumes[0].bytes > 0
+            assert client.get_snapshot(snap.id).volumes == snap.volumes
+            # The live volume goes on changing; the copy does not.
+            live.write_file("data/note.txt", "now")
+            with Sandbox.create(snapshot_id=snap.id, ephemeral=True) as restored:
+                assert restored.read_file("data/note.txt") == "then"
+                assert restored.info.restore is not None
+                made = restored.info.restore["volumes"]
+                assert [(m["from"], m["path"]) for m in made] == [(name, "/workspace/data")]
+                copy = made[0]["volume"]
+                copies.append(copy)
+                assert copy.startswith(f"{name}-") and len(copy) == len(name) + 7
+                assert client.volumes.get(copy).sandboxes == [restored.id]
+                # Its own: a write reaches neither the live volume nor the next restore's.
+                restored.write_file("data/note.txt", "restored")
+            assert live.read_file("data/note.txt") == "now"
+            with Sandbox.fork(snap.id, ephemeral=True)[0] as forked:
+                assert forked.read_file("data/note.txt") == "then"
+                assert forked.info.restore is not None
+                again = forked.info.restore["volumes"][0]["volume"]
+                copies.append(again)
+                assert again.startswith(f"{name}-") and again != copy
+            # Without the copy (the default), a restore mounts the live volume, as it is now.
+            plain = live.create_snapshot(volumes="mount")
+            try:
+                assert plain.volumes == []
+                with Sandbox.create(snapshot_id=plain.id, ephemeral=True) as shared:
+                    assert shared.read_file("data/note.txt") == "now"
+                    assert shared.info.restore is not None and "volumes" not in shared.info.restore
+            finally:
+                client.delete_snapshot(plain.id)
+            with pytest.raises(InvalidArgumentError) as bad:
+                live.create_snapshot(volumes="all")  # type: ignore[arg-type]
+            assert (bad.value.status, bad.value.code) == (400, "invalid_argument")
+        finally:
+            client.delete_snapshot(snap.id)
+    for made_name in [name, *copies]:
+        client.volumes.delete(made_name)
+
+
 @pytest.mark.parametrize(
     ("mounts", "error", "match"),
     [
@@ -195,3 +247,30 @@ async def test_async_mounts_and_volumes(daemon: Daemon) -> None:
         with pytest.raises(NotFoundError):
             await AsyncVolume.delete(name)
     assert name not in {v.name for v in await AsyncVolume.list()}
+
+
+async def test_async_snapshot_copies_volumes(daemon: Daemon) -> None:
+    name = _unique("adata")
+    copies: list[str] = []
+    async with AsyncSandcell() as client:
+        async with await AsyncSandbox.create(
+            ephemeral=True, mounts=[Mount.from_volume(name, "/workspace/data")], client=client
+        ) as live:
+            await live.write_file("data/note.txt", "then")
+            snap = await live.create_snapshot(volumes="copy")
+            assert [(v.volume, v.path) for v in snap.volumes] == [(name, "/workspace/data")]
+            await live.write_file("data/note.txt", "now")
+            forks = await AsyncSandbox.fork(snap.id, 2, ephemeral=True, client=client)
+            try:
+                assert [await f.read_file("data/note.txt") for f in forks] == ["then", "then"]
+                made = [f.info.restore["volumes"][0] for f in forks if f.info.restore is not None]
+                assert [m["from"] for m in made] == [name, name]
+                copies += [m["volume"] for m in made]
+                assert len(set(copies)) == 2 and all(c.startswith(f"{name}-") for c in copies)
+            finally:
+                await asyncio.gather(*(f.kill() for f in forks))
+                await asyncio.gather(*(f.close() for f in forks))
+            assert await live.read_file("data/note.txt") == "now"
+            await client.delete_snapshot(snap.id)
+        for made_name in [name, *copies]:
+            await client.volumes.delete(made_name)

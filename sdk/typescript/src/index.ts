@@ -71,6 +71,8 @@ export type {
   ForkOptions,
   KernelState,
   SnapshotManifest,
+  VolumeCarry,
+  VolumeCopy,
 } from "./snapshots.js";
 export { BackgroundProcess } from "./commands.js";
 export type {
@@ -143,6 +145,7 @@ export type {
   Packages,
   PackagesReport,
   RestoreReport,
+  RestoredVolume,
   SandboxInfo,
   SandboxLimits,
   SandboxState,

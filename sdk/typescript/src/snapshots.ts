@@ -47,6 +47,31 @@ export interface SnapshotManifest {
   notCarried: string[];
 }
 
+/**
+ * What a snapshot keeps of the named volumes its sandbox mounts: `"mount"` (the default:
+ * nothing; a sandbox made from it mounts the same volumes again, as they are then) or `"copy"`
+ * (a copy of each, taken with the rest while the sandbox is paused; each sandbox restored or
+ * forked from it mounts a new volume of its own, `<volume>-<6 hex>`, filled from the copy).
+ */
+export type VolumeCarry = "mount" | "copy";
+
+/** A named volume a snapshot keeps a copy of (taken with `volumes: "copy"`). */
+export interface VolumeCopy {
+  /** The volume it was taken of. */
+  volume: string;
+  /** Where the sandbox mounted it (and where sandboxes made from the snapshot mount their new volume). */
+  path: string;
+  /** The copy's size in bytes. */
+  bytes: number;
+}
+
+/** `VolumeCopyInfo` as sent. */
+export interface WireVolumeCopy {
+  volume: string;
+  path: string;
+  bytes: number;
+}
+
 /** Options of `createSnapshot`. */
 export interface CreateSnapshotOptions {
   /** A name (default: the sandbox id and the time). */
@@ -55,6 +80,14 @@ export interface CreateSnapshotOptions {
   description?: string;
   /** Tags to find it by. */
   tags?: StringMap;
+  /**
+   * `"copy"`: also keep a copy of each named volume the sandbox mounts (host folders are never
+   * kept); each sandbox restored or forked from the snapshot then gets a new volume of its own
+   * (`<volume>-<6 hex>`, in its `info.restore.volumes`) filled from the copy, at the same path,
+   * and the live volume is left alone. `"mount"` (the daemon's default): a restore mounts the
+   * same volume again, as it is then.
+   */
+  volumes?: VolumeCarry;
 }
 
 /** Options of a fork: how many sandboxes, and what each gets besides the snapshot's settings. */
@@ -119,6 +152,7 @@ interface WireSnapshot {
     kernels?: KernelState[];
     not_carried: string[];
   };
+  volumes?: WireVolumeCopy[];
   children?: string[] | null;
   sandboxes?: string[] | null;
 }
@@ -157,6 +191,8 @@ export class Snapshot {
   readonly files: number;
   /** What it holds. */
   readonly manifest: SnapshotManifest;
+  /** The named volumes it keeps copies of (taken with `volumes: "copy"`; else empty). */
+  readonly volumes: VolumeCopy[];
   /** Snapshots taken of sandboxes made from it (only from `Snapshot.get`). */
   readonly children: string[] | null;
   /** Sandboxes restored or forked from it (only from `Snapshot.get`). */
@@ -184,6 +220,7 @@ export class Snapshot {
       kernels: m.kernels ?? [],
       notCarried: m.not_carried,
     };
+    this.volumes = (s.volumes ?? []).map((v) => ({ volume: v.volume, path: v.path, bytes: v.bytes }));
     this.children = s.children ?? null;
     this.sandboxes = s.sandboxes ?? null;
   }
@@ -191,7 +228,7 @@ export class Snapshot {
   /** Takes a snapshot of a sandbox. */
   static async take(http: HttpClient, sandboxId: string, options: CreateSnapshotOptions = {}): Promise<Snapshot> {
     // Only the fields the server takes: it refuses any other key, and `options` may carry more.
-    const body = { name: options.name, description: options.description, tags: options.tags };
+    const body = { name: options.name, description: options.description, tags: options.tags, volumes: options.volumes };
     const s = await http.json<WireSnapshot>("POST", `/v1/sandboxes/${sandboxId}/snapshots`, {
       body: { json: body },
       timeout: null,

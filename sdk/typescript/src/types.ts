@@ -201,6 +201,16 @@ export interface KernelRestore {
   skipped: SkippedVariable[];
 }
 
+/** A new volume a restore made from a snapshot's copy of a volume (`volumes: "copy"`). */
+export interface RestoredVolume {
+  /** The new volume's name (`<from>-<6 hex>`), the sandbox's own. */
+  volume: string;
+  /** The volume the copy was taken of (left as it is). */
+  from: string;
+  /** Where it is mounted. */
+  path: string;
+}
+
 /** What a restore from a snapshot brought back. */
 export interface RestoreReport {
   /** `files`, `language` or `process`. */
@@ -211,6 +221,8 @@ export interface RestoreReport {
   kernels: KernelRestore[];
   /** What the snapshot did not carry. */
   notCarried: string[];
+  /** The new volumes made from the snapshot's copies of volumes (empty when it kept none). */
+  volumes: RestoredVolume[];
 }
 
 /** A sandbox as the API describes it. */
@@ -302,6 +314,7 @@ export interface WireRestore {
   files: { files: number; bytes: number; skipped: string[] };
   kernels: KernelRestore[];
   not_carried: string[];
+  volumes?: RestoredVolume[];
 }
 
 /** `PackagesReport` as sent. */
@@ -524,7 +537,13 @@ export function toPackagesReport(p: WirePackagesReport): PackagesReport {
 
 /** Maps a restore report from the wire. */
 export function toRestore(r: WireRestore): RestoreReport {
-  return { fidelity: r.fidelity, files: r.files, kernels: r.kernels, notCarried: r.not_carried };
+  return {
+    fidelity: r.fidelity,
+    files: r.files,
+    kernels: r.kernels,
+    notCarried: r.not_carried,
+    volumes: (r.volumes ?? []).map((v) => ({ volume: v.volume, from: v.from, path: v.path })),
+  };
 }
 
 /** Maps a sandbox from the wire. */

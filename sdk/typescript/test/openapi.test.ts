@@ -264,6 +264,7 @@ const WIRE: Record<string, WireModel> = {
   WireMetrics: { schema: "SandboxUsage" },
   WireAutoSnapshot: { schema: "AutoSnapshot" },
   WireSnapshot: { schema: "SnapshotInfo" },
+  WireVolumeCopy: { schema: "VolumeCopyInfo" },
   WireDone: { schema: "CodeDoneInfo" },
   WireCodeResult: { schema: "CodeResult" },
   WireContext: { schema: "ContextView" },
@@ -489,6 +490,15 @@ test("the Mount types (sent, never read) have the members the MountInput schema 
   const create: Schema = resolveSchema(schemas["CreateSandbox"]!).properties;
   assert.deepEqual(typesOf(create["mounts"]), ["array"]);
   assert.equal(schemaName(create["mounts"].items), "MountInput");
+});
+
+test("VolumeCarry (createSnapshot's `volumes`) has the values the VolumeCarry schema has", () => {
+  const text = readFileSync(join(srcDir, "snapshots.ts"), "utf8").replace(/\/\*[\s\S]*?\*\//g, "").replace(/\/\/.*$/gm, "");
+  const carry = /export type VolumeCarry = ([^;]*);/.exec(text);
+  assert.ok(carry, "snapshots.ts no longer declares `export type VolumeCarry`");
+  assert.deepEqual([...carry[1]!.matchAll(/"(\w+)"/g)].map((m) => m[1]), schemas["VolumeCarry"]!.enum);
+  const create: Schema = resolveSchema(schemas["CreateSnapshot"]!).properties;
+  assert.equal(schemaName(create["volumes"]), "VolumeCarry");
 });
 
 test("the headers a run's event stream sends are the document's", () => {
@@ -769,7 +779,8 @@ async function everyMethod(): Promise<void> {
   await FileExport.list({ ...client, sandboxId: sb.id });
   await exported.delete();
   await sb.artifacts();
-  const snap = await sb.createSnapshot({ name: "n", description: "d", tags: { t: "v" } });
+  const snap = await sb.createSnapshot({ name: "n", description: "d", tags: { t: "v" }, volumes: "copy" });
+  await sb.createSnapshot({ volumes: "mount" });
   // Options built elsewhere may hold more than CreateSnapshotOptions names (here a client's).
   const spread = { ...client, name: "n" };
   await sb.createSnapshot(spread);

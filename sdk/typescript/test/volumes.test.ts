@@ -5,8 +5,10 @@
  * host; a host folder outside the allow-list is a `PermissionDeniedError`, a bad mount path an
  * `InvalidArgumentError`; a volume written by one sandbox is read by the next once the first is
  * gone; volumes are made, listed, shown, refused deletion while a sandbox mounts them, deleted
- * and not found after; a malformed `mounts` is refused before anything is sent. Names are
- * unique: the test files run side by side on one daemon.
+ * and not found after; a snapshot taken with `volumes: "copy"` keeps the volume as it was, each
+ * sandbox made from it getting a new volume of its own while the live one goes on (without it,
+ * a restore mounts the live volume); a malformed `mounts` is refused before anything is sent.
+ * Names are unique: the test files run side by side on one daemon.
  */
 
 import assert from "node:assert/strict";
@@ -23,7 +25,9 @@ import {
   NotFoundError,
   PermissionDeniedError,
   Sandbox,
+  Snapshot,
   Volume,
+  type CreateSnapshotOptions,
 } from "sandcell";
 import { withSandbox } from "./helpers.js";
 
@@ -135,6 +139,59 @@ test("volumes are made, listed, shown and deleted; then not found", async () => 
   assert.ok(gone instanceof NotFoundError && gone.status === 404 && gone.code === "not_found", String(gone));
   await assert.rejects(Volume.delete(name), NotFoundError);
   assert.ok(!(await Volume.list()).some((v) => v.name === name));
+});
+
+test("a snapshot with volumes: \"copy\" keeps the volume as it was; each restore gets a volume of its own", async () => {
+  const name = unique("data");
+  const copies: string[] = [];
+  await withSandbox({ mounts: [Mount.fromVolume(name, "/workspace/data")] }, async (live) => {
+    await live.writeFile("data/note.txt", "then");
+    const snap = await live.createSnapshot({ volumes: "copy" });
+    try {
+      assert.deepEqual(snap.volumes.map((v) => [v.volume, v.path]), [[name, "/workspace/data"]]);
+      assert.ok(snap.volumes[0]!.bytes > 0);
+      assert.deepEqual((await Snapshot.get(snap.id)).volumes, snap.volumes);
+      // The live volume goes on changing; the copy does not.
+      await live.writeFile("data/note.txt", "now");
+      await withSandbox({ snapshotId: snap.id }, async (restored) => {
+        assert.equal(await restored.readFile("data/note.txt"), "then");
+        const made = restored.info.restore?.volumes ?? [];
+        assert.deepEqual(made.map((m) => [m.from, m.path]), [[name, "/workspace/data"]]);
+        const copy = made[0]!.volume;
+        copies.push(copy);
+        assert.ok(copy.startsWith(`${name}-`) && copy.length === name.length + 7, copy);
+        assert.deepEqual((await Volume.get(copy)).sandboxes, [restored.id]);
+        // Its own: a write reaches neither the live volume nor the next fork's.
+        await restored.writeFile("data/note.txt", "restored");
+      });
+      assert.equal(await live.readFile("data/note.txt"), "now");
+      const [forked] = await snap.fork({ labels: { suite: "sdk-ts" } });
+      try {
+        assert.equal(await forked!.readFile("data/note.txt"), "then");
+        const again = forked!.info.restore?.volumes[0]?.volume ?? "";
+        copies.push(again);
+        assert.ok(again.startsWith(`${name}-`) && again !== copies[0], again);
+      } finally {
+        await forked!.kill();
+      }
+      // Without the copy (the default), a restore mounts the live volume, as it is now.
+      const plain = await live.createSnapshot({ volumes: "mount" });
+      try {
+        assert.deepEqual(plain.volumes, []);
+        await withSandbox({ snapshotId: plain.id }, async (shared) => {
+          assert.equal(await shared.readFile("data/note.txt"), "now");
+          assert.deepEqual(shared.info.restore?.volumes, []);
+        });
+      } finally {
+        await plain.delete();
+      }
+      const bad = await live.createSnapshot({ volumes: "all" } as unknown as CreateSnapshotOptions).catch((e: unknown) => e);
+      assert.ok(bad instanceof InvalidArgumentError && bad.status === 400 && bad.code === "invalid_argument", String(bad));
+    } finally {
+      await snap.delete();
+    }
+  });
+  for (const made of [name, ...copies]) await Volume.delete(made);
 });
 
 test("a malformed mounts option is a TypeError before anything is sent", async () => {

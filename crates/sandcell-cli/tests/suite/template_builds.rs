@@ -112,6 +112,9 @@ fn a_dockerfile_builds_into_cached_layers_and_a_sandbox_runs_on_the_result() {
     std::fs::create_dir_all(ctx.join("src")).unwrap();
     std::fs::write(ctx.join("data.txt"), "data v1\n").unwrap();
     std::fs::write(ctx.join("src/tool.sh"), "echo tool\n").unwrap();
+    // Left out of every copy by the context's .dockerignore.
+    std::fs::write(ctx.join("src/debug.sh"), "echo debug\n").unwrap();
+    std::fs::write(ctx.join(".dockerignore"), "# local only\nsrc/debug.sh\n").unwrap();
     std::fs::write(
         ctx.join("Dockerfile"),
         "FROM tiny:v1\n\
@@ -155,7 +158,7 @@ fn a_dockerfile_builds_into_cached_layers_and_a_sandbox_runs_on_the_result() {
     let out = run_on(
         &home,
         "demo",
-        "cat /greeting /app/data.txt /app/bin/tool.sh /app/built-by; ls /etc/os-release 2>&1; echo $GREETING; pwd",
+        "cat /greeting /app/data.txt /app/bin/tool.sh /app/built-by; ls /etc/os-release 2>&1; ls /app/bin; echo $GREETING; pwd",
     );
     assert_eq!(
         out.lines().take(4).collect::<Vec<_>>(),
@@ -163,6 +166,10 @@ fn a_dockerfile_builds_into_cached_layers_and_a_sandbox_runs_on_the_result() {
         "{out}"
     );
     assert!(out.contains("No such file"), "deleted stays deleted: {out}");
+    assert!(
+        out.contains("\ntool.sh\nhello"),
+        ".dockerignore kept debug.sh out: {out}"
+    );
     // Its commands start in the image's WORKDIR.
     assert!(out.ends_with("hello\n/app\n"), "{out}");
 
@@ -176,6 +183,8 @@ fn a_dockerfile_builds_into_cached_layers_and_a_sandbox_runs_on_the_result() {
             .to_string()
     };
     let before = digest();
+    // A change to an ignored file changes no step.
+    std::fs::write(ctx.join("src/debug.sh"), "echo changed\n").unwrap();
     let (code, events, err) = build(&home, &ctx, "demo", &["--build-arg", "WHO=builder"]);
     assert_eq!(code, 0, "{err}");
     assert!(

@@ -68,6 +68,8 @@ from ._models import (
     ThreadInfo,
     Validate,
     Variables,
+    VolumeCarry,
+    VolumeCopy,
     VolumeInfo,
 )
 from .async_sandbox import (
@@ -223,6 +225,8 @@ __all__ = [
     "Validate",
     "Variables",
     "Volume",
+    "VolumeCarry",
+    "VolumeCopy",
     "VolumeInfo",
     "Volumes",
 ]

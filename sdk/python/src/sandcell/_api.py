@@ -62,6 +62,7 @@ from ._models import (
     ThreadInfo,
     Validate,
     Variables,
+    VolumeCarry,
     VolumeInfo,
 )
 from ._sse import SseEvent
@@ -943,10 +944,22 @@ def _snapshot(r: httpx.Response) -> SnapshotInfo:
 
 
 def create_snapshot(
-    sandbox_id: str, name: str | None, description: str | None, tags: Mapping[str, str] | None
+    sandbox_id: str,
+    name: str | None,
+    description: str | None,
+    tags: Mapping[str, str] | None,
+    *,
+    volumes: VolumeCarry | None = None,
 ) -> Call[SnapshotInfo]:
-    """`POST /v1/sandboxes/{id}/snapshots`."""
-    body = _drop_none({"name": name, "description": description, "tags": dict(tags) if tags else None})
+    """`POST /v1/sandboxes/{id}/snapshots` (`volumes` sent only when given)."""
+    body = _drop_none(
+        {
+            "name": name,
+            "description": description,
+            "tags": dict(tags) if tags else None,
+            "volumes": volumes,
+        }
+    )
     return Call("POST", _sb(sandbox_id, "/snapshots"), _snapshot, json=body, read_timeout=None)
 
 

@@ -527,9 +527,33 @@ class Artifact:
         return cls(path=d["path"], size=d["size"], mime=d["mime"], mtime=d.get("mtime"))
 
 
+VolumeCarry = Literal["mount", "copy"]
+"""What a snapshot keeps of the named volumes its sandbox mounts: `mount` (the default:
+nothing; a sandbox made from it mounts the same volumes again, as they are then) or `copy` (a
+copy of each, taken with the rest while the sandbox is paused; each sandbox restored or forked
+from it mounts a new volume of its own, `<volume>-<6 hex>`, filled from the copy)."""
+
+
+@dataclass
+class VolumeCopy:
+    """A named volume a snapshot keeps a copy of (`volumes="copy"`): the `volume` it was taken
+    of, the `path` the sandbox mounted it at (where sandboxes made from the snapshot mount their
+    new volume) and the copy's size in `bytes`."""
+
+    volume: str
+    path: str
+    bytes: int
+
+    @classmethod
+    def from_json(cls, d: JsonDict) -> VolumeCopy:
+        """Parses a `VolumeCopyInfo` entry."""
+        return cls(volume=str(d["volume"]), path=str(d["path"]), bytes=int(d["bytes"]))
+
+
 @dataclass
 class SnapshotInfo:
-    """A durable snapshot: what it holds (`manifest`), its fidelity and lineage."""
+    """A durable snapshot: what it holds (`manifest`, and `volumes`: the copies of named volumes
+    it keeps, if taken with `volumes="copy"`), its fidelity and lineage."""
 
     id: str
     sandbox_id: str
@@ -544,13 +568,15 @@ class SnapshotInfo:
     parent_id: str | None = None
     children: list[str] | None = None
     sandboxes: list[str] | None = None
+    volumes: list[VolumeCopy] = field(default_factory=list)
 
     @classmethod
     def from_json(cls, d: JsonDict) -> SnapshotInfo:
-        """Parses a `SnapshotInfo` answer."""
+        """Parses a `SnapshotInfo` answer (no `volumes`: none copied)."""
         known = _known(cls, d)
         known["tags"] = _strs(d.get("tags"))
         known["manifest"] = d.get("manifest") or {}
+        known["volumes"] = [VolumeCopy.from_json(v) for v in d.get("volumes") or []]
         return cls(**known)
 
 

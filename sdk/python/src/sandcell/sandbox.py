@@ -68,6 +68,7 @@ from ._models import (
     ThreadInfo,
     Validate,
     Variables,
+    VolumeCarry,
     VolumeInfo,
 )
 from .errors import BuildError, ConnectionError, NotFoundError, SandboxGoneError, TimeoutError
@@ -911,9 +912,18 @@ class Sandbox:
         *,
         description: str | None = None,
         tags: Mapping[str, str] | None = None,
+        volumes: VolumeCarry | None = None,
     ) -> SnapshotInfo:
-        """Takes a durable snapshot (files, and Python/Node variables; see its `fidelity`)."""
-        return self._http.call(_api.create_snapshot(self.id, name, description, tags))
+        """Takes a durable snapshot (files, and Python/Node variables; see its `fidelity`).
+        `volumes="copy"` also keeps a copy of each named volume the sandbox mounts (taken with
+        the rest while it is paused; the answer's `volumes` lists them): each sandbox restored
+        or forked from it then mounts a new volume of its own (`<volume>-<6 hex>`, named in its
+        `info.restore["volumes"]`) filled from the copy, at the same path, and the live volume
+        is left alone. Without it (`"mount"`, the daemon's default) a restore mounts the same
+        volume again, as it is then. Host folders are never kept."""
+        return self._http.call(
+            _api.create_snapshot(self.id, name, description, tags, volumes=volumes)
+        )
 
     def list_snapshots(self) -> builtins.list[SnapshotInfo]:
         """This sandbox's snapshots, oldest first."""

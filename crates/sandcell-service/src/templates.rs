@@ -20,7 +20,7 @@ use tokio::sync::{Semaphore, watch};
 use crate::caller::Caller;
 use crate::{ErrorKind, Service, ServiceError, ServiceResult};
 
-/// Builds kept in memory (the oldest finished ones go first).
+/// Builds kept (the oldest finished ones go first), in memory and on disk.
 const KEEP_BUILDS: usize = 100;
 
 /// The daemon's builds.
@@ -28,6 +28,16 @@ pub struct Builds {
     builder: Builder,
     jobs: Mutex<Vec<Arc<Job>>>,
     one_at_a_time: Arc<Semaphore>,
+    /// `<home>/builds`: each build's record and events (`<id>.json`), written when it is
+    /// queued and when it ends, so that builds are found again after a restart.
+    records: PathBuf,
+}
+
+/// A build as kept on disk.
+#[derive(serde::Serialize, serde::Deserialize)]
+struct BuildRecord {
+    info: BuildInfo,
+    events: Vec<NumberedBuildEvent>,
 }
 
 impl std::fmt::Debug for Builds {
@@ -57,10 +67,27 @@ impl Builds {
         if !config.templates.debian_mirror.is_empty() {
             builder.debian.mirror = Some(config.templates.debian_mirror.clone());
         }
+        let records = config.home.join("builds");
+        let jobs = load_builds(&records);
         Self {
             builder: Builder::new(builder),
-            jobs: Mutex::new(Vec::new()),
+            jobs: Mutex::new(jobs),
             one_at_a_time: Arc::new(Semaphore::new(1)),
+            records,
+        }
+    }
+
+    /// Adds `job`, dropping the oldest finished builds over [`KEEP_BUILDS`] (records too).
+    fn add(&self, job: Arc<Job>) {
+        let mut jobs = lock(&self.jobs);
+        jobs.push(job);
+        while jobs.len() > KEEP_BUILDS {
+            let Some(old) = jobs.iter().position(|j| lock(&j.info).state.is_final()) else {
+                break;
+            };
+            let gone = jobs.remove(old);
+            let id = lock(&gone.info).id.clone();
+            let _ = std::fs::remove_file(self.records.join(format!("{id}.json")));
         }
     }
 
@@ -79,6 +106,73 @@ impl Builds {
             .cloned()
             .ok_or_else(|| ServiceError::new(ErrorKind::NotFound, format!("no build '{id}'")))
     }
+}
+
+/// Writes `job`'s record into `dir` (a failure is logged: the build goes on without it).
+fn save_build(dir: &Path, job: &Job) {
+    let record = BuildRecord {
+        info: lock(&job.info).clone(),
+        events: lock(&job.events).clone(),
+    };
+    let id = record.info.id.clone();
+    let written = std::fs::create_dir_all(dir).and_then(|()| {
+        let text = serde_json::to_vec(&record).map_err(std::io::Error::other)?;
+        let tmp = dir.join(format!(".{id}.json.tmp"));
+        std::fs::write(&tmp, text)?;
+        std::fs::rename(&tmp, dir.join(format!("{id}.json")))
+    });
+    if let Err(e) = written {
+        tracing::warn!(build = %id, error = %e, "the build's record was not written");
+    }
+}
+
+/// The builds recorded under `dir`, oldest first, the newest [`KEEP_BUILDS`] (older records
+/// are removed). One the daemon stopped during ends as failed, saying so.
+fn load_builds(dir: &Path) -> Vec<Arc<Job>> {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Vec::new();
+    };
+    let mut records: Vec<(PathBuf, BuildRecord)> = entries
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "json"))
+        .filter_map(|p| {
+            let text = std::fs::read(&p).ok()?;
+            match serde_json::from_slice::<BuildRecord>(&text) {
+                Ok(r) => Some((p, r)),
+                Err(e) => {
+                    tracing::warn!(file = %p.display(), error = %e, "an unreadable build record is skipped");
+                    None
+                }
+            }
+        })
+        .collect();
+    records.sort_by(|a, b| a.1.info.created_at.cmp(&b.1.info.created_at));
+    let over = records.len().saturating_sub(KEEP_BUILDS);
+    for (path, _) in records.drain(..over) {
+        let _ = std::fs::remove_file(path);
+    }
+    records
+        .into_iter()
+        .map(|(_, record)| {
+            let seq = record.events.last().map_or(0, |e| e.seq);
+            let (count, _) = watch::channel(seq);
+            let job = Job {
+                info: Mutex::new(record.info),
+                events: Mutex::new(record.events),
+                count,
+                cancel: Cancel::default(),
+            };
+            if !lock(&job.info).state.is_final() {
+                job.record(BuildEvent::Finished {
+                    state: BuildState::Failed,
+                    error: Some("the daemon stopped during this build".into()),
+                });
+                save_build(dir, &job);
+            }
+            Arc::new(job)
+        })
+        .collect()
 }
 
 impl Job {
@@ -193,16 +287,8 @@ impl Service {
             count,
             cancel: Cancel::default(),
         });
-        {
-            let mut jobs = lock(&builds.jobs);
-            jobs.push(job.clone());
-            while jobs.len() > KEEP_BUILDS {
-                let Some(old) = jobs.iter().position(|j| lock(&j.info).state.is_final()) else {
-                    break;
-                };
-                jobs.remove(old);
-            }
-        }
+        builds.add(job.clone());
+        save_build(&builds.records, &job);
         let sandbox_network = match &req.sandbox_network {
             Some(n) => Some(
                 serde_json::to_value(n)
@@ -242,6 +328,7 @@ impl Service {
         let builder = builds.builder.clone();
         let gate = builds.one_at_a_time.clone();
         let runner = job.clone();
+        let records = builds.records.clone();
         let home = self.config.home.clone();
         let fleet = self.fleet.clone();
         let task = tokio::spawn(async move {
@@ -262,6 +349,12 @@ impl Service {
                     while let Some(event) = rx.recv().await {
                         match event {
                             BuildEvent::Finished { .. } => finished = Some(event),
+                            // Kept after each step, so a daemon that stops midway leaves
+                            // the steps it got through.
+                            BuildEvent::StepFinished { .. } => {
+                                runner.record(event);
+                                save_build(&records, &runner);
+                            }
                             other => runner.record(other),
                         }
                     }
@@ -282,6 +375,7 @@ impl Service {
                         state: BuildState::Failed,
                         error: Some("the build ended without saying how".into()),
                     }));
+                    save_build(&records, &runner);
                     result
                 }
                 None => {
@@ -289,6 +383,7 @@ impl Service {
                         state: BuildState::Cancelled,
                         error: None,
                     });
+                    save_build(&records, &runner);
                     Err(BuildError::Cancelled)
                 }
             };

@@ -460,7 +460,7 @@ fn the_daemon_builds_a_template_as_a_job_whose_log_streams_and_guards_it_while_i
         return;
     }
     let tmp = tempfile::tempdir().unwrap();
-    let d = super::daemon::Daemon::start(&[]);
+    let mut d = super::daemon::Daemon::start(&[]);
     if !import_tiny(tmp.path(), d.home(), TOOLS) {
         return;
     }
@@ -594,6 +594,52 @@ fn the_daemon_builds_a_template_as_a_job_whose_log_streams_and_guards_it_while_i
     let r = d.post(&format!("/v1/builds/{slow}/cancel"), json!({}));
     assert_eq!(r.body["state"], "cancelled", "{}", r.body);
     assert!(cancelled.elapsed() < std::time::Duration::from_secs(20));
+
+    // Builds are kept across restarts, with their logs; one the daemon died during ends as
+    // failed, saying so.
+    let r = d.post(
+        "/v1/templates",
+        json!({"name": "cut", "dockerfile": "FROM tiny:v1\nRUN echo first\nRUN sleep 3\n"}),
+    );
+    let cut = r.body["id"].as_str().unwrap().to_string();
+    super::daemon::wait_for(std::time::Duration::from_secs(20), || {
+        (d.get(&format!("/v1/builds/{cut}")).body["step"] == 2).then_some(())
+    })
+    .expect("the build reaches its second step");
+    let before = d.get(&format!("/v1/builds/{id}")).body;
+    let log_before = d.get(&format!("/v1/builds/{id}/logs?format=json")).body;
+    d.kill9();
+    d.restart(&[]);
+    assert_eq!(d.get(&format!("/v1/builds/{id}")).body, before);
+    assert_eq!(
+        d.get(&format!("/v1/builds/{id}/logs?format=json")).body,
+        log_before
+    );
+    assert_eq!(
+        d.get(&format!("/v1/builds/{slow}")).body["state"],
+        "cancelled"
+    );
+    let r = d.get(&format!("/v1/builds/{cut}"));
+    assert_eq!(r.body["state"], "failed", "{}", r.body);
+    assert!(
+        r.body["error"].as_str().unwrap().contains("daemon stopped"),
+        "{}",
+        r.body
+    );
+    assert_eq!(
+        r.body["step_reports"].as_array().unwrap().len(),
+        1,
+        "the step it got through: {}",
+        r.body
+    );
+    let listed: Vec<String> = d.get("/v1/builds").body["builds"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|b| b["id"].as_str().unwrap().to_string())
+        .collect();
+    assert_eq!(listed[0], cut, "newest first: {listed:?}");
+    assert!(listed.contains(&id) && listed.contains(&slow));
 }
 
 #[test]

@@ -628,8 +628,16 @@ fn merge_dir(
                 fs::remove_file(&dst).map_err(io("replace"))?;
             }
             fs::create_dir(&dst).map_err(io("make"))?;
+            // Made here (a copied folder or a parent of the destination): `--chown`'s owner,
+            // as BuildKit does; `--chmod` with search rights wherever it grants reading, so
+            // that `--chmod=644` does not make a folder no one can enter.
+            let folder_mode = match chmod {
+                Some(m) => m | ((m & 0o444) >> 2),
+                None => mode,
+            };
             std::os::unix::fs::lchown(&dst, Some(uid), Some(gid)).map_err(io("chown"))?;
-            fs::set_permissions(&dst, fs::Permissions::from_mode(mode)).map_err(io("chmod"))?;
+            fs::set_permissions(&dst, fs::Permissions::from_mode(folder_mode))
+                .map_err(io("chmod"))?;
             merge_dir(&src, &dst, uid, gid, chmod)?;
             continue;
         }

@@ -252,6 +252,67 @@ fn a_dockerfile_builds_into_cached_layers_and_a_sandbox_runs_on_the_result() {
 }
 
 #[test]
+fn copy_chown_owns_what_it_makes_and_chmod_keeps_folders_enterable() {
+    if skip_unless_root() {
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let home = tmp.path().join("home");
+    if !import_tiny(tmp.path(), &home, TOOLS) {
+        return;
+    }
+    let ctx = tmp.path().join("ctx");
+    std::fs::create_dir_all(ctx.join("conf")).unwrap();
+    std::fs::write(ctx.join("data.txt"), "d\n").unwrap();
+    std::fs::write(ctx.join("conf/app.ini"), "x=1\n").unwrap();
+    std::fs::write(
+        ctx.join("Dockerfile"),
+        "FROM tiny:v1\n\
+         COPY --chown=1000:1001 data.txt /srv/app/data/\n\
+         COPY --chmod=640 conf /srv/conf/\n\
+         COPY data.txt /srv/app/plain.txt\n",
+    )
+    .unwrap();
+    let (code, events, err) = build(&home, &ctx, "owned", &[]);
+    assert_eq!(code, 0, "{err}\n{events:?}");
+    // Read on the host, in the image's unpacked root (inside, ids other than the sandbox
+    // user's show as nobody).
+    let root = std::fs::read_dir(home.join("images/roots"))
+        .unwrap()
+        .flatten()
+        .map(|e| e.path())
+        .find(|p| p.join("srv").exists())
+        .expect("the built image's root");
+    let out: String = [
+        "/srv",
+        "/srv/app",
+        "/srv/app/data",
+        "/srv/app/data/data.txt",
+        "/srv/conf",
+        "/srv/conf/app.ini",
+        "/srv/app/plain.txt",
+    ]
+    .iter()
+    .map(|p| {
+        use std::os::unix::fs::MetadataExt;
+        let m = std::fs::symlink_metadata(root.join(&p[1..])).unwrap();
+        format!("{p} {}:{} {:o}\n", m.uid(), m.gid(), m.mode() & 0o7777)
+    })
+    .collect();
+    assert_eq!(
+        out,
+        "/srv 1000:1001 755\n\
+         /srv/app 1000:1001 755\n\
+         /srv/app/data 1000:1001 755\n\
+         /srv/app/data/data.txt 1000:1001 644\n\
+         /srv/conf 0:0 750\n\
+         /srv/conf/app.ini 0:0 640\n\
+         /srv/app/plain.txt 0:0 644\n",
+        "folders made by --chown are its owner's, those already there keep theirs"
+    );
+}
+
+#[test]
 fn bad_dockerfiles_and_failing_steps_fail_clearly() {
     if skip_unless_root() {
         return;

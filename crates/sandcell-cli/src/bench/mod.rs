@@ -118,6 +118,10 @@ enum BenchWhat {
         /// python sandbox.
         #[arg(long, value_name = "TEMPLATE", conflicts_with = "image")]
         pool: Option<String>,
+        /// The backend both rows run on (`process`, `gvisor`); with `--pool`, the host-based
+        /// row runs on the template's own backend instead.
+        #[arg(long, default_value = "process", conflicts_with_all = ["build", "pool"])]
+        backend: String,
         /// Print JSON.
         #[arg(long)]
         json: bool,
@@ -169,8 +173,15 @@ pub async fn bench(args: BenchArgs, engine: Engine) -> anyhow::Result<ExitCode> 
             samples,
             image,
             json,
+            backend,
             build: None,
             pool: None,
-        } => templates::templates(engine, samples, image, json).await,
+        } => {
+            let backend = sandcell_engine::BackendKind::ALL
+                .into_iter()
+                .find(|k| k.as_str() == backend)
+                .ok_or_else(|| anyhow::anyhow!("--backend '{backend}': process or gvisor"))?;
+            templates::templates(engine, samples, image, backend, json).await
+        }
     }
 }

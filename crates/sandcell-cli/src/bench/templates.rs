@@ -21,7 +21,7 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
-use sandcell_engine::{Engine, SandboxSpec};
+use sandcell_engine::{BackendKind, Engine, SandboxSpec};
 use sandcell_protocol::ExecRequest;
 
 use super::stats::quantile;
@@ -97,14 +97,18 @@ async fn measure(
     engine: &Engine,
     samples: usize,
     image: Option<&str>,
+    backend: BackendKind,
     scratch: &Path,
 ) -> anyhow::Result<(String, Option<Duration>, Vec<Duration>, Vec<Duration>)> {
     let (name, root, unpacked) = image_root(image, scratch)?;
-    let host = SandboxSpec::default();
+    let host = SandboxSpec {
+        backend,
+        ..SandboxSpec::default()
+    };
     let from_image = SandboxSpec {
         template: Some(name.clone()),
         system_root: Some(root.display().to_string()),
-        ..SandboxSpec::default()
+        ..host.clone()
     };
     // Warm-up: page cache, skeletons of both kinds.
     sample(engine, &host).await?;
@@ -121,13 +125,14 @@ pub(super) async fn templates(
     engine: Engine,
     samples: usize,
     image: Option<String>,
+    backend: BackendKind,
     as_json: bool,
 ) -> anyhow::Result<ExitCode> {
     if samples < 3 {
         bail!("--samples must be at least 3");
     }
     let scratch = super::daemon::server::temp_home()?;
-    let measured = measure(&engine, samples, image.as_deref(), &scratch).await;
+    let measured = measure(&engine, samples, image.as_deref(), backend, &scratch).await;
     // The busybox image's root is bound in a skeleton: pruning detaches it before the
     // folder goes.
     if image.is_none()
@@ -144,6 +149,7 @@ pub(super) async fn templates(
             "{}",
             serde_json::json!({
                 "samples": samples,
+                "backend": backend.as_str(),
                 "image": name,
                 "unpack_ms": unpacked.map(|d| d.as_secs_f64() * 1000.0),
                 "host": {"p50_ms": hm, "p90_ms": quantile(&h, 0.9)},
@@ -152,7 +158,10 @@ pub(super) async fn templates(
             })
         );
     } else {
-        println!("sandbox create + exec `true` + destroy, {samples} samples each, interleaved");
+        println!(
+            "sandbox create + exec `true` + destroy on {}, {samples} samples each, interleaved",
+            backend.as_str()
+        );
         println!(
             "  host system          p50 {hm:7.2} ms   p90 {:7.2} ms",
             quantile(&h, 0.9)
@@ -288,7 +297,9 @@ pub(super) async fn pools(name: &str, samples: usize, as_json: bool) -> anyhow::
         .with_context(|| format!("copy '{reference}' from {}", source.display()))?;
     let Some(pool) = sandcell_service::images::template_pool(&home, name)? else {
         let _ = std::fs::remove_dir_all(&home);
-        bail!("template '{name}' asks for no warm pool ([warm] strategy = \"pool\")");
+        bail!(
+            "template '{name}' asks for no warm pool ([warm] strategy = \"pool\" or \"snapshot\")"
+        );
     };
     let d = super::daemon::server::Daemon::start_in(home, 0, &[], &[]).await?;
     let with_env = |template: &str, env: bool| CreateSandbox {
@@ -300,11 +311,13 @@ pub(super) async fn pools(name: &str, samples: usize, as_json: bool) -> anyhow::
         },
         ..CreateSandbox::default()
     };
-    let (host_req, cold_req, pool_req) = (
+    let (mut host_req, cold_req, pool_req) = (
         with_env("python", true),
         with_env(name, true),
         with_env(name, false),
     );
+    // Side by side on the template's backend.
+    host_req.backend = Some(pool.spec.backend.as_str().to_string());
     let hits = "sandcell_pool_requests_total{result=\"hit\"}";
     let (mut host, mut cold, mut pooled, mut hit) = (Vec::new(), Vec::new(), Vec::new(), 0);
     // The first round warms up and is not kept.
@@ -323,11 +336,45 @@ pub(super) async fn pools(name: &str, samples: usize, as_json: bool) -> anyhow::
             }
         }
     }
-    let rows = [
+    // What keeping the pool full costs, alone: the pool ready again after a take (a
+    // `snapshot` pool restores its seed; a `pool` makes and warms one), beside a sandbox
+    // made and warmed up by hand (what each refill of a `pool` does).
+    let warmup =
+        sandcell_service::images::template_defaults(d.home(), name)?.and_then(|t| match t.warm {
+            sandcell_template::WarmStrategy::Pool { warmup, .. }
+            | sandcell_template::WarmStrategy::Snapshot { warmup, .. } => warmup,
+            _ => None,
+        });
+    let (mut refill, mut warmed) = (Vec::new(), Vec::new());
+    for _ in 0..samples {
+        d.wait_named_pool_full(&pool.name, pool.size).await?;
+        // From the take (the refill starts then) until the pool is full again.
+        let t = Instant::now();
+        let id = d.create(&pool_req).await?;
+        d.wait_named_pool_full(&pool.name, pool.size).await?;
+        refill.push(t.elapsed());
+        d.delete(&id).await?;
+        if let Some(code) = &warmup {
+            let t = Instant::now();
+            let id = d.create(&cold_req).await?;
+            let input = sandcell_api::code::CodeInput {
+                code: sandcell_api::Code::new(code.as_str())?,
+                ..Default::default()
+            };
+            d.code_ok(&id, &input).await?;
+            warmed.push(t.elapsed());
+            d.delete(&id).await?;
+        }
+    }
+    let mut rows = vec![
         ("host_python_cold", "host-based python, cold", &host),
         ("template_cold", "the template, cold", &cold),
         ("template_pool", "the template, from its pool", &pooled),
+        ("pool_refill", "a take until the pool is full", &refill),
     ];
+    if !warmed.is_empty() {
+        rows.push(("made_and_warmed", "made + its warm-up, by hand", &warmed));
+    }
     let host_p50 = quantile(&host, 0.5);
     if as_json {
         let list: Vec<serde_json::Value> = rows
@@ -343,13 +390,14 @@ pub(super) async fn pools(name: &str, samples: usize, as_json: bool) -> anyhow::
             .collect();
         println!(
             "{}",
-            serde_json::json!({"template": name, "samples": samples, "pool_hits": hit, "rows": list})
+            serde_json::json!({"template": name, "backend": pool.spec.backend.as_str(), "samples": samples, "pool_hits": hit, "rows": list})
         );
     } else {
         println!(
-            "create + first result (1+1) through the daemon, {samples} samples each, interleaved"
+            "create + first result (1+1) through the daemon on {}, {samples} samples each, interleaved",
+            pool.spec.backend.as_str()
         );
-        for (_, label, s) in rows {
+        for (_, label, s) in &rows {
             println!(
                 "  {label:32} p50 {:8.2} ms   p90 {:8.2} ms   ({:.2}x host)",
                 quantile(s, 0.5),

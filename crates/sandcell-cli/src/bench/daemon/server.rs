@@ -335,7 +335,11 @@ impl Daemon {
     }
 
     /// Code in sandbox `id` that must end with status `ok`; the answer.
-    pub(super) async fn code_ok(&self, id: &str, req: &CodeInput) -> anyhow::Result<CodeResult> {
+    pub(in crate::bench) async fn code_ok(
+        &self,
+        id: &str,
+        req: &CodeInput,
+    ) -> anyhow::Result<CodeResult> {
         let v = self.api.run_code(id, req).await?;
         if v.done.status != "ok" {
             bail!("code in {id}: the code did not run: {}", json!(v.done));

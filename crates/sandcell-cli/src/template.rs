@@ -11,7 +11,7 @@ use anyhow::Context as _;
 use clap::{Args, Subcommand};
 use sandcell_api::templates::{BuildEvent, BuildState, StartBuild, TemplateInfo};
 use sandcell_build::BuildError;
-use sandcell_build::builder::{BuildRequest, Builder, BuilderConfig, Cancel, KERNELS_LABEL};
+use sandcell_build::builder::{BuildRequest, Builder, BuilderConfig, Cancel};
 
 use crate::agent::{DaemonArgs, daemon_client};
 use crate::image::{ImageArgs, human};
@@ -184,32 +184,7 @@ fn local_templates(args: &ImageArgs) -> anyhow::Result<Vec<TemplateInfo>> {
         let Some(image) = store.image(&name)? else {
             continue;
         };
-        let config = &image.config["config"];
-        out.push(TemplateInfo {
-            name: image.reference.clone(),
-            digest: image.manifest_digest.clone(),
-            layers: image.manifest.layers.len() as u32,
-            size: image.manifest.layers.iter().map(|l| l.size).sum(),
-            kernels: config["Labels"][KERNELS_LABEL]
-                .as_str()
-                .map(|k| {
-                    k.split(',')
-                        .filter(|k| !k.is_empty())
-                        .map(str::to_string)
-                        .collect()
-                })
-                .unwrap_or_default(),
-            env: config["Env"]
-                .as_array()
-                .map(|a| {
-                    a.iter()
-                        .filter_map(|e| e.as_str().map(str::to_string))
-                        .collect()
-                })
-                .unwrap_or_default(),
-            workdir: config["WorkingDir"].as_str().map(str::to_string),
-            sandboxes: 0,
-        });
+        out.push(sandcell_service::templates::template_info(&image, 0));
     }
     out.sort_by(|a, b| a.name.cmp(&b.name));
     Ok(out)

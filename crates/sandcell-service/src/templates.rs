@@ -532,8 +532,34 @@ impl Service {
         let Some(image) = store.lookup(name).map_err(image_error)? else {
             return Ok(None);
         };
-        let config = &image.config["config"];
-        let kernels = config["Labels"][KERNELS_LABEL]
+        let root = store
+            .root()
+            .join("roots")
+            .join(sandcell_image::chain_id(&image.manifest.layers));
+        let sandboxes = self.fleet.sandboxes_on(&root.display().to_string());
+        Ok(Some(template_info(&image, sandboxes)))
+    }
+}
+
+/// What a template's listing shows of `image` (`sandboxes`: how many run on it), read from its
+/// configuration; the daemon's and `sandcell template ls --local` alike.
+pub fn template_info(image: &sandcell_image::Image, sandboxes: u32) -> TemplateInfo {
+    let config = &image.config["config"];
+    let strings = |v: &serde_json::Value| -> Vec<String> {
+        v.as_array()
+            .map(|a| {
+                a.iter()
+                    .filter_map(|e| e.as_str().map(str::to_string))
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    TemplateInfo {
+        name: image.reference.clone(),
+        digest: image.manifest_digest.clone(),
+        layers: image.manifest.layers.len() as u32,
+        size: image.manifest.layers.iter().map(|l| l.size).sum(),
+        kernels: config["Labels"][KERNELS_LABEL]
             .as_str()
             .map(|k| {
                 k.split(',')
@@ -541,29 +567,10 @@ impl Service {
                     .map(str::to_string)
                     .collect()
             })
-            .unwrap_or_default();
-        let env = config["Env"]
-            .as_array()
-            .map(|a| {
-                a.iter()
-                    .filter_map(|e| e.as_str().map(str::to_string))
-                    .collect()
-            })
-            .unwrap_or_default();
-        let root = store
-            .root()
-            .join("roots")
-            .join(sandcell_image::chain_id(&image.manifest.layers));
-        Ok(Some(TemplateInfo {
-            name: image.reference.clone(),
-            digest: image.manifest_digest.clone(),
-            layers: image.manifest.layers.len() as u32,
-            size: image.manifest.layers.iter().map(|l| l.size).sum(),
-            kernels,
-            env,
-            workdir: config["WorkingDir"].as_str().map(str::to_string),
-            sandboxes: self.fleet.sandboxes_on(&root.display().to_string()),
-        }))
+            .unwrap_or_default(),
+        env: strings(&config["Env"]),
+        workdir: config["WorkingDir"].as_str().map(str::to_string),
+        sandboxes,
     }
 }
 

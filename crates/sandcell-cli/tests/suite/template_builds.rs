@@ -831,23 +831,37 @@ fn built_in_templates_build_with_one_request_and_do_their_jobs() {
     );
 }
 
+/// A daemon whose store holds template `name`, built over REST from the busybox image (one
+/// step: `/etc/built`) with the template file's `sections`; `None` when skipped.
+fn daemon_with_template(
+    name: &str,
+    sections: &str,
+) -> Option<(tempfile::TempDir, super::daemon::Daemon)> {
+    let tmp = tempfile::tempdir().unwrap();
+    let d = super::daemon::Daemon::start(&[]);
+    if !import_tiny(tmp.path(), d.home(), TOOLS) {
+        return None;
+    }
+    let spec = format!(
+        "name = \"{name}\"\ndockerfile_inline = \"FROM tiny:v1\\nRUN echo built > /etc/built\\n\"\n{sections}"
+    );
+    let r = d.post(
+        "/v1/templates",
+        json!({"name": name, "spec": spec, "wait": true}),
+    );
+    assert_eq!(r.body["state"], "succeeded", "{}", r.body);
+    Some((tmp, d))
+}
+
 #[test]
 fn a_singleton_template_gives_each_owner_one_sandbox_that_every_create_shares() {
     if skip_unless_root() {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let d = super::daemon::Daemon::start(&[]);
-    if !import_tiny(tmp.path(), d.home(), TOOLS) {
+    let Some((_tmp, d)) = daemon_with_template("shared", "[warm]\nstrategy = \"singleton\"\n")
+    else {
         return;
-    }
-    let spec = "name = \"shared\"\ndockerfile_inline = \"FROM tiny:v1\\nRUN echo built > /etc/built\\n\"\n\
-                [warm]\nstrategy = \"singleton\"\n";
-    let r = d.post(
-        "/v1/templates",
-        json!({"name": "shared", "spec": spec, "wait": true}),
-    );
-    assert_eq!(r.body["state"], "succeeded", "{}", r.body);
+    };
 
     let first = d.create_id(json!({"template": "shared"}));
     assert!(d.exec(&first, "echo mine > /workspace/note").ok);
@@ -871,18 +885,12 @@ fn a_snapshot_template_on_gvisor_keeps_a_seed_and_restores_its_pool_from_it() {
     if skip_unless_root() {
         return;
     }
-    let tmp = tempfile::tempdir().unwrap();
-    let d = super::daemon::Daemon::start(&[]);
-    if !import_tiny(tmp.path(), d.home(), TOOLS) {
+    let Some((_tmp, d)) = daemon_with_template(
+        "seeded",
+        "[sandbox]\nbackend = \"gvisor\"\n[warm]\nstrategy = \"snapshot\"\nsize = 1\n",
+    ) else {
         return;
-    }
-    let spec = "name = \"seeded\"\ndockerfile_inline = \"FROM tiny:v1\\nRUN echo built > /etc/built\\n\"\n\
-                [sandbox]\nbackend = \"gvisor\"\n[warm]\nstrategy = \"snapshot\"\nsize = 1\n";
-    let r = d.post(
-        "/v1/templates",
-        json!({"name": "seeded", "spec": spec, "wait": true}),
-    );
-    assert_eq!(r.body["state"], "succeeded", "{}", r.body);
+    };
     let metrics = || {
         let r = super::daemon::send(d.req_as(Some(&d.key), reqwest::Method::GET, "/metrics"));
         r.body.as_str().unwrap_or_default().to_string()
@@ -937,4 +945,39 @@ fn a_snapshot_template_on_gvisor_keeps_a_seed_and_restores_its_pool_from_it() {
         "{}",
         metrics()
     );
+}
+
+#[test]
+fn the_mounted_root_of_an_image_that_is_gone_is_detached_when_the_next_image_mounts() {
+    if skip_unless_root() {
+        return;
+    }
+    let mounts_of = |path: &Path| {
+        let info = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let needle = format!(" {}", path.display());
+        info.lines()
+            .filter(|l| l.contains(&needle) && l.contains("/rootfs/root-"))
+            .count()
+    };
+    let first = tempfile::tempdir().unwrap();
+    let home = first.path().join("home");
+    if !import_tiny(first.path(), &home, TOOLS) {
+        return;
+    }
+    assert_eq!(run_on(&home, "tiny:v1", "echo one"), "one\n");
+    let images = home.join("images");
+    assert!(mounts_of(&images) > 0, "its skeleton is mounted ahead");
+    // The store goes without a prune (a deleted temporary home): its skeleton's binds now
+    // pin deleted folders.
+    drop(first);
+    let second = tempfile::tempdir().unwrap();
+    let other = second.path().join("home");
+    assert!(import_tiny(second.path(), &other, TOOLS));
+    assert_eq!(run_on(&other, "tiny:v1", "echo two"), "two\n");
+    assert_eq!(
+        mounts_of(&images),
+        0,
+        "the gone image's skeleton is detached"
+    );
+    assert!(mounts_of(&other.join("images")) > 0);
 }

@@ -14,7 +14,7 @@
 //! in a temporary directory and renamed into place, so a skeleton that exists is complete.
 //! Old skeletons are left in place: live sandboxes may still have them as their root.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fs;
 use std::io;
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, PermissionsExt, symlink};
@@ -209,7 +209,54 @@ fn mount_in_place(cache_dir: &Path, skeleton: &Skeleton) -> Result<(), JailError
         }
     }
     unmount_other_skeletons(cache_dir, dir, &family(&skeleton.system_root));
+    unmount_stale_skeletons(cache_dir);
     Ok(())
+}
+
+/// Detaches (and removes) the mounted skeletons of image roots that are gone (a deleted image,
+/// a test's temporary store): their binds pin deleted folders, and every mount of the host's
+/// namespace is copied into each new sandbox's, so thousands of them slow every start.
+/// Running sandboxes keep their own copies.
+pub fn unmount_stale_skeletons(cache_dir: &Path) {
+    let Ok(mountinfo) = fs::read_to_string("/proc/self/mountinfo") else {
+        return;
+    };
+    let prefix = format!("{}/root-", cache_dir.display());
+    // (the skeleton folder a mount point is in, the mount point, its source is deleted)
+    let mounts: Vec<(&str, &str, bool)> = mountinfo
+        .lines()
+        .filter_map(|l| {
+            let mut fields = l.split(' ');
+            let root = fields.nth(3)?;
+            let point = fields.next()?;
+            let rest = point.strip_prefix(&prefix)?;
+            let skeleton = &point[..prefix.len() + rest.find('/').unwrap_or(rest.len())];
+            Some((skeleton, point, root.ends_with("//deleted")))
+        })
+        .collect();
+    let stale: BTreeSet<&str> = mounts
+        .iter()
+        .filter(|(skeleton, _, deleted)| *deleted && !skeleton.contains("/root-host-"))
+        .map(|(skeleton, _, _)| *skeleton)
+        .collect();
+    for skeleton in stale {
+        let inside = format!("{skeleton}/");
+        let mut points: Vec<&str> = mounts
+            .iter()
+            .map(|(_, point, _)| *point)
+            .filter(|p| *p == skeleton || p.starts_with(&inside))
+            .collect();
+        // Deepest first.
+        points.sort_by_key(|p| std::cmp::Reverse(p.len()));
+        let detached = points
+            .iter()
+            .all(|p| nix::mount::umount2(*p, nix::mount::MntFlags::MNT_DETACH).is_ok());
+        // Its folder goes only once nothing is mounted in it (a device node bound from the
+        // host must never be unlinked through it).
+        if detached && !points.iter().any(|p| is_mount_root(Path::new(p))) {
+            let _ = fs::remove_dir_all(skeleton);
+        }
+    }
 }
 
 /// Binds `dir` onto itself unless it is a mount already, and makes it private, so mounts made

@@ -80,6 +80,8 @@ api GET "/v1/sandboxes/$sb/processes/$done_pid/output" >/dev/null
 api POST "/v1/sandboxes/$sb/import" '{"path": "/workspace/seed.txt", "text": "seed\n"}' >/dev/null
 export_id=$(api POST "/v1/sandboxes/$sb/exports" '{"path": "/workspace/seed.txt"}' id)
 snapshot=$(api POST "/v1/sandboxes/$sb/snapshots" '{"name": "seed"}' id)
+# A volume for the routes of one (`DELETE /v1/volumes/{volume}` gets its own from the hooks).
+volume=$(api POST /v1/volumes '{"name": "seed-volume"}' name)
 # Only so that every path parameter has a value here: the hooks give
 # `DELETE /v1/keys/{key_id}` keys of its own.
 victim_key=$(api POST /v1/keys '{"name": "victim"}' id)
@@ -117,6 +119,7 @@ hooks = "$PWD/scripts/schemathesis_hooks.py"
 "path.memory_id" = "$memory"
 "path.name" = "seed-template:v1"
 "path.build_id" = "$build"
+"path.volume" = "$volume"
 EOF
 export SANDCELL_FUZZ_BASE=$base SANDCELL_FUZZ_KEY=$key SANDCELL_FUZZ_SANDBOX=$sb
 export SANDCELL_FUZZ_BIN=$BIN SANDCELL_FUZZ_HOME=$scratch/home SANDCELL_FUZZ_ROOTFS=$scratch/rootfs.tar

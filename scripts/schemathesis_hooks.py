@@ -107,10 +107,19 @@ def make_template():
 
 
 TEMPLATES = {"count": 0}
+VOLUMES = {"count": 0}
+
+
+def make_volume():
+    """A volume of its own (called by `live`, which holds LOCK)."""
+    VOLUMES["count"] += 1
+    return made("name")(call("POST", "/v1/volumes", json={"name": f"victim-{VOLUMES['count']}"}))
+
 
 # kind: (is it still there, make a new one)
 KINDS = {
     "template": (lambda name: call("GET", f"/v1/templates/{name}").ok, make_template),
+    "volume": (lambda name: call("GET", f"/v1/volumes/{name}").ok, make_volume),
     "sandbox": (sandbox_alive, make_sandbox),
     "context": (
         context_alive,
@@ -172,6 +181,7 @@ ENDS = {
     "DELETE /v1/sandboxes/{id}/memories/{memory_id}": ("memory_id", "sandbox_memory"),
     "DELETE /v1/memories/{memory_id}": ("memory_id", "owner_memory"),
     "DELETE /v1/templates/{name}": ("name", "template"),
+    "DELETE /v1/volumes/{volume}": ("volume", "volume"),
 }
 
 

@@ -338,24 +338,13 @@ impl GvisorBackend {
             .chain([GUEST_DIR, sandcell_protocol::EGRESS_DIR])
             .collect();
         let etc_files = etc_files();
-        let image_paths;
-        let system_paths = match system_root {
-            Some(root) => {
-                image_paths = skeleton::image_system_paths(
-                    Path::new(root),
-                    &self.config.system_paths,
-                    &etc_files,
-                    &tmpfs,
-                );
-                &image_paths
-            }
-            None => &self.config.system_paths,
-        };
+        let system_paths =
+            skeleton::system_paths_of(system_root, &self.config.system_paths, &etc_files, &tmpfs);
         skeleton::prepare(
             &self.config.runtime_dir.join("rootfs"),
             &RootLayout {
                 system_root: Path::new(system_root.unwrap_or("/")),
-                system_paths,
+                system_paths: &system_paths,
                 etc_files: &etc_files,
                 tmpfs_paths: &tmpfs,
             },

@@ -322,24 +322,17 @@ impl ProcessBackend {
             .map_or(Path::new("/"), Path::new);
         let etc_files = skeleton::sandbox_etc_files(HOSTNAME);
         // An image brings its own folders (a build's `/app`, `/opt`, …) besides the system.
-        let image_paths;
-        let system_paths = match spec.system_root.as_deref() {
-            Some(root) => {
-                image_paths = skeleton::image_system_paths(
-                    Path::new(root),
-                    &self.config.system_paths,
-                    &etc_files,
-                    &tmpfs_paths,
-                );
-                &image_paths
-            }
-            None => &self.config.system_paths,
-        };
+        let system_paths = skeleton::system_paths_of(
+            spec.system_root.as_deref(),
+            &self.config.system_paths,
+            &etc_files,
+            &tmpfs_paths,
+        );
         let skeleton = skeleton::prepare(
             &self.config.runtime_dir.join("rootfs"),
             &RootLayout {
                 system_root,
-                system_paths,
+                system_paths: &system_paths,
                 etc_files: &etc_files,
                 tmpfs_paths: &tmpfs_paths,
             },

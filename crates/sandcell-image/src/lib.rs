@@ -21,7 +21,7 @@ pub use bases::{Base, DebianOptions, Resolved, resolve};
 pub use import::{Imported, flatten, import};
 pub use layer::{IdRange, LayerStats, apply, write_diff};
 pub use roots::{chain_id, unpacked_layers, unpacked_root};
-pub use store::{Collected, Descriptor, Image, Manifest, Store};
+pub use store::{Collected, Descriptor, Hashing, Image, Manifest, Store};
 
 /// Why an image operation failed.
 #[derive(Debug, thiserror::Error)]

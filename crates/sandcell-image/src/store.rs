@@ -233,13 +233,9 @@ impl Store {
         write: impl FnOnce(&mut dyn Write) -> Result<T, ImageError>,
     ) -> Result<(Descriptor, T), ImageError> {
         let (tmp, file) = self.temp_file()?;
-        let mut hashing = Hashing {
-            inner: io::BufWriter::with_capacity(1 << 20, file),
-            hash: Sha256::new(),
-            size: 0,
-        };
+        let mut hashing = Hashing::new(io::BufWriter::with_capacity(1 << 20, file));
         let made = write(&mut hashing).and_then(|t| {
-            hashing.inner.flush().map_err(io_err("write", &tmp))?;
+            hashing.flush().map_err(io_err("write", &tmp))?;
             Ok(t)
         });
         let made = match made {
@@ -249,11 +245,11 @@ impl Store {
                 return Err(e);
             }
         };
-        let digest = format!("sha256:{}", hex(&hashing.hash.finalize()));
+        let (sha256, size) = hashing.sum();
         let desc = Descriptor {
             media_type: media_type.to_string(),
-            digest,
-            size: hashing.size,
+            digest: format!("sha256:{sha256}"),
+            size,
             annotations: Default::default(),
         };
         self.place(&tmp, &desc)?;
@@ -637,11 +633,27 @@ fn write_atomically(path: &Path, bytes: &[u8]) -> Result<(), ImageError> {
     fs::rename(&tmp, path).map_err(io_err("rename into", path))
 }
 
-/// A writer that hashes and counts what goes through it.
-struct Hashing<W> {
+/// A writer that hashes (SHA-256) and counts what goes through it.
+pub struct Hashing<W> {
     inner: W,
     hash: Sha256,
     size: u64,
+}
+
+impl<W> Hashing<W> {
+    /// Hashes what is written to `inner`.
+    pub fn new(inner: W) -> Self {
+        Self {
+            inner,
+            hash: Sha256::new(),
+            size: 0,
+        }
+    }
+
+    /// The hex SHA-256 and the byte count of what went through (flush first).
+    pub fn sum(&self) -> (String, u64) {
+        (hex(&self.hash.clone().finalize()), self.size)
+    }
 }
 
 impl<W: Write> Write for Hashing<W> {

@@ -135,7 +135,7 @@ async fn run_git(
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .kill_on_drop(true);
-    if is_root() {
+    if crate::is_root() {
         cmd.uid(NOBODY).gid(NOBODY);
     }
     let child = cmd.spawn().map_err(|e| {
@@ -160,12 +160,6 @@ async fn run_git(
         )));
     }
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
-}
-
-pub(crate) fn is_root() -> bool {
-    std::fs::metadata("/proc/self")
-        .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
-        .unwrap_or(false)
 }
 
 /// Writes `dir` (the clone) as a tar archive; its file count and bytes.
@@ -276,7 +270,7 @@ impl Service {
             .prefix("sandcell-clone-")
             .tempdir()
             .map_err(|e| ServiceError::internal(format!("make the clone's folder: {e}")))?;
-        if is_root() {
+        if crate::is_root() {
             std::os::unix::fs::chown(work.path(), Some(NOBODY), Some(NOBODY)).map_err(|e| {
                 ServiceError::internal(format!("hand the clone's folder to git: {e}"))
             })?;

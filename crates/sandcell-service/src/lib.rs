@@ -44,3 +44,10 @@ mod service;
 pub use caller::Caller;
 pub use error::{ErrorKind, ServiceError, ServiceResult};
 pub use service::{SeenContexts, Service};
+
+/// Whether the service runs as root (who may give files to other users' ids).
+pub(crate) fn is_root() -> bool {
+    std::fs::metadata("/proc/self")
+        .map(|m| std::os::unix::fs::MetadataExt::uid(&m) == 0)
+        .unwrap_or(false)
+}

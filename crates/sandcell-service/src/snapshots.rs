@@ -209,7 +209,6 @@ impl Service {
             let copied = async {
                 let copies = {
                     let dir = dir.clone();
-                    let to_copy = to_copy.clone();
                     tokio::task::spawn_blocking(move || {
                         to_copy
                             .iter()

@@ -5,10 +5,12 @@
 //! the sandbox user through an idmapped mount, and gVisor writes as it. Volumes belong to the
 //! owner that made them; they outlive the sandboxes that mount them until deleted.
 
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 
 use sandcell_api::volumes::{MountInput, VolumeInfo, VolumeList, check_volume_name};
 use sandcell_engine::SandboxMount;
+use sandcell_image::Hashing;
 use sandcell_protocol::SANDBOX_UID;
 
 use crate::transfer::HostPathPolicy;
@@ -273,9 +275,9 @@ pub(crate) fn copy_volume(
     let mut out = tar
         .into_inner()
         .map_err(|e| io_error("write a volume's copy", e))?;
-    let (sha256, bytes) = out
-        .finish()
+    out.flush()
         .map_err(|e| io_error("write a volume's copy", e))?;
+    let (sha256, bytes) = out.sum();
     Ok(VolumeCopy {
         volume: volume.to_string(),
         path: path.to_string(),
@@ -303,7 +305,7 @@ pub(crate) fn volume_from_copy(
     let mut hashing = Hashing::new(std::io::sink());
     let mut file = std::fs::File::open(&archive).map_err(|e| damaged(e.to_string()))?;
     std::io::copy(&mut file, &mut hashing).map_err(|e| damaged(e.to_string()))?;
-    if hashing.finish().map_err(|e| damaged(e.to_string()))? != (copy.sha256.clone(), copy.bytes) {
+    if hashing.sum() != (copy.sha256.clone(), copy.bytes) {
         return Err(damaged("it changed since the snapshot".into()));
     }
     let stem: String = copy.volume.chars().take(57).collect();
@@ -317,7 +319,7 @@ pub(crate) fn volume_from_copy(
         .and_then(|f| {
             let mut tar = tar::Archive::new(std::io::BufReader::new(f));
             tar.set_preserve_permissions(true);
-            tar.set_preserve_ownerships(crate::git::is_root());
+            tar.set_preserve_ownerships(crate::is_root());
             // `unpack` keeps every entry inside `data` (no `..`, no writing through a link).
             tar.unpack(&data).map_err(|e| damaged(e.to_string()))
         });
@@ -326,45 +328,6 @@ pub(crate) fn volume_from_copy(
         return Err(e);
     }
     Ok((name, data))
-}
-
-/// A writer that hashes and counts what passes through it.
-struct Hashing<W> {
-    inner: W,
-    sha: sha2::Sha256,
-    bytes: u64,
-}
-
-impl<W: std::io::Write> Hashing<W> {
-    fn new(inner: W) -> Self {
-        use sha2::Digest;
-        Self {
-            inner,
-            sha: sha2::Sha256::new(),
-            bytes: 0,
-        }
-    }
-
-    /// Flushes; the hex SHA-256 and the byte count.
-    fn finish(&mut self) -> std::io::Result<(String, u64)> {
-        use sha2::Digest;
-        self.inner.flush()?;
-        Ok((crate::caller::hex(&self.sha.finalize_reset()), self.bytes))
-    }
-}
-
-impl<W: std::io::Write> std::io::Write for Hashing<W> {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        use sha2::Digest;
-        let n = self.inner.write(buf)?;
-        self.sha.update(&buf[..n]);
-        self.bytes += n as u64;
-        Ok(n)
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        self.inner.flush()
-    }
 }
 
 /// Makes `dir` the sandbox user's. Only root may: otherwise (refused) it stays the service's

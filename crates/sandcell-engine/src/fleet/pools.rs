@@ -360,10 +360,7 @@ impl Fleet {
             let name = pool.name.clone();
             specs.push(pool);
             match old {
-                Some(_) => lock(&self.pools.ready)
-                    .remove(&name)
-                    .map(|q| q.into_iter().map(|r| r.sandbox).collect())
-                    .unwrap_or_default(),
+                Some(_) => self.take_ready(&name),
                 None => Vec::new(),
             }
         };
@@ -371,10 +368,7 @@ impl Fleet {
         // A rebuilt template's pool takes a new seed of its new sandboxes.
         lock(&self.pools.seeds).remove(&pool_name);
         self.pools.taken.notify_one();
-        for sandbox in stale {
-            let _ = sandbox.destroy().await;
-            let _ = self.ledger.remove(sandbox.id());
-        }
+        self.end_ready(stale).await;
     }
 
     /// Removes pool `name` (a deleted template's): its ready sandboxes are ended; returns
@@ -386,18 +380,11 @@ impl Fleet {
                 .iter()
                 .position(|p| p.name == name)
                 .map(|i| specs.remove(i));
-            let stale: Vec<Sandbox> = lock(&self.pools.ready)
-                .remove(name)
-                .map(|q| q.into_iter().map(|r| r.sandbox).collect())
-                .unwrap_or_default();
-            (removed.and_then(|p| p.seed), stale)
+            (removed.and_then(|p| p.seed), self.take_ready(name))
         };
         lock(&self.pools.seeds).remove(name);
         lock(&self.pools.failing).remove(name);
-        for sandbox in stale {
-            let _ = sandbox.destroy().await;
-            let _ = self.ledger.remove(sandbox.id());
-        }
+        self.end_ready(stale).await;
         seed
     }
 
@@ -408,7 +395,20 @@ impl Fleet {
             .flat_map(|(_, q)| q)
             .map(|ready| ready.sandbox)
             .collect();
-        for sandbox in drained {
+        self.end_ready(drained).await;
+    }
+
+    /// Pool `name`'s ready sandboxes, out of the pool.
+    fn take_ready(&self, name: &str) -> Vec<Sandbox> {
+        lock(&self.pools.ready)
+            .remove(name)
+            .map(|q| q.into_iter().map(|r| r.sandbox).collect())
+            .unwrap_or_default()
+    }
+
+    /// Ends sandboxes taken out of their pools, and their records.
+    async fn end_ready(&self, sandboxes: Vec<Sandbox>) {
+        for sandbox in sandboxes {
             let _ = sandbox.destroy().await;
             let _ = self.ledger.remove(sandbox.id());
         }

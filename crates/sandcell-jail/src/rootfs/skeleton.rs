@@ -607,11 +607,30 @@ const IMAGE_RESERVED: &[&str] = &["proc", "dev", "sys", "tmp", "run", "etc", "lo
 /// name, resolver) and password hashes.
 const IMAGE_ETC_RESERVED: &[&str] = &["shadow", "gshadow", "shadow-", "gshadow-", "mtab"];
 
+/// The paths a skeleton mirrors from `system_root` (`None`: the host's system, `defaults`
+/// alone; an image: [`image_system_paths`]), as both backends build it.
+pub fn system_paths_of<'a>(
+    system_root: Option<&str>,
+    defaults: &'a [String],
+    etc_files: &[(String, String)],
+    tmpfs_paths: &[&str],
+) -> std::borrow::Cow<'a, [String]> {
+    match system_root {
+        Some(root) => std::borrow::Cow::Owned(image_system_paths(
+            Path::new(root),
+            defaults,
+            etc_files,
+            tmpfs_paths,
+        )),
+        None => std::borrow::Cow::Borrowed(defaults),
+    }
+}
+
 /// What a sandbox on an image's root mirrors from it: `defaults`, every other top-level entry
 /// of the image (`/app`, `/opt`, `/srv`, files a build put at the root, …) and every `/etc`
 /// entry but the synthesized ones (`etc_files`), password hashes and the sandbox's own mount
 /// points (`tmpfs_paths`).
-pub fn image_system_paths(
+fn image_system_paths(
     image_root: &Path,
     defaults: &[String],
     etc_files: &[(String, String)],
